@@ -1,0 +1,20 @@
+"""autopar: find every layout of a model on a cluster that fits in memory, and the Pareto-optimal ones.
+
+    import autopar
+    model = autopar.load_model("llama-3.1-70b")
+    cluster = autopar.Cluster(gpu="h100-80gb", num_gpus=64)
+    train = autopar.Training(seq_len=8192, global_batch_size=1024)
+    est = autopar.estimate(model, cluster, train, autopar.Plan(tp=8, pp=4))
+
+Importing autopar is light: transformers, ortools and torch load only on the paths that need them.
+"""
+
+from autopar.api import Cluster, Training
+from autopar.errors import Infeasible, InputError
+from costmodels.plan import Plan, Recompute
+from costmodels.specs import ClusterSpec, ModelSpec, Precision, TrainingSpec
+
+__all__ = [
+    "Cluster", "ClusterSpec", "Infeasible", "InputError", "ModelSpec", "Plan", "Precision", "Recompute", "Training",
+    "TrainingSpec",
+]

@@ -1,0 +1,17 @@
+"""Small constructors for the public API: `autopar.Cluster(...)` and `autopar.Training(...)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from costmodels.hardware import load_profile
+from costmodels.specs import ClusterSpec, TrainingSpec
+
+Training = TrainingSpec
+
+
+def Cluster(gpu: str = "h100-80gb", num_gpus: int = 8, gpus_per_node: int = 0, headroom: float = 0.2,
+            profile: "str | Path | None" = None) -> ClusterSpec:  # noqa: N802 - reads like a class at the call site
+    """A cluster of `num_gpus` GPUs of one bundled type, or described by a (calibrated) profile YAML file."""
+    hardware = load_profile(profile if profile is not None else gpu)
+    return ClusterSpec(profile=hardware, num_gpus=num_gpus, gpus_per_node=gpus_per_node, headroom=headroom)

@@ -1,0 +1,17 @@
+"""Analytic cost models for distributed LLM training: specs, parameter counts, memory, compute, communication,
+pipeline schedules and step time, vectorised over numpy arrays of plans.
+
+Depends on numpy and pyyaml only. `costmodels.evaluate.evaluate` is the single entry point over all terms.
+"""
+
+from costmodels.errors import InputError
+from costmodels.hardware import HardwareProfile, LinkSpec, bundled_profile_names, load_profile
+from costmodels.plan import Plan, PlanArrays, Recompute
+from costmodels.specs import (ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
+                              Precision, TrainingSpec)
+
+__all__ = [
+    "ClusterSpec", "HardwareProfile", "InputError", "LinkSpec", "MLASpec", "MlpKind", "ModelSpec", "MoESpec",
+    "NormKind", "Plan", "PlanArrays", "PositionEmbedding", "Precision", "Recompute", "TrainingSpec",
+    "bundled_profile_names", "load_profile",
+]

@@ -1,0 +1,207 @@
+"""Hardware profiles: one YAML file per GPU type in `costmodels/profiles/`, or a user's calibrated file.
+
+A profile is a physical description with few parameters: HBM capacity and bandwidth, peak FLOP/s per precision,
+a GEMM-efficiency curve, alpha (latency) and bandwidth per link type (NVLink inside a node, InfiniBand between),
+and the fixed memory overheads. Every number carries its provenance (spec sheet, or the fit that produced it).
+
+Units are converted exactly once, here, when the YAML is parsed: GiB → bytes, TFLOP/s → FLOP/s, GB/s and Gb/s →
+bytes/s, µs → s. Everything downstream works in base units.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from costmodels.errors import InputError
+
+GIB = 1024**3
+SCHEMA_VERSION = 1
+LINK_KINDS = ("nvlink", "ib")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One link type, alpha–beta model: time = alpha_s + bytes × algorithm_factor / bandwidth_bytes_per_s."""
+
+    bandwidth_bytes_per_s: float
+    """Achievable per-GPU, per-direction bandwidth (nominal × efficiency)."""
+    alpha_s: float
+    """Per-collective latency."""
+    nominal_bandwidth_bytes_per_s: float
+    """Spec-sheet per-GPU, per-direction bandwidth, for reports."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Everything the cost model knows about one GPU type and its links."""
+
+    name: str
+    display_name: str
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    peak_flops_per_s: Mapping[str, float]
+    """Dense peak by precision ('bf16', 'fp8'); a precision absent here is unsupported on the GPU."""
+    gemm_efficiency: Mapping[str, float]
+    """Named parameters of the GEMM-efficiency curve (see costmodels.compute)."""
+    links: Mapping[str, LinkSpec]
+    memory_overheads_bytes: Mapping[str, float]
+    """Fixed per-GPU memory terms by name (CUDA context, communication buffers, ...)."""
+    gpus_per_node: int = 8
+    aliases: tuple[str, ...] = ()
+    provenance: Mapping[str, str] = field(default_factory=dict)
+    """For each field (dotted path as in the YAML): where its value comes from."""
+    source_path: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Anything else the file holds (raw calibration measurements, fit residuals): kept, not interpreted."""
+
+    def supports(self, precision: str) -> bool:
+        return precision in self.peak_flops_per_s
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+
+def bundled_profile_names() -> list[str]:
+    """Names of the profiles shipped in costmodels/profiles/, sorted."""
+    folder = resources.files("costmodels") / "profiles"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _bundled_text(name: str) -> str:
+    return (resources.files("costmodels") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def resolve_gpu_name(name: str) -> str:
+    """Bundled profile name for a GPU name or alias ('H100', 'a100-80gb-sxm', ...); InputError with suggestions."""
+    wanted = _normalise(name)
+    known: dict[str, str] = {}
+    for profile_name in bundled_profile_names():
+        known[profile_name] = profile_name
+        for alias in parse_profile(_bundled_text(profile_name), profile_name).aliases:
+            known[_normalise(alias)] = profile_name
+    if wanted in known:
+        return known[wanted]
+    close = difflib.get_close_matches(wanted, list(known), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise InputError("gpu", f"unknown GPU {name!r}; {hint}run `autopar gpus` to list the bundled ones, "
+                            "or pass --profile FILE")
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A bundled profile by GPU name/alias, or a profile YAML file by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise InputError("profile", f"no profile file at {str(path)!r}; check the path")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError("profile", f"cannot read {str(path)!r} ({exc.__class__.__name__}); "
+                                        "give a readable YAML file") from None
+        return parse_profile(text, str(path))
+    name = resolve_gpu_name(str(name_or_path))
+    return parse_profile(_bundled_text(name), f"bundled:{name}")
+
+
+def parse_profile(text: str, origin: str) -> HardwareProfile:
+    """Parse and validate profile YAML; any defect is an InputError naming the file and the field."""
+    import yaml  # light, but only needed here
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputError("profile", f"{origin} is not valid YAML{where}; fix the syntax") from None
+    if not isinstance(data, dict) or not data:
+        raise InputError("profile", f"{origin} is empty or not a mapping; see costmodels/profiles/*.yaml for the format")
+    reader = _Reader(data, origin)
+    version = reader.number("schema_version")
+    if int(version) != SCHEMA_VERSION:
+        raise InputError("profile", f"{origin}: schema_version {version} is not supported (expected {SCHEMA_VERSION})")
+    peak = reader.mapping("compute.peak_tflops")
+    if "bf16" not in peak:
+        raise InputError("profile", f"{origin}: compute.peak_tflops.bf16 is missing; every profile needs it")
+    links = {}
+    for kind in LINK_KINDS:
+        unit, scale = ("gb_per_s", 1e9) if kind == "nvlink" else ("gbit_per_s", 1e9 / 8)
+        nominal = reader.number(f"links.{kind}.bandwidth_{unit}") * scale
+        efficiency = reader.number(f"links.{kind}.bandwidth_efficiency", upper=1.0)
+        links[kind] = LinkSpec(
+            bandwidth_bytes_per_s=nominal * efficiency,
+            alpha_s=reader.number(f"links.{kind}.alpha_us", allow_zero=True) * 1e-6,
+            nominal_bandwidth_bytes_per_s=nominal,
+        )
+    aliases = data.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise InputError("profile", f"{origin}: aliases must be a list of strings")
+    provenance = data.get("provenance", {})
+    if not isinstance(provenance, dict):
+        raise InputError("profile", f"{origin}: provenance must be a mapping of field -> source")
+    known_keys = {"schema_version", "name", "display_name", "aliases", "gpus_per_node", "memory", "compute", "links",
+                  "provenance"}
+    return HardwareProfile(
+        name=reader.string("name"),
+        display_name=str(data.get("display_name", data.get("name"))),
+        hbm_bytes=reader.number("memory.hbm_gib") * GIB,
+        hbm_bandwidth_bytes_per_s=reader.number("memory.hbm_tb_per_s") * 1e12,
+        peak_flops_per_s={str(k): reader.number(f"compute.peak_tflops.{k}") * 1e12 for k in peak},
+        gemm_efficiency={str(k): reader.number(f"compute.gemm_efficiency.{k}", allow_zero=True)
+                         for k in reader.mapping("compute.gemm_efficiency")},
+        links=links,
+        memory_overheads_bytes={str(k): reader.number(f"memory.overheads_gib.{k}", allow_zero=True) * GIB
+                                for k in reader.mapping("memory.overheads_gib")},
+        gpus_per_node=int(reader.number("gpus_per_node")),
+        aliases=tuple(aliases),
+        provenance={str(k): str(v) for k, v in provenance.items()},
+        source_path=origin,
+        extra={k: v for k, v in data.items() if k not in known_keys},
+    )
+
+
+class _Reader:
+    """Typed access to dotted paths of the parsed YAML, with one-line errors naming file and field."""
+
+    def __init__(self, data: dict, origin: str) -> None:
+        self.data = data
+        self.origin = origin
+
+    def _get(self, dotted: str) -> Any:
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise InputError("profile", f"{self.origin}: field {dotted} is missing; add it "
+                                            "(see costmodels/profiles/*.yaml for the format)")
+            node = node[part]
+        return node
+
+    def number(self, dotted: str, allow_zero: bool = False, upper: float | None = None) -> float:
+        value = self._get(dotted)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InputError("profile", f"{self.origin}: field {dotted} must be a finite number, got {value!r}")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise InputError("profile", f"{self.origin}: field {dotted} must be "
+                                        f"{'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        if upper is not None and value > upper:
+            raise InputError("profile", f"{self.origin}: field {dotted} must be <= {upper}, got {value!r}")
+        return float(value)
+
+    def string(self, dotted: str) -> str:
+        value = self._get(dotted)
+        if not isinstance(value, str) or not value:
+            raise InputError("profile", f"{self.origin}: field {dotted} must be a non-empty string")
+        return value
+
+    def mapping(self, dotted: str) -> dict:
+        value = self._get(dotted)
+        if not isinstance(value, dict) or not value:
+            raise InputError("profile", f"{self.origin}: field {dotted} must be a non-empty mapping")
+        return value

@@ -1,0 +1,231 @@
+"""A plan — one assignment of every parallelism knob — and `PlanArrays`, many plans as numpy columns.
+
+Every cost function takes `PlanArrays` and returns numpy arrays, so the solver evaluates millions of plans at once
+and `estimate` evaluates one (a `PlanArrays` of length 1). Knob names follow DESIGN.md §1.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from costmodels.errors import InputError, require, require_non_negative_int, require_positive_int
+
+
+class Recompute(enum.IntEnum):
+    """Activation recomputation (Korthikanti et al., arXiv 2205.05198 §4)."""
+
+    NONE = 0
+    """Keep every activation for the backward pass."""
+    SELECTIVE = 1
+    """Recompute only the attention core (softmax, dropout, scores·V): drops the 5·a·s/h term (§4.2)."""
+    FULL = 2
+    """Keep only each layer's input and re-run the whole forward in the backward pass (§4.1)."""
+
+    @classmethod
+    def parse(cls, value: "str | int | Recompute") -> "Recompute":
+        if isinstance(value, Recompute):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                raise InputError("recompute", f"unknown recompute {value!r}; use none, selective or full") from None
+        try:
+            return cls(int(value))
+        except (ValueError, TypeError):
+            raise InputError("recompute", f"unknown recompute {value!r}; use none, selective or full") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One layout. `dp` is derived: num_gpus / (tp·cp·pp); `edp` = num_gpus / (etp·ep·pp)."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    """Virtual stages per pipeline rank (interleaved 1F1B); 1 = plain 1F1B."""
+    cp: int = 1
+    ep: int = 1
+    etp: int = 0
+    """Tensor parallelism inside expert layers; 0 means 'same as tp' (Megatron's default)."""
+    mbs: int = 1
+    sp: bool = False
+    recompute: Recompute = Recompute.NONE
+    recompute_layers: int = 0
+    """With full recompute: layers per pipeline stage (per virtual chunk) recomputed, Megatron's block method
+    (--recompute-num-layers); 0 = all of them."""
+    zero: int = 0
+    """0 none, 1 optimizer states (= Megatron distributed optimizer), 2 + gradients, 3 + parameters (ZeRO/FSDP)."""
+    first_stage_layers: int = 0
+    """Decoder layers on the first pipeline rank; 0 = even split (Megatron --decoder-first-pipeline-num-layers)."""
+    last_stage_layers: int = 0
+    """Decoder layers on the last pipeline rank; 0 = even split (--decoder-last-pipeline-num-layers)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "vpp", "cp", "ep", "mbs"):
+            require_positive_int(getattr(self, name), name)
+        for name in ("etp", "recompute_layers", "first_stage_layers", "last_stage_layers"):
+            require_non_negative_int(getattr(self, name), name)
+        if self.etp == 0:
+            object.__setattr__(self, "etp", self.tp)
+        object.__setattr__(self, "recompute", Recompute.parse(self.recompute))
+        require(isinstance(self.sp, (bool, np.bool_)), "sp", f"must be true or false, got {self.sp!r}")
+        object.__setattr__(self, "sp", bool(self.sp))
+        require(self.zero in (0, 1, 2, 3) and not isinstance(self.zero, bool), "zero",
+                f"must be 0, 1, 2 or 3, got {self.zero!r}")
+
+    def dp(self, num_gpus: int) -> int:
+        """Data-parallel size on `num_gpus` (0 when the model-parallel product does not divide it)."""
+        model_parallel = self.tp * self.cp * self.pp
+        return num_gpus // model_parallel if num_gpus % model_parallel == 0 else 0
+
+    def edp(self, num_gpus: int) -> int:
+        expert_parallel = self.etp * self.ep * self.pp
+        return num_gpus // expert_parallel if num_gpus % expert_parallel == 0 else 0
+
+    def short(self) -> str:
+        """A compact one-line label, e.g. 'tp8 pp4 vpp2 mbs1 sp sel z1'."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        if self.first_stage_layers or self.last_stage_layers:
+            parts.append(f"split{self.first_stage_layers or '-'}/{self.last_stage_layers or '-'}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
+        parts.append(f"mbs{self.mbs}")
+        if self.sp:
+            parts.append("sp")
+        if self.recompute is not Recompute.NONE:
+            layers = f"{self.recompute_layers}" if self.recompute_layers else ""
+            parts.append({Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute] + layers)
+        if self.zero:
+            parts.append(f"z{self.zero}")
+        return " ".join(parts)
+
+
+PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan))
+
+
+@dataclass(frozen=True)
+class PlanArrays:
+    """Many plans as equal-length numpy columns, one per Plan field (int64; `sp` bool)."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    mbs: np.ndarray
+    sp: np.ndarray
+    recompute: np.ndarray
+    recompute_layers: np.ndarray
+    zero: np.ndarray
+    first_stage_layers: np.ndarray
+    last_stage_layers: np.ndarray
+
+    def __post_init__(self) -> None:
+        lengths = {len(getattr(self, name)) for name in PLAN_FIELDS}
+        assert len(lengths) == 1, f"PlanArrays columns differ in length: {lengths}"
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @classmethod
+    def from_plans(cls, plans: Iterable[Plan]) -> "PlanArrays":
+        plans = list(plans)
+        columns = {name: np.array([getattr(p, name) for p in plans], dtype=np.int64) for name in PLAN_FIELDS}
+        columns["sp"] = columns["sp"].astype(bool)
+        return cls(**columns)
+
+    @classmethod
+    def from_columns(cls, **columns: "np.ndarray | int | bool") -> "PlanArrays":
+        """Columns by name; missing ones take Plan's defaults; scalars broadcast; etp 0 → tp."""
+        defaults = Plan()
+        length = max((np.size(v) for v in columns.values()), default=1)
+        built = {}
+        for name in PLAN_FIELDS:
+            value = columns.get(name, getattr(defaults, name) if name != "etp" else 0)
+            built[name] = np.broadcast_to(np.asarray(value, dtype=bool if name == "sp" else np.int64),
+                                          (length,)).copy()
+        built["etp"] = np.where(built["etp"] == 0, built["tp"], built["etp"])
+        return cls(**built)
+
+    def take(self, index: "np.ndarray | Sequence[int] | slice") -> "PlanArrays":
+        return PlanArrays(**{name: getattr(self, name)[index] for name in PLAN_FIELDS})
+
+    def plan(self, i: int) -> Plan:
+        values = {name: getattr(self, name)[i].item() for name in PLAN_FIELDS}
+        values["recompute"] = Recompute(values["recompute"])
+        return Plan(**values)
+
+    def __iter__(self):
+        return (self.plan(i) for i in range(len(self)))
+
+
+def as_plan_arrays(plans: "Plan | PlanArrays | Iterable[Plan]") -> PlanArrays:
+    if isinstance(plans, PlanArrays):
+        return plans
+    if isinstance(plans, Plan):
+        return PlanArrays.from_plans([plans])
+    return PlanArrays.from_plans(plans)
+
+
+# ---- layers per pipeline stage ---------------------------------------------------------------------------------
+
+def layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
+    """Decoder layers on each pipeline rank that is neither an explicit first nor an explicit last stage.
+
+    Float: the `layers` rule (autopar.search.rules) rejects plans where it is not a whole number.
+    """
+    has_first = (plans.first_stage_layers > 0) & (plans.pp > 1)
+    has_last = (plans.last_stage_layers > 0) & (plans.pp > 1)
+    middle_stages = plans.pp - has_first - has_last
+    rest_layers = num_layers - plans.first_stage_layers * has_first - plans.last_stage_layers * has_last
+    return rest_layers / np.maximum(middle_stages, 1)
+
+
+def layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
+    """Decoder layers held by pipeline rank `stage` (all its virtual chunks together)."""
+    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
+    middle = layers_per_middle_stage(num_layers, plans)
+    is_first = (stage == 0) & (plans.first_stage_layers > 0) & (plans.pp > 1)
+    is_last = (stage == plans.pp - 1) & (plans.last_stage_layers > 0) & (plans.pp > 1)
+    return np.where(is_first, plans.first_stage_layers, np.where(is_last, plans.last_stage_layers, middle))
+
+
+def first_layer_index(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
+    """Index of the first decoder layer on pipeline rank `stage` (contiguous assignment, vpp ignored)."""
+    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
+    first_stage = layers_on_stage(num_layers, plans, 0)
+    middle = layers_per_middle_stage(num_layers, plans)
+    return np.where(stage == 0, 0.0, first_stage + (stage - 1) * middle)
+
+
+# ---- derived sizes ---------------------------------------------------------------------------------------------
+
+def data_parallel_size(plans: PlanArrays, num_gpus: int) -> np.ndarray:
+    """dp = num_gpus / (tp·cp·pp); float, non-integral where the `world` rule fails."""
+    return num_gpus / (plans.tp * plans.cp * plans.pp)
+
+
+def expert_data_parallel_size(plans: PlanArrays, num_gpus: int) -> np.ndarray:
+    """edp = num_gpus / (etp·ep·pp) (Megatron-Core expert-data-parallel group); float as above."""
+    return num_gpus / (plans.etp * plans.ep * plans.pp)
+
+
+def num_microbatches(plans: PlanArrays, num_gpus: int, global_batch_size: int) -> np.ndarray:
+    """gbs / (dp·mbs) per pipeline per step; float, non-integral where the `batch` rule fails."""
+    return global_batch_size / (data_parallel_size(plans, num_gpus) * plans.mbs)

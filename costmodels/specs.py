@@ -1,0 +1,253 @@
+"""Frozen, validated specifications of the model, the cluster and the training run.
+
+Base units inside: counts, bytes, seconds, FLOP/s. Conversion from GiB / TFLOP/s / Gb/s happens at the edges
+(profile YAML parsing, CLI), never here. Validation lives in `__post_init__`, with the numbers in the message.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from costmodels.errors import InputError, require, require_non_negative_int, require_positive_int
+from costmodels.hardware import HardwareProfile
+
+
+class MlpKind(str, enum.Enum):
+    """Shape of the feed-forward block."""
+
+    GATED = "gated"
+    """SwiGLU / GeGLU: gate, up and down projections, 3·h·F weights (Llama, Mistral, Qwen, DeepSeek)."""
+    PLAIN = "plain"
+    """GELU MLP: up and down projections, 2·h·F weights (GPT-2/3, Megatron GPT)."""
+
+
+class NormKind(str, enum.Enum):
+    """Normalisation layer; decides the per-norm parameter count."""
+
+    RMSNORM = "rmsnorm"
+    """Scale only: h parameters."""
+    LAYERNORM = "layernorm"
+    """Scale and bias: 2·h parameters."""
+
+
+class PositionEmbedding(str, enum.Enum):
+    ROPE = "rope"
+    """Rotary: no parameters."""
+    LEARNED = "learned"
+    """Learned absolute table of max_position_embeddings × h (GPT-2/3, Megatron GPT)."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Routed mixture-of-experts feed-forward (GShard / Switch / DeepSeekMoE)."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    """Width of the shared-expert MLP (all shared experts together); 0 when there are none."""
+    first_dense_layers: int = 0
+    """The first k layers use a dense MLP (DeepSeek `first_k_dense_replace`)."""
+    layer_freq: int = 1
+    """Layer i (0-based, past the dense ones) is MoE when (i + 1) % layer_freq == 0 (Qwen2-MoE `decoder_sparse_step`)."""
+    shared_expert_gate: bool = False
+    """Qwen2-MoE gates the shared expert with an h×1 projection."""
+
+    def __post_init__(self) -> None:
+        require_positive_int(self.num_experts, "num_experts")
+        require_positive_int(self.top_k, "top_k")
+        require_positive_int(self.expert_ffn_hidden_size, "moe_ffn_hidden_size")
+        require_non_negative_int(self.num_shared_experts, "num_shared_experts")
+        require_non_negative_int(self.shared_expert_ffn_hidden_size, "shared_expert_ffn_hidden_size")
+        require_non_negative_int(self.first_dense_layers, "first_dense_layers")
+        require_positive_int(self.layer_freq, "moe_layer_freq")
+        require(self.top_k <= self.num_experts, "top_k",
+                f"top_k={self.top_k} exceeds num_experts={self.num_experts}; lower top_k")
+        require((self.num_shared_experts == 0) == (self.shared_expert_ffn_hidden_size == 0),
+                "shared_expert_ffn_hidden_size",
+                "give a shared-expert width exactly when num_shared_experts > 0")
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """DeepSeek multi-head latent attention (arXiv 2405.04434 §2.1)."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+    """0 means queries are projected directly (DeepSeek-V2-Lite)."""
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            require_positive_int(getattr(self, name), name)
+        require_non_negative_int(self.q_lora_rank, "q_lora_rank")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as memory and time are concerned."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    """Dense MLP width (for MoE models: the width of the dense first layers)."""
+    vocab_size: int
+    num_kv_heads: int = 0
+    """0 means equal to num_attention_heads (MHA)."""
+    head_dim: int = 0
+    """0 means hidden_size // num_attention_heads."""
+    mlp: MlpKind = MlpKind.GATED
+    norm: NormKind = NormKind.RMSNORM
+    position_embedding: PositionEmbedding = PositionEmbedding.ROPE
+    max_position_embeddings: int = 0
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    """Bias on the Q, K, V projections (Qwen2)."""
+    linear_bias: bool = False
+    """Bias on every linear layer (GPT-2/3, Megatron GPT)."""
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    num_mtp_layers: int = 0
+    """DeepSeek-V3 multi-token-prediction modules (each: two norms, a 2h→h projection and one transformer layer)."""
+    source: str = field(default="", compare=False)
+    """Where the spec came from (preset name, path, HF id): for reports only."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and self.name != "", "name", "give the model a non-empty name")
+        for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
+            require_positive_int(getattr(self, name), name)
+        for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers"):
+            require_non_negative_int(getattr(self, name), name)
+        if self.num_kv_heads == 0:
+            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
+        if self.head_dim == 0:
+            require(self.hidden_size % self.num_attention_heads == 0, "head_dim",
+                    f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                    f"{self.num_attention_heads}; give head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        require(self.num_attention_heads % self.num_kv_heads == 0, "num_kv_heads",
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_kv_heads="
+                f"{self.num_kv_heads}")
+        if self.position_embedding is PositionEmbedding.LEARNED:
+            require(self.max_position_embeddings > 0, "max_position_embeddings",
+                    "learned position embeddings need max_position_embeddings > 0")
+        if self.moe is not None:
+            require(self.moe.first_dense_layers <= self.num_layers, "first_dense_layers",
+                    f"first_dense_layers={self.moe.first_dense_layers} exceeds num_layers={self.num_layers}")
+
+    # ---- derived shape -------------------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def q_size(self) -> int:
+        """Width of all query heads together (a·d); equals hidden_size for standard MHA."""
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.qk_head_dim
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of all key (or value) heads together (g·d)."""
+        return self.num_kv_heads * self.head_dim
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        """Whether decoder layer `layer_index` (0-based) has a routed-expert MLP."""
+        if self.moe is None or layer_index < self.moe.first_dense_layers:
+            return False
+        return (layer_index + 1) % self.moe.layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+
+class Precision(str, enum.Enum):
+    """Compute precision of the GEMMs. Weights are bf16, gradients and Adam states fp32 in both (Megatron)."""
+
+    BF16 = "bf16"
+    """bf16 mixed precision."""
+    FP8 = "fp8"
+    """fp8 GEMMs via Transformer Engine (H100 and later); master weights and optimizer as for bf16."""
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """The run: sequence length, global batch, precision and training-side switches."""
+
+    seq_len: int = 4096
+    global_batch_size: int = 1024
+    """Sequences per optimizer step."""
+    precision: Precision = Precision.BF16
+    flash_attention: bool = True
+    """Fused attention never materialises the a·s² score matrix (FlashAttention, TE fused attention)."""
+    fused_cross_entropy: bool = True
+    """Fused vocab-parallel loss: no fp32 copy of the logits is kept."""
+    moe_capacity_factor: float | None = None
+    """None: dropless routing (the busiest expert sets the pace). A float caps tokens per expert (GShard/Switch)."""
+    moe_imbalance_factor: float = 1.0
+    """Load on the busiest expert rank relative to a perfectly balanced one, with dropless routing (≥ 1)."""
+
+    def __post_init__(self) -> None:
+        require_positive_int(self.seq_len, "seq_len")
+        require_positive_int(self.global_batch_size, "global_batch_size")
+        if not isinstance(self.precision, Precision):
+            try:
+                object.__setattr__(self, "precision", Precision(str(self.precision).lower()))
+            except ValueError:
+                raise InputError("precision", f"unknown precision {self.precision!r}; use bf16 or fp8") from None
+        if self.moe_capacity_factor is not None:
+            require(self.moe_capacity_factor > 0, "moe_capacity_factor",
+                    f"must be > 0, got {self.moe_capacity_factor}")
+        require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
+                f"must be >= 1, got {self.moe_imbalance_factor}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """GPUs of one type, `gpus_per_node` to a node (NVLink inside, InfiniBand between)."""
+
+    profile: HardwareProfile
+    num_gpus: int
+    gpus_per_node: int = 0
+    """0 means the profile's default (8 for every bundled GPU)."""
+    headroom: float = 0.2
+    """Fraction of HBM kept free for fragmentation and framework overhead (the guide's 20%)."""
+
+    def __post_init__(self) -> None:
+        require_positive_int(self.num_gpus, "num_gpus")
+        require_non_negative_int(self.gpus_per_node, "gpus_per_node")
+        if self.gpus_per_node == 0:
+            object.__setattr__(self, "gpus_per_node", min(self.profile.gpus_per_node, self.num_gpus))
+        require(0.0 <= self.headroom < 1.0, "headroom", f"must be in [0, 1), got {self.headroom}")
+        require(self.num_gpus <= self.gpus_per_node or self.num_gpus % self.gpus_per_node == 0, "num_gpus",
+                f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}; "
+                "use whole nodes or set --gpus-per-node")
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        """Usable HBM per GPU: (1 - headroom) × capacity."""
+        return (1.0 - self.headroom) * self.profile.hbm_bytes
