@@ -11,10 +11,12 @@ Importing autopar is light: transformers, ortools and torch load only on the pat
 
 from autopar.api import Cluster, Training
 from autopar.errors import Infeasible, InputError
+from autopar.estimate import estimate  # shadows the module name: use `from autopar.estimate import ...`
+from autopar.models import load_model
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import ClusterSpec, ModelSpec, Precision, TrainingSpec
 
 __all__ = [
     "Cluster", "ClusterSpec", "Infeasible", "InputError", "ModelSpec", "Plan", "Precision", "Recompute", "Training",
-    "TrainingSpec",
+    "TrainingSpec", "estimate", "load_model",
 ]

@@ -123,6 +123,9 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         raise InputError("profile", f"{origin} is not valid YAML{where}; fix the syntax") from None
     if not isinstance(data, dict) or not data:
         raise InputError("profile", f"{origin} is empty or not a mapping; see costmodels/profiles/*.yaml for the format")
+    non_finite = _first_non_finite(data, "")
+    if non_finite is not None:  # anywhere, raw calibration data included: a damaged file is refused whole
+        raise InputError("profile", f"{origin}: field {non_finite[0]} must be a finite number, got {non_finite[1]!r}")
     reader = _Reader(data, origin)
     version = reader.number("schema_version")
     if int(version) != SCHEMA_VERSION:
@@ -165,6 +168,16 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         source_path=origin,
         extra={k: v for k, v in data.items() if k not in known_keys},
     )
+
+
+def _first_non_finite(node: Any, path: str) -> tuple[str, float] | None:
+    """Dotted path and value of the first NaN or infinity in parsed YAML, or None."""
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in children:
+        found = _first_non_finite(value, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return (path, node) if isinstance(node, float) and not math.isfinite(node) else None
 
 
 class _Reader:

@@ -152,6 +152,19 @@ def moe_layers_on_stage(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray 
     return moe_layers_before(model, start + count) - moe_layers_before(model, start)
 
 
+def stage_embedding_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
+    """Word embedding (vocab-parallel, /tp) and learned positions on the first rank; output layer and final norm on
+    the last. A tied embedding is held once when pp = 1 and on both ends when pp > 1, as Megatron does."""
+    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
+    word_embedding = padded_vocab_size(model, plans.tp) * model.hidden_size / plans.tp.astype(float)
+    position = embedding_params(model, vocab_size=0)                                    # replicated table
+    is_first = stage == 0
+    is_last = stage == plans.pp - 1
+    holds_output = is_last & ((plans.pp > 1) | (not model.tied_embeddings))
+    return (np.where(is_first, word_embedding + position, 0.0) + np.where(holds_output, word_embedding, 0.0)
+            + np.where(is_last, norm_params(model), 0.0))
+
+
 def stage_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int"
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(non-expert, expert) parameters held by one GPU of pipeline rank `stage`.
@@ -175,14 +188,8 @@ def stage_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray
         non_expert = non_expert + moe_layers * (shared / tp + router)
         expert = moe_layers * routed_expert_params(model) / (plans.ep * plans.etp)
 
-    vocab = padded_vocab_size(model, plans.tp)
-    word_embedding = vocab * model.hidden_size / tp
-    position = embedding_params(model, vocab_size=0)                                    # replicated table
-    is_first = stage == 0
+    non_expert = non_expert + stage_embedding_params_per_gpu(model, plans, stage)
     is_last = stage == plans.pp - 1
-    holds_output = is_last & ((plans.pp > 1) | (not model.tied_embeddings))
-    non_expert = non_expert + np.where(is_first, word_embedding + position, 0.0)
-    non_expert = non_expert + np.where(holds_output, word_embedding, 0.0) + np.where(is_last, norm_params(model), 0)
     if model.num_mtp_layers:
         mtp = model.num_mtp_layers * mtp_module_params(model)
         mtp_expert = model.num_mtp_layers * routed_expert_params(model) if model.is_moe else 0

@@ -1,0 +1,236 @@
+"""Fit the cost model's own hardware parameters to calibration measurements (least squares, numpy only).
+
+Nothing here invents a curve: the model functions are the cost model's —
+`costmodels.comm.collective_time_s(link, kind, bytes, group_size)` (alpha–beta, DESIGN.md §4) for the links and
+`costmodels.compute.gemm_efficiency(profile, m, n, k, precision)` for the GEMMs — and the fit adjusts the named
+parameters those functions read from a profile (a `LinkSpec`'s alpha_s and bandwidth_bytes_per_s; the mapping
+`HardwareProfile.gemm_efficiency`). `least_squares` itself is generic: any model function of named parameters.
+
+Residuals: measurements span six orders of magnitude (a 1 KiB all-reduce against a 256 MiB one), so the fit
+minimises squared *log* ratios log(model / measured) — a relative error, symmetric in over- and under-prediction —
+and reports relative residuals model / measured − 1 (root-mean-square and worst).
+
+All fitted parameters are positive physical quantities (seconds, bytes/s, fractions, dimensions), so they are
+fitted in log space, which also keeps them positive. The solver is Levenberg–Marquardt (Marquardt 1963, SIAM J.
+Appl. Math. 11(2); scaling by the diagonal of JᵀJ) with a forward-difference Jacobian, started from each of a few
+initial guesses; the best end point wins. A parameter the data does not constrain (its Jacobian column is zero)
+keeps its initial value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement
+from costmodels.hardware import HardwareProfile, LinkSpec
+
+Predict = Callable[[Mapping[str, float]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Fitted parameters and how well the model then matches the measurements."""
+
+    params: dict[str, float]
+    points: int
+    rms_relative_residual: float
+    """sqrt(mean((model / measured − 1)²)) over the points."""
+    max_relative_residual: float
+    """max |model / measured − 1|."""
+    relative_residuals: tuple[float, ...]
+    at_bound: tuple[str, ...] = ()
+    """Parameters that ended on a bound: the data does not pin them down (e.g. a bandwidth when every message
+    was too small to leave the latency regime)."""
+
+    def summary(self) -> dict[str, float]:
+        return {"points": self.points, "rms_relative_residual": round(self.rms_relative_residual, 6),
+                "max_relative_residual": round(self.max_relative_residual, 6)}
+
+
+# ---- generic least squares -----------------------------------------------------------------------------------------
+
+DEFAULT_BOUNDS = (1e-12, 1e12)
+"""Any fitted parameter stays within these (positive, finite); a tighter range per parameter can be given."""
+
+
+def least_squares(predict: Predict, observed: Sequence[float], initial_guesses: Sequence[Mapping[str, float]],
+                  bounds: Mapping[str, tuple[float, float]] | None = None, max_iterations: int = 200) -> FitResult:
+    """Positive named parameters minimising Σ log(predict(params)_i / observed_i)², from each initial guess.
+
+    `predict` maps a parameter mapping to one prediction per observation. Every guess names the same parameters.
+    `bounds` (name -> (low, high)) keeps a parameter in range; the others stay within DEFAULT_BOUNDS.
+    """
+    measured = np.asarray(observed, dtype=float)
+    assert measured.ndim == 1 and measured.size > 0 and np.all(measured > 0), "observations must be positive"
+    assert initial_guesses, "least_squares needs at least one initial guess"
+    names = tuple(initial_guesses[0])
+    limits = np.log(np.array([(bounds or {}).get(name, DEFAULT_BOUNDS) for name in names], dtype=float))
+    low, high = limits[:, 0], limits[:, 1]
+
+    def log_residuals(theta: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            predicted = np.asarray(predict(dict(zip(names, np.exp(theta), strict=True))), dtype=float)
+            residuals = np.log(predicted / measured)
+        return residuals if np.all(np.isfinite(residuals)) else np.full_like(measured, np.inf)
+
+    best_theta, best_cost = None, math.inf
+    for guess in initial_guesses:
+        assert tuple(guess) == names, "every initial guess must name the same parameters"
+        theta0 = np.clip(np.log(np.array([max(float(guess[name]), 1e-300) for name in names])), low, high)
+        theta, cost = _levenberg_marquardt(log_residuals, theta0, low, high, max_iterations)
+        if cost < best_cost:
+            best_theta, best_cost = theta, cost
+    if best_theta is None:
+        raise ValueError("the model gives no finite prediction for the measurements from any initial guess")
+    params = dict(zip(names, (float(v) for v in np.exp(best_theta)), strict=True))
+    relative = np.asarray(predict(params), dtype=float) / measured - 1.0
+    at_bound = tuple(name for name, value, lo, hi in zip(names, best_theta, low, high, strict=True)
+                     if value <= lo + 1e-6 or value >= hi - 1e-6)
+    return FitResult(params=params, points=int(measured.size),
+                     rms_relative_residual=float(np.sqrt(np.mean(relative**2))),
+                     max_relative_residual=float(np.max(np.abs(relative))),
+                     relative_residuals=tuple(float(r) for r in relative), at_bound=at_bound)
+
+
+def _levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, low: np.ndarray,
+                         high: np.ndarray, max_iterations: int) -> tuple[np.ndarray, float]:
+    """Minimise |residuals(theta)|² with theta kept in [low, high] (each trial step is projected into the box)."""
+    r = residuals(theta)
+    cost = float(r @ r)
+    if not math.isfinite(cost):
+        return theta, math.inf
+    damping = 1e-3
+    for _ in range(max_iterations):
+        jacobian = _jacobian(residuals, theta, r)
+        normal = jacobian.T @ jacobian
+        gradient = jacobian.T @ r
+        scale = np.diag(normal).copy()
+        scale[scale < 1e-12] = 1e-12  # an unconstrained parameter: its step is damped to ~0, it keeps its value
+        improved = False
+        while damping < 1e12:
+            step = np.linalg.solve(normal + damping * np.diag(scale), -gradient)
+            candidate = np.clip(theta + step, low, high)
+            step = candidate - theta
+            r_new = residuals(candidate)
+            cost_new = float(r_new @ r_new)
+            if cost_new < cost:
+                improved = True
+                converged = cost - cost_new <= 1e-14 * max(cost, 1e-30) or np.max(np.abs(step)) < 1e-10
+                theta, r, cost = candidate, r_new, cost_new
+                damping = max(damping / 3.0, 1e-12)
+                break
+            damping *= 4.0
+        if not improved or converged:
+            break
+    return theta, cost
+
+
+def _jacobian(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, r: np.ndarray) -> np.ndarray:
+    jacobian = np.empty((r.size, theta.size))
+    for j in range(theta.size):
+        h = 1e-6 * max(1.0, abs(theta[j]))
+        shifted = theta.copy()
+        shifted[j] += h
+        r_shifted = residuals(shifted)
+        jacobian[:, j] = (r_shifted - r) / h if np.all(np.isfinite(r_shifted)) else 0.0
+    return jacobian
+
+
+# ---- links: alpha and bandwidth of the alpha–beta model ------------------------------------------------------------
+
+CollectiveTime = Callable[[LinkSpec, str, float, int], float]
+
+LINK_BOUNDS = {"alpha_s": (1e-9, 10.0), "bandwidth_bytes_per_s": (1e6, 1e14)}
+"""1 ns … 10 s latency; 1 MB/s … 100 TB/s per GPU: far outside any real link on both sides, so a fit that ends on
+a bound means the data did not determine the parameter."""
+
+
+def _default_collective_time() -> CollectiveTime:
+    from costmodels.comm import collective_time_s
+
+    return collective_time_s
+
+
+def fit_link(rows: Sequence[CollectiveMeasurement], base: LinkSpec,
+             collective_time: CollectiveTime | None = None) -> FitResult:
+    """alpha_s and bandwidth_bytes_per_s of one link, fitted over every collective measured on it.
+
+    The model is the cost model's `collective_time_s(link, kind, bytes, group_size)`; the initial guesses are the
+    base profile's link and one read off the data (alpha: the fastest run; bandwidth: the largest message).
+    """
+    time_s = collective_time or _default_collective_time()
+    assert rows, "fit_link needs measurements"
+
+    def predict(params: Mapping[str, float]) -> np.ndarray:
+        link = LinkSpec(bandwidth_bytes_per_s=params["bandwidth_bytes_per_s"], alpha_s=params["alpha_s"],
+                        nominal_bandwidth_bytes_per_s=base.nominal_bandwidth_bytes_per_s)
+        return np.array([time_s(link, row.kind, row.bytes, row.group_size) for row in rows])
+
+    observed = [row.timing.median_s for row in rows]
+    largest = max(rows, key=lambda row: row.bytes)
+    unit_link = LinkSpec(bandwidth_bytes_per_s=1.0, alpha_s=0.0, nominal_bandwidth_bytes_per_s=1.0)
+    effective_bytes = time_s(unit_link, largest.kind, largest.bytes, largest.group_size)  # bytes × algorithm factor
+    guesses = [
+        {"alpha_s": max(base.alpha_s, 1e-7), "bandwidth_bytes_per_s": base.bandwidth_bytes_per_s},
+        {"alpha_s": min(observed) / 2.0, "bandwidth_bytes_per_s": effective_bytes / largest.timing.median_s},
+    ]
+    return least_squares(predict, observed, guesses, bounds=LINK_BOUNDS)
+
+
+def fit_link_by_collective(rows: Sequence[CollectiveMeasurement], base: LinkSpec,
+                           collective_time: CollectiveTime | None = None) -> dict[str, FitResult]:
+    """The same fit for each collective alone (diagnostics: is one collective slower than the model says?)."""
+    by_kind: dict[str, list[CollectiveMeasurement]] = {}
+    for row in rows:
+        by_kind.setdefault(row.kind, []).append(row)
+    return {kind: fit_link(kind_rows, base, collective_time) for kind, kind_rows in by_kind.items()
+            if len({row.bytes for row in kind_rows}) >= 2}
+
+
+# ---- GEMM efficiency -----------------------------------------------------------------------------------------------
+
+GemmEfficiency = Callable[[HardwareProfile, int, int, int, str], float]
+
+FP8_PEAK_FRACTION = "fp8_peak_fraction"
+"""costmodels.compute's parameter for fp8 GEMMs (fraction of the fp8 peak); bundled profiles may lack it until fp8
+has been measured, so a calibration with fp8 measurements adds it."""
+
+
+def _default_gemm_efficiency() -> GemmEfficiency:
+    from costmodels.compute import gemm_efficiency
+
+    return gemm_efficiency
+
+
+def measured_gemm_efficiency(row: GemmMeasurement, profile: HardwareProfile) -> float:
+    """Achieved FLOP/s of one GEMM over the profile's dense peak for its precision."""
+    return row.achieved_flops_per_s / profile.peak_flops_per_s[row.precision]
+
+
+def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
+                        gemm_efficiency: GemmEfficiency | None = None) -> FitResult:
+    """The named parameters of the profile's GEMM-efficiency curve, fitted to measured efficiencies.
+
+    The model is the cost model's `gemm_efficiency(profile, m, n, k, precision)` with the parameters replaced; the
+    base profile's values are the first initial guess, the same values scaled down 10× and 1000× the others (a
+    CPU or a throttled GPU sits far below the bundled curve).
+    """
+    efficiency = gemm_efficiency or _default_gemm_efficiency()
+    assert rows, "fit_gemm_efficiency needs measurements"
+    rows = [row for row in rows if row.precision in base.peak_flops_per_s]
+
+    def predict(params: Mapping[str, float]) -> np.ndarray:
+        profile = dataclasses.replace(base, gemm_efficiency=dict(params))
+        return np.array([float(efficiency(profile, row.m, row.n, row.k, row.precision)) for row in rows])
+
+    observed = [measured_gemm_efficiency(row, base) for row in rows]
+    start = {name: float(value) if value > 0 else 1e-3 for name, value in base.gemm_efficiency.items()}
+    if any(row.precision == "fp8" for row in rows) and FP8_PEAK_FRACTION not in start:
+        start[FP8_PEAK_FRACTION] = start.get("peak_fraction", 0.5)  # the curve's fp8 parameter, first fitted here
+    guesses = [start] + [{name: value * scale for name, value in start.items()} for scale in (0.1, 1e-3)]
+    return least_squares(predict, observed, guesses)

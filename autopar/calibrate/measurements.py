@@ -1,0 +1,214 @@
+"""Raw calibration measurements: what was timed, its median and spread, and the one strict reader of them.
+
+A measurement keeps the median of repeated timed runs and the inter-quartile range (q1, q3), never a single run.
+The YAML form (the `calibration.measurements` section of a calibrated profile, or a bare measurements file with a
+top-level `measurements` key) is read back by `measurements_from_dict`, which refuses the whole file at the first
+defect — a missing field, a non-number, a NaN or infinity, a negative time, an unknown collective — with one line
+naming the file, the row and the field. A file is used entirely or not at all.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from costmodels.errors import InputError
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+"""Collectives timed, by the names `costmodels.comm.collective_time_s` takes.
+Message size convention (as nccl-tests): all_reduce the buffer; all_gather the gathered output; reduce_scatter the
+full input; all_to_all one rank's whole send buffer; send_recv the message."""
+
+LINKS = ("nvlink", "ib")
+"""Profile link names: `nvlink` is whatever connects ranks of one node, `ib` whatever connects nodes."""
+
+LINK_DESCRIPTIONS = {"nvlink": "intra-node", "ib": "inter-node"}
+
+GEMM_PRECISIONS = ("bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of repeated timed runs of one operation: median and inter-quartile range, in seconds."""
+
+    median_s: float
+    q1_s: float
+    q3_s: float
+    runs: int
+
+    @property
+    def iqr_s(self) -> float:
+        return self.q3_s - self.q1_s
+
+
+def summarise_times(samples_s: Sequence[float]) -> Timing:
+    """Median and quartiles (inclusive method, so one sample gives q1 = median = q3) of timed runs."""
+    assert samples_s, "summarise_times needs at least one timed run"
+    values = sorted(float(x) for x in samples_s)
+    if len(values) == 1:
+        return Timing(values[0], values[0], values[0], 1)
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return Timing(median_s=median, q1_s=q1, q3_s=q3, runs=len(values))
+
+
+@dataclass(frozen=True)
+class GemmMeasurement:
+    """C[m, n] = A[m, k] @ B[k, n] in `precision`: 2·m·n·k FLOPs in `timing.median_s`."""
+
+    precision: str
+    m: int
+    n: int
+    k: int
+    timing: Timing
+    label: str = ""
+    """Which GEMM of a transformer layer the shape stands for ('qkv h=4096 tp=2', ...)."""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.flops / self.timing.median_s
+
+
+@dataclass(frozen=True)
+class CollectiveMeasurement:
+    """One collective of `bytes` over a group of `group_size` ranks on `link`."""
+
+    link: str
+    kind: str
+    group_size: int
+    bytes: int
+    timing: Timing
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Everything one calibration run measured. Empty parts were not measured (the notes say why)."""
+
+    gemm: tuple[GemmMeasurement, ...] = ()
+    collectives: tuple[CollectiveMeasurement, ...] = ()
+    memory_overheads_bytes: Mapping[str, float] = field(default_factory=dict)
+    """Measured fixed per-GPU memory terms by the profile's names (cuda_context, nccl_buffers, ...)."""
+
+    def collectives_on(self, link: str) -> tuple[CollectiveMeasurement, ...]:
+        return tuple(c for c in self.collectives if c.link == link)
+
+    def gemm_in(self, precision: str) -> tuple[GemmMeasurement, ...]:
+        return tuple(g for g in self.gemm if g.precision == precision)
+
+    @property
+    def links_measured(self) -> tuple[str, ...]:
+        return tuple(link for link in LINKS if self.collectives_on(link))
+
+    # ---- YAML form ----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        gib = 1024.0**3
+        return {
+            "gemm": [{"precision": g.precision, "m": g.m, "n": g.n, "k": g.k, **_timing_dict(g.timing),
+                      "tflops": round(g.achieved_flops_per_s / 1e12, 6), "label": g.label} for g in self.gemm],
+            "collectives": [{"link": c.link, "kind": c.kind, "group_size": c.group_size, "bytes": c.bytes,
+                             **_timing_dict(c.timing)} for c in self.collectives],
+            "memory_overheads_gib": {name: value / gib for name, value in self.memory_overheads_bytes.items()},
+        }
+
+
+def _timing_dict(timing: Timing) -> dict[str, Any]:
+    return {"median_s": timing.median_s, "q1_s": timing.q1_s, "q3_s": timing.q3_s, "runs": timing.runs}
+
+
+# ---- strict reading ------------------------------------------------------------------------------------------------
+
+def measurements_from_dict(data: Any, origin: str) -> Measurements:
+    """Measurements from their YAML form; InputError('measurements', ...) naming file, row and field on any defect."""
+    if not isinstance(data, dict):
+        _fail(origin, "measurements", "must be a mapping with gemm, collectives and memory_overheads_gib")
+    unknown = set(data) - {"gemm", "collectives", "memory_overheads_gib"}
+    if unknown:
+        _fail(origin, "measurements", f"unknown section(s) {', '.join(sorted(map(str, unknown)))}; "
+                                      "expected gemm, collectives, memory_overheads_gib")
+    gemm_rows = _rows(data, "gemm", origin)
+    collective_rows = _rows(data, "collectives", origin)
+    gemm = tuple(_gemm_row(row, f"measurements.gemm[{i}]", origin) for i, row in enumerate(gemm_rows))
+    collectives = tuple(_collective_row(row, f"measurements.collectives[{i}]", origin)
+                        for i, row in enumerate(collective_rows))
+    memory = data.get("memory_overheads_gib", {}) or {}
+    if not isinstance(memory, dict):
+        _fail(origin, "measurements.memory_overheads_gib", "must be a mapping of name -> GiB")
+    memory_bytes = {str(name): _number(memory, name, "measurements.memory_overheads_gib", origin, allow_zero=True)
+                    * 1024.0**3 for name in memory}
+    if not gemm and not collectives and not memory_bytes:
+        _fail(origin, "measurements", "holds no measurement at all; run `autopar calibrate` again")
+    return Measurements(gemm=gemm, collectives=collectives, memory_overheads_bytes=memory_bytes)
+
+
+def _rows(data: dict, key: str, origin: str) -> list:
+    rows = data.get(key, [])
+    if rows is None:
+        return []
+    if not isinstance(rows, list):
+        _fail(origin, f"measurements.{key}", "must be a list of rows")
+    return rows
+
+
+def _timing(row: dict, where: str, origin: str) -> Timing:
+    median = _number(row, "median_s", where, origin)
+    q1 = _number(row, "q1_s", where, origin)
+    q3 = _number(row, "q3_s", where, origin)
+    runs = _integer(row, "runs", where, origin)
+    if not q1 <= median <= q3:
+        _fail(origin, where, f"needs q1_s <= median_s <= q3_s, got {q1!r}, {median!r}, {q3!r}")
+    return Timing(median_s=median, q1_s=q1, q3_s=q3, runs=runs)
+
+
+def _gemm_row(row: Any, where: str, origin: str) -> GemmMeasurement:
+    if not isinstance(row, dict):
+        _fail(origin, where, "must be a mapping with precision, m, n, k, median_s, q1_s, q3_s, runs")
+    precision = row.get("precision")
+    if precision not in GEMM_PRECISIONS:
+        _fail(origin, f"{where}.precision", f"must be one of {', '.join(GEMM_PRECISIONS)}, got {precision!r}")
+    label = row.get("label", "")
+    return GemmMeasurement(precision=precision, m=_integer(row, "m", where, origin),
+                           n=_integer(row, "n", where, origin), k=_integer(row, "k", where, origin),
+                           timing=_timing(row, where, origin),
+                           label=label if isinstance(label, str) else str(label))
+
+
+def _collective_row(row: Any, where: str, origin: str) -> CollectiveMeasurement:
+    if not isinstance(row, dict):
+        _fail(origin, where, "must be a mapping with link, kind, group_size, bytes, median_s, q1_s, q3_s, runs")
+    link, kind = row.get("link"), row.get("kind")
+    if link not in LINKS:
+        _fail(origin, f"{where}.link", f"must be one of {', '.join(LINKS)}, got {link!r}")
+    if kind not in COLLECTIVE_KINDS:
+        _fail(origin, f"{where}.kind", f"must be one of {', '.join(COLLECTIVE_KINDS)}, got {kind!r}")
+    group_size = _integer(row, "group_size", where, origin)
+    if group_size < 2:
+        _fail(origin, f"{where}.group_size", f"a collective needs at least 2 ranks, got {group_size}")
+    return CollectiveMeasurement(link=link, kind=kind, group_size=group_size,
+                                 bytes=_integer(row, "bytes", where, origin), timing=_timing(row, where, origin))
+
+
+def _number(row: dict, key: str, where: str, origin: str, allow_zero: bool = False) -> float:
+    if key not in row:
+        _fail(origin, f"{where}.{key}", "is missing")
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        _fail(origin, f"{where}.{key}", f"must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        _fail(origin, f"{where}.{key}", f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _integer(row: dict, key: str, where: str, origin: str) -> int:
+    value = _number(row, key, where, origin)
+    if not isinstance(row[key], int):
+        _fail(origin, f"{where}.{key}", f"must be a whole number, got {row[key]!r}")
+    return int(value)
+
+
+def _fail(origin: str, where: str, message: str) -> None:
+    raise InputError("measurements", f"{origin}: {where} {message}; fix or remove the file and calibrate again")

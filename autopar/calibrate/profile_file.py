@@ -1,0 +1,300 @@
+"""A calibrated hardware profile: bundled base profile + fitted values + raw measurements, written atomically.
+
+The file is an ordinary profile (`costmodels/profiles/*.yaml` format) that `costmodels.hardware.load_profile`
+reads, so `solve` / `estimate --profile FILE` use it like a bundled one. What calibration changes:
+
+    compute.gemm_efficiency          fitted parameters of the cost model's GEMM-efficiency curve
+    links.<link>.alpha_us            fitted alpha of the alpha–beta model, per measured link
+    links.<link>.bandwidth_efficiency  fitted bandwidth / the spec-sheet (nominal) bandwidth, capped at 1
+    memory.overheads_gib.<name>      measured fixed memory terms (GPU runs)
+
+Everything else (HBM, peak FLOP/s, nominal bandwidths, the links and overheads not measured) is the base
+profile's, and `provenance` says so field by field. The extra top-level section `calibration` (kept by the parser in
+`HardwareProfile.extra`) holds where and when it was measured, what was not measured and why, the fit with its
+residuals, and the raw measurements — enough to refit later (`autopar profile fit`) without rerunning anything.
+
+Writing: the text is validated by the same parser that will read it, then written to a temporary file in the
+target's directory, fsync'ed and renamed over the target (`os.replace`), so an interrupted run never leaves a
+half-written profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from autopar.calibrate.fit import FitResult, fit_gemm_efficiency, fit_link, fit_link_by_collective
+from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
+from costmodels.errors import InputError
+from costmodels.hardware import GIB, HardwareProfile, bundled_profile_names, load_profile, parse_profile
+
+CALIBRATION_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Where, when and how the measurements were taken."""
+
+    measured_at_utc: str
+    """ISO 8601, e.g. 2026-11-29T10:40:12Z."""
+    hostnames: tuple[str, ...]
+    device_name: str
+    """'NVIDIA H100 80GB HBM3', or 'cpu'."""
+    world_size: int
+    nodes: int
+    ranks_per_node: int
+    torch_version: str
+    backend: str
+    """'nccl', 'gloo', or 'none' for a single process."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """warm-up runs, timed runs, message sizes, --quick."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measured_at_utc": self.measured_at_utc, "hostnames": list(self.hostnames),
+                "device_name": self.device_name, "world_size": self.world_size, "nodes": self.nodes,
+                "ranks_per_node": self.ranks_per_node, "torch_version": self.torch_version,
+                "backend": self.backend, "settings": dict(self.settings)}
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """The fit of every measured part; None / absent where nothing was measured."""
+
+    gemm: FitResult | None
+    links: Mapping[str, FitResult]
+    links_by_collective: Mapping[str, Mapping[str, FitResult]]
+
+
+def fit_measurements(measurements: Measurements, base: HardwareProfile) -> CalibrationFit:
+    """Fit the cost model's parameters to whatever was measured."""
+    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s]
+    gemm = fit_gemm_efficiency(gemm_rows, base) if gemm_rows else None
+    links = {link: fit_link(measurements.collectives_on(link), base.links[link])
+             for link in measurements.links_measured}
+    by_collective = {link: fit_link_by_collective(measurements.collectives_on(link), base.links[link])
+                     for link in measurements.links_measured}
+    return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective)
+
+
+# ---- the base profile -----------------------------------------------------------------------------------------------
+
+def base_profile_for_device(device_name: str, memory_gib: float) -> str | None:
+    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb': the GPU family in the name, the bundled size nearest the memory."""
+    words = device_name.lower().replace("-", " ").split()
+    candidates = []
+    for name in bundled_profile_names():
+        family, size = name.split("-")[0], name.split("-")[-1]
+        if family in words and size.endswith("gb") and size[:-2].isdigit():
+            candidates.append((abs(int(size[:-2]) - memory_gib), name))
+    return min(candidates)[1] if candidates else None
+
+
+# ---- building the profile ------------------------------------------------------------------------------------------
+
+def build_profile_text(base_name: str, base_reason: str, measurements: Measurements, run: RunInfo,
+                       notes: tuple[str, ...] = ()) -> tuple[str, CalibrationFit, tuple[str, ...]]:
+    """The calibrated profile's YAML text, the fit, and every note (given + those the fit adds).
+
+    The text is checked with `parse_profile` (and its measurements re-read strictly) before it is returned.
+    """
+    import yaml
+
+    base = load_profile(base_name)
+    data = yaml.safe_load(_bundled_yaml(base_name))
+    fit = fit_measurements(measurements, base)
+    notes = list(notes)
+    stamp = f"autopar calibrate {run.measured_at_utc} on {_hosts(run)} ({run.device_name}, {run.backend})"
+    provenance: dict[str, str] = dict(data.get("provenance", {}))
+    on_cpu = run.device_name == "cpu"
+
+    data["name"] = f"{base.name}-calibrated"
+    data["display_name"] = (f"{base.display_name}, calibrated {run.measured_at_utc[:10]} on {_hosts(run)}"
+                            + (" (CPU run: not a GPU measurement)" if on_cpu else ""))
+    data["aliases"] = []
+
+    if fit.gemm is not None:
+        data["compute"]["gemm_efficiency"] = {name: _round(value) for name, value in fit.gemm.params.items()}
+        if fit.gemm.at_bound:
+            notes.append(f"GEMM fit: {', '.join(fit.gemm.at_bound)} ran to the edge of its range "
+                         "(the measured shapes do not pin it down)")
+        precisions = sorted({row.precision for row in measurements.gemm if row.precision in base.peak_flops_per_s})
+        provenance["compute.gemm_efficiency"] = (
+            f"{stamp}: least squares over {fit.gemm.points} GEMMs ({', '.join(precisions)}), "
+            f"rms residual {fit.gemm.rms_relative_residual:.1%}")
+    else:
+        notes.append(f"GEMMs not measured: compute.gemm_efficiency kept from base profile {base.name}")
+        provenance["compute.gemm_efficiency"] = f"base profile {base.name} (not measured)"
+
+    for link in LINKS:
+        where = f"links.{link}"
+        if link in fit.links:
+            result = fit.links[link]
+            described = f"{LINK_DESCRIPTIONS[link]} link ({link})"
+            group_sizes = sorted({c.group_size for c in measurements.collectives_on(link)})
+            text = (f"{stamp}: alpha-beta least squares over {result.points} collectives "
+                    f"(group sizes {', '.join(map(str, group_sizes))}), "
+                    f"rms residual {result.rms_relative_residual:.1%}")
+            if "bandwidth_bytes_per_s" in result.at_bound:
+                largest = max(c.bytes for c in measurements.collectives_on(link))
+                notes.append(f"{described}: bandwidth not determined — every message up to {largest} bytes took "
+                             "about alpha (raise --max-bytes); bandwidth_efficiency kept from the base profile")
+                provenance[f"{where}.bandwidth_efficiency"] = f"base profile {base.name} (measurement inconclusive)"
+            else:
+                nominal = base.links[link].nominal_bandwidth_bytes_per_s
+                efficiency = result.params["bandwidth_bytes_per_s"] / nominal
+                if efficiency > 1.0:
+                    notes.append(f"{described}: fitted bandwidth {result.params['bandwidth_bytes_per_s'] / 1e9:.1f} "
+                                 f"GB/s exceeds the spec {nominal / 1e9:.1f} GB/s of {base.name}; "
+                                 "bandwidth_efficiency capped at 1.0 (is --base-gpu right?)")
+                    efficiency = 1.0
+                data["links"][link]["bandwidth_efficiency"] = _round(efficiency)
+                provenance[f"{where}.bandwidth_efficiency"] = text
+            if "alpha_s" in result.at_bound and result.params["alpha_s"] > 1.0:
+                notes.append(f"{described}: alpha not determined (fit ran to its 10 s bound); kept from the base "
+                             "profile")
+                provenance[f"{where}.alpha_us"] = f"base profile {base.name} (measurement inconclusive)"
+            else:
+                data["links"][link]["alpha_us"] = _round(result.params["alpha_s"] * 1e6)
+                provenance[f"{where}.alpha_us"] = text
+        else:
+            provenance[f"{where}.bandwidth_efficiency"] = f"base profile {base.name} (not measured)"
+            provenance[f"{where}.alpha_us"] = f"base profile {base.name} (not measured)"
+
+    overheads = data["memory"]["overheads_gib"]
+    for name, value_bytes in measurements.memory_overheads_bytes.items():
+        if name in overheads:
+            overheads[name] = _round(value_bytes / GIB)
+    measured_overheads = sorted(set(measurements.memory_overheads_bytes) & set(overheads))
+    if measured_overheads:
+        kept = sorted(set(overheads) - set(measured_overheads))
+        provenance["memory.overheads_gib"] = (f"{stamp}: measured {', '.join(measured_overheads)}"
+                                              + (f"; {', '.join(kept)} from base profile {base.name}" if kept else ""))
+    else:
+        provenance["memory.overheads_gib"] = f"base profile {base.name} (not measured)"
+    data["provenance"] = provenance
+
+    data["calibration"] = {
+        "format": CALIBRATION_FORMAT,
+        "base_profile": base.name,
+        "base_profile_reason": base_reason,
+        **run.to_dict(),
+        "notes": list(dict.fromkeys(notes)),
+        "fit": _fit_dict(fit),
+        "measurements": _flow_rows(measurements.to_dict()),
+    }
+    header = (f"# Calibrated hardware profile written by `autopar calibrate` ({run.measured_at_utc}).\n"
+              f"# Base: bundled profile {base.name}; fitted and measured fields say so in `provenance`.\n"
+              "# Raw measurements and fit residuals are under `calibration` (refit: autopar profile fit FILE).\n")
+    text = header + yaml.dump(data, Dumper=_dumper(), sort_keys=False, width=120, allow_unicode=True)
+    parse_profile(text, "calibrated profile")  # the reader must accept what we write: a failure here is a bug
+    measurements_from_dict(yaml.safe_load(text)["calibration"]["measurements"], "calibrated profile")
+    return text, fit, tuple(dict.fromkeys(notes))
+
+
+def _fit_dict(fit: CalibrationFit) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if fit.gemm is not None:
+        out["gemm_efficiency"] = {"params": {k: _round(v) for k, v in fit.gemm.params.items()}, **fit.gemm.summary()}
+    links: dict[str, Any] = {}
+    for link, result in fit.links.items():
+        links[link] = {
+            "alpha_us": _round(result.params["alpha_s"] * 1e6),
+            "bandwidth_gb_per_s": _round(result.params["bandwidth_bytes_per_s"] / 1e9),
+            **result.summary(),
+            "by_collective": {kind: {"alpha_us": _round(r.params["alpha_s"] * 1e6),
+                                     "bandwidth_gb_per_s": _round(r.params["bandwidth_bytes_per_s"] / 1e9),
+                                     **r.summary()}
+                              for kind, r in fit.links_by_collective.get(link, {}).items()},
+        }
+    if links:
+        out["links"] = links
+    return out
+
+
+def _hosts(run: RunInfo) -> str:
+    hosts = list(dict.fromkeys(run.hostnames))
+    return hosts[0] if len(hosts) == 1 else f"{hosts[0]} and {len(hosts) - 1} more host(s)"
+
+
+def _round(value: float, digits: int = 6) -> float:
+    """`digits` significant digits: enough for a fit, short in YAML."""
+    return float(f"{value:.{digits}g}") if math.isfinite(value) and value != 0 else float(value)
+
+
+def _bundled_yaml(name: str) -> str:
+    from importlib import resources
+
+    return (resources.files("costmodels") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
+
+
+class _FlowRow(dict):
+    """A measurement row: written on one line in YAML."""
+
+
+def _flow_rows(measurements: dict[str, Any]) -> dict[str, Any]:
+    rounded = copy.deepcopy(measurements)
+    for section in ("gemm", "collectives"):
+        rounded[section] = [_FlowRow({k: _round(v) if isinstance(v, float) else v for k, v in row.items()})
+                            for row in rounded[section]]
+    rounded["memory_overheads_gib"] = {k: _round(v) for k, v in rounded["memory_overheads_gib"].items()}
+    return rounded
+
+
+def _dumper() -> type:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(_FlowRow, lambda dumper, row: dumper.represent_mapping(
+        "tag:yaml.org,2002:map", row.items(), flow_style=True))
+    return Dumper
+
+
+# ---- writing -----------------------------------------------------------------------------------------------------
+
+def check_output_path(path: str | Path) -> Path:
+    """The profile's target: its directory must exist and be writable (checked before minutes of benchmarks)."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if target.suffix not in (".yaml", ".yml"):
+        raise InputError("out", f"{str(target)!r} must end in .yaml or .yml (profiles are YAML)")
+    if not directory.is_dir():
+        raise InputError("out", f"directory {str(directory)!r} does not exist; create it or choose another --out")
+    if not os.access(directory, os.W_OK):
+        raise InputError("out", f"directory {str(directory)!r} is not writable; choose another --out")
+    if target.is_dir():
+        raise InputError("out", f"{str(target)!r} is a directory; give a file name")
+    return target
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every file system)
+        directory_descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(directory_descriptor)
+        finally:
+            os.close(directory_descriptor)

@@ -1,0 +1,187 @@
+"""Sub-commands of the `autopar` CLI, and the argument helpers they share.
+
+Each command module here defines `register(subparsers)` and `run(args) -> int` and imports nothing heavy at module
+level (see autopar/cli.py). `solve`, `estimate` and `explain` take the same model, cluster and training flags, built
+by the `add_*_arguments` helpers below and converted to the frozen specs by the `*_from_args` helpers. Validation
+is never repeated here: the specs' own checks raise `InputError`, which the CLI prints as one line (exit 2).
+
+Flag names follow DESIGN.md §1 (`--tp`, `--pp`, `--vpp`, ...); spellings from Megatron-LM are accepted as aliases
+where they are common (`--global-batch-size`, `--micro-batch-size`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for annotations: importing the specs pulls in numpy
+    from costmodels.plan import Plan
+    from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+DEFAULT_GPU = "h100"
+
+
+# ---- argument types: a bad value is one line naming the flag (argparse prefixes 'argument --flag: ') ------------
+
+def integer(text: str) -> int:
+    """An integer flag value; the range is checked by the spec the value goes into."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def number(text: str) -> float:
+    """A real-number flag value (finite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+# ---- adding flags ----------------------------------------------------------------------------------------------
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL",
+                        help="bundled preset (see `autopar models`), a config.json file, a model directory, "
+                             "or a Hugging Face id already in the local cache")
+    parser.add_argument("--allow-network", action="store_true",
+                        help="download MODEL's config.json from the Hugging Face Hub when it is not in the local "
+                             "cache (default: offline)")
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cluster")
+    group.add_argument("--gpu", default=None,
+                       help=f"GPU type of a bundled profile (see `autopar gpus`); default {DEFAULT_GPU}")
+    group.add_argument("--gpus", "--num-gpus", dest="num_gpus", type=integer, default=None, metavar="N",
+                       help="number of GPUs; default one node (the profile's GPUs per node)")
+    group.add_argument("--gpus-per-node", type=integer, default=0, metavar="N",
+                       help="GPUs per node (NVLink domain); default from the profile (8)")
+    group.add_argument("--headroom", type=number, default=0.2, metavar="FRACTION",
+                       help="fraction of GPU memory kept free, in [0, 1); default 0.2 (the guide's 20%%)")
+    group.add_argument("--profile", default=None, metavar="FILE",
+                       help="hardware profile YAML (e.g. from `autopar calibrate`) instead of --gpu")
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--seq-len", "--seq-length", dest="seq_len", type=integer, default=4096, metavar="S",
+                       help="sequence length in tokens; default 4096")
+    group.add_argument("--global-batch", "--global-batch-size", "--gbs", dest="global_batch", type=integer,
+                       default=1024, metavar="B", help="global batch in sequences per step; default 1024")
+    group.add_argument("--precision", default="bf16", metavar="{bf16,fp8}",
+                       help="GEMM precision; default bf16 (fp8 needs H100 or later)")
+    group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                       help="attention stores the a·s² score matrix (no FlashAttention / fused attention)")
+    group.add_argument("--no-fused-cross-entropy", dest="fused_cross_entropy", action="store_false",
+                       help="the loss keeps an fp32 copy of the logits (no fused vocab-parallel cross entropy)")
+    group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
+                       help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")
+    group.add_argument("--moe-imbalance-factor", type=number, default=1.0, metavar="F",
+                       help="busiest expert rank's load over a balanced one, dropless routing (>= 1); default 1")
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every knob of one plan (DESIGN.md §1), for `autopar estimate`."""
+    group = parser.add_argument_group("plan (DESIGN.md §1 names; Megatron-LM flags in brackets)")
+    group.add_argument("--tp", type=integer, default=1, metavar="N",
+                       help="tensor-parallel size [--tensor-model-parallel-size]; default 1")
+    group.add_argument("--pp", type=integer, default=1, metavar="N",
+                       help="pipeline-parallel size [--pipeline-model-parallel-size]; default 1")
+    group.add_argument("--vpp", type=integer, default=1, metavar="N",
+                       help="virtual stages per pipeline rank (interleaved 1F1B); default 1")
+    group.add_argument("--cp", type=integer, default=1, metavar="N",
+                       help="context-parallel size [--context-parallel-size]; default 1")
+    group.add_argument("--ep", type=integer, default=1, metavar="N",
+                       help="expert-parallel size, MoE only [--expert-model-parallel-size]; default 1")
+    group.add_argument("--etp", type=integer, default=0, metavar="N",
+                       help="tensor-parallel size inside experts [--expert-tensor-parallel-size]; default = tp")
+    group.add_argument("--mbs", "--micro-batch-size", dest="mbs", type=integer, default=1, metavar="N",
+                       help="micro-batch size in sequences; default 1")
+    sp = group.add_mutually_exclusive_group()
+    sp.add_argument("--sp", dest="sp", action="store_true", default=None,
+                    help="sequence parallelism on the TP group [--sequence-parallel]; default on when tp > 1")
+    sp.add_argument("--no-sp", dest="sp", action="store_false", help="no sequence parallelism")
+    group.add_argument("--recompute", default="none", metavar="{none,selective,full}",
+                       help="activation recomputation; default none")
+    group.add_argument("--recompute-layers", type=integer, default=0, metavar="N",
+                       help="with --recompute full: layers per stage recomputed [--recompute-num-layers]; "
+                            "default 0 = all")
+    group.add_argument("--zero", type=integer, default=0, metavar="{0,1,2,3}",
+                       help="sharding over DP: 1 = Megatron distributed optimizer, 2 + gradients, 3 + parameters; "
+                            "default 0")
+    group.add_argument("--first-stage-layers", type=integer, default=0, metavar="N",
+                       help="decoder layers on the first pipeline stage [--decoder-first-pipeline-num-layers]; "
+                            "default even split")
+    group.add_argument("--last-stage-layers", type=integer, default=0, metavar="N",
+                       help="decoder layers on the last pipeline stage [--decoder-last-pipeline-num-layers]; "
+                            "default even split")
+
+
+def add_relax_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--relax", action="append", default=[], metavar="RULE",
+                        help="do not enforce one of the guide's rules (tp_node, cp_needs_sp_tp); repeatable")
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+# ---- flags -> specs --------------------------------------------------------------------------------------------
+
+def model_from_args(args: argparse.Namespace) -> "ModelSpec":
+    from autopar.models import load_model  # transformers only loads for config files / HF ids
+
+    return load_model(args.model, allow_network=getattr(args, "allow_network", False))
+
+
+def cluster_from_args(args: argparse.Namespace) -> "ClusterSpec":
+    from costmodels.errors import InputError
+    from costmodels.hardware import load_profile
+    from costmodels.specs import ClusterSpec
+
+    if args.profile is not None and args.gpu is not None:
+        raise InputError("profile", "give either --gpu or --profile, not both (the profile names its GPU)")
+    profile = load_profile(args.profile if args.profile is not None else (args.gpu or DEFAULT_GPU))
+    if args.profile is not None:  # a calibrated file's raw measurements must read cleanly too (never half-used)
+        from autopar.calibrate.section import check_profile_calibration
+        check_profile_calibration(profile)
+    num_gpus = args.num_gpus if args.num_gpus is not None else (args.gpus_per_node or profile.gpus_per_node)
+    return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=args.gpus_per_node,
+                       headroom=args.headroom)
+
+
+def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
+    from costmodels.specs import TrainingSpec
+
+    return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
+                        flash_attention=args.flash_attention, fused_cross_entropy=args.fused_cross_entropy,
+                        moe_capacity_factor=args.moe_capacity_factor,
+                        moe_imbalance_factor=args.moe_imbalance_factor)
+
+
+def plan_from_args(args: argparse.Namespace) -> "Plan":
+    from costmodels.plan import Plan
+
+    sp = args.sp if args.sp is not None else args.tp > 1
+    return Plan(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp, mbs=args.mbs, sp=sp,
+                recompute=args.recompute, recompute_layers=args.recompute_layers, zero=args.zero,
+                first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
+
+
+def specs_from_args(args: argparse.Namespace) -> "tuple[ModelSpec, ClusterSpec, TrainingSpec]":
+    """Model, cluster and training from the shared flags, checked against each other (precision on the GPU).
+
+    The cheap specs are built first so a typo in --gpu or --seq-len is reported before a model is loaded.
+    """
+    from autopar.estimate import require_precision_supported
+
+    cluster = cluster_from_args(args)
+    training = training_from_args(args)
+    require_precision_supported(cluster, training)
+    model = model_from_args(args)
+    return model, cluster, training

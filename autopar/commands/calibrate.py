@@ -1,0 +1,93 @@
+"""`autopar calibrate`: measure this machine (or, under torchrun, this cluster) and write a hardware profile.
+
+    autopar calibrate --out my_cluster.yaml [--quick] [--base-gpu h100]
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m autopar.calibrate --out my_cluster.yaml
+
+torch is an optional extra: without it this command says how to install it and exits 2. torch is imported only
+here, inside `run`, and only by this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+
+INSTALL_HINT = "pip install 'autopar[calibrate]'"
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+
+
+def byte_size(text: str) -> int:
+    """'1048576', '64K', '256MiB', '1G' -> bytes (K/M/G are powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes like 65536, 64K or 256MiB, got {text!r}")
+    value, unit = float(match.group(1)), (match.group(2) or "b").lower()
+    scale = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit[0]]
+    size = int(value * scale)
+    if size < 8:
+        raise argparse.ArgumentTypeError(f"must be at least 8 bytes, got {text!r}")
+    return size
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "calibrate", help="measure GEMMs and collectives here and write a hardware profile (needs torch)",
+        description="Microbenchmarks through torch and torch.distributed (NCCL on GPUs, gloo on CPU): GEMM "
+                    "throughput over transformer shapes (bf16, and fp8 where supported), all-reduce, all-gather, "
+                    "reduce-scatter, all-to-all and send/recv from 1 KiB up (intra-node and inter-node links "
+                    "separately), and memory overheads on GPUs. Fits the cost model's alpha, bandwidth and "
+                    "GEMM-efficiency parameters and writes a profile for `solve/estimate --profile FILE`. Run it "
+                    "directly (one process) or under torchrun on every node: torchrun --nnodes 2 "
+                    "--nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m autopar.calibrate "
+                    "--out my_cluster.yaml",
+        epilog=f"needs torch: {INSTALL_HINT}")
+    parser.add_argument("--out", default="calibrated-profile.yaml", metavar="FILE",
+                        help="profile YAML to write (atomically, on rank 0); default calibrated-profile.yaml")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer GEMM shapes, every 4th message size, fewer runs (minutes -> seconds)")
+    parser.add_argument("--base-gpu", default=None, metavar="NAME",
+                        help="bundled profile for what is not measured (spec sheet, unmeasured links); default "
+                             "from the detected GPU, a100-80gb on a CPU-only run")
+    parser.add_argument("--max-bytes", type=byte_size, default=None, metavar="SIZE",
+                        help="largest collective message (e.g. 64K, 256MiB); default 256MiB on GPUs, 16MiB on CPU")
+    parser.add_argument("--min-bytes", type=byte_size, default=1024, metavar="SIZE",
+                        help="smallest collective message; default 1KiB")
+    parser.add_argument("--warmup", type=_positive_int, default=None, metavar="N",
+                        help="untimed runs before each measurement; default 5 (2 with --quick)")
+    parser.add_argument("--iters", type=_positive_int, default=None, metavar="N",
+                        help="timed runs per measurement (median and IQR kept); default 20 (5 with --quick)")
+    parser.add_argument("--ranks-per-node", type=_positive_int, default=None, metavar="N",
+                        help="ranks per node when the launcher does not say (default: torchrun's GROUP_RANK, "
+                             "else the host name)")
+    parser.add_argument("--timeout-s", type=_positive_int, default=600, metavar="S",
+                        help="give up when a rank has not answered for this long; default 600")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("torch") is None:
+        print(f"autopar: error: calibrate needs torch, which is not installed; install it with: {INSTALL_HINT}",
+              file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    from autopar.calibrate.runner import CalibrateOptions, run_calibration
+
+    options = CalibrateOptions(out=Path(args.out), quick=args.quick, base_gpu=args.base_gpu,
+                               max_bytes=args.max_bytes, min_bytes=args.min_bytes, warmup=args.warmup,
+                               iters=args.iters, ranks_per_node=args.ranks_per_node, timeout_s=args.timeout_s)
+    return run_calibration(options)

@@ -1,0 +1,389 @@
+"""`autopar.estimate`: the cost model's verdict on one plan, and the guide's remedies when it does not fit.
+
+`estimate(model, cluster, training, plan)` evaluates one plan through the same code path as the solver
+(`costmodels.evaluate.evaluate` for step time and throughput) and adds the memory of *every* pipeline rank
+(`costmodels.memory.memory_terms_bytes`), so a report can show which stage is the tight one and why.
+
+`remedies(...)` answers "memory exceeds GPU capacity" the way the Parallelism Strategies Guide's troubleshooting
+section does (shared/seeds/000_813f7baad2e6f9ee.txt), in its order:
+
+    1. enable the distributed optimizer (zero=1)   4. increase PP
+    2. full activation recomputation               5. increase EP (MoE only)
+    3. increase TP                                 6. reduce the micro-batch size
+
+Each remedy is applied *cumulatively* on top of the ones before it (as an engineer following the list would), with
+the *computed* peak memory and step time after it, and the walk stops at the first remedy after which the plan
+fits. TP, PP and EP are raised step by step through the values the rules allow (the guide's "increase TP
+incrementally ... stop when memory fits"); the micro-batch is lowered the same way. A remedy is skipped, with the
+rule it would break, when no value of its knob satisfies the rules (TP beyond a node, PP not dividing the layers,
+a GPU count the new sizes do not divide, ...), and it is not kept when it would not lower the peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from autopar.results import Estimate, StageMemory, plan_to_dict
+from costmodels.errors import InputError
+from costmodels.plan import Plan, PlanArrays, Recompute, layers_on_stage
+from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+MEMORY_RULE = "memory"
+
+# ---- checks ----------------------------------------------------------------------------------------------------
+
+def require_precision_supported(cluster: ClusterSpec, training: TrainingSpec) -> None:
+    """InputError when the GPU has no peak FLOP/s for the precision (fp8 on A100)."""
+    precision = training.precision.value
+    if not cluster.profile.supports(precision):
+        supported = ", ".join(sorted(cluster.profile.peak_flops_per_s))
+        raise InputError("precision", f"{cluster.profile.display_name} has no {precision} support; "
+                                      f"use --precision {supported.split(', ')[0]} (supported: {supported})")
+
+
+def rule_violations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+                    relax: Iterable[str] = ()) -> dict[str, str]:
+    """Every rule (DESIGN.md §3) except `memory` that `plan` breaks: rule name -> one-line reason with the fix.
+
+    The names come from the solver's own rules (`autopar.search.rules.check_plan`), so estimate and solve agree on
+    what is allowed; the wording, with the plan's numbers, from `_basic_rule_reasons`. Rules in `relax` are not
+    checked (only relaxable ones may be named; see `autopar.search.rules.active_rules`).
+    """
+    from autopar.search.rules import RULES_BY_ID, check_plan
+
+    reasons = _basic_rule_reasons(model, cluster, training, plan)
+    names = [name for name in check_plan(model, cluster, training, plan, relax=relax) if name != MEMORY_RULE]
+    return {name: reasons.get(name, RULES_BY_ID[name].reason) for name in names}
+
+
+def _basic_rule_reasons(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                        plan: Plan) -> dict[str, str]:
+    """The divisibility and guide rules of DESIGN.md §3, checked on one plan, each with the numbers and a fix."""
+    n, a, g, layers = cluster.num_gpus, model.num_attention_heads, model.num_kv_heads, model.num_layers
+    broken: dict[str, str] = {}
+    model_parallel, expert_parallel = plan.tp * plan.cp * plan.pp, plan.etp * plan.ep * plan.pp
+    if n % model_parallel:
+        broken["world"] = (f"num_gpus={n} is not divisible by tp·cp·pp={plan.tp}·{plan.cp}·{plan.pp}="
+                           f"{model_parallel}; change the GPU count or the sizes")
+    elif n % expert_parallel:
+        broken["world"] = (f"num_gpus={n} is not divisible by etp·ep·pp={plan.etp}·{plan.ep}·{plan.pp}="
+                           f"{expert_parallel}; change the GPU count or the expert sizes")
+    if a % plan.tp or g % plan.tp:
+        broken["heads"] = (f"tp={plan.tp} must divide num_attention_heads={a} and num_kv_heads={g}; "
+                           f"use one of {_divisors(_gcd(a, g))}")
+    broken.update(_layer_split_reasons(layers, plan))
+    if model.moe is None and plan.ep > 1:
+        broken["experts"] = f"ep={plan.ep} needs an MoE model; {model.name} is dense, use ep=1"
+    elif model.moe is not None and model.moe.num_experts % plan.ep:
+        broken["experts"] = (f"ep={plan.ep} must divide num_experts={model.moe.num_experts}; "
+                             f"use one of {_divisors(model.moe.num_experts)}")
+    if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
+        broken["tp_node"] = (f"tp={plan.tp} must divide gpus_per_node={cluster.gpus_per_node} (TP stays inside a "
+                             "node's NVLink domain; the guide: beyond 8 use PP)")
+    if plan.cp > 1 and not (plan.sp and plan.tp > 1):
+        broken["cp_needs_sp_tp"] = f"cp={plan.cp} needs tp > 1 with --sp (the guide's CP requirement)"
+    if plan.sp and plan.tp == 1:
+        broken["sp_needs_tp"] = "sequence parallelism needs tp > 1; drop --sp"
+    if plan.cp > 1 and training.seq_len % (2 * plan.cp):
+        broken["cp_seq"] = (f"seq_len={training.seq_len} must be divisible by 2·cp={2 * plan.cp} "
+                            "(load-balanced context parallelism)")
+    elif plan.sp and plan.tp > 1 and (training.seq_len % plan.cp or (training.seq_len // plan.cp) % plan.tp):
+        broken["cp_seq"] = (f"seq_len/cp={training.seq_len}/{plan.cp} must be divisible by tp={plan.tp} "
+                            "with sequence parallelism")
+    dp = plan.dp(n)
+    if dp and training.global_batch_size % (dp * plan.mbs):
+        broken["batch"] = (f"global_batch_size={training.global_batch_size} must be divisible by "
+                           f"dp·mbs={dp}·{plan.mbs}={dp * plan.mbs}")
+    elif dp and plan.vpp > 1 and (training.global_batch_size // (dp * plan.mbs)) % plan.pp:
+        broken["batch"] = (f"the interleaved schedule needs num_microbatches="
+                           f"{training.global_batch_size // (dp * plan.mbs)} divisible by pp={plan.pp}")
+    if plan.vpp > 1 and plan.pp == 1:
+        broken["vpp"] = f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)"
+    return broken
+
+
+def _layer_split_reasons(num_layers: int, plan: Plan) -> dict[str, str]:
+    """The `layers` rule: decoder layers split over pp·vpp chunks, evenly or with explicit first/last stages."""
+    if plan.pp == 1:
+        if plan.first_stage_layers or plan.last_stage_layers:
+            return {"layers": "--first-stage-layers/--last-stage-layers need pp > 1"}
+        return {}
+    explicit = [count for count in (plan.first_stage_layers, plan.last_stage_layers) if count]
+    middle_stages = plan.pp - len(explicit)
+    rest = num_layers - sum(explicit)
+    if rest < middle_stages or (middle_stages == 0 and rest != 0):
+        return {"layers": f"first/last stage layers {sum(explicit)} leave {rest} of num_layers={num_layers} "
+                          f"for {middle_stages} other stages"}
+    if middle_stages and rest % middle_stages:
+        if explicit:
+            return {"layers": f"the {rest} layers left after the first/last stages do not split evenly over "
+                              f"{middle_stages} stages"}
+        return {"layers": f"pp={plan.pp} must divide num_layers={num_layers}; use one of "
+                          f"{_divisors(num_layers)} or --first-stage-layers/--last-stage-layers"}
+    stage_layers = [rest // middle_stages] * middle_stages + explicit if middle_stages else explicit
+    if any(count % plan.vpp for count in stage_layers):
+        return {"layers": f"vpp={plan.vpp} must divide the layers of every stage ({sorted(set(stage_layers))})"}
+    return {}
+
+
+def _divisors(value: int) -> str:
+    divisors = [d for d in range(1, value + 1) if value % d == 0]
+    shown = divisors if len(divisors) <= 10 else divisors[:9] + ["...", divisors[-1]]
+    return ", ".join(str(d) for d in shown)
+
+
+def _gcd(a: int, b: int) -> int:
+    import math
+
+    return math.gcd(a, b)
+
+
+def require_buildable(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+                      relax: Iterable[str] = ()) -> dict[str, str]:
+    """Raise InputError for the first broken rule Megatron needs; return the guide rules the plan breaks.
+
+    The guide's rules (`Rule.relaxable` in autopar.search.rules: tp_node, cp_needs_sp_tp) are advice Megatron runs
+    without, so breaking one is reported in `Estimate.violations`; breaking any other rule means Megatron-LM cannot
+    build the plan at all: a bad input (CLI exit 2).
+    """
+    from autopar.search.rules import RULES_BY_ID
+
+    if plan.recompute_layers and plan.recompute is not Recompute.FULL:
+        raise InputError("recompute_layers", "only applies with --recompute full; drop --recompute-layers")
+    broken = rule_violations(model, cluster, training, plan, relax)
+    for rule, reason in broken.items():
+        if not RULES_BY_ID[rule].relaxable:
+            raise InputError(_RULE_FIELDS.get(rule, rule), f"{reason} (rule {rule})")
+    return broken
+
+
+_RULE_FIELDS = {"world": "num_gpus", "heads": "tp", "layers": "pp", "experts": "ep", "sp_needs_tp": "sp",
+                "cp_seq": "seq_len", "batch": "global_batch_size", "vpp": "vpp", "recompute": "recompute_layers"}
+"""The input each build rule's message names (CLI flags in DESIGN.md §1 names)."""
+
+
+# ---- the estimate ----------------------------------------------------------------------------------------------
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+             relax: Iterable[str] = ()) -> Estimate:
+    """Memory of every pipeline stage, step time by term, throughput and broken rules of one plan.
+
+    Raises InputError when the plan cannot be built at all (a rule that is not relaxable, or the precision is not
+    supported by the GPU); guide rules (unless relaxed) and `memory` come back in `Estimate.violations`.
+    """
+    require_precision_supported(cluster, training)
+    guide_rules_broken = require_buildable(model, cluster, training, plan, relax)
+    from costmodels.evaluate import evaluate  # after the checks: a bad plan is reported without the cost model
+
+    plans = PlanArrays.from_plans([plan])
+    evaluation = evaluate(model, cluster, training, plans)
+    stages = stage_memory(model, cluster, training, plans)
+    worst_stage = max(range(len(stages)), key=lambda s: stages[s].total_bytes)
+    assert abs(stages[worst_stage].total_bytes - float(evaluation.peak_memory_bytes[0])) <= \
+        1e-6 * max(1.0, stages[worst_stage].total_bytes), "per-stage memory disagrees with evaluate()'s peak"
+    fits = stages[worst_stage].total_bytes <= cluster.memory_limit_bytes
+    violations = tuple(guide_rules_broken) + (() if fits else (MEMORY_RULE,))
+    return Estimate(
+        model=model, cluster=cluster, training=training, plan=plan,
+        num_microbatches=float(evaluation.num_microbatches[0]),
+        stages=stages, worst_stage=worst_stage,
+        time_terms_s={term: float(values[0]) for term, values in evaluation.time_terms_s.items()},
+        tokens_per_s=float(evaluation.tokens_per_s[0]),
+        model_tflops_per_gpu=float(evaluation.model_tflops_per_gpu[0]),
+        hardware_tflops_per_gpu=float(evaluation.hardware_tflops_per_gpu[0]),
+        mfu=float(evaluation.mfu[0]),
+        violations=violations,
+    )
+
+
+def stage_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 plans: PlanArrays) -> tuple[StageMemory, ...]:
+    """Named memory terms on every pipeline rank of the single plan in `plans`."""
+    from costmodels.memory import memory_terms_bytes
+
+    assert len(plans) == 1, "stage_memory describes one plan"
+    stages = []
+    for stage in range(int(plans.pp[0])):
+        terms = memory_terms_bytes(model, cluster, training, plans, stage)
+        stages.append(StageMemory(stage=stage, layers=float(layers_on_stage(model.num_layers, plans, stage)[0]),
+                                  terms_bytes={term: float(values[0]) for term, values in terms.items()}))
+    return tuple(stages)
+
+
+# ---- remedies --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Remedy:
+    """One step of the guide's "Memory exceeds GPU capacity" list, applied on top of the steps before it."""
+
+    name: str
+    """'distributed_optimizer', 'full_recompute', 'more_tp', 'more_pp', 'more_ep' or 'smaller_mbs'."""
+    title: str
+    """The guide's wording."""
+    applied: bool
+    change: str = ""
+    """What changed, e.g. 'tp 4→8'; empty when skipped."""
+    plan: Plan | None = None
+    """The plan after this step and every applied step before it (None when skipped)."""
+    peak_memory_bytes: float | None = None
+    step_time_s: float | None = None
+    fits: bool = False
+    skipped_because: str = ""
+    broken_rules: tuple[str, ...] = ()
+    """Rules that blocked the step (empty when applied, or skipped for another reason)."""
+
+    def to_dict(self, num_gpus: int) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "applied": self.applied, "change": self.change,
+                "plan": plan_to_dict(self.plan, num_gpus) if self.plan is not None else None,
+                "label": self.plan.short() if self.plan is not None else None,
+                "peak_memory_bytes": self.peak_memory_bytes, "step_time_s": self.step_time_s, "fits": self.fits,
+                "skipped_because": self.skipped_because, "broken_rules": list(self.broken_rules)}
+
+
+@dataclass(frozen=True)
+class _Step:
+    name: str
+    title: str
+    candidates: Callable[[ModelSpec, ClusterSpec, Plan], "list[Plan] | str"]
+    """Plans to try in order (one knob moved further each time), or the reason the step does not apply."""
+
+
+def _distributed_optimizer(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "list[Plan] | str":
+    if plan.zero >= 1:
+        return f"already sharded (zero={plan.zero})"
+    return [dataclasses.replace(plan, zero=1)]
+
+
+def _full_recompute(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "list[Plan] | str":
+    if plan.recompute is Recompute.FULL and plan.recompute_layers == 0:
+        return "already on"
+    return [dataclasses.replace(plan, recompute=Recompute.FULL, recompute_layers=0)]
+
+
+def _more_tp(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "list[Plan] | str":
+    # Sequence parallelism comes with TP (the guide's configurations all pair them); experts follow TP when they
+    # followed it before (Megatron's default etp = tp).
+    return [dataclasses.replace(plan, tp=tp, sp=True, etp=tp if plan.etp == plan.tp else plan.etp)
+            for tp in _larger_divisors(cluster.num_gpus, plan.tp)] or f"tp={plan.tp} already uses every GPU"
+
+
+def _more_pp(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "list[Plan] | str":
+    return [dataclasses.replace(plan, pp=pp, first_stage_layers=0, last_stage_layers=0)
+            for pp in _larger_divisors(cluster.num_gpus, plan.pp)] or f"pp={plan.pp} already uses every GPU"
+
+
+def _more_ep(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "list[Plan] | str":
+    if model.moe is None:
+        return "MoE only; the model is dense"
+    return [dataclasses.replace(plan, ep=ep) for ep in _larger_divisors(cluster.num_gpus, plan.ep)] \
+        or f"ep={plan.ep} already uses every GPU"
+
+
+def _smaller_mbs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "list[Plan] | str":
+    if plan.mbs == 1:
+        return "already 1"
+    return [dataclasses.replace(plan, mbs=mbs) for mbs in range(plan.mbs - 1, 0, -1)]
+
+
+def _larger_divisors(num_gpus: int, current: int) -> list[int]:
+    """Sizes above `current` that can divide the GPU count, smallest first."""
+    return [size for size in range(current + 1, num_gpus + 1) if num_gpus % size == 0]
+
+
+REMEDY_STEPS: tuple[_Step, ...] = (
+    _Step("distributed_optimizer", "Enable distributed optimizer", _distributed_optimizer),
+    _Step("full_recompute", 'Enable recompute_granularity: "full"', _full_recompute),
+    _Step("more_tp", "Increase TP", _more_tp),
+    _Step("more_pp", "Increase PP", _more_pp),
+    _Step("more_ep", "Increase EP (MoE only)", _more_ep),
+    _Step("smaller_mbs", "Reduce micro_batch_size", _smaller_mbs),
+)
+"""The guide's troubleshooting order for "Memory exceeds GPU capacity"."""
+
+
+def remedies(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+             relax: Iterable[str] = ()) -> tuple[Remedy, ...]:
+    """The guide's remedies, applied cumulatively until the plan fits; empty when it already fits.
+
+    A step may not break a rule (except those in `relax`, and guide rules the user's own plan already breaks).
+    """
+    current = _score(model, cluster, training, [plan])[0]
+    if current.fits:
+        return ()
+    relax = tuple(relax)
+    tolerated = frozenset(relax) | frozenset(rule_violations(model, cluster, training, plan, relax))
+    steps: list[Remedy] = []
+    for step in REMEDY_STEPS:
+        remedy, current = _apply(step, model, cluster, training, current, tolerated)
+        steps.append(remedy)
+        if remedy.applied and remedy.fits:
+            break
+    return tuple(steps)
+
+
+@dataclass(frozen=True)
+class _Scored:
+    plan: Plan
+    peak_memory_bytes: float
+    step_time_s: float
+    fits: bool
+
+
+def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: Iterable[Plan]) -> list[_Scored]:
+    from costmodels.evaluate import evaluate
+
+    plans = list(plans)
+    evaluation = evaluate(model, cluster, training, PlanArrays.from_plans(plans))
+    return [_Scored(plan, float(evaluation.peak_memory_bytes[i]), float(evaluation.step_time_s[i]),
+                    bool(evaluation.peak_memory_bytes[i] <= cluster.memory_limit_bytes))
+            for i, plan in enumerate(plans)]
+
+
+def _apply(step: _Step, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, current: _Scored,
+           tolerated: frozenset[str]) -> tuple[Remedy, _Scored]:
+    """Try one step on top of `current`: the first rule-abiding candidate that fits, else the lowest-memory one.
+
+    Rules in `tolerated` (relaxed, or guide rules the user's own plan already breaks) do not block a step.
+    """
+    candidates = step.candidates(model, cluster, current.plan)
+    if isinstance(candidates, str):
+        return Remedy(step.name, step.title, applied=False, skipped_because=candidates), current
+    valid, first_block = [], None
+    for candidate in candidates:
+        broken = {rule: reason for rule, reason in rule_violations(model, cluster, training, candidate).items()
+                  if rule not in tolerated}
+        if broken:
+            first_block = first_block or (candidate, broken)
+        else:
+            valid.append(candidate)
+    if not valid:
+        candidate, broken = first_block
+        rule, text = next(iter(broken.items()))  # the first in DESIGN.md §3 order; the rest often follow from it
+        others = f" (also {', '.join(list(broken)[1:])})" if len(broken) > 1 else ""
+        return Remedy(step.name, step.title, applied=False, broken_rules=tuple(broken),
+                      skipped_because=f"{_change(current.plan, candidate)} breaks rule {rule}: "
+                                      f"{text.split('; ')[0]}{others}"), current
+    scored = _score(model, cluster, training, valid)
+    chosen = next((s for s in scored if s.fits), min(scored, key=lambda s: s.peak_memory_bytes))
+    if chosen.peak_memory_bytes >= current.peak_memory_bytes:
+        return Remedy(step.name, step.title, applied=False,
+                      skipped_because=f"{_change(current.plan, chosen.plan)} does not lower peak memory"), current
+    return Remedy(step.name, step.title, applied=True, change=_change(current.plan, chosen.plan), plan=chosen.plan,
+                  peak_memory_bytes=chosen.peak_memory_bytes, step_time_s=chosen.step_time_s,
+                  fits=chosen.fits), chosen
+
+
+def _change(before: Plan, after: Plan) -> str:
+    """'tp 4→8, sp off→on': the knobs that differ, in DESIGN.md §1 names."""
+    parts = []
+    etp_follows_tp = before.etp == before.tp and after.etp == after.tp  # Megatron's default: not worth a word
+    for name in ("tp", "pp", "ep", "etp", "mbs", "zero", "recompute", "recompute_layers", "sp",
+                 "first_stage_layers", "last_stage_layers"):
+        old, new = getattr(before, name), getattr(after, name)
+        if old != new and not (name == "etp" and etp_follows_tp):
+            show = (lambda v: v.label) if name == "recompute" else \
+                (lambda v: "on" if v else "off") if name == "sp" else str
+            parts.append(f"{name} {show(old)}→{show(new)}")
+    return ", ".join(parts)

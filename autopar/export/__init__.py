@@ -1,0 +1,55 @@
+"""Launch configurations for the training frameworks: `emit(estimate, framework) -> str`.
+
+    from autopar.export import emit
+    print(emit(front[0], "megatron"))
+
+Frameworks (FRAMEWORKS): megatron (Megatron-LM flags), nemo (NeMo 2 recipe overrides), bridge (Megatron-Bridge
+config overrides), verl (actor YAML), torchtitan (job TOML), deepspeed (config JSON). Each module cites the upstream
+file its key names come from. `launch_config` returns the text together with the knobs the framework cannot
+express (also written into the text as comments where the format has them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from costmodels.errors import InputError
+
+if TYPE_CHECKING:
+    from autopar.export.common import LaunchConfig
+    from autopar.results import Estimate
+
+FRAMEWORKS: tuple[str, ...] = ("megatron", "nemo", "bridge", "verl", "torchtitan", "deepspeed")
+ALIASES = {"megatron-lm": "megatron", "nemo2": "nemo", "megatron-bridge": "bridge", "titan": "torchtitan",
+           "ds": "deepspeed"}
+
+
+def framework_name(name: str) -> str:
+    """The canonical framework name for `name` (case-insensitive, aliases accepted), or InputError."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in FRAMEWORKS:
+        raise InputError("emit", f"unknown framework {name!r}; use one of {', '.join(FRAMEWORKS)}")
+    return key
+
+
+def launch_config(estimate: "Estimate", framework: str) -> "LaunchConfig":
+    name = framework_name(framework)
+    if name == "megatron":
+        from autopar.export.megatron import launch_config as build
+    elif name == "nemo":
+        from autopar.export.nemo import nemo2_config as build
+    elif name == "bridge":
+        from autopar.export.nemo import bridge_config as build
+    elif name == "verl":
+        from autopar.export.verl import launch_config as build
+    elif name == "torchtitan":
+        from autopar.export.torchtitan import launch_config as build
+    else:
+        from autopar.export.deepspeed import launch_config as build
+    return build(estimate)
+
+
+def emit(estimate: "Estimate", framework: str) -> str:
+    """The plan of `estimate` as `framework`'s launch configuration text."""
+    return launch_config(estimate, framework).text

@@ -1,0 +1,115 @@
+"""What every launch-config exporter shares: the result type, the layer split, and Megatron-Core's config names.
+
+Megatron-Core's `TransformerConfig` / `ModelParallelConfig` field names (megatron/core/model_parallel_config.py,
+megatron/core/transformer/transformer_config.py in NVIDIA/Megatron-LM) are what NeMo 2, Megatron-Bridge and verl's
+Megatron backend all pass through, so they are computed once here (`mcore_parallel_fields`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.results import Estimate
+from costmodels.plan import Plan, Recompute
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One plan in one framework's own syntax.
+
+    `text` is ready to paste (flags, overrides, YAML, TOML or JSON); where the syntax has comments, the knobs the
+    framework cannot express are written into it as comments too. `unexpressed` lists them, one line each, for
+    formats without comments (DeepSpeed's JSON) and for callers. `sources` names the upstream files the key names
+    were taken from.
+    """
+
+    framework: str
+    text: str
+    unexpressed: tuple[str, ...]
+    sources: tuple[str, ...]
+
+
+def stage_layers(num_layers: int, plan: Plan) -> list[int]:
+    """Decoder layers on each pipeline rank (all its virtual chunks together), first to last.
+
+    Even split unless the plan names lighter first/last stages (Megatron --decoder-first/last-pipeline-num-layers).
+    Assumes the `layers` rule holds (whole numbers); a remainder goes to the middle stages so the sum stays exact.
+    """
+    if plan.pp == 1:
+        return [num_layers]
+    first = plan.first_stage_layers
+    last = plan.last_stage_layers
+    middle_count = plan.pp - (1 if first else 0) - (1 if last else 0)
+    rest = num_layers - first - last
+    base, extra = divmod(rest, middle_count) if middle_count else (0, 0)
+    middle = [base + (1 if i < extra else 0) for i in range(middle_count)]
+    return ([first] if first else []) + middle + ([last] if last else [])
+
+
+def chunk_layers_in_model_order(num_layers: int, plan: Plan) -> list[int]:
+    """Layers of every (virtual) pipeline stage in model order: chunk 0 of ranks 0..pp-1, then chunk 1, ...
+
+    This is Megatron-Core's interleaved assignment (each rank's layers split evenly over its `vpp` chunks) and
+    torchtitan's looped schedules' stage-to-rank mapping (stage i on rank i % pp).
+    """
+    per_rank = stage_layers(num_layers, plan)
+    return [per_rank[rank] // plan.vpp for _ in range(plan.vpp) for rank in range(plan.pp)]
+
+
+def is_uneven(plan: Plan) -> bool:
+    return plan.pp > 1 and bool(plan.first_stage_layers or plan.last_stage_layers)
+
+
+def gradient_accumulation_steps(estimate: Estimate) -> int:
+    """Microbatches per optimizer step on each data-parallel rank: gbs / (dp·mbs)."""
+    return int(round(estimate.num_microbatches))
+
+
+def mcore_parallel_fields(plan: Plan, moe: bool = True) -> dict[str, object]:
+    """The plan in Megatron-Core config field names (None = leave the framework default).
+
+    expert_*: only for MoE models (`moe`) or when the plan sets them.
+    virtual_pipeline_model_parallel_size: None for plain 1F1B (Megatron stores None, not 1).
+    num_layers_in_first/last_pipeline_stage: Megatron-Core TransformerConfig (uneven pipeline split).
+    recompute_*: TransformerConfig; full recompute of every layer is method 'uniform' with 1 layer per unit,
+    partial full recompute (recompute_layers = k) is method 'block' with k layers per (virtual) stage.
+    """
+    fields: dict[str, object] = {
+        "tensor_model_parallel_size": plan.tp,
+        "pipeline_model_parallel_size": plan.pp,
+        "virtual_pipeline_model_parallel_size": plan.vpp if plan.vpp > 1 else None,
+        "context_parallel_size": plan.cp,
+        "sequence_parallel": plan.sp,
+        "expert_model_parallel_size": plan.ep,
+        "expert_tensor_parallel_size": plan.etp,
+        "num_layers_in_first_pipeline_stage": (plan.first_stage_layers or None) if is_uneven(plan) else None,
+        "num_layers_in_last_pipeline_stage": (plan.last_stage_layers or None) if is_uneven(plan) else None,
+    }
+    if not moe and plan.ep == 1 and plan.etp == plan.tp:
+        del fields["expert_model_parallel_size"], fields["expert_tensor_parallel_size"]
+    fields.update(mcore_recompute_fields(plan))
+    return fields
+
+
+def mcore_recompute_fields(plan: Plan) -> dict[str, object]:
+    if plan.recompute is Recompute.SELECTIVE:
+        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
+    if plan.recompute is Recompute.FULL:
+        if plan.recompute_layers:
+            return {"recompute_granularity": "full", "recompute_method": "block",
+                    "recompute_num_layers": plan.recompute_layers}
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+
+
+def plan_caption(estimate: Estimate) -> str:
+    """One line naming the model, the cluster and the plan, for the first comment of every config."""
+    cluster = estimate.cluster
+    return (f"autopar plan '{estimate.plan.short()}' for {one_line(estimate.model.name)} on {cluster.num_gpus}x "
+            f"{cluster.profile.display_name} (dp={estimate.dp}, {gradient_accumulation_steps(estimate)} "
+            f"microbatches per step)")
+
+
+def one_line(text: str) -> str:
+    """User-typed text (a model name) inside a one-line comment: no line breaks can end the comment early."""
+    return " ".join(str(text).split())

@@ -1,0 +1,186 @@
+"""Megatron-LM command-line flags for one plan.
+
+Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/arguments.py:
+`_add_distributed_args` (--tensor-model-parallel-size, --pipeline-model-parallel-size,
+--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank, --decoder-first-pipeline-num-layers,
+--decoder-last-pipeline-num-layers, --context-parallel-size, --use-distributed-optimizer, --sequence-parallel),
+`_add_moe_args` (--expert-model-parallel-size, --expert-tensor-parallel-size, --num-experts, --moe-router-topk,
+--moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq), `_add_training_args`
+(--micro-batch-size, --global-batch-size, --recompute-granularity, --recompute-method, --recompute-num-layers),
+`_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
+(--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
+interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
+Megatron-FSDP (ZeRO-2/3): --use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads|optim_grads_params,
+as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/README.md).
+
+`autopar.megatron_args.parse_megatron_args` reads this output back into the same plan (tested round trip).
+"""
+
+from __future__ import annotations
+
+from autopar.export.common import LaunchConfig, is_uneven, mcore_recompute_fields, one_line, plan_caption
+from autopar.results import Estimate
+from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
+
+SOURCES = ("NVIDIA/Megatron-LM megatron/training/arguments.py",
+           "NVIDIA/Megatron-LM megatron/core/distributed/fsdp/README.md (Megatron-FSDP flags)")
+
+ZERO_SHARDING_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-FSDP's --data-parallel-sharding-strategy for ZeRO-2 and ZeRO-3 ('optim' would be ZeRO-1, which the
+distributed optimizer already is)."""
+
+Flag = tuple[str, "str | None"]
+
+
+def parallelism_flags(estimate: Estimate) -> list[Flag]:
+    plan, model = estimate.plan, estimate.model
+    flags: list[Flag] = [("--tensor-model-parallel-size", str(plan.tp)),
+                         ("--pipeline-model-parallel-size", str(plan.pp))]
+    if is_uneven(plan):
+        if plan.first_stage_layers:
+            flags.append(("--decoder-first-pipeline-num-layers", str(plan.first_stage_layers)))
+        if plan.last_stage_layers:
+            flags.append(("--decoder-last-pipeline-num-layers", str(plan.last_stage_layers)))
+    if plan.vpp > 1:
+        flags.append(_virtual_pipeline_flag(model, estimate))
+    if plan.sp:
+        flags.append(("--sequence-parallel", None))
+    flags.append(("--context-parallel-size", str(plan.cp)))
+    if model.is_moe or plan.ep > 1 or plan.etp != plan.tp:
+        flags.append(("--expert-model-parallel-size", str(plan.ep)))
+        flags.append(("--expert-tensor-parallel-size", str(plan.etp)))
+    return flags
+
+
+def _virtual_pipeline_flag(model: ModelSpec, estimate: Estimate) -> Flag:
+    """--num-layers-per-virtual-pipeline-stage for an even split (every Megatron version has it); an uneven split
+    needs --num-virtual-stages-per-pipeline-rank (arguments.py validate_args asserts so)."""
+    plan = estimate.plan
+    chunks = plan.pp * plan.vpp
+    if not is_uneven(plan) and model.num_layers % chunks == 0:
+        return ("--num-layers-per-virtual-pipeline-stage", str(model.num_layers // chunks))
+    return ("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))
+
+
+def batch_flags(estimate: Estimate) -> list[Flag]:
+    training = estimate.training
+    max_positions = max(estimate.model.max_position_embeddings, training.seq_len)
+    return [("--micro-batch-size", str(estimate.plan.mbs)),
+            ("--global-batch-size", str(training.global_batch_size)),
+            ("--seq-length", str(training.seq_len)),
+            ("--max-position-embeddings", str(max_positions))]
+
+
+def memory_flags(estimate: Estimate) -> list[Flag]:
+    """Recomputation, optimizer sharding and precision."""
+    plan = estimate.plan
+    flags: list[Flag] = []
+    recompute = mcore_recompute_fields(plan)
+    for field in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
+        if recompute[field] is not None:
+            flags.append(("--" + field.replace("_", "-"), str(recompute[field])))
+    if plan.zero >= 1:
+        flags.append(("--use-distributed-optimizer", None))
+    if plan.zero >= 2:
+        flags += [("--use-megatron-fsdp", None),
+                  ("--data-parallel-sharding-strategy", ZERO_SHARDING_STRATEGY[plan.zero]),
+                  ("--no-gradient-accumulation-fusion", None),
+                  ("--ckpt-format", "fsdp_dtensor")]
+    flags.append(("--bf16", None))
+    if estimate.training.precision is Precision.FP8:
+        flags.append(("--fp8-format", "hybrid"))
+    return flags
+
+
+def model_flags(model: ModelSpec) -> list[Flag]:
+    """The model's shape, so the command builds the model the estimate describes (check against your recipe)."""
+    flags: list[Flag] = [("--num-layers", str(model.num_layers)), ("--hidden-size", str(model.hidden_size)),
+                         ("--ffn-hidden-size", str(model.ffn_hidden_size)),
+                         ("--num-attention-heads", str(model.num_attention_heads))]
+    if model.mla is None and model.num_kv_heads != model.num_attention_heads:
+        flags += [("--group-query-attention", None), ("--num-query-groups", str(model.num_kv_heads))]
+    if model.mla is None and model.head_dim * model.num_attention_heads != model.hidden_size:
+        flags.append(("--kv-channels", str(model.head_dim)))
+    if model.mlp is MlpKind.GATED:
+        flags.append(("--swiglu", None))
+    flags.append(("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"))
+    flags.append(("--position-embedding-type",
+                  "rope" if model.position_embedding is PositionEmbedding.ROPE else "learned_absolute"))
+    if not model.tied_embeddings:
+        flags.append(("--untie-embeddings-and-output-weights", None))
+    if not model.linear_bias:
+        flags.append(("--disable-bias-linear", None))
+    if model.qkv_bias and not model.linear_bias:
+        flags.append(("--add-qkv-bias", None))
+    if model.moe is not None:
+        moe = model.moe
+        flags += [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
+                  ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size))]
+        if moe.num_shared_experts:
+            flags.append(("--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)))
+        pattern = _moe_layer_pattern(model)
+        if pattern is not None:
+            flags.append(("--moe-layer-freq", pattern))
+    if model.mla is not None:
+        mla = model.mla
+        flags += [("--multi-latent-attention", None), ("--kv-lora-rank", str(mla.kv_lora_rank)),
+                  ("--qk-head-dim", str(mla.qk_nope_head_dim)), ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)),
+                  ("--v-head-dim", str(mla.v_head_dim))]
+        if mla.q_lora_rank:
+            flags.append(("--q-lora-rank", str(mla.q_lora_rank)))
+    if model.num_mtp_layers:
+        flags.append(("--mtp-num-layers", str(model.num_mtp_layers)))
+    return flags
+
+
+def _moe_layer_pattern(model: ModelSpec) -> str | None:
+    """--moe-layer-freq as Megatron's list expression (1 = MoE layer), or None when every layer is MoE."""
+    pattern = [1 if model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
+    if all(pattern):
+        return None
+    runs: list[tuple[int, int]] = []
+    for value in pattern:
+        if runs and runs[-1][0] == value:
+            runs[-1] = (value, runs[-1][1] + 1)
+        else:
+            runs.append((value, 1))
+    return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
+
+
+def unexpressed(estimate: Estimate) -> list[str]:
+    """Everything a plan holds is a Megatron-LM flag; only remarks about approximations are listed."""
+    notes = []
+    if estimate.plan.zero >= 2:
+        notes.append(f"zero={estimate.plan.zero} uses Megatron-FSDP; check that your Megatron-LM version supports "
+                     "it together with the other parallelisms of this plan")
+    return notes
+
+
+def launcher_prefix(estimate: Estimate) -> str:
+    cluster = estimate.cluster
+    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+    return f"torchrun --nproc-per-node {per_node} --nnodes {cluster.num_nodes} pretrain_gpt.py"
+
+
+def launch_config(estimate: Estimate) -> LaunchConfig:
+    flags = parallelism_flags(estimate) + batch_flags(estimate) + memory_flags(estimate)
+    flags += model_flags(estimate.model)
+    notes = unexpressed(estimate)
+    lines = [f"# Megatron-LM: {plan_caption(estimate)}",
+             f"# flag names: {SOURCES[0]}",
+             "# multi-node: add --node-rank/--master-addr/--master-port to torchrun; add your data, tokenizer, "
+             "optimizer and checkpoint flags",
+             f"# tokenizer must give vocab_size={estimate.model.vocab_size} ({one_line(estimate.model.name)})"]
+    lines += [f"# note: {note}" for note in notes]
+    body = [launcher_prefix(estimate)] + [flag if value is None else f"{flag} {_quote(value)}"
+                                          for flag, value in flags]
+    text = "\n".join(lines) + "\n" + " \\\n    ".join(body) + "\n"
+    return LaunchConfig(framework="megatron", text=text, unexpressed=tuple(notes), sources=SOURCES)
+
+
+def _quote(value: str) -> str:
+    """Shell-quote values with shell metacharacters (the --moe-layer-freq expression)."""
+    import shlex
+
+    return shlex.quote(value)
+

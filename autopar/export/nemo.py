@@ -1,0 +1,93 @@
+"""NeMo 2 recipe overrides and Megatron-Bridge config overrides for one plan.
+
+NeMo 2 (`nemo llm pretrain --factory <recipe> key=value ...`): the parallel sizes live on the Lightning
+MegatronStrategy (`trainer.strategy.tensor_model_parallel_size`, ...), the batch on the data module
+(`data.micro_batch_size`, `data.global_batch_size`, `data.seq_length`), Megatron-Core TransformerConfig fields on
+`model.config.*`, the optimizer's on `optim.config.*`, precision as a `trainer.plugins` preset. Names as used in
+NVIDIA/NeMo docs/source/features/parallelisms.rst and nemo/collections/llm/recipes (e.g. llama3_70b.py,
+precision/mixed_precision.py: bf16_mixed, bf16_with_fp8_mixed).
+
+Megatron-Bridge (`scripts/training/run_recipe.py --recipe <recipe> key=value ...`, Hydra/OmegaConf overrides on the
+ConfigContainer): `model.*` for Megatron-Core fields, `train.micro_batch_size`, `train.global_batch_size`,
+`dataset.seq_length`, `ddp.*`/`optimizer.*` for the distributed optimizer, `mixed_precision=<preset>`. Names from
+NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md and src/megatron/bridge/training/config.py;
+Megatron-FSDP keys (dist/ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy, checkpoint.ckpt_format) from
+its docs/training/megatron-fsdp.md; precision presets from src/megatron/bridge/training/mixed_precision.py.
+"""
+
+from __future__ import annotations
+
+from autopar.export.common import LaunchConfig, mcore_parallel_fields, plan_caption
+from autopar.export.megatron import ZERO_SHARDING_STRATEGY
+from autopar.results import Estimate
+from costmodels.specs import Precision
+
+NEMO_SOURCES = ("NVIDIA/NeMo docs/source/features/parallelisms.rst",
+                "NVIDIA/NeMo nemo/collections/llm/recipes/precision/mixed_precision.py")
+BRIDGE_SOURCES = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md",
+                  "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/config.py",
+                  "NVIDIA-NeMo/Megatron-Bridge docs/training/megatron-fsdp.md")
+
+STRATEGY_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                   "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
+                   "expert_model_parallel_size", "expert_tensor_parallel_size")
+"""Fields NeMo 2's MegatronStrategy takes directly; the rest go to model.config (TransformerConfig)."""
+
+
+def _value(value: object) -> str:
+    """Hydra/OmegaConf override syntax: null, true/false, numbers, bare words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def nemo2_config(estimate: Estimate) -> LaunchConfig:
+    plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
+    fields = mcore_parallel_fields(plan, moe=estimate.model.is_moe)
+    overrides = [f"trainer.num_nodes={cluster.num_nodes}",
+                 f"trainer.devices={min(cluster.gpus_per_node, cluster.num_gpus)}"]
+    overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
+    for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "recompute_granularity", "recompute_method", "recompute_num_layers"):
+        if fields[name] is not None:
+            overrides.append(f"model.config.{name}={_value(fields[name])}")
+    overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
+                  f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
+                  f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}",
+                  "trainer.plugins=" + ("bf16_with_fp8_mixed" if training.precision is Precision.FP8
+                                        else "bf16_mixed")]
+    notes = []
+    if plan.zero >= 2:
+        notes.append(f"zero={plan.zero} (gradient/parameter sharding): NeMo 2 recipes expose only the distributed "
+                     "optimizer (ZeRO-1) here; use Megatron-Bridge (`--emit bridge`) for Megatron-FSDP")
+    return _render("nemo", f"NeMo 2 (nemo llm pretrain --factory <recipe> ...): {plan_caption(estimate)}",
+                   NEMO_SOURCES, overrides, notes)
+
+
+def bridge_config(estimate: Estimate) -> LaunchConfig:
+    plan, training = estimate.plan, estimate.training
+    fields = mcore_parallel_fields(plan, moe=estimate.model.is_moe)
+    overrides = [f"model.{name}={_value(value)}" for name, value in fields.items()
+                 if value is not None or name == "virtual_pipeline_model_parallel_size"]
+    overrides += [f"train.micro_batch_size={plan.mbs}", f"train.global_batch_size={training.global_batch_size}",
+                  f"model.seq_length={training.seq_len}", f"dataset.seq_length={training.seq_len}",
+                  f"ddp.use_distributed_optimizer={_value(plan.zero >= 1)}",
+                  f"optimizer.use_distributed_optimizer={_value(plan.zero >= 1)}"]
+    if plan.zero >= 2:
+        overrides += ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true",
+                      f"ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
+                      "checkpoint.ckpt_format=fsdp_dtensor"]
+    overrides.append("mixed_precision=" + ("bf16_with_fp8_current_scaling_mixed"
+                                           if training.precision is Precision.FP8 else "bf16_mixed"))
+    return _render("bridge", f"Megatron-Bridge (scripts/training/run_recipe.py --recipe <recipe> ...): "
+                   f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides, [])
+
+
+def _render(framework: str, caption: str, sources: tuple[str, ...], overrides: list[str],
+            notes: list[str]) -> LaunchConfig:
+    lines = [f"# {caption}", f"# key names: {'; '.join(sources)}"]
+    lines += [f"# not expressible: {note}" for note in notes]
+    text = "\n".join(lines) + "\n" + " \\\n".join(overrides) + "\n"
+    return LaunchConfig(framework=framework, text=text, unexpressed=tuple(notes), sources=sources)

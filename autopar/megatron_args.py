@@ -1,0 +1,436 @@
+"""Read an existing Megatron-LM launch (a command line or a whole launch script) back into an autopar plan.
+
+    run = parse_megatron_args(text)          # or read_megatron_source(path_or_text) first
+    plan, training, num_gpus = run           # a MegatronRun unpacks like the (plan, training, num_gpus) triple
+    estimate(model, cluster, run.training_spec(TrainingSpec()), run.plan)
+
+What it understands (flag names from NVIDIA/Megatron-LM megatron/training/arguments.py, the same ones
+`autopar.export.megatron` writes, so `emit` → `parse` gives the plan back):
+
+- shell syntax: backslash line continuations, single/double quotes, `#` comments, `--flag value` and
+  `--flag=value`, variables set in the script (`TP=4`, `export TP=4`, `${TP}`, `${TP:-4}`, `$((NNODES*8))`),
+  `ARGS=( ... )` arrays and `ARGS="..."` strings spanning lines (their flags are read where they are written);
+- parallelism: --tensor-model-parallel-size, --pipeline-model-parallel-size, --context-parallel-size,
+  --expert-model-parallel-size, --expert-tensor-parallel-size, --sequence-parallel, the three virtual-pipeline
+  spellings (--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank, and the older
+  --virtual-pipeline-model-parallel-size), --decoder-first/last-pipeline-num-layers;
+- batch and memory: --micro-batch-size, --global-batch-size, --seq-length, --recompute-activations,
+  --recompute-granularity/-method/-num-layers, --use-distributed-optimizer, Megatron-FSDP
+  (--use-megatron-fsdp/--use-custom-fsdp with --data-parallel-sharding-strategy), --use-torch-fsdp2, --bf16, --fp16,
+  --fp8-format;
+- the GPU count, when the script says it: torchrun/launch `--nproc-per-node` × `--nnodes`, a `WORLD_SIZE=`
+  assignment, or `#SBATCH --nodes` × `--gpus-per-node`/`--ntasks-per-node`;
+- model shape flags (--num-layers, --hidden-size, ...), returned in `model` to check against the MODEL given.
+
+Every other flag is ignored. Anything that cannot be read (an unset shell variable in a flag that matters, a
+--pipeline-model-parallel-layout) is an `InputError` naming the flag and the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from costmodels.errors import InputError
+from costmodels.plan import Plan, Recompute
+from costmodels.specs import ModelSpec, TrainingSpec
+
+INPUT_NAME = "from-megatron-args"
+
+VALUE_FLAGS = frozenset({
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
+    "--micro-batch-size", "--global-batch-size", "--seq-length", "--encoder-seq-length",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
+    "--fp8-format", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+    "--vocab-size",
+})
+LAUNCHER_FLAGS = frozenset({  # torchrun / torch.distributed.launch / the deepspeed launcher
+    "--nproc-per-node", "--nproc_per_node", "--nnodes", "--num_gpus", "--num_nodes", "--num-gpus", "--num-nodes",
+})
+VALUE_FLAGS = VALUE_FLAGS | LAUNCHER_FLAGS
+SWITCH_FLAGS = frozenset({
+    "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-custom-fsdp",
+    "--use-torch-fsdp2", "--bf16", "--fp16", "--recompute-activations", "--group-query-attention",
+    "--multi-latent-attention",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+})
+
+PLAN_FLAG_OF_FIELD = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                      "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+                      "etp": "--expert-tensor-parallel-size", "mbs": "--micro-batch-size",
+                      "vpp": "--num-virtual-stages-per-pipeline-rank",
+                      "recompute_layers": "--recompute-num-layers",
+                      "first_stage_layers": "--decoder-first-pipeline-num-layers",
+                      "last_stage_layers": "--decoder-last-pipeline-num-layers"}
+
+SHARDING_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+MODEL_FLAGS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--ffn-hidden-size": "ffn_hidden_size",
+               "--num-attention-heads": "num_attention_heads", "--kv-channels": "head_dim",
+               "--num-experts": "num_experts", "--moe-router-topk": "top_k",
+               "--moe-ffn-hidden-size": "expert_ffn_hidden_size", "--vocab-size": "vocab_size"}
+
+
+@dataclass(frozen=True)
+class MegatronRun:
+    """A Megatron-LM launch as autopar sees it."""
+
+    plan: Plan
+    training: dict[str, Any]
+    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8')."""
+    num_gpus: int | None
+    """GPU count when the script says it (launcher, WORLD_SIZE or #SBATCH), else None."""
+    model: dict[str, int] = field(default_factory=dict)
+    """ModelSpec-named shape fields the command sets (num_layers, hidden_size, num_kv_heads, ...)."""
+    flags: dict[str, "str | bool"] = field(default_factory=dict)
+    """The recognised flags with their final values (last occurrence wins, as in argparse)."""
+    notes: tuple[str, ...] = ()
+    """Approximations made while reading (e.g. fp16 read as bf16)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.plan, self.training, self.num_gpus))
+
+    def training_spec(self, base: TrainingSpec) -> TrainingSpec:
+        """`base` with the command's sequence length, global batch and precision."""
+        return replace(base, **self.training)
+
+    def model_mismatches(self, model: ModelSpec) -> list[str]:
+        """Shape flags of the command that disagree with `model`, one line each (empty when consistent)."""
+        expected = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                    "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
+                    "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim, "vocab_size": model.vocab_size}
+        if model.moe is not None:
+            expected.update(num_experts=model.moe.num_experts, top_k=model.moe.top_k,
+                            expert_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
+        return [f"{name}: the command has {value}, {model.name} has {expected[name]}"
+                for name, value in self.model.items() if name in expected and expected[name] != value]
+
+
+def read_megatron_source(value: str) -> str:
+    """The text of a launch script when `value` names an existing file, else `value` itself (a command line)."""
+    candidate = value.strip()
+    if candidate and "\n" not in candidate and len(candidate) < 4096:
+        path = Path(candidate).expanduser()
+        try:
+            if path.is_file():
+                return path.read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise InputError(INPUT_NAME, f"cannot read {candidate}: {error.strerror}") from None
+    return value
+
+
+# ---- shell words -----------------------------------------------------------------------------------------------
+
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+_ARITHMETIC = re.compile(r"\$\(\((.*?)\)\)", re.DOTALL)
+_BRACED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?(?:(:?[-=+])([^}]*))?\}")
+_PLAIN = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_SBATCH = re.compile(r"^\s*#SBATCH\s+(-N|--[a-z-]+)(?:[= ]\s*(\S+))?", re.MULTILINE)
+
+
+def _expand(word: str, variables: dict[str, str]) -> str:
+    """Shell parameter expansion with the variables the script set; unknown ones stay as written ('$X')."""
+
+    def braced(match: re.Match[str]) -> str:
+        name, array, operator_, default = match.groups()
+        if array:  # ${ARGS[@]}: the array's flags were read where the array was written
+            return ""
+        value = variables.get(name)
+        if operator_ in (":-", ":=") and not value:
+            return _expand(default or "", variables)
+        if operator_ in ("-", "=") and value is None:
+            return _expand(default or "", variables)
+        if operator_ in (":+", "+"):
+            return _expand(default or "", variables) if value else ""
+        return value if value is not None else match.group(0)
+
+    def arithmetic(match: re.Match[str]) -> str:
+        inner = _expand(match.group(1), variables)
+        inner = re.sub(r"\b([A-Za-z_][A-Za-z0-9_]*)\b", lambda m: variables.get(m.group(1), m.group(1)), inner)
+        result = _integer_arithmetic(inner)
+        return str(result) if result is not None else match.group(0)
+
+    word = _ARITHMETIC.sub(arithmetic, word)
+    word = _BRACED.sub(braced, word)
+    return _PLAIN.sub(lambda m: variables.get(m.group(1), m.group(0)), word)
+
+
+_ARITHMETIC_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+                         ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod}
+
+
+def _integer_arithmetic(expression: str) -> int | None:
+    """Bash `$(( ))` on integers: + - * / % and parentheses; None for anything else."""
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC_OPERATORS:
+            right = value(node.right)
+            if right == 0 and not isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+                raise ZeroDivisionError
+            return _ARITHMETIC_OPERATORS[type(node.op)](value(node.left), right)
+        raise ValueError("not integer arithmetic")
+
+    try:
+        return value(tree)
+    except (ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def shell_words(text: str) -> tuple[list[str], dict[str, str]]:
+    """The words of a command or script after quote removal and variable expansion, and the variables it sets.
+
+    Not a shell: no command substitution, no control flow (both branches of an `if` are read, in order), arrays
+    are read in place. A variable holding several flags (`OPTS="--tp 4 --pp 2"; ... $OPTS`) is split again.
+    """
+    joined = re.sub(r"\\\r?\n", " ", text)
+    joined = _ARITHMETIC.sub(lambda m: "$((" + re.sub(r"\s+", "", m.group(1)) + "))", joined)  # one word each
+    lexer = shlex.shlex(joined, posix=True, punctuation_chars=";&|")  # `TP=2; PP=2`, `a && b` split apart
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    try:
+        raw_words = list(lexer)
+    except ValueError as error:
+        raise InputError(INPUT_NAME, f"cannot split the command into words ({error}); check its quotes") from None
+    variables: dict[str, str] = {}
+    words: list[str] = []
+    for raw in raw_words:
+        assignment = _ASSIGNMENT.match(raw)
+        if assignment and not assignment.group(2).startswith("("):
+            variables[assignment.group(1)] = _expand(assignment.group(2), variables)
+            continue
+        expanded = _expand(raw, variables)
+        if expanded != raw and re.search(r"\s", expanded):
+            words.extend(shlex.split(expanded, comments=False))
+        elif expanded:
+            words.append(expanded)
+    return words, variables
+
+
+# ---- flags -----------------------------------------------------------------------------------------------------
+
+def recognised_flags(words: list[str]) -> dict[str, "str | bool"]:
+    """Known flags → value (str) or True for switches; the last occurrence wins, as with argparse."""
+    flags: dict[str, str | bool] = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if not word.startswith("--"):
+            continue
+        name, has_inline, inline = word.partition("=")
+        if name in SWITCH_FLAGS:
+            flags[name] = True
+        elif name in VALUE_FLAGS:
+            if has_inline:
+                flags[name] = inline
+            elif index < len(words):
+                flags[name] = words[index]
+                index += 1
+            else:
+                raise InputError(INPUT_NAME, f"{name} is the last word of the command; give its value")
+    return flags
+
+
+def _integer(flags: dict[str, "str | bool"], name: str, default: int | None = None) -> int | None:
+    value = flags.get(name)
+    if value is None:
+        return default
+    try:
+        return int(str(value), 10)
+    except ValueError:
+        hint = " (a shell variable the script does not set? substitute its value)" if "$" in str(value) else ""
+        raise InputError(INPUT_NAME, f"{name}: expected a whole number, got {value!r}{hint}") from None
+
+
+def _first_integer(flags: dict[str, "str | bool"], *names: str) -> int | None:
+    for name in names:
+        value = _integer(flags, name)
+        if value is not None:
+            return value
+    return None
+
+
+def _num_gpus(flags: dict[str, "str | bool"], variables: dict[str, str], text: str) -> int | None:
+    per_node = _first_integer(flags, "--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
+    nodes_value = flags.get("--nnodes", flags.get("--num_nodes", flags.get("--num-nodes")))
+    if isinstance(nodes_value, str) and ":" in nodes_value:  # torchrun elastic range MIN:MAX: the run uses MAX
+        nodes_value = nodes_value.rsplit(":", 1)[1]
+    nodes = _integer({"--nnodes": nodes_value}, "--nnodes") if nodes_value is not None else None
+    if per_node is not None:
+        return per_node * (nodes or 1)
+    world = variables.get("WORLD_SIZE")
+    if world is not None and world.isdigit():
+        return int(world)
+    sbatch = {name: value for name, value in _SBATCH.findall(text)}
+    sbatch_nodes = sbatch.get("--nodes") or sbatch.get("-N")
+    sbatch_per_node = sbatch.get("--gpus-per-node") or sbatch.get("--ntasks-per-node")
+    if sbatch_nodes and sbatch_per_node and sbatch_nodes.isdigit():
+        digits = re.sub(r"^.*:", "", sbatch_per_node)  # --gpus-per-node=h100:8
+        if digits.isdigit():
+            return int(sbatch_nodes) * int(digits)
+    return None
+
+
+def _virtual_stages(flags: dict[str, "str | bool"], pp: int, num_layers: int | None, uneven: bool) -> int:
+    per_rank = _first_integer(flags, "--num-virtual-stages-per-pipeline-rank",
+                              "--virtual-pipeline-model-parallel-size")
+    if per_rank is not None:
+        return per_rank
+    layers_per_virtual_stage = _integer(flags, "--num-layers-per-virtual-pipeline-stage")
+    if layers_per_virtual_stage is None:
+        return 1
+    if uneven:
+        raise InputError(INPUT_NAME, "--num-layers-per-virtual-pipeline-stage cannot be combined with "
+                                     "--decoder-first/last-pipeline-num-layers (Megatron-LM asserts so); use "
+                                     "--num-virtual-stages-per-pipeline-rank")
+    if num_layers is None:
+        raise InputError(INPUT_NAME, "--num-layers-per-virtual-pipeline-stage needs the layer count: add "
+                                     "--num-layers to the command")
+    if layers_per_virtual_stage <= 0 or num_layers % (pp * layers_per_virtual_stage):
+        raise InputError(INPUT_NAME, f"--num-layers-per-virtual-pipeline-stage {layers_per_virtual_stage} does "
+                                     f"not divide the {num_layers} layers over pp={pp} stages evenly")
+    return num_layers // (pp * layers_per_virtual_stage)
+
+
+def _recompute(flags: dict[str, "str | bool"], notes: list[str]) -> tuple[Recompute, int]:
+    granularity = flags.get("--recompute-granularity")
+    if granularity is None and flags.get("--recompute-activations"):
+        granularity = "selective"  # arguments.py validate_args: --recompute-activations means selective
+    if granularity is None:
+        return Recompute.NONE, 0
+    if granularity == "selective":
+        return Recompute.SELECTIVE, 0
+    if granularity != "full":
+        raise InputError(INPUT_NAME, f"--recompute-granularity {granularity!r}: use full or selective")
+    method = flags.get("--recompute-method")
+    layers = _integer(flags, "--recompute-num-layers")
+    if method == "block":
+        if layers is None:
+            raise InputError(INPUT_NAME, "--recompute-method block needs --recompute-num-layers")
+        return Recompute.FULL, layers
+    if method not in (None, "uniform"):
+        raise InputError(INPUT_NAME, f"--recompute-method {method!r}: use uniform or block")
+    if method is None:
+        notes.append("--recompute-granularity full without --recompute-method: read as every layer recomputed")
+    if layers not in (None, 1):
+        notes.append(f"--recompute-method uniform with --recompute-num-layers {layers}: autopar models one "
+                     "checkpoint per layer (the layer inputs of every layer kept)")
+    return Recompute.FULL, 0
+
+
+def _zero(flags: dict[str, "str | bool"]) -> int:
+    if flags.get("--use-torch-fsdp2"):
+        return 3
+    if flags.get("--use-megatron-fsdp") or flags.get("--use-custom-fsdp"):
+        strategy = str(flags.get("--data-parallel-sharding-strategy", "no_shard"))
+        if strategy not in SHARDING_STRATEGY_ZERO:
+            raise InputError(INPUT_NAME, f"--data-parallel-sharding-strategy {strategy!r}: use one of "
+                                         f"{', '.join(SHARDING_STRATEGY_ZERO)}")
+        zero = SHARDING_STRATEGY_ZERO[strategy]
+        return max(zero, 1) if flags.get("--use-distributed-optimizer") else zero
+    return 1 if flags.get("--use-distributed-optimizer") else 0
+
+
+def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
+    if flags.get("--fp8-format"):
+        return "fp8"
+    if flags.get("--fp16"):
+        notes.append("--fp16 read as bf16 (same bytes per value; autopar models bf16 and fp8)")
+    elif not flags.get("--bf16"):
+        notes.append("neither --bf16 nor --fp16: Megatron-LM would train in fp32, which autopar does not model; "
+                     "read as bf16")
+    return "bf16"
+
+
+def _model_fields(flags: dict[str, "str | bool"]) -> dict[str, int]:
+    model = {field_name: _integer(flags, flag) for flag, field_name in MODEL_FLAGS.items() if flag in flags}
+    heads = model.get("num_attention_heads")
+    groups = _integer(flags, "--num-query-groups")
+    if flags.get("--group-query-attention") and groups is not None:
+        model["num_kv_heads"] = groups
+    elif heads is not None and not flags.get("--multi-latent-attention"):  # MLA has no KV-head count
+        model["num_kv_heads"] = heads
+    return {name: value for name, value in model.items() if value is not None}
+
+
+def parse_megatron_args(text: str, num_layers: int | None = None) -> MegatronRun:
+    """Read a Megatron-LM command line or launch script.
+
+    `num_layers` (the model's) is needed only when the command uses --num-layers-per-virtual-pipeline-stage without
+    --num-layers; the command's own --num-layers wins.
+    """
+    words, variables = shell_words(text)
+    flags = recognised_flags(words)
+    if not any(name.startswith("--") and name not in LAUNCHER_FLAGS for name in flags):
+        shown = " ".join(text.split())[:60]
+        raise InputError(INPUT_NAME, f"no Megatron-LM flags in {shown!r}: give a Megatron-LM command line or the "
+                                     "path of an existing launch script")
+    if "--pipeline-model-parallel-layout" in flags:
+        raise InputError(INPUT_NAME, "--pipeline-model-parallel-layout is not supported; describe the split with "
+                                     "--decoder-first/last-pipeline-num-layers")
+    notes: list[str] = []
+    if flags.get("--account-for-embedding-in-pipeline-split") or flags.get("--account-for-loss-in-pipeline-split"):
+        notes.append("--account-for-embedding/loss-in-pipeline-split ignored: the layers are read as split over "
+                     "the stages without counting the embedding or the loss as a layer")
+    model = _model_fields(flags)
+    layer_count = model.get("num_layers", num_layers)
+    tp = _integer(flags, "--tensor-model-parallel-size", 1)
+    pp = _integer(flags, "--pipeline-model-parallel-size", 1)
+    first = _integer(flags, "--decoder-first-pipeline-num-layers", 0)
+    last = _integer(flags, "--decoder-last-pipeline-num-layers", 0)
+    vpp = _virtual_stages(flags, pp, layer_count, uneven=bool(first or last))
+    sp = bool(flags.get("--sequence-parallel"))
+    if sp and tp == 1:
+        notes.append("--sequence-parallel with tp=1: Megatron-LM turns sequence parallelism off; read as off")
+        sp = False
+    mbs = _integer(flags, "--micro-batch-size")
+    if mbs is None:
+        notes.append("no --micro-batch-size: read as 1")
+        mbs = 1
+    recompute, recompute_layers = _recompute(flags, notes)
+    values = dict(tp=tp, pp=pp, vpp=vpp, cp=_integer(flags, "--context-parallel-size", 1),
+                  ep=_integer(flags, "--expert-model-parallel-size", 1),
+                  etp=_integer(flags, "--expert-tensor-parallel-size", 0), mbs=mbs, sp=sp, recompute=recompute,
+                  recompute_layers=recompute_layers, zero=_zero(flags), first_stage_layers=first,
+                  last_stage_layers=last)
+    try:
+        plan = Plan(**values)
+    except InputError as error:
+        flag = PLAN_FLAG_OF_FIELD.get(error.field, error.field)
+        raise InputError(INPUT_NAME, f"{flag}: {error.message}") from None
+    try:
+        num_gpus = _num_gpus(flags, variables, text)
+    except InputError as error:  # an unreadable launcher line only loses the GPU count: --gpus gives it
+        notes.append(f"GPU count not read from the launcher ({error.message}); give --gpus")
+        num_gpus = None
+    training: dict[str, Any] = {"precision": _precision(flags, notes)}
+    seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")
+    if seq_len is not None:
+        training["seq_len"] = seq_len
+    global_batch = _integer(flags, "--global-batch-size")
+    if global_batch is None and num_gpus is not None and plan.dp(num_gpus):
+        global_batch = plan.mbs * plan.dp(num_gpus)  # Megatron-LM's default: one microbatch per DP rank
+        notes.append(f"no --global-batch-size: Megatron-LM's default micro-batch × dp = {global_batch}")
+    if global_batch is not None:
+        training["global_batch_size"] = global_batch
+    return MegatronRun(plan=plan, training=training, num_gpus=num_gpus, model=model, flags=flags,
+                       notes=tuple(notes))

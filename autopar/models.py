@@ -1,0 +1,444 @@
+"""Model loading: `load_model(source)` turns a bundled preset, a config.json, a model directory or a cached Hugging Face
+id into a `ModelSpec`.
+
+One mapping, `spec_from_config`, reads every source: a dict of Hugging Face config keys -> `ModelSpec`.
+
+- Bundled presets (`autopar/presets/<name>.json`, real HF-style config.json files) are read as plain JSON, so loading
+  one never imports transformers (fast CLI start-up).
+- A user's config.json (a file, a model directory, or a snapshot in the local HF cache) is parsed with transformers
+  `AutoConfig`, which fills the model type's own defaults for keys the file leaves out; the mapping then reads
+  `config.to_dict()`. A `model_type` transformers does not know falls back to the JSON itself, read the same way, as
+  long as it declares a causal-LM architecture.
+- Hugging Face ids are looked up in the local cache only (HF_HUB_OFFLINE=1); the network is used only with
+  `allow_network=True`.
+
+Which config keys mean what (the HF modeling files of each model type):
+- llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, phi3: RMSNorm, rotary positions, gated (SwiGLU /
+  GeGLU) MLP of `intermediate_size`; `num_key_value_heads` for GQA; `head_dim` when it is not hidden/heads.
+  Qwen2 has a bias on Q, K, V (hard-coded in Qwen2Attention; `qkv_bias` in Qwen2-MoE), others `attention_bias`.
+- MoE: routed experts `num_local_experts` (Mixtral) / `num_experts` (Qwen-MoE) / `n_routed_experts` (DeepSeek),
+  `num_experts_per_tok`, expert width `moe_intermediate_size` (Mixtral: `intermediate_size`), shared experts
+  `n_shared_experts` × `moe_intermediate_size` (DeepSeek) or one gated expert of `shared_expert_intermediate_size`
+  (Qwen2-MoE), dense first layers `first_k_dense_replace` (DeepSeek) or `mlp_only_layers` (Qwen-MoE, a prefix only),
+  MoE every `decoder_sparse_step` layers (Qwen-MoE).
+- DeepSeek MLA: `q_lora_rank` (null: direct Q projection), `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
+  `v_head_dim`; multi-token prediction modules `num_nextn_predict_layers`.
+- gpt2 (GPT-2/3 and the Megatron GPT shapes): `n_embd`, `n_layer`, `n_head`, `n_inner` (null: 4·n_embd), learned
+  positions over `n_positions`, LayerNorm, bias on every linear layer, plain GELU MLP, tied embeddings by default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from costmodels.errors import InputError
+from costmodels.specs import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+"""The one place the preset list lives: every `<name>.json` in this folder is the preset `<name>`."""
+
+LLAMA_LIKE = "llama-like"
+"""RMSNorm, rotary positions, gated MLP, no linear biases (Llama and its descendants)."""
+GPT2_LIKE = "gpt2-like"
+"""LayerNorm, learned positions, plain GELU MLP, biases everywhere (GPT-2/3, Megatron GPT)."""
+
+SUPPORTED_MODEL_TYPES: Mapping[str, str] = {
+    "llama": LLAMA_LIKE, "mistral": LLAMA_LIKE, "mixtral": LLAMA_LIKE, "qwen2": LLAMA_LIKE, "qwen2_moe": LLAMA_LIKE,
+    "qwen3": LLAMA_LIKE, "qwen3_moe": LLAMA_LIKE, "deepseek_v2": LLAMA_LIKE, "deepseek_v3": LLAMA_LIKE,
+    "gemma": LLAMA_LIKE, "phi3": LLAMA_LIKE, "gpt2": GPT2_LIKE,
+}
+"""model_type -> family. Anything else known to transformers is refused (encoders, hybrids, ...)."""
+
+TIED_BY_DEFAULT = frozenset({"gpt2", "gemma"})
+"""Model types whose config class defaults `tie_word_embeddings` to true (the others default to false)."""
+
+HF_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+"""`org/name` as on the Hugging Face Hub."""
+
+# Config keys, in the order they are looked up: one entry per ModelSpec quantity (first present, non-null key wins).
+HIDDEN_KEYS = ("hidden_size", "n_embd")
+LAYERS_KEYS = ("num_hidden_layers", "n_layer")
+HEADS_KEYS = ("num_attention_heads", "n_head")
+VOCAB_KEYS = ("vocab_size",)
+FFN_KEYS = ("intermediate_size", "n_inner")
+EXPERTS_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions")
+
+
+# ---- public ----------------------------------------------------------------------------------------------------
+
+def preset_names() -> tuple[str, ...]:
+    """Names of the bundled presets, sorted."""
+    return tuple(sorted(path.stem for path in PRESETS_DIR.glob("*.json")))
+
+
+def load_model(source: "str | os.PathLike[str]", *, allow_network: bool = False) -> ModelSpec:
+    """A `ModelSpec` from a bundled preset name, a config.json path, a model directory, or a Hugging Face id that is
+    in the local cache (downloaded only when `allow_network`). Raises `InputError` with a one-line message.
+
+    A preset name (any case) wins over a local folder of the same name; write `./name` for the folder."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str) or not source.strip():
+        raise InputError("model", "give a preset name (see `autopar models`), a config.json path, a model "
+                                  "directory or a Hugging Face id")
+    text = source.strip()
+    if text.lower() in preset_names():
+        return load_preset(text.lower())
+    path = Path(text).expanduser()
+    if path.exists():
+        return load_config_file(_config_file_in(path), allow_network=allow_network)
+    if _looks_like_path(text):
+        raise InputError("model", f"path {text} does not exist; give an existing config.json file or model directory")
+    if HF_ID_PATTERN.match(text):
+        return load_cached_hf_model(text, allow_network=allow_network)
+    raise InputError("model", _unknown_preset_message(text))
+
+
+def load_preset(name: str) -> ModelSpec:
+    """A bundled preset, read as plain JSON through the same mapping as every config (no transformers import)."""
+    path = PRESETS_DIR / f"{name}.json"
+    if not path.is_file():
+        raise InputError("model", _unknown_preset_message(name))
+    config = read_config_json(path)
+    return spec_from_config(config, name=name, source=f"preset {name}", where=f"preset {name}")
+
+
+def load_config_file(config_path: Path, *, allow_network: bool = False, name: str = "") -> ModelSpec:
+    """A user's config.json: parsed with transformers AutoConfig when it knows the model type, else as plain JSON."""
+    raw = read_config_json(config_path)
+    where = str(config_path)
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError("model_type", f"{where} has no model_type; is it a Hugging Face config.json?")
+    _require_fields(raw, model_type, where)
+    name = name or _name_from_config(raw, config_path)
+    if model_type in SUPPORTED_MODEL_TYPES:
+        config = _autoconfig_dict(config_path, allow_network=allow_network)
+    elif _transformers_knows(model_type):
+        raise InputError("model_type", _unsupported_message(raw, where))
+    else:
+        config = raw                                                        # unknown to transformers: read it as is
+    return spec_from_config(config, name=name, source=where, where=where)
+
+
+def load_cached_hf_model(repo_id: str, *, allow_network: bool = False) -> ModelSpec:
+    """`org/name` from the local Hugging Face cache (offline); downloaded only when `allow_network`."""
+    config_path = _cached_config_path(repo_id, allow_network=allow_network)
+    return load_config_file(config_path, allow_network=allow_network, name=repo_id)
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; malformed JSON names the line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError("model", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputError("model", f"{path} is not UTF-8 text; give a config.json file") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError("model", f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") \
+            from None
+    if not isinstance(config, dict):
+        raise InputError("model", f"{path}: expected a JSON object of config keys, got {type(config).__name__}")
+    return config
+
+
+# ---- the mapping: config keys -> ModelSpec ---------------------------------------------------------------------
+
+def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where: str = "config") -> ModelSpec:
+    """Map Hugging Face config keys (a raw config.json or `AutoConfig(...).to_dict()`) to a `ModelSpec`.
+
+    `where` names the file in error messages."""
+    model_type = str(config.get("model_type", ""))
+    family = SUPPORTED_MODEL_TYPES.get(model_type) or _inferred_family(config, where)
+    _require_fields(config, model_type, where)
+    hidden = _positive(config, HIDDEN_KEYS, where)
+    heads = _positive(config, HEADS_KEYS, where)
+    moe = _moe_spec(config, model_type, where)
+    mla = _mla_spec(config, where)
+    gpt2_like = family == GPT2_LIKE
+    ffn = _first(config, FFN_KEYS)
+    if ffn is None and gpt2_like:
+        ffn = 4 * hidden                                                    # GPT-2: n_inner null means 4·n_embd
+    fields = dict(
+        hidden_size=hidden,
+        num_layers=_positive(config, LAYERS_KEYS, where),
+        num_attention_heads=heads,
+        ffn_hidden_size=_positive_value(ffn, FFN_KEYS[0], where),
+        vocab_size=_positive(config, VOCAB_KEYS, where),
+        num_kv_heads=0 if mla is not None else _optional_positive(config, "num_key_value_heads", where),
+        head_dim=0 if mla is not None else _optional_positive(config, "head_dim", where),
+        mlp=MlpKind.PLAIN if gpt2_like else MlpKind.GATED,
+        norm=NormKind.LAYERNORM if gpt2_like else NormKind.RMSNORM,
+        position_embedding=PositionEmbedding.LEARNED if gpt2_like else PositionEmbedding.ROPE,
+        max_position_embeddings=_optional_positive(config, MAX_POSITION_KEYS, where),
+        tied_embeddings=bool(_first(config, ("tie_word_embeddings",), model_type in TIED_BY_DEFAULT)),
+        qkv_bias=_qkv_bias(config, model_type),
+        linear_bias=gpt2_like or (bool(config.get("attention_bias")) and bool(config.get("mlp_bias"))),
+        moe=moe,
+        mla=mla,
+        num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
+    )
+    return _spec_in(where, ModelSpec, name=name, source=source, **fields)
+
+
+def _spec_in(where: str, spec_class: type, **fields: Any) -> Any:
+    """`spec_class(**fields)`; its own consistency checks (heads vs kv heads, top_k vs experts, ...) name the file."""
+    try:
+        return spec_class(**fields)
+    except InputError as exc:
+        raise InputError(exc.field, f"{exc.message} (in {where})") from None
+
+
+def _qkv_bias(config: Mapping[str, Any], model_type: str) -> bool:
+    """Bias on the Q, K, V projections: always in Qwen2 (Qwen2Attention), `qkv_bias` in Qwen2-MoE (default true),
+    `attention_bias` elsewhere."""
+    if model_type == "qwen2":
+        return True
+    if model_type == "qwen2_moe":
+        return bool(config.get("qkv_bias", True))
+    return bool(config.get("attention_bias", False))
+
+
+def _moe_spec(config: Mapping[str, Any], model_type: str, where: str) -> MoESpec | None:
+    num_experts = _first(config, EXPERTS_KEYS)
+    if not num_experts:                                                     # absent, null or 0: a dense model
+        return None
+    num_experts = _positive_value(num_experts, "num_experts", where)
+    expert_width_key = "intermediate_size" if model_type == "mixtral" else "moe_intermediate_size"
+    expert_width = _positive(config, (expert_width_key,), where)
+    num_shared = _optional_positive(config, "n_shared_experts", where)
+    shared_width = num_shared * expert_width
+    shared_gate = False
+    qwen_shared_width = _optional_positive(config, "shared_expert_intermediate_size", where)
+    if qwen_shared_width:                                                   # Qwen2-MoE: one shared expert, gated
+        num_shared, shared_width, shared_gate = 1, qwen_shared_width, True
+    layer_freq = _optional_positive(config, "decoder_sparse_step", where) or 1
+    deepseek_freq = _optional_positive(config, "moe_layer_freq", where) or 1
+    if deepseek_freq != 1:
+        raise InputError("moe_layer_freq", f"moe_layer_freq={deepseek_freq} is not supported (only 1, MoE in every "
+                                           f"layer past first_k_dense_replace) (in {where})")
+    return _spec_in(
+        where, MoESpec,
+        num_experts=num_experts,
+        top_k=_positive(config, ("num_experts_per_tok",), where),
+        expert_ffn_hidden_size=expert_width,
+        num_shared_experts=num_shared,
+        shared_expert_ffn_hidden_size=shared_width,
+        first_dense_layers=_first_dense_layers(config, where),
+        layer_freq=layer_freq,
+        shared_expert_gate=shared_gate,
+    )
+
+
+def _first_dense_layers(config: Mapping[str, Any], where: str) -> int:
+    """`first_k_dense_replace` (DeepSeek), or `mlp_only_layers` (Qwen-MoE) when it lists a prefix 0..k-1."""
+    first_k = _optional_positive(config, "first_k_dense_replace", where)
+    mlp_only = config.get("mlp_only_layers") or []
+    if mlp_only:
+        if not isinstance(mlp_only, list) or sorted(mlp_only) != list(range(len(mlp_only))):
+            raise InputError("mlp_only_layers", f"mlp_only_layers={mlp_only} is not supported: only dense layers "
+                                                f"0..k-1 at the start of the model (in {where})")
+        first_k = max(first_k, len(mlp_only))
+    return first_k
+
+
+def _mla_spec(config: Mapping[str, Any], where: str) -> MLASpec | None:
+    if config.get("kv_lora_rank") is None:
+        return None
+    return _spec_in(
+        where, MLASpec,
+        kv_lora_rank=_positive(config, ("kv_lora_rank",), where),
+        qk_nope_head_dim=_positive(config, ("qk_nope_head_dim",), where),
+        qk_rope_head_dim=_positive(config, ("qk_rope_head_dim",), where),
+        v_head_dim=_positive(config, ("v_head_dim",), where),
+        q_lora_rank=_optional_positive(config, "q_lora_rank", where),      # null: direct Q projection
+    )
+
+
+# ---- validation helpers ----------------------------------------------------------------------------------------
+
+def _require_fields(config: Mapping[str, Any], model_type: str, where: str) -> None:
+    """Every key the mapping cannot do without, checked on the raw file (AutoConfig would silently default them)."""
+    required = [HIDDEN_KEYS, LAYERS_KEYS, HEADS_KEYS, VOCAB_KEYS]
+    family = SUPPORTED_MODEL_TYPES.get(model_type, GPT2_LIKE if "n_embd" in config else LLAMA_LIKE)
+    if family == LLAMA_LIKE:
+        required.append(FFN_KEYS)
+    if _first(config, EXPERTS_KEYS):
+        required.append(("num_experts_per_tok",))
+        if model_type != "mixtral":
+            required.append(("moe_intermediate_size",))
+    if config.get("kv_lora_rank") is not None:
+        required += [("qk_nope_head_dim",), ("qk_rope_head_dim",), ("v_head_dim",)]
+    missing = [keys[0] for keys in required if _first(config, keys) is None]
+    if missing:
+        raise InputError("config", f"{where} is missing required field{'s' if len(missing) > 1 else ''} "
+                                   f"{', '.join(missing)}")
+
+
+def _first(config: Mapping[str, Any], keys: tuple[str, ...], default: Any = None) -> Any:
+    """The value of the first of `keys` present and not null."""
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    return default
+
+
+def _positive_value(value: Any, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(key, f"must be a positive integer, got {value!r} (in {where})")
+    return value
+
+
+def _positive(config: Mapping[str, Any], keys: tuple[str, ...], where: str) -> int:
+    present = next((key for key in keys if config.get(key) is not None), keys[0])
+    return _positive_value(config.get(present), present, where)
+
+
+def _optional_positive(config: Mapping[str, Any], keys: "str | tuple[str, ...]", where: str) -> int:
+    """A non-negative integer key; absent or null gives 0."""
+    keys = (keys,) if isinstance(keys, str) else keys
+    present = next((key for key in keys if config.get(key) is not None), None)
+    if present is None:
+        return 0
+    value = config[present]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(present, f"must be a non-negative integer, got {value!r} (in {where})")
+    return value
+
+
+def _is_causal_lm(config: Mapping[str, Any]) -> bool:
+    architectures = config.get("architectures") or []
+    return (not config.get("is_encoder_decoder")
+            and any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures))
+
+
+def _inferred_family(config: Mapping[str, Any], where: str) -> str:
+    """For a model_type transformers does not know: a causal LM with GPT-2 keys reads as GPT-2, else as Llama."""
+    if not _is_causal_lm(config):
+        raise InputError("model_type", _unsupported_message(config, where))
+    return GPT2_LIKE if "n_embd" in config else LLAMA_LIKE
+
+
+def _unsupported_message(config: Mapping[str, Any], where: str) -> str:
+    architectures = ", ".join(str(a) for a in config.get("architectures") or []) or "none given"
+    return (f"{where}: model_type {config.get('model_type')!r} (architectures: {architectures}) is not supported; "
+            f"autopar models decoder-only LMs of types {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
+
+
+def _unknown_preset_message(text: str) -> str:
+    names = preset_names()
+    close = difflib.get_close_matches(text.lower(), names, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return (f"unknown model {text!r}: not a bundled preset, an existing path or a Hugging Face id (org/name); "
+            f"{hint}run `autopar models` to list the presets")
+
+
+def _name_from_config(config: Mapping[str, Any], config_path: Path) -> str:
+    """`_name_or_path` when the file has one, else the folder the config.json sits in (or the file's stem)."""
+    name = config.get("_name_or_path")
+    if isinstance(name, str) and name.strip():
+        return name.strip()
+    return config_path.parent.name if config_path.name == "config.json" else config_path.stem
+
+
+def _looks_like_path(text: str) -> bool:
+    """A file name or a path rather than a preset name or an `org/name` Hugging Face id."""
+    return (text.endswith(".json") or text.startswith((".", "/", "~")) or text.count("/") > 1
+            or (os.sep != "/" and os.sep in text))
+
+
+def _config_file_in(path: Path) -> Path:
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise InputError("model", f"{path} has no config.json; give a model directory that contains one")
+        return config
+    return path
+
+
+# ---- transformers and the Hugging Face cache (imported lazily) -------------------------------------------------
+
+@contextlib.contextmanager
+def _hub_environment(offline: bool) -> Iterator[None]:
+    """HF_HUB_OFFLINE=1 unless the network is allowed, and transformers' start-up chatter silenced; restored after."""
+    wanted = {"TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error")}
+    if offline:
+        wanted["HF_HUB_OFFLINE"] = "1"
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _autoconfig_dict(config_path: Path, *, allow_network: bool) -> dict[str, Any]:
+    """`AutoConfig.from_pretrained(config_path).to_dict()`: the file with its model type's defaults filled in."""
+    with _hub_environment(offline=not allow_network):
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(str(config_path), local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many types; the user gets one line
+            detail = " ".join(str(exc).split())[:300]
+            raise InputError("model", f"transformers could not parse {config_path}: {detail}") from None
+    return config.to_dict()
+
+
+def _transformers_knows(model_type: str) -> bool:
+    with _hub_environment(offline=True):
+        from transformers import CONFIG_MAPPING
+
+        return model_type in CONFIG_MAPPING
+
+
+def _hf_cache_dir() -> Path:
+    """The hub cache folder as huggingface_hub resolves it, read from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def _cached_config_path(repo_id: str, *, allow_network: bool) -> Path:
+    cache_dir = _hf_cache_dir()
+    with _hub_environment(offline=not allow_network):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache_dir))
+        if isinstance(cached, str):
+            return Path(cached)
+        if allow_network:
+            return _download_config(repo_id, cache_dir)
+    preset_hint = ""
+    same_name = repo_id.split("/")[-1].lower()
+    if same_name in preset_names():
+        preset_hint = f" (or use the bundled preset {same_name})"
+    raise InputError("model", f"{repo_id} is not in the local Hugging Face cache ({cache_dir}); download it first "
+                              f"or pass --allow-network{preset_hint}")
+
+
+def _download_config(repo_id: str, cache_dir: Path) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", cache_dir=str(cache_dir)))
+    except Exception as exc:  # noqa: BLE001 - network, auth, missing repo: one line for the user
+        detail = " ".join(str(exc).split())[:300]
+        raise InputError("model", f"could not download config.json of {repo_id}: {detail}") from None

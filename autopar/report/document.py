@@ -1,0 +1,144 @@
+"""The report document: `ParetoFront.to_dict()` plus what a reader needs to trust and reuse it.
+
+Every report format (JSON, CSV, Markdown, HTML) renders this one dict, so they never disagree. Its JSON form is
+described by the JSON Schema shipped as autopar/schemas/front.schema.json (`SCHEMA_VERSION` below; bump it when a
+field changes meaning or disappears, and say so in the schema's description). Added on top of `to_dict()`:
+
+- `schema_version`, `generator` (autopar and its version);
+- `hardware`: the whole hardware profile the numbers come from (peak FLOP/s, links, memory overheads) with the
+  provenance of every value;
+- `assumptions`: the modelling assumptions in plain sentences;
+- `solver.status`: 'optimal' (front proven complete), 'time_limit' (best found) or 'not_searched' (one
+  estimated plan);
+- per point: `rank` (0 = fastest) and `megatron_flags`, the Megatron-LM flags of the plan.
+
+Non-finite numbers (a cost term that came out infinite) become null, so the file stays valid JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autopar.results import Estimate, ParetoFront
+from costmodels.hardware import HardwareProfile
+
+SCHEMA_VERSION = 1
+SCHEMA_ID = "urn:autopar:schemas:front"
+SCHEMA_RESOURCE = "front.schema.json"
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("autopar")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def hardware_block(profile: HardwareProfile) -> dict[str, Any]:
+    return {
+        "name": profile.name,
+        "display_name": profile.display_name,
+        "hbm_bytes": profile.hbm_bytes,
+        "hbm_bandwidth_bytes_per_s": profile.hbm_bandwidth_bytes_per_s,
+        "peak_flops_per_s": dict(profile.peak_flops_per_s),
+        "gemm_efficiency": dict(profile.gemm_efficiency),
+        "links": {kind: {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "alpha_s": link.alpha_s,
+                         "nominal_bandwidth_bytes_per_s": link.nominal_bandwidth_bytes_per_s}
+                  for kind, link in profile.links.items()},
+        "memory_overheads_bytes": dict(profile.memory_overheads_bytes),
+        "gpus_per_node": profile.gpus_per_node,
+        "source_path": profile.source_path,
+        "provenance": dict(profile.provenance),
+    }
+
+
+def assumptions(front: ParetoFront) -> list[str]:
+    """The modelling assumptions behind every number of the report, as sentences (DESIGN.md §4)."""
+    cluster, training, model = front.cluster, front.training, front.model
+    gib = 1024**3
+    lines = [
+        f"Usable memory per GPU is (1 - headroom {cluster.headroom:g}) x {cluster.profile.hbm_bytes / gib:g} GiB = "
+        f"{cluster.memory_limit_bytes / gib:.1f} GiB; the peak of a plan is that of its fullest pipeline stage.",
+        "Mixed precision as in Megatron-LM: bf16 weights, fp32 gradients and Adam states (18 bytes per parameter "
+        "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP.",
+        f"GEMMs run in {training.precision.value}; attention "
+        + ("uses a fused kernel (no s x s score matrix kept)" if training.flash_attention
+           else "keeps the s x s score matrix")
+        + "; the loss " + ("is fused (no fp32 logits kept)." if training.fused_cross_entropy
+                           else "keeps an fp32 copy of the logits."),
+        "Step time is the sum of the named terms shown; collectives follow an alpha-beta model per link "
+        "(NVLink inside a node, InfiniBand between nodes) with the hardware profile's calibrated values.",
+        "Throughput counts model FLOPs without recomputation (MFU); hardware TFLOP/s counts recomputed work too.",
+    ]
+    if model.moe is not None:
+        routing = ("dropless routing" if training.moe_capacity_factor is None
+                   else f"capacity factor {training.moe_capacity_factor:g}")
+        lines.append(f"MoE: {routing}, busiest expert rank at {training.moe_imbalance_factor:g}x the balanced load.")
+    return lines
+
+
+def megatron_flags(estimate: Estimate) -> list[str]:
+    """The plan's Megatron-LM parallelism, batch, recompute and precision flags, as argv words."""
+    from autopar.export.megatron import batch_flags, memory_flags, parallelism_flags
+
+    words: list[str] = []
+    for flag, value in parallelism_flags(estimate) + batch_flags(estimate) + memory_flags(estimate):
+        words.append(flag)
+        if value is not None:
+            words.append(value)
+    return words
+
+
+def finite_or_none(value: Any) -> Any:
+    """Recursively replace NaN and ±inf by None (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars that slipped through
+        return finite_or_none(value.item())
+    return value
+
+
+def report_document(front: ParetoFront) -> dict[str, Any]:
+    """The report as plain JSON-ready data (validated against autopar/schemas/front.schema.json in the tests)."""
+    base = front.to_dict()
+    points = []
+    for rank, (estimate, point) in enumerate(zip(front.points, base["points"])):
+        points.append({"rank": rank, **point, "megatron_flags": megatron_flags(estimate)})
+    solver = dict(base["solver"])
+    solver["status"] = ("optimal" if front.proven_optimal
+                        else "not_searched" if front.solver == "estimate" else "time_limit")
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "generator": {"name": "autopar", "version": _version()},
+        "inputs": base["inputs"],
+        "hardware": hardware_block(front.cluster.profile),
+        "assumptions": assumptions(front),
+        "solver": solver,
+        "rules": base["rules"],
+        "relaxed_rules": base["relaxed_rules"],
+        "notes": base["notes"],
+        "points": points,
+    }
+    return finite_or_none(document)
+
+
+def front_of_one(estimate: Estimate, note: str = "a single plan, estimated (not searched)") -> ParetoFront:
+    """A one-point 'front' around an estimate, so `autopar estimate --out` shares the report formats."""
+    return ParetoFront(model=estimate.model, cluster=estimate.cluster, training=estimate.training,
+                       points=(estimate,), proven_optimal=False, rules=(), solver="estimate", notes=(note,))
+
+
+def load_schema() -> dict[str, Any]:
+    """The shipped JSON Schema of `report_document` output."""
+    import json
+    from importlib import resources
+
+    text = (resources.files("autopar") / "schemas" / SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    return json.loads(text)

@@ -1,0 +1,82 @@
+"""Markdown report, for pasting into a pull request or a design doc (GitHub-flavoured tables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autopar.report.csv_report import ordered_union, worst_stage_terms
+from autopar.report.units import format_bytes, format_count, format_percent, format_rate, format_seconds
+
+_MARKDOWN_SPECIAL = "\\`*_{}[]<>()#+!|~"
+
+
+def md_text(value: Any) -> str:
+    """User text inside Markdown: every character with Markdown or HTML meaning escaped, one line."""
+    text = " ".join(str(value).split())
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in text)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _number(value: Any, formatter) -> str:
+    return "n/a" if value is None else formatter(value)
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    inputs, solver, points = document["inputs"], document["solver"], document["points"]
+    model, cluster, training = inputs["model"], inputs["cluster"], inputs["training"]
+    status = {"optimal": "proven optimal", "time_limit": "not proven optimal (time limit)",
+              "not_searched": "single estimated plan"}[solver["status"]]
+    lines = [f"# autopar: {md_text(model['name'])} on {cluster['num_gpus']}x {md_text(cluster['gpu_display_name'])}",
+             "",
+             f"{len(points)} Pareto-optimal plan(s), fastest first; solver `{md_text(solver['name'])}`, {status}, "
+             f"{format_seconds(solver['solve_time_s'] or 0)}.",
+             "",
+             "## Inputs", ""]
+    lines += _table(["", ""], [
+        ["model", f"{md_text(model['name'])} ({format_count(model['total_params'])} params, "
+                  f"{format_count(model['active_params'])} active)"],
+        ["shape", f"{model['num_layers']} layers, hidden {model['hidden_size']}, {model['num_attention_heads']} "
+                  f"heads ({model['num_kv_heads']} KV), FFN {model['ffn_hidden_size']}, vocab {model['vocab_size']}"],
+        ["cluster", f"{cluster['num_gpus']}x {md_text(cluster['gpu_display_name'])}, {cluster['gpus_per_node']} per "
+                    f"node, {format_bytes(cluster['hbm_bytes'])} HBM, limit "
+                    f"{format_bytes(cluster['memory_limit_bytes'])} "
+                    f"(headroom {format_percent(cluster['headroom'], 0)})"],
+        ["training", f"seq {training['seq_len']}, global batch {training['global_batch_size']}, "
+                     f"{training['precision']}"],
+        ["rules", md_text(", ".join(document["rules"]) or "none")
+         + (f" (relaxed: {md_text(', '.join(document['relaxed_rules']))})" if document["relaxed_rules"] else "")],
+    ])
+    lines += ["", "## Front", ""]
+    lines += _table(["#", "plan", "step time", "tokens/s", "MFU", "peak memory", "worst stage", "microbatches"], [
+        [str(p["rank"]), f"`{p['label']}`", _number(p["step_time_s"], format_seconds),
+         _number(p["tokens_per_s"], format_rate), _number(p["mfu"], format_percent),
+         _number(p["peak_memory_bytes"], format_bytes), str(p["worst_stage"]),
+         _number(p["num_microbatches"], lambda v: f"{v:g}")] for p in points])
+    if points:
+        lines += ["", "## Memory per GPU, worst stage", ""]
+        terms = ordered_union([worst_stage_terms(p) for p in points])
+        lines += _table(["term", *(f"#{p['rank']}" for p in points)],
+                        [[md_text(term), *(_number(worst_stage_terms(p).get(term), format_bytes) for p in points)]
+                         for term in terms]
+                        + [["**total**", *(f"**{_number(p['peak_memory_bytes'], format_bytes)}**" for p in points)]])
+        lines += ["", "## Step time", ""]
+        terms = ordered_union([p["time_terms_s"] for p in points])
+        lines += _table(["term", *(f"#{p['rank']}" for p in points)],
+                        [[md_text(term), *(_number(p["time_terms_s"].get(term), format_seconds) for p in points)]
+                         for term in terms]
+                        + [["**total**", *(f"**{_number(p['step_time_s'], format_seconds)}**" for p in points)]])
+        lines += ["", "## Megatron-LM flags of the fastest plan", "", "```", " ".join(points[0]["megatron_flags"]),
+                  "```"]
+    lines += ["", "## Assumptions", ""] + [f"- {md_text(a)}" for a in document["assumptions"]]
+    if document["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {md_text(n)}" for n in document["notes"]]
+    provenance = document["hardware"]["provenance"]
+    if provenance:
+        lines += ["", "## Hardware profile provenance", ""]
+        lines += [f"- {md_text(key)}: {md_text(value)}" for key, value in provenance.items()]
+    return "\n".join(lines) + "\n"

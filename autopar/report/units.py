@@ -1,0 +1,100 @@
+"""Human units for terminal tables and reports, chosen per value (bytes → KiB/MiB/GiB/TiB, seconds → µs/ms/s/min).
+
+Everything inside autopar is in base units (bytes, seconds, FLOP/s); these helpers are the one place they turn into
+text. Binary prefixes for memory (GPU HBM is sold in GiB-sized stacks and `nvidia-smi` reports MiB), decimal for
+rates. Pure functions of a number: no locale, no global state.
+"""
+
+from __future__ import annotations
+
+import math
+
+_BYTE_UNITS: tuple[tuple[str, int], ...] = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+_SECOND_UNITS: tuple[tuple[str, float], ...] = (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9))
+_DECIMAL_PREFIXES: tuple[tuple[str, float], ...] = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def _significant(value: float, digits: int) -> str:
+    """`value` with `digits` significant digits, without exponent notation and without trailing noise."""
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    decimals = max(0, digits - 1 - magnitude)
+    return f"{value:.{decimals}f}"
+
+
+def _not_finite(value: float) -> str | None:
+    if math.isnan(value):
+        return "n/a"
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return None
+
+
+def format_bytes(num_bytes: float, digits: int = 3) -> str:
+    """1536 → '1.50 KiB'; 85899345920 → '80.0 GiB'; below 1 KiB plain bytes ('512 B')."""
+    special = _not_finite(float(num_bytes))
+    if special is not None:
+        return special
+    size = abs(float(num_bytes))
+    for unit, scale in _BYTE_UNITS:
+        if size >= scale:
+            return f"{_significant(num_bytes / scale, digits)} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+def format_gib(num_bytes: float, decimals: int = 1) -> str:
+    """Always in GiB (for columns that must line up): 85899345920 → '80.0 GiB'."""
+    special = _not_finite(float(num_bytes))
+    return special if special is not None else f"{num_bytes / 1024**3:.{decimals}f} GiB"
+
+
+def format_seconds(seconds: float, digits: int = 3) -> str:
+    """0.0123 → '12.3 ms'; 3.5 → '3.50 s'; 95 → '1.58 min'; 4e-6 → '4.00 µs'."""
+    special = _not_finite(float(seconds))
+    if special is not None:
+        return special
+    if seconds == 0:
+        return "0 s"
+    size = abs(float(seconds))
+    if size >= 3600:
+        return f"{_significant(seconds / 3600, digits)} h"
+    if size >= 120:
+        return f"{_significant(seconds / 60, digits)} min"
+    for unit, scale in _SECOND_UNITS:
+        if size >= scale:
+            return f"{_significant(seconds / scale, digits)} {unit}"
+    return f"{_significant(seconds / 1e-9, digits)} ns"
+
+
+def format_rate(per_second: float, unit: str = "tok/s", digits: int = 3) -> str:
+    """Decimal prefixes: 1.25e6 → '1.25 Mtok/s'; 950 → '950 tok/s'."""
+    special = _not_finite(float(per_second))
+    if special is not None:
+        return special
+    for prefix, scale in _DECIMAL_PREFIXES:
+        if abs(per_second) >= scale:
+            return f"{_significant(per_second / scale, digits)} {prefix}{unit}"
+    return f"{_significant(per_second, digits)} {unit}"
+
+
+def format_flops(flops_per_s: float, digits: int = 3) -> str:
+    """4.2e14 → '420 TFLOP/s'."""
+    return format_rate(flops_per_s, "FLOP/s", digits)
+
+
+def format_percent(fraction: float, decimals: int = 1) -> str:
+    """0.4234 → '42.3%'."""
+    special = _not_finite(float(fraction))
+    return special if special is not None else f"{100 * fraction:.{decimals}f}%"
+
+
+def format_count(count: float, digits: int = 3) -> str:
+    """Parameter counts and the like: 70.6e9 → '70.6B', 8.03e9 → '8.03B', 125e6 → '125M'."""
+    special = _not_finite(float(count))
+    if special is not None:
+        return special
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(count) >= scale:
+            return f"{_significant(count / scale, digits)}{suffix}"
+    return f"{count:.0f}"

@@ -1,0 +1,189 @@
+"""The integer objectives both solvers rank plans by, built from the cost model's named terms.
+
+The cost model (costmodels.memory, costmodels.steptime) gives every term as its own vectorised function and
+declares the plan knobs each depends on (`TERM_KNOBS`). Terms with nested knob sets are summed into *groups*, one
+integer table per group in the CP-SAT model; the oracle rounds the very same groups, so both solvers rank plans by
+identical integers:
+
+- memory_units = max over the candidate worst pipeline ranks (costmodels.memory.candidate_worst_stages) of
+  Σ_groups ceil(group bytes / 1 MiB); rounded up, so a plan that fits in units fits in bytes.
+- time_units = F · Σ_{pipelined groups} round(group s / 1 µs) + S · Σ_{other groups} round(group s / 1 µs), in units
+  of 1 µs / S with S = 2^16, where the pipelined groups hold the per-step compute, tp_comm, cp_comm and ep_comm
+  terms and F = round(S · (1 + bubble / m)) is the pipeline factor: costmodels.steptime states
+  pp_bubble = bubble_microbatch_equivalents(pp, vpp) × (compute + tp_comm + cp_comm + ep_comm) / m, so
+  step time = (1 + bubble/m) · Σ pipelined + Σ others; the CP-SAT model forms that product of two variables instead
+  of tabulating pp_bubble over all its knobs.
+
+Tolerance (what "equal within rounding" means): a group is off by at most 0.5 µs (time) or 1 MiB (memory), the
+pipeline factor by 2^-17 relative, so |time_units·1µs/S − step_time_s| <= n_groups·0.5 µs·(1 + bubble/m) +
+2^-17 × step time, and 0 <= memory_units·1 MiB − peak bytes < n_groups MiB. Every number shown to users comes
+from the float model (costmodels.evaluate); the integers only decide the front and its order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from costmodels import memory, pipeline, steptime
+from costmodels.plan import PLAN_FIELDS, PlanArrays, num_microbatches
+from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+TIME_UNIT_S = 1e-6
+PIPELINE_FACTOR_SCALE = 2**16
+MEMORY_UNIT_BYTES = 2**20
+
+BUBBLE_TERM = "pp_bubble"
+PIPELINED_TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm")
+"""The terms pp_bubble scales (costmodels.steptime.TERM_KNOBS docstring)."""
+PIPELINE_FACTOR_KNOBS = ("tp", "cp", "pp", "vpp", "mbs")
+"""bubble_microbatch_equivalents reads (pp, vpp); num_microbatches reads (tp, cp, pp, mbs)."""
+
+SPLIT_KNOBS = ("pp", "first_stage_layers", "last_stage_layers")
+
+
+@dataclass(frozen=True)
+class TermGroup:
+    """Terms summed before rounding; `knobs` is the union of their knob sets (Plan field order)."""
+
+    knobs: tuple[str, ...]
+    terms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ObjectiveStructure:
+    pipelined_time_groups: tuple[TermGroup, ...]
+    other_time_groups: tuple[TermGroup, ...]
+    factored: bool
+    """True when pp_bubble is formed as (pipeline factor − 1) × Σ pipelined (else it is an ordinary term)."""
+    stage_memory_groups: tuple[TermGroup, ...]
+    """Terms that differ between pipeline ranks (evaluated on each candidate worst rank)."""
+    shared_memory_groups: tuple[TermGroup, ...]
+    """Terms equal on every rank (including the fixed overheads, knobs ())."""
+
+
+def ordered(knobs: Iterable[str]) -> tuple[str, ...]:
+    wanted = set(knobs)
+    return tuple(k for k in PLAN_FIELDS if k in wanted)
+
+
+def group_terms(term_knobs: Mapping[str, tuple[str, ...]]) -> tuple[TermGroup, ...]:
+    """Each term joins the largest group whose knob set contains its own (deterministic: by size, then name)."""
+    sets = sorted({ordered(k) for k in term_knobs.values()}, key=lambda s: (-len(s), s))
+    members: dict[tuple[str, ...], list[str]] = {}
+    for term, knobs in term_knobs.items():
+        mine = set(knobs)
+        home = next(s for s in sets if mine <= set(s))
+        members.setdefault(home, []).append(term)
+    return tuple(TermGroup(knobs=s, terms=tuple(members[s])) for s in sets if s in members)
+
+
+def _probe_plan() -> PlanArrays:
+    return PlanArrays.from_columns(tp=np.ones(1, dtype=np.int64))
+
+
+def objective_structure(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> ObjectiveStructure:
+    """Group the cost model's terms (names as the term functions return them for this model and cluster)."""
+    probe = _probe_plan()
+    with np.errstate(all="ignore"):
+        time_names = tuple(steptime.step_time_terms_s(model, cluster, training, probe))
+        memory_names = tuple(memory.memory_terms_bytes(model, cluster, training, probe, 0))
+    time_knobs = {name: tuple(steptime.TERM_KNOBS.get(name, PLAN_FIELDS)) for name in time_names}
+    factored = BUBBLE_TERM in time_knobs and all(t in time_knobs for t in PIPELINED_TERMS)
+    if factored:
+        del time_knobs[BUBBLE_TERM]
+    pipelined = {t: k for t, k in time_knobs.items() if factored and t in PIPELINED_TERMS}
+    others = {t: k for t, k in time_knobs.items() if t not in pipelined}
+
+    stage_terms, shared_terms = {}, {}
+    for name in memory_names:
+        knobs = tuple(memory.term_knobs(name))
+        if name in getattr(memory, "STAGE_INDEPENDENT_TERMS", frozenset()) or not knobs:
+            shared_terms[name] = knobs
+        else:
+            stage_terms[name] = knobs
+    return ObjectiveStructure(
+        pipelined_time_groups=group_terms(pipelined) if pipelined else (),
+        other_time_groups=group_terms(others) if others else (),
+        factored=factored,
+        stage_memory_groups=group_terms(stage_terms) if stage_terms else (),
+        shared_memory_groups=group_terms(shared_terms) if shared_terms else (),
+    )
+
+
+# ---- rounding (shared by the oracle and the CP-SAT tables) ---------------------------------------------------
+
+def time_group_units(terms: Mapping[str, np.ndarray], group: TermGroup) -> np.ndarray:
+    seconds = sum(np.asarray(terms[t], dtype=float) for t in group.terms)
+    return np.rint(seconds / TIME_UNIT_S).astype(np.int64)
+
+
+def memory_group_units(terms: Mapping[str, np.ndarray], group: TermGroup) -> np.ndarray:
+    total = sum(np.asarray(terms[t], dtype=float) for t in group.terms)
+    return np.ceil(total / MEMORY_UNIT_BYTES).astype(np.int64)
+
+
+def pipeline_factor_units(cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """round(S · (1 + bubble_microbatch_equivalents / num_microbatches))."""
+    bubble = pipeline.bubble_microbatch_equivalents(plans)
+    microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
+    return np.rint(PIPELINE_FACTOR_SCALE * (1.0 + bubble / microbatches)).astype(np.int64)
+
+
+def memory_stage_roles(model: ModelSpec, plans: PlanArrays, num_roles: int) -> list[np.ndarray]:
+    """The candidate worst ranks as `num_roles` fixed roles: role 0 is rank 0, the last role rank pp-1, role j in
+    between is candidate_worst_stages' j-th rank (rank 0 where a plan has fewer candidates)."""
+    candidates = memory.candidate_worst_stages(model, plans)
+    middle = candidates[1:-1]
+    roles = [candidates[0]]
+    for j in range(1, num_roles - 1):
+        roles.append(middle[j - 1] if j - 1 < len(middle) else np.zeros(len(plans), dtype=np.int64))
+    roles.append(candidates[-1])
+    return roles
+
+
+def time_units(structure: ObjectiveStructure, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+               terms: Mapping[str, np.ndarray]) -> np.ndarray:
+    scale = PIPELINE_FACTOR_SCALE
+    others = sum((time_group_units(terms, g) for g in structure.other_time_groups), np.zeros(len(plans), np.int64))
+    if not structure.factored:
+        return scale * others
+    pipelined = sum((time_group_units(terms, g) for g in structure.pipelined_time_groups),
+                    np.zeros(len(plans), np.int64))
+    return pipeline_factor_units(cluster, training, plans) * pipelined + scale * others
+
+
+def memory_units(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 plans: PlanArrays) -> np.ndarray:
+    candidates = memory.candidate_worst_stages(model, plans)
+    best = None
+    shared = None
+    for stage in candidates:
+        terms = memory.memory_terms_bytes(model, cluster, training, plans, stage)
+        if shared is None:
+            shared = sum((memory_group_units(terms, g) for g in structure.shared_memory_groups),
+                         np.zeros(len(plans), np.int64))
+        per_stage = sum((memory_group_units(terms, g) for g in structure.stage_memory_groups),
+                        np.zeros(len(plans), np.int64))
+        best = per_stage if best is None else np.maximum(best, per_stage)
+    return best + shared
+
+
+def objectives(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+               plans: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(time_units, memory_units) of every plan."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        terms = steptime.step_time_terms_s(model, cluster, training, plans)
+        return (time_units(structure, cluster, training, plans, terms),
+                memory_units(structure, model, cluster, training, plans))
+
+
+def memory_limit_units(memory_limit_bytes: float) -> int:
+    """Largest whole number of MiB that fits under the limit."""
+    return int(np.floor(memory_limit_bytes / MEMORY_UNIT_BYTES))
+
+
+def time_units_to_s(units: "np.ndarray | int") -> np.ndarray:
+    return np.asarray(units, dtype=float) * TIME_UNIT_S / PIPELINE_FACTOR_SCALE

@@ -1,0 +1,121 @@
+"""The oracle: enumerate every candidate plan, apply the rules, evaluate the float cost model, keep the front.
+
+Simple and exact; the reference every solver test compares against. Enumeration runs in two levels so memory stays
+bounded: first the product of the structural knobs (pp split, tp, cp, vpp, ep, etp) filtered by the rules that
+read only those, then, chunk by chunk, each surviving structure times (mbs, sp, recompute, zero), all rules
+applied, the cost model evaluated on what remains, and a running front kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.search import objective
+from autopar.search.pareto import front_indices
+from autopar.search.rules import Context, Rule, structural_mask
+from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
+from costmodels.plan import PLAN_FIELDS, PlanArrays
+
+CHUNK_PLANS = 100_000
+"""Plans evaluated at once (bounds the oracle's memory to a few hundred MB)."""
+
+STRUCTURE_KNOBS = ("split", "tp", "cp", "vpp", "ep", "etp")
+DETAIL_KNOBS = ("mbs", "sp", "recompute", "zero")
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    plans: PlanArrays
+    """The front's plans, fastest first."""
+    time_units: np.ndarray
+    memory_units: np.ndarray
+    space_size: int
+    valid_plans: int
+    """Plans that pass every rule but memory."""
+    fitting_plans: int
+    complete: bool
+    """False when the time budget ran out before every plan was seen."""
+    elapsed_s: float
+    plans_seen: int
+
+
+def _level_knobs(space: SearchSpace, names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(k for k in names if k == "split" or k == "recompute" or k in space.domains)
+
+
+def _covered(rule: Rule, knobs: set[str]) -> bool:
+    return set(rule.knobs) <= knobs
+
+
+def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...]) -> dict[str, np.ndarray]:
+    """Columns of every structure (split, tp, cp, vpp, ep, etp) that passes the rules reading only those knobs."""
+    factors = space.factors(_level_knobs(space, STRUCTURE_KNOBS))
+    digits = mixed_radix([len(t) for _, t in factors], 0, math.prod(len(t) for _, t in factors))
+    columns = space.columns_from_factors(factors, digits)
+    knobs = set(columns)
+    plans = plan_arrays(columns)
+    mask = structural_mask(ctx, plans, [r for r in rules if r.id != "memory" and _covered(r, knobs)])
+    return {k: v[mask] for k, v in columns.items()}
+
+
+def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
+                 time_budget_s: float | None = None, enforce_memory: bool = True) -> OracleResult:
+    start = time.perf_counter()
+    structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
+    base = structures(space, ctx, rules)
+    n_structures = len(next(iter(base.values())))
+    detail = space.factors(_level_knobs(space, DETAIL_KNOBS))
+    detail_sizes = [len(t) for _, t in detail]
+    per_structure = math.prod(detail_sizes)
+    limit_units = objective.memory_limit_units(ctx.cluster.memory_limit_bytes)
+    use_memory = enforce_memory and any(r.id == "memory" for r in rules)
+
+    best_columns: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS}
+    best_time = np.zeros(0, dtype=np.int64)
+    best_memory = np.zeros(0, dtype=np.int64)
+    valid = fitting = seen = 0
+    complete = True
+    structures_per_chunk = max(1, CHUNK_PLANS // max(per_structure, 1))
+    for s0 in range(0, n_structures, structures_per_chunk):
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            complete = False
+            break
+        s1 = min(n_structures, s0 + structures_per_chunk)
+        count = (s1 - s0) * per_structure
+        flat = np.arange(count, dtype=np.int64)
+        structure_index = s0 + flat // per_structure
+        digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
+        columns = {k: v[structure_index] for k, v in base.items()}
+        columns.update(space.columns_from_factors(detail, [np.tile(d, s1 - s0) for d in digits]))
+        plans = plan_arrays(columns)
+        seen += len(plans)
+        mask = structural_mask(ctx, plans, rules)
+        if not mask.any():
+            continue
+        plans = plans.take(np.flatnonzero(mask))
+        valid += len(plans)
+        t_units, m_units = objective.objectives(structure, ctx.model, ctx.cluster, ctx.training, plans)
+        keep = m_units <= limit_units if use_memory else np.ones(len(plans), dtype=bool)
+        fitting += int(keep.sum())
+        if not keep.any():
+            continue
+        plans = plans.take(np.flatnonzero(keep))
+        merged = {k: np.concatenate([best_columns[k], getattr(plans, k).astype(np.int64)]) for k in PLAN_FIELDS}
+        merged_time = np.concatenate([best_time, t_units[keep]])
+        merged_memory = np.concatenate([best_memory, m_units[keep]])
+        idx = front_indices(merged_time, merged_memory, merged)
+        best_columns = {k: v[idx] for k, v in merged.items()}
+        best_time, best_memory = merged_time[idx], merged_memory[idx]
+
+    return OracleResult(plans=plan_arrays(best_columns) if len(best_time) else _empty_plans(),
+                        time_units=best_time, memory_units=best_memory, space_size=space.size, valid_plans=valid,
+                        fitting_plans=fitting, complete=complete, elapsed_s=time.perf_counter() - start,
+                        plans_seen=seen)
+
+
+def _empty_plans() -> PlanArrays:
+    return PlanArrays(**{k: np.zeros(0, dtype=bool if k == "sp" else np.int64) for k in PLAN_FIELDS})

@@ -1,0 +1,216 @@
+"""The rules: the Parallelism Strategies Guide and Megatron's own constraints as named, vectorised checks.
+
+Each rule is a `Rule` with an id (the name users see and `--relax` takes), a one-line reason, its source, the plan
+knobs it reads (so the CP-SAT model can state it as a table over just those knobs) and `holds(ctx, plans)`, a boolean
+mask over many plans. DESIGN.md §3 is the table of record. Rules marked relaxable are the guide's advice (Megatron
+itself runs without them); the others are what Megatron's process groups, schedules and layer code require.
+
+`memory` is special: it reads the cost model's peak memory, so it takes the peak as an argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from costmodels.errors import InputError
+from costmodels.plan import Plan, PlanArrays, Recompute, as_plan_arrays
+from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+
+@dataclass(frozen=True)
+class Context:
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    reason: str
+    source: str
+    knobs: tuple[str, ...]
+    relaxable: bool
+    holds: Callable[[Context, PlanArrays], np.ndarray]
+
+
+# ---- one function per rule -------------------------------------------------------------------------------------
+
+def _world(ctx: Context, p: PlanArrays) -> np.ndarray:
+    n = ctx.cluster.num_gpus
+    return (n % (p.tp * p.cp * p.pp) == 0) & (n % (p.etp * p.ep * p.pp) == 0)
+
+
+def _heads(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (ctx.model.num_attention_heads % p.tp == 0) & (ctx.model.num_kv_heads % p.tp == 0)
+
+
+def _stage_layer_counts(num_layers: int, p: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(first, last, middle layers, number of middle stages), ends given as 0 taking the middle count."""
+    multi = p.pp > 1
+    has_first = multi & (p.first_stage_layers > 0)
+    has_last = multi & (p.last_stage_layers > 0)
+    middle_stages = p.pp - has_first - has_last
+    rest = num_layers - np.where(has_first, p.first_stage_layers, 0) - np.where(has_last, p.last_stage_layers, 0)
+    middle = np.where(middle_stages > 0, rest // np.maximum(middle_stages, 1), 0)
+    whole = np.where(middle_stages > 0, rest % np.maximum(middle_stages, 1) == 0, rest == 0)
+    first = np.where(has_first, p.first_stage_layers, middle)
+    last = np.where(has_last, p.last_stage_layers, middle)
+    return first, last, np.where(whole, middle, -1), middle_stages
+
+
+def _layers(ctx: Context, p: PlanArrays) -> np.ndarray:
+    num_layers = ctx.model.num_layers
+    first, last, middle, middle_stages = _stage_layer_counts(num_layers, p)
+    single = p.pp == 1
+    ends_ok = np.where(single, (p.first_stage_layers == 0) & (p.last_stage_layers == 0), True)
+    whole = (middle >= 0) & ((middle_stages == 0) | (middle >= 1)) & (first >= 1) & (last >= 1)
+    chunks = (first % p.vpp == 0) & (last % p.vpp == 0) & ((middle_stages == 0) | (middle % p.vpp == 0))
+    return (p.pp <= num_layers) & ends_ok & np.where(single, num_layers % p.vpp == 0, whole & chunks)
+
+
+def _experts(ctx: Context, p: PlanArrays) -> np.ndarray:
+    if ctx.model.moe is None:
+        return (p.ep == 1) & (p.etp == p.tp)
+    return ctx.model.moe.num_experts % p.ep == 0
+
+
+def _tp_node(ctx: Context, p: PlanArrays) -> np.ndarray:
+    node = ctx.cluster.gpus_per_node
+    return (p.tp <= node) & (node % p.tp == 0) & (p.etp <= node) & (node % p.etp == 0)
+
+
+def _cp_needs_sp_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (p.cp == 1) | (p.sp & (p.tp > 1))
+
+
+def _sp_needs_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return ~p.sp | (p.tp > 1)
+
+
+def _cp_seq(ctx: Context, p: PlanArrays) -> np.ndarray:
+    seq = ctx.training.seq_len
+    split = (p.cp == 1) | (seq % (2 * p.cp) == 0)
+    local = seq // p.cp
+    return split & (seq % p.cp == 0) & (~p.sp | (local % p.tp == 0))
+
+
+def _batch(ctx: Context, p: PlanArrays) -> np.ndarray:
+    n, gbs = ctx.cluster.num_gpus, ctx.training.global_batch_size
+    model_parallel = p.tp * p.cp * p.pp
+    dp = n // model_parallel
+    whole_dp = (n % model_parallel == 0) & (dp >= 1)
+    per_step = np.maximum(dp, 1) * p.mbs
+    fits = whole_dp & (gbs % per_step == 0)
+    microbatches = gbs // per_step
+    return fits & ((p.vpp == 1) | (microbatches % p.pp == 0))
+
+
+def _vpp(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (p.vpp == 1) | (p.pp > 1)
+
+
+def _recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
+    first, last, middle, _ = _stage_layer_counts(ctx.model.num_layers, p)
+    largest_chunk = np.maximum(np.maximum(first, last), middle) // p.vpp
+    partial = p.recompute_layers > 0
+    return ~partial | ((p.recompute == Recompute.FULL) & (p.recompute_layers < largest_chunk))
+
+
+def _memory_placeholder(ctx: Context, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
+    raise AssertionError("the memory rule needs the peak memory: use memory_holds")
+
+
+ALL_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "zero",
+             "first_stage_layers", "last_stage_layers")
+
+RULES: tuple[Rule, ...] = (
+    Rule("world", "tp·cp·pp and etp·ep·pp must divide the GPU count (dp and edp are whole)",
+         "Megatron process groups", ("tp", "cp", "pp", "etp", "ep"), False, _world),
+    Rule("heads", "tp must divide the attention heads and the KV heads", "Megatron TP", ("tp",), False, _heads),
+    Rule("layers", "layers must split into pp stages (explicit lighter first/last stages allowed) and each stage "
+         "into vpp equal chunks", "Megatron PP", ("pp", "vpp", "first_stage_layers", "last_stage_layers"), False,
+         _layers),
+    Rule("experts", "ep must divide the number of experts (dense models: ep = 1, etp = tp)", "guide, EP",
+         ("ep", "etp", "tp"), False, _experts),
+    Rule("tp_node", "tp and etp must fit inside a node (TP never crosses NVLink; guide: TP <= 8)", "guide",
+         ("tp", "etp"), True, _tp_node),
+    Rule("cp_needs_sp_tp", "context parallelism requires sequence parallelism and tp > 1", "guide, CP",
+         ("cp", "sp", "tp"), True, _cp_needs_sp_tp),
+    Rule("sp_needs_tp", "sequence parallelism needs tp > 1", "Megatron", ("sp", "tp"), False, _sp_needs_tp),
+    Rule("cp_seq", "seq_len must split into 2·cp chunks (load balancing), and with SP seq_len/cp by tp",
+         "Megatron CP load balancing", ("cp", "sp", "tp"), False, _cp_seq),
+    Rule("batch", "the global batch must split into dp × mbs × microbatches; interleaving needs the microbatches "
+         "to be a multiple of pp", "Megatron schedules", ("tp", "cp", "pp", "mbs", "vpp"), False, _batch),
+    Rule("vpp", "virtual pipeline stages need pp > 1", "Megatron", ("vpp", "pp"), False, _vpp),
+    Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk",
+         "Megatron --recompute-method block", ("recompute", "recompute_layers", "pp", "vpp", "first_stage_layers",
+                                               "last_stage_layers"), False, _recompute),
+    Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
+         ALL_KNOBS, False, _memory_placeholder),
+)
+
+RULES_BY_ID = {rule.id: rule for rule in RULES}
+STRUCTURAL_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.id != "memory")
+
+
+def memory_holds(cluster: ClusterSpec, peak_memory_bytes: np.ndarray) -> np.ndarray:
+    return np.asarray(peak_memory_bytes) <= cluster.memory_limit_bytes
+
+
+def active_rules(relax: Iterable[str] = ()) -> tuple[Rule, ...]:
+    """The rules in force after `relax`; an unknown or non-relaxable name is an InputError listing the valid ones."""
+    relax = tuple(relax)
+    relaxable = [r.id for r in RULES if r.relaxable]
+    for name in relax:
+        if name not in RULES_BY_ID:
+            raise InputError("relax", f"unknown rule {name!r}; rules that can be relaxed: {', '.join(relaxable)}")
+        if not RULES_BY_ID[name].relaxable:
+            raise InputError("relax", f"rule {name!r} is required by Megatron and cannot be relaxed; rules that can "
+                             f"be relaxed: {', '.join(relaxable)}")
+    return tuple(r for r in RULES if r.id not in relax)
+
+
+def structural_mask(ctx: Context, plans: PlanArrays, rules: Sequence[Rule]) -> np.ndarray:
+    """Plans that satisfy every rule in `rules` except memory."""
+    mask = np.ones(len(plans), dtype=bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for rule in rules:
+            if rule.id != "memory":
+                mask &= rule.holds(ctx, plans)
+    return mask
+
+
+def violated_rules(ctx: Context, plans: PlanArrays, rules: Sequence[Rule],
+                   peak_memory_bytes: np.ndarray | None = None) -> list[tuple[str, ...]]:
+    """For each plan, the ids of the rules it breaks, in RULES order."""
+    broken = []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for rule in rules:
+            if rule.id == "memory":
+                if peak_memory_bytes is None:
+                    continue
+                peak = np.asarray(peak_memory_bytes, dtype=float)
+                broken.append((rule.id, np.isfinite(peak) & ~memory_holds(ctx.cluster, peak)))
+            else:
+                broken.append((rule.id, ~rule.holds(ctx, plans)))
+    return [tuple(name for name, mask in broken if mask[i]) for i in range(len(plans))]
+
+
+def check_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: "Plan | PlanArrays",
+               relax: Iterable[str] = ()) -> tuple[str, ...]:
+    """The ids of the rules `plan` breaks (memory included, from the cost model's peak); () when it is valid."""
+    from costmodels import memory
+
+    plans = as_plan_arrays(plan)
+    rules = active_rules(relax)
+    ctx = Context(model, cluster, training)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        try:
+            peak, _, _ = memory.peak_memory(model, cluster, training, plans)
+        except (ZeroDivisionError, ValueError, IndexError):   # a structurally broken plan may not be evaluable
+            peak = None
+    return violated_rules(ctx, plans, rules, peak)[0]

@@ -1,0 +1,28 @@
+"""Fidelity of the cost model against published measurements (shared/reference/).
+
+Runs the memory section (benchmarks/fidelity_memory.py) and the time section (benchmarks/fidelity_time.py); each
+prints its table and ends with its one-line summary (`fidelity-memory: ...`, `fidelity-time: ...`).
+
+    python benchmarks/fidelity.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fidelity_memory  # noqa: E402
+import fidelity_time  # noqa: E402
+
+
+def main() -> int:
+    fidelity_memory.main()
+    print()
+    fidelity_time.main()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

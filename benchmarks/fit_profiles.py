@@ -1,0 +1,237 @@
+"""Refit the fitted numbers of the A100 profiles from published runs, print the residuals, optionally write back.
+
+Fitted (global, physical) parameters, by least squares on log(predicted / published) over every row of
+shared/reference/megatron_2104.04473_table1.csv (TFLOP/s) and the iteration times of korthikanti_2205.05198.csv
+(the MFU column is a function of the sp+selective time, so it is not fitted twice):
+
+- compute.gemm_efficiency.peak_fraction       large-GEMM fraction of the bf16 peak
+- compute.gemm_efficiency.half_saturation_dim  GEMM side at which efficiency halves (costmodels.compute)
+- elementwise.traffic_per_activation_byte     HBM bytes moved per stored activation byte by non-GEMM kernels
+- links.nvlink.bandwidth_efficiency           achieved / nominal NVLink bandwidth (TP collectives dominate)
+
+Levenberg–Marquardt in numpy (no scipy), parameters in log space. Both A100 profiles (40 GB and 80 GB) get the
+fitted values: same chip, same links. H100/H200/B200 keep their spec sheets and documented assumptions.
+
+    python benchmarks/fit_profiles.py            # fit and print residuals
+    python benchmarks/fit_profiles.py --write    # also write the values into costmodels/profiles/a100-*.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fidelity_time  # noqa: E402
+from costmodels.hardware import HardwareProfile, LinkSpec, load_profile  # noqa: E402
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
+FITTED_PROFILES = ("a100-80gb", "a100-40gb")
+DERIVED_PROFILES = ("h100-80gb", "h200-141gb", "b200-180gb")
+FP8_FRACTION_OF_BF16 = 0.85
+"""Assumption: fp8 GEMMs reach 85% of the fraction of their (2×) peak that bf16 GEMMs reach, i.e. about 1.7× the
+bf16 GEMM rate on large shapes (NVIDIA reports 1.3–1.5× end-to-end for Transformer Engine fp8 on H100, with the
+attention core and elementwise work staying in bf16)."""
+PARAMETERS = ("peak_fraction", "half_saturation_dim", "traffic_per_activation_byte", "nvlink_bandwidth_efficiency")
+UPPER_BOUNDS = {"peak_fraction": 1.0, "nvlink_bandwidth_efficiency": 1.0}
+FIT_ROWS = "megatron_2104.04473_table1.csv (10 rows, TFLOP/s) + korthikanti_2205.05198.csv (8 iteration times)"
+
+
+def with_parameters(profile: HardwareProfile, values: dict[str, float]) -> HardwareProfile:
+    """A copy of `profile` with the fitted parameters replaced."""
+    gemm = dict(profile.gemm_efficiency, peak_fraction=values["peak_fraction"],
+                half_saturation_dim=values["half_saturation_dim"])
+    extra = dict(profile.extra)
+    extra["elementwise"] = dict(extra.get("elementwise", {}) or {},
+                                traffic_per_activation_byte=values["traffic_per_activation_byte"])
+    nvlink = profile.links["nvlink"]
+    links = dict(profile.links)
+    links["nvlink"] = LinkSpec(bandwidth_bytes_per_s=nvlink.nominal_bandwidth_bytes_per_s
+                               * values["nvlink_bandwidth_efficiency"],
+                               alpha_s=nvlink.alpha_s, nominal_bandwidth_bytes_per_s=nvlink.nominal_bandwidth_bytes_per_s)
+    return replace(profile, gemm_efficiency=gemm, extra=extra, links=links)
+
+
+def current_parameters(profile: HardwareProfile) -> dict[str, float]:
+    nvlink = profile.links["nvlink"]
+    return {"peak_fraction": profile.gemm_efficiency["peak_fraction"],
+            "half_saturation_dim": profile.gemm_efficiency["half_saturation_dim"],
+            "traffic_per_activation_byte": float((profile.extra.get("elementwise") or {})
+                                                 .get("traffic_per_activation_byte", 1.0)),
+            "nvlink_bandwidth_efficiency": nvlink.bandwidth_bytes_per_s / nvlink.nominal_bandwidth_bytes_per_s}
+
+
+def fit_rows(profile: HardwareProfile) -> list[fidelity_time.FidelityRow]:
+    return [r for r in fidelity_time.fidelity_time_rows(profile) if r.metric != "MFU %"]
+
+
+def residuals(profile: HardwareProfile, values: dict[str, float], keep: "np.ndarray | None" = None) -> np.ndarray:
+    """log(predicted / published) per fitted row (only the rows where `keep` is true, when given)."""
+    rows = fit_rows(with_parameters(profile, values))
+    result = np.array([np.log(r.predicted / r.published) for r in rows])
+    return result if keep is None else result[keep]
+
+
+def _clip(values: dict[str, float]) -> dict[str, float]:
+    return {k: min(v, UPPER_BOUNDS.get(k, np.inf)) for k, v in values.items()}
+
+
+def levenberg_marquardt(profile: HardwareProfile, start: dict[str, float], iterations: int = 60,
+                        keep: "np.ndarray | None" = None) -> dict[str, float]:
+    """Minimise Σ residual² over log-parameters; numerical Jacobian, adaptive damping."""
+    x = np.log([start[k] for k in PARAMETERS])
+
+    def values_of(vector):
+        return _clip(dict(zip(PARAMETERS, np.exp(vector))))
+
+    r = residuals(profile, values_of(x), keep)
+    damping = 1e-2
+    for _ in range(iterations):
+        jacobian = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            step = np.zeros_like(x)
+            step[j] = 1e-4
+            jacobian[:, j] = (residuals(profile, values_of(x + step), keep) - r) / 1e-4
+        gradient = jacobian.T @ r
+        normal = jacobian.T @ jacobian
+        improved = False
+        for _ in range(12):
+            delta = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
+            candidate = np.log(list(values_of(x + delta).values()))
+            trial = residuals(profile, values_of(candidate), keep)
+            if trial @ trial < r @ r:
+                x, r, damping, improved = candidate, trial, damping / 3, True
+                break
+            damping *= 4
+        if not improved or np.max(np.abs(delta)) < 1e-6:
+            break
+    return values_of(x)
+
+
+def write_back(values: dict[str, float]) -> None:
+    """Rewrite the fitted lines of the A100 YAMLs in place (comments and the rest of the file kept)."""
+    provenance = f"fitted by benchmarks/fit_profiles.py to {FIT_ROWS}"
+    for name in FITTED_PROFILES:
+        path = PROFILES_DIR / f"{name}.yaml"
+        text = path.read_text(encoding="utf-8")
+        text = re.sub(r"(\n    peak_fraction: )[0-9.eE+-]+", rf"\g<1>{values['peak_fraction']:.4f}", text)
+        text = re.sub(r"(\n    half_saturation_dim: )[0-9.eE+-]+", rf"\g<1>{values['half_saturation_dim']:.1f}", text)
+        text = re.sub(r"(\n  traffic_per_activation_byte: )[0-9.eE+-]+",
+                      rf"\g<1>{values['traffic_per_activation_byte']:.3f}", text)
+        text = re.sub(r"(\n  nvlink:\n    bandwidth_gb_per_s: [0-9.]+\n    bandwidth_efficiency: )[0-9.eE+-]+",
+                      rf"\g<1>{values['nvlink_bandwidth_efficiency']:.4f}", text)
+        for key in ("compute.gemm_efficiency", "elementwise.traffic_per_activation_byte",
+                    "links.nvlink.bandwidth_efficiency"):
+            text = _set_provenance(text, key, provenance)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+
+
+def _set(text: str, pattern: str, value: str) -> str:
+    new, count = re.subn(pattern, rf"\g<1>{value}", text)
+    assert count == 1, f"pattern {pattern!r} matched {count} times"
+    return new
+
+
+def _set_provenance(text: str, key: str, note: str) -> str:
+    note = json.dumps(note)                                   # a YAML double-quoted scalar: colons are safe
+    if re.search(rf"\n  {re.escape(key)}: ", text):
+        return re.sub(rf"(\n  {re.escape(key)}: ).*", lambda m: m.group(1) + note, text)
+    return text.replace("\nprovenance:\n", f"\nprovenance:\n  {key}: {note}\n", 1)
+
+
+def write_derived(values: dict[str, float]) -> None:
+    """H100/H200/B200: no published runs to fit, so derive from the A100 fit with documented rules:
+    - peak_fraction, traffic_per_activation_byte and the NVLink efficiency: the same as the A100 fit;
+    - half_saturation_dim scales with the machine balance peak_bf16 / HBM bandwidth (the roofline the curve
+      comes from: the GEMM side where operand traffic time equals FLOP time grows with FLOP/s per byte/s);
+    - fp8_peak_fraction = FP8_FRACTION_OF_BF16 × peak_fraction.
+    """
+    a100 = load_profile(FITTED_PROFILES[0])
+    a100_balance = a100.peak_flops_per_s["bf16"] / a100.hbm_bandwidth_bytes_per_s
+    for name in DERIVED_PROFILES:
+        path = PROFILES_DIR / f"{name}.yaml"
+        profile = load_profile(name)
+        balance = profile.peak_flops_per_s["bf16"] / profile.hbm_bandwidth_bytes_per_s
+        text = path.read_text(encoding="utf-8")
+        text = _set(text, r"(\n    peak_fraction: )[0-9.eE+-]+", f"{values['peak_fraction']:.4f}")
+        text = _set(text, r"(\n    half_saturation_dim: )[0-9.eE+-]+",
+                    f"{values['half_saturation_dim'] * balance / a100_balance:.1f}")
+        fp8 = f"{FP8_FRACTION_OF_BF16 * values['peak_fraction']:.4f}"
+        if "fp8_peak_fraction:" in text:
+            text = _set(text, r"(\n    fp8_peak_fraction: )[0-9.eE+-]+", fp8)
+        elif profile.supports("fp8"):
+            text = text.replace("\n    half_saturation_dim:", f"\n    fp8_peak_fraction: {fp8}\n    half_saturation_dim:", 1)
+        text = _set(text, r"(\n  traffic_per_activation_byte: )[0-9.eE+-]+",
+                    f"{values['traffic_per_activation_byte']:.3f}")
+        text = _set(text, r"(\n  nvlink:\n    bandwidth_gb_per_s: [0-9.]+\n    bandwidth_efficiency: )[0-9.eE+-]+",
+                    f"{values['nvlink_bandwidth_efficiency']:.4f}")
+        source = "derived by benchmarks/fit_profiles.py from the a100-80gb fit"
+        text = _set_provenance(text, "compute.gemm_efficiency",
+                               f"{source}: peak_fraction as A100; half_saturation_dim × (peak/HBM bandwidth) "
+                               f"relative to A100 ({balance / a100_balance:.2f}×); fp8_peak_fraction = "
+                               f"{FP8_FRACTION_OF_BF16} × peak_fraction (assumption, see FP8_FRACTION_OF_BF16)")
+        text = _set_provenance(text, "elementwise.traffic_per_activation_byte", f"{source} (same kernels)")
+        text = _set_provenance(text, "links.nvlink.bandwidth_efficiency",
+                               f"{source} (same achieved fraction of the NVLink spec)")
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+
+
+def cross_validate(profile: HardwareProfile, start: dict[str, float]) -> list[tuple[str, float]]:
+    """Leave one published run out (a Table 1 row, or both Korthikanti rows of one model), refit on the rest,
+    predict it: the out-of-sample error of the fitted profile."""
+    rows = fit_rows(profile)
+    runs = [r.label.rsplit(" ", 1)[0] if r.source.startswith("korthikanti") else r.label for r in rows]
+    held_out = []
+    for run in dict.fromkeys(runs):
+        keep = np.array([name != run for name in runs])
+        fitted = levenberg_marquardt(profile, start, keep=keep)
+        errors = residuals(profile, fitted)[~keep]
+        for row, error in zip([r for r, name in zip(rows, runs) if name == run], errors):
+            held_out.append((f"{row.source} {row.label}", 100.0 * (np.exp(error) - 1.0)))
+    return held_out
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the fitted values into the A100 YAMLs")
+    parser.add_argument("--cross-validate", action="store_true",
+                        help="also refit leaving each published run out and print its out-of-sample error (slow)")
+    args = parser.parse_args(argv)
+    profile = load_profile(FITTED_PROFILES[0])
+    start = current_parameters(profile)
+    fitted = levenberg_marquardt(profile, start)
+    before = residuals(profile, start)
+    after = residuals(profile, fitted)
+    print(f"{'parameter':<30} {'start':>10} {'fitted':>10}")
+    for key in PARAMETERS:
+        print(f"{key:<30} {start[key]:>10.4f} {fitted[key]:>10.4f}")
+    print(f"\n{'row':<58} {'published':>10} {'predicted':>10} {'resid %':>8}")
+    for row in fit_rows(with_parameters(profile, fitted)):
+        print(f"{row.source + ' ' + row.label:<58} {row.published:>10.2f} {row.predicted:>10.2f} "
+              f"{row.error_pct:>+8.2f}")
+    print(f"rms log-residual: before {np.sqrt(np.mean(before ** 2)):.4f}, after {np.sqrt(np.mean(after ** 2)):.4f}"
+          f" over {len(after)} rows")
+    if args.cross_validate:
+        held_out = cross_validate(profile, fitted)
+        print("\nleave-one-run-out (refit without the run, then predict it):")
+        for label, error in held_out:
+            print(f"{label:<58} {error:>+8.2f}")
+        errors = np.abs([e for _, e in held_out])
+        print(f"out-of-sample: mean_err={errors.mean():.2f}% max_err={errors.max():.2f}% rows={len(errors)}")
+    if args.write:
+        write_back(fitted)
+        write_derived(fitted)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Communication: where each parallel group sits on the nodes, and what its collectives cost on the links it uses.
+
+Placement follows Megatron-Core's rank order (`megatron/core/parallel_state.py`, order "tp-cp-ep-dp-pp"): ranks are
+numbered innermost first, tp, then cp, then dp, then pp for the dense layers; etp, ep, edp, pp for the expert layers.
+A group of `size` ranks spaced `stride` apart on nodes of G GPUs has min(size, G // stride) members on each node
+(1 when stride ≥ G). Nothing here says "TP inside a node": a group stays on NVLink only because of where its ranks
+fall, and is priced on InfiniBand when it spans nodes.
+
+Link model (alpha–beta, DESIGN.md §4; Thakur et al. 2005 "Optimization of collective communication operations in
+MPICH" for the ring factors): time = alpha + bytes × factor / bandwidth, factor 2(n-1)/n for all-reduce,
+(n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/recv. `bytes` is the full buffer: the all-reduced
+tensor, the gathered output, the reduce-scattered input, or the data one rank sends in an all-to-all.
+
+A group spanning N nodes with k members on each runs hierarchically, as NCCL does (its tree/ring crosses each node
+boundary once per channel and drives every NIC): the intra-node part on NVLink among the k local members, the
+inter-node part on InfiniBand among N nodes with the buffer split over the k local members, each driving its own NIC
+(one NIC per GPU, the profiles' ib bandwidth is per GPU). All-to-all: each rank's (n-k)/n off-node share goes over
+its own NIC while the (k-1)/n on-node share goes over NVLink at the same time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels.hardware import HardwareProfile, LinkSpec
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def algorithm_factor(kind: str, group_size: "np.ndarray | float") -> np.ndarray:
+    """Bytes each rank moves per byte of buffer, ring algorithms (Thakur et al. 2005)."""
+    n = np.maximum(np.asarray(group_size, dtype=float), 1.0)
+    if kind == "all_reduce":
+        return 2.0 * (n - 1.0) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1.0) / n
+    if kind == "send_recv":
+        return np.ones_like(n)
+    raise ValueError(f"unknown collective kind {kind!r}; expected one of {COLLECTIVE_KINDS}")
+
+
+def collective_time_s(link: LinkSpec, kind: str, bytes_: "np.ndarray | float",
+                      group_size: "np.ndarray | float") -> np.ndarray:
+    """Alpha–beta time of one collective on one link: alpha + bytes·factor/bandwidth; 0 for a group of one."""
+    n = np.asarray(group_size, dtype=float)
+    time = link.alpha_s + np.asarray(bytes_, dtype=float) * algorithm_factor(kind, n) / link.bandwidth_bytes_per_s
+    return np.where(n > 1, time, 0.0)
+
+
+# ---- placement -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """A process group's size and how its ranks fall on nodes."""
+
+    size: np.ndarray
+    members_per_node: np.ndarray
+
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.size / self.members_per_node
+
+    @property
+    def crosses_nodes(self) -> np.ndarray:
+        return self.nodes > 1
+
+
+def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", gpus_per_node: int) -> GroupPlacement:
+    """Group of `size` ranks spaced `stride` apart: min(size, G // stride) members per node, at least 1."""
+    size = np.asarray(size, dtype=float)
+    stride = np.maximum(np.asarray(stride, dtype=float), 1.0)
+    per_node = np.clip(np.floor(gpus_per_node / stride), 1.0, np.maximum(size, 1.0))
+    return GroupPlacement(size=np.broadcast_to(size, per_node.shape).astype(float), members_per_node=per_node)
+
+
+def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement, kind: str,
+                            bytes_: "np.ndarray | float") -> np.ndarray:
+    """One collective of `kind` on a placed group: NVLink inside a node, hierarchical NVLink + IB across nodes."""
+    nvlink, ib = profile.links["nvlink"], profile.links["ib"]
+    n, k, nodes = placement.size, placement.members_per_node, placement.nodes
+    bytes_ = np.asarray(bytes_, dtype=float)
+    inside = collective_time_s(nvlink, kind, bytes_, n)
+    if kind == "send_recv":
+        across = collective_time_s(ib, kind, bytes_, n)
+    elif kind == "all_to_all":
+        on_node_s = nvlink.alpha_s + bytes_ * (k - 1.0) / n / nvlink.bandwidth_bytes_per_s
+        off_node_s = ib.alpha_s + bytes_ * (n - k) / n / ib.bandwidth_bytes_per_s
+        across = np.maximum(on_node_s, off_node_s)
+    else:
+        across = collective_time_s(nvlink, kind, bytes_, k) + collective_time_s(ib, kind, bytes_ / k, nodes)
+    return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
+
+
+# ---- the groups of a plan (Megatron rank order) ------------------------------------------------------------------
+
+def tp_group(plans, gpus_per_node: int) -> GroupPlacement:
+    """Tensor parallel: innermost, consecutive ranks."""
+    return place_group(plans.tp, 1, gpus_per_node)
+
+
+def cp_group(plans, gpus_per_node: int) -> GroupPlacement:
+    """Context parallel: stride tp."""
+    return place_group(plans.cp, plans.tp, gpus_per_node)
+
+
+def dp_cp_group(plans, num_gpus: int, gpus_per_node: int) -> GroupPlacement:
+    """Gradient reduction of dense parameters: data parallel × context parallel (Megatron reduces over both),
+    stride tp, size dp·cp = num_gpus / (tp·pp)."""
+    return place_group(num_gpus / (plans.tp * plans.pp), plans.tp, gpus_per_node)
+
+
+def etp_group(plans, gpus_per_node: int) -> GroupPlacement:
+    """Expert tensor parallel: innermost of the expert-layer order."""
+    return place_group(plans.etp, 1, gpus_per_node)
+
+
+def ep_group(plans, gpus_per_node: int) -> GroupPlacement:
+    """Expert parallel: stride etp."""
+    return place_group(plans.ep, plans.etp, gpus_per_node)
+
+
+def edp_group(plans, num_gpus: int, gpus_per_node: int) -> GroupPlacement:
+    """Expert data parallel: stride etp·ep, size num_gpus / (etp·ep·pp)."""
+    return place_group(num_gpus / (plans.etp * plans.ep * plans.pp), plans.etp * plans.ep, gpus_per_node)
+
+
+def pp_group(plans, num_gpus: int, gpus_per_node: int) -> GroupPlacement:
+    """Pipeline: outermost, stride num_gpus / pp."""
+    return place_group(plans.pp, num_gpus / plans.pp, gpus_per_node)

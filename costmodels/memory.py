@@ -1,0 +1,706 @@
+"""Memory per GPU on one pipeline stage, as named terms, vectorised over many plans (DESIGN.md §4).
+
+Every term is its own function of (model, training, the stage's shape) with its source in a comment; the total on a
+stage is the explicit sum of the terms `memory_terms_bytes` returns, and `peak_memory` reports the worst pipeline rank.
+
+Conventions (Megatron-LM mixed precision, bf16):
+- weights bf16 (2 bytes/param); main gradients fp32 (4 bytes/param, Megatron accumulates and all-reduces gradients in
+  fp32 by default for bf16); Adam fp32 master copy + m + v (12 bytes/param) -> 18 bytes/param unsharded, as in
+  Megatron's `megatron/training/theoretical_memory_usage.py` (`num_bytes_per_parameter = 18`).
+- zero=1 is Megatron's distributed optimizer: `6 + 12/dp` bytes/param (same file), where dp counts the CP ranks too:
+  Megatron-Core builds the optimizer on the dp·cp group; zero=2 also shards the gradients and zero=3 also the weights (ZeRO, Rajbhandari et al., arXiv 1910.02054 §5: P_os, P_os+g, P_os+g+p).
+  Routed-expert parameters shard over the expert-data-parallel group edp = N/(etp·ep·pp) instead of dp
+  (Megatron-Core `expert_data_parallel_group`).
+- activations follow Korthikanti et al., arXiv 2205.05198 §4 (Table 2), generalised term by term below (the 34 of
+  s·b·h·(34 + 5·a·s/h) is rebuilt from the real MLP width, gated MLPs, GQA/MLA and the norm kind); bf16 tensors are 2
+  bytes per element, dropout masks 1 byte, token ids 8 bytes (int64), softmax statistics fp32.
+- decoder layers are placed contiguously on the pipeline ranks (costmodels.params, which ignores the interleaved
+  placement of chunks when counting MoE layers per rank).
+
+Tokens of one micro-batch, per GPU:
+- `T = s·b/cp`: the micro-batch's tokens on one context-parallel rank (every TP rank of it sees them);
+- `T_rep = T/t` with sequence parallelism, else `T`: tensors outside the tensor-parallel region (norms, residual
+  stream, dropout masks) are replicated over TP without SP and split over it with SP (Korthikanti §4.2.2);
+- `T/t` for tensors inside the tensor-parallel region (split by heads or by MLP columns).
+
+Not counted, on purpose: Megatron's DDP gradient buckets (views into the fp32 gradient buffer) and the distributed
+optimizer's parameter all-gather (into the bf16 parameter buffer itself) need no memory of their own; allocator
+fragmentation is what the cluster's headroom (20% by default) is for; the activation gradients alive during the
+backward pass are a few s·b·h and, like Korthikanti and Megatron, left out. Precision fp8 is costed as bf16 here
+(Transformer Engine's fp8 weight copies and fp8-stored activations are not modelled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels import params
+from costmodels.plan import (PlanArrays, Recompute, data_parallel_size, expert_data_parallel_size, layers_on_stage,
+                             layers_per_middle_stage, num_microbatches)
+from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
+
+BF16_BYTES = 2
+FP32_BYTES = 4
+MASK_BYTES = 1          # dropout masks are uint8 / bool in PyTorch
+TOKEN_ID_BYTES = 8      # int64 token ids (Megatron theoretical_memory_usage: "8 * s * b" input to embedding)
+WEIGHT_BYTES_PER_PARAM = BF16_BYTES
+GRADIENT_BYTES_PER_PARAM = FP32_BYTES
+OPTIMIZER_BYTES_PER_PARAM = 3 * FP32_BYTES   # fp32 master weights + Adam m + Adam v
+
+# ---- which Plan fields each term depends on (besides model, cluster, training) --------------------------------------
+# dp = N/(tp·cp·pp) counts through (tp, cp, pp); edp = N/(etp·ep·pp) through (etp, ep, pp); num_microbatches through
+# (tp, cp, pp, mbs). A term that differs between pipeline ranks also lists "pp" (the rank's position: first, last).
+_STATIC_LAYER_KNOBS = ("tp", "pp", "cp", "zero", "first_stage_layers", "last_stage_layers")
+_STATIC_EXPERT_KNOBS = ("pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers")
+_STATIC_EMBEDDING_KNOBS = ("tp", "pp", "cp", "zero")
+_STAGE_ACTIVATION_KNOBS = ("tp", "sp", "cp", "pp", "vpp", "mbs", "recompute", "recompute_layers",
+                           "first_stage_layers", "last_stage_layers")
+
+TERM_KNOBS: dict[str, tuple[str, ...]] = {
+    "weights": _STATIC_LAYER_KNOBS,
+    "gradients": _STATIC_LAYER_KNOBS,
+    "optimizer_states": _STATIC_LAYER_KNOBS,
+    "expert_weights": _STATIC_EXPERT_KNOBS,
+    "expert_gradients": _STATIC_EXPERT_KNOBS,
+    "expert_optimizer_states": _STATIC_EXPERT_KNOBS,
+    "embedding_weights": _STATIC_EMBEDDING_KNOBS,
+    "embedding_gradients": _STATIC_EMBEDDING_KNOBS,
+    "embedding_optimizer_states": _STATIC_EMBEDDING_KNOBS,
+    "layer_activations": _STAGE_ACTIVATION_KNOBS,
+    "recomputed_layer_inputs": _STAGE_ACTIVATION_KNOBS,
+    "moe_router_activations": _STAGE_ACTIVATION_KNOBS,
+    "moe_dispatch_activations": _STAGE_ACTIVATION_KNOBS,
+    "expert_mlp_activations": _STAGE_ACTIVATION_KNOBS + ("etp",),
+    "recompute_working_set": ("tp", "sp", "cp", "mbs", "etp", "recompute", "recompute_layers", "pp", "vpp",
+                              "first_stage_layers", "last_stage_layers"),
+    "embedding_activations": ("tp", "sp", "cp", "pp", "vpp", "mbs"),
+    "output_layer_activations": ("tp", "sp", "cp", "pp", "mbs"),
+    "logits": ("tp", "cp", "pp", "mbs"),
+    "cross_entropy_buffers": ("tp", "cp", "pp", "mbs"),
+    "mtp_activations": ("tp", "sp", "cp", "pp", "mbs", "etp"),
+    "zero_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
+    "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
+}
+"""Plan fields each memory term depends on. Fixed-overhead terms (one per key of the profile's
+`memory.overheads_gib`, e.g. cuda_context, nccl_buffers) depend on no knob: see `term_knobs`."""
+
+_VARIES_WITH_LAYERS = "layers"            # through the rank's layer count and dense/MoE mix (first/last split, pp)
+_VARIES_WITH_LAYERS_IN_FLIGHT = "layers_in_flight"   # ... and the micro-batches the rank holds (pp - stage, vpp)
+TERM_STAGE_DEPENDENCE: dict[str, str] = {
+    **{name: _VARIES_WITH_LAYERS for name in (
+        "weights", "gradients", "optimizer_states", "expert_weights", "expert_gradients", "expert_optimizer_states",
+        "recompute_working_set", "zero_gradient_buckets", "zero3_prefetch_buffers")},
+    **{name: "first_and_last" for name in (
+        "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
+    **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
+        "layer_activations", "recomputed_layer_inputs", "moe_router_activations", "moe_dispatch_activations",
+        "expert_mlp_activations")},
+    "embedding_activations": "first",
+    **{name: "last" for name in ("output_layer_activations", "logits", "cross_entropy_buffers", "mtp_activations")},
+}
+"""How each term varies between pipeline ranks: 'first' / 'last' (zero elsewhere), 'first_and_last' (zero on middle
+ranks), 'layers' (with the rank's layers), 'layers_in_flight' (with its layers and its in-flight micro-batches).
+The fixed overheads are the same on every rank."""
+
+STAGE_INDEPENDENT_TERMS: frozenset[str] = frozenset()
+"""Terms of TERM_KNOBS equal on every pipeline rank: none (only the fixed overheads, which have no knobs, are)."""
+
+
+MODEL_STATE_TERMS: tuple[str, ...] = (
+    "weights", "gradients", "optimizer_states", "expert_weights", "expert_gradients", "expert_optimizer_states",
+    "embedding_weights", "embedding_gradients", "embedding_optimizer_states")
+"""Weights, gradients and optimizer states (what Korthikanti and Megatron call 'weights and optimizer')."""
+
+ACTIVATION_TERMS: tuple[str, ...] = (
+    "layer_activations", "recomputed_layer_inputs", "recompute_working_set", "moe_router_activations",
+    "moe_dispatch_activations", "expert_mlp_activations", "embedding_activations", "output_layer_activations",
+    "logits", "cross_entropy_buffers", "mtp_activations")
+"""Everything kept for (or created by) the backward pass."""
+
+BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers")
+"""Communication working buffers; the profile's fixed overheads are the remaining terms."""
+
+
+def group_bytes(terms: dict[str, np.ndarray], group: tuple[str, ...]) -> np.ndarray:
+    """Sum of the terms of `group` present in `terms` (e.g. ACTIVATION_TERMS)."""
+    return sum((value for name, value in terms.items() if name in group), np.zeros_like(next(iter(terms.values()))))
+
+
+def term_knobs(term: str) -> tuple[str, ...]:
+    """Plan fields `term` depends on; fixed overheads (any other key) depend on none."""
+    return TERM_KNOBS.get(term, ())
+
+
+# ---- the shape of one pipeline rank, shared by the term functions -------------------------------------------------
+
+@dataclass(frozen=True)
+class StageShape:
+    """Everything the term functions need about pipeline rank `stage` of each plan (arrays of len(plans))."""
+
+    plans: PlanArrays
+    stage: np.ndarray
+    is_first: np.ndarray
+    is_last: np.ndarray
+    layers: np.ndarray
+    """Decoder layers on the rank (all its virtual chunks)."""
+    moe_layers: np.ndarray
+    recomputed_layers: np.ndarray
+    """Layers whose activations are dropped and recomputed (full recompute, Megatron's block method)."""
+    in_flight: np.ndarray
+    """Micro-batches whose activations the rank holds at its peak, in units of the whole rank's layers."""
+    dp: np.ndarray
+    edp: np.ndarray
+    dp_cp: np.ndarray
+    """Group the non-expert gradients and optimizer states shard over: dp·cp (Megatron-Core builds the distributed
+    optimizer on `get_data_parallel_group(with_context_parallel=True)`, megatron/core/optimizer/__init__.py)."""
+    layer_params_per_gpu: np.ndarray
+    """Non-expert decoder-layer (and MTP) parameters on one GPU of the rank."""
+    expert_params_per_gpu: np.ndarray
+    embedding_params_per_gpu: np.ndarray
+    """Word/position embedding (first rank), output layer and final norm (last rank) on one GPU."""
+    tokens: np.ndarray
+    """T = s·b/cp: tokens of one micro-batch on one context-parallel rank."""
+    tokens_outside_tp: np.ndarray
+    """T/t with sequence parallelism, else T."""
+    tokens_inside_tp: np.ndarray
+    """T/t."""
+
+    @property
+    def stored_layers(self) -> np.ndarray:
+        return self.layers - self.recomputed_layers
+
+    @property
+    def stored_fraction(self) -> np.ndarray:
+        return np.where(self.layers > 0, self.stored_layers / np.maximum(self.layers, 1e-12), 0.0)
+
+
+def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+    """Micro-batches of activations held by pipeline rank `stage` at its peak, in units of the rank's whole layers.
+
+    1F1B (PipeDream-Flush, Narayanan et al. arXiv 2104.04473 §2.2): rank r runs pp - r - 1 warm-up forwards and
+    holds pp - r micro-batches when the first backward starts.
+    Interleaved 1F1B: Megatron's schedule (megatron/core/pipeline_parallel/schedules.py,
+    `forward_backward_pipelining_with_interleaving`) warms up (pp - r - 1)·2 + (vpp - 1)·pp chunk-micro-batches,
+    so rank r holds that + 1 chunks of L_r/vpp layers: [(pp - r - 1)·2 + (vpp - 1)·pp + 1]/vpp = pp + (pp - 2r - 1)/vpp
+    whole-rank micro-batches. For r = 0 this is pp·(1 + (pp - 1)/(pp·vpp)), Korthikanti §4.2.3's factor and
+    Megatron theoretical_memory_usage's `interleaved_schedule_memory_penalty`. For vpp = 1 it reduces to pp - r.
+    Never more than the step's micro-batches (same file: `min(1, num_microbatches / pp)`).
+    """
+    pp = plans.pp.astype(float)
+    held = pp + (pp - 2.0 * stage - 1.0) / plans.vpp
+    plain = pp - stage
+    held = np.where(plans.vpp > 1, held, plain)
+    return np.minimum(held, microbatches)
+
+
+def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                stage: "np.ndarray | int") -> StageShape:
+    """The shape of pipeline rank `stage` (int, or one rank per plan) for every plan."""
+    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    moe_layers = params.moe_layers_on_stage(model, plans, stage)
+    # Megatron --recompute-method block --recompute-num-layers n: n layers of every virtual chunk are recomputed
+    recompute_all = plans.recompute_layers == 0
+    per_rank = np.minimum(plans.recompute_layers * plans.vpp, layers)
+    recomputed = np.where(plans.recompute == Recompute.FULL, np.where(recompute_all, layers, per_rank), 0.0)
+    non_expert, expert = params.stage_params_per_gpu(model, plans, stage)
+    embedding = params.stage_embedding_params_per_gpu(model, plans, stage)
+    tokens = training.seq_len * plans.mbs / plans.cp
+    return StageShape(
+        plans=plans, stage=stage, is_first=stage == 0, is_last=stage == plans.pp - 1,
+        layers=layers, moe_layers=moe_layers, recomputed_layers=recomputed,
+        in_flight=in_flight_microbatches(
+            plans, stage, num_microbatches(plans, cluster.num_gpus, training.global_batch_size)),
+        dp=data_parallel_size(plans, cluster.num_gpus), edp=expert_data_parallel_size(plans, cluster.num_gpus),
+        dp_cp=data_parallel_size(plans, cluster.num_gpus) * plans.cp,
+        layer_params_per_gpu=non_expert - embedding, expert_params_per_gpu=expert,
+        embedding_params_per_gpu=embedding,
+        tokens=tokens, tokens_outside_tp=np.where(plans.sp, tokens / plans.tp, tokens),
+        tokens_inside_tp=tokens / plans.tp,
+    )
+
+
+# ---- weights, gradients, optimizer states ------------------------------------------------------------------------
+# Bytes per parameter (module docstring): 2 + 4 + 12 = 18 unsharded; zero k shards the last k of
+# (optimizer states, gradients, weights) over the data-parallel group (ZeRO arXiv 1910.02054 §5.1-5.3;
+# Megatron distributed optimizer = zero 1: 6 + 12/dp, theoretical_memory_usage.py).
+
+def _sharded(bytes_per_param: float, zero: np.ndarray, from_zero: int, shards: np.ndarray) -> np.ndarray:
+    return bytes_per_param / np.where(zero >= from_zero, shards, 1.0)
+
+
+def weights_bytes(shape: StageShape) -> np.ndarray:
+    """bf16 decoder-layer weights (non-expert); ZeRO-3 shards them over dp."""
+    return shape.layer_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
+
+
+def gradients_bytes(shape: StageShape) -> np.ndarray:
+    """fp32 main gradients of the decoder layers; ZeRO-2/3 shard them over dp."""
+    return shape.layer_params_per_gpu * _sharded(GRADIENT_BYTES_PER_PARAM, shape.plans.zero, 2, shape.dp_cp)
+
+
+def optimizer_states_bytes(shape: StageShape) -> np.ndarray:
+    """fp32 master weights + Adam m, v of the decoder layers; zero >= 1 shards them over dp."""
+    return shape.layer_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.dp_cp)
+
+
+def expert_weights_bytes(shape: StageShape) -> np.ndarray:
+    """Routed-expert weights (already split over ep·etp); ZeRO-3 shards them over edp."""
+    return shape.expert_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.edp)
+
+
+def expert_gradients_bytes(shape: StageShape) -> np.ndarray:
+    return shape.expert_params_per_gpu * _sharded(GRADIENT_BYTES_PER_PARAM, shape.plans.zero, 2, shape.edp)
+
+
+def expert_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
+    """Megatron-Core's distributed optimizer shards expert states over the expert-data-parallel group."""
+    return shape.expert_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.edp)
+
+
+def embedding_weights_bytes(shape: StageShape) -> np.ndarray:
+    """Embedding (first rank), output layer and final norm (last rank), bf16."""
+    return shape.embedding_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
+
+
+def embedding_gradients_bytes(shape: StageShape) -> np.ndarray:
+    return shape.embedding_params_per_gpu * _sharded(GRADIENT_BYTES_PER_PARAM, shape.plans.zero, 2, shape.dp_cp)
+
+
+def embedding_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
+    return shape.embedding_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.dp_cp)
+
+
+# ---- activations of one decoder layer, one micro-batch, one GPU ---------------------------------------------------
+# Korthikanti §4.1 counts, for a GPT layer with MHA, a 4h MLP, LayerNorm and dropout (bytes, no parallelism):
+#   attention: QKV input 2sbh, Q and K for QK^T 4sbh, softmax output 2as²b, its dropout mask as²b,
+#              dropout output 2as²b and V 2sbh for the product with V, output-projection input 2sbh,
+#              dropout mask sbh                                                    -> 11sbh + 5as²b
+#   MLP:       first-linear input 2sbh, GeLU input 8sbh, second-linear input 8sbh, dropout mask sbh  -> 19sbh
+#   norms:     two LayerNorm inputs                                                -> 4sbh
+# total sbh(34 + 5as/h). With TP (no SP) the 10sbh outside the TP region (norm inputs 4, QKV input 2, MLP input 2,
+# masks 2) stay replicated and the 24sbh + 5as²b inside are split by t; SP splits the 10sbh too (§4.2.2).
+# The functions below rebuild each of those numbers from the real shape:
+#   - Q is a·d wide, K and V g·d (GQA/MQA, arXiv 2305.13245); Megatron's unfused attention
+#     (megatron/core/transformer/dot_product_attention.py) repeats K and V to all a heads before the batched matmuls,
+#     so without flash attention the stored K, V are a·d wide; flash attention stores Q, K, V as they are plus the
+#     fp32 log-sum-exp (a·s·b·4 bytes) and never the a·s² scores (Dao et al. arXiv 2205.14135 §3.1).
+#   - MLA (DeepSeek-V2 arXiv 2405.04434 §2.1): the latent vectors are stored too (inputs of the latent norms and
+#     of the up projections) and K is materialised per head with a·(d_nope + d_rope).
+#   - MLP of width F: plain GeLU stores its input and the second linear's input, 2·2·F per token (F = 4h gives the
+#     16sbh); gated SwiGLU stores the fused [gate, up] input (2·2F, Megatron fused_bias_swiglu.py saves its input)
+#     and the down-projection input (2F): 6F per token.
+#   - dropout: GPT-style models (learned absolute positions: GPT-2/3, Megatron GPT) train with Megatron's default
+#     0.1 attention and hidden dropout; RoPE-family models (Llama, Mistral, Qwen, DeepSeek: attention_dropout 0 in
+#     their configs) train without, so no masks and no dropout copy of the scores.
+#   - norms: each stores its input (2h per token) and its fp32 statistics: LayerNorm mean and rstd (8 bytes per
+#     token), RMSNorm rstd only (4 bytes per token).
+
+def _uses_dropout(model: ModelSpec) -> bool:
+    return model.position_embedding is PositionEmbedding.LEARNED
+
+
+def _norm_bytes_per_token(model: ModelSpec) -> float:
+    """One norm: its bf16 input and fp32 statistics."""
+    stats = 2 * FP32_BYTES if model.norm is NormKind.LAYERNORM else FP32_BYTES
+    return BF16_BYTES * model.hidden_size + stats
+
+
+def _mlp_bytes_per_token(model: ModelSpec, width: float) -> float:
+    """Inside the TP region, per token of an MLP `width` wide (before splitting by t)."""
+    per_width = 6 if model.mlp is MlpKind.GATED else 4
+    return per_width * width
+
+
+def _norms_activation_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """The two norms of a layer (pre-attention and pre-MLP): 4sbh in Korthikanti, outside the TP region."""
+    return 2 * _norm_bytes_per_token(model) * shape.tokens_outside_tp
+
+
+def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape,
+                                keep_scores: "np.ndarray | bool") -> np.ndarray:
+    """Self-attention of one layer (11sbh + 5as²b for GPT); `keep_scores` False when the core is recomputed."""
+    h, a = model.hidden_size, model.num_attention_heads
+    dropout = _uses_dropout(model)
+    flash = training.flash_attention
+    outside = BF16_BYTES * h + (MASK_BYTES * h if dropout else 0)          # QKV input; output dropout mask
+    if model.mla is not None:
+        mla = model.mla
+        q_width = a * mla.qk_head_dim
+        k_width = a * mla.qk_head_dim                                         # k_pe broadcast to every head
+        v_width = a * mla.v_head_dim
+        # latent inputs of the norms and of the up projections (replicated over TP in Megatron-Core)
+        latent = 2 * mla.kv_lora_rank + mla.qk_rope_head_dim + (2 * mla.q_lora_rank if mla.q_lora_rank else 0)
+        outside += BF16_BYTES * latent
+        out_width = a * mla.v_head_dim
+    else:
+        q_width = model.q_size
+        # unfused attention repeats K, V to all heads; when t exceeds the KV heads each TP rank keeps a whole
+        # (replicated) KV head (Megatron-Core GQA with tp > num_query_groups): g·d·max(1, t/g) before splitting by t
+        kv_replication = np.maximum(1.0, shape.plans.tp / model.num_kv_heads)
+        k_width = model.kv_size * kv_replication if flash else model.q_size
+        v_width = k_width
+        out_width = model.q_size
+    inside = BF16_BYTES * (q_width + k_width + v_width + out_width)           # Q, K, V, output-projection input
+    if flash:
+        # flash attention keeps only the fp32 log-sum-exp per head and query
+        score_bytes_per_query = FP32_BYTES
+    else:
+        # softmax output 2as²b (+ dropout mask as²b and dropout output 2as²b), split by t over heads; with CP each
+        # rank holds its s/cp queries against all s keys: a·s·T
+        score_bytes_per_query = (BF16_BYTES + (MASK_BYTES + BF16_BYTES if dropout else 0)) * training.seq_len
+    scores = np.where(keep_scores, a * score_bytes_per_query * shape.tokens_inside_tp, 0.0)
+    return outside * shape.tokens_outside_tp + inside * shape.tokens_inside_tp + scores
+
+
+def _mlp_input_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """MLP (or router / dispatch) input 2sbh and the MLP's output dropout mask sbh, outside the TP region."""
+    per_token = BF16_BYTES * model.hidden_size + (MASK_BYTES * model.hidden_size if _uses_dropout(model) else 0)
+    return per_token * shape.tokens_outside_tp
+
+
+def _dense_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape,
+                                  keep_scores: "np.ndarray | bool") -> np.ndarray:
+    """One dense decoder layer: sbh(34 + 5as/h) for GPT without parallelism."""
+    mlp = _mlp_input_bytes(model, shape) + _mlp_bytes_per_token(model, model.ffn_hidden_size) * shape.tokens_inside_tp
+    attention = _attention_activation_bytes(model, training, shape, keep_scores)
+    return _norms_activation_bytes(model, shape) + attention + mlp
+
+
+def _moe_layer_non_expert_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape,
+                                keep_scores: "np.ndarray | bool") -> np.ndarray:
+    """One MoE layer without its routing and routed experts: norms, attention, MLP input, shared experts."""
+    assert model.moe is not None
+    shared = _mlp_bytes_per_token(model, model.moe.shared_expert_ffn_hidden_size) * shape.tokens_inside_tp
+    return (_norms_activation_bytes(model, shape) + _attention_activation_bytes(model, training, shape, keep_scores)
+            + _mlp_input_bytes(model, shape) + shared)
+
+
+# ---- MoE: router, dispatch, routed experts (per MoE layer, per micro-batch, per GPU) ------------------------------
+
+def _router_bytes_per_layer(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """Router logits (bf16, E per token) and their fp32 softmax/sigmoid scores, kept for the backward, plus the
+    top-k probabilities (fp32) and indices (int64) (GShard arXiv 2006.16668 §2.2; Megatron-Core moe/router.py).
+    The router is replicated over TP and sees the rank's tokens (split over TP with SP)."""
+    assert model.moe is not None
+    e, k = model.moe.num_experts, model.moe.top_k
+    return ((BF16_BYTES + FP32_BYTES) * e + (FP32_BYTES + TOKEN_ID_BYTES) * k) * shape.tokens_outside_tp
+
+
+def _dispatch_bytes_per_layer(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """top_k copies of each token's hidden state, twice: the permuted tokens sent by the dispatch all-to-all and the
+    un-permuted expert outputs that the combine keeps for the gradient of the routing weights
+    (Megatron-Core moe/token_dispatcher.py, alltoall dispatcher; Switch arXiv 2101.03961 §2.1)."""
+    assert model.moe is not None
+    return 2 * BF16_BYTES * model.moe.top_k * model.hidden_size * shape.tokens_outside_tp
+
+
+def _expert_load_factor(training: TrainingSpec) -> float:
+    """Tokens on the busiest expert rank relative to a perfectly balanced one: dropless routing takes the
+    imbalance factor; a capacity factor c caps it at c (GShard §2.2 / Switch §2.1 expert capacity)."""
+    load = training.moe_imbalance_factor
+    if training.moe_capacity_factor is not None:
+        load = min(load, training.moe_capacity_factor)
+    return load
+
+
+def _expert_mlp_bytes_per_layer(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Routed-expert MLP activations on the tokens this GPU's experts receive.
+
+    Per pipeline stage a micro-batch step routes dp·s·b·k token copies; the stage's N/pp GPUs form edp·ep
+    expert-tensor-parallel groups of etp GPUs that each process the same tokens, so one GPU receives
+    s·b·k·etp/(tp·cp) = T·k·etp/t tokens on average (× the load factor). Each stores the expert input (2h, whole in
+    the etp group) and the MLP intermediates of its F_e/etp columns.
+    """
+    assert model.moe is not None
+    etp = shape.plans.etp
+    received = shape.tokens_inside_tp * model.moe.top_k * etp * _expert_load_factor(training)
+    per_token = BF16_BYTES * model.hidden_size + _mlp_bytes_per_token(model, model.moe.expert_ffn_hidden_size) / etp
+    return received * per_token
+
+
+# ---- activations on the stage ------------------------------------------------------------------------------------
+
+def _stored_layer_counts(model: ModelSpec, shape: StageShape) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) layers on the rank whose activations are stored (recomputed ones split pro rata)."""
+    moe = shape.moe_layers * shape.stored_fraction
+    dense = (shape.layers - shape.moe_layers) * shape.stored_fraction
+    return dense, moe
+
+
+def layer_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Stored activations of the non-recomputed decoder layers (Korthikanti Table 2), × micro-batches in flight.
+    Selective recompute (§4.2.1) drops the attention scores; they are then recomputed in the backward pass."""
+    keep_scores = shape.plans.recompute != Recompute.SELECTIVE
+    dense, moe = _stored_layer_counts(model, shape)
+    per_microbatch = dense * _dense_layer_activation_bytes(model, training, shape, keep_scores)
+    if model.moe is not None:
+        per_microbatch = per_microbatch + moe * _moe_layer_non_expert_bytes(model, training, shape, keep_scores)
+    return per_microbatch * shape.in_flight
+
+
+def recomputed_layer_inputs_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """Full recompute keeps only each recomputed layer's input, 2sbh (/t with SP, /cp with CP) (Korthikanti §4.1,
+    'full activation recomputation'; Megatron tensor_parallel/random.py CheckpointFunction)."""
+    per_layer = BF16_BYTES * model.hidden_size * shape.tokens_outside_tp
+    return shape.recomputed_layers * per_layer * shape.in_flight
+
+
+def moe_router_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    if model.moe is None:
+        return np.zeros(len(shape.plans))
+    return _stored_layer_counts(model, shape)[1] * _router_bytes_per_layer(model, shape) * shape.in_flight
+
+
+def moe_dispatch_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    if model.moe is None:
+        return np.zeros(len(shape.plans))
+    return _stored_layer_counts(model, shape)[1] * _dispatch_bytes_per_layer(model, shape) * shape.in_flight
+
+
+def expert_mlp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    if model.moe is None:
+        return np.zeros(len(shape.plans))
+    moe = _stored_layer_counts(model, shape)[1]
+    return moe * _expert_mlp_bytes_per_layer(model, training, shape) * shape.in_flight
+
+
+def _full_layer_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Every activation of the heaviest kind of layer on the rank (dense or MoE), one micro-batch, scores included."""
+    has_dense = shape.layers - shape.moe_layers > 0
+    heaviest = np.where(has_dense, _dense_layer_activation_bytes(model, training, shape, True), 0.0)
+    if model.moe is not None:
+        moe = (_moe_layer_non_expert_bytes(model, training, shape, True) + _router_bytes_per_layer(model, shape)
+               + _dispatch_bytes_per_layer(model, shape) + _expert_mlp_bytes_per_layer(model, training, shape))
+        heaviest = np.maximum(heaviest, np.where(shape.moe_layers > 0, moe, 0.0))
+    return heaviest
+
+
+def recompute_working_set_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """With full recompute, the backward pass re-runs one layer's forward and holds all of its activations (one
+    micro-batch) while back-propagating through it (Chen et al. arXiv 1604.06174 §4; Korthikanti §4.1 leaves this
+    transient out of its per-layer figures)."""
+    has_recomputed = shape.recomputed_layers > 0
+    return np.where(has_recomputed, _full_layer_bytes(model, training, shape), 0.0)
+
+
+def embedding_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """First rank: int64 token ids (8sb) and the embedding dropout mask (sbh, /t with SP) per micro-batch in
+    flight (Megatron theoretical_memory_usage.py: 'Input to embedding', 'Dropout in embedding layer').
+    The embedding output itself is the first layer's input, counted there."""
+    ids = TOKEN_ID_BYTES * shape.tokens
+    mask = MASK_BYTES * model.hidden_size * shape.tokens_outside_tp if _uses_dropout(model) else 0.0
+    return np.where(shape.is_first, (ids + mask) * shape.in_flight, 0.0)
+
+
+# The last rank runs each micro-batch's loss and starts its backward at once (1F1B), so the loss-side tensors below
+# are held for one micro-batch.
+
+def output_layer_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """Last rank: final norm input and output-layer input, 2sbh each (/t with SP: Megatron's column-parallel output
+    layer saves the un-gathered input) (Megatron theoretical_memory_usage.py: 'Inputs to output layer')."""
+    per_token = _norm_bytes_per_token(model) + BF16_BYTES * model.hidden_size
+    return np.where(shape.is_last, per_token * shape.tokens_outside_tp, 0.0)
+
+
+def _logits_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    vocab_per_gpu = params.padded_vocab_size(model, shape.plans.tp) / shape.plans.tp
+    per_element = BF16_BYTES if training.fused_cross_entropy else FP32_BYTES
+    return per_element * vocab_per_gpu * shape.tokens
+
+
+def _cross_entropy_buffer_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    stats = 3 * FP32_BYTES * shape.tokens                                # max, sum of exp, target logit per token
+    if training.fused_cross_entropy:
+        return stats
+    vocab_per_gpu = params.padded_vocab_size(model, shape.plans.tp) / shape.plans.tp
+    return stats + BF16_BYTES * vocab_per_gpu * shape.tokens              # bf16 logits beside their fp32 copy
+
+
+def logits_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Last rank: the s·b·V/t logits kept for the loss backward: the fp32 copy Megatron's vocab-parallel cross
+    entropy works on (megatron/core/tensor_parallel/cross_entropy.py, `.float()` of the output), or bf16 when the
+    loss is fused (Megatron --cross-entropy-loss-fusion / TE fused cross entropy)."""
+    return np.where(shape.is_last, _logits_bytes(model, training, shape), 0.0)
+
+
+def cross_entropy_buffers_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Last rank: per-token fp32 max, sum of exponentials and target logit; unfused, also the bf16 logits that live
+    beside the fp32 copy (and are matched by the bf16 logit gradient in the backward)."""
+    return np.where(shape.is_last, _cross_entropy_buffer_bytes(model, training, shape), 0.0)
+
+
+def mtp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Last rank: each DeepSeek-V3 multi-token-prediction module (report arXiv 2412.19437 §2.2) stores a full decoder
+    layer, its two input norms and the 2h-wide input of its projection, and its own logits and loss buffers."""
+    if model.num_mtp_layers == 0:
+        return np.zeros(len(shape.plans))
+    if model.moe is not None:
+        layer = (_moe_layer_non_expert_bytes(model, training, shape, True) + _router_bytes_per_layer(model, shape)
+                 + _dispatch_bytes_per_layer(model, shape) + _expert_mlp_bytes_per_layer(model, training, shape))
+    else:
+        layer = _dense_layer_activation_bytes(model, training, shape, True)
+    inputs = (2 * _norm_bytes_per_token(model) + BF16_BYTES * 2 * model.hidden_size) * shape.tokens_outside_tp
+    loss = _logits_bytes(model, training, shape) + _cross_entropy_buffer_bytes(model, training, shape)
+    return np.where(shape.is_last, model.num_mtp_layers * (layer + inputs + loss), 0.0)
+
+
+# ---- ZeRO-2/3 working buffers --------------------------------------------------------------------------------------
+
+def _largest_layer_params_per_gpu(model: ModelSpec, plans: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(non-expert, expert) parameters of the largest decoder layer on one GPU (split as in costmodels.params)."""
+    tp = plans.tp.astype(float)
+    attn_sharded, attn_replicated = params.attention_params_split(model)
+    common = attn_sharded / tp + attn_replicated + 2 * params.norm_params(model)
+    dense = common + params.mlp_params(model, model.ffn_hidden_size) / tp
+    if model.moe is None or model.num_moe_layers == 0:
+        return dense, np.zeros(len(plans))
+    shared, router = params.moe_shared_params_split(model)
+    moe_non_expert = common + shared / tp + router
+    moe_expert = params.routed_expert_params(model) / (plans.ep * plans.etp)
+    if model.num_dense_layers == 0:
+        return moe_non_expert, moe_expert
+    return np.maximum(dense, moe_non_expert), moe_expert
+
+
+def _unsharded_layer_bytes(model: ModelSpec, shape: StageShape, layers_held: int, bytes_per_param: float
+                           ) -> np.ndarray:
+    """Bytes of `layers_held` whole layers beyond this GPU's own 1/dp (1/edp for experts) shard of them, bounded by
+    what the stage holds."""
+    non_expert, expert = _largest_layer_params_per_gpu(model, shape.plans)
+    stage_non_expert = shape.layer_params_per_gpu + shape.embedding_params_per_gpu
+    held_non_expert = np.minimum(layers_held * non_expert, stage_non_expert)
+    held_expert = np.minimum(layers_held * expert, shape.expert_params_per_gpu)
+    return bytes_per_param * (held_non_expert * (1.0 - 1.0 / shape.dp_cp) + held_expert * (1.0 - 1.0 / shape.edp))
+
+
+def zero_gradient_buckets_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """ZeRO-2/3: a layer's whole fp32 gradient exists until it is reduce-scattered (ZeRO §5.2 'bucketization';
+    DeepSpeed reduce_bucket_size; FSDP's unsharded gradient before its reduce-scatter). The GPU's own shard of it
+    is already in the gradient terms, so this is the other (1 - 1/dp) of one layer."""
+    return np.where(shape.plans.zero >= 2,
+                    _unsharded_layer_bytes(model, shape, 1, GRADIENT_BYTES_PER_PARAM), 0.0)
+
+
+def zero3_prefetch_buffers_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """ZeRO-3: the all-gathered bf16 weights of the layer being computed and of the one prefetched next (ZeRO §5.3;
+    DeepSpeed stage3_prefetch_bucket_size; FSDP forward/backward prefetch with limit_all_gathers), beyond the
+    GPU's own shard."""
+    return np.where(shape.plans.zero == 3,
+                    _unsharded_layer_bytes(model, shape, 2, WEIGHT_BYTES_PER_PARAM), 0.0)
+
+
+# ---- fixed overheads -----------------------------------------------------------------------------------------------
+
+def fixed_overheads_bytes(cluster: ClusterSpec, num_plans: int) -> dict[str, np.ndarray]:
+    """CUDA context, NCCL buffers, ...: named per-GPU constants from the hardware profile (memory.overheads_gib)."""
+    return {name: np.full(num_plans, float(value)) for name, value in cluster.profile.memory_overheads_bytes.items()}
+
+
+# ---- totals --------------------------------------------------------------------------------------------------------
+
+def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                       stage: "np.ndarray | int") -> dict[str, np.ndarray]:
+    """Named memory terms (bytes per GPU) on pipeline rank `stage` of every plan; their sum is the rank's total."""
+    shape = stage_shape(model, cluster, training, plans, stage)
+    terms = {
+        "weights": weights_bytes(shape),
+        "gradients": gradients_bytes(shape),
+        "optimizer_states": optimizer_states_bytes(shape),
+        "embedding_weights": embedding_weights_bytes(shape),
+        "embedding_gradients": embedding_gradients_bytes(shape),
+        "embedding_optimizer_states": embedding_optimizer_states_bytes(shape),
+    }
+    if model.moe is not None:
+        terms.update({
+            "expert_weights": expert_weights_bytes(shape),
+            "expert_gradients": expert_gradients_bytes(shape),
+            "expert_optimizer_states": expert_optimizer_states_bytes(shape),
+        })
+    terms.update({
+        "layer_activations": layer_activations_bytes(model, training, shape),
+        "recomputed_layer_inputs": recomputed_layer_inputs_bytes(model, shape),
+        "recompute_working_set": recompute_working_set_bytes(model, training, shape),
+    })
+    if model.moe is not None:
+        terms.update({
+            "moe_router_activations": moe_router_activations_bytes(model, shape),
+            "moe_dispatch_activations": moe_dispatch_activations_bytes(model, shape),
+            "expert_mlp_activations": expert_mlp_activations_bytes(model, training, shape),
+        })
+    terms.update({
+        "embedding_activations": embedding_activations_bytes(model, shape),
+        "output_layer_activations": output_layer_activations_bytes(model, shape),
+        "logits": logits_bytes(model, training, shape),
+        "cross_entropy_buffers": cross_entropy_buffers_bytes(model, training, shape),
+    })
+    if model.num_mtp_layers:
+        terms["mtp_activations"] = mtp_activations_bytes(model, training, shape)
+    terms.update({
+        "zero_gradient_buckets": zero_gradient_buckets_bytes(model, shape),
+        "zero3_prefetch_buffers": zero3_prefetch_buffers_bytes(model, shape),
+    })
+    for name, value in fixed_overheads_bytes(cluster, len(plans)).items():
+        assert name not in terms, f"profile overhead {name!r} collides with a memory term"
+        terms[name] = value
+    return terms
+
+
+def total_bytes(terms: dict[str, np.ndarray]) -> np.ndarray:
+    """The explicit sum of the named terms."""
+    return sum(terms.values())
+
+
+def candidate_worst_stages(model: ModelSpec, plans: PlanArrays) -> list[np.ndarray]:
+    """The pipeline ranks that can hold the peak, as a list of per-plan stage arrays (entries may repeat).
+
+    Why these are enough: a middle rank r (0 < r < pp-1) differs from another middle rank only through (a) the
+    micro-batches it holds, in_flight(r), which never increases with r (`in_flight_microbatches`), and (b) how many
+    of its (equally many) layers are MoE layers. Its total is a non-decreasing function of in_flight(r) for a fixed
+    layer mix. The mix is periodic in r with period f = moe layer_freq (shifting a rank by f ranks shifts its first
+    layer by a multiple of f) once the rank lies wholly past the first_dense_layers; before that (ranks that still
+    hold dense-first layers) it may differ. So any middle rank r >= r_k + f, with r_k the first middle rank wholly
+    past the dense-first layers, is dominated by rank r - f, which has the same mix and holds at least as many
+    micro-batches. The first rank (embedding, first_stage_layers) and the last (output layer, loss, MTP,
+    last_stage_layers) are special and always candidates. For a dense model r_k = 1 and f = 1: ranks 0, 1, pp-1.
+    """
+    pp = plans.pp
+    middle_layers = np.maximum(layers_per_middle_stage(model.num_layers, plans), 1e-9)
+    first_layers = layers_on_stage(model.num_layers, plans, 0)
+    if model.moe is not None:
+        dense_first, period = model.moe.first_dense_layers, model.moe.layer_freq
+    else:
+        dense_first, period = 0, 1
+    first_clean_middle = 1 + np.ceil(np.maximum(dense_first - first_layers, 0) / middle_layers)
+    last_middle_candidate = np.minimum(pp - 2, first_clean_middle + period - 1)
+    deepest = int(np.max(last_middle_candidate, initial=0))
+    stages = [np.zeros(len(plans), dtype=np.int64)]
+    for j in range(1, deepest + 1):
+        stages.append(np.where(j <= last_middle_candidate, j, 0).astype(np.int64))
+    stages.append((pp - 1).astype(np.int64))
+    return stages
+
+
+def peak_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
+                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """(peak bytes per GPU, the pipeline rank holding it, that rank's named terms) for every plan.
+
+    Evaluates only `candidate_worst_stages` (exact, see there); ties go to the lowest rank.
+    """
+    candidates = candidate_worst_stages(model, plans)
+    per_candidate = [memory_terms_bytes(model, cluster, training, plans, stage) for stage in candidates]
+    totals = np.stack([total_bytes(terms) for terms in per_candidate])            # (candidates, plans)
+    stages = np.stack(candidates)
+    # lowest rank among the maxima: order candidates by (total desc, stage asc)
+    best_total = totals.max(axis=0)
+    is_best = totals >= best_total
+    masked_stage = np.where(is_best, stages, np.iinfo(np.int64).max)
+    choice = np.argmin(masked_stage, axis=0)
+    columns = np.arange(len(plans))
+    worst_stage = stages[choice, columns]
+    worst_terms = {name: np.stack([terms[name] for terms in per_candidate])[choice, columns]
+                   for name in per_candidate[0]}
+    peak = total_bytes(worst_terms)
+    return peak, worst_stage, worst_terms

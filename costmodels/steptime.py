@@ -1,0 +1,305 @@
+"""Step time of a training iteration as an explicit sum of named terms, vectorised over plans.
+
+    step = compute + tp_comm + cp_comm + ep_comm + pp_bubble + pp_p2p + dp_comm + optimizer
+
+Per-microbatch terms (compute, tp_comm, cp_comm, ep_comm) are each taken on the pipeline stage where that term is
+largest (candidates: first, second, second-to-last and last rank) and multiplied by the microbatch count m; taking
+each term's own worst stage keeps every term a function of few knobs (see TERM_KNOBS) and is exact when the stages
+hold equal layers, conservative (by the logits/embedding imbalance) otherwise. The pipeline bubble is
+(p-1)/v of one microbatch's stage time (compute + exposed TP/CP + EP), arXiv 2104.04473 eq. 2.
+
+Sources for each term are cited in the function that computes it; the formulas of the pieces live in
+costmodels.compute (FLOPs, GEMM efficiency), costmodels.comm (placement, alpha–beta) and costmodels.pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels import compute as compute_model
+from costmodels.comm import (cp_group, dp_cp_group, edp_group, ep_group, etp_group, group_collective_time_s,
+                             tp_group)
+from costmodels.hardware import HardwareProfile
+from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
+from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
+from costmodels.plan import PlanArrays, Recompute, as_plan_arrays, layers_on_stage, num_microbatches
+from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+GRAD_BYTES = 4
+"""Gradients are accumulated and reduced in fp32 (Megatron sets accumulate_allreduce_grads_in_fp32 for bf16)."""
+PARAM_BYTES = 2
+"""bf16 parameters, all-gathered by the distributed optimizer / ZeRO-3."""
+ADAM_BYTES_PER_PARAM = 34
+"""HBM traffic of one fused Adam update per parameter: read fp32 param, grad, m, v (16), write fp32 param, m, v and
+the bf16 copy (14), plus the fp32 gradient read of the global-norm clip (4) (Megatron `optimizer/optimizer.py`:
+clip_grad_norm then Adam, apex/TE multi-tensor kernels)."""
+DDP_BUCKET_PARAMS_MIN = 40_000_000
+"""Megatron-Core DDP bucket size: max(40M, 1M·dp) parameters (`distributed/distributed_data_parallel.py`)."""
+
+TERM_KNOBS: dict[str, tuple[str, ...]] = {
+    # m × per-microbatch stage FLOP time; m = gbs/(dp·mbs) brings (tp, cp, pp, mbs); layers per stage bring
+    # (pp, first/last_stage_layers); recompute_layers acts per virtual chunk (vpp); MoE expert GEMMs (ep, etp);
+    # sp splits the norm/dropout elementwise work over tp.
+    "compute": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "vpp", "ep", "etp",
+                "first_stage_layers", "last_stage_layers"),
+    "tp_comm": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "vpp", "etp",
+                "first_stage_layers", "last_stage_layers"),
+    # ring exchange exposed beyond the attention core it overlaps with
+    "cp_comm": ("tp", "cp", "pp", "mbs", "recompute", "recompute_layers", "vpp",
+                "first_stage_layers", "last_stage_layers"),
+    "ep_comm": ("tp", "cp", "pp", "mbs", "ep", "etp", "recompute", "recompute_layers", "vpp",
+                "first_stage_layers", "last_stage_layers"),
+    # (p-1)/v × (per-microbatch compute + tp + cp + ep): the union of those four plus vpp
+    "pp_bubble": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
+                  "first_stage_layers", "last_stage_layers"),
+    "pp_p2p": ("tp", "cp", "pp", "vpp", "mbs", "sp"),
+    # gradient sync of the stage's parameters, hidden behind one microbatch's backward (its compute knobs)
+    "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers", "vpp",
+                "first_stage_layers", "last_stage_layers"),
+    "optimizer": ("tp", "cp", "pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
+}
+"""For each term of `step_time_terms_s`, the Plan fields it depends on (dp counts through tp, cp, pp; the number of
+microbatches through tp, cp, pp, mbs). pp_bubble factors as bubble_microbatch_equivalents(pp, vpp) × the sum of
+the compute, tp_comm, cp_comm and ep_comm terms divided by m: a solver can form it as a product of two variables
+instead of tabulating it over all its knobs."""
+
+
+# ---- profile knobs -----------------------------------------------------------------------------------------------
+
+def overlap_fraction(profile: HardwareProfile, name: str) -> float:
+    """Fraction of a communication hidden behind compute, from the profile's `overlap:` section (0 if absent)."""
+    section = profile.extra.get("overlap", {}) or {}
+    value = float(section.get(name, 0.0))
+    assert 0.0 <= value <= 1.0, f"overlap.{name} must lie in [0, 1], got {value}"
+    return value
+
+
+# ---- per-stage, per-microbatch pieces ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageMicrobatch:
+    """Seconds per microbatch on one pipeline stage, by term."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    recompute_s: np.ndarray
+    tp_comm_s: np.ndarray
+    cp_comm_s: np.ndarray
+    ep_comm_s: np.ndarray
+
+    @property
+    def compute_s(self) -> np.ndarray:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def _candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
+    """First, second, second-to-last and last rank: the stages that can differ (embedding, logits, uneven split)."""
+    last = plans.pp - 1
+    return [np.zeros_like(last), np.minimum(1, last), np.maximum(last - 1, 0), last]
+
+
+def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, times: compute_model.LayerTimes,
+                    stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(forward, backward, recompute) seconds per microbatch on `stage`: layer GEMM times × layers on the stage,
+    logits and MTP on the last; backward = 2 × forward (arXiv 2104.04473 appendix); recompute per
+    arXiv 2205.05198 §4 (selective: attention core forward; full: whole layer forward)."""
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    moe_layers = moe_layers_on_stage(model, plans, stage)
+    dense_layers = layers - moe_layers
+    layer_forward = dense_layers * times.dense_layer_fwd_s + moe_layers * times.moe_layer_fwd_s
+    is_last = stage == plans.pp - 1
+    forward = layer_forward + np.where(is_last, times.logits_fwd_s + times.mtp_fwd_s, 0.0)
+    backward = compute_model.BACKWARD_TO_FORWARD * forward
+    full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
+    recompute = np.where(plans.recompute == Recompute.SELECTIVE, layers * times.attention_core_fwd_s,
+                         full_fraction * layer_forward)
+    return forward, backward, recompute
+
+
+def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray) -> np.ndarray:
+    """Exposed TP/SP collectives per microbatch on `stage`.
+
+    Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
+    and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
+    volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
+    MoE layers: the attention half on the tp group, the expert half on the etp group on the routed tokens.
+    Hidden by `overlap.tp_comm` of the profile (0 = Megatron's default, no TP overlap).
+    """
+    profile = cluster.profile
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    moe_layers = moe_layers_on_stage(model, plans, stage)
+    recomputed = compute_model.recomputed_layer_fraction(plans, layers)
+    per_block = 2.0 + recomputed                               # fwd + bwd (+ recomputed fwd) per TP block
+    activation_bytes = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES
+
+    def block_s(placement, bytes_):
+        reduce_s = group_collective_time_s(profile, placement, "all_reduce", bytes_)
+        split_s = group_collective_time_s(profile, placement, "all_gather", bytes_) + \
+            group_collective_time_s(profile, placement, "reduce_scatter", bytes_)
+        return np.where(plans.sp, split_s, reduce_s)
+
+    tp_block = block_s(tp_group(plans, cluster.gpus_per_node), activation_bytes)
+    total = per_block * (2.0 * layers - moe_layers) * tp_block          # attention + dense-MLP blocks
+    if model.moe is not None:
+        expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
+        total = total + per_block * moe_layers * block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
+    return (1.0 - overlap_fraction(profile, "tp_comm")) * total
+
+
+def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray, attention_core_fwd_s: np.ndarray) -> np.ndarray:
+    """Exposed CP ring exchange per microbatch on `stage` (ring attention, Liu et al. arXiv 2310.01889; Megatron-Core
+    `transformer/dot_product_attention` CP via TE): cp-1 steps per layer, each sending the local K and V chunk
+    (b·(s/cp)·2·g·d/tp, bf16) forward and K, V plus their gradients backward, each step overlapped with one
+    chunk of attention core compute: exposed (cp-1)·max(0, t_send - t_core/cp) per pass."""
+    profile = cluster.profile
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    if model.mla is not None:
+        kv_width = model.num_attention_heads * (model.mla.qk_head_dim + model.mla.v_head_dim) / plans.tp
+    else:
+        kv_width = np.maximum(2.0 * model.kv_size / plans.tp, 2.0 * model.head_dim)  # kv heads replicate past tp
+    kv_bytes = plans.mbs * (training.seq_len / plans.cp) * kv_width * ACTIVATION_BYTES
+    placement = cp_group(plans, cluster.gpus_per_node)
+    steps = plans.cp - 1.0
+    core_step_s = attention_core_fwd_s / plans.cp
+    forward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", kv_bytes)
+                                 - core_step_s)
+    backward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", 2.0 * kv_bytes)
+                                  - compute_model.BACKWARD_TO_FORWARD * core_step_s)
+    passes_forward = 1.0 + compute_model.recomputed_layer_fraction(plans, layers)
+    return layers * (passes_forward * forward + backward)
+
+
+def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray) -> np.ndarray:
+    """EP all-to-all per microbatch on `stage` (GShard, Lepikhin et al. arXiv 2006.16668; Megatron-Core
+    `moe/token_dispatcher.py` alltoall): dispatch + combine, forward + backward (4 per MoE layer, +2 for a
+    recomputed layer); each GPU sends its mbs·s/(tp·cp) tokens × top_k × etp copies of h bf16 values; the busiest
+    rank receives `moe_load_factor` × the average. Not overlapped."""
+    if model.moe is None:
+        return np.zeros(len(plans))
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    moe_layers = moe_layers_on_stage(model, plans, stage)
+    recomputed = compute_model.recomputed_layer_fraction(plans, layers)
+    tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp) * plans.etp
+    bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
+    one = group_collective_time_s(cluster.profile, ep_group(plans, cluster.gpus_per_node), "all_to_all", bytes_)
+    return moe_layers * (4.0 + 2.0 * recomputed) * one
+
+
+def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                     times: compute_model.LayerTimes, stage: np.ndarray) -> StageMicrobatch:
+    forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
+    return StageMicrobatch(
+        forward_s=forward, backward_s=backward, recompute_s=recompute,
+        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage),
+        cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s),
+        ep_comm_s=ep_comm_s(model, cluster, training, plans, stage),
+    )
+
+
+# ---- per-step terms -----------------------------------------------------------------------------------------------
+
+def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray, microbatch: StageMicrobatch, microbatches: np.ndarray) -> np.ndarray:
+    """Exposed data-parallel traffic of `stage` per step.
+
+    - ZeRO-0: all-reduce of the fp32 gradients; ZeRO-1/2 (Megatron distributed optimizer): reduce-scatter of the
+      fp32 gradients + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5; Megatron-Core
+      `distributed/param_and_grad_buffer.py`); ZeRO-3 adds a bf16 parameter all-gather in every microbatch's
+      forward and backward (§5.3), hidden behind that microbatch's compute.
+    - Dense gradients reduce over dp·cp (stride tp); expert gradients over edp (stride etp·ep).
+    - The reduce overlaps the last microbatch's backward and the gather the next forward, bucket by bucket
+      (Megatron overlap_grad_reduce / overlap_param_gather): exposed = max(traffic - window, last bucket), the
+      bucket max(40M, 1M·dp) parameters.
+    """
+    profile = cluster.profile
+    dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
+    dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
+    expert_group = edp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
+    sharded = plans.zero >= 1
+
+    def traffic_s(dense, expert):
+        groups = ((dense_group, dense), (expert_group, expert))
+        reduce = sum(np.where(sharded,
+                              group_collective_time_s(profile, g, "reduce_scatter", p * GRAD_BYTES),
+                              group_collective_time_s(profile, g, "all_reduce", p * GRAD_BYTES))
+                     for g, p in groups)
+        gather = sum(np.where(sharded, group_collective_time_s(profile, g, "all_gather", p * PARAM_BYTES), 0.0)
+                     for g, p in groups)
+        return reduce, gather
+
+    reduce_s, gather_s = traffic_s(dense_params, expert_params)
+    bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
+    bucket_reduce_s, bucket_gather_s = traffic_s(np.minimum(bucket, dense_params), np.minimum(bucket, expert_params))
+    exposed = np.maximum(reduce_s - microbatch.backward_s - microbatch.recompute_s, bucket_reduce_s) + \
+        np.where(sharded, np.maximum(gather_s - microbatch.forward_s, bucket_gather_s), 0.0)
+    zero3_gathers_s = 2.0 * gather_s                                   # forward and backward, every microbatch
+    zero3_exposed = microbatches * np.maximum(0.0, zero3_gathers_s - microbatch.compute_s)
+    return exposed + np.where(plans.zero >= 3, zero3_exposed, 0.0)
+
+
+def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
+    """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter); the
+    distributed optimizer / ZeRO shards it over dp·cp (dense) and edp (experts)."""
+    dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
+    sharded = plans.zero >= 1
+    dense_shards = np.where(sharded, cluster.num_gpus / (plans.tp * plans.pp), 1.0)
+    expert_shards = np.where(sharded, cluster.num_gpus / (plans.etp * plans.ep * plans.pp), 1.0)
+    local = dense_params / dense_shards + expert_params / expert_shards
+    return local * ADAM_BYTES_PER_PARAM / cluster.profile.hbm_bandwidth_bytes_per_s
+
+
+def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                      plans: "PlanArrays") -> dict[str, np.ndarray]:
+    """Named step-time terms (seconds) for every plan; their sum is the step time."""
+    plans = as_plan_arrays(plans)
+    profile = cluster.profile
+    if not profile.supports(training.precision.value):
+        from costmodels.errors import InputError
+        raise InputError("precision", f"{profile.name} does not support {training.precision.value}; use bf16")
+    times = compute_model.layer_times_s(model, profile, training, plans)
+    microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
+    stages = _candidate_stages(plans)
+    per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
+
+    def worst(values):
+        return np.max(np.stack(values), axis=0)
+
+    compute_mb = worst([s.compute_s for s in per_stage])
+    tp_mb = worst([s.tp_comm_s for s in per_stage])
+    cp_mb = worst([s.cp_comm_s for s in per_stage])
+    ep_mb = worst([s.ep_comm_s for s in per_stage])
+    dp = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
+                for stage, s in zip(stages, per_stage)])
+    optimizer = worst([optimizer_s(model, cluster, plans, stage) for stage in stages])
+    bubble = bubble_microbatch_equivalents(plans)
+    return {
+        "compute": microbatches * compute_mb,
+        "tp_comm": microbatches * tp_mb,
+        "cp_comm": microbatches * cp_mb,
+        "ep_comm": microbatches * ep_mb,
+        "pp_bubble": bubble * (compute_mb + tp_mb + cp_mb + ep_mb),
+        "pp_p2p": p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.gpus_per_node,
+                             microbatches),
+        "dp_comm": dp,
+        "optimizer": optimizer,
+    }
+
+
+def step_time_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """The step time: the explicit sum of `step_time_terms_s`."""
+    return sum(step_time_terms_s(model, cluster, training, plans).values())
+
+
+def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
+    """Model FLOPs per step (no recompute, causal attention as Megatron counts it): see costmodels.compute."""
+    return compute_model.model_flops_per_step(model, training)
+
+
+def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """FLOPs executed per step, recompute counted: see costmodels.compute."""
+    return compute_model.hardware_flops_per_step(model, training, as_plan_arrays(plans))

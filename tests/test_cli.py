@@ -1,0 +1,213 @@
+"""The `autopar` CLI through a real subprocess: bad input gives exit 2 and one line, never a traceback.
+
+Each case is a distinct mistake a user makes; the message must name the input (a flag, or the config field) so the
+user knows what to fix. Commands run as `python -m autopar ...` with the test's interpreter, offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def autopar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "autopar", *args], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=cwd)
+
+
+def write_config(folder: Path, name: str, text: str) -> str:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+LLAMA_8B = "llama-3.1-8b"  # 32 layers, 32 heads, 8 kv heads (bundled preset)
+
+# (id, argv, substrings the one-line message must contain). Config files are written by the test; see below.
+BAD_INPUTS = [
+    ("tp_not_dividing_heads", ["estimate", LLAMA_8B, "--tp", "3", "--num-gpus", "3"], ["tp", "heads"]),
+    ("gpus_not_divisible_by_tp_pp_cp", ["estimate", LLAMA_8B, "--tp", "8", "--pp", "4", "--num-gpus", "48"],
+     ["num_gpus", "48", "32"]),
+    ("zero_tp", ["estimate", LLAMA_8B, "--tp", "0"], ["tp", "positive"]),
+    ("negative_gpu_count", ["estimate", LLAMA_8B, "--num-gpus", "-8"], ["num_gpus", "positive"]),
+    ("zero_seq_len", ["estimate", LLAMA_8B, "--seq-len", "0"], ["seq_len", "positive"]),
+    ("zero_global_batch", ["estimate", LLAMA_8B, "--global-batch", "0"], ["global_batch_size", "positive"]),
+    ("unknown_gpu_with_suggestion", ["estimate", LLAMA_8B, "--gpu", "h1000"], ["gpu", "h100", "autopar gpus"]),
+    ("unknown_preset_with_suggestions", ["estimate", "llama-3.1-7b"], ["llama-3.1-8b"]),
+    ("bad_recompute", ["estimate", LLAMA_8B, "--recompute", "partial"], ["recompute", "selective"]),
+    ("zero_stage_5", ["estimate", LLAMA_8B, "--zero", "5"], ["zero", "0, 1, 2 or 3"]),
+    ("headroom_above_one", ["estimate", LLAMA_8B, "--headroom", "1.5"], ["headroom", "[0, 1)"]),
+    ("non_integer_tp", ["estimate", LLAMA_8B, "--tp", "two"], ["--tp", "two"]),
+    ("fractional_tp", ["estimate", LLAMA_8B, "--tp", "2.5"], ["--tp", "2.5"]),
+    ("nonexistent_path", ["estimate", "./no/such/dir/config.json"], ["no/such/dir"]),
+    ("bad_precision", ["estimate", LLAMA_8B, "--precision", "fp4"], ["precision", "bf16"]),
+    ("fp8_on_a100", ["estimate", LLAMA_8B, "--gpu", "a100", "--precision", "fp8"], ["precision", "fp8", "A100"]),
+    ("pp_not_dividing_layers", ["estimate", LLAMA_8B, "--pp", "3", "--num-gpus", "3"], ["pp", "num_layers=32"]),
+    ("ep_on_dense_model", ["estimate", LLAMA_8B, "--ep", "2"], ["ep", "dense"]),
+    ("ep_not_dividing_experts", ["estimate", "mixtral-8x7b", "--ep", "3", "--num-gpus", "3"],
+     ["ep", "num_experts=8"]),
+    ("batch_not_divisible", ["estimate", LLAMA_8B, "--global-batch", "1000", "--mbs", "3"],
+     ["global_batch_size", "1000"]),
+    ("vpp_without_pp", ["estimate", LLAMA_8B, "--vpp", "2"], ["vpp", "pp > 1"]),
+    ("sp_without_tp", ["estimate", LLAMA_8B, "--sp"], ["sp", "tp > 1"]),
+    ("cp_seq_not_divisible", ["estimate", LLAMA_8B, "--tp", "2", "--cp", "2", "--seq-len", "4098"],
+     ["seq_len", "4098"]),
+    ("recompute_layers_without_full", ["estimate", LLAMA_8B, "--recompute-layers", "4"], ["recompute_layers"]),
+    ("gpus_not_whole_nodes", ["estimate", LLAMA_8B, "--num-gpus", "12"], ["num_gpus", "gpus_per_node"]),
+    ("missing_profile_file", ["estimate", LLAMA_8B, "--profile", "no_such_profile.yaml"], ["profile"]),
+    ("gpu_and_profile", ["estimate", LLAMA_8B, "--gpu", "h100", "--profile", "x.yaml"], ["profile", "--gpu"]),
+    ("unknown_command", ["frobnicate"], ["frobnicate"]),
+    ("missing_model", ["estimate"], ["MODEL"]),
+]
+
+CONFIG_CASES = [
+    ("malformed_json", '{"model_type": "llama", "hidden_size": 4096,,}', ["config.json", "json"]),
+    ("config_missing_fields", json.dumps({"model_type": "llama", "hidden_size": 4096}), ["num_hidden_layers"]),
+    ("unsupported_architecture",
+     json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 768,
+                 "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+                 "vocab_size": 30522}), ["bert"]),
+]
+
+
+def assert_one_line_bad_input(result: subprocess.CompletedProcess, must_contain: list[str]) -> None:
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    error_lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(error_lines) == 1, result.stderr
+    (line,) = error_lines
+    assert line.startswith("autopar: error: "), line
+    for text in must_contain:
+        assert text.lower() in line.lower(), (text, line)
+    # argparse errors add one usage hint; nothing else may follow the message
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
+    assert result.stdout == "", result.stdout
+
+
+@pytest.mark.parametrize("argv, must_contain", [case[1:] for case in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_line(argv: list[str], must_contain: list[str], tmp_path: Path) -> None:
+    assert_one_line_bad_input(autopar(*argv, cwd=tmp_path), must_contain)
+
+
+@pytest.mark.parametrize("text, must_contain", [case[1:] for case in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config_file_exits_2_with_one_line(text: str, must_contain: list[str], tmp_path: Path) -> None:
+    config = write_config(tmp_path, "config.json", text)
+    assert_one_line_bad_input(autopar("estimate", config), must_contain)
+
+
+def test_at_least_fifteen_distinct_bad_inputs() -> None:
+    assert len({case[0] for case in BAD_INPUTS + CONFIG_CASES}) >= 15
+
+
+# ---- the parser itself -----------------------------------------------------------------------------------------
+
+def test_help_lists_every_command() -> None:
+    result = autopar("--help")
+    assert result.returncode == 0
+    for command in ("solve", "estimate", "explain", "models", "gpus", "calibrate", "profile"):
+        assert command in result.stdout
+
+
+def test_no_command_prints_help_and_exits_2() -> None:
+    result = autopar()
+    assert result.returncode == 2
+    assert "COMMAND" in result.stderr
+
+
+def test_estimate_help_names_every_plan_flag() -> None:
+    result = autopar("estimate", "--help")
+    assert result.returncode == 0
+    for flag in ("--tp", "--pp", "--vpp", "--ep", "--etp", "--cp", "--mbs", "--sp", "--no-sp", "--recompute",
+                 "--recompute-layers", "--zero", "--first-stage-layers", "--last-stage-layers", "--num-gpus",
+                 "--gpus", "--gpu", "--gpus-per-node", "--headroom", "--profile", "--seq-len", "--global-batch",
+                 "--precision", "--no-flash-attention", "--moe-capacity-factor", "--json"):
+        assert flag in result.stdout, flag
+
+
+def test_main_returns_exit_codes_in_process(capsys: pytest.CaptureFixture) -> None:
+    from autopar.cli import main
+
+    assert main(["estimate", LLAMA_8B, "--zero", "7"]) == 2
+    assert capsys.readouterr().err.startswith("autopar: error: zero: ")
+    assert main(["estimate", LLAMA_8B, "--tp", "x"]) == 2
+
+
+def test_console_script_is_installed() -> None:
+    from importlib import metadata
+
+    scripts = {ep.name: ep.value for ep in metadata.entry_points(group="console_scripts")}
+    assert scripts.get("autopar") == "autopar.cli:main"
+
+
+def test_cli_import_stays_light() -> None:
+    """`autopar --help` must be instant: the heavy libraries load only inside the commands that need them."""
+    code = ("import sys, autopar.cli; heavy = {'transformers', 'ortools', 'torch', 'rich'} & set(sys.modules); "
+            "print(','.join(sorted(heavy)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+    parser_code = "import sys; from autopar.cli import build_parser; build_parser(); " + code.split("; ", 1)[1]
+    result = subprocess.run([sys.executable, "-c", parser_code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "", "a command module imports something heavy at module level"
+
+
+# ---- gpus -------------------------------------------------------------------------------------------------------
+
+def test_gpus_lists_bundled_profiles() -> None:
+    result = autopar("gpus")
+    assert result.returncode == 0, result.stderr
+    for name in ("a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb"):
+        assert name in result.stdout
+
+
+def test_gpus_json() -> None:
+    result = autopar("gpus", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    h100 = rows["h100-80gb"]
+    assert h100["hbm_bytes"] == 80 * 1024**3
+    assert h100["peak_flops_per_s"] == {"bf16": 989e12, "fp8": 1979e12}  # spec sheet, dense
+    assert h100["gpus_per_node"] == 8
+    assert set(h100["links"]) == {"nvlink", "ib"}
+    assert "fp8" not in rows["a100-80gb"]["peak_flops_per_s"]
+
+
+# ---- error mapping in main() -----------------------------------------------------------------------------------
+
+def test_infeasible_maps_to_exit_1_with_rules_and_details(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    import autopar.commands.gpus as gpus
+    from autopar.cli import main
+    from autopar.errors import Infeasible
+
+    def nothing_fits(args):
+        raise Infeasible("no plan fits in 64 GiB", rules=("memory", "tp_node"), details=("closest: 71.2 GiB",))
+
+    monkeypatch.setattr(gpus, "run", nothing_fits)
+    assert main(["gpus"]) == 1
+    err = capsys.readouterr().err
+    assert "no plan fits in 64 GiB" in err and "memory, tp_node" in err and "closest: 71.2 GiB" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_maps_to_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import autopar.commands.gpus as gpus
+    from autopar.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpus, "run", interrupted)
+    assert main(["gpus"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_python_dash_m_autopar_and_version() -> None:
+    result = autopar("--version")
+    assert result.returncode == 0 and result.stdout.startswith("autopar ")

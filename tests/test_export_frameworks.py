@@ -1,0 +1,157 @@
+"""Launch configs for every framework: the framework's own syntax parses, the values are the plan's, and what the
+framework cannot express is said (as comments where the syntax has them)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+import yaml
+
+from autopar.export import FRAMEWORKS, emit, framework_name, launch_config
+from autopar.export.common import chunk_layers_in_model_order, stage_layers
+from costmodels.errors import InputError
+from costmodels.plan import Plan, Recompute
+from costmodels.specs import Precision, TrainingSpec
+from test_report_support import DENSE_PLANS, MOE_PLANS, cluster, dense_model, moe_model, synthetic_estimate
+
+TRAINING = TrainingSpec(seq_len=4096, global_batch_size=512)
+
+
+def estimate_of(plan: Plan, model=None, num_gpus: int = 64, training: TrainingSpec = TRAINING):
+    return synthetic_estimate(model or moe_model(), cluster(num_gpus), training, plan)
+
+
+def overrides(text: str) -> dict[str, str]:
+    """key=value lines of a Hydra override list (comments and line continuations dropped)."""
+    pairs = {}
+    for line in text.splitlines():
+        line = line.rstrip(" \\")
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key] = value
+    return pairs
+
+
+def test_stage_layers_and_chunks_follow_megatron():
+    plan = Plan(tp=1, pp=4, vpp=2, first_stage_layers=6, last_stage_layers=6)
+    # 32 layers: 6 first, 6 last, (32 - 12) / 2 = 10 on each middle rank; vpp 2 halves each rank's layers
+    assert stage_layers(32, plan) == [6, 10, 10, 6]
+    assert chunk_layers_in_model_order(32, plan) == [3, 5, 5, 3, 3, 5, 5, 3]
+    assert sum(chunk_layers_in_model_order(32, plan)) == 32
+
+
+@pytest.mark.parametrize("plan", DENSE_PLANS + MOE_PLANS, ids=lambda p: p.short())
+def test_every_framework_emits_parsable_text(plan):
+    estimate = estimate_of(plan)
+    assert launch_config(estimate, "deepspeed").text == emit(estimate, "deepspeed")
+    ds = json.loads(emit(estimate, "deepspeed"))
+    dp = estimate.dp
+    # DeepSpeed: train_batch_size = micro-batch × accumulation × data-parallel size
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * dp
+    assert ds["zero_optimization"]["stage"] == plan.zero
+    assert ds["bf16"]["enabled"] is True
+
+    actor = yaml.safe_load(emit(estimate, "verl"))["actor_rollout_ref"]["actor"]
+    megatron = actor["megatron"]
+    assert megatron["tensor_model_parallel_size"] == plan.tp
+    assert megatron["pipeline_model_parallel_size"] == plan.pp
+    assert megatron["virtual_pipeline_model_parallel_size"] == (plan.vpp if plan.vpp > 1 else None)
+    assert megatron["context_parallel_size"] == plan.cp
+    assert megatron["expert_model_parallel_size"] == plan.ep
+    assert megatron["expert_tensor_parallel_size"] == plan.etp
+    assert megatron["sequence_parallel"] is plan.sp
+    assert megatron["use_distributed_optimizer"] is (plan.zero >= 1)
+    assert actor["ppo_micro_batch_size_per_gpu"] == plan.mbs
+    override = megatron.get("override_transformer_config", {})
+    assert override.get("num_layers_in_first_pipeline_stage") == (plan.first_stage_layers or None)
+    assert override.get("recompute_granularity") == (None if plan.recompute is Recompute.NONE
+                                                     else plan.recompute.label)
+
+    titan = tomllib.loads(emit(estimate, "torchtitan"))
+    parallel = titan["parallelism"]
+    assert parallel["data_parallel_replicate_degree"] * parallel["data_parallel_shard_degree"] == dp
+    assert parallel["tensor_parallel_degree"] == plan.tp
+    assert parallel["pipeline_parallel_degree"] == plan.pp
+    assert parallel["context_parallel_degree"] == plan.cp
+    if plan.pp > 1:
+        # one split point between consecutive (virtual) stages
+        assert len(parallel["pipeline_parallel_split_points"]) == plan.pp * plan.vpp - 1
+        assert parallel["pipeline_parallel_schedule"] == ("Interleaved1F1B" if plan.vpp > 1 else "1F1B")
+    assert titan["training"]["global_batch_size"] == TRAINING.global_batch_size
+    assert titan["activation_checkpoint"]["mode"] == plan.recompute.label
+
+    nemo = overrides(emit(estimate, "nemo"))
+    assert nemo["trainer.strategy.tensor_model_parallel_size"] == str(plan.tp)
+    assert nemo["trainer.strategy.virtual_pipeline_model_parallel_size"] == (str(plan.vpp) if plan.vpp > 1
+                                                                             else "null")
+    assert nemo["data.global_batch_size"] == str(TRAINING.global_batch_size)
+    assert int(nemo["trainer.num_nodes"]) * int(nemo["trainer.devices"]) == 64
+
+    bridge = overrides(emit(estimate, "bridge"))
+    assert bridge["model.pipeline_model_parallel_size"] == str(plan.pp)
+    assert bridge["train.micro_batch_size"] == str(plan.mbs)
+    assert bridge["ddp.use_distributed_optimizer"] == ("true" if plan.zero >= 1 else "false")
+    if plan.zero >= 2:
+        assert bridge["ddp.data_parallel_sharding_strategy"] == {2: "optim_grads", 3: "optim_grads_params"}[plan.zero]
+
+
+def test_torchtitan_split_points_follow_the_uneven_split():
+    plan = Plan(tp=2, pp=4, first_stage_layers=6, last_stage_layers=6, sp=True)
+    titan = tomllib.loads(emit(estimate_of(plan, dense_model()), "torchtitan"))
+    # stages hold 6, 10, 10, 6 layers: the later stages start at layers 6, 16, 26
+    assert titan["parallelism"]["pipeline_parallel_split_points"] == ["layers.6", "layers.16", "layers.26"]
+    # without PP torchtitan accumulates gradients: local batch = micro-batch
+    titan = tomllib.loads(emit(estimate_of(Plan(tp=8, sp=True, mbs=2), dense_model()), "torchtitan"))
+    assert titan["training"]["local_batch_size"] == 2
+    assert titan["parallelism"]["data_parallel_replicate_degree"] == 8  # zero 0: DDP over the 64 / 8 ranks
+
+
+def test_what_a_framework_cannot_express_is_listed_and_commented():
+    plan = Plan(tp=4, pp=2, vpp=2, cp=2, ep=4, etp=2, sp=False, recompute=Recompute.FULL, recompute_layers=2,
+                zero=2)
+    estimate = estimate_of(plan, training=TrainingSpec(seq_len=8192, global_batch_size=512,
+                                                       precision=Precision.FP8))
+    deepspeed = launch_config(estimate, "deepspeed")
+    joined = " ".join(deepspeed.unexpressed)
+    for knob in ("pp=2", "cp=2", "ep=4", "recompute=full", "fp8", "zero=2 with pp > 1"):
+        assert knob in joined, knob
+    titan = launch_config(estimate, "torchtitan")
+    assert any("recompute_layers=2" in note for note in titan.unexpressed)
+    assert any("sp=false" in note for note in titan.unexpressed)
+    assert any("etp=2" in note for note in titan.unexpressed)
+    for note in titan.unexpressed:  # TOML comments carry the same notes
+        assert f"# not expressible: {note}" in titan.text
+    verl = launch_config(estimate, "verl")
+    assert any("zero=2" in note for note in verl.unexpressed)
+    assert "# not expressible: zero=2" in verl.text
+    nemo = launch_config(estimate, "nemo")
+    assert any("zero=2" in note for note in nemo.unexpressed)
+    # Megatron-LM expresses all of it
+    assert "--fp8-format hybrid" in emit(estimate, "megatron")
+    assert "--data-parallel-sharding-strategy optim_grads" in emit(estimate, "megatron")
+
+
+def test_a_model_name_cannot_break_out_of_a_comment():
+    model = moe_model("evil\nrm -rf / #\n--tensor-model-parallel-size 64")
+    estimate = estimate_of(Plan(tp=2, ep=8, etp=1, sp=True), model)
+    for framework in FRAMEWORKS:
+        text = emit(estimate, framework)
+        for line in text.splitlines():
+            assert not line.startswith("rm -rf"), framework
+            assert not line.startswith("--tensor-model-parallel-size 64"), framework
+
+
+def test_framework_names():
+    assert framework_name("Megatron-LM") == "megatron"
+    assert framework_name("nemo2") == "nemo"
+    assert framework_name("megatron-bridge") == "bridge"
+    with pytest.raises(InputError, match="unknown framework 'jax'"):
+        framework_name("jax")
+
+
+def test_dense_models_get_no_expert_settings():
+    estimate = estimate_of(Plan(tp=8, pp=2, sp=True, zero=1), dense_model())
+    for framework in ("megatron", "nemo", "bridge", "verl"):
+        assert "expert" not in emit(estimate, framework), framework

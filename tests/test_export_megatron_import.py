@@ -1,0 +1,185 @@
+"""Reading existing Megatron-LM launches: scripts, shell syntax, every vpp spelling, errors, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from autopar.megatron_args import parse_megatron_args, read_megatron_source, shell_words
+from autopar.report.document import load_schema
+from costmodels.errors import InputError
+from costmodels.plan import Plan, Recompute
+from costmodels.specs import TrainingSpec
+
+LAUNCH_SCRIPT = r"""#!/bin/bash
+#SBATCH --nodes=4
+#SBATCH --gpus-per-node=8
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+GPUS_PER_NODE=8
+NNODES=${NNODES:-4}
+TP=4; PP=4
+DISTRIBUTED_ARGS="--nproc_per_node $GPUS_PER_NODE --nnodes $NNODES --node_rank $NODE_RANK"
+GPT_MODEL_ARGS=(
+    --num-layers 80
+    --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64
+    --group-query-attention --num-query-groups 8
+    --seq-length 8192
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size $((32 * 16))
+    --tensor-model-parallel-size ${TP}
+    --pipeline-model-parallel-size=$PP
+    --num-layers-per-virtual-pipeline-stage 5   # 80 / 4 = 20 per rank, 4 chunks of 5
+    --sequence-parallel
+    --use-distributed-optimizer
+    --recompute-granularity full --recompute-method block --recompute-num-layers 2
+    --bf16 --fp8-format hybrid
+    --lr 1.5e-4 --train-iters 500000 --data-path "/data/my corpus"
+)
+torchrun ${DISTRIBUTED_ARGS} pretrain_gpt.py \
+    "${GPT_MODEL_ARGS[@]}" \
+    "${TRAINING_ARGS[@]}" \
+    --save /ckpt --load /ckpt
+"""
+
+
+def test_a_launch_script_is_read_like_the_shell_would():
+    run = parse_megatron_args(LAUNCH_SCRIPT)
+    assert run.plan == Plan(tp=4, pp=4, vpp=4, sp=True, zero=1, recompute=Recompute.FULL, recompute_layers=2)
+    assert run.training == {"seq_len": 8192, "global_batch_size": 512, "precision": "fp8"}
+    assert run.num_gpus == 32  # --nproc_per_node 8 x --nnodes 4
+    assert run.model == {"num_layers": 80, "hidden_size": 8192, "ffn_hidden_size": 28672,
+                         "num_attention_heads": 64, "num_kv_heads": 8}
+    plan, training, num_gpus = run  # unpacks as the (plan, training fields, num_gpus) triple
+    assert (plan, num_gpus) == (run.plan, 32)
+    assert run.training_spec(TrainingSpec()) == TrainingSpec(seq_len=8192, global_batch_size=512, precision="fp8")
+
+
+def test_read_from_a_file_path(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text(LAUNCH_SCRIPT)
+    assert read_megatron_source(str(script)) == LAUNCH_SCRIPT
+    assert read_megatron_source("--tensor-model-parallel-size 2") == "--tensor-model-parallel-size 2"
+
+
+@pytest.mark.parametrize("flags, vpp", [
+    ("--num-layers 32 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2", 4),  # 32/4/2
+    ("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2", 2),
+    ("--pipeline-model-parallel-size 4 --virtual-pipeline-model-parallel-size 3", 3),  # older spelling
+    ("--pipeline-model-parallel-size 4", 1),
+])
+def test_every_virtual_pipeline_spelling(flags, vpp):
+    assert parse_megatron_args(flags).plan.vpp == vpp
+
+
+def test_uneven_stages_and_the_layer_count_from_the_model():
+    run = parse_megatron_args("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 "
+                              "--decoder-last-pipeline-num-layers=6 --num-virtual-stages-per-pipeline-rank 2")
+    assert (run.plan.first_stage_layers, run.plan.last_stage_layers, run.plan.vpp) == (6, 6, 2)
+    # --num-layers-per-virtual-pipeline-stage needs the layer count: from the command, or the caller's model
+    assert parse_megatron_args("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4",
+                               num_layers=32).plan.vpp == 4
+    with pytest.raises(InputError, match="needs the layer count"):
+        parse_megatron_args("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4")
+
+
+@pytest.mark.parametrize("flags, zero", [
+    ("--bf16", 0), ("--use-distributed-optimizer", 1),
+    ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads", 2),
+    ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer", 3),
+    ("--use-custom-fsdp --data-parallel-sharding-strategy=optim", 1),
+    ("--use-torch-fsdp2", 3),
+])
+def test_optimizer_sharding(flags, zero):
+    assert parse_megatron_args(flags).plan.zero == zero
+
+
+@pytest.mark.parametrize("flags, recompute, layers", [
+    ("--recompute-activations", Recompute.SELECTIVE, 0),
+    ("--recompute-granularity selective", Recompute.SELECTIVE, 0),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1", Recompute.FULL, 0),
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 3", Recompute.FULL, 3),
+])
+def test_recompute(flags, recompute, layers):
+    plan = parse_megatron_args(flags).plan
+    assert (plan.recompute, plan.recompute_layers) == (recompute, layers)
+
+
+def test_approximations_are_noted():
+    run = parse_megatron_args("--fp16 --recompute-granularity full --recompute-method uniform "
+                              "--recompute-num-layers 4 --sequence-parallel")
+    assert run.training["precision"] == "bf16"
+    assert run.plan.sp is False  # Megatron-LM turns SP off at tp=1
+    assert len(run.notes) == 4  # fp16, uniform x4, sp at tp=1, no --micro-batch-size
+    # no --global-batch-size: Megatron-LM's default micro-batch x dp when the GPU count is known
+    run = parse_megatron_args("torchrun --nproc-per-node=8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+                              "--micro-batch-size 2 --bf16")
+    assert run.training["global_batch_size"] == 2 * 4
+
+
+def test_an_unreadable_launcher_only_loses_the_gpu_count():
+    run = parse_megatron_args("torchrun --nproc-per-node gpu --nnodes $NNODES pretrain_gpt.py --micro-batch-size 2")
+    assert run.num_gpus is None and run.plan.mbs == 2
+    assert any("GPU count not read" in note for note in run.notes)
+
+
+def test_shell_words_expand_variables_and_strings_of_flags():
+    words, variables = shell_words('OPTS="--tp-like 1 --pp-like 2"\nX=${UNSET:-7}\necho $OPTS ${X} $(( X * 2 ))')
+    # $OPTS splits into its flags; ${UNSET:-7} takes the default; $(( X * 2 )) = 14
+    assert words == ["echo", "--tp-like", "1", "--pp-like", "2", "7", "14"]
+    assert variables == {"OPTS": "--tp-like 1 --pp-like 2", "X": "7"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("--tensor-model-parallel-size $TP", "shell variable the script does not set"),
+    ("--tensor-model-parallel-size 0", "--tensor-model-parallel-size: must be a positive integer"),
+    ("--pipeline-model-parallel-layout 'Et|(tt|)*30L'", "not supported"),
+    ("--micro-batch-size", "last word of the command"),
+    ("--recompute-granularity full --recompute-method block", "needs --recompute-num-layers"),
+    ("--data-path 'unbalanced", "check its quotes"),
+    ("train.sh", "no Megatron-LM flags in 'train.sh'"),
+    ("torchrun --nproc-per-node 8 pretrain_gpt.py", "no Megatron-LM flags"),
+    ("--use-megatron-fsdp --data-parallel-sharding-strategy everything", "data-parallel-sharding-strategy"),
+])
+def test_bad_commands_name_the_flag_and_the_fix(text, message):
+    with pytest.raises(InputError, match=message) as error:
+        parse_megatron_args(text)
+    assert error.value.field == "from-megatron-args"
+
+
+def _autopar(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_estimates_an_existing_megatron_command(tmp_path):
+    """`autopar estimate MODEL --from-megatron-args FILE --out ... --emit ...` through a real subprocess."""
+    script = tmp_path / "train.sh"
+    script.write_text(LAUNCH_SCRIPT.replace("--num-layers 80", "--num-layers 32")
+                      .replace("--hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64",
+                               "--hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32")
+                      .replace("--num-layers-per-virtual-pipeline-stage 5", "--num-layers-per-virtual-pipeline-stage 4")
+                      .replace("--bf16 --fp8-format hybrid", "--bf16"))
+    report = tmp_path / "estimate.json"
+    result = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args", str(script), "--out", str(report),
+                      "--emit", "megatron", "--json")
+    assert result.returncode in (0, 1), result.stderr
+    document = json.loads(result.stdout)  # --json keeps stdout a single JSON document
+    assert document["plan"]["tp"] == 4 and document["plan"]["pp"] == 4 and document["plan"]["vpp"] == 2
+    assert document["inputs"]["cluster"]["num_gpus"] == 32
+    assert document["inputs"]["training"]["seq_len"] == 8192
+    saved = json.loads(report.read_text())
+    jsonschema.validate(saved, load_schema(), cls=jsonschema.Draft202012Validator)
+    emitted = result.stderr[result.stderr.index("# Megatron-LM"):]
+    assert parse_megatron_args(emitted).plan == parse_megatron_args(script.read_text()).plan
+
+
+def test_cli_rejects_an_unreadable_command():
+    result = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args", "--tensor-model-parallel-size $TP")
+    assert result.returncode == 2
+    assert result.stderr.startswith("autopar: error: from-megatron-args:")
+    assert "Traceback" not in result.stderr

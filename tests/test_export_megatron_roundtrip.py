@@ -1,0 +1,83 @@
+"""`emit megatron` then `parse_megatron_args` gives back the same plan, batch, precision and GPU count."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autopar.export import emit
+from autopar.megatron_args import parse_megatron_args
+from costmodels.plan import Plan, Recompute
+from costmodels.specs import Precision, TrainingSpec
+from test_report_support import (DENSE_PLANS, MOE_PLANS, cluster, dense_model, moe_model, synthetic_estimate,
+                                 synthetic_front)
+
+FRONTS = [
+    ("dense-64", lambda: synthetic_front(dense_model(), DENSE_PLANS, num_gpus=64)),
+    ("dense-fp8-long", lambda: synthetic_front(dense_model(), DENSE_PLANS, num_gpus=128,
+                                               training=TrainingSpec(seq_len=16384, global_batch_size=256,
+                                                                     precision=Precision.FP8))),
+    ("moe-64", lambda: synthetic_front(moe_model(), MOE_PLANS, num_gpus=64)),
+    ("moe-8", lambda: synthetic_front(moe_model(), [Plan(tp=1, ep=8, etp=1, mbs=1),
+                                                   Plan(tp=2, pp=2, vpp=2, ep=2, etp=2, sp=True)], num_gpus=8)),
+]
+
+
+@pytest.mark.parametrize("name, make_front", FRONTS, ids=[name for name, _ in FRONTS])
+def test_every_front_point_round_trips_through_megatron_flags(name, make_front):
+    front = make_front()
+    assert len(front) >= 2
+    for estimate in front:
+        run = parse_megatron_args(emit(estimate, "megatron"))
+        assert run.plan == estimate.plan, (estimate.plan.short(), run.plan.short())
+        assert run.num_gpus == estimate.cluster.num_gpus
+        assert run.training == {"seq_len": estimate.training.seq_len,
+                                "global_batch_size": estimate.training.global_batch_size,
+                                "precision": estimate.training.precision.value}
+        assert run.model_mismatches(estimate.model) == []
+        assert run.notes == ()
+
+
+def _plans() -> st.SearchStrategy[Plan]:
+    """Plans of a 32-layer model: any tp/pp/vpp/cp/ep/etp/mbs/sp/recompute/zero mix with a whole layer split."""
+
+    @st.composite
+    def build(draw) -> Plan:
+        tp = draw(st.sampled_from([1, 2, 4, 8]))
+        pp = draw(st.sampled_from([1, 2, 4]))
+        uneven = pp > 1 and draw(st.booleans())
+        first, last = (0, 0)
+        if uneven:
+            # 32 layers: the middle stages share what the first/last leave, evenly
+            first, last = draw(st.sampled_from([(6, 6), (4, 0), (0, 4), (8, 8), (2, 2)] if pp == 4
+                                               else [(14, 0), (0, 14), (12, 0)]))
+        vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+        recompute = draw(st.sampled_from(list(Recompute)))
+        recompute_layers = draw(st.integers(0, 4)) if recompute is Recompute.FULL else 0
+        return Plan(tp=tp, pp=pp, vpp=vpp, cp=draw(st.sampled_from([1, 2])), ep=draw(st.sampled_from([1, 2, 4, 8])),
+                    etp=draw(st.sampled_from([0, 1, tp])), mbs=draw(st.integers(1, 4)),
+                    sp=tp > 1 and draw(st.booleans()), recompute=recompute, recompute_layers=recompute_layers,
+                    zero=draw(st.integers(0, 3)), first_stage_layers=first, last_stage_layers=last)
+
+    return build()
+
+
+@given(plan=_plans(), fp8=st.booleans())
+def test_any_plan_round_trips_through_megatron_flags(plan, fp8):
+    training = TrainingSpec(seq_len=8192, global_batch_size=1024, precision=Precision.FP8 if fp8 else Precision.BF16)
+    estimate = synthetic_estimate(moe_model(), cluster(256), training, plan)
+    run = parse_megatron_args(emit(estimate, "megatron"))
+    assert run.plan == plan
+    assert run.training["precision"] == training.precision.value
+
+
+def test_the_emitted_command_names_each_knob_once():
+    estimate = synthetic_front(dense_model(), DENSE_PLANS)[0]
+    text = emit(estimate, "megatron")
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
+                 "--global-batch-size", "--seq-length", "--context-parallel-size", "--bf16"):
+        assert text.count(flag + " ") + text.count(flag + "\n") == 1, flag
+    # comments come before the command, so the backslash-continued command is not cut by a comment line
+    command = text[text.index("\ntorchrun "):]
+    assert "#" not in command

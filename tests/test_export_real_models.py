@@ -1,0 +1,56 @@
+"""Exports and reports of estimates from the real cost model on bundled presets (MLA, MoE with dense first
+layers, learned positions, GQA with a wider head dim, fp8)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from autopar.api import Cluster, Training
+from autopar.estimate import estimate
+from autopar.export import FRAMEWORKS, emit
+from autopar.megatron_args import parse_megatron_args
+from autopar.models import load_model
+from autopar.report import render
+from autopar.report.document import load_schema
+from autopar.results import ParetoFront
+from costmodels.plan import Plan, Recompute
+
+CASES = [
+    ("deepseek-v3", 256, Training(seq_len=4096, global_batch_size=1024),
+     Plan(tp=8, pp=4, first_stage_layers=13, last_stage_layers=16, ep=8, etp=1, sp=True, zero=1,
+          recompute=Recompute.FULL)),  # 61 layers = 13 + 16 + 16 + 16
+    ("gpt-3-175b", 64, Training(seq_len=2048, global_batch_size=512),
+     Plan(tp=8, pp=8, vpp=3, sp=True, zero=1, recompute=Recompute.SELECTIVE)),  # 96 layers = 8 x 3 x 4
+    ("qwen3-30b-a3b", 32, Training(seq_len=8192, global_batch_size=256),
+     Plan(tp=2, pp=2, ep=8, etp=1, cp=2, sp=True, zero=1)),
+    ("mixtral-8x7b", 64, Training(seq_len=4096, global_batch_size=512, precision="fp8"),
+     Plan(tp=2, pp=4, vpp=2, ep=8, etp=2, sp=True, zero=1, recompute=Recompute.FULL, recompute_layers=2)),
+]
+
+
+@pytest.fixture(scope="module")
+def estimates():
+    return [estimate(load_model(name), Cluster(num_gpus=gpus), training, plan)
+            for name, gpus, training, plan in CASES]
+
+
+def test_real_estimates_round_trip_through_megatron_flags(estimates):
+    for result in estimates:
+        run = parse_megatron_args(emit(result, "megatron"))
+        assert run.plan == result.plan
+        assert run.num_gpus == result.cluster.num_gpus
+        assert run.model_mismatches(result.model) == []  # the emitted shape flags describe the preset
+        for framework in FRAMEWORKS:
+            assert emit(result, framework).strip()
+
+
+def test_real_estimates_report_validates(estimates):
+    schema = load_schema()
+    for result in estimates:
+        front = ParetoFront(model=result.model, cluster=result.cluster, training=result.training,
+                            points=(result,), proven_optimal=True, rules=("world", "memory"))
+        jsonschema.validate(json.loads(render(front, "json")), schema, cls=jsonschema.Draft202012Validator)
+        assert render(front, "html").count('class="point-marker"') == 1

@@ -1,0 +1,242 @@
+"""Structure of the step-time model: hand-derived toy cases, topology, schedule properties, and term bookkeeping."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from costmodels import comm, compute, pipeline, steptime
+from costmodels.errors import InputError
+from costmodels.hardware import LinkSpec, load_profile
+from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute
+from costmodels.specs import ClusterSpec, MlpKind, MoESpec, ModelSpec, NormKind, PositionEmbedding, Precision, \
+    TrainingSpec
+
+H100 = load_profile("h100-80gb")
+A100 = load_profile("a100-80gb")
+
+LLAMA_7B = ModelSpec(name="llama-2-7b", hidden_size=4096, num_layers=32, num_attention_heads=32,
+                     ffn_hidden_size=11008, vocab_size=32000)
+LLAMA_70B = ModelSpec(name="llama-3.1-70b", hidden_size=8192, num_layers=80, num_attention_heads=64,
+                      num_kv_heads=8, ffn_hidden_size=28672, vocab_size=128256)
+MIXTRAL = ModelSpec(name="mixtral-8x7b", hidden_size=4096, num_layers=32, num_attention_heads=32, num_kv_heads=8,
+                    ffn_hidden_size=14336, vocab_size=32000,
+                    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+
+
+def gpt(hidden: int, layers: int, heads: int) -> ModelSpec:
+    return ModelSpec(name="gpt", hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
+                     ffn_hidden_size=4 * hidden, vocab_size=51200, mlp=MlpKind.PLAIN, norm=NormKind.LAYERNORM,
+                     position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=2048,
+                     tied_embeddings=True, linear_bias=True)
+
+
+def terms(model, num_gpus, plans, training=None, profile=H100, gpus_per_node=8):
+    cluster = ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node)
+    training = training or TrainingSpec(seq_len=4096, global_batch_size=256)
+    return steptime.step_time_terms_s(model, cluster, training, PlanArrays.from_plans(plans))
+
+
+# ---- alpha–beta and GEMM curve: hand arithmetic -----------------------------------------------------------------
+
+def test_collective_time_alpha_beta_factors():
+    link = LinkSpec(bandwidth_bytes_per_s=100e9, alpha_s=10e-6, nominal_bandwidth_bytes_per_s=100e9)
+    # all-reduce of 1 GB over 4 ranks: 10 µs + 1e9 · 2·3/4 / 1e11 = 10 µs + 15 ms
+    assert comm.collective_time_s(link, "all_reduce", 1e9, 4) == pytest.approx(0.01501)
+    # all-gather / reduce-scatter / all-to-all: factor 3/4 → 7.5 ms + 10 µs
+    for kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert comm.collective_time_s(link, kind, 1e9, 4) == pytest.approx(0.00751)
+    # send/recv: factor 1 → 10 ms + 10 µs; a group of one costs nothing
+    assert comm.collective_time_s(link, "send_recv", 1e9, 2) == pytest.approx(0.01001)
+    assert comm.collective_time_s(link, "all_reduce", 1e9, 1) == 0.0
+
+
+def test_gemm_efficiency_curve_by_hand():
+    # square GEMM of side half_saturation_dim: peak_fraction / (1 + d/3 · 3/d) = peak_fraction / 2
+    d = H100.gemm_efficiency["half_saturation_dim"]
+    half = compute.gemm_efficiency(H100, d, d, d, "bf16")
+    assert half == pytest.approx(H100.gemm_efficiency["peak_fraction"] / 2)
+    # monotone in every dimension and symmetric in (m, n, k)
+    assert compute.gemm_efficiency(H100, 8192, 8192, 512) < compute.gemm_efficiency(H100, 8192, 8192, 4096)
+    assert compute.gemm_efficiency(H100, 100, 2000, 30) == pytest.approx(compute.gemm_efficiency(H100, 30, 100, 2000))
+
+
+def test_fp8_faster_than_bf16_on_h100_for_large_gemms():
+    flops = 2.0 * 8192 ** 3
+    bf16 = compute.gemm_time_s(H100, flops, 8192, 8192, 8192, "bf16")
+    fp8 = compute.gemm_time_s(H100, flops, 8192, 8192, 8192, "fp8")
+    assert fp8 < 0.7 * bf16
+    # and a whole step of a large model
+    plan = [Plan(tp=8, pp=2, sp=True, recompute=Recompute.SELECTIVE, zero=1)]
+    step = {}
+    for precision in (Precision.BF16, Precision.FP8):
+        training = TrainingSpec(seq_len=8192, global_batch_size=128, precision=precision)
+        step[precision] = sum(terms(LLAMA_70B, 64, plan, training).values())[0]
+    assert step[Precision.FP8] < step[Precision.BF16]
+
+
+def test_fp8_refused_where_the_profile_has_no_fp8():
+    with pytest.raises(InputError):
+        terms(LLAMA_7B, 8, [Plan(tp=1)], TrainingSpec(precision=Precision.FP8), profile=A100)
+
+
+def test_model_flops_match_megatron_gpt_formula():
+    # GPT, causal attention counted at half (Megatron num_floating_point_operations):
+    # per layer fwd 24·s·h² GEMMs + 2·s²·h core; ×3 fwd+bwd; logits 6·s·h·V
+    # → 72·B·s·l·h²·(1 + s/(12h) + V/(12·l·h))
+    h, layers, s, batch, vocab = 1024, 4, 2048, 8, 51200
+    model = gpt(h, layers, 16)
+    expected = 72 * batch * s * layers * h * h * (1 + s / (12 * h) + vocab / (12 * layers * h))
+    training = TrainingSpec(seq_len=s, global_batch_size=batch)
+    # plain-GELU GPT has biases: their FLOPs are not GEMMs and are not counted (as in Megatron)
+    assert steptime.model_flops_per_step(model, training) == pytest.approx(expected, rel=1e-12)
+
+
+def test_hardware_flops_count_recompute():
+    training = TrainingSpec(seq_len=2048, global_batch_size=8)
+    model = gpt(1024, 4, 16)
+    plans = PlanArrays.from_plans([Plan(), Plan(recompute=Recompute.SELECTIVE), Plan(recompute=Recompute.FULL)])
+    flops = steptime.hardware_flops_per_step(model, training, plans)
+    model_flops = steptime.model_flops_per_step(model, training)
+    assert flops[0] == pytest.approx(model_flops)
+    # selective adds the causal attention core forward: 2·s²·h per layer per sequence (half of 4·s²·h)
+    assert flops[1] - model_flops == pytest.approx(8 * 4 * 2 * 2048 ** 2 * 1024)
+    # full adds one forward of every layer: 24·s·h² + 2·s²·h per layer per sequence
+    layer_forward = 24 * 2048 * 1024 ** 2 + 2 * 2048 ** 2 * 1024
+    assert flops[2] - model_flops == pytest.approx(8 * 4 * layer_forward)
+
+
+# ---- topology ----------------------------------------------------------------------------------------------------
+
+def test_group_placement_follows_megatron_rank_order():
+    plans = PlanArrays.from_plans([Plan(tp=8, pp=2), Plan(tp=2, cp=2, pp=2), Plan(tp=16)])
+    tp = comm.tp_group(plans, 8)
+    assert list(tp.crosses_nodes) == [False, False, True]          # TP=16 spans two nodes
+    # dp·cp groups on 32 GPUs: tp8 pp2 → dp 2 with stride 8: one member per node, 2 nodes
+    dp = comm.dp_cp_group(plans, 32, 8)
+    assert list(dp.size) == [2, 8, 2]
+    assert list(dp.members_per_node) == [1, 4, 1]                  # stride 2 → 4 members of the group per node
+    # the pipeline is outermost: stride 32/pp = 16 → every stage on its own node
+    assert list(comm.pp_group(plans, 32, 8).crosses_nodes) == [True, True, False]
+
+
+def test_tp_traffic_on_nvlink_while_the_tp_group_fits_a_node():
+    model, training = LLAMA_7B, TrainingSpec(seq_len=4096, global_batch_size=64)
+    plans = [Plan(tp=4), Plan(tp=8), Plan(tp=16)]
+    tp_s = terms(model, 16, plans, training)["tp_comm"]
+    nvlink = H100.links["nvlink"]
+    # tp=8, no SP: per layer 4 all-reduces of b·s·h·2 = 32 MiB, per microbatch, on NVLink:
+    # 4 · 32 layers · (alpha + 2·7/8 · 33554432 / bw), × m = 64/(2·1) microbatches
+    one = nvlink.alpha_s + 2 * 7 / 8 * 4096 * 4096 * 2 / nvlink.bandwidth_bytes_per_s
+    assert tp_s[1] == pytest.approx(4 * 32 * one * 32)
+    # across nodes the same collective is priced with an InfiniBand stage: tp=16 costs more per step
+    assert tp_s[2] > tp_s[1]
+
+
+def test_ep_all_to_all_slows_down_when_the_ep_group_crosses_nodes():
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    plan = [Plan(tp=1, ep=8, zero=1)]
+    inside = terms(MIXTRAL, 16, plan, training, gpus_per_node=8)["ep_comm"][0]
+    across = terms(MIXTRAL, 16, plan, training, gpus_per_node=4)["ep_comm"][0]
+    assert across > 2 * inside > 0
+
+
+def test_cp_ring_is_hidden_behind_long_attention_and_exposed_across_nodes_at_short_sequences():
+    plan = [Plan(tp=8, cp=2, sp=True)]                    # cp stride 8: the two CP ranks sit on different nodes
+
+    def cp_s(seq, gpus_per_node):
+        return terms(LLAMA_7B, 16, plan, TrainingSpec(seq_len=seq, global_batch_size=16),
+                     gpus_per_node=gpus_per_node)["cp_comm"][0]
+
+    assert cp_s(4096, 8) > cp_s(4096, 16) > 0             # InfiniBand ring vs NVLink ring
+    assert cp_s(131072, 8) == 0.0                         # attention (∝ s²) hides the K/V exchange (∝ s)
+
+
+def test_imbalance_slows_experts_and_capacity_caps_it():
+    plan = [Plan(tp=1, ep=8, zero=1)]
+    balanced = terms(MIXTRAL, 8, plan, TrainingSpec(global_batch_size=64))
+    skewed = terms(MIXTRAL, 8, plan, TrainingSpec(global_batch_size=64, moe_imbalance_factor=1.5))
+    capped = terms(MIXTRAL, 8, plan, TrainingSpec(global_batch_size=64, moe_imbalance_factor=1.5,
+                                                  moe_capacity_factor=1.0))
+    assert skewed["compute"][0] > balanced["compute"][0]
+    assert skewed["ep_comm"][0] > balanced["ep_comm"][0]
+    assert capped["compute"][0] == pytest.approx(balanced["compute"][0])
+
+
+# ---- pipeline ----------------------------------------------------------------------------------------------------
+
+def test_no_bubble_and_no_p2p_without_pipeline():
+    t = terms(LLAMA_7B, 8, [Plan(tp=2, sp=True), Plan(tp=1, zero=1, mbs=2)])
+    assert np.all(t["pp_bubble"] == 0) and np.all(t["pp_p2p"] == 0)
+
+
+def test_bubble_fraction_falls_with_microbatches_and_with_vpp():
+    plans = PlanArrays.from_plans([Plan(pp=4), Plan(pp=4, vpp=2), Plan(pp=4, vpp=4)])
+    # (p-1)/(v·m): 3/8, 3/16, 3/32 at m = 8; 3/16 at m = 16
+    assert list(pipeline.bubble_fraction(plans, np.array([8, 8, 8]))) == [3 / 8, 3 / 16, 3 / 32]
+    assert pipeline.bubble_fraction(plans, np.array([16, 16, 16]))[0] == 3 / 16
+    # in the step time: the bubble's share of the step falls as gbs (microbatches) grows and as vpp grows
+    shares = []
+    for gbs in (32, 64, 128):
+        t = terms(LLAMA_7B, 16, [Plan(tp=2, pp=4, sp=True)], TrainingSpec(seq_len=4096, global_batch_size=gbs))
+        shares.append(t["pp_bubble"][0] / sum(t.values())[0])
+    assert shares[0] > shares[1] > shares[2]
+    by_vpp = terms(LLAMA_7B, 16, [Plan(tp=2, pp=4, vpp=v, sp=True) for v in (1, 2, 4)])
+    assert by_vpp["pp_bubble"][0] > by_vpp["pp_bubble"][1] > by_vpp["pp_bubble"][2]
+    assert by_vpp["pp_p2p"][0] < by_vpp["pp_p2p"][1] < by_vpp["pp_p2p"][2]      # v times the transfers
+
+
+# ---- bookkeeping -------------------------------------------------------------------------------------------------
+
+def test_time_terms_sum_to_the_step_time_and_are_non_negative():
+    from costmodels.evaluate import evaluate
+
+    cluster = ClusterSpec(profile=H100, num_gpus=16)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    plans = [Plan(tp=2, pp=2, sp=True, zero=1), Plan(tp=1, ep=8, zero=1), Plan(tp=4, cp=2, sp=True, zero=3)]
+    evaluation = evaluate(MIXTRAL, cluster, training, plans)
+    total = sum(evaluation.time_terms_s.values())
+    np.testing.assert_allclose(evaluation.step_time_s, total)
+    np.testing.assert_allclose(steptime.step_time_s(MIXTRAL, cluster, training, PlanArrays.from_plans(plans)), total)
+    assert all(np.all(v >= 0) for v in evaluation.time_terms_s.values())
+    assert set(evaluation.time_terms_s) == set(steptime.TERM_KNOBS)
+
+
+KNOB_VALUES = {
+    "tp": (1, 2, 4), "pp": (1, 2, 4), "vpp": (1, 2), "cp": (1, 2), "ep": (1, 2, 4, 8), "etp": (1, 2),
+    "mbs": (1, 2), "sp": (False, True), "recompute": (0, 1, 2), "recompute_layers": (0, 1, 2),
+    "zero": (0, 1, 2, 3), "first_stage_layers": (0, 6), "last_stage_layers": (0, 6),
+}
+plan_strategy = st.fixed_dictionaries({name: st.sampled_from(values) for name, values in KNOB_VALUES.items()})
+
+
+@given(plan_strategy, st.sampled_from(sorted(KNOB_VALUES)), st.data())
+def test_a_term_does_not_move_when_a_knob_outside_its_knob_set_changes(values, knob, data):
+    """TERM_KNOBS is what the CP-SAT tables are built from: a knob not listed must not change the term."""
+    other = data.draw(st.sampled_from([v for v in KNOB_VALUES[knob] if v != values[knob]]))
+    base = PlanArrays.from_columns(**values)
+    moved = PlanArrays.from_columns(**dict(values, **{knob: other}))
+    before = terms(MIXTRAL, 64, [base.plan(0)], TrainingSpec(seq_len=4096, global_batch_size=128))
+    after = terms(MIXTRAL, 64, [moved.plan(0)], TrainingSpec(seq_len=4096, global_batch_size=128))
+    for term, knobs in steptime.TERM_KNOBS.items():
+        if knob not in knobs:
+            assert after[term][0] == pytest.approx(before[term][0], rel=1e-12, abs=1e-15), (term, knob)
+
+
+def test_term_knobs_name_plan_fields():
+    for term, knobs in steptime.TERM_KNOBS.items():
+        assert set(knobs) <= set(PLAN_FIELDS), term
+
+
+@given(st.lists(plan_strategy, min_size=2, max_size=6))
+def test_vectorised_equals_one_at_a_time(rows):
+    plans = [PlanArrays.from_columns(**values).plan(0) for values in rows]
+    together = terms(MIXTRAL, 64, plans)
+    for i, plan in enumerate(plans):
+        alone = terms(MIXTRAL, 64, [plan])
+        for term in together:
+            assert together[term][i] == pytest.approx(alone[term][0], rel=1e-12, abs=1e-15)
+            assert math.isfinite(together[term][i])
