@@ -13,10 +13,12 @@ from autopar.api import Cluster, Training
 from autopar.errors import Infeasible, InputError
 from autopar.estimate import estimate  # shadows the module name: use `from autopar.estimate import ...`
 from autopar.models import load_model
+from autopar.results import Estimate, ParetoFront
+from autopar.search.solve import solve
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import ClusterSpec, ModelSpec, Precision, TrainingSpec
 
 __all__ = [
-    "Cluster", "ClusterSpec", "Infeasible", "InputError", "ModelSpec", "Plan", "Precision", "Recompute", "Training",
-    "TrainingSpec", "estimate", "load_model",
+    "Cluster", "ClusterSpec", "Estimate", "Infeasible", "InputError", "ModelSpec", "ParetoFront", "Plan", "Precision",
+    "Recompute", "Training", "TrainingSpec", "estimate", "load_model", "solve",
 ]

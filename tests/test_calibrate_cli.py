@@ -193,6 +193,20 @@ def test_estimate_refuses_a_damaged_profile(bad_profiles, name):
                    BAD_PROFILES[name][1])
 
 
+@pytest.mark.parametrize("name", ["not_yaml", "text_fitted_field", "nan_measurement", "quartiles_out_of_order",
+                                  "no_measurements"])
+def test_solve_refuses_a_damaged_profile(bad_profiles, name):
+    path = bad_profiles[name]
+    assert_refused(autopar("solve", MODEL, "--gpus", "8", "--profile", str(path)), path, BAD_PROFILES[name][1])
+
+
+def test_solve_uses_the_calibrated_profile(calibrated):
+    result = autopar("solve", MODEL, "--gpus", "16", "--profile", str(calibrated), "--json")
+    assert result.returncode == 0, result.stderr
+    front = json.loads(result.stdout)
+    assert front["inputs"]["cluster"]["gpu"] == "h100-80gb-calibrated" and front["points"]
+
+
 @pytest.mark.parametrize("name", ["nan_measurement", "text_measurement", "quartiles_out_of_order", "not_yaml",
                                   "empty"])
 def test_profile_fit_refuses_damaged_measurements_and_writes_nothing(bad_profiles, name, tmp_path):

@@ -89,7 +89,18 @@ def test_two_ranks_on_one_node_measure_the_intra_node_link(one_node_profile):
     assert [p.name for p in one_node_profile.parent.iterdir()] == ["cluster.yaml"]  # no temporary file left
 
 
-def test_the_calibrated_profile_drives_a_plan(one_node_profile):
+def test_the_calibrated_profile_drives_solve(one_node_profile):
+    folder = one_node_profile.parent
+    result = autopar("solve", "llama-3.1-8b", "--gpus", "8", "--profile", str(one_node_profile), "--json",
+                     cwd=folder)
+    assert result.returncode == 0, result.stderr
+    front = json.loads(result.stdout)
+    assert front["inputs"]["cluster"]["gpu"] == "a100-80gb-calibrated"
+    assert front["inputs"]["cluster"]["profile_source"] == str(one_node_profile)
+    assert front["points"], "a Pareto front of plans"
+
+
+def test_the_calibrated_profile_drives_estimate(one_node_profile):
     folder = one_node_profile.parent
     result = autopar("estimate", "llama-3.1-8b", "--profile", str(one_node_profile), "--tp", "8",
                      "--num-gpus", "8", "--json", cwd=folder)
@@ -169,3 +180,17 @@ def test_message_sizes_and_shapes():
     # 2 token counts × 4 hidden sizes × 4 TP degrees × 5 GEMMs of a layer
     assert len(shapes) == 160
     assert any(s.m == 16384 and s.n == 4096 and s.k == 4 * 4096 // 8 for s in shapes)  # MLP down, h=4096, tp=8
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--out", "no/such/dir/p.yaml"], ["out", "no/such/dir", "does not exist"]),
+    (["--out", "profile.txt"], ["out", ".yaml"]),
+    (["--base-gpu", "h1000"], ["gpu", "h100"]),
+    (["--max-bytes", "lots"], ["--max-bytes", "lots"]),
+])
+def test_calibrate_refuses_bad_options_before_measuring(tmp_path, args, words):
+    result = autopar("calibrate", "--quick", *args, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in result.stderr
+    assert list(tmp_path.iterdir()) == []

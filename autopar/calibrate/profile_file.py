@@ -278,6 +278,20 @@ def write_atomically(path: str | Path, text: str) -> None:
     """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
+    try:
+        _write_and_rename(target, directory, text)
+    except OSError as exc:
+        raise InputError("out", f"cannot write {str(target)!r} ({exc.strerror or exc.__class__.__name__}); "
+                                "choose another --out") from None
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every file system)
+        directory_descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(directory_descriptor)
+        finally:
+            os.close(directory_descriptor)
+
+
+def _write_and_rename(target: Path, directory: Path, text: str) -> None:
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
@@ -292,9 +306,3 @@ def write_atomically(path: str | Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every file system)
-        directory_descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(directory_descriptor)
-        finally:
-            os.close(directory_descriptor)

@@ -71,14 +71,9 @@ class Topology:
 
 def run_calibration(options: CalibrateOptions) -> int:
     distributed = "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-    rank = int(os.environ.get("RANK", "0")) if distributed else 0
     device = _device()
     context_bytes = bench.cuda_context_bytes(device) if device.type == "cuda" else None
     base_name, base_reason = choose_base_profile(options.base_gpu, device)
-    if rank == 0:
-        from autopar.calibrate.profile_file import check_output_path
-
-        check_output_path(options.out)
     if distributed:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, init_method="env://",

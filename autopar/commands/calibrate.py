@@ -83,7 +83,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"autopar: error: calibrate needs torch, which is not installed; install it with: {INSTALL_HINT}",
               file=sys.stderr)
         return 2
+    import os
     from pathlib import Path
+
+    from autopar.calibrate.profile_file import check_output_path
+    from costmodels.hardware import resolve_gpu_name
+
+    # cheap checks first, before torch loads and ranks meet: a typo costs a second, not a rendezvous
+    if args.base_gpu is not None:
+        resolve_gpu_name(args.base_gpu)
+    if os.environ.get("RANK", "0") == "0":  # rank 0 writes the profile; other nodes may not see its directory
+        check_output_path(args.out)
 
     from autopar.calibrate.runner import CalibrateOptions, run_calibration
 

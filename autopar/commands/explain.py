@@ -1,17 +1,86 @@
-"""`autopar explain`."""
-# PLACEHOLDER: owner will replace
+"""`autopar explain MODEL --gpus N [--tp 8 --pp 2 ...]`: why a plan is not on the front, or why nothing fits.
+
+With plan flags: the rule the plan breaks, or the front point that dominates it, by how much, and the named
+step-time terms that make the difference (the guide's "Training is slow" causes: bubble from too much PP, TP
+communication, a micro-batch too small, excessive recomputation). Without plan flags: whether anything fits, and
+if not the smallest set of conflicting rules, the nearest plan and its memory shortfall.
+
+Exit codes: 0 explained; 1 nothing fits (printed as for `solve`); 2 bad input.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import json
+
+from autopar.commands import (
+    add_cluster_arguments,
+    add_json_argument,
+    add_model_argument,
+    add_plan_arguments,
+    add_training_arguments,
+)
+
+PLAN_DESTS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "zero",
+              "first_stage_layers", "last_stage_layers")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("explain", help="(not available yet)")
-    parser.set_defaults(run=run)
+    parser = subparsers.add_parser(
+        "explain", help="why a plan is not on the front, or why nothing fits",
+        description="Explain a plan against the Pareto front (the rule it breaks, or the plan that beats it and "
+                    "which time terms make the difference), or, without plan flags, why no plan fits.",
+        epilog="exit codes: 0 explained, 1 nothing fits, 2 bad input")
+    add_model_argument(parser)
+    add_plan_arguments(parser)
+    add_cluster_arguments(parser)
+    add_training_arguments(parser)
+    from autopar.commands.solve import add_search_arguments
+
+    add_search_arguments(parser)
+    add_json_argument(parser)
+    parser.set_defaults(run=run, **{dest: None for dest in PLAN_DESTS})
+
+
+def _plan_given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, dest) is not None for dest in PLAN_DESTS)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("autopar: error: explain is not available yet", file=sys.stderr)
-    return 2
+    from autopar.commands import plan_from_args, specs_from_args
+    from autopar.commands.solve import controls_from_args
+    from autopar.search.rules import active_rules
+    from autopar.search.solve import solve
+
+    _, bounds = controls_from_args(args)
+    active_rules(args.relax)
+    given = _plan_given(args)
+    if given:
+        defaults = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 0, "mbs": 1, "recompute": "none",
+                    "recompute_layers": 0, "zero": 0, "first_stage_layers": 0, "last_stage_layers": 0}
+        for dest, value in defaults.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, value)
+        plan = plan_from_args(args)
+    model, cluster, training = specs_from_args(args)
+    front = solve(model, cluster, training, fix=args.fix, bounds=bounds, relax=tuple(args.relax),
+                  time_limit_s=args.time_limit, solver=args.solver)   # Infeasible -> exit 1 with the explanation
+    if not given:
+        lines = [f"{len(front.points)} Pareto-optimal plans fit; the fastest is {front.points[0].plan.short()} "
+                 f"({front.points[0].step_time_s:.3f} s per step, "
+                 f"{front.points[0].peak_memory_bytes / 2**30:.1f} GiB peak); run `autopar solve` for the front"]
+        if args.json:
+            print(json.dumps({"feasible": True, "front_size": len(front.points), "explanation": lines}, indent=2))
+        else:
+            print("\n".join(lines))
+        return 0
+    from autopar.search.explain import explain_plan
+
+    explanation = explain_plan(model, cluster, training, plan, front, relax=tuple(args.relax))
+    if args.json:
+        print(json.dumps(explanation.to_dict(), indent=2))
+    else:
+        print(f"plan {plan.short()} on {cluster.num_gpus} × {cluster.profile.name}:")
+        for line in explanation.lines:
+            print(f"  {line}")
+    return 0

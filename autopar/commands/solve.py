@@ -1,17 +1,141 @@
-"""`autopar solve`."""
-# PLACEHOLDER: owner will replace
+"""`autopar solve MODEL --gpus N`: every Pareto-optimal layout (step time vs peak memory per GPU), fastest first.
+
+Prints the inputs and assumptions, then the front as a table (plan, step time, tokens/s, MFU, peak memory);
+`--json` prints the ParetoFront document instead. `--gpus 64-512` solves a range of GPU counts and keeps the plans
+no other beats on step time, memory and GPU count together (the scaling front).
+
+Exit codes: 0 a front was found; 1 nothing fits (the conflicting rules and the nearest plan are printed);
+2 bad input.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from autopar.commands import (
+    add_cluster_arguments,
+    add_json_argument,
+    add_model_argument,
+    add_relax_argument,
+    add_training_arguments,
+    integer,
+)
+
+
+def gpu_count_or_range(text: str) -> int | tuple[int, int]:
+    """`N` or `LO-HI` (a scaling front over GPU counts)."""
+    if "-" in text.strip().lstrip("-"):
+        low, _, high = text.partition("-")
+        low_n, high_n = integer(low), integer(high)
+        if low_n < 1 or high_n < low_n:
+            raise argparse.ArgumentTypeError(f"expected LO-HI with 1 <= LO <= HI, got {text!r}")
+        return (low_n, high_n)
+    return integer(text)
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("search")
+    group.add_argument("--fix", action="append", default=[], metavar="KNOB=V",
+                       help="pin a knob (tp, pp, vpp, cp, ep, etp, mbs, sp, recompute, recompute_layers, zero, "
+                            "first_stage_layers, last_stage_layers); repeatable, e.g. --fix tp=4 --fix sp=true")
+    group.add_argument("--max", action="append", default=[], metavar="KNOB=V", help="upper bound on a knob; repeatable")
+    group.add_argument("--min", action="append", default=[], metavar="KNOB=V", help="lower bound on a knob; repeatable")
+    add_relax_argument(parser)
+    group.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                       help="stop searching after this long and show the front found so far (marked not proven)")
+    group.add_argument("--top", type=int, default=None, metavar="K", help="show only the K fastest front points")
+    group.add_argument("--solver", choices=("auto", "cpsat", "oracle"), default="auto",
+                       help="CP-SAT model or exhaustive oracle; auto = the oracle (faster for this cost model); same front")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("solve", help="(not available yet)")
+    parser = subparsers.add_parser(
+        "solve", help="the Pareto front of layouts (step time vs memory)",
+        description="Search every layout (tp, sp, pp, vpp, uneven first/last stages, cp, ep, etp, mbs, recompute, "
+                    "zero) under the guide's rules and print the Pareto-optimal ones, fastest first.",
+        epilog="exit codes: 0 front found, 1 nothing fits (conflicting rules printed), 2 bad input")
+    add_model_argument(parser)
+    add_cluster_arguments(parser)
+    for action in parser._actions:                     # --gpus also takes a range LO-HI here
+        if action.dest == "num_gpus":
+            action.type = gpu_count_or_range
+            action.help = "number of GPUs, or a range LO-HI for the scaling front; default one node"
+    add_training_arguments(parser)
+    add_search_arguments(parser)
+    add_json_argument(parser)
+    from autopar.report.options import add_output_arguments  # F: --out, --emit, --pick
+
+    add_output_arguments(parser)
     parser.set_defaults(run=run)
 
 
+def controls_from_args(args: argparse.Namespace):
+    from autopar.search.solve import controls_from
+    from autopar.search.space import parse_assignments
+
+    minimum = parse_assignments(args.min, "min")
+    maximum = parse_assignments(args.max, "max")
+    bounds = {k: (minimum.get(k), maximum.get(k)) for k in set(minimum) | set(maximum)}
+    return controls_from(args.fix, bounds, args.relax), bounds
+
+
 def run(args: argparse.Namespace) -> int:
-    print("autopar: error: solve is not available yet", file=sys.stderr)
-    return 2
+    from autopar.commands import specs_from_args
+    from autopar.search.rules import active_rules
+    from autopar.search.solve import solve, solve_scaling
+    from costmodels.errors import InputError
+
+    _, bounds = controls_from_args(args)          # bad --fix/--max/--relax before the model loads
+    active_rules(args.relax)
+    if args.top is not None and args.top < 1:
+        raise InputError("top", f"must be >= 1, got {args.top}")
+    gpu_range = args.num_gpus if isinstance(args.num_gpus, tuple) else None
+    if gpu_range is not None:
+        args.num_gpus = gpu_range[1]
+    model, cluster, training = specs_from_args(args)
+    options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
+                   solver=args.solver)
+    if gpu_range is not None:
+        front = solve_scaling(model, cluster, training, gpu_range, **options)
+    else:
+        front = solve(model, cluster, training, **options)
+    if args.top is not None:
+        import dataclasses
+
+        front = dataclasses.replace(front, points=front.points[: args.top])
+    if args.json:
+        print(front.to_json())
+    else:
+        print_front(front)
+    from autopar.report.options import write_outputs
+
+    write_outputs(args, front)
+    return 0
+
+
+def print_front(front, stream=None) -> None:
+    from rich.console import Console
+
+    from autopar.describe import describe_inputs
+    from autopar.report.terminal import front_table
+
+    out = stream if stream is not None else sys.stdout
+    console = Console(file=out, width=140, highlight=False)
+    inputs = describe_inputs(front.model, front.cluster, front.training)
+    m, c, t = inputs["model"], inputs["cluster"], inputs["training"]
+    console.print(f"model     {m['name']}: {m['total_params'] / 1e9:.1f} B params ({m['active_params'] / 1e9:.1f} B "
+                  f"active), {m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_attention_heads']} heads "
+                  f"({m['num_kv_heads']} KV)")
+    console.print(f"cluster   {c['num_gpus']} × {c['gpu_display_name']}, {c['gpus_per_node']} per node, "
+                  f"limit {c['memory_limit_bytes'] / 2**30:.1f} GiB per GPU ({1 - c['headroom']:.0%} of "
+                  f"{c['hbm_bytes'] / 2**30:.0f} GiB)")
+    console.print(f"training  seq_len {t['seq_len']}, global batch {t['global_batch_size']}, {t['precision']}, "
+                  f"flash attention {'on' if t['flash_attention'] else 'off'}")
+    console.print(f"rules     {', '.join(front.rules)}"
+                  + (f"; relaxed: {', '.join(front.relaxed_rules)}" if front.relaxed_rules else ""))
+    console.print(f"search    {front.search_space_size:,} candidate plans, solver {front.solver}, "
+                  f"{front.solve_time_s:.2f} s, {'optimal' if front.proven_optimal else 'NOT proven optimal'}")
+    for note in front.notes:
+        console.print(f"note      {note}")
+    console.print(front_table(front, title=f"Pareto front: {len(front.points)} plans, fastest first"))

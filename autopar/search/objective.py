@@ -22,8 +22,8 @@ from the float model (costmodels.evaluate); the integers only decide the front a
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -156,17 +156,21 @@ def time_units(structure: ObjectiveStructure, cluster: ClusterSpec, training: Tr
 
 
 def memory_units(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 plans: PlanArrays) -> np.ndarray:
+                 plans: PlanArrays, only_knobs: set[str] | None = None) -> np.ndarray:
+    """Peak memory in MiB units. With `only_knobs`, only the groups whose knobs lie within it are counted: a lower
+    bound on the full value (every memory term is >= 0), used by the oracle to skip plans that cannot fit."""
+    def counted(groups):
+        return [g for g in groups if only_knobs is None or set(g.knobs) <= only_knobs]
+
+    stage_groups, shared_groups = counted(structure.stage_memory_groups), counted(structure.shared_memory_groups)
     candidates = memory.candidate_worst_stages(model, plans)
     best = None
     shared = None
     for stage in candidates:
         terms = memory.memory_terms_bytes(model, cluster, training, plans, stage)
         if shared is None:
-            shared = sum((memory_group_units(terms, g) for g in structure.shared_memory_groups),
-                         np.zeros(len(plans), np.int64))
-        per_stage = sum((memory_group_units(terms, g) for g in structure.stage_memory_groups),
-                        np.zeros(len(plans), np.int64))
+            shared = sum((memory_group_units(terms, g) for g in shared_groups), np.zeros(len(plans), np.int64))
+        per_stage = sum((memory_group_units(terms, g) for g in stage_groups), np.zeros(len(plans), np.int64))
         best = per_stage if best is None else np.maximum(best, per_stage)
     return best + shared
 
@@ -185,5 +189,5 @@ def memory_limit_units(memory_limit_bytes: float) -> int:
     return int(np.floor(memory_limit_bytes / MEMORY_UNIT_BYTES))
 
 
-def time_units_to_s(units: "np.ndarray | int") -> np.ndarray:
+def time_units_to_s(units: np.ndarray | int) -> np.ndarray:
     return np.asarray(units, dtype=float) * TIME_UNIT_S / PIPELINE_FACTOR_SCALE

@@ -1,9 +1,11 @@
 """The oracle: enumerate every candidate plan, apply the rules, evaluate the float cost model, keep the front.
 
 Simple and exact; the reference every solver test compares against. Enumeration runs in two levels so memory stays
-bounded: first the product of the structural knobs (pp split, tp, cp, vpp, ep, etp) filtered by the rules that
-read only those, then, chunk by chunk, each surviving structure times (mbs, sp, recompute, zero), all rules
-applied, the cost model evaluated on what remains, and a running front kept.
+bounded: first the product of the structural knobs (pp split, tp, cp, vpp, ep, etp, zero) filtered by the rules
+that read only those and by memory: the memory groups that depend on these knobs alone (weights, gradients,
+optimizer states, ZeRO buffers, fixed overheads) are a lower bound on the peak, so a structure whose bound is over
+the limit cannot fit whatever the rest. Then, chunk by chunk, each surviving structure times (mbs, sp, recompute),
+all rules applied, the cost model evaluated on what remains, and a running front kept.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from autopar.search import objective
 from autopar.search.pareto import front_indices
 from autopar.search.rules import Context, Rule, structural_mask
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
+from costmodels import steptime
 from costmodels.plan import PLAN_FIELDS, PlanArrays
 
 CHUNK_PLANS = 100_000
 """Plans evaluated at once (bounds the oracle's memory to a few hundred MB)."""
 
-STRUCTURE_KNOBS = ("split", "tp", "cp", "vpp", "ep", "etp")
-DETAIL_KNOBS = ("mbs", "sp", "recompute", "zero")
+STRUCTURE_KNOBS = ("split", "tp", "cp", "vpp", "ep", "etp", "zero")
+DETAIL_KNOBS = ("mbs", "sp", "recompute")
 
 
 @dataclass(frozen=True)
@@ -51,22 +54,32 @@ def _covered(rule: Rule, knobs: set[str]) -> bool:
     return set(rule.knobs) <= knobs
 
 
-def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...]) -> dict[str, np.ndarray]:
-    """Columns of every structure (split, tp, cp, vpp, ep, etp) that passes the rules reading only those knobs."""
+def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], enforce_memory: bool = False
+               ) -> dict[str, np.ndarray]:
+    """Columns of every structure (split, tp, cp, vpp, ep, etp, zero) that passes the rules reading only those
+    knobs and, with `enforce_memory`, the memory lower bound of the groups that read only those knobs."""
     factors = space.factors(_level_knobs(space, STRUCTURE_KNOBS))
     digits = mixed_radix([len(t) for _, t in factors], 0, math.prod(len(t) for _, t in factors))
     columns = space.columns_from_factors(factors, digits)
     knobs = set(columns)
     plans = plan_arrays(columns)
     mask = structural_mask(ctx, plans, [r for r in rules if r.id != "memory" and _covered(r, knobs)])
-    return {k: v[mask] for k, v in columns.items()}
+    columns = {k: v[mask] for k, v in columns.items()}
+    if enforce_memory and any(r.id == "memory" for r in rules) and len(columns["tp"]):
+        structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            bound = objective.memory_units(structure, ctx.model, ctx.cluster, ctx.training, plan_arrays(columns),
+                                           only_knobs=knobs)
+        fits = bound <= objective.memory_limit_units(ctx.cluster.memory_limit_bytes)
+        columns = {k: v[fits] for k, v in columns.items()}
+    return columns
 
 
 def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
                  time_budget_s: float | None = None, enforce_memory: bool = True) -> OracleResult:
     start = time.perf_counter()
     structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
-    base = structures(space, ctx, rules)
+    base = structures(space, ctx, rules, enforce_memory=enforce_memory)
     n_structures = len(next(iter(base.values())))
     detail = space.factors(_level_knobs(space, DETAIL_KNOBS))
     detail_sizes = [len(t) for _, t in detail]
@@ -98,15 +111,19 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
             continue
         plans = plans.take(np.flatnonzero(mask))
         valid += len(plans)
-        t_units, m_units = objective.objectives(structure, ctx.model, ctx.cluster, ctx.training, plans)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            m_units = objective.memory_units(structure, ctx.model, ctx.cluster, ctx.training, plans)
         keep = m_units <= limit_units if use_memory else np.ones(len(plans), dtype=bool)
         fitting += int(keep.sum())
         if not keep.any():
             continue
-        plans = plans.take(np.flatnonzero(keep))
+        plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            terms = steptime.step_time_terms_s(ctx.model, ctx.cluster, ctx.training, plans)
+            t_units = objective.time_units(structure, ctx.cluster, ctx.training, plans, terms)
         merged = {k: np.concatenate([best_columns[k], getattr(plans, k).astype(np.int64)]) for k in PLAN_FIELDS}
-        merged_time = np.concatenate([best_time, t_units[keep]])
-        merged_memory = np.concatenate([best_memory, m_units[keep]])
+        merged_time = np.concatenate([best_time, t_units])
+        merged_memory = np.concatenate([best_memory, m_units])
         idx = front_indices(merged_time, merged_memory, merged)
         best_columns = {k: v[idx] for k, v in merged.items()}
         best_time, best_memory = merged_time[idx], merged_memory[idx]

@@ -7,7 +7,7 @@ and better on one; among plans with equal vectors the one first in `space.TIE_BR
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -10,8 +10,8 @@ itself runs without them); the others are what Megatron's process groups, schedu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -200,7 +200,7 @@ def violated_rules(ctx: Context, plans: PlanArrays, rules: Sequence[Rule],
     return [tuple(name for name, mask in broken if mask[i]) for i in range(len(plans))]
 
 
-def check_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: "Plan | PlanArrays",
+def check_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan | PlanArrays,
                relax: Iterable[str] = ()) -> tuple[str, ...]:
     """The ids of the rules `plan` breaks (memory included, from the cost model's peak); () when it is valid."""
     from costmodels import memory

@@ -22,7 +22,8 @@ model), and values the search bounds on purpose; every bound below is documented
 Uneven pipeline stages (`layer_splits`). For pp > 1 the middle stages get m layers each with m = ceil(L/pp) or
 ceil(L/pp) + 1, and the first and last stages share the remainder r = L - (pp-2)·m as (f, l) with 1 <= f, l <= m
 (ends no heavier than the middle: they carry the embedding and the loss). An end that gets exactly m layers is
-written 0 ("as the middle"), so (0, 0) is the even split when pp divides L. Examples: DeepSeek-V3, 61 layers on
+written 0 ("as the middle"), so (0, 0) is the even split when pp divides L. With pp = 2 there is no middle stage:
+the lighter end is given, (x, 0) or (0, x), with x = L - ceil(L/2) or one less. Examples: DeepSeek-V3, 61 layers on
 pp 16: m = 4, r = 5: (1, 0), (2, 3), (3, 2), (0, 1); Llama-3.1-405B, 126 layers on pp 16: m = 8, r = 14:
 (6, 0), (7, 7), (0, 6); with m = 9 the ends share 0 layers, so none. At most ~3·pp splits per pp.
 """
@@ -30,8 +31,8 @@ pp 16: m = 4, r = 5: (1, 0), (2, 3), (3, 2), (0, 1); Llama-3.1-405B, 126 layers 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -67,7 +68,7 @@ class Controls:
     relax: tuple[str, ...] = ()
 
 
-def parse_knob_value(knob: str, value: "str | int | bool | Recompute") -> int:
+def parse_knob_value(knob: str, value: str | int | bool | Recompute) -> int:
     """A knob value from the command line or the API, as the integer the search uses."""
     if knob not in KNOBS:
         derived = " (dp is derived: num_gpus / (tp·cp·pp); pin tp, cp, pp instead)" if knob == "dp" else ""
@@ -93,7 +94,7 @@ def parse_knob_value(knob: str, value: "str | int | bool | Recompute") -> int:
     return int(value)
 
 
-def parse_assignments(items: "Sequence[str] | Mapping[str, object] | None", flag: str) -> dict[str, int]:
+def parse_assignments(items: Sequence[str] | Mapping[str, object] | None, flag: str) -> dict[str, int]:
     """`["tp=4", "pp=2"]` or `{"tp": 4}` -> {"tp": 4}; a malformed item is an InputError naming `flag`."""
     if not items:
         return {}
@@ -222,6 +223,14 @@ def layer_splits(num_layers: int, pp: int) -> list[tuple[int, int]]:
         return []
     splits: set[tuple[int, int]] = set()
     base = -(-num_layers // pp)
+    if pp == 2:   # no middle stage: a split is the lighter end's layer count, on the first or the last stage
+        if num_layers % 2 == 0:
+            splits.add((0, 0))
+        for heavier in (base, base + 1):
+            lighter = num_layers - heavier
+            if 1 <= lighter < heavier:
+                splits.update({(lighter, 0), (0, lighter)})
+        return sorted(splits)
     for middle in (base, base + 1):
         rest = num_layers - (pp - 2) * middle
         for first in range(max(1, rest - middle), min(middle, rest - 1) + 1):

@@ -10,8 +10,8 @@ left at Plan's defaults. Joint domains stay joint: a table that reads first/last
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

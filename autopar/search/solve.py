@@ -1,0 +1,184 @@
+"""`autopar.solve`: the Pareto front of (step time, peak memory per GPU) for a model on a cluster.
+
+    front = autopar.solve(model, cluster, training, fix={"tp": 8}, bounds={"pp": (None, 8)})
+
+Steps: the user's controls → the search space (autopar.search.space) → the rules in force
+(autopar.search.rules) → a solver (the CP-SAT model, autopar.search.cpsat, or the exhaustive oracle,
+autopar.search.oracle; both rank plans by the same integer objectives and break ties in the same order, so they
+return the same front) → every point re-scored with the float model (autopar.estimate) → `ParetoFront`.
+When nothing fits, `Infeasible` names the smallest set of conflicting rules and the nearest plan
+(autopar.search.explain).
+
+No global state: every call builds its own space, model and solver; safe to call from several threads.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+
+from autopar.results import Estimate, ParetoFront
+from autopar.search.rules import Context, active_rules
+from autopar.search.space import (
+    Controls,
+    build_space,
+    parse_assignments,
+    parse_knob_value,
+)
+from costmodels.errors import InputError
+from costmodels.plan import Plan, PlanArrays
+from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+SOLVERS = ("auto", "cpsat", "oracle")
+AUTO_SOLVER = "oracle"
+"""What `solver="auto"` runs. Both solvers return the same front (tests/test_cpsat_differential.py), and the
+oracle is the faster one for this cost model, on every size measured on this project's 2-core machine: the
+step-time terms depend on 12 and 13 of the 13 knobs (costmodels.steptime.TERM_KNOBS), so CP-SAT's integer tables
+are as large as the space itself, each CP-SAT solve costs ~0.1-0.3 s even on a 2,000-plan space, and the front walk
+needs two solves per front point, while the vectorised oracle evaluates ~3·10^5 plans per second (benchmarks/
+solver.py). CP-SAT stays available (`solver="cpsat"`) and answers the "why is nothing feasible" question
+(autopar.search.explain), which only needs the rules' small tables."""
+
+
+def controls_from(fix: Mapping[str, object] | Iterable[str] | None = None,
+                  bounds: Mapping[str, tuple[object, object]] | None = None,
+                  relax: Iterable[str] = ()) -> Controls:
+    """User controls from the API's shapes: fix {knob: value}, bounds {knob: (min or None, max or None)}."""
+    fixed = parse_assignments(fix, "fix") if fix else {}
+    minimum, maximum = {}, {}
+    for knob, pair in (bounds or {}).items():
+        try:
+            low, high = pair
+        except (TypeError, ValueError):
+            raise InputError("bounds", f"give {knob} as (min, max) with None for an open end, got {pair!r}") from None
+        if low is not None:
+            minimum[knob] = parse_knob_value(knob, low)
+        if high is not None:
+            maximum[knob] = parse_knob_value(knob, high)
+    return Controls(fix=fixed, minimum=minimum, maximum=maximum, relax=tuple(relax))
+
+
+def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
+          fix: Mapping[str, object] | Iterable[str] | None = None,
+          bounds: Mapping[str, tuple[object, object]] | None = None,
+          relax: Iterable[str] = (), time_limit_s: float | None = None, solver: str = "auto") -> ParetoFront:
+    """Every Pareto-optimal layout, fastest first, each re-scored with the float cost model.
+
+    fix: pin knobs ({"tp": 4} or ["tp=4"]); bounds: {"pp": (None, 8)} keeps pp <= 8; relax: guide rules to drop
+    (see autopar.search.rules.RULES); time_limit_s: stop the search there and return what was found, marked
+    not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER).
+    Raises InputError for bad controls and Infeasible when no plan fits.
+    """
+    if solver not in SOLVERS:
+        raise InputError("solver", f"unknown solver {solver!r}; use one of {', '.join(SOLVERS)}")
+    if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
+        raise InputError("time_limit", f"must be a positive number of seconds, got {time_limit_s!r}")
+    from autopar.estimate import require_precision_supported
+
+    require_precision_supported(cluster, training)
+    controls = controls_from(fix, bounds, relax)
+    rules = active_rules(controls.relax)
+    ctx = Context(model, cluster, training)
+    start = time.perf_counter()
+    space = build_space(model, cluster, training, controls)
+    chosen = solver if solver != "auto" else AUTO_SOLVER
+    notes: list[str] = []
+    if chosen == "cpsat":
+        from autopar.search.cpsat import solve_cpsat
+
+        result = solve_cpsat(space, ctx, rules, time_limit_s=time_limit_s)
+        plans, proven = result.plans, result.proven_optimal
+        notes.append(f"CP-SAT: {result.solves} solves, {result.table_rows} table rows, "
+                     f"model built in {result.build_s:.2f} s")
+    else:
+        from autopar.search.oracle import solve_oracle
+
+        result = solve_oracle(space, ctx, rules, time_budget_s=time_limit_s)
+        plans, proven = result.plans, result.complete
+        notes.append(f"oracle: {result.plans_seen} plans enumerated, {result.valid_plans} pass the rules, "
+                     f"{result.fitting_plans} fit in memory")
+    if not proven:
+        notes.append("time limit reached: the front is the best found so far, not proven optimal")
+    if len(plans) == 0:
+        if not proven:
+            from autopar.errors import Infeasible
+
+            raise Infeasible(f"no plan found within the time limit of {time_limit_s:g} s", (),
+                             ("raise --time-limit or narrow the search with --fix / --max",))
+        from autopar.search.explain import explain_infeasible
+
+        raise explain_infeasible(model, cluster, training, controls)
+    points = rescore(model, cluster, training, plans, controls.relax)
+    return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,
+                       rules=tuple(r.id for r in rules), relaxed_rules=tuple(controls.relax), solver=chosen,
+                       solve_time_s=time.perf_counter() - start, search_space_size=space.size, notes=tuple(notes))
+
+
+def rescore(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+            relax: Iterable[str] = ()) -> tuple[Estimate, ...]:
+    """The float model's estimate of every plan, in the given (front) order."""
+    from autopar.estimate import estimate
+
+    return tuple(estimate(model, cluster, training, plan, relax=tuple(relax)) for plan in plans)
+
+
+def scaling_gpu_counts(low: int, high: int, gpus_per_node: int) -> tuple[int, ...]:
+    """GPU counts of a scaling front: LO, HI and every power of two (or node count × power of two) between."""
+    counts = {low, high}
+    n = 1
+    while n <= high:
+        if n >= low and (n <= gpus_per_node or n % gpus_per_node == 0):
+            counts.add(n)
+        n *= 2
+    return tuple(sorted(counts))
+
+
+def solve_scaling(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpu_range: tuple[int, int],
+                  **options) -> ParetoFront:
+    """The front over (step time, peak memory, GPU count) for the GPU counts of `scaling_gpu_counts`; counts with
+    no feasible plan are skipped (noted). Points keep their own cluster (Estimate.cluster)."""
+    import dataclasses
+
+    from autopar.errors import Infeasible
+
+    low, high = gpu_range
+    start = time.perf_counter()
+    counts = scaling_gpu_counts(low, high, cluster.gpus_per_node)
+    points: list[Estimate] = []
+    notes: list[str] = [f"scaling front over GPU counts {', '.join(map(str, counts))}"]
+    proven, last_front, size = True, None, 0
+    for n in counts:
+        try:
+            sub = dataclasses.replace(cluster, num_gpus=n, gpus_per_node=min(cluster.gpus_per_node, n))
+        except InputError as exc:
+            notes.append(f"{n} GPUs skipped: {exc.message}")
+            continue
+        try:
+            front = solve(model, sub, training, **options)
+        except Infeasible as exc:
+            notes.append(f"{n} GPUs: {exc.message}")
+            continue
+        last_front = front
+        proven &= front.proven_optimal
+        size += front.search_space_size
+        points.extend(front.points)
+    if last_front is None:
+        raise Infeasible(f"no plan fits on any GPU count in {low}-{high}", ("memory",), tuple(notes))
+    vectors = [(p.step_time_s, p.peak_memory_bytes, p.cluster.num_gpus) for p in points]
+    kept = [p for p, v in zip(points, vectors)
+            if not any(w != v and all(a <= b for a, b in zip(w, v)) for w in vectors)]
+    kept.sort(key=lambda p: (p.step_time_s, p.peak_memory_bytes, p.cluster.num_gpus))
+    return dataclasses.replace(last_front, points=tuple(kept), proven_optimal=proven,
+                               solve_time_s=time.perf_counter() - start, search_space_size=size,
+                               notes=tuple(notes))
+
+
+def plan_index(front: ParetoFront, plan: Plan) -> int | None:
+    for i, point in enumerate(front.points):
+        if point.plan == plan:
+            return i
+    return None
+
+
+__all__ = ["SOLVERS", "controls_from", "rescore", "solve", "solve_scaling"]

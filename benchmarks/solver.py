@@ -1,0 +1,158 @@
+"""Solver benchmark: the exhaustive oracle and the CP-SAT model on the issue's five scenarios.
+
+    python benchmarks/solver.py [--oracle-budget 120] [--cpsat-budget 30] [--cpsat-max-rows 300000] [S1 S3 ...]
+
+S1-S5 are the issue's scenarios (all knobs free). S0 is an illustration only: S1's model on 8 GPUs with zero, sp
+and cp pinned and mbs <= 2, vpp <= 2, pp <= 4, a space of ~2k plans on which the CP-SAT walk finishes.
+
+For each scenario: the size of the search space, the oracle's time (when its budget runs out, the time measured so
+far and an extrapolation from the share of structures it covered), CP-SAT's time (model build + front walk, under
+its own budget; skipped when its tables would exceed --cpsat-max-rows), the front size, and whether the two fronts
+are equal (same integer objective vectors and plans; "untested" when one of them did not finish). It also times
+the whole `autopar solve llama-3.1-8b --gpus 32` command (start-up included). Ends with one line per scenario:
+
+    solver: SCENARIO cpsat_s=X oracle_s=Y front=N equal=yes|no|untested
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import autopar
+from autopar.search.rules import Context, active_rules
+from autopar.search.space import Controls, build_space
+from costmodels.specs import TrainingSpec
+
+SCENARIOS = {
+    "S0": ("llama-3.1-8b", "h100", 8, 4096, 32),       # illustration: pinned to a tiny space CP-SAT can finish
+    "S1": ("llama-3.1-8b", "h100", 32, 8192, 256),
+    "S2": ("llama-3.1-70b", "h100", 256, 8192, 1024),
+    "S3": ("gpt-530b", "a100-80gb", 2520, 2048, 2520),
+    "S4": ("deepseek-v3", "h100", 2048, 4096, 4096),
+    "S5": ("llama-3.1-405b", "h100", 16384, 8192, 2048),
+}
+
+S0_CONTROLS = Controls(fix={"zero": 1, "sp": 1, "cp": 1}, maximum={"mbs": 2, "vpp": 2, "pp": 4})
+
+
+@dataclass
+class Row:
+    name: str
+    space: int
+    oracle_s: str
+    oracle_front: int
+    cpsat_s: str
+    cpsat_front: str
+    equal: str
+    note: str
+
+
+def estimated_table_rows(space, ctx, rules) -> int:
+    from autopar.search import objective
+    from autopar.search.tables import expand_knobs
+
+    structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
+    largest = 0
+    for group in structure.pipelined_time_groups + structure.other_time_groups + structure.stage_memory_groups:
+        knobs = expand_knobs(group.knobs, space)
+        size = len(space.splits) if "first_stage_layers" in knobs else (len(space.domain("pp")) if "pp" in knobs else 1)
+        size *= len(space.recomputes) if "recompute_layers" in knobs else (
+            len(space.domain("recompute")) if "recompute" in knobs else 1)
+        for k in knobs:
+            if k not in ("pp", "first_stage_layers", "last_stage_layers", "recompute", "recompute_layers"):
+                size *= len(space.domain(k))
+        largest = max(largest, size)
+    return largest
+
+
+def run_scenario(name: str, oracle_budget: float, cpsat_budget: float, cpsat_max_rows: int) -> Row:
+    from autopar.search.oracle import solve_oracle
+
+    model_name, gpu, gpus, seq, gbs = SCENARIOS[name]
+    model = autopar.load_model(model_name)
+    cluster = autopar.Cluster(gpu=gpu, num_gpus=gpus)
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs)
+    controls = S0_CONTROLS if name == "S0" else Controls()
+    space = build_space(model, cluster, training, controls)
+    rules = active_rules()
+    ctx = Context(model, cluster, training)
+
+    start = time.perf_counter()
+    oracle = solve_oracle(space, ctx, rules, time_budget_s=oracle_budget)
+    oracle_s = time.perf_counter() - start
+    if oracle.complete:
+        oracle_text = f"{oracle_s:.2f}"
+    else:
+        oracle_text = f">{oracle_s:.0f}"
+
+    rows = estimated_table_rows(space, ctx, rules)
+    note = f"largest CP-SAT table <= {rows:,} candidate rows"
+    if rows > cpsat_max_rows:
+        return Row(name, space.size, oracle_text, len(oracle.time_units), "skipped", "-", "untested",
+                   note + f" (> {cpsat_max_rows:,}: not built)")
+    from autopar.search.cpsat import build_pareto_model, walk_front
+
+    start = time.perf_counter()
+    pm = build_pareto_model(space, ctx, rules)
+    build_s = time.perf_counter() - start
+    remaining = max(1.0, cpsat_budget - build_s)
+    result = walk_front(pm, time_limit_s=remaining)
+    cpsat_s = time.perf_counter() - start
+    note += f"; built {pm.table_rows:,} rows in {build_s:.1f} s, {result.solves} solves"
+    if not result.proven_optimal:
+        return Row(name, space.size, oracle_text, len(oracle.time_units), f">{cpsat_s:.0f}",
+                   f"{len(result.time_units)} (partial)", "untested", note)
+    same = (oracle.complete and list(result.time_units) == list(oracle.time_units)
+            and list(result.memory_units) == list(oracle.memory_units)
+            and list(result.plans) == list(oracle.plans))
+    return Row(name, space.size, oracle_text, len(oracle.time_units), f"{cpsat_s:.2f}", str(len(result.time_units)),
+               ("yes" if same else "no") if oracle.complete else "untested", note)
+
+
+def whole_command_s() -> float:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "autopar.cli", "solve", "llama-3.1-8b", "--gpus", "32",
+                           "--seq-len", "8192", "--global-batch", "256"], capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    return elapsed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
+    parser.add_argument("--cpsat-s0-budget", type=float, default=120.0, help="CP-SAT budget for S0")
+    parser.add_argument("--oracle-budget", type=float, default=120.0)
+    parser.add_argument("--cpsat-budget", type=float, default=30.0)
+    parser.add_argument("--cpsat-max-rows", type=int, default=300_000)
+    args = parser.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    command_s = whole_command_s()
+    console.print(f"`autopar solve llama-3.1-8b --gpus 32` (whole command, default solver): {command_s:.2f} s wall")
+    results = []
+    for name in args.scenarios:
+        budget = args.cpsat_s0_budget if name == "S0" else args.cpsat_budget
+        row = run_scenario(name, args.oracle_budget, budget, args.cpsat_max_rows)
+        results.append(row)
+        console.print(f"{name} done", style="dim")
+    table = Table(title="solver benchmark (oracle = exhaustive numpy enumeration; CP-SAT = table model, 1 worker)")
+    for column in ("scenario", "space", "oracle s", "oracle front", "CP-SAT s", "CP-SAT front", "equal", "note"):
+        table.add_column(column, justify="left" if column in ("scenario", "note") else "right")
+    for r in results:
+        table.add_row(r.name, f"{r.space:,}", r.oracle_s, str(r.oracle_front), r.cpsat_s, r.cpsat_front, r.equal,
+                      r.note)
+    console.print(table)
+    for r in results:
+        print(f"solver: {r.name} cpsat_s={r.cpsat_s} oracle_s={r.oracle_s} front={r.oracle_front} equal={r.equal}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

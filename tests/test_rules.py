@@ -1,0 +1,110 @@
+"""The named rules (DESIGN.md §3): hand-checked plans, relaxation by name, and check_plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autopar
+from autopar.search.rules import (
+    RULES,
+    RULES_BY_ID,
+    Context,
+    active_rules,
+    check_plan,
+    violated_rules,
+)
+from costmodels.errors import InputError
+from costmodels.plan import Plan, PlanArrays, Recompute
+from costmodels.specs import ModelSpec, MoESpec, TrainingSpec
+
+DENSE = ModelSpec(name="dense", hidden_size=1024, num_layers=12, num_attention_heads=16, num_kv_heads=4,
+                  ffn_hidden_size=4096, vocab_size=32000)
+MOE = ModelSpec(name="moe", hidden_size=1024, num_layers=12, num_attention_heads=16, ffn_hidden_size=4096,
+                vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=512))
+CLUSTER = autopar.Cluster(gpu="h100", num_gpus=64)
+TRAIN = TrainingSpec(seq_len=4096, global_batch_size=128)
+
+
+def broken(plan: Plan, model: ModelSpec = DENSE, cluster=CLUSTER, training=TRAIN, relax=()) -> tuple[str, ...]:
+    ctx = Context(model, cluster, training)
+    return violated_rules(ctx, PlanArrays.from_plans([plan]), active_rules(relax))[0]
+
+
+def test_every_rule_has_id_reason_source_and_knobs():
+    ids = [r.id for r in RULES]
+    assert ids == ["world", "heads", "layers", "experts", "tp_node", "cp_needs_sp_tp", "sp_needs_tp", "cp_seq",
+                   "batch", "vpp", "recompute", "memory"]
+    for rule in RULES:
+        assert rule.reason and rule.source and rule.knobs
+
+
+def test_a_valid_plan_breaks_nothing():
+    # 64 GPUs = tp 4 × cp 2 × pp 2 × dp 4; gbs 128 = dp 4 × mbs 2 × 16 microbatches; 12 layers = 2 stages × 2 vpp × 3
+    assert broken(Plan(tp=4, cp=2, pp=2, vpp=2, mbs=2, sp=True)) == ()
+
+
+@pytest.mark.parametrize("plan, rule", [
+    (Plan(tp=3), "world"),                                  # 64 % 3 != 0
+    (Plan(tp=8), "heads"),                                  # 4 KV heads % 8 != 0
+    (Plan(pp=8), "layers"),                                 # 12 layers / 8 stages is not whole
+    (Plan(pp=2, vpp=4), "layers"),                          # 6 layers per stage / 4 chunks
+    (Plan(tp=2, cp=2, sp=False), "cp_needs_sp_tp"),         # guide: CP needs SP and TP
+    (Plan(sp=True), "sp_needs_tp"),                         # SP on tp = 1
+    (Plan(mbs=3), "batch"),                                 # dp 64 × mbs 3 does not divide 128
+    (Plan(pp=2, vpp=2, mbs=2), "batch"),                    # dp 32 × mbs 2 = 64: 2 microbatches % pp 2 ok ...
+    (Plan(recompute=Recompute.SELECTIVE, recompute_layers=2), "recompute"),
+])
+def test_each_rule_rejects_its_case(plan, rule):
+    if plan == Plan(pp=2, vpp=2, mbs=2):
+        # ... but with gbs 64 there is 1 microbatch, not a multiple of pp 2 for the interleaved schedule
+        assert rule in broken(plan, training=TrainingSpec(seq_len=4096, global_batch_size=64))
+        return
+    assert rule in broken(plan)
+
+
+def test_uneven_stages():
+    # 12 layers on pp 4: first 2, last 1, middle (12 - 3) / 2 = 4.5 -> invalid; first 2, last 2 -> middle 4
+    assert "layers" in broken(Plan(pp=4, first_stage_layers=2, last_stage_layers=1, mbs=1))
+    assert "layers" not in broken(Plan(pp=4, first_stage_layers=2, last_stage_layers=2))
+    # first only: (12 - 3) / 3 = 3 per other stage
+    assert "layers" not in broken(Plan(pp=4, first_stage_layers=3))
+    # explicit ends mean nothing without a pipeline
+    assert "layers" in broken(Plan(first_stage_layers=3))
+
+
+def test_tp_node_and_relaxing_it():
+    cluster = autopar.Cluster(gpu="h100", num_gpus=64)
+    wide = ModelSpec(name="wide", hidden_size=2048, num_layers=4, num_attention_heads=16, ffn_hidden_size=8192,
+                     vocab_size=1000)
+    assert "tp_node" in broken(Plan(tp=16), wide, cluster)          # 16 > 8 GPUs per node
+    assert "tp_node" not in broken(Plan(tp=16), wide, cluster, relax=("tp_node",))
+
+
+def test_experts_rule():
+    assert "experts" in broken(Plan(ep=3), MOE)                     # 8 experts % 3
+    assert "experts" not in broken(Plan(ep=4, tp=1, etp=1), MOE)
+    assert "experts" in broken(Plan(ep=2), DENSE)                   # a dense model has no experts
+
+
+def test_unknown_or_required_rule_cannot_be_relaxed():
+    with pytest.raises(InputError, match="tp_node, cp_needs_sp_tp"):
+        active_rules(["no_such_rule"])
+    with pytest.raises(InputError, match="cannot be relaxed"):
+        active_rules(["world"])
+    assert "cp_needs_sp_tp" not in [r.id for r in active_rules(["cp_needs_sp_tp"])]
+
+
+def test_check_plan_names_memory():
+    big = autopar.load_model("llama-3.1-70b")
+    one = autopar.Cluster(gpu="a100-80gb", num_gpus=8)
+    # 70B on one 8-GPU node at tp 8: weights + grads + Adam alone are 70e9 × 18 / 8 ≈ 147 GiB per GPU > 64 GiB
+    assert check_plan(big, one, TRAIN, Plan(tp=8, sp=True)) == ("memory",)
+    assert check_plan(big, autopar.Cluster(gpu="a100-80gb", num_gpus=64), TRAIN,
+                      Plan(tp=8, pp=8, sp=True, zero=1, recompute=Recompute.FULL)) == ()
+
+
+def test_rules_are_vectorised():
+    plans = PlanArrays.from_plans([Plan(), Plan(tp=3), Plan(sp=True)])
+    mask = RULES_BY_ID["world"].holds(Context(DENSE, CLUSTER, TRAIN), plans)
+    assert mask.dtype == np.bool_ and list(mask) == [True, False, True]
