@@ -1,9 +1,12 @@
-"""The inputs-and-assumptions block every output starts with (terminal, JSON, reports), as plain data."""
+"""The inputs-and-assumptions block every output starts with (terminal, JSON, reports): as plain data
+(`describe_inputs`) and as the header lines every command prints (`inputs_header`), so `solve`, `estimate` and
+`explain` word their inputs the same way."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from autopar.results import whole_bytes
 from costmodels import params
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -26,8 +29,8 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         "model": model_info,
         "cluster": {"gpu": profile.name, "gpu_display_name": profile.display_name, "num_gpus": cluster.num_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "num_nodes": cluster.num_nodes,
-                    "hbm_bytes": profile.hbm_bytes, "headroom": cluster.headroom,
-                    "memory_limit_bytes": cluster.memory_limit_bytes, "profile_source": profile.source_path,
+                    "hbm_bytes": whole_bytes(profile.hbm_bytes), "headroom": cluster.headroom,
+                    "memory_limit_bytes": whole_bytes(cluster.memory_limit_bytes), "profile_source": profile.source_path,
                     "profile_provenance": dict(profile.provenance)},
         "training": {"seq_len": training.seq_len, "global_batch_size": training.global_batch_size,
                      "precision": training.precision.value, "flash_attention": training.flash_attention,
@@ -35,3 +38,35 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "moe_capacity_factor": training.moe_capacity_factor,
                      "tokens_per_step": training.tokens_per_step},
     }
+
+
+def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[tuple[str, str]]:
+    """The model / cluster / training lines every command prints first, as (label, text) pairs (plain text).
+
+    One wording for all commands: DESIGN.md §1 names (seq_len, ...), parameter counts as '70.6B', the limit as
+    'limit X GiB per GPU (1 - headroom of HBM)'.
+    """
+    from autopar.report.units import format_count, format_gib
+
+    info = describe_inputs(model, cluster, training)
+    m, c, t = info["model"], info["cluster"], info["training"]
+    size = f"{format_count(m['total_params'])} params"
+    if m["active_params"] != m["total_params"]:
+        size += f" ({format_count(m['active_params'])} active)"
+    shape = (f"{m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_attention_heads']} heads "
+             f"({m['num_kv_heads']} KV), ffn {m['ffn_hidden_size']}, vocab {m['vocab_size']}")
+    if "moe" in m:
+        shape += f", {m['moe']['num_experts']} experts top-{m['moe']['top_k']}"
+    nodes = f"{c['num_nodes']} node{'s' if c['num_nodes'] > 1 else ''} of {c['gpus_per_node']}"
+    cluster_text = (f"{c['num_gpus']} × {c['gpu_display_name']} ({nodes}), limit {format_gib(c['memory_limit_bytes'])} "
+                    f"per GPU ({1 - c['headroom']:.0%} of {format_gib(c['hbm_bytes'], 0)} HBM) "
+                    f"[{c['profile_source']}]")
+    training_text = (f"seq_len {t['seq_len']}, global batch {t['global_batch_size']} "
+                     f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}, "
+                     f"flash attention {'on' if t['flash_attention'] else 'off'}, "
+                     f"fused cross entropy {'on' if t['fused_cross_entropy'] else 'off'}")
+    if model.moe is not None:
+        routing = ("dropless" if training.moe_capacity_factor is None
+                   else f"capacity factor {training.moe_capacity_factor:g}")
+        training_text += f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}"
+    return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]

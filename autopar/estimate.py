@@ -229,16 +229,30 @@ class Remedy:
     """The plan after this step and every applied step before it (None when skipped)."""
     peak_memory_bytes: float | None = None
     step_time_s: float | None = None
-    fits: bool = False
+    fits_memory: bool = False
+    """The plan after this step is within the memory limit."""
+    still_breaks: tuple[str, ...] = ()
+    """Rules (other than memory; relaxed ones excepted) the plan after this step still breaks: guide rules the
+    user's own plan broke, which the memory remedies tolerate but do not repair."""
     skipped_because: str = ""
     broken_rules: tuple[str, ...] = ()
     """Rules that blocked the step (empty when applied, or skipped for another reason)."""
 
+    @property
+    def fits(self) -> bool:
+        """A fit: within the memory limit AND breaking no rule. Never true for a plan that breaks a rule."""
+        return self.applied and self.fits_memory and not self.still_breaks
+
     def to_dict(self, num_gpus: int) -> dict[str, Any]:
+        from autopar.results import whole_bytes
+
         return {"name": self.name, "title": self.title, "applied": self.applied, "change": self.change,
                 "plan": plan_to_dict(self.plan, num_gpus) if self.plan is not None else None,
                 "label": self.plan.short() if self.plan is not None else None,
-                "peak_memory_bytes": self.peak_memory_bytes, "step_time_s": self.step_time_s, "fits": self.fits,
+                "peak_memory_bytes": whole_bytes(self.peak_memory_bytes) if self.peak_memory_bytes is not None
+                else None,
+                "step_time_s": self.step_time_s, "fits": self.fits, "fits_memory": self.fits_memory,
+                "still_breaks": list(self.still_breaks),
                 "skipped_because": self.skipped_because, "broken_rules": list(self.broken_rules)}
 
 
@@ -305,9 +319,11 @@ REMEDY_STEPS: tuple[_Step, ...] = (
 
 def remedies(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
              relax: Iterable[str] = ()) -> tuple[Remedy, ...]:
-    """The guide's remedies, applied cumulatively until the plan fits; empty when it already fits.
+    """The guide's remedies, applied cumulatively until the plan fits in memory; empty when it already does.
 
-    A step may not break a rule (except those in `relax`, and guide rules the user's own plan already breaks).
+    A step may not break a new rule (rules in `relax`, and guide rules the user's own plan already breaks, are
+    tolerated). Those tolerated guide rules are not repaired by a memory remedy, so a step whose plan still breaks
+    one is within memory (`fits_memory`) but never a fit (`fits`), and says which rules it still breaks.
     """
     current = _score(model, cluster, training, [plan])[0]
     if current.fits:
@@ -316,9 +332,9 @@ def remedies(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     tolerated = frozenset(relax) | frozenset(rule_violations(model, cluster, training, plan, relax))
     steps: list[Remedy] = []
     for step in REMEDY_STEPS:
-        remedy, current = _apply(step, model, cluster, training, current, tolerated)
+        remedy, current = _apply(step, model, cluster, training, current, tolerated, relax)
         steps.append(remedy)
-        if remedy.applied and remedy.fits:
+        if remedy.applied and remedy.fits_memory:  # the later steps are memory remedies too: nothing more to gain
             break
     return tuple(steps)
 
@@ -342,7 +358,7 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans
 
 
 def _apply(step: _Step, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, current: _Scored,
-           tolerated: frozenset[str]) -> tuple[Remedy, _Scored]:
+           tolerated: frozenset[str], relax: tuple[str, ...] = ()) -> tuple[Remedy, _Scored]:
     """Try one step on top of `current`: the first rule-abiding candidate that fits, else the lowest-memory one.
 
     Rules in `tolerated` (relaxed, or guide rules the user's own plan already breaks) do not block a step.
@@ -370,9 +386,10 @@ def _apply(step: _Step, model: ModelSpec, cluster: ClusterSpec, training: Traini
     if chosen.peak_memory_bytes >= current.peak_memory_bytes:
         return Remedy(step.name, step.title, applied=False,
                       skipped_because=f"{_change(current.plan, chosen.plan)} does not lower peak memory"), current
+    still_breaks = tuple(rule_violations(model, cluster, training, chosen.plan, relax))
     return Remedy(step.name, step.title, applied=True, change=_change(current.plan, chosen.plan), plan=chosen.plan,
                   peak_memory_bytes=chosen.peak_memory_bytes, step_time_s=chosen.step_time_s,
-                  fits=chosen.fits), chosen
+                  fits_memory=chosen.fits, still_breaks=still_breaks), chosen
 
 
 def _change(before: Plan, after: Plan) -> str:

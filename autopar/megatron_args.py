@@ -34,7 +34,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
@@ -62,6 +62,7 @@ SWITCH_FLAGS = frozenset({
     "--use-torch-fsdp2", "--bf16", "--fp16", "--recompute-activations", "--group-query-attention",
     "--multi-latent-attention",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+    "--overlap-grad-reduce", "--overlap-param-gather",  # read (the step-time model assumes them), not needed
 })
 
 PLAN_FLAG_OF_FIELD = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
@@ -290,7 +291,8 @@ def _num_gpus(flags: dict[str, "str | bool"], variables: dict[str, str], text: s
     return None
 
 
-def _virtual_stages(flags: dict[str, "str | bool"], pp: int, num_layers: int | None, uneven: bool) -> int:
+def _virtual_stages(flags: dict[str, "str | bool"], pp: int, layer_count: "Callable[[], int | None]",
+                    uneven: bool) -> int:
     per_rank = _first_integer(flags, "--num-virtual-stages-per-pipeline-rank",
                               "--virtual-pipeline-model-parallel-size")
     if per_rank is not None:
@@ -302,6 +304,7 @@ def _virtual_stages(flags: dict[str, "str | bool"], pp: int, num_layers: int | N
         raise InputError(INPUT_NAME, "--num-layers-per-virtual-pipeline-stage cannot be combined with "
                                      "--decoder-first/last-pipeline-num-layers (Megatron-LM asserts so); use "
                                      "--num-virtual-stages-per-pipeline-rank")
+    num_layers = layer_count()
     if num_layers is None:
         raise InputError(INPUT_NAME, "--num-layers-per-virtual-pipeline-stage needs the layer count: add "
                                      "--num-layers to the command")
@@ -372,11 +375,11 @@ def _model_fields(flags: dict[str, "str | bool"]) -> dict[str, int]:
     return {name: value for name, value in model.items() if value is not None}
 
 
-def parse_megatron_args(text: str, num_layers: int | None = None) -> MegatronRun:
+def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" = None) -> MegatronRun:
     """Read a Megatron-LM command line or launch script.
 
-    `num_layers` (the model's) is needed only when the command uses --num-layers-per-virtual-pipeline-stage without
-    --num-layers; the command's own --num-layers wins.
+    `num_layers` (the model's, or a function giving it, called only when needed) is used only when the command uses
+    --num-layers-per-virtual-pipeline-stage without --num-layers; the command's own --num-layers wins.
     """
     words, variables = shell_words(text)
     flags = recognised_flags(words)
@@ -392,7 +395,11 @@ def parse_megatron_args(text: str, num_layers: int | None = None) -> MegatronRun
         notes.append("--account-for-embedding/loss-in-pipeline-split ignored: the layers are read as split over "
                      "the stages without counting the embedding or the loss as a layer")
     model = _model_fields(flags)
-    layer_count = model.get("num_layers", num_layers)
+    def layer_count() -> int | None:
+        if "num_layers" in model:
+            return model["num_layers"]
+        return num_layers() if callable(num_layers) else num_layers
+
     tp = _integer(flags, "--tensor-model-parallel-size", 1)
     pp = _integer(flags, "--pipeline-model-parallel-size", 1)
     first = _integer(flags, "--decoder-first-pipeline-num-layers", 0)

@@ -7,6 +7,7 @@ format and the CLI's `--json` share. Built by `autopar.estimate` (one plan) and 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -14,6 +15,30 @@ from costmodels.plan import Plan
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 GIB = 1024**3
+
+SCHEMA_VERSION = 1
+"""Version of the JSON documents autopar writes (`--json`, `--out x.json`; autopar/schemas/front.schema.json)."""
+
+
+def generator() -> dict[str, str]:
+    """Who wrote a JSON document: {'name': 'autopar', 'version': ...}."""
+    from importlib import metadata  # slow to import: only when a document is written
+
+    try:
+        version = metadata.version("autopar")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"name": "autopar", "version": version}
+
+
+def whole_number(value: float) -> "int | float":
+    """An integral count as an int (JSON '512', not '512.0'); anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def whole_bytes(value: float) -> "int | float":
+    """Bytes rounded to a whole byte, as an int; non-finite values unchanged (reports turn them into null)."""
+    return int(round(value)) if math.isfinite(value) else value
 
 
 @dataclass(frozen=True)
@@ -30,8 +55,9 @@ class StageMemory:
         return sum(self.terms_bytes.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "layers": self.layers, "total_bytes": self.total_bytes,
-                "terms_bytes": dict(self.terms_bytes)}
+        return {"stage": self.stage, "layers": whole_number(float(self.layers)),
+                "total_bytes": whole_bytes(self.total_bytes),
+                "terms_bytes": {term: whole_bytes(value) for term, value in self.terms_bytes.items()}}
 
 
 def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
@@ -91,9 +117,9 @@ class Estimate:
         return {
             "plan": plan_to_dict(self.plan, self.cluster.num_gpus),
             "label": self.plan.short(),
-            "num_microbatches": self.num_microbatches,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "memory_limit_bytes": self.memory_limit_bytes,
+            "num_microbatches": whole_number(float(self.num_microbatches)),
+            "peak_memory_bytes": whole_bytes(self.peak_memory_bytes),
+            "memory_limit_bytes": whole_bytes(self.memory_limit_bytes),
             "fits": self.fits,
             "worst_stage": self.worst_stage,
             "stages": [s.to_dict() for s in self.stages],
@@ -138,6 +164,8 @@ class ParetoFront:
         from autopar.describe import describe_inputs  # inputs/assumptions block shared by all reports
 
         return {
+            "schema_version": SCHEMA_VERSION,
+            "generator": generator(),
             "inputs": describe_inputs(self.model, self.cluster, self.training),
             "solver": {"name": self.solver, "proven_optimal": self.proven_optimal,
                        "solve_time_s": self.solve_time_s, "search_space_size": self.search_space_size},

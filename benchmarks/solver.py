@@ -1,6 +1,6 @@
 """Solver benchmark: the exhaustive oracle and the CP-SAT model on the issue's five scenarios.
 
-    python benchmarks/solver.py [--oracle-budget 120] [--cpsat-budget 30] [--cpsat-max-rows 300000] [S1 S3 ...]
+    python benchmarks/solver.py [--oracle-budget 120] [--cpsat-budget 30] [--cpsat-max-rows 5000000] [S1 S3 ...]
 
 S1-S5 are the issue's scenarios (all knobs free). S0 is an illustration only: S1's model on 8 GPUs with zero, sp
 and cp pinned and mbs <= 2, vpp <= 2, pp <= 4, a space of ~2k plans on which the CP-SAT walk finishes.
@@ -51,22 +51,11 @@ class Row:
     note: str
 
 
-def estimated_table_rows(space, ctx, rules) -> int:
+def estimated_table_rows(space, ctx) -> int:
     from autopar.search import objective
-    from autopar.search.tables import expand_knobs
+    from autopar.search.tables import largest_table_candidates
 
-    structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
-    largest = 0
-    for group in structure.pipelined_time_groups + structure.other_time_groups + structure.stage_memory_groups:
-        knobs = expand_knobs(group.knobs, space)
-        size = len(space.splits) if "first_stage_layers" in knobs else (len(space.domain("pp")) if "pp" in knobs else 1)
-        size *= len(space.recomputes) if "recompute_layers" in knobs else (
-            len(space.domain("recompute")) if "recompute" in knobs else 1)
-        for k in knobs:
-            if k not in ("pp", "first_stage_layers", "last_stage_layers", "recompute", "recompute_layers"):
-                size *= len(space.domain(k))
-        largest = max(largest, size)
-    return largest
+    return largest_table_candidates(objective.objective_structure(ctx.model, ctx.cluster, ctx.training), space)
 
 
 def run_scenario(name: str, oracle_budget: float, cpsat_budget: float, cpsat_max_rows: int) -> Row:
@@ -89,7 +78,7 @@ def run_scenario(name: str, oracle_budget: float, cpsat_budget: float, cpsat_max
     else:
         oracle_text = f">{oracle_s:.0f}"
 
-    rows = estimated_table_rows(space, ctx, rules)
+    rows = estimated_table_rows(space, ctx)
     note = f"largest CP-SAT table <= {rows:,} candidate rows"
     if rows > cpsat_max_rows:
         return Row(name, space.size, oracle_text, len(oracle.time_units), "skipped", "-", "untested",
@@ -128,7 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cpsat-s0-budget", type=float, default=120.0, help="CP-SAT budget for S0")
     parser.add_argument("--oracle-budget", type=float, default=120.0)
     parser.add_argument("--cpsat-budget", type=float, default=30.0)
-    parser.add_argument("--cpsat-max-rows", type=int, default=300_000)
+    parser.add_argument("--cpsat-max-rows", type=int, default=5_000_000)
     args = parser.parse_args(argv)
     from rich.console import Console
     from rich.table import Table

@@ -220,6 +220,11 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
         mlp_split = expert_tokens * per_column * moe.expert_ffn_hidden_size / plans.etp
         if moe.num_shared_experts:
             mlp_split = mlp_split + tokens * per_column * moe.shared_expert_ffn_hidden_size / tp
+        # token permutation around the all-to-all (Megatron-Core moe/moe_utils.py `permute` / `unpermute`): the
+        # GPU's tokens are copied top_k times into expert order before dispatch and gathered back after combine,
+        # 2 bytes per value each way
+        local_tokens = tokens / np.where(plans.sp, tp, 1.0)
+        mlp_split = mlp_split + 2.0 * 2.0 * local_tokens * moe.top_k * h * moe_load_factor(training)
     else:
         mlp_split = tokens * per_column * model.ffn_hidden_size / tp
     layer_bytes = replicated + attention_split + mlp_split

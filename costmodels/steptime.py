@@ -125,7 +125,7 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
     and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
     volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
-    MoE layers: the attention half on the tp group, the expert half on the etp group on the routed tokens.
+    MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group.
     Hidden by `overlap.tp_comm` of the profile (0 = Megatron's default, no TP overlap).
     """
     profile = cluster.profile
@@ -142,7 +142,10 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         return np.where(plans.sp, split_s, reduce_s)
 
     tp_block = block_s(tp_group(plans, cluster.gpus_per_node), activation_bytes)
-    total = per_block * (2.0 * layers - moe_layers) * tp_block          # attention + dense-MLP blocks
+    # attention blocks, dense-MLP blocks, and the shared-expert MLP of MoE layers: Megatron-Core's SharedExpertMLP is
+    # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
+    shared_expert_blocks = moe_layers if (model.moe is not None and model.moe.num_shared_experts) else 0.0
+    total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
     if model.moe is not None:
         expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
         total = total + per_block * moe_layers * block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
@@ -177,14 +180,15 @@ def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
               stage: np.ndarray) -> np.ndarray:
     """EP all-to-all per microbatch on `stage` (GShard, Lepikhin et al. arXiv 2006.16668; Megatron-Core
     `moe/token_dispatcher.py` alltoall): dispatch + combine, forward + backward (4 per MoE layer, +2 for a
-    recomputed layer); each GPU sends its mbs·s/(tp·cp) tokens × top_k × etp copies of h bf16 values; the busiest
-    rank receives `moe_load_factor` × the average. Not overlapped."""
+    recomputed layer); each GPU sends its own mbs·s/(tp·cp) tokens × top_k copies of h bf16 values (the expert-TP
+    all-gather happens after the all-to-all, on the etp group, and is priced in tp_comm_s); the busiest rank receives
+    `moe_load_factor` × the average. Not overlapped."""
     if model.moe is None:
         return np.zeros(len(plans))
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
     recomputed = compute_model.recomputed_layer_fraction(plans, layers)
-    tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp) * plans.etp
+    tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
     one = group_collective_time_s(cluster.profile, ep_group(plans, cluster.gpus_per_node), "all_to_all", bytes_)
     return moe_layers * (4.0 + 2.0 * recomputed) * one
@@ -207,10 +211,14 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
               stage: np.ndarray, microbatch: StageMicrobatch, microbatches: np.ndarray) -> np.ndarray:
     """Exposed data-parallel traffic of `stage` per step.
 
-    - ZeRO-0: all-reduce of the fp32 gradients; ZeRO-1/2 (Megatron distributed optimizer): reduce-scatter of the
-      fp32 gradients + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5; Megatron-Core
-      `distributed/param_and_grad_buffer.py`); ZeRO-3 adds a bf16 parameter all-gather in every microbatch's
-      forward and backward (§5.3), hidden behind that microbatch's compute.
+    - ZeRO-0: all-reduce of the fp32 gradients; ZeRO-1 (Megatron distributed optimizer): reduce-scatter of the
+      fp32 gradients once per step + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5;
+      Megatron-Core `distributed/param_and_grad_buffer.py`).
+    - ZeRO-2: the gradients are partitioned, so they are reduce-scattered after every microbatch's backward, not
+      accumulated (ZeRO §5.2; DeepSpeed issue #2252: "for zero stage 2 (and 3), gradient reduction is required after
+      every backward"), each hidden behind that backward.
+    - ZeRO-3: every microbatch all-gathers the bf16 parameters for its forward and again for its backward and
+      reduce-scatters its gradients (§5.3), hidden behind that microbatch's compute; no step-level gather.
     - Dense gradients reduce over dp·cp (stride tp); expert gradients over edp (stride etp·ep).
     - The reduce overlaps the last microbatch's backward and the gather the next forward, bucket by bucket
       (Megatron overlap_grad_reduce / overlap_param_gather): exposed = max(traffic - window, last bucket), the
@@ -237,9 +245,12 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     bucket_reduce_s, bucket_gather_s = traffic_s(np.minimum(bucket, dense_params), np.minimum(bucket, expert_params))
     exposed = np.maximum(reduce_s - microbatch.backward_s - microbatch.recompute_s, bucket_reduce_s) + \
         np.where(sharded, np.maximum(gather_s - microbatch.forward_s, bucket_gather_s), 0.0)
-    zero3_gathers_s = 2.0 * gather_s                                   # forward and backward, every microbatch
-    zero3_exposed = microbatches * np.maximum(0.0, zero3_gathers_s - microbatch.compute_s)
-    return exposed + np.where(plans.zero >= 3, zero3_exposed, 0.0)
+    # ZeRO-2: the other microbatches' reduce-scatters, each behind its own backward (the last one is in `exposed`)
+    zero2_extra = (microbatches - 1.0) * np.maximum(0.0, reduce_s - microbatch.backward_s - microbatch.recompute_s)
+    # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, behind its compute; the last
+    # bucket's reduce-scatter stays exposed
+    zero3 = microbatches * np.maximum(0.0, 2.0 * gather_s + reduce_s - microbatch.compute_s) + bucket_reduce_s
+    return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
 
 
 def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from autopar.calibrate.measurements import (
-    COLLECTIVE_KINDS, CollectiveMeasurement, GemmMeasurement, Measurements, Timing,
+    COLLECTIVE_KINDS, CollectiveMeasurement, GemmMeasurement, Measurements, Timing, measurements_from_dict,
 )
 from autopar.calibrate.profile_file import RunInfo, build_profile_text
 from costmodels.comm import collective_time_s
@@ -116,6 +116,101 @@ def test_estimate_uses_the_calibrated_profile(calibrated):
                   for flags in (["--profile", str(calibrated)], ["--gpu", "h100"]))
     assert slow.returncode == fast.returncode == 0, slow.stderr + fast.stderr
     assert json.loads(slow.stdout)["step_time_s"] != json.loads(fast.stdout)["step_time_s"]
+
+
+# ---- a profile measured on a CPU (`autopar calibrate --allow-cpu`) --------------------------------------------------
+
+def cpu_profile_text() -> str:
+    """The same measurements, as a CPU run on host 'Build.Box_1' would record them (device_name 'cpu', gloo)."""
+    data = yaml.safe_load(calibrated_profile_text())
+    measurements = measurements_from_dict(data["calibration"]["measurements"], "cpu")
+    run = RunInfo(measured_at_utc="2026-11-29T09:00:00Z", hostnames=("Build.Box_1", "Build.Box_1"),
+                  device_name="cpu", world_size=2, nodes=1, ranks_per_node=2, torch_version="2.13.0",
+                  backend="gloo")
+    text, _, _ = build_profile_text("a100-80gb", "CPU run (--allow-cpu, no GPU)", measurements, run)
+    return text
+
+
+@pytest.fixture(scope="module")
+def cpu_profiles(tmp_path_factory) -> dict[str, Path]:
+    """'new': as written now; 'legacy': as written before CPU runs were marked (no `device`, an A100's name)."""
+    folder = tmp_path_factory.mktemp("cpu")
+    legacy = yaml.safe_load(cpu_profile_text())
+    del legacy["calibration"]["device"]
+    legacy["name"], legacy["display_name"] = "a100-80gb-calibrated", "NVIDIA A100 80GB, calibrated"
+    paths = {"new": folder / "cpu.yaml", "legacy": folder / "legacy.yaml"}
+    paths["new"].write_text(cpu_profile_text(), encoding="utf-8")
+    paths["legacy"].write_text(yaml.safe_dump(legacy, sort_keys=False), encoding="utf-8")
+    return paths
+
+
+def test_a_cpu_profile_is_named_and_marked_as_cpu():
+    data = yaml.safe_load(cpu_profile_text())
+    assert data["name"] == "cpu-build-box-1-calibrated"  # the host, lower case, dashes only
+    assert "CPU run" in data["display_name"] and "NOT a GPU" in data["display_name"]
+    assert data["calibration"]["device"] == "cpu" and data["provenance"]["device"].startswith("cpu: ")
+    assert yaml.safe_load(calibrated_profile_text())["calibration"]["device"] == "cuda"
+
+
+CPU_COMMANDS = {
+    "estimate": ["estimate", MODEL, "--tp", "8", "--num-gpus", "8"],
+    "solve": ["solve", MODEL, "--gpus", "8"],
+    "explain": ["explain", MODEL, "--gpus", "8"],
+}
+
+
+@pytest.mark.parametrize("kind", ["new", "legacy"])
+@pytest.mark.parametrize("command", list(CPU_COMMANDS))
+def test_a_cpu_profile_is_refused_without_the_acknowledgement(cpu_profiles, command, kind):
+    path = cpu_profiles[kind]
+    result = autopar(*CPU_COMMANDS[command], "--profile", str(path))
+    assert_refused(result, path, ["measured on a CPU", "Build.Box_1", "not a GPU", "--allow-cpu-profile"])
+
+
+def test_a_cpu_profile_is_used_with_the_acknowledgement(cpu_profiles):
+    result = autopar(*CPU_COMMANDS["estimate"], "--profile", str(cpu_profiles["new"]), "--allow-cpu-profile",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["inputs"]["cluster"]["gpu"] == "cpu-build-box-1-calibrated"
+
+
+def test_the_acknowledgement_changes_nothing_for_a_gpu_profile(calibrated):
+    plain, acknowledged = (autopar(*CPU_COMMANDS["estimate"], "--profile", str(calibrated), "--json", *flags)
+                           for flags in ([], ["--allow-cpu-profile"]))
+    assert plain.returncode == acknowledged.returncode == 0, plain.stderr + acknowledged.stderr
+    assert json.loads(plain.stdout)["step_time_s"] == json.loads(acknowledged.stdout)["step_time_s"]
+
+
+@pytest.mark.parametrize("kind", ["new", "legacy"])
+def test_profile_show_warns_that_a_cpu_profile_was_measured_on_cpu(cpu_profiles, kind):
+    result = autopar("profile", "show", str(cpu_profiles[kind]))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARNING: measured on CPU")]
+    assert len(warnings) == 1 and "not a GPU" in warnings[0] and "--allow-cpu-profile" in warnings[0]
+    summary = json.loads(autopar("profile", "show", str(cpu_profiles[kind]), "--json").stdout)
+    assert summary["measured_on_cpu"] and summary["calibration"]["device"] == "cpu"
+
+
+def test_profile_show_of_a_gpu_profile_has_no_cpu_warning(calibrated):
+    result = autopar("profile", "show", str(calibrated))
+    assert result.returncode == 0 and "WARNING" not in result.stdout, result.stderr
+
+
+def test_a_refit_cpu_profile_stays_a_cpu_profile(cpu_profiles, tmp_path):
+    out = tmp_path / "refit.yaml"
+    result = autopar("profile", "fit", str(cpu_profiles["legacy"]), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    data = yaml.safe_load(out.read_text())
+    assert data["name"] == "cpu-build-box-1-calibrated" and data["calibration"]["device"] == "cpu"
+
+
+def test_a_device_that_contradicts_the_device_name_is_refused(cpu_profiles, tmp_path):
+    data = yaml.safe_load(cpu_profiles["new"].read_text())
+    data["calibration"]["device"] = "cuda"  # hand-edited to slip past the check: device_name still says cpu
+    path = tmp_path / "edited.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert_refused(autopar(*CPU_COMMANDS["estimate"], "--profile", str(path), "--allow-cpu-profile"), path,
+                   ["calibration.device", "contradicts", "cpu"])
 
 
 # ---- damaged files -----------------------------------------------------------------------------------------------

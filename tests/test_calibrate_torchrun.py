@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autopar.calibrate.profile_file import cpu_profile_name
 from costmodels.hardware import load_profile
 
 if importlib.util.find_spec("torch") is None:
@@ -26,6 +27,7 @@ if importlib.util.find_spec("torch") is None:
     pytest.skip("torch not installed (pip install 'autopar[calibrate]')", allow_module_level=True)
 
 TINY = ["--quick", "--max-bytes", "4M", "--warmup", "1", "--iters", "3"]
+CPU_PROFILE_NAME = cpu_profile_name(socket.gethostname())  # 'cpu-<this host>-calibrated'
 
 
 def free_port() -> int:
@@ -37,7 +39,7 @@ def free_port() -> int:
 def torchrun_command(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "-m", "autopar.calibrate", "--out", str(out), *TINY, *extra]
+            "-m", "autopar.calibrate", "--out", str(out), "--allow-cpu", *TINY, *extra]  # gloo on this CPU
 
 
 def environment() -> dict[str, str]:
@@ -68,6 +70,8 @@ def test_two_ranks_on_one_node_measure_the_intra_node_link(one_node_profile):
     calibration = profile.extra["calibration"]
     assert calibration["world_size"] == 2 and calibration["nodes"] == 1 and calibration["ranks_per_node"] == 2
     assert calibration["backend"] == "gloo" and calibration["device_name"] == "cpu"
+    assert calibration["device"] == "cpu" and profile.provenance["device"].startswith("cpu: ")
+    assert profile.name == CPU_PROFILE_NAME and "NOT a GPU" in profile.display_name  # never 'a100-80gb-calibrated'
     assert calibration["torch_version"].startswith("2.") and calibration["measured_at_utc"].endswith("Z")
     rows = calibration["measurements"]["collectives"]
     assert {row["kind"] for row in rows} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
@@ -92,10 +96,10 @@ def test_two_ranks_on_one_node_measure_the_intra_node_link(one_node_profile):
 def test_the_calibrated_profile_drives_solve(one_node_profile):
     folder = one_node_profile.parent
     result = autopar("solve", "llama-3.1-8b", "--gpus", "8", "--profile", str(one_node_profile), "--json",
-                     cwd=folder)
+                     "--allow-cpu-profile", cwd=folder)
     assert result.returncode == 0, result.stderr
     front = json.loads(result.stdout)
-    assert front["inputs"]["cluster"]["gpu"] == "a100-80gb-calibrated"
+    assert front["inputs"]["cluster"]["gpu"] == CPU_PROFILE_NAME
     assert front["inputs"]["cluster"]["profile_source"] == str(one_node_profile)
     assert front["points"], "a Pareto front of plans"
 
@@ -103,10 +107,10 @@ def test_the_calibrated_profile_drives_solve(one_node_profile):
 def test_the_calibrated_profile_drives_estimate(one_node_profile):
     folder = one_node_profile.parent
     result = autopar("estimate", "llama-3.1-8b", "--profile", str(one_node_profile), "--tp", "8",
-                     "--num-gpus", "8", "--json", cwd=folder)
+                     "--num-gpus", "8", "--json", "--allow-cpu-profile", cwd=folder)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["inputs"]["cluster"]["gpu"] == "a100-80gb-calibrated"
+    assert report["inputs"]["cluster"]["gpu"] == CPU_PROFILE_NAME
     assert report["step_time_s"] > 0
     bundled = json.loads(autopar("estimate", "llama-3.1-8b", "--gpu", "a100-80gb", "--tp", "8", "--num-gpus", "8",
                                  "--json", cwd=folder).stdout)
@@ -119,6 +123,40 @@ def test_profile_show_of_the_calibrated_file(one_node_profile):
     assert "2 rank(s), 1 node(s) × 2, device cpu" in result.stdout
     assert "inter-node (ib): not measured" in result.stdout
     assert "intra-node (nvlink)" in result.stdout and "compared with bundled profile a100-80gb" in result.stdout
+    assert "WARNING: measured on CPU" in result.stdout
+
+
+@pytest.mark.parametrize("command", [["estimate", "llama-3.1-8b", "--tp", "8", "--num-gpus", "8"],
+                                     ["solve", "llama-3.1-8b", "--gpus", "8"]])
+def test_the_cpu_profile_is_refused_without_the_acknowledgement(one_node_profile, command):
+    result = autopar(*command, "--profile", str(one_node_profile), cwd=one_node_profile.parent)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autopar: error: profile: ") and "Traceback" not in result.stderr
+    assert "measured on a CPU" in lines[0] and "--allow-cpu-profile" in lines[0]
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has a GPU: calibrate measures it, no opt-in needed")
+@pytest.mark.parametrize("launcher", ["direct", "torchrun"])
+def test_calibrate_without_a_gpu_needs_allow_cpu(tmp_path, launcher):
+    out = tmp_path / "p.yaml"
+    if launcher == "direct":
+        result = autopar("calibrate", "--out", str(out), *TINY, cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("autopar: error: device: no CUDA GPU"), result.stderr
+        assert "--allow-cpu" in lines[0] and "not a GPU" in lines[0]
+    else:  # every rank stops before the rendezvous, and torchrun reports the failure
+        command = [part for part in torchrun_command(out) if part != "--allow-cpu"]
+        result = run(command, tmp_path)
+        assert result.returncode != 0 and "no CUDA GPU" in result.stderr, result.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_one_rank_per_node_measures_the_inter_node_link(tmp_path):

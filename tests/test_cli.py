@@ -63,6 +63,15 @@ BAD_INPUTS = [
     ("missing_profile_file", ["estimate", LLAMA_8B, "--profile", "no_such_profile.yaml"], ["profile"]),
     ("gpu_and_profile", ["estimate", LLAMA_8B, "--gpu", "h100", "--profile", "x.yaml"], ["profile", "--gpu"]),
     ("unknown_command", ["frobnicate"], ["frobnicate"]),
+    # report flags are checked before anything is computed: exit 2, nothing on stdout
+    ("unknown_emit_framework", ["estimate", LLAMA_8B, "--emit", "paxml"], ["emit", "paxml", "megatron"]),
+    ("out_unknown_extension", ["estimate", LLAMA_8B, "--out", "report.txt"], ["out", "report.txt", ".json"]),
+    ("out_missing_directory", ["estimate", LLAMA_8B, "--out", "no/such/dir/r.json"], ["out", "no/such/dir"]),
+    ("out_is_a_directory", ["estimate", LLAMA_8B, "--out", "."], ["out"]),
+    # 0 GPUs per node used to mean "the profile's 8"
+    ("zero_gpus_per_node", ["estimate", LLAMA_8B, "--gpus-per-node", "0"], ["gpus_per_node", "0"]),
+    ("plan_flags_with_megatron_args", ["estimate", LLAMA_8B, "--tp", "2", "--from-megatron-args",
+                                       "--tensor-model-parallel-size 8"], ["from-megatron-args", "--tp"]),
     ("missing_model", ["estimate"], ["MODEL"]),
 ]
 
@@ -211,3 +220,33 @@ def test_ctrl_c_maps_to_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest
 def test_python_dash_m_autopar_and_version() -> None:
     result = autopar("--version")
     assert result.returncode == 0 and result.stdout.startswith("autopar ")
+
+
+# ---- stdout holds one document (autopar.report.options.OUTPUT_RULE) ---------------------------------------------
+
+def test_emit_puts_only_the_launch_config_on_stdout(tmp_path: Path) -> None:
+    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--zero", "1", "--emit", "deepspeed",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)  # `... --emit deepspeed > ds.json` is a valid JSON file
+    assert config["train_micro_batch_size_per_gpu"] == 1 and config["zero_optimization"]["stage"] == 1
+    assert "Memory per GPU by pipeline stage" in result.stderr  # the report moved to stderr
+    # --json owns stdout; the launch config goes to stderr
+    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--json", "--emit", "megatron",
+                     cwd=tmp_path)
+    assert json.loads(result.stdout)["plan"]["tp"] == 2
+    assert "--tensor-model-parallel-size 2" in result.stderr
+
+
+def test_emit_help_states_the_stdout_rule() -> None:
+    assert "stdout holds one document" in " ".join(autopar("estimate", "--help").stdout.split())
+
+
+def test_inputs_that_have_no_effect_are_warned_about() -> None:
+    # llama-3.1-8b is dense; llama-2-7b was trained at 4096 positions (RoPE)
+    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--moe-capacity-factor", "1.25")
+    assert result.returncode in (0, 1), result.stderr
+    assert "warning: --moe-capacity-factor 1.25 has no effect" in result.stderr
+    result = autopar("estimate", "llama-2-7b", "--seq-len", "8192", "--tp", "2", "--emit", "megatron")
+    assert "beyond llama-2-7b's max_position_embeddings 4096" in result.stderr
+    assert "--max-position-embeddings 8192" in result.stdout

@@ -244,3 +244,77 @@ def test_estimate_guide_rule_exit_1() -> None:
                      "--zero", "1")
     assert result.returncode == 1, result.stderr
     assert "tp_node" in result.stdout
+
+
+# ---- a remedy is never a fit while it breaks a rule --------------------------------------------------------------
+
+CP_WITHOUT_SP = ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --context-parallel-size 2 "
+                 "--micro-batch-size 1 --global-batch-size 1024 --seq-length 8192")
+
+
+def test_remedies_do_not_call_a_rule_breaking_plan_a_fit() -> None:
+    # tp8 pp4 cp2 without SP breaks the guide's cp_needs_sp_tp; the memory remedies tolerate it but do not repair it
+    model = load_model("llama-3.1-70b")
+    cluster = Cluster(gpu="h100", num_gpus=64)
+    training = TrainingSpec(seq_len=8192, global_batch_size=1024)
+    plan = Plan(tp=8, pp=4, cp=2, mbs=1, sp=False)
+    assert not estimate(model, cluster, training, plan).fits
+    fixes = remedies(model, cluster, training, plan)
+    last = [fix for fix in fixes if fix.applied][-1]
+    assert last.fits_memory and last.peak_memory_bytes <= cluster.memory_limit_bytes
+    assert last.still_breaks == ("cp_needs_sp_tp",) and not last.fits
+    assert not any(fix.fits and fix.still_breaks for fix in fixes)
+    assert last.to_dict(64)["fits"] is False and last.to_dict(64)["still_breaks"] == ["cp_needs_sp_tp"]
+    # relaxing the rule makes the same walk a fit
+    relaxed = [fix for fix in remedies(model, cluster, training, plan, relax=("cp_needs_sp_tp",)) if fix.applied]
+    assert relaxed[-1].fits and relaxed[-1].still_breaks == ()
+
+
+def test_estimate_command_does_not_say_fits_for_a_rule_breaking_remedy() -> None:
+    result = autopar("estimate", "llama-3.1-70b", "--from-megatron-args", CP_WITHOUT_SP, "--gpus", "64")
+    assert result.returncode == 1, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "fits with" not in text
+    assert "still breaks guide rule cp_needs_sp_tp" in text
+
+
+# ---- JSON: versioned, integral counts as ints, whole bytes ---------------------------------------------------------
+
+def test_estimate_json_is_versioned_with_integral_counts() -> None:
+    result = autopar("estimate", "llama-3.1-70b", "--tp", "8", "--pp", "4", "--num-gpus", "64", "--seq-len", "8192",
+                     "--json")
+    data = json.loads(result.stdout)
+    assert data["schema_version"] == 1 and data["generator"]["name"] == "autopar"
+    # 1024 sequences / (dp 2 · mbs 1) = 512 microbatches; 80 layers / pp 4 = 20 per stage
+    assert data["num_microbatches"] == 512 and isinstance(data["num_microbatches"], int)
+    assert [stage["layers"] for stage in data["stages"]] == [20, 20, 20, 20]
+    assert all(isinstance(stage["layers"], int) for stage in data["stages"])
+    assert isinstance(data["plan"]["dp"], int) and data["plan"]["dp"] == 2
+    for stage in data["stages"]:
+        assert isinstance(stage["total_bytes"], int)
+        assert all(isinstance(value, int) for value in stage["terms_bytes"].values())
+    assert isinstance(data["peak_memory_bytes"], int) and isinstance(data["inputs"]["cluster"]["hbm_bytes"], int)
+
+
+# ---- the inputs header -------------------------------------------------------------------------------------------
+
+def test_header_shows_edp_for_moe_only_and_uses_design_names() -> None:
+    dense = autopar("estimate", "llama-3.1-8b", "--tp", "2", "--num-gpus", "8").stdout
+    plan_line = next(line for line in dense.splitlines() if line.startswith("plan"))
+    assert "dp 4" in plan_line and "edp" not in plan_line
+    assert "seq_len 4096" in dense and "limit 64.0 GiB per GPU (80% of 80 GiB HBM)" in dense
+    moe = autopar("estimate", "mixtral-8x7b", "--tp", "2", "--ep", "4", "--num-gpus", "8").stdout
+    plan_line = next(line for line in moe.splitlines() if line.startswith("plan"))
+    assert "edp 1" in plan_line  # 8 / (etp 2 · ep 4 · pp 1) = 1
+
+
+def test_memory_table_uses_one_unit() -> None:
+    text = autopar("estimate", "llama-3.1-70b", "--tp", "8", "--pp", "4", "--num-gpus", "64", "--seq-len",
+                   "8192").stdout
+    table = text[text.index("Memory per GPU"):text.index("Step time")]
+    assert "GiB (- = none)" in table
+    assert "KiB" not in table and "MiB" not in table
+    # embedding_activations: int64 token ids only (8 B · 8192 tokens · 4 microbatches in flight on stage 0 =
+    # 256 KiB = 0.00024 GiB); Llama has no embedding dropout, and the embedding output is layer 0's input
+    row = next(line for line in table.splitlines() if "embedding_activations" in line)
+    assert "0.00024" in row and row.count(" - ") >= 1

@@ -155,3 +155,36 @@ def test_dense_models_get_no_expert_settings():
     estimate = estimate_of(Plan(tp=8, pp=2, sp=True, zero=1), dense_model())
     for framework in ("megatron", "nemo", "bridge", "verl"):
         assert "expert" not in emit(estimate, framework), framework
+
+
+# ---- data-parallel overlap: the launch flags switch on what the step-time model assumes (steptime.dp_comm_s) ----
+
+@pytest.mark.parametrize("plan, num_gpus, grad_reduce, param_gather", [
+    # 64 GPUs / (tp 8 · pp 1) = dp 8 > 1, distributed optimizer: both overlaps
+    (Plan(tp=8, sp=True, zero=1), 64, True, True),
+    # dp 8 without the distributed optimizer: grad reduce only (Megatron asserts param gather needs it)
+    (Plan(tp=8, sp=True, zero=0), 64, True, False),
+    # 8 GPUs / (tp 8) = dp 1, cp 1: no data-parallel traffic, no flags
+    (Plan(tp=8, sp=True, zero=1), 8, False, False),
+    # 16 GPUs / (tp 8 · cp 2) = dp 1, but gradients still reduce over dp·cp = 2
+    (Plan(tp=8, cp=2, sp=True, zero=1), 16, True, True),
+])
+def test_dp_overlap_flags_follow_the_time_model(plan, num_gpus, grad_reduce, param_gather):
+    estimate = estimate_of(plan, model=dense_model(), num_gpus=num_gpus)
+    megatron = emit(estimate, "megatron")
+    assert ("--overlap-grad-reduce" in megatron) is grad_reduce
+    assert ("--overlap-param-gather" in megatron) is param_gather
+    nemo = overrides(emit(estimate, "nemo"))
+    assert nemo["trainer.strategy.ddp.overlap_grad_reduce"] == str(grad_reduce).lower()
+    assert nemo["trainer.strategy.ddp.overlap_param_gather"] == str(param_gather).lower()
+    bridge = overrides(emit(estimate, "bridge"))
+    assert (bridge["ddp.overlap_grad_reduce"], bridge["ddp.overlap_param_gather"]) == \
+        (str(grad_reduce).lower(), str(param_gather).lower())
+    verl = yaml.safe_load(emit(estimate, "verl"))["actor_rollout_ref"]["actor"]["megatron"]["override_ddp_config"]
+    assert verl == {"overlap_grad_reduce": grad_reduce, "overlap_param_gather": param_gather}
+
+
+def test_expert_gradients_alone_need_the_overlap():
+    # MoE, 8 GPUs, tp 8: dense dp·cp = 1, but experts with ep 1, etp 1 reduce over edp = 8 / (1·1·1) = 8
+    estimate = estimate_of(Plan(tp=8, sp=True, ep=1, etp=1, zero=1), num_gpus=8)
+    assert "--overlap-grad-reduce" in emit(estimate, "megatron")

@@ -14,8 +14,8 @@ import pytest
 from autopar.report import render, report_format, write_report, write_reports
 from autopar.report.document import SCHEMA_VERSION, load_schema, report_document
 from autopar.report.html import MARKER_CLASS, nice_ticks, script_json
-from autopar.report.units import (format_bytes, format_count, format_gib, format_percent, format_rate,
-                                  format_seconds)
+from autopar.report.units import (format_bytes, format_count, format_gib, format_gib_cell, format_percent,
+                                  format_rate, format_seconds)
 from costmodels.errors import InputError
 from costmodels.plan import Plan
 from costmodels.specs import TrainingSpec
@@ -190,3 +190,14 @@ def test_units_are_chosen_per_value():
     assert format_percent(0.4234) == "42.3%"
     assert format_count(70.6e9) == "70.6B"
     assert format_bytes(float("nan")) == "n/a"
+
+
+def test_gib_cells_keep_one_unit_and_small_values_visible():
+    gib = 1024**3
+    assert format_gib_cell(60.29 * gib) == "60.29"
+    assert format_gib_cell(0.25 * gib) == "0.25"
+    assert format_gib_cell(0) == "-"                     # zero is always '-', never '0' or '0.00'
+    assert format_gib_cell(256 * 1024) == "0.00024"      # 256 KiB = 2.44e-4 GiB: two significant digits, not 0.00
+    assert format_gib_cell(32 * 1024**2) == "0.03"       # 32 MiB = 0.03125 GiB
+    assert format_gib_cell(-3 * gib) == "-3.00"
+    assert format_gib_cell(float("inf")) == "∞"

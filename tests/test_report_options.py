@@ -82,3 +82,74 @@ def test_an_empty_front_still_renders(tmp_path):
     assert "No feasible plan" in render(front, "html")
     assert render(front, "csv").count("\n") == 1
     assert "## Front" in render(front, "markdown")
+
+
+def parse_with_plan(*argv: str) -> argparse.Namespace:
+    """The estimate command's flags: plan flags included (their defaults are None until plan_from_args)."""
+    from autopar.commands import add_plan_arguments
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--gpus", dest="num_gpus", type=int, default=None)
+    parser.set_defaults(seq_len=4096, global_batch=1024, precision="bf16")
+    add_plan_arguments(parser)
+    add_output_arguments(parser, pick=False)
+    add_megatron_import_argument(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--emit", "paxml"], "unknown framework"),
+    (["--out", "report.txt"], "cannot tell the report format"),
+    (["--out", "/no/such/folder/front.json"], "does not exist"),
+    (["--pick", "-1", "--emit", "megatron"], "--pick -1: must be >= 0"),
+    (["--pick", "2"], "add --emit FRAMEWORK"),
+])
+def test_output_arguments_are_checked_before_computing(argv, message):
+    from autopar.report.options import validate_output_arguments
+
+    with pytest.raises(InputError, match=message):
+        validate_output_arguments(parse(*argv))
+
+
+def test_out_naming_a_directory_is_refused(tmp_path):
+    from autopar.report.options import validate_output_arguments
+
+    (tmp_path / "r.json").mkdir()
+    with pytest.raises(InputError, match="is a directory"):
+        validate_output_arguments(parse("--out", str(tmp_path / "r.json")))
+    args = parse("--out", str(tmp_path / "ok.md"), "--emit", "Megatron-LM", "--pick", "1")
+    validate_output_arguments(args)
+    assert args.emit == "megatron"  # normalised once, here
+
+
+def test_report_goes_to_stderr_when_the_launch_config_owns_stdout():
+    from autopar.report.options import report_stream
+
+    out, err = io.StringIO(), io.StringIO()
+    assert report_stream(parse(), out, err) is out
+    assert report_stream(parse("--emit", "deepspeed"), out, err) is err
+    assert report_stream(parse("--emit", "deepspeed", "--json"), out, err) is out  # --json owns stdout then
+
+
+def test_plan_flags_with_an_imported_command_are_refused():
+    args = parse_with_plan("--tp", "4", "--no-sp", "--from-megatron-args", "--tensor-model-parallel-size 8")
+    with pytest.raises(InputError, match="drop --tp, --no-sp"):
+        import_megatron_run(args, io.StringIO())
+    # no plan flag typed: the command's plan is used
+    args = parse_with_plan("--from-megatron-args", "--tensor-model-parallel-size 8 --micro-batch-size 1")
+    assert import_megatron_run(args, io.StringIO()).plan.tp == 8
+
+
+def test_model_layer_count_fills_in_for_virtual_stages():
+    command = ("--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5 --micro-batch-size 1 "
+               "--overlap-grad-reduce --overlap-param-gather --use-distributed-optimizer")
+    asked = []
+    args = parse_with_plan("--from-megatron-args", command)
+    # 80 layers (the MODEL's) / (pp 4 · 5 layers per virtual stage) = vpp 4
+    run = import_megatron_run(args, io.StringIO(), num_layers=lambda: asked.append(1) or 80)
+    assert run.plan.vpp == 4 and asked == [1]
+    # the command's own --num-layers wins, and the model is then not needed
+    run = import_megatron_run(parse_with_plan("--from-megatron-args", command + " --num-layers 40"),
+                              io.StringIO(), num_layers=lambda: asked.append(2) or 80)
+    assert run.plan.vpp == 2 and asked == [1]

@@ -266,3 +266,29 @@ def test_cli_explain_and_scaling_front():
     counts = {p["plan"]["dp"] * p["plan"]["tp"] * p["plan"]["cp"] * p["plan"]["pp"]
               for p in json.loads(scaling.stdout)["points"]}
     assert len(counts) >= 2
+
+
+def test_memory_conflict_is_minimal_over_pins():
+    # 8B on 8 × A100-40GB with tp, pp, zero and recompute all pinned to their plainest values: 8e9 params × 18 bytes
+    # on one GPU is ~134 GiB, far over the 32 GiB limit; the conflict names memory and pins, each one necessary
+    from autopar.search.explain import control_items, least_memory_plan, without_control
+    from autopar.search.solve import controls_from
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster, training = autopar.Cluster(gpu="a100-40gb", num_gpus=8), TrainingSpec(seq_len=4096, global_batch_size=64)
+    fix = {"tp": 1, "pp": 1, "zero": 0, "recompute": "none"}
+    with pytest.raises(autopar.Infeasible) as info:
+        autopar.solve(model, cluster, training, fix=fix)
+    rules = info.value.rules
+    assert rules[0] == "memory" and len(rules) >= 2
+    assert all(name.startswith("fix ") for name in rules[1:])
+    # minimal: with only the named constraints (the unnamed pins dropped, the unnamed guide rules relaxed), dropping
+    # any one named pin lets a plan fit
+    controls = controls_from(fix, relax=[r for r in ("tp_node", "cp_needs_sp_tp") if r not in rules])
+    for name in rules[1:]:
+        kept = controls
+        for label in [f"fix {k}={v}" for k, v in controls.fix.items()]:
+            if label not in rules or label == name:
+                kept = without_control(kept, label)
+        nearest = least_memory_plan(model, cluster, training, kept)
+        assert nearest is not None and nearest.peak_memory_bytes <= cluster.memory_limit_bytes

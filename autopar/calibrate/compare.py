@@ -39,8 +39,13 @@ def summarise(profile: HardwareProfile, against: str | None = None) -> dict[str,
     summary: dict[str, Any] = {
         "file": profile.source_path, "name": profile.name, "display_name": profile.display_name,
         "calibrated": section is not None, "compared_with": bundled.name if bundled else None,
+        "measured_on_cpu": section is not None and section.measured_on_cpu,
     }
     lines: list[str] = []
+    if summary["measured_on_cpu"]:
+        lines.append(f"WARNING: measured on CPU (host {section.run['hostnames'][0]}), not a GPU: GEMM efficiency and "
+                     "link speeds describe that CPU; for testing the calibration pipeline only "
+                     "(solve/estimate/explain --profile refuse it without --allow-cpu-profile)")
     if section is not None:
         run = section.run
         summary["calibration"] = {"base_profile": section.base_profile,

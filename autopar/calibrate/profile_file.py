@@ -9,7 +9,9 @@ reads, so `solve` / `estimate --profile FILE` use it like a bundled one. What ca
     memory.overheads_gib.<name>      measured fixed memory terms (GPU runs)
 
 Everything else (HBM, peak FLOP/s, nominal bandwidths, the links and overheads not measured) is the base
-profile's, and `provenance` says so field by field. The extra top-level section `calibration` (kept by the parser in
+profile's, and `provenance` says so field by field. A CPU run (`autopar calibrate --allow-cpu`) is named
+`cpu-<host>-calibrated`, never after the base GPU, and marked `device: cpu` in `calibration` and
+`provenance`. The extra top-level section `calibration` (kept by the parser in
 `HardwareProfile.extra`) holds where and when it was measured, what was not measured and why, the fit with its
 residuals, and the raw measurements — enough to refit later (`autopar profile fit`) without rerunning anything.
 
@@ -24,6 +26,7 @@ import contextlib
 import copy
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,7 @@ from typing import Any, Mapping
 
 from autopar.calibrate.fit import FitResult, fit_gemm_efficiency, fit_link, fit_link_by_collective
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
+from autopar.calibrate.section import CPU_DEVICE
 from costmodels.errors import InputError
 from costmodels.hardware import GIB, HardwareProfile, bundled_profile_names, load_profile, parse_profile
 
@@ -55,9 +59,15 @@ class RunInfo:
     settings: Mapping[str, Any] = field(default_factory=dict)
     """warm-up runs, timed runs, message sizes, --quick."""
 
+    @property
+    def device(self) -> str:
+        """'cpu' for a CPU run (`autopar calibrate --allow-cpu`, device_name 'cpu'), else 'cuda'."""
+        return CPU_DEVICE if self.device_name == CPU_DEVICE else "cuda"
+
     def to_dict(self) -> dict[str, Any]:
         return {"measured_at_utc": self.measured_at_utc, "hostnames": list(self.hostnames),
-                "device_name": self.device_name, "world_size": self.world_size, "nodes": self.nodes,
+                "device": self.device, "device_name": self.device_name, "world_size": self.world_size,
+                "nodes": self.nodes,
                 "ranks_per_node": self.ranks_per_node, "torch_version": self.torch_version,
                 "backend": self.backend, "settings": dict(self.settings)}
 
@@ -111,11 +121,17 @@ def build_profile_text(base_name: str, base_reason: str, measurements: Measureme
     notes = list(notes)
     stamp = f"autopar calibrate {run.measured_at_utc} on {_hosts(run)} ({run.device_name}, {run.backend})"
     provenance: dict[str, str] = dict(data.get("provenance", {}))
-    on_cpu = run.device_name == "cpu"
+    on_cpu = run.device == CPU_DEVICE
 
-    data["name"] = f"{base.name}-calibrated"
-    data["display_name"] = (f"{base.display_name}, calibrated {run.measured_at_utc[:10]} on {_hosts(run)}"
-                            + (" (CPU run: not a GPU measurement)" if on_cpu else ""))
+    if on_cpu:  # named after the host, so nobody takes it for the GPU whose spec sheet filled the gaps
+        data["name"] = cpu_profile_name(run.hostnames[0])
+        data["display_name"] = (f"CPU run on {_hosts(run)} {run.measured_at_utc[:10]}, NOT a GPU "
+                                f"(unmeasured values from {base.name})")
+        provenance["device"] = (f"{CPU_DEVICE}: {stamp}; measured on a CPU, not a GPU — for testing the "
+                                "calibration pipeline only")
+    else:
+        data["name"] = f"{base.name}-calibrated"
+        data["display_name"] = f"{base.display_name}, calibrated {run.measured_at_utc[:10]} on {_hosts(run)}"
     data["aliases"] = []
 
     if fit.gemm is not None:
@@ -215,6 +231,12 @@ def _fit_dict(fit: CalibrationFit) -> dict[str, Any]:
     if links:
         out["links"] = links
     return out
+
+
+def cpu_profile_name(hostname: str) -> str:
+    """'cpu-<host>-calibrated', the host in lower-case letters, digits and dashes ('Build.Box_1' -> 'build-box-1')."""
+    host = re.sub(r"[^a-z0-9]+", "-", hostname.lower()).strip("-") or "host"
+    return f"{CPU_DEVICE}-{host}-calibrated"
 
 
 def _hosts(run: RunInfo) -> str:

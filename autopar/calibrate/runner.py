@@ -46,6 +46,8 @@ class CalibrateOptions:
     iters: int | None
     ranks_per_node: int | None
     timeout_s: float
+    allow_cpu: bool
+    """--allow-cpu: measure this CPU when there is no GPU (tests the pipeline; the profile is marked CPU)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class Topology:
 def run_calibration(options: CalibrateOptions) -> int:
     distributed = "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
     device = _device()
+    if device.type != "cuda" and not options.allow_cpu:  # before any rendezvous: every rank stops here alike
+        raise InputError("device", "no CUDA GPU here (torch sees none), and calibration measures GPUs; run it on "
+                                   "the GPU nodes, or pass --allow-cpu to test the calibration pipeline on this "
+                                   "CPU (the numbers describe this CPU, not a GPU)")
     context_bytes = bench.cuda_context_bytes(device) if device.type == "cuda" else None
     base_name, base_reason = choose_base_profile(options.base_gpu, device)
     if distributed:
@@ -187,7 +193,8 @@ def choose_base_profile(base_gpu: str | None, device: "torch.device") -> tuple[s
     if base_gpu is not None:
         return resolve_gpu_name(base_gpu), f"--base-gpu {base_gpu}"
     if device.type != "cuda":
-        return CPU_BASE_PROFILE, f"CPU run (no GPU): {CPU_BASE_PROFILE} used as the base; pass --base-gpu to choose"
+        return CPU_BASE_PROFILE, (f"CPU run (--allow-cpu, no GPU): {CPU_BASE_PROFILE} fills in what is not "
+                                  "measured; pass --base-gpu to choose")
     device_name = torch.cuda.get_device_name(device)
     memory_gib = torch.cuda.get_device_properties(device).total_memory / GIB
     name = base_profile_for_device(device_name, memory_gib)

@@ -18,6 +18,8 @@ from costmodels.hardware import HardwareProfile
 
 SECTION = "calibration"
 SUPPORTED_FORMATS = (1,)
+CPU_DEVICE = "cpu"
+"""`calibration.device` (and `device_name`) of a run measured on a CPU: a pipeline test, never a GPU profile."""
 
 
 @dataclass(frozen=True)
@@ -26,11 +28,16 @@ class CalibrationSection:
     base_profile_reason: str
     measured_at_utc: str
     run: Mapping[str, Any]
-    """hostnames, device_name, world_size, nodes, ranks_per_node, torch_version, backend, settings."""
+    """hostnames, device, device_name, world_size, nodes, ranks_per_node, torch_version, backend."""
     notes: tuple[str, ...]
     fit: Mapping[str, Any]
     measurements: Measurements
     settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def measured_on_cpu(self) -> bool:
+        """Measured by `autopar calibrate --allow-cpu` on a CPU: describes that CPU, not a GPU."""
+        return self.run["device"] == CPU_DEVICE
 
 
 def read_calibration_section(profile: HardwareProfile) -> CalibrationSection | None:
@@ -59,6 +66,12 @@ def calibration_section_from_dict(data: Any, origin: str) -> CalibrationSection:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             fail(key, f"must be a positive whole number, got {value!r}")
+    # `device` is written since CPU runs need an opt-in; earlier files said it only through device_name 'cpu'
+    device = data.get("device", CPU_DEVICE if strings["device_name"] == CPU_DEVICE else "cuda")
+    if device not in (CPU_DEVICE, "cuda"):
+        fail("device", f"must be 'cpu' or 'cuda', got {device!r}")
+    if (device == CPU_DEVICE) != (strings["device_name"] == CPU_DEVICE):
+        fail("device", f"{device!r} contradicts device_name {strings['device_name']!r}")
     hostnames = data.get("hostnames")
     if not isinstance(hostnames, list) or not hostnames or not all(isinstance(h, str) for h in hostnames):
         fail("hostnames", "must be a non-empty list of host names")
@@ -77,8 +90,8 @@ def calibration_section_from_dict(data: Any, origin: str) -> CalibrationSection:
     if "measurements" not in data:
         fail("measurements", "is missing")
     measurements = measurements_from_dict(data["measurements"], origin)
-    run = {key: data[key] for key in ("hostnames", "device_name", "world_size", "nodes", "ranks_per_node",
-                                      "torch_version", "backend")}
+    run = {"device": device, **{key: data[key] for key in ("hostnames", "device_name", "world_size", "nodes",
+                                                           "ranks_per_node", "torch_version", "backend")}}
     return CalibrationSection(base_profile=strings["base_profile"],
                               base_profile_reason=str(data.get("base_profile_reason", "")),
                               measured_at_utc=strings["measured_at_utc"], run=run, notes=tuple(notes), fit=fit,
@@ -101,7 +114,17 @@ def _first_non_finite(node: Any, path: str) -> tuple[str, Any] | None:
     return None
 
 
-def check_profile_calibration(profile: HardwareProfile) -> HardwareProfile:
-    """The profile, once its calibration section (if any) reads cleanly: for commands that take --profile."""
-    read_calibration_section(profile)
+def check_profile_calibration(profile: HardwareProfile, allow_cpu: bool = False) -> HardwareProfile:
+    """The profile, once its calibration section (if any) reads cleanly: for commands that take --profile.
+
+    A profile measured on a CPU (`autopar calibrate --allow-cpu`) is refused unless `allow_cpu`
+    (`--allow-cpu-profile`): its GEMM efficiency and link speeds are a CPU's, and a plan priced with them is wrong
+    by orders of magnitude while looking like a GPU plan.
+    """
+    section = read_calibration_section(profile)
+    if section is not None and section.measured_on_cpu and not allow_cpu:
+        host = section.run["hostnames"][0]
+        raise InputError("profile", f"{profile.source_path} was measured on a CPU (host {host}), not a GPU, so it "
+                                    "would price a GPU job at CPU speed; calibrate on the GPUs, or pass "
+                                    "--allow-cpu-profile to use it anyway (for testing the calibration pipeline)")
     return profile

@@ -12,7 +12,8 @@ where they are common (`--global-batch-size`, `--micro-batch-size`).
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Callable, TextIO
 
 if TYPE_CHECKING:  # only for annotations: importing the specs pulls in numpy
     from costmodels.plan import Plan
@@ -59,12 +60,15 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"GPU type of a bundled profile (see `autopar gpus`); default {DEFAULT_GPU}")
     group.add_argument("--gpus", "--num-gpus", dest="num_gpus", type=integer, default=None, metavar="N",
                        help="number of GPUs; default one node (the profile's GPUs per node)")
-    group.add_argument("--gpus-per-node", type=integer, default=0, metavar="N",
-                       help="GPUs per node (NVLink domain); default from the profile (8)")
+    group.add_argument("--gpus-per-node", type=integer, default=None, metavar="N",
+                       help="GPUs per node (NVLink domain), >= 1; default from the profile (8)")
     group.add_argument("--headroom", type=number, default=0.2, metavar="FRACTION",
                        help="fraction of GPU memory kept free, in [0, 1); default 0.2 (the guide's 20%%)")
     group.add_argument("--profile", default=None, metavar="FILE",
                        help="hardware profile YAML (e.g. from `autopar calibrate`) instead of --gpu")
+    group.add_argument("--allow-cpu-profile", action="store_true",
+                       help="accept a --profile measured on a CPU (`autopar calibrate --allow-cpu`), for testing "
+                            "the calibration pipeline; its numbers describe that CPU, not a GPU")
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,38 +92,55 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Every knob of one plan (DESIGN.md §1), for `autopar estimate`."""
     group = parser.add_argument_group("plan (DESIGN.md §1 names; Megatron-LM flags in brackets)")
-    group.add_argument("--tp", type=integer, default=1, metavar="N",
+    group.add_argument("--tp", type=integer, default=None, metavar="N",
                        help="tensor-parallel size [--tensor-model-parallel-size]; default 1")
-    group.add_argument("--pp", type=integer, default=1, metavar="N",
+    group.add_argument("--pp", type=integer, default=None, metavar="N",
                        help="pipeline-parallel size [--pipeline-model-parallel-size]; default 1")
-    group.add_argument("--vpp", type=integer, default=1, metavar="N",
+    group.add_argument("--vpp", type=integer, default=None, metavar="N",
                        help="virtual stages per pipeline rank (interleaved 1F1B); default 1")
-    group.add_argument("--cp", type=integer, default=1, metavar="N",
+    group.add_argument("--cp", type=integer, default=None, metavar="N",
                        help="context-parallel size [--context-parallel-size]; default 1")
-    group.add_argument("--ep", type=integer, default=1, metavar="N",
+    group.add_argument("--ep", type=integer, default=None, metavar="N",
                        help="expert-parallel size, MoE only [--expert-model-parallel-size]; default 1")
-    group.add_argument("--etp", type=integer, default=0, metavar="N",
+    group.add_argument("--etp", type=integer, default=None, metavar="N",
                        help="tensor-parallel size inside experts [--expert-tensor-parallel-size]; default = tp")
-    group.add_argument("--mbs", "--micro-batch-size", dest="mbs", type=integer, default=1, metavar="N",
+    group.add_argument("--mbs", "--micro-batch-size", dest="mbs", type=integer, default=None, metavar="N",
                        help="micro-batch size in sequences; default 1")
     sp = group.add_mutually_exclusive_group()
     sp.add_argument("--sp", dest="sp", action="store_true", default=None,
                     help="sequence parallelism on the TP group [--sequence-parallel]; default on when tp > 1")
     sp.add_argument("--no-sp", dest="sp", action="store_false", help="no sequence parallelism")
-    group.add_argument("--recompute", default="none", metavar="{none,selective,full}",
+    group.add_argument("--recompute", default=None, metavar="{none,selective,full}",
                        help="activation recomputation; default none")
-    group.add_argument("--recompute-layers", type=integer, default=0, metavar="N",
+    group.add_argument("--recompute-layers", type=integer, default=None, metavar="N",
                        help="with --recompute full: layers per stage recomputed [--recompute-num-layers]; "
                             "default 0 = all")
-    group.add_argument("--zero", type=integer, default=0, metavar="{0,1,2,3}",
+    group.add_argument("--zero", type=integer, default=None, metavar="{0,1,2,3}",
                        help="sharding over DP: 1 = Megatron distributed optimizer, 2 + gradients, 3 + parameters; "
                             "default 0")
-    group.add_argument("--first-stage-layers", type=integer, default=0, metavar="N",
+    group.add_argument("--first-stage-layers", type=integer, default=None, metavar="N",
                        help="decoder layers on the first pipeline stage [--decoder-first-pipeline-num-layers]; "
                             "default even split")
-    group.add_argument("--last-stage-layers", type=integer, default=0, metavar="N",
+    group.add_argument("--last-stage-layers", type=integer, default=None, metavar="N",
                        help="decoder layers on the last pipeline stage [--decoder-last-pipeline-num-layers]; "
                             "default even split")
+
+
+PLAN_DEFAULTS: dict[str, object] = {
+    "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 0, "mbs": 1, "sp": None, "recompute": "none",
+    "recompute_layers": 0, "zero": 0, "first_stage_layers": 0, "last_stage_layers": 0}
+"""What a plan flag means when it is not given (the parser's defaults are None, so typed flags can be told apart;
+sp None = on when tp > 1)."""
+
+
+def given_plan_flags(args: argparse.Namespace) -> list[str]:
+    """The plan flags the user typed, as flags ('--tp', '--no-sp', ...), in DESIGN.md §1 order."""
+    given = []
+    for dest in PLAN_DEFAULTS:
+        value = getattr(args, dest, None)
+        if value is not None:
+            given.append("--no-sp" if dest == "sp" and value is False else "--" + dest.replace("_", "-"))
+    return given
 
 
 def add_relax_argument(parser: argparse.ArgumentParser) -> None:
@@ -149,9 +170,13 @@ def cluster_from_args(args: argparse.Namespace) -> "ClusterSpec":
     profile = load_profile(args.profile if args.profile is not None else (args.gpu or DEFAULT_GPU))
     if args.profile is not None:  # a calibrated file's raw measurements must read cleanly too (never half-used)
         from autopar.calibrate.section import check_profile_calibration
-        check_profile_calibration(profile)
-    num_gpus = args.num_gpus if args.num_gpus is not None else (args.gpus_per_node or profile.gpus_per_node)
-    return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=args.gpus_per_node,
+        check_profile_calibration(profile, allow_cpu=getattr(args, "allow_cpu_profile", False))
+    gpus_per_node = getattr(args, "gpus_per_node", None)
+    if gpus_per_node is not None and gpus_per_node < 1:  # the spec reads 0 as "the profile's": not what was typed
+        raise InputError("gpus_per_node", f"must be a positive whole number, got {gpus_per_node}; leave "
+                                          f"--gpus-per-node out for the profile's {profile.gpus_per_node}")
+    num_gpus = args.num_gpus if args.num_gpus is not None else (gpus_per_node or profile.gpus_per_node)
+    return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node or 0,
                        headroom=args.headroom)
 
 
@@ -167,21 +192,52 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
 def plan_from_args(args: argparse.Namespace) -> "Plan":
     from costmodels.plan import Plan
 
-    sp = args.sp if args.sp is not None else args.tp > 1
-    return Plan(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp, mbs=args.mbs, sp=sp,
-                recompute=args.recompute, recompute_layers=args.recompute_layers, zero=args.zero,
-                first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
+    knobs = {dest: getattr(args, dest, None) for dest in PLAN_DEFAULTS}
+    knobs = {dest: default if knobs[dest] is None else knobs[dest] for dest, default in PLAN_DEFAULTS.items()}
+    if knobs["sp"] is None:
+        knobs["sp"] = knobs["tp"] > 1
+    return Plan(**knobs)
 
 
-def specs_from_args(args: argparse.Namespace) -> "tuple[ModelSpec, ClusterSpec, TrainingSpec]":
+def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpec] | None" = None,
+                    stderr: "TextIO | None" = None) -> "tuple[ModelSpec, ClusterSpec, TrainingSpec]":
     """Model, cluster and training from the shared flags, checked against each other (precision on the GPU).
 
     The cheap specs are built first so a typo in --gpu or --seq-len is reported before a model is loaded.
+    `load_model` replaces `model_from_args(args)` (a command that already needed the model passes its loader).
+    Inputs that are valid but have no effect or look wrong for this model are warned about on stderr
+    (`input_warnings`).
     """
     from autopar.estimate import require_precision_supported
 
     cluster = cluster_from_args(args)
     training = training_from_args(args)
     require_precision_supported(cluster, training)
-    model = model_from_args(args)
+    model = load_model() if load_model is not None else model_from_args(args)
+    for warning in input_warnings(model, training):
+        print(f"autopar: warning: {warning}", file=stderr if stderr is not None else sys.stderr)
     return model, cluster, training
+
+
+def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
+    """Inputs autopar accepts but that have no effect, or that the model was not built for; one line each."""
+    from costmodels.specs import PositionEmbedding
+
+    warnings = []
+    if model.moe is None and training.moe_capacity_factor is not None:
+        warnings.append(f"--moe-capacity-factor {training.moe_capacity_factor:g} has no effect: {model.name} is "
+                        "a dense model (no experts)")
+    if model.moe is None and training.moe_imbalance_factor != 1.0:
+        warnings.append(f"--moe-imbalance-factor {training.moe_imbalance_factor:g} has no effect: {model.name} is "
+                        "a dense model (no experts)")
+    if 0 < model.max_position_embeddings < training.seq_len:
+        if model.position_embedding is PositionEmbedding.ROPE:
+            warnings.append(f"seq_len {training.seq_len} is beyond {model.name}'s max_position_embeddings "
+                            f"{model.max_position_embeddings}: RoPE runs, but quality past the trained length needs "
+                            "RoPE scaling / long-context training (the Megatron-LM export sets "
+                            f"--max-position-embeddings {training.seq_len})")
+        else:
+            warnings.append(f"seq_len {training.seq_len} is beyond {model.name}'s max_position_embeddings "
+                            f"{model.max_position_embeddings}: learned absolute positions have no embedding past "
+                            "it; the model needs a larger position table to train at this length")
+    return warnings

@@ -1,11 +1,13 @@
 """`autopar calibrate`: measure this machine (or, under torchrun, this cluster) and write a hardware profile.
 
     autopar calibrate --out my_cluster.yaml [--quick] [--base-gpu h100]
+    autopar calibrate --allow-cpu --out cpu.yaml --quick        # no GPU: tests the pipeline on this CPU
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         -m autopar.calibrate --out my_cluster.yaml
 
 torch is an optional extra: without it this command says how to install it and exits 2. torch is imported only
-here, inside `run`, and only by this command.
+here, inside `run`, and only by this command. Without a CUDA GPU it exits 2 too, unless `--allow-cpu` asks to
+measure the CPU (a pipeline test: the profile is named `cpu-<host>-calibrated` and marked `device: cpu`).
 """
 
 from __future__ import annotations
@@ -59,9 +61,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="profile YAML to write (atomically, on rank 0); default calibrated-profile.yaml")
     parser.add_argument("--quick", action="store_true",
                         help="fewer GEMM shapes, every 4th message size, fewer runs (minutes -> seconds)")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="on a machine without a CUDA GPU, measure the CPU instead of refusing: for testing the "
+                             "calibration pipeline; the numbers describe this CPU, not a GPU (the profile is named "
+                             "cpu-<host>-calibrated, and --profile refuses it without --allow-cpu-profile); no "
+                             "effect where a GPU is found")
     parser.add_argument("--base-gpu", default=None, metavar="NAME",
                         help="bundled profile for what is not measured (spec sheet, unmeasured links); default "
-                             "from the detected GPU, a100-80gb on a CPU-only run")
+                             "from the detected GPU, a100-80gb on a CPU run (--allow-cpu)")
     parser.add_argument("--max-bytes", type=byte_size, default=None, metavar="SIZE",
                         help="largest collective message (e.g. 64K, 256MiB); default 256MiB on GPUs, 16MiB on CPU")
     parser.add_argument("--min-bytes", type=byte_size, default=1024, metavar="SIZE",
@@ -99,5 +106,6 @@ def run(args: argparse.Namespace) -> int:
 
     options = CalibrateOptions(out=Path(args.out), quick=args.quick, base_gpu=args.base_gpu,
                                max_bytes=args.max_bytes, min_bytes=args.min_bytes, warmup=args.warmup,
-                               iters=args.iters, ranks_per_node=args.ranks_per_node, timeout_s=args.timeout_s)
+                               iters=args.iters, ranks_per_node=args.ranks_per_node, timeout_s=args.timeout_s,
+                               allow_cpu=args.allow_cpu)
     return run_calibration(options)

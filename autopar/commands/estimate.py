@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from autopar.commands import (add_cluster_arguments, add_json_argument, add_model_argument, add_plan_arguments,
                               add_relax_argument, add_training_arguments)
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from autopar.estimate import Remedy
     from autopar.results import Estimate
 
-GIB = 1024**3
 MAX_STAGE_COLUMNS = 8
 
 
@@ -47,62 +46,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autopar.commands import plan_from_args, specs_from_args
+    import functools
+
+    from autopar.commands import model_from_args, plan_from_args, specs_from_args
     from autopar.estimate import estimate, remedies, rule_violations
-    from autopar.report.options import import_megatron_run, report_model_mismatches, write_outputs
+    from autopar.report.options import (import_megatron_run, report_model_mismatches, report_stream,
+                                        validate_output_arguments, write_outputs)
     from autopar.search.rules import active_rules
 
-    imported = import_megatron_run(args)  # --from-megatron-args: plan, seq, batch, precision, GPUs from the command
+    validate_output_arguments(args)  # a bad --emit/--out is exit 2 before anything is computed
+    load_model = functools.cache(lambda: model_from_args(args))  # loaded once, early only when the import needs it
+    # --from-megatron-args: plan, seq, batch, precision, GPUs from the command (MODEL's layer count when the command
+    # needs one it does not state); plan flags given with it are a bad input
+    imported = import_megatron_run(args, num_layers=lambda: load_model().num_layers)
     plan = imported.plan if imported else plan_from_args(args)  # cheap checks first: a bad --zero before the model
     active_rules(args.relax)     # an unknown or non-relaxable --relax name is a bad input
-    model, cluster, training = specs_from_args(args)
+    model, cluster, training = specs_from_args(args, load_model=load_model)
     report_model_mismatches(imported, model)
     result = estimate(model, cluster, training, plan, relax=args.relax)
     fixes = remedies(model, cluster, training, plan, relax=args.relax) if not result.fits else ()
     reasons = rule_violations(model, cluster, training, plan, relax=args.relax)
     if args.json:
-        print(json.dumps(estimate_to_dict(result, fixes, reasons), indent=2))
-    else:
-        print_estimate(result, fixes, reasons, all_stages=args.all_stages)
+        from autopar.report.document import finite_or_none
+
+        print(json.dumps(finite_or_none(estimate_to_dict(result, fixes, reasons)), indent=2, allow_nan=False))
+    else:  # OUTPUT_RULE: with --emit the launch config alone is on stdout, the report on stderr
+        print_estimate(result, fixes, reasons, all_stages=args.all_stages, stream=report_stream(args))
     write_outputs(args, result)  # --out reports, --emit launch config
     return 0 if result.feasible else 1
 
 
 def estimate_to_dict(result: "Estimate", fixes: "tuple[Remedy, ...]", reasons: dict[str, str]) -> dict[str, Any]:
     from autopar.describe import describe_inputs
+    from autopar.results import SCHEMA_VERSION, generator
 
-    return {"inputs": describe_inputs(result.model, result.cluster, result.training), **result.to_dict(),
+    return {"schema_version": SCHEMA_VERSION, "generator": generator(),
+            "inputs": describe_inputs(result.model, result.cluster, result.training), **result.to_dict(),
             "violation_reasons": {rule: reasons.get(rule, "peak memory exceeds the limit")
                                   for rule in result.violations},
             "remedies": [fix.to_dict(result.cluster.num_gpus) for fix in fixes]}
 
 
-# ---- terminal output -------------------------------------------------------------------------------------------
-
-def format_bytes(value: float) -> str:
-    """GiB down to 0.1 GiB, then MiB, then KiB: '61.42 GiB', '512.0 MiB'."""
-    magnitude = abs(value)
-    if magnitude >= 0.1 * GIB:
-        return f"{value / GIB:.2f} GiB"
-    if magnitude >= 1024**2 or magnitude == 0:
-        return f"{value / 1024**2:.1f} MiB" if magnitude else "0"
-    return f"{value / 1024:.1f} KiB"
-
-
-def format_seconds(value: float) -> str:
-    if abs(value) >= 1.0:
-        return f"{value:.2f} s"
-    if abs(value) >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value * 1e6:.0f} µs" if value else "0"
-
-
-def _count(value: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f}{unit}"
-    return f"{value:g}"
-
+# ---- terminal output: memory in GiB (named in each table's title), times with their unit (autopar.report.units) --
 
 def _shown_stages(result: "Estimate", all_stages: bool) -> list[int]:
     pp = len(result.stages)
@@ -113,10 +98,11 @@ def _shown_stages(result: "Estimate", all_stages: bool) -> list[int]:
 
 
 def print_estimate(result: "Estimate", fixes: "tuple[Remedy, ...]", reasons: dict[str, str],
-                   all_stages: bool = False) -> None:
+                   all_stages: bool = False, stream: "TextIO | None" = None) -> None:
     from rich.console import Console
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    out = stream if stream is not None else sys.stdout
+    console = Console(file=out, highlight=False, width=None if out.isatty() else 120)
     _print_inputs(console, result)
     console.print()
     _print_memory(console, result, all_stages)
@@ -130,38 +116,24 @@ def print_estimate(result: "Estimate", fixes: "tuple[Remedy, ...]", reasons: dic
 
 
 def _print_inputs(console: Any, result: "Estimate") -> None:
-    from costmodels import params
+    from autopar.report.terminal import print_header_line, print_inputs
 
-    model, cluster, training, plan = result.model, result.cluster, result.training, result.plan
-    profile = cluster.profile
-    shape = (f"h={model.hidden_size}, {model.num_layers} layers, {model.num_attention_heads} heads "
-             f"({model.num_kv_heads} kv), ffn {model.ffn_hidden_size}, vocab {model.vocab_size}")
-    total, active = params.total_params(model), params.active_params(model)
-    size = f"{_count(total)} params" + (f" ({_count(active)} active)" if active != total else "")
-    if model.moe is not None:
-        shape += f", {model.moe.num_experts} experts top-{model.moe.top_k}"
-    console.print(f"[bold]model[/]     {model.name}: {size}; {shape}")
-    console.print(f"[bold]cluster[/]   {cluster.num_gpus} × {profile.display_name} ({cluster.num_nodes} node"
-                  f"{'s' if cluster.num_nodes > 1 else ''} of {cluster.gpus_per_node}), "
-                  f"{profile.hbm_bytes / GIB:g} GiB HBM, limit {format_bytes(cluster.memory_limit_bytes)} "
-                  f"({cluster.headroom:.0%} headroom) \\[{profile.source_path}]")
-    console.print(f"[bold]training[/]  seq {training.seq_len}, global batch {training.global_batch_size} "
-                  f"({_count(training.tokens_per_step)} tokens), {training.precision.value}, flash attention "
-                  f"{'on' if training.flash_attention else 'off'}, fused cross entropy "
-                  f"{'on' if training.fused_cross_entropy else 'off'}"
-                  + (f", MoE capacity factor {training.moe_capacity_factor}"
-                     if model.moe is not None and training.moe_capacity_factor else ""))
-    console.print(f"[bold]plan[/]      {plan.short()}  →  dp {result.dp}, edp {plan.edp(cluster.num_gpus)}, "
-                  f"{result.num_microbatches:g} microbatches per step")
+    plan, num_gpus = result.plan, result.cluster.num_gpus
+    print_inputs(console, result.model, result.cluster, result.training)
+    derived = f"dp {result.dp}" + (f", edp {plan.edp(num_gpus)}" if result.model.moe is not None else "")
+    print_header_line(console, "plan", f"{plan.short()}  →  {derived}, {result.num_microbatches:g} microbatches "
+                                       "per step")
 
 
 def _print_memory(console: Any, result: "Estimate", all_stages: bool) -> None:
     from rich.table import Table
 
+    from autopar.report.units import format_gib_cell
+
     shown = _shown_stages(result, all_stages)
     hidden = len(result.stages) - len(shown)
-    title = "Memory per GPU by pipeline stage" + (f" ({hidden} middle stages not shown; --all-stages)"
-                                                  if hidden else "")
+    title = "Memory per GPU by pipeline stage, GiB (- = none)" + (
+        f" ({hidden} middle stages not shown; --all-stages)" if hidden else "")
     table = Table(title=title, title_justify="left")
     table.add_column("term")
     for stage in shown:
@@ -171,13 +143,13 @@ def _print_memory(console: Any, result: "Estimate", all_stages: bool) -> None:
     table.add_row("layers", *(f"{result.stages[s].layers:g}" for s in shown), style="dim")
     for term in terms:
         if term not in zero:
-            table.add_row(term, *(format_bytes(result.stages[s].terms_bytes.get(term, 0.0)) for s in shown))
+            table.add_row(term, *(format_gib_cell(result.stages[s].terms_bytes.get(term, 0.0)) for s in shown))
     limit = result.memory_limit_bytes
     table.add_section()
-    table.add_row("[bold]total", *(f"[bold]{format_bytes(result.stages[s].total_bytes)}" for s in shown))
-    table.add_row("limit", *(format_bytes(limit) for _ in shown))
+    table.add_row("[bold]total", *(f"[bold]{format_gib_cell(result.stages[s].total_bytes)}" for s in shown))
+    table.add_row("limit", *(format_gib_cell(limit) for _ in shown))
     table.add_row("fits", *(("[green]yes" if result.stages[s].total_bytes <= limit else
-                             f"[red]NO +{format_bytes(result.stages[s].total_bytes - limit)}") for s in shown))
+                             f"[red]NO +{format_gib_cell(result.stages[s].total_bytes - limit)}") for s in shown))
     console.print(table)
     if zero:
         console.print(f"[dim]not shown, zero on every stage: {', '.join(zero)}[/]")
@@ -185,6 +157,8 @@ def _print_memory(console: Any, result: "Estimate", all_stages: bool) -> None:
 
 def _print_time(console: Any, result: "Estimate") -> None:
     from rich.table import Table
+
+    from autopar.report.units import format_percent, format_rate, format_seconds
 
     step = result.step_time_s
     table = Table(title="Step time", title_justify="left")
@@ -194,52 +168,71 @@ def _print_time(console: Any, result: "Estimate") -> None:
     zero = [term for term, seconds in result.time_terms_s.items() if not seconds]
     for term, seconds in result.time_terms_s.items():
         if term not in zero:
-            table.add_row(term, format_seconds(seconds), f"{seconds / step:.1%}" if step else "-")
+            table.add_row(term, format_seconds(seconds), format_percent(seconds / step) if step else "-")
     table.add_section()
-    table.add_row("[bold]step time", f"[bold]{format_seconds(step)}", "100.0%")
+    table.add_row("[bold]step time", f"[bold]{format_seconds(step)}", format_percent(1.0))
     console.print(table)
     if zero:
         console.print(f"[dim]not shown, zero: {', '.join(zero)}[/]")
     precision = result.training.precision.value
-    peak = result.cluster.profile.peak_flops_per_s[precision] / 1e12
-    console.print(f"[bold]throughput[/]  {result.tokens_per_s:,.0f} tokens/s, MFU {result.mfu:.1%} "
-                  f"(of the {peak:g} TFLOP/s dense {precision} peak)")
-    console.print(f"            model {result.model_tflops_per_gpu:.1f} TFLOP/s per GPU, hardware "
-                  f"{result.hardware_tflops_per_gpu:.1f} TFLOP/s per GPU (recompute counted)")
+    peak = result.cluster.profile.peak_flops_per_s[precision]
+    console.print(f"[bold]throughput[/]  {format_rate(result.tokens_per_s, 'tokens/s')}, MFU {format_percent(result.mfu)} "
+                  f"(of the {format_rate(peak, 'FLOP/s')} dense {precision} peak)")
+    console.print(f"            model {format_rate(result.model_tflops_per_gpu * 1e12, 'FLOP/s')} per GPU, hardware "
+                  f"{format_rate(result.hardware_tflops_per_gpu * 1e12, 'FLOP/s')} per GPU (recompute counted)")
 
 
 def _print_verdict(console: Any, result: "Estimate", reasons: dict[str, str]) -> None:
+    from autopar.report.units import format_gib
+
     peak, limit = result.peak_memory_bytes, result.memory_limit_bytes
-    where = f"worst stage {result.worst_stage}: {format_bytes(peak)} of {format_bytes(limit)}"
+    where = f"worst stage {result.worst_stage}: {format_gib(peak, 2)} of {format_gib(limit, 2)}"
     if result.fits:
-        console.print(f"[green bold]fits[/] ({where}, {format_bytes(limit - peak)} to spare)")
+        console.print(f"[green bold]fits in memory[/] ({where}, {format_gib(limit - peak, 2)} to spare)")
     else:
-        console.print(f"[red bold]does not fit[/] ({where}, {format_bytes(peak - limit)} over)")
+        console.print(f"[red bold]does not fit[/] ({where}, {format_gib(peak - limit, 2)} over)")
     for rule, reason in reasons.items():
         console.print(f"[yellow]breaks guide rule {rule}[/]: {reason}")
 
 
+def _remedy_verdict(fix: "Remedy") -> str:
+    if fix.fits:
+        return "[green]yes"
+    if fix.fits_memory:
+        return f"[yellow]memory only: breaks {', '.join(fix.still_breaks)}"
+    return "[red]no"
+
+
 def _print_remedies(console: Any, result: "Estimate", fixes: "tuple[Remedy, ...]") -> None:
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="Remedies (the guide's order, each applied on top of the ones before; stops once it fits)",
-                  title_justify="left")
+    from autopar.report.units import format_gib, format_seconds
+
+    table = Table(title="Remedies (the guide's order, each applied on top of the ones before; stops once memory "
+                        "fits)", title_justify="left")
     for name, justify in (("#", "right"), ("remedy", "left"), ("change", "left"), ("peak memory", "right"),
                           ("step time", "right"), ("fits", "left")):
         table.add_column(name, justify=justify)
-    table.add_row("0", "[dim]your plan", result.plan.short(), format_bytes(result.peak_memory_bytes),
+    table.add_row("0", "[dim]your plan", result.plan.short(), format_gib(result.peak_memory_bytes, 2),
                   format_seconds(result.step_time_s), "[red]no")
     for index, fix in enumerate(fixes, start=1):
         if fix.applied:
-            table.add_row(str(index), fix.title, fix.change, format_bytes(fix.peak_memory_bytes),
-                          format_seconds(fix.step_time_s), "[green]yes" if fix.fits else "[red]no")
+            table.add_row(str(index), escape(fix.title), fix.change, format_gib(fix.peak_memory_bytes, 2),
+                          format_seconds(fix.step_time_s), _remedy_verdict(fix))
         else:
-            table.add_row(str(index), f"[dim]{fix.title}", f"[dim]skipped: {fix.skipped_because}", "", "", "")
+            table.add_row(str(index), f"[dim]{escape(fix.title)}", f"[dim]skipped: {escape(fix.skipped_because)}",
+                          "", "", "")
     console.print(table)
     last = next((fix for fix in reversed(fixes) if fix.applied), None)
     if last is not None and last.fits:
-        console.print(f"fits with [bold]{last.plan.short()}[/] ({format_bytes(last.peak_memory_bytes)}); "
+        console.print(f"fits with [bold]{last.plan.short()}[/] ({format_gib(last.peak_memory_bytes, 2)}); "
                       "`autopar solve` finds the fastest plan that fits")
+    elif last is not None and last.fits_memory:
+        console.print(f"[yellow]within memory with [bold]{last.plan.short()}[/] "
+                      f"({format_gib(last.peak_memory_bytes, 2)}), but it still breaks guide rule "
+                      f"{', '.join(last.still_breaks)}[/] (see above): not a fit until that is fixed too; "
+                      "`autopar solve` finds the fastest plan that fits and keeps the rules")
     else:
         console.print("[red]still does not fit after every remedy[/]: use more GPUs or larger ones "
                       "(`autopar solve` / `autopar explain`)")

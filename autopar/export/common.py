@@ -102,6 +102,22 @@ def mcore_recompute_fields(plan: Plan) -> dict[str, object]:
     return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
 
 
+def data_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
+    """Megatron-Core DistributedDataParallelConfig switches the step-time model assumes (costmodels/steptime.py
+    dp_comm_s: the gradient reduce hides behind the backward pass and the parameter all-gather behind the next
+    forward, bucket by bucket). Both are off by default in Megatron-LM (megatron/training/arguments.py
+    `--overlap-grad-reduce`, `--overlap-param-gather`, default False).
+
+    overlap_grad_reduce: whenever gradients are reduced over a data-parallel group (dense over dp·cp, experts over
+    edp). overlap_param_gather: only with the distributed optimizer or Megatron-FSDP (zero >= 1), and only together
+    with overlap_grad_reduce: validate_args asserts both ('--overlap-param-gather only supported with distributed
+    optimizer or megatron fsdp', 'Must use --overlap-param-gather with --overlap-grad-reduce').
+    """
+    plan, num_gpus = estimate.plan, estimate.cluster.num_gpus
+    reduces = plan.dp(num_gpus) * plan.cp > 1 or (estimate.model.is_moe and plan.edp(num_gpus) > 1)
+    return {"overlap_grad_reduce": reduces, "overlap_param_gather": reduces and plan.zero >= 1}
+
+
 def plan_caption(estimate: Estimate) -> str:
     """One line naming the model, the cluster and the plan, for the first comment of every config."""
     cluster = estimate.cluster

@@ -5,19 +5,25 @@ MegatronStrategy (`trainer.strategy.tensor_model_parallel_size`, ...), the batch
 (`data.micro_batch_size`, `data.global_batch_size`, `data.seq_length`), Megatron-Core TransformerConfig fields on
 `model.config.*`, the optimizer's on `optim.config.*`, precision as a `trainer.plugins` preset. Names as used in
 NVIDIA/NeMo docs/source/features/parallelisms.rst and nemo/collections/llm/recipes (e.g. llama3_70b.py,
-precision/mixed_precision.py: bf16_mixed, bf16_with_fp8_mixed).
+precision/mixed_precision.py: bf16_mixed, bf16_with_fp8_mixed). Data-parallel overlap: the strategy's `ddp`
+(Megatron-Core DistributedDataParallelConfig: `trainer.strategy.ddp.overlap_grad_reduce`, `.overlap_param_gather`),
+as the recipes set it (nemo/collections/llm/recipes/*.py `ddp=run.Config(DistributedDataParallelConfig,
+overlap_grad_reduce=True, overlap_param_gather=True, ...)`; docs/source/features/optimizations/
+communication_overlap.rst).
 
 Megatron-Bridge (`scripts/training/run_recipe.py --recipe <recipe> key=value ...`, Hydra/OmegaConf overrides on the
 ConfigContainer): `model.*` for Megatron-Core fields, `train.micro_batch_size`, `train.global_batch_size`,
 `dataset.seq_length`, `ddp.*`/`optimizer.*` for the distributed optimizer, `mixed_precision=<preset>`. Names from
 NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md and src/megatron/bridge/training/config.py;
 Megatron-FSDP keys (dist/ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy, checkpoint.ckpt_format) from
-its docs/training/megatron-fsdp.md; precision presets from src/megatron/bridge/training/mixed_precision.py.
+its docs/training/megatron-fsdp.md; precision presets from src/megatron/bridge/training/mixed_precision.py;
+data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_grad_reduce`,
+`ddp.overlap_param_gather`, as its recipes set them).
 """
 
 from __future__ import annotations
 
-from autopar.export.common import LaunchConfig, mcore_parallel_fields, plan_caption
+from autopar.export.common import LaunchConfig, data_parallel_overlap, mcore_parallel_fields, plan_caption
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from autopar.results import Estimate
 from costmodels.specs import Precision
@@ -55,9 +61,10 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
             overrides.append(f"model.config.{name}={_value(fields[name])}")
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
-                  f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}",
-                  "trainer.plugins=" + ("bf16_with_fp8_mixed" if training.precision is Precision.FP8
-                                        else "bf16_mixed")]
+                  f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}"]
+    overrides += [f"trainer.strategy.ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
+    overrides.append("trainer.plugins=" + ("bf16_with_fp8_mixed" if training.precision is Precision.FP8
+                                           else "bf16_mixed"))
     notes = []
     if plan.zero >= 2:
         notes.append(f"zero={plan.zero} (gradient/parameter sharding): NeMo 2 recipes expose only the distributed "
@@ -79,6 +86,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
         overrides += ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true",
                       f"ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
                       "checkpoint.ckpt_format=fsdp_dtensor"]
+    overrides += [f"ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
     overrides.append("mixed_precision=" + ("bf16_with_fp8_current_scaling_mixed"
                                            if training.precision is Precision.FP8 else "bf16_mixed"))
     return _render("bridge", f"Megatron-Bridge (scripts/training/run_recipe.py --recipe <recipe> ...): "

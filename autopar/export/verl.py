@@ -4,13 +4,15 @@ Key names from volcengine/verl verl/trainer/config/actor/megatron_actor.yaml and
 (`megatron.tensor_model_parallel_size`, `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`,
 `context_parallel_size`, `expert_model_parallel_size`, `expert_tensor_parallel_size`, `sequence_parallel`,
 `use_distributed_optimizer`, and `override_transformer_config` for Megatron-Core TransformerConfig fields such as
-`recompute_granularity` and `num_layers_in_first_pipeline_stage`) and actor/actor.yaml (`ppo_mini_batch_size`,
+`recompute_granularity` and `num_layers_in_first_pipeline_stage`, and `override_ddp_config` for Megatron-Core
+DistributedDataParallelConfig fields: `overlap_grad_reduce`, `overlap_param_gather`) and actor/actor.yaml (`ppo_mini_batch_size`,
 `ppo_micro_batch_size_per_gpu`).
 """
 
 from __future__ import annotations
 
-from autopar.export.common import LaunchConfig, mcore_parallel_fields, one_line, plan_caption
+from autopar.export.common import (LaunchConfig, data_parallel_overlap, mcore_parallel_fields, one_line,
+                                   plan_caption)
 from autopar.results import Estimate
 from costmodels.specs import Precision
 
@@ -55,6 +57,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
               f"    ppo_micro_batch_size_per_gpu: {plan.mbs}", "    use_dynamic_bsz: False", "    megatron:"]
     lines += [f"      {name}: {_yaml(fields[name])}" for name in MEGATRON_FIELDS if name in fields]
     lines.append(f"      use_distributed_optimizer: {_yaml(plan.zero >= 1)}")
+    lines.append("      override_ddp_config:")
+    lines += [f"        {name}: {_yaml(on)}" for name, on in data_parallel_overlap(estimate).items()]
     overrides = [(name, fields[name]) for name in OVERRIDE_FIELDS if fields[name] is not None]
     if overrides:
         lines.append("      override_transformer_config:")

@@ -20,21 +20,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from autopar import results
 from autopar.results import Estimate, ParetoFront
 from costmodels.hardware import HardwareProfile
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = results.SCHEMA_VERSION
 SCHEMA_ID = "urn:autopar:schemas:front"
 SCHEMA_RESOURCE = "front.schema.json"
-
-
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("autopar")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def hardware_block(profile: HardwareProfile) -> dict[str, Any]:
@@ -82,10 +74,11 @@ def assumptions(front: ParetoFront) -> list[str]:
 
 def megatron_flags(estimate: Estimate) -> list[str]:
     """The plan's Megatron-LM parallelism, batch, recompute and precision flags, as argv words."""
-    from autopar.export.megatron import batch_flags, memory_flags, parallelism_flags
+    from autopar.export.megatron import batch_flags, memory_flags, overlap_flags, parallelism_flags
 
     words: list[str] = []
-    for flag, value in parallelism_flags(estimate) + batch_flags(estimate) + memory_flags(estimate):
+    for flag, value in (parallelism_flags(estimate) + batch_flags(estimate) + memory_flags(estimate)
+                        + overlap_flags(estimate)):
         words.append(flag)
         if value is not None:
             words.append(value)
@@ -116,7 +109,7 @@ def report_document(front: ParetoFront) -> dict[str, Any]:
                         else "not_searched" if front.solver == "estimate" else "time_limit")
     document = {
         "schema_version": SCHEMA_VERSION,
-        "generator": {"name": "autopar", "version": _version()},
+        "generator": base["generator"],
         "inputs": base["inputs"],
         "hardware": hardware_block(front.cluster.profile),
         "assumptions": assumptions(front),

@@ -1,15 +1,22 @@
 """The report/export/import flags shared by `autopar solve`, `estimate` and `explain`, and what they do.
 
-Commands add them with two calls and act on them with one:
+Commands add them with two calls and act on them with a few:
 
     add_output_arguments(parser)            # --out FILE (repeatable), --emit FRAMEWORK, --pick N
     add_megatron_import_argument(parser)    # --from-megatron-args "COMMAND" | FILE
     ...
+    validate_output_arguments(args)         # FIRST: a bad --emit/--out/--pick is exit 2 before any computing
     imported = import_megatron_run(args)    # None, or the MegatronRun; sets args.seq_len/global_batch/precision
                                             # (and num_gpus when --gpus was not given) from the command
     plan = imported.plan if imported else plan_from_args(args)
     ...
+    print_report(..., stream=report_stream(args))   # the human report: stdout, or stderr under --emit
     write_outputs(args, front_or_estimate)  # writes every --out, prints --emit's config for point --pick
+
+stdout holds one document (OUTPUT_RULE): the --json document when --json is given, else the --emit launch config
+when --emit is given, else the human report; everything else (the report displaced by --emit, the launch config
+displaced by --json, notes, warnings, 'wrote FILE') goes to stderr. So `autopar estimate ... --emit deepspeed >
+ds.json` writes valid JSON.
 
 Nothing heavy is imported at module level (argparse only).
 """
@@ -18,13 +25,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 if TYPE_CHECKING:
     from autopar.megatron_args import MegatronRun
     from autopar.results import Estimate, ParetoFront
 
 FRAMEWORK_CHOICES = "megatron, nemo, bridge, verl, torchtitan, deepspeed"
+OUTPUT_RULE = ("stdout holds one document: the --json output with --json, else the --emit launch config with "
+               "--emit (the report then goes to stderr), else the report")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, pick: bool = True) -> None:
@@ -33,31 +42,96 @@ def add_output_arguments(parser: argparse.ArgumentParser, pick: bool = True) -> 
                        help="write a report; the format follows the extension: .json (versioned schema), .csv, "
                             ".md, .html (self-contained, with plots); repeat for several")
     group.add_argument("--emit", default=None, metavar="FRAMEWORK",
-                       help=f"print the launch configuration of the chosen plan for one of: {FRAMEWORK_CHOICES}")
+                       help=f"print the launch configuration of the chosen plan for one of: {FRAMEWORK_CHOICES}. "
+                            f"{OUTPUT_RULE}")
     if pick:
-        group.add_argument("--pick", type=int, default=0, metavar="N",
+        group.add_argument("--pick", type=_pick_number, default=0, metavar="N",
                            help="which front point --emit uses: 0 = fastest (default), as numbered in the table")
+
+
+def _pick_number(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def validate_output_arguments(args: argparse.Namespace) -> None:
+    """Check --emit, --out and --pick before anything is computed: InputError (one line, exit 2), nothing on stdout.
+
+    --emit: a known framework (normalised in place to its canonical name); --out: an extension autopar writes, in an
+    existing, writable directory, not a directory itself; --pick: >= 0 and only with --emit. Whether --pick names a
+    point of the front can only be known after solving (`chosen_point`).
+    """
+    import os
+    from pathlib import Path
+
+    from costmodels.errors import InputError
+
+    framework = getattr(args, "emit", None)
+    if framework is not None:
+        from autopar.export import framework_name
+
+        args.emit = framework_name(framework)
+    for path in getattr(args, "out", None) or []:
+        from autopar.report import report_format
+
+        report_format(path)
+        target = Path(path)
+        folder = target.parent if str(target.parent) else Path(".")
+        if target.is_dir():
+            raise InputError("out", f"{path!r} is a directory; give a file name such as {str(target / 'front')!r}"
+                                    f" with an extension")
+        if not folder.is_dir():
+            raise InputError("out", f"directory {str(folder)!r} of {path!r} does not exist; create it first")
+        if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            raise InputError("out", f"cannot write {path!r}: permission denied; choose another directory")
+    pick = getattr(args, "pick", 0)
+    if pick is not None and pick < 0:
+        raise InputError("pick", f"--pick {pick}: must be >= 0 (0 = the fastest point)")
+    if pick and framework is None:
+        raise InputError("pick", f"--pick {pick} chooses the point --emit prints; add --emit FRAMEWORK or drop "
+                                 "--pick")
+
+
+def report_stream(args: argparse.Namespace, stdout: TextIO | None = None,
+                  stderr: TextIO | None = None) -> TextIO:
+    """Where the human report goes (OUTPUT_RULE): stderr when --emit puts the launch config on stdout."""
+    if getattr(args, "emit", None) and not getattr(args, "json", False):
+        return stderr if stderr is not None else sys.stderr
+    return stdout if stdout is not None else sys.stdout
 
 
 def add_megatron_import_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-megatron-args", default=None, metavar="COMMAND|FILE",
                         help="take the plan, sequence length, global batch, precision (and the GPU count, when the "
                              "launcher says it) from an existing Megatron-LM command line or launch script; "
-                             "plan flags (--tp, ...) are then ignored")
+                             "plan flags (--tp, ...) cannot be given with it (edit the command instead); MODEL's "
+                             "layer count is used when the command has no --num-layers")
 
 
-def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None) -> "MegatronRun | None":
+def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
+                        num_layers: "Callable[[], int] | None" = None) -> "MegatronRun | None":
     """Parse --from-megatron-args (text or file) and copy its training fields into `args`; None without it.
 
     The command's --seq-length, --global-batch-size and precision replace the training flags; its GPU count is
-    used unless --gpus was given. What the reader had to approximate is printed to stderr as notes.
+    used unless --gpus was given. Plan flags (--tp, ...) together with it are a bad input: the plan comes from the
+    command. `num_layers` gives MODEL's layer count, asked for only when the command needs one it does not state
+    (--num-layers-per-virtual-pipeline-stage without --num-layers). What the reader had to approximate is printed
+    to stderr as notes.
     """
     source = getattr(args, "from_megatron_args", None)
     if source is None:
         return None
+    from autopar.commands import given_plan_flags
     from autopar.megatron_args import parse_megatron_args, read_megatron_source
+    from costmodels.errors import InputError
 
-    run = parse_megatron_args(read_megatron_source(source))
+    typed = given_plan_flags(args)
+    if typed:
+        raise InputError("from-megatron-args", f"the plan comes from the Megatron-LM command; drop "
+                                               f"{', '.join(typed)} (or edit the command)")
+    run = parse_megatron_args(read_megatron_source(source), num_layers=num_layers)
     stream = stderr if stderr is not None else sys.stderr
     training = run.training
     if "seq_len" in training:
@@ -92,17 +166,17 @@ def write_outputs(args: argparse.Namespace, result: "ParetoFront | Estimate", st
 
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
+    validate_output_arguments(args)  # callers validate first; this keeps direct callers safe too
     paths = getattr(args, "out", None) or []
     if paths:
         for path in write_reports(result, paths):
             print(f"autopar: wrote {path}", file=err)
     framework = getattr(args, "emit", None)
     if framework:
-        from autopar.export import framework_name, launch_config
+        from autopar.export import launch_config
 
-        framework_name(framework)  # an unknown name is a bad input before anything else
         config = launch_config(chosen_point(result, getattr(args, "pick", 0)), framework)
-        # with --json, stdout holds the JSON document alone: the launch config goes to stderr
+        # OUTPUT_RULE: with --json, stdout holds the JSON document alone and the launch config goes to stderr
         (err if getattr(args, "json", False) else out).write(config.text)
         if config.framework == "deepspeed":  # JSON has no comments: the notes go to stderr
             for note in config.unexpressed:

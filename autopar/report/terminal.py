@@ -1,6 +1,8 @@
 """Terminal table of a front (rich), with units chosen per value. Imported only by commands that print.
 
-`front_table(front)` is what `autopar solve` prints; `estimate_rows` gives the same columns for one estimate.
+`front_table(front)` is what `autopar solve` prints; `estimate_rows` gives the same columns for one estimate;
+`print_inputs(console, model, cluster, training)` prints the inputs header every command starts with
+(`autopar.describe.inputs_header`), so solve, estimate and explain word it the same way.
 """
 
 from __future__ import annotations
@@ -10,9 +12,31 @@ from typing import TYPE_CHECKING
 from autopar.report.units import format_bytes, format_percent, format_rate, format_seconds
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.table import Table
 
+    from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
     from autopar.results import Estimate, ParetoFront
+
+LABEL_WIDTH = 10
+"""Width of the label column of the header lines ('model', 'cluster', 'training', 'plan', ...)."""
+
+
+def print_header_line(console: "Console", label: str, text: str) -> None:
+    """One header line: the label in bold, padded; the text as typed (user text is not read as rich markup)."""
+    from rich.text import Text
+
+    console.print(Text.assemble((label.ljust(LABEL_WIDTH), "bold"), text))
+
+
+def print_inputs(console: "Console", model: "ModelSpec", cluster: "ClusterSpec", training: "TrainingSpec") -> None:
+    """The model / cluster / training header lines (autopar.describe.inputs_header)."""
+    from autopar.describe import inputs_header
+
+    for label, text in inputs_header(model, cluster, training):
+        print_header_line(console, label, text)
+
 
 COLUMNS = ("#", "plan", "step time", "throughput", "MFU", "peak memory", "stage", "microbatches")
 

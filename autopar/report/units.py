@@ -49,6 +49,23 @@ def format_gib(num_bytes: float, decimals: int = 1) -> str:
     return special if special is not None else f"{num_bytes / 1024**3:.{decimals}f} GiB"
 
 
+def format_gib_cell(num_bytes: float, decimals: int = 2, digits: int = 2) -> str:
+    """A table cell in a column (or table) whose unit, GiB, is in its header: '60.29', '0.25', '-' for zero.
+
+    Values too small to show with `decimals` decimals keep `digits` significant digits instead of rounding to 0
+    (256 KiB → '0.00024'), so every non-zero term stays visible and comparable in the same unit.
+    """
+    special = _not_finite(float(num_bytes))
+    if special is not None:
+        return special
+    if num_bytes == 0:
+        return "-"
+    gib = num_bytes / 1024**3
+    if abs(gib) >= 0.5 * 10**-decimals:
+        return f"{gib:.{decimals}f}"
+    return _significant(gib, digits)
+
+
 def format_seconds(seconds: float, digits: int = 3) -> str:
     """0.0123 → '12.3 ms'; 3.5 → '3.50 s'; 95 → '1.58 min'; 4e-6 → '4.00 µs'."""
     special = _not_finite(float(seconds))

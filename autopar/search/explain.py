@@ -36,8 +36,16 @@ def control_items(controls: Controls) -> list[tuple[str, str, int]]:
     items = []
     for kind, mapping in (("fix", controls.fix), ("min", controls.minimum), ("max", controls.maximum)):
         for knob in sorted(mapping):
-            items.append((f"{kind} {knob}={mapping[knob]}", kind, mapping[knob]))
+            items.append((f"{kind} {knob}={_shown(knob, mapping[knob])}", kind, mapping[knob]))
     return items
+
+
+def _shown(knob: str, value: int) -> str:
+    if knob == "recompute":
+        return Recompute(value).label
+    if knob == "sp":
+        return "true" if value else "false"
+    return str(value)
 
 
 def without_control(controls: Controls, label: str) -> Controls:
@@ -189,11 +197,14 @@ def explain_infeasible(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     limit = cluster.memory_limit_bytes
     shortfall = nearest.peak_memory_bytes - limit
     rules = memory_conflict(model, cluster, training, controls)
+    unneeded = [r.id for r in active_rules(controls.relax) if r.relaxable and r.id not in rules]
     details = (
         f"nearest plan: {nearest.plan.short()} needs {nearest.peak_memory_bytes / GIB:.1f} GiB per GPU "
         f"(pipeline stage {nearest.worst_stage}), {shortfall / GIB:.1f} GiB over the limit of {limit / GIB:.1f} GiB "
         f"({1 - cluster.headroom:.0%} of {cluster.profile.hbm_bytes / GIB:.0f} GiB; --headroom {cluster.headroom:g})",
     ) + tuple(_describe(name) for name in rules) + (
+        (f"these conflict even with {', '.join(unneeded)} relaxed",) if unneeded and len(rules) > 1 else ()
+    ) + (
         inputs,
         "more GPUs, GPUs with more memory, a smaller --headroom, or relaxing a listed rule may help",
     )
@@ -204,7 +215,7 @@ def explain_infeasible(model: ModelSpec, cluster: ClusterSpec, training: Trainin
 def _describe(name: str) -> str:
     rule = RULES_BY_ID.get(name)
     if rule is None:
-        return f"{name}: your control"
+        return f"{name}: your --{name.split(' ', 1)[0]}"
     relax = " (relaxable: --relax " + name + ")" if rule.relaxable else ""
     return f"{name}: {rule.reason} [{rule.source}]{relax}"
 

@@ -94,7 +94,7 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
     complete = True
     structures_per_chunk = max(1, CHUNK_PLANS // max(per_structure, 1))
     for s0 in range(0, n_structures, structures_per_chunk):
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+        if time_budget_s is not None and seen and time.perf_counter() - start > time_budget_s:
             complete = False
             break
         s1 = min(n_structures, s0 + structures_per_chunk)

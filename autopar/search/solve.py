@@ -41,6 +41,10 @@ solver.py). CP-SAT stays available (`solver="cpsat"`) and answers the "why is no
 (autopar.search.explain), which only needs the rules' small tables."""
 
 
+CPSAT_MAX_TABLE_CANDIDATES = 5_000_000
+"""Refuse to build CP-SAT tables over more candidate rows than this (memory and hours of solving)."""
+
+
 def controls_from(fix: Mapping[str, object] | Iterable[str] | None = None,
                   bounds: Mapping[str, tuple[object, object]] | None = None,
                   relax: Iterable[str] = ()) -> Controls:
@@ -85,7 +89,15 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     chosen = solver if solver != "auto" else AUTO_SOLVER
     notes: list[str] = []
     if chosen == "cpsat":
+        from autopar.search import objective
         from autopar.search.cpsat import solve_cpsat
+        from autopar.search.tables import largest_table_candidates
+
+        rows = largest_table_candidates(objective.objective_structure(model, cluster, training), space)
+        if rows > CPSAT_MAX_TABLE_CANDIDATES:
+            raise InputError("solver", f"the CP-SAT model would tabulate {rows:,} candidate rows for this space "
+                             f"(limit {CPSAT_MAX_TABLE_CANDIDATES:,}); use --solver oracle (the default) or narrow "
+                             "the space with --fix / --max")
 
         result = solve_cpsat(space, ctx, rules, time_limit_s=time_limit_s)
         plans, proven = result.plans, result.proven_optimal

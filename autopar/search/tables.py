@@ -204,3 +204,12 @@ def rule_table(rule: Rule, space: SearchSpace, ctx: Context) -> Table:
     columns = valid_rows(knobs, space, ctx, [rule])
     n = len(next(iter(columns.values()))) if columns else 0
     return _as_table(f"rule:{rule.id}", knobs, columns, np.ones(n, np.int64))
+
+
+def largest_table_candidates(structure: ObjectiveStructure, space: SearchSpace) -> int:
+    """Candidate rows (before the rules) of the largest cost table the CP-SAT model would build."""
+    largest = 1
+    for group in structure.pipelined_time_groups + structure.other_time_groups + structure.stage_memory_groups:
+        factors = _factors(expand_knobs(group.knobs, space), space)
+        largest = max(largest, math.prod(len(t) for _, t in factors))
+    return largest
