@@ -86,6 +86,9 @@ def _basic_rule_reasons(model: ModelSpec, cluster: ClusterSpec, training: Traini
         broken["cp_needs_sp_tp"] = f"cp={plan.cp} needs tp > 1 with --sp (the guide's CP requirement)"
     if plan.sp and plan.tp == 1:
         broken["sp_needs_tp"] = "sequence parallelism needs tp > 1; drop --sp"
+    if model.moe is not None and plan.tp > 1 and not plan.sp:
+        broken["moe_needs_sp"] = (f"tp={plan.tp} on an MoE model needs sequence parallelism (Megatron-Core requires "
+                                  "it with MoE and TP); add --sp")
     if plan.cp > 1 and training.seq_len % (2 * plan.cp):
         broken["cp_seq"] = (f"seq_len={training.seq_len} must be divisible by 2·cp={2 * plan.cp} "
                             "(load-balanced context parallelism)")
@@ -160,7 +163,7 @@ def require_buildable(model: ModelSpec, cluster: ClusterSpec, training: Training
 
 
 _RULE_FIELDS = {"world": "num_gpus", "heads": "tp", "layers": "pp", "experts": "ep", "sp_needs_tp": "sp",
-                "cp_seq": "seq_len", "batch": "global_batch_size", "vpp": "vpp", "recompute": "recompute_layers"}
+                "moe_needs_sp": "sp", "cp_seq": "seq_len", "batch": "global_batch_size", "vpp": "vpp", "recompute": "recompute_layers"}
 """The input each build rule's message names (CLI flags in DESIGN.md §1 names)."""
 
 

@@ -116,6 +116,7 @@ class Estimate:
     def to_dict(self) -> dict[str, Any]:
         return {
             "plan": plan_to_dict(self.plan, self.cluster.num_gpus),
+            "num_gpus": self.cluster.num_gpus,
             "label": self.plan.short(),
             "num_microbatches": whole_number(float(self.num_microbatches)),
             "peak_memory_bytes": whole_bytes(self.peak_memory_bytes),

@@ -32,21 +32,13 @@ from costmodels.hardware import GIB, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.specs import (ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
                               TrainingSpec)
+from reference import reference_dir  # benchmarks/ is on sys.path (run as a script, or added by the tests)
 
 PAPER_SEQ_LEN = 2048
 PAPER_VOCAB = 51200
 KORTHIKANTI_TOLERANCE_PCT = 5.0
 FIGURE7_TOLERANCE_POINTS = 5.0
 GUIDE_TOLERANCE_PCT = 20.0
-
-
-def reference_dir() -> Path:
-    """shared/reference beside or above the repository checkout."""
-    root = Path(__file__).resolve().parent.parent
-    for candidate in (root / "shared" / "reference", root.parent / "shared" / "reference"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("shared/reference not found next to the repository")
 
 
 def _read_csv(name: str) -> tuple[list[dict[str, str]], list[str]]:

@@ -27,6 +27,7 @@ from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
 from costmodels.steptime import step_time_s
+from reference import reference_dir  # benchmarks/ is on sys.path (run as a script, or added by the tests)
 
 A100_PEAK_TFLOPS = 312.0
 SEQ_LEN = 2048
@@ -37,15 +38,6 @@ SC21_TABLE1_LAUNCH = {
     1.7: (16, None), 3.6: (16, None), 7.5: (16, None), 18.4: (8, None), 39.1: (4, None),
     76.1: (2, 5), 145.6: (2, 5), 310.1: (1, 3), 529.6: (1, 1), 1008.0: (1, None),
 }
-
-
-def reference_dir() -> Path:
-    """shared/reference beside or above the repository checkout."""
-    root = Path(__file__).resolve().parent.parent
-    for candidate in (root / "shared" / "reference", root.parent / "shared" / "reference"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("shared/reference not found next to the repository")
 
 
 def _read_csv(name: str) -> list[dict[str, str]]:

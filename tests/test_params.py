@@ -27,9 +27,9 @@ from costmodels.params import (
 from costmodels.plan import Plan, PlanArrays
 from costmodels.specs import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding
 
-REFERENCE = Path("/work/shared/reference")
-if not REFERENCE.is_dir():  # inside the repo checkout the reference data lives under shared/
-    REFERENCE = Path(__file__).resolve().parents[1] / "shared" / "reference"
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = next((d for d in (REPO / "shared" / "reference", REPO.parent / "shared" / "reference") if d.is_dir()),
+                 REPO.parent / "shared" / "reference")  # CI clones main beside a copy of shared/
 
 B = 1e9
 

@@ -84,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from autopar.commands import specs_from_args
     from autopar.search.rules import active_rules
     from autopar.search.solve import solve, solve_scaling
+    from autopar.report.options import report_stream, validate_output_arguments
     from costmodels.errors import InputError
 
+    validate_output_arguments(args)               # bad --emit/--out/--pick: exit 2 before any solving
     _, bounds = controls_from_args(args)          # bad --fix/--max/--relax before the model loads
     active_rules(args.relax)
     if args.top is not None and args.top < 1:
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(front.to_json())
     else:
-        print_front(front)
+        print_front(front, stream=report_stream(args))   # with --emit the table goes to stderr (one document on stdout)
     from autopar.report.options import write_outputs
 
     write_outputs(args, front)
@@ -115,27 +117,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_front(front, stream=None) -> None:
+    """The inputs and assumptions, then the front as a table, fastest first."""
     from rich.console import Console
 
-    from autopar.describe import describe_inputs
-    from autopar.report.terminal import front_table
+    from autopar.report.terminal import front_table, print_header_line, print_inputs
 
-    out = stream if stream is not None else sys.stdout
-    console = Console(file=out, width=140, highlight=False)
-    inputs = describe_inputs(front.model, front.cluster, front.training)
-    m, c, t = inputs["model"], inputs["cluster"], inputs["training"]
-    console.print(f"model     {m['name']}: {m['total_params'] / 1e9:.1f} B params ({m['active_params'] / 1e9:.1f} B "
-                  f"active), {m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_attention_heads']} heads "
-                  f"({m['num_kv_heads']} KV)")
-    console.print(f"cluster   {c['num_gpus']} × {c['gpu_display_name']}, {c['gpus_per_node']} per node, "
-                  f"limit {c['memory_limit_bytes'] / 2**30:.1f} GiB per GPU ({1 - c['headroom']:.0%} of "
-                  f"{c['hbm_bytes'] / 2**30:.0f} GiB)")
-    console.print(f"training  seq_len {t['seq_len']}, global batch {t['global_batch_size']}, {t['precision']}, "
-                  f"flash attention {'on' if t['flash_attention'] else 'off'}")
-    console.print(f"rules     {', '.join(front.rules)}"
-                  + (f"; relaxed: {', '.join(front.relaxed_rules)}" if front.relaxed_rules else ""))
-    console.print(f"search    {front.search_space_size:,} candidate plans, solver {front.solver}, "
-                  f"{front.solve_time_s:.2f} s, {'optimal' if front.proven_optimal else 'NOT proven optimal'}")
+    console = Console(file=stream if stream is not None else sys.stdout, width=140, highlight=False)
+    print_inputs(console, front.model, front.cluster, front.training)
+    relaxed = f"; relaxed: {', '.join(front.relaxed_rules)}" if front.relaxed_rules else ""
+    print_header_line(console, "rules", f"{', '.join(front.rules)}{relaxed}")
+    print_header_line(console, "search", f"{front.search_space_size:,} candidate plans, solver {front.solver}, "
+                                         f"{front.solve_time_s:.2f} s, "
+                                         f"{'optimal' if front.proven_optimal else 'NOT proven optimal'}")
     for note in front.notes:
-        console.print(f"note      {note}")
-    console.print(front_table(front, title=f"Pareto front: {len(front.points)} plans, fastest first"))
+        print_header_line(console, "note", note)
+    count = len(front.points)
+    console.print(front_table(front, title=f"Pareto front: {count} plan{'s' if count != 1 else ''}, fastest first"))

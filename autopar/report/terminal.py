@@ -49,11 +49,15 @@ def estimate_row(rank: int, estimate: "Estimate") -> list[str]:
 
 
 def front_table(front: "ParetoFront", title: str | None = None) -> "Table":
+    """The front, one row per point; a GPUs column when the points run on different GPU counts (scaling front)."""
     from rich.table import Table
 
+    scaling = len({estimate.cluster.num_gpus for estimate in front.points}) > 1
     table = Table(title=title, title_justify="left")
-    for index, name in enumerate(COLUMNS):
+    columns = COLUMNS[:2] + (("GPUs",) if scaling else ()) + COLUMNS[2:]
+    for index, name in enumerate(columns):
         table.add_column(name, justify="left" if index == 1 else "right", no_wrap=index != 1)
     for rank, estimate in enumerate(front.points):
-        table.add_row(*estimate_row(rank, estimate))
+        row = estimate_row(rank, estimate)
+        table.add_row(*(row[:2] + ([str(estimate.cluster.num_gpus)] if scaling else []) + row[2:]))
     return table

@@ -91,6 +91,12 @@ def _sp_needs_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
     return ~p.sp | (p.tp > 1)
 
 
+def _moe_needs_sp(ctx: Context, p: PlanArrays) -> np.ndarray:
+    if ctx.model.moe is None:
+        return np.ones(len(p), dtype=bool)
+    return (p.tp == 1) | p.sp
+
+
 def _cp_seq(ctx: Context, p: PlanArrays) -> np.ndarray:
     seq = ctx.training.seq_len
     split = (p.cp == 1) | (seq % (2 * p.cp) == 0)
@@ -141,6 +147,9 @@ RULES: tuple[Rule, ...] = (
     Rule("cp_needs_sp_tp", "context parallelism requires sequence parallelism and tp > 1", "guide, CP",
          ("cp", "sp", "tp"), True, _cp_needs_sp_tp),
     Rule("sp_needs_tp", "sequence parallelism needs tp > 1", "Megatron", ("sp", "tp"), False, _sp_needs_tp),
+    Rule("moe_needs_sp", "an MoE model with tp > 1 needs sequence parallelism",
+         "Megatron-Core TransformerConfig ('When using MoE and tensor parallelism, sequence parallelism must be used')",
+         ("tp", "sp"), False, _moe_needs_sp),
     Rule("cp_seq", "seq_len must split into 2·cp chunks (load balancing), and with SP seq_len/cp by tp",
          "Megatron CP load balancing", ("cp", "sp", "tp"), False, _cp_seq),
     Rule("batch", "the global batch must split into dp × mbs × microbatches; interleaving needs the microbatches "

@@ -107,7 +107,13 @@ def parse_assignments(items: Sequence[str] | Mapping[str, object] | None, flag: 
                 raise InputError(flag, f"expected KNOB=VALUE (e.g. tp=4), got {item!r}")
             name, _, value = item.partition("=")
             pairs.append((name.strip(), value))
-    return {name: parse_knob_value(name, value) for name, value in pairs}
+    values: dict[str, int] = {}
+    for name, value in pairs:
+        parsed = parse_knob_value(name, value)
+        if name in values and values[name] != parsed:
+            raise InputError(flag, f"{name} given twice ({name}={values[name]} and {name}={parsed}); keep one")
+        values[name] = parsed
+    return values
 
 
 # ---- the space -------------------------------------------------------------------------------------------------
