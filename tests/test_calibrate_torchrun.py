@@ -197,7 +197,8 @@ def test_an_interrupted_or_failed_run_never_leaves_a_partial_profile(tmp_path, f
         pytest.fail(f"torchrun did not stop after {failure}")
     text = out.read_text()
     if text != "previous: profile\n":
-        assert process.returncode == 0  # it had finished before the failure: a whole, valid profile
+        # the profile was renamed into place before the signal landed (the run may still have been tearing down,
+        # so its exit status says nothing): what is there must be a whole, valid profile
         load_profile(out)
     else:
         assert process.returncode != 0

@@ -11,6 +11,7 @@ Exit codes: 0 a front was found; 1 nothing fits (the conflicting rules and the n
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from autopar.commands import (
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from autopar.commands import specs_from_args
     from autopar.search.rules import active_rules
     from autopar.search.solve import solve, solve_scaling
+    from autopar.errors import Infeasible
     from autopar.report.options import report_stream, validate_output_arguments
     from costmodels.errors import InputError
 
@@ -98,10 +100,17 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, training = specs_from_args(args)
     options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
                    solver=args.solver)
-    if gpu_range is not None:
-        front = solve_scaling(model, cluster, training, gpu_range, **options)
-    else:
-        front = solve(model, cluster, training, **options)
+    try:
+        if gpu_range is not None:
+            front = solve_scaling(model, cluster, training, gpu_range, **options)
+        else:
+            front = solve(model, cluster, training, **options)
+    except Infeasible as infeasible:
+        if args.json:  # one JSON document on stdout in every outcome; the explanation also goes to stderr
+            print(json.dumps({"status": "infeasible", "message": infeasible.message,
+                              "conflicting_rules": list(infeasible.rules), "details": list(infeasible.details)},
+                             indent=2))
+        raise
     if args.top is not None:
         import dataclasses
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.errors import Infeasible
+from autopar.errors import Infeasible, InputError
 from autopar.results import GIB, ParetoFront
 from autopar.search.rules import RULES_BY_ID, Context, active_rules
 from autopar.search.space import Controls, SearchSpace, build_space
@@ -277,7 +277,7 @@ def explain_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 mine = estimate_one(model, cluster, training, plan, relax=tuple(relax))
                 lines += (f"breaks rule memory: needs {mine.peak_memory_bytes / GIB:.1f} GiB on stage "
                           f"{mine.worst_stage}, over the {cluster.memory_limit_bytes / GIB:.1f} GiB limit",)
-            except Exception:  # noqa: BLE001 - a plan broken enough that it cannot be estimated
+            except InputError:  # a plan broken enough that it cannot be estimated
                 lines += ("breaks rule memory",)
         return PlanExplanation(plan, "breaks_rules", lines, broken_rules=broken)
     from autopar.estimate import estimate as estimate_one
@@ -305,11 +305,18 @@ def explain_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     lines = [f"dominated by front point #{index} ({better.plan.short()}): {slower:.3f} s "
              f"({slower / better.step_time_s:.1%}) slower per step, "
              f"{(mine.peak_memory_bytes - better.peak_memory_bytes) / GIB:+.1f} GiB peak memory"]
+    # every term that moves by at least 1% of the gap, costs first then savings, so the lines add up to the gap
     for term, delta in sorted(differences.items(), key=lambda kv: -kv[1]):
-        if delta <= 0.01 * max(slower, 1e-12):
+        if abs(delta) < 0.01 * max(slower, 1e-12):
             continue
-        cause = _compute_cause(plan, better.plan) if term == "compute" else TERM_CAUSES.get(term, term)
-        lines.append(f"  +{delta:.3f} s {term}: {cause}")
+        if delta > 0:
+            cause = _compute_cause(plan, better.plan) if term == "compute" else TERM_CAUSES.get(term, term)
+            lines.append(f"  +{delta:.3f} s {term}: {cause}")
+        else:
+            lines.append(f"  {delta:.3f} s {term}: this plan spends less here than #{index}")
+    shown = sum(d for d in differences.values() if abs(d) >= 0.01 * max(slower, 1e-12))
+    if abs(shown - slower) > 0.005 * max(slower, 1e-12):
+        lines.append(f"  {slower - shown:+.3f} s in smaller terms")
     return PlanExplanation(plan, "dominated", tuple(lines), front_index=index,
                            term_differences_s={k: float(v) for k, v in sorted(differences.items())})
 

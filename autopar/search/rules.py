@@ -178,8 +178,10 @@ def active_rules(relax: Iterable[str] = ()) -> tuple[Rule, ...]:
         if name not in RULES_BY_ID:
             raise InputError("relax", f"unknown rule {name!r}; rules that can be relaxed: {', '.join(relaxable)}")
         if not RULES_BY_ID[name].relaxable:
-            raise InputError("relax", f"rule {name!r} is required by Megatron and cannot be relaxed; rules that can "
-                             f"be relaxed: {', '.join(relaxable)}")
+            why = ("it is the GPU's memory limit: use --headroom to change how much is kept free"
+                   if name == "memory" else "Megatron cannot build such a plan")
+            raise InputError("relax", f"rule {name!r} cannot be relaxed ({why}); rules that can be relaxed: "
+                             f"{', '.join(relaxable)}")
     return tuple(r for r in RULES if r.id not in relax)
 
 
