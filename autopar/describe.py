@@ -53,8 +53,9 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     size = f"{format_count(m['total_params'])} params"
     if m["active_params"] != m["total_params"]:
         size += f" ({format_count(m['active_params'])} active)"
+    attention = "MLA" if model.mla is not None else f"{m['num_kv_heads']} KV"
     shape = (f"{m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_attention_heads']} heads "
-             f"({m['num_kv_heads']} KV), ffn {m['ffn_hidden_size']}, vocab {m['vocab_size']}")
+             f"({attention}), ffn {m['ffn_hidden_size']}, vocab {m['vocab_size']}")
     if "moe" in m:
         shape += f", {m['moe']['num_experts']} experts top-{m['moe']['top_k']}"
     nodes = f"{c['num_nodes']} node{'s' if c['num_nodes'] > 1 else ''} of {c['gpus_per_node']}"

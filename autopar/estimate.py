@@ -156,8 +156,10 @@ def require_buildable(model: ModelSpec, cluster: ClusterSpec, training: Training
     if plan.recompute_layers and plan.recompute is not Recompute.FULL:
         raise InputError("recompute_layers", "only applies with --recompute full; drop --recompute-layers")
     broken = rule_violations(model, cluster, training, plan, relax)
-    # name the plan's own knob before the GPU count: tp=3 is wrong for the heads whatever num_gpus is
-    for rule, reason in sorted(broken.items(), key=lambda item: item[0] == "world"):
+    # tp against the heads first (tp=3 is wrong for 32 heads whatever num_gpus is), then the GPU count, then the
+    # rest (a batch that does not split is usually a consequence of the two)
+    first = {"heads": 0, "world": 1}
+    for rule, reason in sorted(broken.items(), key=lambda item: first.get(item[0], 2)):
         if not RULES_BY_ID[rule].relaxable:
             raise InputError(_RULE_FIELDS.get(rule, rule), f"{reason} (rule {rule})")
     return broken

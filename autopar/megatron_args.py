@@ -122,10 +122,14 @@ def read_megatron_source(value: str) -> str:
     if candidate and "\n" not in candidate and len(candidate) < 4096:
         path = Path(candidate).expanduser()
         try:
-            if path.is_file():
+            is_file = path.is_file()
+        except OSError:  # not a usable path at all (e.g. a command line longer than a file name): a command
+            is_file = False
+        if is_file:
+            try:
                 return path.read_text(encoding="utf-8", errors="replace")
-        except OSError as error:
-            raise InputError(INPUT_NAME, f"cannot read {candidate}: {error.strerror}") from None
+            except OSError as error:
+                raise InputError(INPUT_NAME, f"cannot read {candidate}: {error.strerror}") from None
     return value
 
 

@@ -268,6 +268,21 @@ def test_cli_explain_and_scaling_front():
     assert len(counts) >= 2
 
 
+def test_cli_explain_takes_a_running_megatron_job():
+    # the same plan typed as flags and as a Megatron-LM command line gets the same explanation
+    megatron = ("torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 8 "
+                "--pipeline-model-parallel-size 4 --sequence-parallel --recompute-granularity full "
+                "--recompute-method uniform --micro-batch-size 1 --global-batch-size 256 --seq-length 8192 --bf16")
+    imported = autopar_cli("explain", "llama-3.1-8b", "--from-megatron-args", megatron, "--json")
+    typed = autopar_cli("explain", "llama-3.1-8b", "--gpus", "32", "--seq-len", "8192", "--global-batch", "256",
+                        "--tp", "8", "--pp", "4", "--recompute", "full", "--json")
+    assert imported.returncode == 0 and typed.returncode == 0, imported.stderr + typed.stderr
+    assert json.loads(imported.stdout) == json.loads(typed.stdout)
+    assert json.loads(imported.stdout)["verdict"] == "dominated"
+    refused = autopar_cli("explain", "llama-3.1-8b", "--from-megatron-args", megatron, "--tp", "2")
+    assert refused.returncode == 2 and "drop --tp" in refused.stderr
+
+
 def test_memory_conflict_is_minimal_over_pins():
     # 8B on 8 × A100-40GB with tp, pp, zero and recompute all pinned to their plainest values: 8e9 params × 18 bytes
     # on one GPU is ~134 GiB, far over the 32 GiB limit; the conflict names memory and pins, each one necessary

@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from autopar.commands.solve import add_search_arguments
 
     add_search_arguments(parser)
+    from autopar.report.options import add_megatron_import_argument
+
+    add_megatron_import_argument(parser)   # explain a running job: is there a faster layout?
     add_json_argument(parser)
     parser.set_defaults(run=run, **{dest: None for dest in PLAN_DESTS})
 
@@ -47,22 +50,26 @@ def _plan_given(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autopar.commands import plan_from_args, specs_from_args
+    import functools
+
+    from autopar.commands import model_from_args, plan_from_args, specs_from_args
     from autopar.commands.solve import controls_from_args
+    from autopar.report.options import import_megatron_run, report_model_mismatches
     from autopar.search.rules import active_rules
     from autopar.search.solve import solve
 
     _, bounds = controls_from_args(args)
     active_rules(args.relax)
-    given = _plan_given(args)
-    if given:
-        defaults = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 0, "mbs": 1, "recompute": "none",
-                    "recompute_layers": 0, "zero": 0, "first_stage_layers": 0, "last_stage_layers": 0}
-        for dest, value in defaults.items():
-            if getattr(args, dest) is None:
-                setattr(args, dest, value)
-        plan = plan_from_args(args)
-    model, cluster, training = specs_from_args(args)
+    load_model = functools.cache(lambda: model_from_args(args))
+    # --from-megatron-args: the plan, seq, batch, precision and GPU count of a running job
+    imported = import_megatron_run(args, num_layers=lambda: load_model().num_layers)
+    given = imported is not None or _plan_given(args)
+    if imported is not None:
+        plan = imported.plan
+    elif given:
+        plan = plan_from_args(args)   # flags not typed take the plan defaults (autopar.commands.PLAN_DEFAULTS)
+    model, cluster, training = specs_from_args(args, load_model=load_model)
+    report_model_mismatches(imported, model)
     front = solve(model, cluster, training, fix=args.fix, bounds=bounds, relax=tuple(args.relax),
                   time_limit_s=args.time_limit, solver=args.solver)   # Infeasible -> exit 1 with the explanation
     if not given:
