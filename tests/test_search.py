@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,6 +267,17 @@ def test_cli_explain_and_scaling_front():
     counts = {p["plan"]["dp"] * p["plan"]["tp"] * p["plan"]["cp"] * p["plan"]["pp"]
               for p in json.loads(scaling.stdout)["points"]}
     assert len(counts) >= 2
+
+
+def test_cli_solve_json_is_the_schema_validated_report_document():
+    import jsonschema
+
+    done = autopar_cli("solve", "llama-3.1-8b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "64", "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    schema_path = Path(autopar.__file__).parent / "schemas" / "front.schema.json"
+    jsonschema.validate(document, json.loads(schema_path.read_text()))
+    assert document["points"] and document["solver"]["status"] == "optimal"
 
 
 def test_cli_explain_takes_a_running_megatron_job():

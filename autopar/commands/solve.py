@@ -115,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
         import dataclasses
 
         front = dataclasses.replace(front, points=front.points[: args.top])
-    if args.json:
-        print(front.to_json())
+    if args.json:  # the same schema-validated document as --out front.json (autopar/schemas/front.schema.json)
+        from autopar.report import render
+
+        print(render(front, "json"), end="")
     else:
         print_front(front, stream=report_stream(args))   # with --emit the table goes to stderr (one document on stdout)
     from autopar.report.options import write_outputs
