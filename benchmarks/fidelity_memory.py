@@ -23,7 +23,6 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 from dataclasses import dataclass
-from pathlib import Path
 
 from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute

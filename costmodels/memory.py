@@ -224,7 +224,7 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
 
 # ---- weights, gradients, optimizer states ------------------------------------------------------------------------
 # Bytes per parameter (module docstring): 2 + 4 + 12 = 18 unsharded; zero k shards the last k of
-# (optimizer states, gradients, weights) over the data-parallel group (ZeRO arXiv 1910.02054 §5.1-5.3;
+# (optimizer states, gradients, weights) over the data-parallel group, dp·cp (ZeRO arXiv 1910.02054 §5.1-5.3;
 # Megatron distributed optimizer = zero 1: 6 + 12/dp, theoretical_memory_usage.py).
 
 def _sharded(bytes_per_param: float, zero: np.ndarray, from_zero: int, shards: np.ndarray) -> np.ndarray:
@@ -232,17 +232,17 @@ def _sharded(bytes_per_param: float, zero: np.ndarray, from_zero: int, shards: n
 
 
 def weights_bytes(shape: StageShape) -> np.ndarray:
-    """bf16 decoder-layer weights (non-expert); ZeRO-3 shards them over dp."""
+    """bf16 decoder-layer weights (non-expert); ZeRO-3 shards them over dp·cp."""
     return shape.layer_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
 
 
 def gradients_bytes(shape: StageShape) -> np.ndarray:
-    """fp32 main gradients of the decoder layers; ZeRO-2/3 shard them over dp."""
+    """fp32 main gradients of the decoder layers; ZeRO-2/3 shard them over dp·cp."""
     return shape.layer_params_per_gpu * _sharded(GRADIENT_BYTES_PER_PARAM, shape.plans.zero, 2, shape.dp_cp)
 
 
 def optimizer_states_bytes(shape: StageShape) -> np.ndarray:
-    """fp32 master weights + Adam m, v of the decoder layers; zero >= 1 shards them over dp."""
+    """fp32 master weights + Adam m, v of the decoder layers; zero >= 1 shards them over dp·cp."""
     return shape.layer_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.dp_cp)
 
 
@@ -579,7 +579,7 @@ def _unsharded_layer_bytes(model: ModelSpec, shape: StageShape, layers_held: int
 def zero_gradient_buckets_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
     """ZeRO-2/3: a layer's whole fp32 gradient exists until it is reduce-scattered (ZeRO §5.2 'bucketization';
     DeepSpeed reduce_bucket_size; FSDP's unsharded gradient before its reduce-scatter). The GPU's own shard of it
-    is already in the gradient terms, so this is the other (1 - 1/dp) of one layer."""
+    is already in the gradient terms, so this is the other (1 - 1/(dp·cp)) of one layer."""
     return np.where(shape.plans.zero >= 2,
                     _unsharded_layer_bytes(model, shape, 1, GRADIENT_BYTES_PER_PARAM), 0.0)
 

@@ -298,7 +298,7 @@ def test_cli_explain_takes_a_running_megatron_job():
 def test_memory_conflict_is_minimal_over_pins():
     # 8B on 8 × A100-40GB with tp, pp, zero and recompute all pinned to their plainest values: 8e9 params × 18 bytes
     # on one GPU is ~134 GiB, far over the 32 GiB limit; the conflict names memory and pins, each one necessary
-    from autopar.search.explain import control_items, least_memory_plan, without_control
+    from autopar.search.explain import least_memory_plan, without_control
     from autopar.search.solve import controls_from
 
     model = autopar.load_model("llama-3.1-8b")

@@ -181,6 +181,8 @@ class SearchSpace:
                 columns["pp"], columns["first_stage_layers"], columns["last_stage_layers"] = rows.T
             elif name == "recompute":
                 columns["recompute"], columns["recompute_layers"] = rows.T
+            elif name == "recompute_kind":
+                columns["recompute"] = rows[:, 0]
             else:
                 columns[name] = rows[:, 0]
         if self.etp_follows_tp and "tp" in columns:

@@ -72,21 +72,6 @@ def _factors(knobs: tuple[str, ...], space: SearchSpace) -> list[tuple[str, np.n
     return factors
 
 
-def _columns(factors: list[tuple[str, np.ndarray]], digits: list[np.ndarray]) -> dict[str, np.ndarray]:
-    columns: dict[str, np.ndarray] = {}
-    for (name, table), index in zip(factors, digits):
-        rows = table[index]
-        if name == "split":
-            columns["pp"], columns["first_stage_layers"], columns["last_stage_layers"] = rows.T
-        elif name == "recompute":
-            columns["recompute"], columns["recompute_layers"] = rows.T
-        elif name == "recompute_kind":
-            columns["recompute"] = rows[:, 0]
-        else:
-            columns[name] = rows[:, 0]
-    return columns
-
-
 def valid_rows(knobs: tuple[str, ...], space: SearchSpace, ctx: Context, rules: Sequence[Rule]
                ) -> dict[str, np.ndarray]:
     """Columns of the product of `knobs`' candidates where every rule reading only those knobs holds."""
@@ -96,7 +81,7 @@ def valid_rows(knobs: tuple[str, ...], space: SearchSpace, ctx: Context, rules: 
     covered = [r for r in rules if r.id != "memory" and set(expand_knobs(r.knobs, space)) <= set(knobs)]
     kept: list[dict[str, np.ndarray]] = []
     for start in range(0, total, ROW_CHUNK):
-        columns = _columns(factors, mixed_radix(sizes, start, min(total, start + ROW_CHUNK)))
+        columns = space.columns_from_factors(factors, mixed_radix(sizes, start, min(total, start + ROW_CHUNK)))
         mask = structural_mask(ctx, plan_arrays(_with_etp(columns, space)), covered)
         kept.append({k: v[mask] for k, v in columns.items()})
     return {k: np.concatenate([c[k] for c in kept]) for k in kept[0]} if kept else {}
