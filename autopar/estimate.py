@@ -48,99 +48,14 @@ def rule_violations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     """Every rule (DESIGN.md §3) except `memory` that `plan` breaks: rule name -> one-line reason with the fix.
 
     The names come from the solver's own rules (`autopar.search.rules.check_plan`), so estimate and solve agree on
-    what is allowed; the wording, with the plan's numbers, from `_basic_rule_reasons`. Rules in `relax` are not
-    checked (only relaxable ones may be named; see `autopar.search.rules.active_rules`).
+    what is allowed; the wording, with the plan's numbers, from each rule's own `explain` (`Rule.why_broken`). Rules
+    in `relax` are not checked (only relaxable ones may be named; see `autopar.search.rules.active_rules`).
     """
-    from autopar.search.rules import RULES_BY_ID, check_plan
+    from autopar.search.rules import RULES_BY_ID, Context, check_plan
 
-    reasons = _basic_rule_reasons(model, cluster, training, plan)
+    ctx = Context(model, cluster, training)
     names = [name for name in check_plan(model, cluster, training, plan, relax=relax) if name != MEMORY_RULE]
-    return {name: reasons.get(name, RULES_BY_ID[name].reason) for name in names}
-
-
-def _basic_rule_reasons(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                        plan: Plan) -> dict[str, str]:
-    """The divisibility and guide rules of DESIGN.md §3, checked on one plan, each with the numbers and a fix."""
-    n, a, g, layers = cluster.num_gpus, model.num_attention_heads, model.num_kv_heads, model.num_layers
-    broken: dict[str, str] = {}
-    model_parallel, expert_parallel = plan.tp * plan.cp * plan.pp, plan.etp * plan.ep * plan.pp
-    if n % model_parallel:
-        broken["world"] = (f"num_gpus={n} is not divisible by tp·cp·pp={plan.tp}·{plan.cp}·{plan.pp}="
-                           f"{model_parallel}; change the GPU count or the sizes")
-    elif n % expert_parallel:
-        broken["world"] = (f"num_gpus={n} is not divisible by etp·ep·pp={plan.etp}·{plan.ep}·{plan.pp}="
-                           f"{expert_parallel}; change the GPU count or the expert sizes")
-    if a % plan.tp or g % plan.tp:
-        broken["heads"] = (f"tp={plan.tp} must divide num_attention_heads={a} and num_kv_heads={g}; "
-                           f"use one of {_divisors(_gcd(a, g))}")
-    broken.update(_layer_split_reasons(layers, plan))
-    if model.moe is None and plan.ep > 1:
-        broken["experts"] = f"ep={plan.ep} needs an MoE model; {model.name} is dense, use ep=1"
-    elif model.moe is not None and model.moe.num_experts % plan.ep:
-        broken["experts"] = (f"ep={plan.ep} must divide num_experts={model.moe.num_experts}; "
-                             f"use one of {_divisors(model.moe.num_experts)}")
-    if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
-        broken["tp_node"] = (f"tp={plan.tp} must divide gpus_per_node={cluster.gpus_per_node} (TP stays inside a "
-                             "node's NVLink domain; the guide: beyond 8 use PP)")
-    if plan.cp > 1 and not (plan.sp and plan.tp > 1):
-        broken["cp_needs_sp_tp"] = f"cp={plan.cp} needs tp > 1 with --sp (the guide's CP requirement)"
-    if plan.sp and plan.tp == 1:
-        broken["sp_needs_tp"] = "sequence parallelism needs tp > 1; drop --sp"
-    if model.moe is not None and plan.tp > 1 and not plan.sp:
-        broken["moe_needs_sp"] = (f"tp={plan.tp} on an MoE model needs sequence parallelism (Megatron-Core requires "
-                                  "it with MoE and TP); add --sp")
-    if plan.cp > 1 and training.seq_len % (2 * plan.cp):
-        broken["cp_seq"] = (f"seq_len={training.seq_len} must be divisible by 2·cp={2 * plan.cp} "
-                            "(load-balanced context parallelism)")
-    elif plan.sp and plan.tp > 1 and (training.seq_len % plan.cp or (training.seq_len // plan.cp) % plan.tp):
-        broken["cp_seq"] = (f"seq_len/cp={training.seq_len}/{plan.cp} must be divisible by tp={plan.tp} "
-                            "with sequence parallelism")
-    dp = plan.dp(n)
-    if dp and training.global_batch_size % (dp * plan.mbs):
-        broken["batch"] = (f"global_batch_size={training.global_batch_size} must be divisible by "
-                           f"dp·mbs={dp}·{plan.mbs}={dp * plan.mbs}")
-    elif dp and plan.vpp > 1 and (training.global_batch_size // (dp * plan.mbs)) % plan.pp:
-        broken["batch"] = (f"the interleaved schedule needs num_microbatches="
-                           f"{training.global_batch_size // (dp * plan.mbs)} divisible by pp={plan.pp}")
-    if plan.vpp > 1 and plan.pp == 1:
-        broken["vpp"] = f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)"
-    return broken
-
-
-def _layer_split_reasons(num_layers: int, plan: Plan) -> dict[str, str]:
-    """The `layers` rule: decoder layers split over pp·vpp chunks, evenly or with explicit first/last stages."""
-    if plan.pp == 1:
-        if plan.first_stage_layers or plan.last_stage_layers:
-            return {"layers": "--first-stage-layers/--last-stage-layers need pp > 1"}
-        return {}
-    explicit = [count for count in (plan.first_stage_layers, plan.last_stage_layers) if count]
-    middle_stages = plan.pp - len(explicit)
-    rest = num_layers - sum(explicit)
-    if rest < middle_stages or (middle_stages == 0 and rest != 0):
-        return {"layers": f"first/last stage layers {sum(explicit)} leave {rest} of num_layers={num_layers} "
-                          f"for {middle_stages} other stages"}
-    if middle_stages and rest % middle_stages:
-        if explicit:
-            return {"layers": f"the {rest} layers left after the first/last stages do not split evenly over "
-                              f"{middle_stages} stages"}
-        return {"layers": f"pp={plan.pp} must divide num_layers={num_layers}; use one of "
-                          f"{_divisors(num_layers)} or --first-stage-layers/--last-stage-layers"}
-    stage_layers = [rest // middle_stages] * middle_stages + explicit if middle_stages else explicit
-    if any(count % plan.vpp for count in stage_layers):
-        return {"layers": f"vpp={plan.vpp} must divide the layers of every stage ({sorted(set(stage_layers))})"}
-    return {}
-
-
-def _divisors(value: int) -> str:
-    divisors = [d for d in range(1, value + 1) if value % d == 0]
-    shown = divisors if len(divisors) <= 10 else divisors[:9] + ["...", divisors[-1]]
-    return ", ".join(str(d) for d in shown)
-
-
-def _gcd(a: int, b: int) -> int:
-    import math
-
-    return math.gcd(a, b)
+    return {name: RULES_BY_ID[name].why_broken(ctx, plan) for name in names}
 
 
 def require_buildable(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,

@@ -1,15 +1,18 @@
 """The rules: the Parallelism Strategies Guide and Megatron's own constraints as named, vectorised checks.
 
 Each rule is a `Rule` with an id (the name users see and `--relax` takes), a one-line reason, its source, the plan
-knobs it reads (so the CP-SAT model can state it as a table over just those knobs) and `holds(ctx, plans)`, a boolean
-mask over many plans. DESIGN.md §3 is the table of record. Rules marked relaxable are the guide's advice (Megatron
-itself runs without them); the others are what Megatron's process groups, schedules and layer code require.
+knobs it reads (so the CP-SAT model can state it as a table over just those knobs), `holds(ctx, plans)`, a boolean
+mask over many plans, and `explain(ctx, plan)`, the message for one plan that breaks it, with that plan's numbers and
+a fix (written next to `holds`, so the condition and its wording stay together). DESIGN.md §3 is the table of
+record. Rules marked relaxable are the guide's advice (Megatron itself runs without them); the others are what
+Megatron's process groups, schedules and layer code require.
 
 `memory` is special: it reads the cost model's peak memory, so it takes the peak as an argument.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +38,14 @@ class Rule:
     knobs: tuple[str, ...]
     relaxable: bool
     holds: Callable[[Context, PlanArrays], np.ndarray]
+    explain: Callable[[Context, Plan], str | None] | None = None
+    """The message for one plan that breaks the rule (called only when `holds` is False for it); None, or no
+    `explain`, when there is nothing more specific to say than `reason`."""
+
+    def why_broken(self, ctx: Context, plan: Plan) -> str:
+        """What is wrong with `plan`, which breaks this rule: `explain`'s message, else `reason`."""
+        message = self.explain(ctx, plan) if self.explain is not None else None
+        return message if message is not None else self.reason
 
 
 # ---- one function per rule -------------------------------------------------------------------------------------
@@ -44,8 +55,31 @@ def _world(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (n % (p.tp * p.cp * p.pp) == 0) & (n % (p.etp * p.ep * p.pp) == 0)
 
 
+def _explain_world(ctx: Context, plan: Plan) -> str:
+    n = ctx.cluster.num_gpus
+    model_parallel, expert_parallel = plan.tp * plan.cp * plan.pp, plan.etp * plan.ep * plan.pp
+    if n % model_parallel:
+        return (f"num_gpus={n} is not divisible by tp·cp·pp={plan.tp}·{plan.cp}·{plan.pp}={model_parallel}; "
+                "change the GPU count or the sizes")
+    return (f"num_gpus={n} is not divisible by etp·ep·pp={plan.etp}·{plan.ep}·{plan.pp}={expert_parallel}; "
+            "change the GPU count or the expert sizes")
+
+
 def _heads(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (ctx.model.num_attention_heads % p.tp == 0) & (ctx.model.num_kv_heads % p.tp == 0)
+
+
+def _explain_heads(ctx: Context, plan: Plan) -> str:
+    heads, kv_heads = ctx.model.num_attention_heads, ctx.model.num_kv_heads
+    return (f"tp={plan.tp} must divide num_attention_heads={heads} and num_kv_heads={kv_heads}; "
+            f"use one of {_divisors(math.gcd(heads, kv_heads))}")
+
+
+def _divisors(value: int) -> str:
+    """The divisors of `value` for a message: all of them, or the first nine and the last when there are more."""
+    divisors = [d for d in range(1, value + 1) if value % d == 0]
+    shown = divisors if len(divisors) <= 10 else divisors[:9] + ["...", divisors[-1]]
+    return ", ".join(str(d) for d in shown)
 
 
 def _stage_layer_counts(num_layers: int, p: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -72,10 +106,42 @@ def _layers(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.pp <= num_layers) & ends_ok & np.where(single, num_layers % p.vpp == 0, whole & chunks)
 
 
+def _explain_layers(ctx: Context, plan: Plan) -> str | None:
+    num_layers = ctx.model.num_layers
+    if plan.pp == 1:
+        if plan.first_stage_layers or plan.last_stage_layers:
+            return "--first-stage-layers/--last-stage-layers need pp > 1"
+        return None   # vpp > 1 without a pipeline: the vpp rule says why
+    explicit = [count for count in (plan.first_stage_layers, plan.last_stage_layers) if count]
+    middle_stages = plan.pp - len(explicit)
+    rest = num_layers - sum(explicit)
+    if rest < middle_stages or (middle_stages == 0 and rest != 0):
+        return (f"first/last stage layers {sum(explicit)} leave {rest} of num_layers={num_layers} "
+                f"for {middle_stages} other stages")
+    if middle_stages and rest % middle_stages:
+        if explicit:
+            return f"the {rest} layers left after the first/last stages do not split evenly over {middle_stages} stages"
+        return (f"pp={plan.pp} must divide num_layers={num_layers}; use one of "
+                f"{_divisors(num_layers)} or --first-stage-layers/--last-stage-layers")
+    stage_layers = [rest // middle_stages] * middle_stages + explicit if middle_stages else explicit
+    if any(count % plan.vpp for count in stage_layers):
+        return f"vpp={plan.vpp} must divide the layers of every stage ({sorted(set(stage_layers))})"
+    return None
+
+
 def _experts(ctx: Context, p: PlanArrays) -> np.ndarray:
     if ctx.model.moe is None:
         return (p.ep == 1) & (p.etp == p.tp)
     return ctx.model.moe.num_experts % p.ep == 0
+
+
+def _explain_experts(ctx: Context, plan: Plan) -> str | None:
+    if ctx.model.moe is not None:
+        num_experts = ctx.model.moe.num_experts
+        return f"ep={plan.ep} must divide num_experts={num_experts}; use one of {_divisors(num_experts)}"
+    if plan.ep > 1:
+        return f"ep={plan.ep} needs an MoE model; {ctx.model.name} is dense, use ep=1"
+    return None   # a dense model with etp != tp
 
 
 def _tp_node(ctx: Context, p: PlanArrays) -> np.ndarray:
@@ -83,12 +149,28 @@ def _tp_node(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.tp <= node) & (node % p.tp == 0) & (p.etp <= node) & (node % p.etp == 0)
 
 
+def _explain_tp_node(ctx: Context, plan: Plan) -> str | None:
+    node = ctx.cluster.gpus_per_node
+    if plan.tp > node or node % plan.tp:
+        return (f"tp={plan.tp} must divide gpus_per_node={node} (TP stays inside a node's NVLink domain; "
+                "the guide: beyond 8 use PP)")
+    return None   # only etp crosses the node
+
+
 def _cp_needs_sp_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.cp == 1) | (p.sp & (p.tp > 1))
 
 
+def _explain_cp_needs_sp_tp(ctx: Context, plan: Plan) -> str:
+    return f"cp={plan.cp} needs tp > 1 with --sp (the guide's CP requirement)"
+
+
 def _sp_needs_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
     return ~p.sp | (p.tp > 1)
+
+
+def _explain_sp_needs_tp(ctx: Context, plan: Plan) -> str:
+    return "sequence parallelism needs tp > 1; drop --sp"
 
 
 def _moe_needs_sp(ctx: Context, p: PlanArrays) -> np.ndarray:
@@ -97,11 +179,24 @@ def _moe_needs_sp(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.tp == 1) | p.sp
 
 
+def _explain_moe_needs_sp(ctx: Context, plan: Plan) -> str:
+    return (f"tp={plan.tp} on an MoE model needs sequence parallelism (Megatron-Core requires it with MoE and TP); "
+            "add --sp")
+
+
 def _cp_seq(ctx: Context, p: PlanArrays) -> np.ndarray:
     seq = ctx.training.seq_len
     split = (p.cp == 1) | (seq % (2 * p.cp) == 0)
     local = seq // p.cp
     return split & (seq % p.cp == 0) & (~p.sp | (local % p.tp == 0))
+
+
+def _explain_cp_seq(ctx: Context, plan: Plan) -> str:
+    seq = ctx.training.seq_len
+    if plan.cp > 1 and seq % (2 * plan.cp):
+        return f"seq_len={seq} must be divisible by 2·cp={2 * plan.cp} (load-balanced context parallelism)"
+    # seq_len splits into 2·cp chunks, so what breaks is the sequence-parallel split of seq_len/cp over tp
+    return f"seq_len/cp={seq}/{plan.cp} must be divisible by tp={plan.tp} with sequence parallelism"
 
 
 def _batch(ctx: Context, p: PlanArrays) -> np.ndarray:
@@ -115,8 +210,22 @@ def _batch(ctx: Context, p: PlanArrays) -> np.ndarray:
     return fits & ((p.vpp == 1) | (microbatches % p.pp == 0))
 
 
+def _explain_batch(ctx: Context, plan: Plan) -> str | None:
+    gbs, dp = ctx.training.global_batch_size, plan.dp(ctx.cluster.num_gpus)
+    if not dp:
+        return None   # tp·cp·pp does not divide the GPU count: the world rule says why
+    per_step = dp * plan.mbs
+    if gbs % per_step:
+        return f"global_batch_size={gbs} must be divisible by dp·mbs={dp}·{plan.mbs}={per_step}"
+    return f"the interleaved schedule needs num_microbatches={gbs // per_step} divisible by pp={plan.pp}"
+
+
 def _vpp(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.vpp == 1) | (p.pp > 1)
+
+
+def _explain_vpp(ctx: Context, plan: Plan) -> str:
+    return f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)"
 
 
 def _recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
@@ -135,26 +244,29 @@ ALL_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "re
 
 RULES: tuple[Rule, ...] = (
     Rule("world", "tp·cp·pp and etp·ep·pp must divide the GPU count (dp and edp are whole)",
-         "Megatron process groups", ("tp", "cp", "pp", "etp", "ep"), False, _world),
-    Rule("heads", "tp must divide the attention heads and the KV heads", "Megatron TP", ("tp",), False, _heads),
+         "Megatron process groups", ("tp", "cp", "pp", "etp", "ep"), False, _world, _explain_world),
+    Rule("heads", "tp must divide the attention heads and the KV heads", "Megatron TP", ("tp",), False, _heads,
+         _explain_heads),
     Rule("layers", "layers must split into pp stages (explicit lighter first/last stages allowed) and each stage "
          "into vpp equal chunks", "Megatron PP", ("pp", "vpp", "first_stage_layers", "last_stage_layers"), False,
-         _layers),
+         _layers, _explain_layers),
     Rule("experts", "ep must divide the number of experts (dense models: ep = 1, etp = tp)", "guide, EP",
-         ("ep", "etp", "tp"), False, _experts),
+         ("ep", "etp", "tp"), False, _experts, _explain_experts),
     Rule("tp_node", "tp and etp must fit inside a node (TP never crosses NVLink; guide: TP <= 8)", "guide",
-         ("tp", "etp"), True, _tp_node),
+         ("tp", "etp"), True, _tp_node, _explain_tp_node),
     Rule("cp_needs_sp_tp", "context parallelism requires sequence parallelism and tp > 1", "guide, CP",
-         ("cp", "sp", "tp"), True, _cp_needs_sp_tp),
-    Rule("sp_needs_tp", "sequence parallelism needs tp > 1", "Megatron", ("sp", "tp"), False, _sp_needs_tp),
+         ("cp", "sp", "tp"), True, _cp_needs_sp_tp, _explain_cp_needs_sp_tp),
+    Rule("sp_needs_tp", "sequence parallelism needs tp > 1", "Megatron", ("sp", "tp"), False, _sp_needs_tp,
+         _explain_sp_needs_tp),
     Rule("moe_needs_sp", "an MoE model with tp > 1 needs sequence parallelism",
          "Megatron-Core TransformerConfig ('When using MoE and tensor parallelism, sequence parallelism must be used')",
-         ("tp", "sp"), False, _moe_needs_sp),
+         ("tp", "sp"), False, _moe_needs_sp, _explain_moe_needs_sp),
     Rule("cp_seq", "seq_len must split into 2·cp chunks (load balancing), and with SP seq_len/cp by tp",
-         "Megatron CP load balancing", ("cp", "sp", "tp"), False, _cp_seq),
+         "Megatron CP load balancing", ("cp", "sp", "tp"), False, _cp_seq, _explain_cp_seq),
     Rule("batch", "the global batch must split into dp × mbs × microbatches; interleaving needs the microbatches "
-         "to be a multiple of pp", "Megatron schedules", ("tp", "cp", "pp", "mbs", "vpp"), False, _batch),
-    Rule("vpp", "virtual pipeline stages need pp > 1", "Megatron", ("vpp", "pp"), False, _vpp),
+         "to be a multiple of pp", "Megatron schedules", ("tp", "cp", "pp", "mbs", "vpp"), False, _batch,
+         _explain_batch),
+    Rule("vpp", "virtual pipeline stages need pp > 1", "Megatron", ("vpp", "pp"), False, _vpp, _explain_vpp),
     Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk",
          "Megatron --recompute-method block", ("recompute", "recompute_layers", "pp", "vpp", "first_stage_layers",
                                                "last_stage_layers"), False, _recompute),
