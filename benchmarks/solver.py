@@ -12,6 +12,10 @@ are equal (same integer objective vectors and plans; "untested" when one of them
 the whole `autopar solve llama-3.1-8b --gpus 32` command (start-up included). Ends with one line per scenario:
 
     solver: SCENARIO cpsat_s=X oracle_s=Y front=N equal=yes|no|untested
+
+With the default CP-SAT budget (30 s) only S0 finishes; `python benchmarks/solver.py S1 --cpsat-budget 600` shows
+the table model reaching S1's front whole (measured: 392 s for the oracle's 46 points, equal=yes; oracle 0.15 s).
+benchmarks/cpsat_decomposed.py asks whether smaller tables would change that (they do not).
 """
 
 from __future__ import annotations
