@@ -270,6 +270,13 @@ def pipeline_slot_table(domains: dict[str, tuple[int, ...]]) -> FactorTable:
     return FactorTable.of(knobs, np.rint(SLOT_SCALE * (microbatches + (pp - 1) / vpp)), valid)
 
 
+def _sequence_rules_hold(grid: dict[str, np.ndarray], seq_len: int) -> np.ndarray:
+    """rules.sp_needs_tp, rules.cp_needs_sp_tp and the SP part of rules.cp_seq (tp divides seq/cp) on a grid
+    over (tp, cp, mbs, sp)."""
+    tp, cp, sp = grid["tp"], grid["cp"], grid["sp"]
+    return ((sp == 0) | (tp > 1)) & ((cp == 1) | ((sp == 1) & (tp > 1))) & ((sp == 0) | ((seq_len // cp) % tp == 0))
+
+
 def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                       domains: dict[str, tuple[int, ...]]) -> dict[str, FactorTable]:
     """T, A: dense layer forward and attention core forward (costmodels.compute.layer_times_s). B: one TP block's
@@ -279,9 +286,7 @@ def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
     knobs = ("tp", "cp", "mbs", "sp")
     grid = _grid(domains, knobs)
     shape = grid["tp"].shape
-    tp, cp, sp = grid["tp"], grid["cp"], grid["sp"]
-    valid = (((sp == 0) | (tp > 1)) & ((cp == 1) | ((sp == 1) & (tp > 1)))
-             & ((sp == 0) | ((training.seq_len // cp) % tp == 0)))
+    valid = _sequence_rules_hold(grid, training.seq_len)
     plans = _plans(grid)
     profile = cluster.profile
     layer_fwd_s = layer_times_s(model, profile, training, plans).dense_layer_fwd_s
@@ -312,8 +317,7 @@ def activation_tables(model: ModelSpec, training: TrainingSpec,
     knobs = ("tp", "cp", "mbs", "sp")
     grid = _grid(domains, knobs)
     tp, cp, sp = grid["tp"], grid["cp"], grid["sp"]
-    valid = (((sp == 0) | (tp > 1)) & ((cp == 1) | ((sp == 1) & (tp > 1)))
-             & ((sp == 0) | ((training.seq_len // cp) % tp == 0)))
+    valid = _sequence_rules_hold(grid, training.seq_len)
     tokens = training.seq_len / cp
     sbh = tokens * grid["mbs"] * model.hidden_size
     layer_bytes = np.where(sp == 1, 34.0 / tp, 10.0 + 24.0 / tp) * sbh
