@@ -84,12 +84,13 @@ def _clip(values: dict[str, float]) -> dict[str, float]:
 
 
 def levenberg_marquardt(profile: HardwareProfile, start: dict[str, float], iterations: int = 60,
-                        keep: "np.ndarray | None" = None) -> dict[str, float]:
-    """Minimise Σ residual² over log-parameters; numerical Jacobian, adaptive damping."""
-    x = np.log([start[k] for k in PARAMETERS])
+                        keep: "np.ndarray | None" = None, free: tuple[str, ...] = PARAMETERS) -> dict[str, float]:
+    """Minimise Σ residual² over the log of the `free` parameters (the others stay at `start`); numerical Jacobian,
+    adaptive damping."""
+    x = np.log([start[k] for k in free])
 
     def values_of(vector):
-        return _clip(dict(zip(PARAMETERS, np.exp(vector))))
+        return _clip({**start, **dict(zip(free, np.exp(vector)))})
 
     r = residuals(profile, values_of(x), keep)
     damping = 1e-2
@@ -104,7 +105,8 @@ def levenberg_marquardt(profile: HardwareProfile, start: dict[str, float], itera
         improved = False
         for _ in range(12):
             delta = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
-            candidate = np.log(list(values_of(x + delta).values()))
+            clipped = values_of(x + delta)
+            candidate = np.log([clipped[k] for k in free])
             trial = residuals(profile, values_of(candidate), keep)
             if trial @ trial < r @ r:
                 x, r, damping, improved = candidate, trial, damping / 3, True

@@ -10,21 +10,31 @@ is whether the published choice of tp, pp (and mbs, vpp) is near-optimal among t
 used. Table 1 gives neither mbs nor the interleaving: the best (mbs, vpp) for the published (tp, pp) stands for it.
 The runs used the whole 80 GB, so the headroom is 10% (not the guide's 20%).
 
-    python benchmarks/published_layouts.py
+    python benchmarks/published_layouts.py [--nvlink-efficiency E]
 
 Ends with `published-layouts: within_10pct=N/M max_gap=X%`.
+
+--nvlink-efficiency is a sensitivity check on the one split the A100 fit cannot pin down, TP collective time against
+GEMM and elementwise time (both grow with tp/h over the reference rows): NVLink's bandwidth efficiency is fixed at E,
+the other fitted parameters are refitted to the same published rows (benchmarks/fit_profiles.py), and the table is
+recomputed with that profile. The summary line then also gives E and the refit's error on the fitted rows.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import dataclasses
 import sys
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
+
 import autopar
 from autopar.models import load_model, preset_names
 from autopar.results import GIB, Estimate
+from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import TrainingSpec
 from reference import reference_dir  # benchmarks/ is on sys.path (run as a script, or added by the tests)
@@ -83,10 +93,13 @@ def gpt_preset(hidden: int, layers: int, heads: int):
     raise LookupError(f"no GPT preset with hidden {hidden}, {layers} layers, {heads} heads")
 
 
-def compare(case: Case) -> Comparison:
+def compare(case: Case, profile: HardwareProfile | None = None) -> Comparison:
+    """The case on the bundled A100-80GB profile, or on `profile`."""
     row, features = case.row, case.features
     model = gpt_preset(int(row["hidden_size"]), int(row["num_layers"]), int(row["attention_heads"]))
     cluster = autopar.Cluster(gpu="a100-80gb", num_gpus=int(row["num_gpus"]), headroom=HEADROOM)
+    if profile is not None:
+        cluster = dataclasses.replace(cluster, profile=profile)
     training = TrainingSpec(seq_len=SEQ_LEN, global_batch_size=int(row["global_batch_size"]))
     tp, pp = int(row["tp"]), int(row["pp"])
     if case.source == "table1":
@@ -103,12 +116,49 @@ def compare(case: Case) -> Comparison:
     return Comparison(case.case_id, published, best)
 
 
-def main() -> int:
+@dataclass(frozen=True)
+class PinnedProfile:
+    profile: HardwareProfile
+    nvlink_efficiency: float
+    mean_error_pct: float
+    max_error_pct: float
+    """The refit's absolute errors on the fitted rows (benchmarks/fit_profiles.py)."""
+
+
+def pinned_nvlink_profile(efficiency: float) -> PinnedProfile:
+    """The A100-80GB profile with NVLink's bandwidth efficiency fixed at `efficiency` and the other fitted parameters
+    refitted to the published rows."""
+    import fit_profiles  # benchmarks/ is on sys.path
+
+    base = load_profile("a100-80gb")
+    start = {**fit_profiles.current_parameters(base), "nvlink_bandwidth_efficiency": efficiency}
+    free = tuple(k for k in fit_profiles.PARAMETERS if k != "nvlink_bandwidth_efficiency")
+    values = fit_profiles.levenberg_marquardt(base, start, free=free)
+    errors_pct = 100.0 * np.abs(np.exp(fit_profiles.residuals(base, values)) - 1.0)
+    return PinnedProfile(fit_profiles.with_parameters(base, values), efficiency, float(errors_pct.mean()),
+                         float(errors_pct.max()))
+
+
+def _efficiency(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nvlink-efficiency", type=_efficiency, metavar="E",
+                        help="pin NVLink's bandwidth efficiency at E and refit the rest (a sensitivity check)")
+    args = parser.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
 
-    comparisons = [compare(c) for c in cases()]
-    table = Table(title="published layouts against the best front point at or below their memory (A100-80GB)")
+    pinned = pinned_nvlink_profile(args.nvlink_efficiency) if args.nvlink_efficiency is not None else None
+    comparisons = [compare(c, pinned.profile if pinned else None) for c in cases()]
+    title = "published layouts against the best front point at or below their memory (A100-80GB"
+    title += f", NVLink efficiency pinned at {pinned.nvlink_efficiency:g} and refitted)" if pinned else ")"
+    table = Table(title=title)
     for column in ("row", "published layout", "step s", "GiB", "best at or below", "step s", "GiB", "gap"):
         table.add_column(column, justify="left" if column in ("row", "published layout", "best at or below")
                          else "right")
@@ -120,7 +170,11 @@ def main() -> int:
     Console(width=160).print(table)
     gaps = [c.gap for c in comparisons if c.best is not None]
     within = sum(g <= TOLERANCE for g in gaps)
-    print(f"published-layouts: within_10pct={within}/{len(comparisons)} max_gap={max(gaps):.1%}")
+    summary = f"published-layouts: within_10pct={within}/{len(comparisons)} max_gap={max(gaps):.1%}"
+    if pinned:
+        summary += (f" nvlink_efficiency={pinned.nvlink_efficiency:g} refit_mean_err={pinned.mean_error_pct:.2f}%"
+                    f" refit_max_err={pinned.max_error_pct:.2f}%")
+    print(summary)
     return 0
 
 
