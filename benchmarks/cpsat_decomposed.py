@@ -89,6 +89,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 import autopar
+from autopar.search.rules import RULES_BY_ID, Context
 from autopar.search.space import Controls, SearchSpace, build_space
 from costmodels.comm import dp_cp_group, group_collective_time_s, pp_group, tp_group
 from costmodels.compute import layer_times_s
@@ -270,11 +271,15 @@ def pipeline_slot_table(domains: dict[str, tuple[int, ...]]) -> FactorTable:
     return FactorTable.of(knobs, np.rint(SLOT_SCALE * (microbatches + (pp - 1) / vpp)), valid)
 
 
-def _sequence_rules_hold(grid: dict[str, np.ndarray], seq_len: int) -> np.ndarray:
-    """rules.sp_needs_tp, rules.cp_needs_sp_tp and the SP part of rules.cp_seq (tp divides seq/cp) on a grid
-    over (tp, cp, mbs, sp)."""
-    tp, cp, sp = grid["tp"], grid["cp"], grid["sp"]
-    return ((sp == 0) | (tp > 1)) & ((cp == 1) | ((sp == 1) & (tp > 1))) & ((sp == 0) | ((seq_len // cp) % tp == 0))
+SEQUENCE_RULES = ("sp_needs_tp", "cp_needs_sp_tp", "cp_seq")
+"""The rules of autopar.search.rules that bind on the per-layer tables' knobs (tp, cp, mbs, sp)."""
+
+
+def _sequence_rules_hold(grid: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
+    """SEQUENCE_RULES on every point of a grid over (tp, cp, mbs, sp), from autopar's own rule functions."""
+    plans = _plans(grid)
+    holds = np.logical_and.reduce([RULES_BY_ID[rule].holds(ctx, plans) for rule in SEQUENCE_RULES])
+    return holds.reshape(grid["tp"].shape)
 
 
 def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -286,7 +291,7 @@ def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
     knobs = ("tp", "cp", "mbs", "sp")
     grid = _grid(domains, knobs)
     shape = grid["tp"].shape
-    valid = _sequence_rules_hold(grid, training.seq_len)
+    valid = _sequence_rules_hold(grid, Context(model, cluster, training))
     plans = _plans(grid)
     profile = cluster.profile
     layer_fwd_s = layer_times_s(model, profile, training, plans).dense_layer_fwd_s
@@ -308,7 +313,7 @@ def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
     }
 
 
-def activation_tables(model: ModelSpec, training: TrainingSpec,
+def activation_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                       domains: dict[str, tuple[int, ...]]) -> dict[str, FactorTable]:
     """AF: KiB one stored layer keeps per micro-batch (approximates costmodels.memory.layer_activations_bytes with
     Korthikanti's GPT coefficients: sbh·(10 + 24/t), 34·sbh/t with SP, less 4·sbh/t with selective recompute).
@@ -317,7 +322,7 @@ def activation_tables(model: ModelSpec, training: TrainingSpec,
     knobs = ("tp", "cp", "mbs", "sp")
     grid = _grid(domains, knobs)
     tp, cp, sp = grid["tp"], grid["cp"], grid["sp"]
-    valid = _sequence_rules_hold(grid, training.seq_len)
+    valid = _sequence_rules_hold(grid, Context(model, cluster, training))
     tokens = training.seq_len / cp
     sbh = tokens * grid["mbs"] * model.hidden_size
     layer_bytes = np.where(sp == 1, 34.0 / tp, 10.0 + 24.0 / tp) * sbh
@@ -410,7 +415,7 @@ def build_instance(name: str) -> Instance:
     tables["p2p_transfer_units"] = p2p_table(model, cluster, training, domains)
     tables.update(data_parallel_tables(model, cluster, domains, splits))
     tables["held_sixteenths"] = held_microbatch_table(domains)
-    tables.update(activation_tables(model, training, domains))
+    tables.update(activation_tables(model, cluster, training, domains))
     return Instance(name, space, domains, tables, int(cluster.memory_limit_bytes // BYTES_PER_MIB))
 
 

@@ -41,6 +41,9 @@ bf16 GEMM rate on large shapes (NVIDIA reports 1.3–1.5× end-to-end for Transf
 attention core and elementwise work staying in bf16)."""
 PARAMETERS = ("peak_fraction", "half_saturation_dim", "traffic_per_activation_byte", "nvlink_bandwidth_efficiency")
 UPPER_BOUNDS = {"peak_fraction": 1.0, "nvlink_bandwidth_efficiency": 1.0}
+LOWER_BOUND = 1e-3
+"""Every fitted parameter is a positive quantity; the floor keeps the log-space fit finite when one runs to zero (a
+half-saturation side of 0.001 is, for these GEMM shapes, a GEMM at its peak fraction)."""
 FIT_ROWS = "megatron_2104.04473_table1.csv (10 rows, TFLOP/s) + korthikanti_2205.05198.csv (8 iteration times)"
 
 
@@ -80,7 +83,7 @@ def residuals(profile: HardwareProfile, values: dict[str, float], keep: "np.ndar
 
 
 def _clip(values: dict[str, float]) -> dict[str, float]:
-    return {k: min(v, UPPER_BOUNDS.get(k, np.inf)) for k, v in values.items()}
+    return {k: min(max(v, LOWER_BOUND), UPPER_BOUNDS.get(k, np.inf)) for k, v in values.items()}
 
 
 def levenberg_marquardt(profile: HardwareProfile, start: dict[str, float], iterations: int = 60,

@@ -26,8 +26,10 @@ import argparse
 import csv
 import dataclasses
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from types import MappingProxyType
 
 import numpy as np
 
@@ -42,16 +44,17 @@ from reference import reference_dir  # benchmarks/ is on sys.path (run as a scri
 TOLERANCE = 0.10
 HEADROOM = 0.1
 SEQ_LEN = 2048
-PAPER_FEATURES = {"sp": 0, "zero": 0, "recompute": "full", "recompute_layers": 0, "cp": 1}
-SP_SELECTIVE = {"sp": 1, "zero": 0, "recompute": "selective", "cp": 1}
+PAPER_FEATURES: Mapping[str, object] = MappingProxyType(
+    {"sp": 0, "zero": 0, "recompute": "full", "recompute_layers": 0, "cp": 1})
+SP_SELECTIVE: Mapping[str, object] = MappingProxyType({"sp": 1, "zero": 0, "recompute": "selective", "cp": 1})
 
 
 @dataclass(frozen=True)
 class Case:
     case_id: str
     source: str
-    row: dict
-    features: dict
+    row: Mapping[str, str]
+    features: Mapping[str, object]
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def compare(case: Case, profile: HardwareProfile | None = None) -> Comparison:
         published = autopar.solve(model, cluster, training, fix={**features, "tp": tp, "pp": pp},
                                   solver="oracle")[0]
     else:
-        recompute = Recompute.FULL if features is PAPER_FEATURES else Recompute.SELECTIVE
+        recompute = Recompute.parse(features["recompute"])
         plan = Plan(tp=tp, pp=pp, mbs=int(row["micro_batch_size"]), vpp=int(row["interleave"]),
                     sp=features["sp"] == 1, recompute=recompute)
         published = autopar.estimate(model, cluster, training, plan)
@@ -120,6 +123,8 @@ def compare(case: Case, profile: HardwareProfile | None = None) -> Comparison:
 class PinnedProfile:
     profile: HardwareProfile
     nvlink_efficiency: float
+    refitted: Mapping[str, float]
+    """The other fitted parameters after the refit (benchmarks/fit_profiles.PARAMETERS)."""
     mean_error_pct: float
     max_error_pct: float
     """The refit's absolute errors on the fitted rows (benchmarks/fit_profiles.py)."""
@@ -135,7 +140,8 @@ def pinned_nvlink_profile(efficiency: float) -> PinnedProfile:
     free = tuple(k for k in fit_profiles.PARAMETERS if k != "nvlink_bandwidth_efficiency")
     values = fit_profiles.levenberg_marquardt(base, start, free=free)
     errors_pct = 100.0 * np.abs(np.exp(fit_profiles.residuals(base, values)) - 1.0)
-    return PinnedProfile(fit_profiles.with_parameters(base, values), efficiency, float(errors_pct.mean()),
+    refitted = MappingProxyType({k: values[k] for k in free})
+    return PinnedProfile(fit_profiles.with_parameters(base, values), efficiency, refitted, float(errors_pct.mean()),
                          float(errors_pct.max()))
 
 
@@ -170,10 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     Console(width=160).print(table)
     gaps = [c.gap for c in comparisons if c.best is not None]
     within = sum(g <= TOLERANCE for g in gaps)
-    summary = f"published-layouts: within_10pct={within}/{len(comparisons)} max_gap={max(gaps):.1%}"
+    max_gap = f"{max(gaps):.1%}" if gaps else "-"
+    summary = f"published-layouts: within_10pct={within}/{len(comparisons)} max_gap={max_gap}"
     if pinned:
-        summary += (f" nvlink_efficiency={pinned.nvlink_efficiency:g} refit_mean_err={pinned.mean_error_pct:.2f}%"
-                    f" refit_max_err={pinned.max_error_pct:.2f}%")
+        refitted = " ".join(f"{k}={v:.4g}" for k, v in pinned.refitted.items())
+        summary += (f" nvlink_efficiency={pinned.nvlink_efficiency:g} refit: {refitted}"
+                    f" mean_err={pinned.mean_error_pct:.2f}% max_err={pinned.max_error_pct:.2f}%")
     print(summary)
     return 0
 
