@@ -87,6 +87,19 @@ def test_experts_rule():
     assert "experts" in broken(Plan(ep=2), DENSE)                   # a dense model has no experts
 
 
+def test_expert_tp_messages_name_etp():
+    # etp alone breaks the rule: the message names etp and its fix, not the rule's generic reason
+    ctx = Context(DENSE, CLUSTER, TRAIN)
+    dense_etp = Plan(tp=2, sp=True, etp=4)
+    assert "experts" in broken(dense_etp)
+    assert RULES_BY_ID["experts"].why_broken(ctx, dense_etp) == \
+        "etp=4 must equal tp=2: dense is dense (no expert layers); drop --etp"
+    wide_etp = Plan(tp=2, sp=True, ep=2, etp=16)
+    assert "tp_node" in broken(wide_etp, MOE)
+    assert RULES_BY_ID["tp_node"].why_broken(Context(MOE, CLUSTER, TRAIN), wide_etp).startswith(
+        "etp=16 must divide gpus_per_node=8")
+
+
 def test_unknown_or_required_rule_cannot_be_relaxed():
     with pytest.raises(InputError, match="tp_node, cp_needs_sp_tp"):
         active_rules(["no_such_rule"])

@@ -135,13 +135,13 @@ def _experts(ctx: Context, p: PlanArrays) -> np.ndarray:
     return ctx.model.moe.num_experts % p.ep == 0
 
 
-def _explain_experts(ctx: Context, plan: Plan) -> str | None:
+def _explain_experts(ctx: Context, plan: Plan) -> str:
     if ctx.model.moe is not None:
         num_experts = ctx.model.moe.num_experts
         return f"ep={plan.ep} must divide num_experts={num_experts}; use one of {_divisors(num_experts)}"
     if plan.ep > 1:
         return f"ep={plan.ep} needs an MoE model; {ctx.model.name} is dense, use ep=1"
-    return None   # a dense model with etp != tp
+    return f"etp={plan.etp} must equal tp={plan.tp}: {ctx.model.name} is dense (no expert layers); drop --etp"
 
 
 def _tp_node(ctx: Context, p: PlanArrays) -> np.ndarray:
@@ -149,12 +149,13 @@ def _tp_node(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.tp <= node) & (node % p.tp == 0) & (p.etp <= node) & (node % p.etp == 0)
 
 
-def _explain_tp_node(ctx: Context, plan: Plan) -> str | None:
+def _explain_tp_node(ctx: Context, plan: Plan) -> str:
     node = ctx.cluster.gpus_per_node
     if plan.tp > node or node % plan.tp:
         return (f"tp={plan.tp} must divide gpus_per_node={node} (TP stays inside a node's NVLink domain; "
                 "the guide: beyond 8 use PP)")
-    return None   # only etp crosses the node
+    return (f"etp={plan.etp} must divide gpus_per_node={node} (expert TP stays inside a node's NVLink domain; "
+            "use EP across nodes)")
 
 
 def _cp_needs_sp_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
