@@ -228,6 +228,25 @@ def test_explain_dominated_plan_names_terms(llama8b_front):
     assert on.verdict == "on_front" and on.front_index == 0
     broken = explain_plan(model, cluster, training, Plan(tp=3), llama8b_front)
     assert broken.verdict == "breaks_rules" and "world" in broken.broken_rules
+    # each broken rule is worded with the plan's numbers (32 GPUs, tp 3), not only its generic reason
+    assert "breaks rule world: num_gpus=32 is not divisible by tp·cp·pp=3·1·1=3" in broken.lines[0]
+
+
+def test_explain_says_when_the_plan_leaves_the_users_controls(llama8b_front):
+    from autopar.search.explain import outside_controls
+    from autopar.search.solve import controls_from
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster, training = autopar.Cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
+    controls = controls_from({"sp": False, "recompute": "full"}, {"pp": (2, 4)})
+    plan = Plan(tp=8, pp=8, sp=True, recompute=Recompute.FULL)
+    assert outside_controls(plan, controls) == ("fix sp=false", "max pp=4")   # labels show the user's control
+    explanation = explain_plan(model, cluster, training, plan, llama8b_front, controls=controls)
+    assert explanation.lines[0].startswith("outside your search controls (")
+    inside = Plan(tp=8, pp=2, sp=False, recompute=Recompute.FULL)
+    assert outside_controls(inside, controls) == ()
+    assert not explain_plan(model, cluster, training, inside, llama8b_front,
+                            controls=controls).lines[0].startswith("outside")
 
 
 # ---- the command line --------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from autopar.search.rules import active_rules
     from autopar.search.solve import solve
 
-    _, bounds = controls_from_args(args)
+    controls, bounds = controls_from_args(args)
     active_rules(args.relax)
     load_model = functools.cache(lambda: model_from_args(args))
     # --from-megatron-args: the plan, seq, batch, precision and GPU count of a running job
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from autopar.search.explain import explain_plan
 
-    explanation = explain_plan(model, cluster, training, plan, front, relax=tuple(args.relax))
+    explanation = explain_plan(model, cluster, training, plan, front, relax=tuple(args.relax), controls=controls)
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2))
     else:

@@ -262,14 +262,38 @@ class PlanExplanation:
                 "explanation": list(self.lines)}
 
 
+def outside_controls(plan: Plan, controls: Controls) -> tuple[str, ...]:
+    """The user's controls (--fix, --min, --max) that `plan` does not satisfy, as labels like "fix sp=false"."""
+    outside = []
+    for label, kind, value in control_items(controls):
+        knob = label.split(" ", 1)[1].partition("=")[0]
+        mine = int(getattr(plan, knob))
+        if (kind == "fix" and mine != value) or (kind == "min" and mine < value) or (kind == "max" and mine > value):
+            outside.append(label)
+    return tuple(outside)
+
+
 def explain_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-                 front: ParetoFront, relax: Iterable[str] = ()) -> PlanExplanation:
-    """Why `plan` is or is not on `front` (which must be the front of the same inputs)."""
+                 front: ParetoFront, relax: Iterable[str] = (), controls: Controls | None = None) -> PlanExplanation:
+    """Why `plan` is or is not on `front` (which must be the front of the same inputs, searched within `controls`).
+    A plan outside the controls is still compared with that front, and the first line says which controls it
+    leaves."""
+    outside = outside_controls(plan, controls) if controls is not None else ()
+    note = (f"outside your search controls ({', '.join(outside)}): compared with the front searched within them",) \
+        if outside else ()
+    explanation = _explain_against_front(model, cluster, training, plan, front, relax)
+    return replace(explanation, lines=note + explanation.lines) if note else explanation
+
+
+def _explain_against_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+                           front: ParetoFront, relax: Iterable[str]) -> PlanExplanation:
     from autopar.search.rules import check_plan
 
     broken = check_plan(model, cluster, training, plan, relax=relax)
     if broken:
-        lines = tuple(f"breaks rule {name}: {RULES_BY_ID[name].reason}" for name in broken if name != "memory")
+        ctx = Context(model, cluster, training)
+        lines = tuple(f"breaks rule {name}: {RULES_BY_ID[name].why_broken(ctx, plan)}"
+                      for name in broken if name != "memory")
         if "memory" in broken:
             from autopar.estimate import estimate as estimate_one
 
@@ -325,6 +349,7 @@ __all__ = [
     "PlanExplanation",
     "explain_infeasible",
     "explain_plan",
+    "outside_controls",
     "least_memory_plan",
     "memory_conflict",
     "structural_conflict",
