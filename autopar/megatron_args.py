@@ -13,7 +13,8 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
 - parallelism: --tensor-model-parallel-size, --pipeline-model-parallel-size, --context-parallel-size,
   --expert-model-parallel-size, --expert-tensor-parallel-size, --sequence-parallel, the three virtual-pipeline
   spellings (--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank, and the older
-  --virtual-pipeline-model-parallel-size), --decoder-first/last-pipeline-num-layers;
+  --virtual-pipeline-model-parallel-size), --decoder-first/last-pipeline-num-layers, and
+  --account-for-embedding/loss-in-pipeline-split (read as an end stage one layer lighter than the middle ones);
 - batch and memory: --micro-batch-size, --global-batch-size, --seq-length, --recompute-activations,
   --recompute-granularity/-method/-num-layers, --use-distributed-optimizer, Megatron-FSDP
   (--use-megatron-fsdp/--use-custom-fsdp with --data-parallel-sharding-strategy), --use-torch-fsdp2, --bf16, --fp16,
@@ -295,8 +296,22 @@ def _num_gpus(flags: dict[str, "str | bool"], variables: dict[str, str], text: s
     return None
 
 
+def _slot_split(pp: int, num_layers: int | None, embedding_slot: bool, loss_slot: bool) -> tuple[int, int]:
+    """(first, last) stage layers of Megatron-Core's --account-for-embedding/loss-in-pipeline-split: every rank gets
+    (layers + slots) / pp slots and an end stage with a slot holds one layer fewer (0: as the middle stages)."""
+    if num_layers is None:
+        raise InputError(INPUT_NAME, "--account-for-embedding/loss-in-pipeline-split needs the layer count: add "
+                                     "--num-layers to the command")
+    slots = int(embedding_slot) + int(loss_slot)
+    if (num_layers + slots) % pp:
+        raise InputError(INPUT_NAME, f"{num_layers} layers + {slots} embedding/loss slot(s) do not split over "
+                                     f"pp={pp} stages evenly (Megatron-LM asserts so)")
+    per_rank = (num_layers + slots) // pp
+    return (per_rank - 1 if embedding_slot else 0), (per_rank - 1 if loss_slot else 0)
+
+
 def _virtual_stages(flags: dict[str, "str | bool"], pp: int, layer_count: "Callable[[], int | None]",
-                    uneven: bool) -> int:
+                    uneven: bool, slots: int = 0) -> int:
     per_rank = _first_integer(flags, "--num-virtual-stages-per-pipeline-rank",
                               "--virtual-pipeline-model-parallel-size")
     if per_rank is not None:
@@ -312,10 +327,11 @@ def _virtual_stages(flags: dict[str, "str | bool"], pp: int, layer_count: "Calla
     if num_layers is None:
         raise InputError(INPUT_NAME, "--num-layers-per-virtual-pipeline-stage needs the layer count: add "
                                      "--num-layers to the command")
-    if layers_per_virtual_stage <= 0 or num_layers % (pp * layers_per_virtual_stage):
+    slotted = num_layers + slots   # embedding/loss slots count as layers (Megatron-LM arguments.py)
+    if layers_per_virtual_stage <= 0 or slotted % (pp * layers_per_virtual_stage):
         raise InputError(INPUT_NAME, f"--num-layers-per-virtual-pipeline-stage {layers_per_virtual_stage} does "
-                                     f"not divide the {num_layers} layers over pp={pp} stages evenly")
-    return num_layers // (pp * layers_per_virtual_stage)
+                                     f"not divide the {slotted} layers over pp={pp} stages evenly")
+    return slotted // (pp * layers_per_virtual_stage)
 
 
 def _recompute(flags: dict[str, "str | bool"], notes: list[str]) -> tuple[Recompute, int]:
@@ -395,9 +411,8 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         raise InputError(INPUT_NAME, "--pipeline-model-parallel-layout is not supported; describe the split with "
                                      "--decoder-first/last-pipeline-num-layers")
     notes: list[str] = []
-    if flags.get("--account-for-embedding-in-pipeline-split") or flags.get("--account-for-loss-in-pipeline-split"):
-        notes.append("--account-for-embedding/loss-in-pipeline-split ignored: the layers are read as split over "
-                     "the stages without counting the embedding or the loss as a layer")
+    embedding_slot = bool(flags.get("--account-for-embedding-in-pipeline-split"))
+    loss_slot = bool(flags.get("--account-for-loss-in-pipeline-split"))
     model = _model_fields(flags)
     def layer_count() -> int | None:
         if "num_layers" in model:
@@ -408,7 +423,13 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     pp = _integer(flags, "--pipeline-model-parallel-size", 1)
     first = _integer(flags, "--decoder-first-pipeline-num-layers", 0)
     last = _integer(flags, "--decoder-last-pipeline-num-layers", 0)
-    vpp = _virtual_stages(flags, pp, layer_count, uneven=bool(first or last))
+    if (embedding_slot or loss_slot) and (first or last):
+        raise InputError(INPUT_NAME, "--account-for-embedding/loss-in-pipeline-split cannot be combined with "
+                                     "--decoder-first/last-pipeline-num-layers (Megatron-LM asserts so); keep one")
+    slots = int(embedding_slot) + int(loss_slot)
+    vpp = _virtual_stages(flags, pp, layer_count, uneven=bool(first or last), slots=slots)
+    if slots and pp > 1:
+        first, last = _slot_split(pp, layer_count(), embedding_slot, loss_slot)
     sp = bool(flags.get("--sequence-parallel"))
     if sp and tp == 1:
         notes.append("--sequence-parallel with tp=1: Megatron-LM turns sequence parallelism off; read as off")

@@ -206,6 +206,22 @@ def layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int
     return np.where(is_first, plans.first_stage_layers, np.where(is_last, plans.last_stage_layers, middle))
 
 
+def embedding_loss_slots(num_layers: int, plans: "PlanArrays | Plan") -> tuple[np.ndarray, np.ndarray]:
+    """Whether the first (last) pipeline rank counts the embedding (loss) as one of its layers.
+
+    Megatron-Core's --account-for-embedding-in-pipeline-split (--account-for-loss-in-pipeline-split) adds one layer
+    slot for the embedding (loss) to the pipeline split (`TransformerConfig`, `get_num_layers_to_build`): every rank
+    gets (num_layers + slots) / pp slots in vpp equal chunks, and the first (last) rank's first (last) chunk holds
+    one decoder layer less. A plan says so by giving an interleaved (vpp > 1) pipeline a first (last) stage of
+    exactly one layer fewer than the middle stages: such a stage cannot split into vpp equal chunks otherwise.
+    """
+    middle = layers_per_middle_stage(num_layers, plans)
+    interleaved = (plans.pp > 1) & (plans.vpp > 1)
+    embedding = interleaved & (plans.first_stage_layers > 0) & (plans.first_stage_layers + 1 == middle)
+    loss = interleaved & (plans.last_stage_layers > 0) & (plans.last_stage_layers + 1 == middle)
+    return np.asarray(embedding), np.asarray(loss)
+
+
 def first_layer_index(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """Index of the first decoder layer on pipeline rank `stage` (contiguous assignment, vpp ignored)."""
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from autopar.export import FRAMEWORKS, emit, framework_name, launch_config
-from autopar.export.common import chunk_layers_in_model_order, stage_layers
+from autopar.export.common import chunk_layers_in_model_order, mcore_parallel_fields, stage_layers
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import Precision, TrainingSpec
@@ -40,6 +40,23 @@ def test_stage_layers_and_chunks_follow_megatron():
     assert stage_layers(32, plan) == [6, 10, 10, 6]
     assert chunk_layers_in_model_order(32, plan) == [3, 5, 5, 3, 3, 5, 5, 3]
     assert sum(chunk_layers_in_model_order(32, plan)) == 32
+
+
+def test_embedding_and_loss_slots_follow_megatron_core():
+    # Llama-3.1-405B's 126 layers on pp 16 with vpp 4: 126 + 2 slots = 8 per rank, 2 per chunk; the embedding takes a
+    # layer's place in rank 0's first chunk, the loss in rank 15's last chunk
+    plan = Plan(tp=8, pp=16, vpp=4, sp=True, first_stage_layers=7, last_stage_layers=7)
+    chunks = chunk_layers_in_model_order(126, plan)
+    assert len(chunks) == 64 and sum(chunks) == 126
+    assert chunks[0] == 1 and chunks[-1] == 1 and set(chunks[1:-1]) == {2}
+    fields = mcore_parallel_fields(plan, 126, moe=False)
+    assert fields["account_for_embedding_in_pipeline_split"] and fields["account_for_loss_in_pipeline_split"]
+    assert fields["num_layers_in_first_pipeline_stage"] is None and fields["num_layers_in_last_pipeline_stage"] is None
+    # without interleaving the same split is an ordinary uneven one
+    plain = Plan(tp=8, pp=16, sp=True, first_stage_layers=7, last_stage_layers=7)
+    assert chunk_layers_in_model_order(126, plain) == [7] + [8] * 14 + [7]
+    assert "account_for_embedding_in_pipeline_split" not in mcore_parallel_fields(plain, 126, moe=False)
+    assert mcore_parallel_fields(plain, 126, moe=False)["num_layers_in_first_pipeline_stage"] == 7
 
 
 @pytest.mark.parametrize("plan", DENSE_PLANS + MOE_PLANS, ids=lambda p: p.short())

@@ -88,6 +88,23 @@ def test_uneven_stages_and_the_layer_count_from_the_model():
         parse_megatron_args("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4")
 
 
+def test_embedding_and_loss_slots_are_read_as_lighter_end_stages():
+    # 126 + 2 slots over pp 16 = 8 per rank: the ends hold 7 decoder layers; 2 layers per virtual stage -> vpp 4
+    run = parse_megatron_args("--num-layers 126 --pipeline-model-parallel-size 16 "
+                              "--num-layers-per-virtual-pipeline-stage 2 --account-for-embedding-in-pipeline-split "
+                              "--account-for-loss-in-pipeline-split")
+    assert (run.plan.pp, run.plan.vpp, run.plan.first_stage_layers, run.plan.last_stage_layers) == (16, 4, 7, 7)
+    loss_only = parse_megatron_args("--num-layers 127 --pipeline-model-parallel-size 16 "
+                                    "--num-virtual-stages-per-pipeline-rank 2 --account-for-loss-in-pipeline-split")
+    assert (loss_only.plan.first_stage_layers, loss_only.plan.last_stage_layers) == (0, 7)
+    with pytest.raises(InputError, match="cannot be combined"):
+        parse_megatron_args("--num-layers 126 --pipeline-model-parallel-size 16 --decoder-first-pipeline-num-layers 7 "
+                            "--account-for-embedding-in-pipeline-split")
+    with pytest.raises(InputError, match="do not split over pp=16"):
+        parse_megatron_args("--num-layers 125 --pipeline-model-parallel-size 16 "
+                            "--account-for-embedding-in-pipeline-split")
+
+
 @pytest.mark.parametrize("flags, zero", [
     ("--bf16", 0), ("--use-distributed-optimizer", 1),
     ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads", 2),

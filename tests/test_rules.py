@@ -81,6 +81,26 @@ def test_tp_node_and_relaxing_it():
     assert "tp_node" not in broken(Plan(tp=16), wide, cluster, relax=("tp_node",))
 
 
+def test_end_stages_that_count_the_embedding_or_loss_interleave():
+    # Megatron-Core --account-for-embedding/loss-in-pipeline-split: 126 layers + 2 slots = 8 per rank on pp 16, so
+    # ends of 7 layers interleave with vpp 2, 4 or 8; an end of 6 does not, nor a slot end beside an explicit other
+    deep = ModelSpec(name="deep", hidden_size=1024, num_layers=126, num_attention_heads=16, ffn_hidden_size=4096,
+                     vocab_size=32000)
+    cluster = autopar.Cluster(gpu="h100", num_gpus=128)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    for vpp in (2, 4, 8):
+        assert "layers" not in broken(Plan(pp=16, vpp=vpp, first_stage_layers=7, last_stage_layers=7), deep,
+                                      cluster, training)
+    assert "layers" not in broken(Plan(pp=16, vpp=2, first_stage_layers=0, last_stage_layers=6), deep, cluster,
+                                  training)                          # 6 % 2 == 0: an ordinary uneven split
+    assert "layers" in broken(Plan(pp=16, vpp=4, first_stage_layers=6, last_stage_layers=0), deep, cluster, training)
+    toy = ModelSpec(name="toy", hidden_size=1024, num_layers=29, num_attention_heads=16, ffn_hidden_size=4096,
+                    vocab_size=32000)                                # pp 4: 8 + 8 in the middle, 7 + 6 at the ends
+    mixed = Plan(pp=4, vpp=2, first_stage_layers=7, last_stage_layers=6)
+    assert "layers" in broken(mixed, toy, cluster, training)
+    assert "cannot be combined" in RULES_BY_ID["layers"].why_broken(Context(toy, cluster, training), mixed)
+
+
 def test_experts_rule():
     assert "experts" in broken(Plan(ep=3), MOE)                     # 8 experts % 3
     assert "experts" not in broken(Plan(ep=4, tp=1, etp=1), MOE)

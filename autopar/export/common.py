@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.results import Estimate
-from costmodels.plan import Plan, Recompute
+from costmodels.plan import Plan, Recompute, embedding_loss_slots
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,32 @@ def stage_layers(num_layers: int, plan: Plan) -> list[int]:
     return ([first] if first else []) + middle + ([last] if last else [])
 
 
+def pipeline_slots(num_layers: int, plan: Plan) -> tuple[bool, bool]:
+    """(embedding, loss): whether the plan's first (last) stage counts the embedding (loss) as a layer, Megatron-Core's
+    --account-for-embedding/loss-in-pipeline-split (costmodels.plan.embedding_loss_slots)."""
+    embedding, loss = embedding_loss_slots(num_layers, plan)
+    return bool(embedding), bool(loss)
+
+
 def chunk_layers_in_model_order(num_layers: int, plan: Plan) -> list[int]:
     """Layers of every (virtual) pipeline stage in model order: chunk 0 of ranks 0..pp-1, then chunk 1, ...
 
-    This is Megatron-Core's interleaved assignment (each rank's layers split evenly over its `vpp` chunks) and
-    torchtitan's looped schedules' stage-to-rank mapping (stage i on rank i % pp).
+    This is Megatron-Core's interleaved assignment (each rank's layers, plus an embedding or loss slot, split evenly
+    over its `vpp` chunks; the slot takes a layer's place in the first chunk of rank 0 or the last chunk of rank
+    pp-1) and torchtitan's looped schedules' stage-to-rank mapping (stage i on rank i % pp).
     """
     per_rank = stage_layers(num_layers, plan)
-    return [per_rank[rank] // plan.vpp for _ in range(plan.vpp) for rank in range(plan.pp)]
+    embedding, loss = pipeline_slots(num_layers, plan)
+    slots = [0] * plan.pp
+    slots[0] += embedding
+    slots[-1] += loss
+    chunks = []
+    for chunk in range(plan.vpp):
+        for rank in range(plan.pp):
+            count = (per_rank[rank] + slots[rank]) // plan.vpp
+            count -= (embedding and rank == 0 and chunk == 0) + (loss and rank == plan.pp - 1 and chunk == plan.vpp - 1)
+            chunks.append(count)
+    return chunks
 
 
 def is_uneven(plan: Plan) -> bool:
@@ -65,12 +83,14 @@ def gradient_accumulation_steps(estimate: Estimate) -> int:
     return int(round(estimate.num_microbatches))
 
 
-def mcore_parallel_fields(plan: Plan, moe: bool = True) -> dict[str, object]:
+def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True) -> dict[str, object]:
     """The plan in Megatron-Core config field names (None = leave the framework default).
 
     expert_*: only for MoE models (`moe`) or when the plan sets them.
     virtual_pipeline_model_parallel_size: None for plain 1F1B (Megatron stores None, not 1).
-    num_layers_in_first/last_pipeline_stage: Megatron-Core TransformerConfig (uneven pipeline split).
+    num_layers_in_first/last_pipeline_stage: Megatron-Core TransformerConfig (uneven pipeline split);
+    account_for_embedding/loss_in_pipeline_split instead, for a plan whose end stages count the embedding or loss as
+    a layer (`pipeline_slots`).
     recompute_*: TransformerConfig; full recompute of every layer is method 'uniform' with 1 layer per unit,
     partial full recompute (recompute_layers = k) is method 'block' with k layers per (virtual) stage.
     """
@@ -85,6 +105,10 @@ def mcore_parallel_fields(plan: Plan, moe: bool = True) -> dict[str, object]:
         "num_layers_in_first_pipeline_stage": (plan.first_stage_layers or None) if is_uneven(plan) else None,
         "num_layers_in_last_pipeline_stage": (plan.last_stage_layers or None) if is_uneven(plan) else None,
     }
+    embedding, loss = pipeline_slots(num_layers, plan)
+    if embedding or loss:   # the split is Megatron-Core's slot split, which excludes explicit end stages
+        fields.update(num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
+                      account_for_embedding_in_pipeline_split=embedding, account_for_loss_in_pipeline_split=loss)
     if not moe and plan.ep == 1 and plan.etp == plan.tp:
         del fields["expert_model_parallel_size"], fields["expert_tensor_parallel_size"]
     fields.update(mcore_recompute_fields(plan))

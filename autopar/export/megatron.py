@@ -21,7 +21,7 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 from __future__ import annotations
 
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields, one_line,
-                                   plan_caption)
+                                   pipeline_slots, plan_caption)
 from autopar.results import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
@@ -39,7 +39,13 @@ def parallelism_flags(estimate: Estimate) -> list[Flag]:
     plan, model = estimate.plan, estimate.model
     flags: list[Flag] = [("--tensor-model-parallel-size", str(plan.tp)),
                          ("--pipeline-model-parallel-size", str(plan.pp))]
-    if is_uneven(plan):
+    embedding_slot, loss_slot = pipeline_slots(model.num_layers, plan)
+    if embedding_slot or loss_slot:   # Megatron asserts these exclude --decoder-first/last-pipeline-num-layers
+        if embedding_slot:
+            flags.append(("--account-for-embedding-in-pipeline-split", None))
+        if loss_slot:
+            flags.append(("--account-for-loss-in-pipeline-split", None))
+    elif is_uneven(plan):
         if plan.first_stage_layers:
             flags.append(("--decoder-first-pipeline-num-layers", str(plan.first_stage_layers)))
         if plan.last_stage_layers:

@@ -51,7 +51,7 @@ def _value(value: object) -> str:
 
 def nemo2_config(estimate: Estimate) -> LaunchConfig:
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
-    fields = mcore_parallel_fields(plan, moe=estimate.model.is_moe)
+    fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
     overrides = [f"trainer.num_nodes={cluster.num_nodes}",
                  f"trainer.devices={min(cluster.gpus_per_node, cluster.num_gpus)}"]
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
@@ -75,7 +75,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
     plan, training = estimate.plan, estimate.training
-    fields = mcore_parallel_fields(plan, moe=estimate.model.is_moe)
+    fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
     overrides = [f"model.{name}={_value(value)}" for name, value in fields.items()
                  if value is not None or name == "virtual_pipeline_model_parallel_size"]
     overrides += [f"train.micro_batch_size={plan.mbs}", f"train.global_batch_size={training.global_batch_size}",

@@ -37,7 +37,7 @@ def _yaml(value: object) -> str:
 
 def launch_config(estimate: Estimate) -> LaunchConfig:
     plan, training = estimate.plan, estimate.training
-    fields = mcore_parallel_fields(plan, moe=estimate.model.is_moe)
+    fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
     notes = []
     if plan.zero >= 2:
         notes.append(f"zero={plan.zero}: verl's Megatron backend shards only the optimizer "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels.errors import InputError
-from costmodels.plan import Plan, PlanArrays, Recompute, as_plan_arrays
+from costmodels.plan import Plan, PlanArrays, Recompute, as_plan_arrays, embedding_loss_slots
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 
@@ -102,7 +102,14 @@ def _layers(ctx: Context, p: PlanArrays) -> np.ndarray:
     single = p.pp == 1
     ends_ok = np.where(single, (p.first_stage_layers == 0) & (p.last_stage_layers == 0), True)
     whole = (middle >= 0) & ((middle_stages == 0) | (middle >= 1)) & (first >= 1) & (last >= 1)
-    chunks = (first % p.vpp == 0) & (last % p.vpp == 0) & ((middle_stages == 0) | (middle % p.vpp == 0))
+    # an end stage one layer lighter than the middle counts the embedding (loss) as a layer when interleaved
+    embedding_slot, loss_slot = embedding_loss_slots(num_layers, p)
+    chunks = (((first + embedding_slot) % p.vpp == 0) & ((last + loss_slot) % p.vpp == 0)
+              & ((middle_stages == 0) | (middle % p.vpp == 0)))
+    # Megatron-Core takes either the slot split or explicit end stages, not both (get_num_layers_to_build asserts)
+    mixed = ((embedding_slot & (p.last_stage_layers > 0) & ~loss_slot)
+             | (loss_slot & (p.first_stage_layers > 0) & ~embedding_slot))
+    chunks = chunks & ~mixed
     return (p.pp <= num_layers) & ends_ok & np.where(single, num_layers % p.vpp == 0, whole & chunks)
 
 
@@ -123,9 +130,18 @@ def _explain_layers(ctx: Context, plan: Plan) -> str | None:
             return f"the {rest} layers left after the first/last stages do not split evenly over {middle_stages} stages"
         return (f"pp={plan.pp} must divide num_layers={num_layers}; use one of "
                 f"{_divisors(num_layers)} or --first-stage-layers/--last-stage-layers")
-    stage_layers = [rest // middle_stages] * middle_stages + explicit if middle_stages else explicit
+    embedding_slot, loss_slot = (bool(slot) for slot in embedding_loss_slots(num_layers, plan))
+    if (embedding_slot and plan.last_stage_layers and not loss_slot) or \
+            (loss_slot and plan.first_stage_layers and not embedding_slot):
+        return ("an end stage one layer lighter than the middle (the embedding or loss counted as a layer) cannot be "
+                "combined with an explicit other end (Megatron-Core takes one or the other)")
+    slotted = [count + 1 if (embedding_slot and i == 0) or (loss_slot and i == len(explicit) - 1) else count
+               for i, count in enumerate(explicit)]
+    stage_layers = ([rest // middle_stages] * middle_stages if middle_stages else []) + slotted
     if any(count % plan.vpp for count in stage_layers):
-        return f"vpp={plan.vpp} must divide the layers of every stage ({sorted(set(stage_layers))})"
+        slot_hint = (f", or an end stage of {rest // middle_stages - 1} layers (the embedding or loss counts as one)"
+                     if middle_stages and (rest // middle_stages) % plan.vpp == 0 else "")
+        return f"vpp={plan.vpp} must divide the layers of every stage ({sorted(set(stage_layers))}){slot_hint}"
     return None
 
 

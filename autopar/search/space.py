@@ -26,6 +26,9 @@ written 0 ("as the middle"), so (0, 0) is the even split when pp divides L. With
 the lighter end is given, (x, 0) or (0, x), with x = L - ceil(L/2) or one less. Examples: DeepSeek-V3, 61 layers on
 pp 16: m = 4, r = 5: (1, 0), (2, 3), (3, 2), (0, 1); Llama-3.1-405B, 126 layers on pp 16: m = 8, r = 14:
 (6, 0), (7, 7), (0, 6); with m = 9 the ends share 0 layers, so none. At most ~3·pp splits per pp.
+With interleaving, an end of exactly m - 1 layers counts the embedding (first) or the loss (last) as its missing
+layer, Megatron-Core's --account-for-embedding/loss-in-pipeline-split (the `layers` rule, costmodels.plan
+.embedding_loss_slots): Llama-3.1-405B's (7, 7) on pp 16 interleaves with vpp 2, 4 or 8.
 """
 
 from __future__ import annotations
