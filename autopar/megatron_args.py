@@ -307,6 +307,10 @@ def _slot_split(pp: int, num_layers: int | None, embedding_slot: bool, loss_slot
         raise InputError(INPUT_NAME, f"{num_layers} layers + {slots} embedding/loss slot(s) do not split over "
                                      f"pp={pp} stages evenly (Megatron-LM asserts so)")
     per_rank = (num_layers + slots) // pp
+    if per_rank < 2:
+        raise InputError(INPUT_NAME, f"{num_layers} layers + {slots} embedding/loss slot(s) over pp={pp} stages leave "
+                                     "an end stage without a decoder layer, which autopar cannot represent; use a "
+                                     "smaller --pipeline-model-parallel-size")
     return (per_rank - 1 if embedding_slot else 0), (per_rank - 1 if loss_slot else 0)
 
 
@@ -429,6 +433,10 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     slots = int(embedding_slot) + int(loss_slot)
     vpp = _virtual_stages(flags, pp, layer_count, uneven=bool(first or last), slots=slots)
     if slots and pp > 1:
+        if pp == 2 and slots == 2 and vpp > 1:   # no middle stage to measure the lighter ends against
+            raise InputError(INPUT_NAME, "--account-for-embedding-in-pipeline-split with "
+                                         "--account-for-loss-in-pipeline-split on pp=2 with interleaving is not "
+                                         "supported; describe the split with --decoder-first/last-pipeline-num-layers")
         first, last = _slot_split(pp, layer_count(), embedding_slot, loss_slot)
     sp = bool(flags.get("--sequence-parallel"))
     if sp and tp == 1:

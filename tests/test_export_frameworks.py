@@ -3,6 +3,7 @@ framework cannot express is said (as comments where the syntax has them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 
@@ -52,10 +53,20 @@ def test_embedding_and_loss_slots_follow_megatron_core():
     fields = mcore_parallel_fields(plan, 126, moe=False)
     assert fields["account_for_embedding_in_pipeline_split"] and fields["account_for_loss_in_pipeline_split"]
     assert fields["num_layers_in_first_pipeline_stage"] is None and fields["num_layers_in_last_pipeline_stage"] is None
+    # every Megatron-Core based export carries the slot split (NeMo 2, Megatron-Bridge, verl), torchtitan its chunks
+    estimate = estimate_of(plan, model=dataclasses.replace(dense_model(), num_layers=126), num_gpus=128,
+                           training=TrainingSpec(seq_len=4096, global_batch_size=256))
+    for framework in ("nemo", "bridge", "verl"):
+        text = emit(estimate, framework)
+        assert "account_for_embedding_in_pipeline_split" in text and "account_for_loss_in_pipeline_split" in text
+        assert "num_layers_in_first_pipeline_stage" not in text, framework
+    megatron = emit(estimate, "megatron")
+    assert "--account-for-embedding-in-pipeline-split" in megatron and "--decoder-first" not in megatron
+    assert '"layers.1", "layers.3"' in emit(estimate, "torchtitan")
     # without interleaving the same split is an ordinary uneven one
     plain = Plan(tp=8, pp=16, sp=True, first_stage_layers=7, last_stage_layers=7)
     assert chunk_layers_in_model_order(126, plain) == [7] + [8] * 14 + [7]
-    assert "account_for_embedding_in_pipeline_split" not in mcore_parallel_fields(plain, 126, moe=False)
+    assert mcore_parallel_fields(plain, 126, moe=False)["account_for_embedding_in_pipeline_split"] is None
     assert mcore_parallel_fields(plain, 126, moe=False)["num_layers_in_first_pipeline_stage"] == 7
 
 

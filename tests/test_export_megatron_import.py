@@ -103,6 +103,12 @@ def test_embedding_and_loss_slots_are_read_as_lighter_end_stages():
     with pytest.raises(InputError, match="do not split over pp=16"):
         parse_megatron_args("--num-layers 125 --pipeline-model-parallel-size 16 "
                             "--account-for-embedding-in-pipeline-split")
+    with pytest.raises(InputError, match="without a decoder layer"):     # (15 + 1) / 16 = 1 slot per rank
+        parse_megatron_args("--num-layers 15 --pipeline-model-parallel-size 16 "
+                            "--account-for-embedding-in-pipeline-split")
+    with pytest.raises(InputError, match="pp=2 with interleaving"):
+        parse_megatron_args("--num-layers 6 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+                            "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
 
 
 @pytest.mark.parametrize("flags, zero", [

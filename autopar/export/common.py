@@ -89,8 +89,8 @@ def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True) -> dict
     expert_*: only for MoE models (`moe`) or when the plan sets them.
     virtual_pipeline_model_parallel_size: None for plain 1F1B (Megatron stores None, not 1).
     num_layers_in_first/last_pipeline_stage: Megatron-Core TransformerConfig (uneven pipeline split);
-    account_for_embedding/loss_in_pipeline_split instead, for a plan whose end stages count the embedding or loss as
-    a layer (`pipeline_slots`).
+    account_for_embedding/loss_in_pipeline_split (True, else None) instead, for a plan whose end stages count the
+    embedding or loss as a layer (`pipeline_slots`).
     recompute_*: TransformerConfig; full recompute of every layer is method 'uniform' with 1 layer per unit,
     partial full recompute (recompute_layers = k) is method 'block' with k layers per (virtual) stage.
     """
@@ -106,9 +106,10 @@ def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True) -> dict
         "num_layers_in_last_pipeline_stage": (plan.last_stage_layers or None) if is_uneven(plan) else None,
     }
     embedding, loss = pipeline_slots(num_layers, plan)
-    if embedding or loss:   # the split is Megatron-Core's slot split, which excludes explicit end stages
-        fields.update(num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
-                      account_for_embedding_in_pipeline_split=embedding, account_for_loss_in_pipeline_split=loss)
+    fields.update(account_for_embedding_in_pipeline_split=embedding or None,
+                  account_for_loss_in_pipeline_split=loss or None)
+    if embedding or loss:   # the slot split excludes explicit end stages (Megatron-Core asserts so)
+        fields.update(num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None)
     if not moe and plan.ep == 1 and plan.etp == plan.tp:
         del fields["expert_model_parallel_size"], fields["expert_tensor_parallel_size"]
     fields.update(mcore_recompute_fields(plan))

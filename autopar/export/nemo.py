@@ -56,6 +56,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
                  f"trainer.devices={min(cluster.gpus_per_node, cluster.num_gpus)}"]
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
     for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "recompute_granularity", "recompute_method", "recompute_num_layers"):
         if fields[name] is not None:
             overrides.append(f"model.config.{name}={_value(fields[name])}")

@@ -24,6 +24,7 @@ MEGATRON_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
                    "expert_tensor_parallel_size", "sequence_parallel")
 OVERRIDE_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                    "recompute_granularity", "recompute_method", "recompute_num_layers")
 
 
