@@ -95,6 +95,7 @@ from costmodels.comm import dp_cp_group, group_collective_time_s, pp_group, tp_g
 from costmodels.compute import layer_times_s
 from costmodels.memory import in_flight_microbatches
 from costmodels.params import stage_params_per_gpu
+from costmodels.steptime import candidate_stages
 from costmodels.plan import PlanArrays
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -360,16 +361,14 @@ def data_parallel_tables(model: ModelSpec, cluster: ClusterSpec, domains: dict[s
     overlap window and ZeRO-2/3 terms), plus the HBM-bound Adam step (costmodels.steptime.optimizer_s).
     MS: weights (2 B), gradients (4 B) and optimizer states (12 B) per parameter, ZeRO-sharded over dp·cp
     (costmodels.memory weights_bytes, gradients_bytes, optimizer_states_bytes). Both take the largest parameter
-    count of the 4 candidate stages (costmodels.params.stage_params_per_gpu on steptime._candidate_stages).
+    count of the 4 candidate stages (costmodels.params.stage_params_per_gpu on steptime.candidate_stages).
     Valid: the pipeline splits and rules.world."""
     knobs = ("tp", "cp", "pp", "first_stage_layers", "last_stage_layers", "zero")
     grid = _grid(domains, knobs)
     shape = grid["tp"].shape
     plans = _plans(grid)
     num_gpus, profile = cluster.num_gpus, cluster.profile
-    last = plans.pp - 1
-    stages = [np.zeros(len(plans), np.int64), np.minimum(1, last), np.maximum(last - 1, 0), last]
-    params = np.max([stage_params_per_gpu(model, plans, stage)[0] for stage in stages], axis=0)
+    params = np.max([stage_params_per_gpu(model, plans, stage)[0] for stage in candidate_stages(plans)], axis=0)
     shards = np.maximum(num_gpus // (plans.tp * plans.cp * plans.pp), 1) * plans.cp
     zero = plans.zero
     static_bytes = params * (2 / np.where(zero >= 3, shards, 1) + 4 / np.where(zero >= 2, shards, 1)

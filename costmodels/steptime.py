@@ -94,7 +94,7 @@ class StageMicrobatch:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-def _candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
+def candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
     """First, second, second-to-last and last rank: the stages that can differ (embedding, logits, uneven split)."""
     last = plans.pp - 1
     return [np.zeros_like(last), np.minimum(1, last), np.maximum(last - 1, 0), last]
@@ -274,7 +274,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
         raise InputError("precision", f"{profile.name} does not support {training.precision.value}; use bf16")
     times = compute_model.layer_times_s(model, profile, training, plans)
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
-    stages = _candidate_stages(plans)
+    stages = candidate_stages(plans)
     per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
 
     def worst(values):
