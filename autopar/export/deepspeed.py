@@ -48,8 +48,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     notes = [f"{TARGET_VERSIONS['deepspeed']} config; "
              f"train_batch_size = {plan.mbs} x {accumulation} x world size {world} (DeepSpeed's count: "
              + ("the pipeline topology's data-parallel size)" if plan.pp > 1 else
-                f"every rank, so {plan.tp} tensor-parallel ranks of a replica each count; the plan's global batch "
-                f"is {training.global_batch_size} sequences)")]
+                f"every rank{f', so the {plan.tp} AutoTP ranks of a replica each count' if plan.tp > 1 else ''}; the "
+                f"plan's global batch is {training.global_batch_size} sequences)")]
     if plan.pp > 1:
         notes.append(f"pp={plan.pp}: pipeline stages are set in code: deepspeed.pipe.PipelineModule(layers, "
                      f"num_stages={plan.pp}, partition_method='uniform'"

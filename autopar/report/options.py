@@ -180,7 +180,7 @@ def write_outputs(args: argparse.Namespace, result: "ParetoFront | Estimate", st
         (err if getattr(args, "json", False) else out).write(config.text)
         if config.framework == "deepspeed":  # JSON has no comments: the notes go to stderr
             for note in config.unexpressed:
-                print(f"# not expressible in DeepSpeed's config: {note}", file=err)
+                print(f"# deepspeed: {note}", file=err)
 
 
 def chosen_point(result: "ParetoFront | Estimate", pick: int) -> "Estimate":
