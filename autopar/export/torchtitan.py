@@ -109,6 +109,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
               f"    config.training.global_batch_size = {training.global_batch_size}",
               f"    config.training.seq_len = {training.seq_len}",
               '    config.training.mixed_precision_param = "bfloat16"']
+    if plan.pp > 1:   # torchtitan's TrainingConfig refuses CUDA graphs with pipeline parallelism
+        lines.append("    config.training.disable_cuda_graphs = True")
     if plan.recompute is Recompute.FULL:
         lines.append("    config.activation_checkpoint = FullAC.Config()")
     else:

@@ -74,6 +74,9 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                  f"trainer.n_gpus_per_node={min(cluster.gpus_per_node, cluster.num_gpus)}",
                  f"data.train_batch_size={training.global_batch_size}",
                  "actor_rollout_ref.rollout.n=1",
+                 # the log-prob passes (rollout, reference) run on the same layout: the plan's micro-batch
+                 f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={plan.mbs}",
+                 f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={plan.mbs}",
                  f"{ACTOR}.strategy=megatron",
                  f"{ACTOR}.ppo_mini_batch_size={training.global_batch_size}",
                  f"{ACTOR}.ppo_micro_batch_size_per_gpu={plan.mbs}",
