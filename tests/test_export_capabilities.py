@@ -74,3 +74,19 @@ def test_unsupported_is_an_input_error_with_the_reasons():
     error = Unsupported("deepspeed", Plan(tp=2, cp=2, sp=True), ("cp > 1: no ring CP",))
     assert isinstance(error, InputError)  # the CLI's exit 2 channel
     assert error.reasons == ("cp > 1: no ring CP",) and "--framework deepspeed" in str(error)
+
+
+def test_a_refusal_names_the_nearest_plan_the_framework_runs_with_its_cost():
+    model, training = moe_model(), TrainingSpec(seq_len=4096, global_batch_size=256)
+    front = autopar.solve(model, cluster(16), training)
+    ctx = Context(model, cluster(16), training)
+    refused_point = next(p for p in front.points if refusals(ctx, p.plan, "deepspeed"))
+    with pytest.raises(Unsupported) as caught:
+        launch_config(refused_point, "deepspeed")
+    message = str(caught.value.with_nearest(refused_point))
+    restricted = autopar.solve(model, cluster(16), training, framework="deepspeed").points
+    within = [p for p in restricted if p.peak_memory_bytes <= refused_point.peak_memory_bytes]
+    nearest = within[0] if within else min(restricted, key=lambda p: p.peak_memory_bytes)
+    assert f"the nearest plan it can run is '{nearest.plan.short()}'" in message
+    assert f"predicted {nearest.step_time_s:.2f} s per step" in message
+    assert not refusals(ctx, nearest.plan, "deepspeed")

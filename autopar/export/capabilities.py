@@ -38,9 +38,31 @@ class Unsupported(InputError):
     def __init__(self, framework: str, plan: Plan, reasons: tuple[str, ...]) -> None:
         self.framework = framework
         self.reasons = tuple(reasons)
+        self.plan = plan
         super().__init__("emit", f"{framework} ({TARGET_VERSIONS[framework]}) cannot run plan '{plan.short()}': "
                                  f"{'; '.join(self.reasons)}. Search only the plans it can run with "
                                  f"`autopar solve ... --framework {framework}`")
+
+    def with_nearest(self, estimate) -> "Unsupported":
+        """The same refusal, naming the nearest plan the framework can run: the fastest point of the front searched
+        for it (`solve(..., framework=...)`) whose peak memory is at most the refused plan's, else its leanest point,
+        with its predicted cost. Solving takes a moment, so only the CLI asks for it."""
+        from autopar.errors import Infeasible
+        from autopar.search.solve import solve
+
+        try:
+            front = solve(estimate.model, estimate.cluster, estimate.training, framework=self.framework).points
+        except Infeasible:
+            return self
+        within = [p for p in front if p.peak_memory_bytes <= estimate.peak_memory_bytes]
+        nearest = within[0] if within else min(front, key=lambda p: p.peak_memory_bytes)
+        refused = Unsupported(self.framework, self.plan, self.reasons)
+        refused.message += (f"; the nearest plan it can run is '{nearest.plan.short()}' (predicted "
+                            f"{nearest.step_time_s:.2f} s per step, peak {nearest.peak_memory_bytes / 2**30:.1f} GiB "
+                            f"per GPU, against {estimate.step_time_s:.2f} s and "
+                            f"{estimate.peak_memory_bytes / 2**30:.1f} GiB): rerun with --framework {self.framework}")
+        refused.args = (f"{refused.field}: {refused.message}",)
+        return refused
 
 
 # ---- the knob conditions, vectorised over many plans (PlanArrays) ------------------------------------------------

@@ -340,7 +340,7 @@ def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[s
     model = estimate.model
     shape = dict(num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
                  num_attention_heads=model.num_attention_heads, num_query_groups=model.num_kv_heads,
-                 kv_channels=model.head_dim)
+                 kv_channels=model.head_dim, add_bias_linear=model.linear_bias)
     if estimate.plan.pp > 1:   # every recipe sets the pipeline's dtype (NeMo 2: pipeline_dtype; Bridge recipes too)
         import torch
 
