@@ -9,7 +9,7 @@ import autopar
 from autopar.errors import Infeasible
 from autopar.export import FRAMEWORKS, launch_config
 from autopar.export.capabilities import CAPABILITIES, TARGET_VERSIONS, Unsupported, framework_rules, refusals
-from autopar.search.rules import Context
+from costmodels.rules import Problem as Context
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.specs import TrainingSpec

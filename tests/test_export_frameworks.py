@@ -11,7 +11,7 @@ import pytest
 
 from autopar.export import FRAMEWORKS, emit, framework_name, launch_config
 from autopar.export.capabilities import TARGET_VERSIONS, Unsupported, refusals
-from autopar.search.rules import Context
+from costmodels.rules import Problem as Context
 from autopar.export.common import chunk_layers_in_model_order, mcore_parallel_fields, stage_layers
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute

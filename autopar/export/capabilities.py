@@ -1,6 +1,6 @@
 """What each training framework can run: one capability table per framework, as vectorised rules.
 
-A plan autopar finds is a Megatron-Core plan (the rules in autopar/search/rules.py are Megatron's). Every other
+A plan autopar finds is a Megatron-Core plan (the rules in costmodels/rules.py are Megatron's). Every other
 framework runs only part of that space; its table here lists, knob by knob, what it lacks, with the source that
 says so. The same `Rule` objects serve three callers:
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.search.rules import Context, Rule
+from costmodels.rules import Problem as Context, Rule
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
 

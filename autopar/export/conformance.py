@@ -51,7 +51,7 @@ from unittest import mock
 from autopar.export import launch_config
 from autopar.export.capabilities import Unsupported
 from autopar.export.common import LaunchConfig, gradient_accumulation_steps, stage_layers
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 
 OUTCOMES = ("accepted", "refused_with_reason", "rejected", "silently_changed")

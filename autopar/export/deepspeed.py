@@ -26,7 +26,7 @@ import json
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import LaunchConfig, gradient_accumulation_steps
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 from costmodels.specs import Precision
 

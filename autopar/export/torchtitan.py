@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import LaunchConfig, chunk_layers_in_model_order, one_line, plan_caption
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 from costmodels.specs import ModelSpec, Precision
 

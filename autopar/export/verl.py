@@ -27,7 +27,7 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, mcore_parallel_fields, one_line,
                                    plan_caption)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.specs import Precision
 
 SOURCES = ("volcengine/verl verl/trainer/config/ppo_megatron_trainer.yaml",
