@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import json
 import re
 
@@ -86,7 +87,7 @@ def test_deepspeed_rejects_the_old_batch_accounting():
     import autopar
 
     case = FRONT_CASES[0]
-    point = autopar.estimate(autopar.load_model(case.model), autopar.Cluster(gpu=case.gpu, num_gpus=case.num_gpus),
+    point = autopar.estimate(autopar.load_model(case.model), autopar.make_cluster(gpu=case.gpu, num_gpus=case.num_gpus),
                              autopar.Training(seq_len=case.seq_len, global_batch_size=case.global_batch_size),
                              autopar.Plan(tp=4, sp=False, zero=1))
     text = launch_config(point, "deepspeed").text

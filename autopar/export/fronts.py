@@ -35,6 +35,6 @@ def solve_case(case: FrontCase, framework: str | None = None):
     import autopar
 
     model = autopar.load_model(case.model)
-    cluster = autopar.Cluster(gpu=case.gpu, num_gpus=case.num_gpus)
+    cluster = autopar.make_cluster(gpu=case.gpu, num_gpus=case.num_gpus)
     training = autopar.Training(seq_len=case.seq_len, global_batch_size=case.global_batch_size)
     return autopar.solve(model, cluster, training, framework=framework)
