@@ -175,3 +175,12 @@ def test_the_flag_names_are_megatron_lms():
     parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     options = {option for action in parser._actions for option in action.option_strings}
     assert MEGATRON_FLAGS <= options, sorted(MEGATRON_FLAGS - options)
+
+
+def test_the_launch_line_is_read_as_megatron_would_see_it():
+    env, flags = megatron_command("# comment\nCUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 pretrain_gpt.py "
+                                  "\\\n    --tensor-model-parallel-size 2 \\\n    --moe-layer-freq '([0]*3+[1]*58)'\n")
+    assert env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert flags == ["--tensor-model-parallel-size", "2", "--moe-layer-freq", "([0]*3+[1]*58)"]
+    env, _ = megatron_command("env -u CUDA_DEVICE_MAX_CONNECTIONS torchrun pretrain_gpt.py --bf16")
+    assert env == {"CUDA_DEVICE_MAX_CONNECTIONS": None}

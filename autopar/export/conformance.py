@@ -376,14 +376,15 @@ NEMO_STRATEGY_PARAMETERS = frozenset({
 })
 """MegatronStrategy's parameters: `trainer.strategy.<name>=` overrides NeMo 2 accepts."""
 
-NEMO_STRATEGY_PARALLELISM = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                             "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                             "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
-                             "expert_model_parallel_size", "expert_tensor_parallel_size",
-                             "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                             "pipeline_model_parallel_layout")
-"""MegatronStrategy.parallelism's fields that NeMo copies onto the model's TransformerConfig at setup
-(nemo/lightning/pytorch/strategies/megatron_strategy.py `parallelism`, nemo/lightning/megatron_parallel.py)."""
+NEMO_STRATEGY_PARALLELISM = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                             "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
+                             "virtual_pipeline_model_parallel_size": None, "context_parallel_size": 1,
+                             "sequence_parallel": False, "expert_model_parallel_size": 1,
+                             "expert_tensor_parallel_size": None, "account_for_embedding_in_pipeline_split": False,
+                             "account_for_loss_in_pipeline_split": False, "pipeline_model_parallel_layout": None}
+"""MegatronStrategy.parallelism's fields, with MegatronStrategy.__init__'s defaults, that NeMo copies onto the model's
+TransformerConfig at setup, whether the user set them or not (nemo/lightning/pytorch/strategies/megatron_strategy.py
+`parallelism`, nemo/lightning/megatron_parallel.py)."""
 
 NEMO_GPT_CONFIG_FIELDS = frozenset({"seq_length"})
 """GPTConfig's own fields beside TransformerConfig's (nemo/collections/llm/gpt/model/base.py GPTConfig)."""
@@ -426,7 +427,8 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
         elif name not in NEMO_OTHER_KEYS.get(section, ()):
             raise KeyError(f"unknown NeMo 2 recipe key {key!r}")
     # NeMo's setup: the strategy's parallelism overwrites model.config (so split fields there would be lost)
-    final = {**model_config, **{name: strategy[name] for name in NEMO_STRATEGY_PARALLELISM if name in strategy}}
+    final = {**model_config, **{name: strategy.get(name, default) for name, default in
+                                NEMO_STRATEGY_PARALLELISM.items()}}
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
             + _transformer_config(estimate, final))
 
