@@ -294,3 +294,15 @@ def test_expert_gradients_alone_need_the_overlap():
     # MoE, 8 GPUs, tp 8: dense dp·cp = 1, but experts with ep 1, etp 1 reduce over edp = 8 / (1·1·1) = 8
     estimate = estimate_of(Plan(tp=8, sp=True, ep=1, etp=1, zero=1), num_gpus=8)
     assert "--overlap-grad-reduce" in emit(estimate, "megatron")
+
+
+def test_torchtitan_bf16_plan_does_not_start_from_a_float8_config():
+    # torchtitan 0.3.0's llama3_405b converts linears to float8 (torchao, SM89+); a bf16 plan starts from the bf16
+    # llama3 config with the 405B model instead, so the precision run is the plan's
+    model = dataclasses.replace(dense_model(), name="llama-3.1-405b")
+    text = emit(estimate_of(Plan(tp=8, sp=True, zero=3), model), "torchtitan")
+    assert "import llama3_70b as base_config" in text and 'model_registry("405B")' in text
+    assert "llama3_405b as base_config" not in text
+    fp8 = estimate_of(Plan(tp=8, sp=True, zero=3), model, training=TrainingSpec(seq_len=4096, global_batch_size=512,
+                                                                              precision=Precision.FP8))
+    assert "llama3_405b as base_config" in emit(fp8, "torchtitan")

@@ -30,22 +30,26 @@ from costmodels.specs import ModelSpec, Precision
 SOURCES = ("pytorch/torchtitan torchtitan/config/configs.py", "pytorch/torchtitan torchtitan/config/manager.py",
            "pytorch/torchtitan torchtitan/distributed/pipeline_parallel.py")
 
-REGISTRY_CONFIGS = (  # (words in the model name, torchtitan 0.3.0 config_registry module, function)
-    (("deepseek", "v3"), "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_671b"),
-    (("llama", "405b"), "torchtitan.models.llama3.config_registry", "llama3_405b"),
-    (("llama", "70b"), "torchtitan.models.llama3.config_registry", "llama3_70b"),
-    (("llama", "8b"), "torchtitan.models.llama3.config_registry", "llama3_8b"),
-    (("qwen3", "14b"), "torchtitan.models.qwen3.config_registry", "qwen3_14b"),
+REGISTRY_CONFIGS = (  # (words in the model name, torchtitan 0.3.0 model package, config function, flavor, bf16 base)
+    (("deepseek", "v3"), "torchtitan.models.deepseek_v3", "deepseek_v3_671b", "671B", None),
+    (("llama", "405b"), "torchtitan.models.llama3", "llama3_405b", "405B", "llama3_70b"),
+    (("llama", "70b"), "torchtitan.models.llama3", "llama3_70b", "70B", None),
+    (("llama", "8b"), "torchtitan.models.llama3", "llama3_8b", "8B", None),
+    (("qwen3", "14b"), "torchtitan.models.qwen3", "qwen3_14b", "14B", None),
 )
-"""The torchtitan model config a plan starts from, by model name; none matched: torchtitan's defaults."""
+"""The torchtitan model config a plan starts from, by model name (none matched: torchtitan's defaults). A config that
+converts the model's linears to float8 (llama3_405b: Float8LinearConverter, which needs torchao and an SM89+ GPU
+even to build the config) is not a bf16 plan's: a bf16 plan starts from the named bf16 config of the same family and
+swaps in the model (`model_registry(flavor)`), so precision is the plan's, not the recipe's."""
 
 
-def registry_config(model: ModelSpec) -> tuple[str, str] | None:
+def registry_config(model: ModelSpec) -> tuple[str, str, str, bool] | None:
+    """(model package, config function, flavor, bf16 base config or None) of the matching torchtitan config."""
     name = model.name.lower().replace("-", " ").replace("_", " ").replace(".", " ")
     words = set(name.split())
-    for keys, module, function in REGISTRY_CONFIGS:
+    for keys, package, function, flavor, fp8 in REGISTRY_CONFIGS:
         if all(any(key in word for word in words) for key in keys):
-            return module, function
+            return package, function, flavor, fp8
     return None
 
 
@@ -99,10 +103,18 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
         lines += [f"# torchtitan has no registry config for {one_line(model.name)}: start from its defaults and set",
                   "# model_spec to your model", "from torchtitan.trainer import Trainer", "",
                   "base_config = Trainer.Config"]
+    elif base[3] is not None and training.precision is not Precision.FP8:
+        lines += [f"# torchtitan's {base[1]} converts linears to float8; this plan is bf16: the bf16 {base[3]} "
+                  f"config with the {base[2]} model",
+                  f"from {base[0]}.config_registry import {base[3]} as base_config",
+                  f"from {base[0]} import model_registry"]
     else:
-        lines += [f"from {base[0]} import {base[1]} as base_config  # torchtitan's config for "
+        lines += [f"from {base[0]}.config_registry import {base[1]} as base_config  # torchtitan's config for "
                   f"{one_line(model.name)}"]
-    lines += ["", "", "def autopar_plan():", "    config = base_config()", "    config.parallelism = ParallelismConfig("]
+    lines += ["", "", "def autopar_plan():", "    config = base_config()"]
+    if base is not None and base[3] is not None and training.precision is not Precision.FP8:
+        lines.append(f'    config.model_spec = model_registry("{base[2]}")')
+    lines += ["    config.parallelism = ParallelismConfig("]
     lines += [f"        {name}={value!r}," for name, value in parallelism]
     lines += ["    )",
               f"    config.training.local_batch_size = {local_batch}",
