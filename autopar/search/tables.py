@@ -125,8 +125,9 @@ def time_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Context,
     return pipelined, others, factor
 
 
-def memory_roles(ctx: Context, space: SearchSpace) -> int:
-    """Number of candidate-worst-rank roles over every pipeline split in the space (>= 2: first and last)."""
+def candidate_stage_count(ctx: Context, space: SearchSpace) -> int:
+    """How many candidate worst stages (memory.candidate_worst_stages) the model needs to cover every pipeline split
+    in the space (>= 2: the first stage and the last)."""
     splits = np.array(space.splits, dtype=np.int64).reshape(-1, 3)
     plans = plan_arrays({"pp": splits[:, 0], "first_stage_layers": splits[:, 1],
                          "last_stage_layers": splits[:, 2]})
@@ -136,24 +137,30 @@ def memory_roles(ctx: Context, space: SearchSpace) -> int:
 
 def memory_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Context, rules: Sequence[Rule]
                   ) -> tuple[list[list[Table]], list[Table]]:
-    """(per role: the stage groups' tables, the shared groups' tables)."""
-    num_roles = memory_roles(ctx, space)
+    """(for each candidate worst stage: the stage groups' tables, the stage-independent groups' tables).
+
+    Candidate j is a fixed position in objective.memory_stage_roles' list: 0 the first stage, the last one the
+    last stage (rank pp-1), those between the middle ranks an MoE model's dense-first layers make distinct. Which
+    rank candidate j is depends on a few knobs, added to every table of that candidate: none for the first stage,
+    pp for the last, the pipeline split for a middle one."""
+    num_candidates = candidate_stage_count(ctx, space)
     moe = ctx.model.moe is not None
-    per_role: list[list[Table]] = []
-    for role in range(num_roles):
-        role_knobs: tuple[str, ...] = () if role == 0 else (
-            objective.SPLIT_KNOBS if (moe and role < num_roles - 1) else ("pp",))
+    per_candidate: list[list[Table]] = []
+    for candidate in range(num_candidates):
+        rank_knobs: tuple[str, ...] = () if candidate == 0 else (
+            objective.SPLIT_KNOBS if (moe and candidate < num_candidates - 1) else ("pp",))
         tables = []
         for group in structure.stage_memory_groups:
-            knobs = expand_knobs(group.knobs + role_knobs, space)
+            knobs = expand_knobs(group.knobs + rank_knobs, space)
             columns = valid_rows(knobs, space, ctx, rules)
             plans = plan_arrays(_with_etp(columns, space))
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                stage = objective.memory_stage_roles(ctx.model, plans, num_roles)[role] if len(plans) else 0
+                stage = objective.memory_stage_roles(ctx.model, plans, num_candidates)[candidate] \
+                    if len(plans) else 0
                 terms = memory.memory_terms_bytes(ctx.model, ctx.cluster, ctx.training, plans, stage)
             units = _safe_units(objective.memory_group_units, terms, group)
-            tables.append(_finite(_as_table(f"memory[{role}]:{'+'.join(group.terms)}", knobs, columns, units)))
-        per_role.append(tables)
+            tables.append(_finite(_as_table(f"memory[{candidate}]:{'+'.join(group.terms)}", knobs, columns, units)))
+        per_candidate.append(tables)
     shared = []
     for group in structure.shared_memory_groups:
         knobs = expand_knobs(group.knobs, space)
@@ -163,7 +170,7 @@ def memory_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Contex
             terms = memory.memory_terms_bytes(ctx.model, ctx.cluster, ctx.training, plans, 0)
         units = _safe_units(objective.memory_group_units, terms, group)
         shared.append(_as_table(f"memory:{'+'.join(group.terms)}", knobs, columns, units))
-    return per_role, shared
+    return per_candidate, shared
 
 
 def _safe_units(convert, terms, group: TermGroup) -> np.ndarray:
