@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-import fidelity_time  # noqa: E402
+from benchmarks import fidelity_time  # noqa: E402
 from costmodels.hardware import HardwareProfile, LinkSpec, load_profile  # noqa: E402
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
@@ -39,7 +40,10 @@ from autopar.results import GIB, Estimate
 from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import TrainingSpec
-from reference import reference_dir  # benchmarks/ is on sys.path (run as a script, or added by the tests)
+
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
+from benchmarks.reference import reference_dir  # noqa: E402
 
 TOLERANCE = 0.10
 HEADROOM = 0.1

@@ -7,14 +7,9 @@ peak memory. What the search is given, and why, is in the benchmark's docstring.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import published_layouts  # noqa: E402  (benchmarks/ is on sys.path)
+from benchmarks import published_layouts
 
 # Rows where the model disagrees with the published choice (issue 4 stays open on them): the model puts tp2 or tp4
 # with interleaved PP 16-24% ahead of the published tp8 for the three models of hidden size 6144 and 8192, while it
