@@ -25,7 +25,6 @@ from autopar.results import Estimate, ParetoFront
 from costmodels.hardware import HardwareProfile
 
 SCHEMA_VERSION = results.SCHEMA_VERSION
-SCHEMA_ID = "urn:autopar:schemas:front"
 SCHEMA_RESOURCE = "front.schema.json"
 
 

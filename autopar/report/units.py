@@ -95,11 +95,6 @@ def format_rate(per_second: float, unit: str = "tok/s", digits: int = 3) -> str:
     return f"{_significant(per_second, digits)} {unit}"
 
 
-def format_flops(flops_per_s: float, digits: int = 3) -> str:
-    """4.2e14 → '420 TFLOP/s'."""
-    return format_rate(flops_per_s, "FLOP/s", digits)
-
-
 def format_percent(fraction: float, decimals: int = 1) -> str:
     """0.4234 → '42.3%'."""
     special = _not_finite(float(fraction))
