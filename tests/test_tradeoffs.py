@@ -1,6 +1,6 @@
 """The Parallelism Strategies Guide's trade-offs emerge from the cost model (no rule forces them).
 
-Each test takes the search's own plan space and rules (autopar.search.space, autopar.search.rules), narrowed by
+Each test takes the search's own plan space and rules (autopar.search.space, costmodels.rules), narrowed by
 the same pins and bounds a user would give `autopar solve`, evaluates every plan with costmodels.evaluate.evaluate
 (memory and time), keeps the plans that fit in (1 - headroom) of HBM, and checks the guide's statement on the
 fastest ones.
@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from autopar.search.rules import Context, active_rules, structural_mask
+from costmodels.rules import Problem, active_rules, structural_mask
 from autopar.search.space import Controls, build_space, mixed_radix, plan_arrays
 from costmodels.evaluate import evaluate
 from costmodels.hardware import load_profile
@@ -29,13 +29,13 @@ LLAMA_3_1_70B = ModelSpec(name="llama-3.1-70b", hidden_size=8192, num_layers=80,
 def valid_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, fix=None, minimum=None,
                 maximum=None, relax: tuple[str, ...] = ()) -> PlanArrays:
     """Every plan of the search's own space (autopar.search.space.build_space) within `fix`/`minimum`/`maximum`
-    that keeps the search's own rules (autopar.search.rules), memory aside: what `autopar solve` would weigh."""
+    that keeps the search's own rules (costmodels.rules), memory aside: what `autopar solve` would weigh."""
     controls = Controls(fix=fix or {}, minimum=minimum or {}, maximum=maximum or {}, relax=relax)
     space = build_space(model, cluster, training, controls)
     factors = space.factors(("split", "recompute") + space.free_knobs)
     sizes = [len(values) for _, values in factors]
     plans = plan_arrays(space.columns_from_factors(factors, mixed_radix(sizes, 0, math.prod(sizes))))
-    keep = structural_mask(Context(model, cluster, training), plans, active_rules(relax))
+    keep = structural_mask(Problem(model, cluster, training), plans, active_rules(relax))
     assert keep.any()
     return plans.take(np.flatnonzero(keep))
 

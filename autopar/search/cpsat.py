@@ -37,7 +37,7 @@ import numpy as np
 
 from autopar.search import objective
 from autopar.search.objective import ObjectiveStructure
-from autopar.search.rules import Context, Rule
+from costmodels.rules import Problem, Rule
 from autopar.search.space import TIE_BREAK_ORDER, SearchSpace
 from autopar.search.tables import Table, memory_tables, rule_table, time_tables
 from costmodels.plan import PLAN_FIELDS, PlanArrays
@@ -133,14 +133,14 @@ def add_joint_domains(model: CpModel, knobs: Knobs, space: SearchSpace) -> None:
                                    np.ones(len(recompute_rows), np.int64)))
 
 
-def _add_rules(model: CpModel, knobs: Knobs, space: SearchSpace, ctx: Context, rules: Sequence[Rule]
+def _add_rules(model: CpModel, knobs: Knobs, space: SearchSpace, problem: Problem, rules: Sequence[Rule]
                ) -> dict[str, IntVar]:
     literals = {}
     for rule in rules:
         if rule.id == "memory":
             continue
         literal = model.new_bool_var(f"rule:{rule.id}")
-        add_table(model, knobs, rule_table(rule, space, ctx), enforce=literal)
+        add_table(model, knobs, rule_table(rule, space, problem), enforce=literal)
         literals[rule.id] = literal
     return literals
 
@@ -217,23 +217,23 @@ def _tie_break(model: CpModel, knobs: Knobs, space: SearchSpace) -> tuple[Linear
     return expr, weight
 
 
-def build_pareto_model(space: SearchSpace, ctx: Context, rules: Sequence[Rule], *, enforce_memory: bool = True,
+def build_pareto_model(space: SearchSpace, problem: Problem, rules: Sequence[Rule], *, enforce_memory: bool = True,
                        structure: ObjectiveStructure | None = None) -> ParetoModel:
     cp_model = _cp()
     start = time.perf_counter()
-    structure = structure or objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
+    structure = structure or objective.objective_structure(problem.model, problem.cluster, problem.training)
     model = cp_model.CpModel()
     knobs = knob_variables(model, space)
     add_joint_domains(model, knobs, space)
-    literals = _add_rules(model, knobs, space, ctx, rules)
+    literals = _add_rules(model, knobs, space, problem, rules)
     for literal in literals.values():
         model.add_bool_or([literal])                       # rules hold (an explaining model uses assumptions)
-    pipelined, others, factor = time_tables(structure, space, ctx, rules)
-    per_worst_stage, shared = memory_tables(structure, space, ctx, rules)
+    pipelined, others, factor = time_tables(structure, space, problem, rules)
+    per_worst_stage, shared = memory_tables(structure, space, problem, rules)
     time_var = _add_time(model, knobs, pipelined, others, factor)
     memory_var = _add_memory(model, knobs, per_worst_stage, shared)
     if enforce_memory and any(r.id == "memory" for r in rules):
-        model.add(memory_var <= objective.memory_limit_units(ctx.cluster.memory_limit_bytes))
+        model.add(memory_var <= objective.memory_limit_units(problem.cluster.memory_limit_bytes))
     tie_break, tie_range = _tie_break(model, knobs, space)
     rows = sum(len(t.values) for t in pipelined + others + [t for stage in per_worst_stage for t in stage] + shared)
     return ParetoModel(model=model, knobs=knobs, time_var=time_var, memory_var=memory_var, tie_break=tie_break,
@@ -337,6 +337,6 @@ def walk_front(pareto_model: ParetoModel, *, time_limit_s: float | None = None) 
                        table_rows=pareto_model.table_rows)
 
 
-def solve_cpsat(space: SearchSpace, ctx: Context, rules: Sequence[Rule], *,
+def solve_cpsat(space: SearchSpace, problem: Problem, rules: Sequence[Rule], *,
                 time_limit_s: float | None = None) -> CpsatResult:
-    return walk_front(build_pareto_model(space, ctx, rules), time_limit_s=time_limit_s)
+    return walk_front(build_pareto_model(space, problem, rules), time_limit_s=time_limit_s)
