@@ -94,7 +94,8 @@ def test_readme_python_example_prints_the_same_front(capsys, first_command):
     assert blocks, "README has no Python example"
     namespace = {"__name__": "readme_example"}
     exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102 - our own README
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
     front, est = namespace["front"], namespace["est"]
     # the loop prints one line per point, "plan  time s  memory GiB", fastest first
     printed = [re.fullmatch(r"(.+) ([\d.]+) s ([\d.]+) GiB", line) for line in lines[:len(front)]]
@@ -106,8 +107,8 @@ def test_readme_python_example_prints_the_same_front(capsys, first_command):
         assert float(match.group(2)) == pytest.approx(point["step_time_s"], abs=0.005)
         assert float(match.group(3)) == pytest.approx(point["peak_memory_bytes"] / GIB, abs=0.05)
     # then the estimate (fits, time terms, worst stage's memory terms) and the JSON document's first 200 characters
-    assert lines[len(front)].startswith(f"{est.fits} {{'compute': ")
-    assert lines[len(front) + 1] == front.to_json()[:200].splitlines()[0]
+    assert lines[len(front)] == f"{est.fits} {est.time_terms_s} {est.stages[est.worst_stage].terms_bytes}"
+    assert out.endswith("\n" + front.to_json()[:200] + "\n")
     assert sum(est.stages[est.worst_stage].terms_bytes.values()) == pytest.approx(est.peak_memory_bytes)
 
 
