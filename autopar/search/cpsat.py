@@ -179,11 +179,12 @@ def _add_time(model: CpModel, knobs: Knobs, pipelined: list[Table], others: list
     return time_var
 
 
-def _add_memory(model: CpModel, knobs: Knobs, per_worst_stage: list[list[Table]], shared: list[Table]) -> IntVar:
+def _add_memory(model: CpModel, knobs: Knobs, per_candidate_stage: list[list[Table]], shared: list[Table]
+                ) -> IntVar:
     """memory = max over the candidate worst stages of Σ that stage's tables, + Σ the stage-independent tables."""
     stage_vars = []
     lo_all, hi_all = [], []
-    for candidate, tables in enumerate(per_worst_stage):
+    for candidate, tables in enumerate(per_candidate_stage):
         expr, lo, hi = _sum_tables(model, knobs, tables, f"m_stage{candidate}_")
         var = model.new_int_var(lo, hi, f"memory_stage{candidate}")
         model.add(var == expr)
@@ -229,13 +230,14 @@ def build_pareto_model(space: SearchSpace, problem: Problem, rules: Sequence[Rul
     for literal in literals.values():
         model.add_bool_or([literal])                       # rules hold (an explaining model uses assumptions)
     pipelined, others, factor = time_tables(structure, space, problem, rules)
-    per_worst_stage, shared = memory_tables(structure, space, problem, rules)
+    per_candidate_stage, shared = memory_tables(structure, space, problem, rules)
     time_var = _add_time(model, knobs, pipelined, others, factor)
-    memory_var = _add_memory(model, knobs, per_worst_stage, shared)
+    memory_var = _add_memory(model, knobs, per_candidate_stage, shared)
     if enforce_memory and any(r.id == "memory" for r in rules):
         model.add(memory_var <= objective.memory_limit_units(problem.cluster.memory_limit_bytes))
     tie_break, tie_range = _tie_break(model, knobs, space)
-    rows = sum(len(t.values) for t in pipelined + others + [t for stage in per_worst_stage for t in stage] + shared)
+    stage_tables = [t for stage in per_candidate_stage for t in stage]
+    rows = sum(len(t.values) for t in pipelined + others + stage_tables + shared)
     return ParetoModel(model=model, knobs=knobs, time_var=time_var, memory_var=memory_var, tie_break=tie_break,
                        tie_break_range=tie_range, rule_literals=literals, table_rows=rows,
                        build_s=time.perf_counter() - start)
