@@ -79,3 +79,16 @@ def test_a_valid_overlap_is_used(tmp_path: Path) -> None:
         times[fraction] = float(step_time_s(model, cluster, training, plan)[0])
     # more of the TP communication hidden: strictly faster (tp 8 communicates every layer)
     assert times["0.0"] > times["0.5"] > times["1.0"] > 0
+
+
+def test_an_overhead_named_like_a_memory_term_exits_2(tmp_path: Path) -> None:
+    # a profile overhead called `logits` would shadow the modelled logits term and be counted twice
+    text = BUNDLED.read_text(encoding="utf-8")
+    assert text.count("  overheads_gib:\n") == 1, "the bundled profile's overheads section changed; update this test"
+    path = tmp_path / "shadow.yaml"
+    path.write_text(text.replace("  overheads_gib:\n", "  overheads_gib:\n    logits: 1.0\n"), encoding="utf-8")
+    result = autopar("estimate", "llama-3.1-8b", "--profile", str(path))
+    assert "Traceback" not in result.stderr and "AssertionError" not in result.stderr, result.stderr
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    (line,) = result.stderr.strip().splitlines()
+    assert str(path) in line and "'logits'" in line and "rename" in line, line
