@@ -93,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.rules import active_rules
 
     validate_output_arguments(args)               # bad --emit/--out/--pick: exit 2 before any solving
-    from autopar.export import framework_name     # bad --framework: exit 2 before any solving
+    from autopar.export.capabilities import framework_rules   # bad --framework: exit 2 before any solving
 
     if args.framework:
-        framework_name(args.framework)
+        framework_rules(args.framework)
     _, bounds = controls_from_args(args)          # bad --fix/--max/--relax before the model loads
     active_rules(args.relax)
     if args.top is not None and args.top < 1:
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         args.num_gpus = gpu_range[1]
     model, cluster, training = specs_from_args(args)
     options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
-                   solver=args.solver, framework=framework_name(args.framework) if args.framework else None)
+                   solver=args.solver, extra_rules=framework_rules(args.framework) if args.framework else ())
     try:
         if gpu_range is not None:
             front = solve_scaling(model, cluster, training, gpu_range, **options)

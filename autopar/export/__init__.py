@@ -15,24 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from costmodels.errors import InputError
 
 if TYPE_CHECKING:
     from autopar.export.common import LaunchConfig
     from costmodels.scoring import Estimate
 
-FRAMEWORKS: tuple[str, ...] = ("megatron", "nemo", "bridge", "verl", "torchtitan", "deepspeed")
-ALIASES = {"megatron-lm": "megatron", "nemo2": "nemo", "megatron-bridge": "bridge", "titan": "torchtitan",
-           "ds": "deepspeed"}
-
-
-def framework_name(name: str) -> str:
-    """The canonical framework name for `name` (case-insensitive, aliases accepted), or InputError."""
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
-    if key not in FRAMEWORKS:
-        raise InputError("emit", f"unknown framework {name!r}; use one of {', '.join(FRAMEWORKS)}")
-    return key
+from autopar.export.names import ALIASES, FRAMEWORKS, framework_name  # noqa: F401 - the package's face
 
 
 def launch_config(estimate: "Estimate", framework: str) -> "LaunchConfig":

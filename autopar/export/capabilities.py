@@ -6,8 +6,9 @@ says so. The same `Rule` objects serve three callers:
 
 * the exporters (`refusals(estimate, framework)`): a plan that breaks one is never emitted; the launch config is
   refused with the reason (exit 2), naming the knob the framework lacks;
-* the search (`autopar solve --framework FW`, `autopar.solve(..., framework=FW)`): the rules are added to the
-  search's own, so the front shown is the front FW can launch (not the full front filtered afterwards);
+* the search (`autopar solve --framework FW`; from Python `solve(..., extra_rules=framework_rules(FW))`): the rules
+  are added to the search's own, so the front shown is the front FW can launch (not the full front filtered
+  afterwards);
 * the conformance benchmark (benchmarks/conformance.py), which counts refusals.
 
 Versions are the releases the exporters target (late 2026; `TARGET_VERSIONS`), each stated in the emitted header.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodels.rules import Problem as Context, Rule
+from autopar.export.names import framework_name
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
 
@@ -51,7 +53,8 @@ class Unsupported(InputError):
         from autopar.search.solve import solve
 
         try:
-            front = solve(estimate.model, estimate.cluster, estimate.training, framework=self.framework).points
+            front = solve(estimate.model, estimate.cluster, estimate.training,
+                          extra_rules=framework_rules(self.framework)).points
         except Infeasible:
             return self
         within = [p for p in front if p.peak_memory_bytes <= estimate.peak_memory_bytes]
@@ -210,8 +213,6 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
 
 def framework_rules(framework: str) -> tuple[Rule, ...]:
     """The capability rules of `framework` (canonical name or alias), for the search."""
-    from autopar.export import framework_name
-
     return CAPABILITIES[framework_name(framework)]
 
 
@@ -228,8 +229,6 @@ def refusals(ctx: Context, plan: Plan, framework: str) -> tuple[str, ...]:
 
 def require_runnable(estimate, framework: str) -> None:
     """Raise `Unsupported` (exit 2, with the reasons) when `framework` cannot run the estimate's plan."""
-    from autopar.export import framework_name
-
     name = framework_name(framework)
     reasons = refusals(Context(estimate.model, estimate.cluster, estimate.training), estimate.plan, name)
     if reasons:

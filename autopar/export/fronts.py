@@ -30,11 +30,19 @@ FRONT_CASES: tuple[FrontCase, ...] = (
 )
 
 
+def case_specs(case: FrontCase):
+    """(model, cluster, training) of one case."""
+    from autopar.models import load_model
+    from costmodels.hardware import load_profile
+    from costmodels.specs import ClusterSpec, TrainingSpec
+
+    return (load_model(case.model), ClusterSpec(profile=load_profile(case.gpu), num_gpus=case.num_gpus),
+            TrainingSpec(seq_len=case.seq_len, global_batch_size=case.global_batch_size))
+
+
 def solve_case(case: FrontCase, framework: str | None = None):
     """The front of one case (all of it, or only what `framework` can run)."""
-    import autopar
+    from autopar.export.capabilities import framework_rules
+    from autopar.search.solve import solve
 
-    model = autopar.load_model(case.model)
-    cluster = autopar.make_cluster(gpu=case.gpu, num_gpus=case.num_gpus)
-    training = autopar.Training(seq_len=case.seq_len, global_batch_size=case.global_batch_size)
-    return autopar.solve(model, cluster, training, framework=framework)
+    return solve(*case_specs(case), extra_rules=framework_rules(framework) if framework else ())

@@ -27,7 +27,7 @@ from autopar.search.space import (
 )
 from costmodels.errors import InputError
 from costmodels.plan import PlanArrays
-from costmodels.rules import Problem, active_rules
+from costmodels.rules import Problem, Rule, active_rules
 from costmodels.scoring import estimates, require_precision_supported
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -70,13 +70,13 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
           fix: Mapping[str, object] | Iterable[str] | None = None,
           bounds: Mapping[str, tuple[object, object]] | None = None,
           relax: Iterable[str] = (), time_limit_s: float | None = None, solver: str = "auto",
-          framework: str | None = None) -> ParetoFront:
+          extra_rules: tuple[Rule, ...] = ()) -> ParetoFront:
     """Every Pareto-optimal layout, fastest first, each re-scored with the float cost model.
 
     fix: pin knobs ({"tp": 4} or ["tp=4"]); bounds: {"pp": (None, 8)} keeps pp <= 8; relax: guide rules to drop
     (see costmodels.rules.RULES); time_limit_s: stop the search there and return what was found, marked
-    not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER); framework: search only the plans that
-    framework can run (its capability rules, autopar.export.capabilities, join the search's rules).
+    not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER); extra_rules: more rules every plan must
+    meet, e.g. what one framework can run (autopar.export.capabilities.framework_rules, `solve --framework`).
     Raises InputError for bad controls and Infeasible when no plan fits.
     """
     if solver not in SOLVERS:
@@ -86,10 +86,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     require_precision_supported(cluster, training)
     controls = controls_from(fix, bounds, relax)
     rules = active_rules(controls.relax)
-    if framework is not None:
-        from autopar.export.capabilities import framework_rules
-
-        rules = rules + framework_rules(framework)
+    rules = rules + tuple(extra_rules)
     problem = Problem(model, cluster, training)
     start = time.perf_counter()
     space = build_space(model, cluster, training, controls)
@@ -127,15 +124,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                              ("raise --time-limit or narrow the search with --fix / --max",))
         from autopar.search.explain import explain_infeasible
 
-        if framework is not None:  # the framework's capability rules narrowed the space (autopar.export.capabilities)
+        if extra_rules:  # the added rules narrowed the space; the explanation below knows only the search's own
             from autopar.errors import Infeasible
-            from autopar.export import framework_name
-            from autopar.export.capabilities import TARGET_VERSIONS, framework_rules
 
-            added = framework_rules(framework)
-            raise Infeasible(f"no plan that {TARGET_VERSIONS[framework_name(framework)]} can run fits",
-                             tuple(r.id for r in added), tuple(f"{r.id}: {r.reason}" for r in added)
-                             + ("run without --framework to see the full front, or why nothing fits at all",))
+            raise Infeasible(f"no plan fits once the added rules hold ({', '.join(r.id for r in extra_rules)})",
+                             tuple(r.id for r in extra_rules), tuple(f"{r.id}: {r.reason}" for r in extra_rules)
+                             + ("drop them (--framework) to see the full front, or why nothing fits at all",))
         raise explain_infeasible(model, cluster, training, controls)
     points = rescore(model, cluster, training, plans)
     return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,
