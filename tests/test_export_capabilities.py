@@ -90,3 +90,16 @@ def test_a_refusal_names_the_nearest_plan_the_framework_runs_with_its_cost():
     assert f"the nearest plan it can run is '{nearest.plan.short()}'" in message
     assert f"predicted {nearest.step_time_s:.2f} s per step" in message
     assert not refusals(ctx, nearest.plan, "deepspeed")
+
+
+def test_solve_framework_on_the_command_line(capsys):
+    import json
+
+    from autopar.cli import main
+
+    assert main(["solve", "llama-3.1-8b", "--gpus", "8", "--framework", "ds", "--emit", "deepspeed", "--top", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["zero_optimization"]["stage"] in (0, 1, 2, 3)
+    assert "deepspeed:pipeline_zero" in err            # the framework's rules are listed with the search's
+    assert main(["solve", "llama-3.1-8b", "--gpus", "8", "--framework", "jax"]) == 2
+    assert "framework: unknown framework 'jax'" in capsys.readouterr().err

@@ -93,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.rules import active_rules
 
     validate_output_arguments(args)               # bad --emit/--out/--pick: exit 2 before any solving
-    from autopar.export.capabilities import framework_rules   # bad --framework: exit 2 before any solving
+    from autopar.export.capabilities import framework_rules
+    from autopar.export.names import framework_name
 
-    if args.framework:
-        framework_rules(args.framework)
+    if args.framework:                             # bad --framework: exit 2 before any solving
+        args.framework = framework_name(args.framework, field="framework")
     _, bounds = controls_from_args(args)          # bad --fix/--max/--relax before the model loads
     active_rules(args.relax)
     if args.top is not None and args.top < 1:

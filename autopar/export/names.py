@@ -9,10 +9,10 @@ ALIASES = {"megatron-lm": "megatron", "nemo2": "nemo", "megatron-bridge": "bridg
            "ds": "deepspeed"}
 
 
-def framework_name(name: str) -> str:
+def framework_name(name: str, field: str = "emit") -> str:
     """The canonical framework name for `name` (case-insensitive, aliases accepted), or InputError."""
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key not in FRAMEWORKS:
-        raise InputError("emit", f"unknown framework {name!r}; use one of {', '.join(FRAMEWORKS)}")
+        raise InputError(field, f"unknown framework {name!r}; use one of {', '.join(FRAMEWORKS)}")
     return key
