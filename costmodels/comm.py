@@ -11,10 +11,23 @@ MPICH" for the ring factors): time = alpha + bytes × factor / bandwidth, factor
 (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/recv. `bytes` is the full buffer: the all-reduced
 tensor, the gathered output, the reduce-scattered input, or the data one rank sends in an all-to-all.
 
+Per collective (`collective_parameters`): NCCL picks a different algorithm per collective, size and group (ring,
+tree, NVLS — the NVSwitch reduces — and CollNet/SHARP), so one link has no single alpha and bandwidth: measured
+all-reduce on 8 A100 never goes below ~90 µs, NVLS all-reduce on H100/H200 reaches ~480 GB/s bus bandwidth where
+all-gather stays near 360 GB/s (shared/reference/microbench/README.md). A profile's `collectives:` section therefore
+holds, per link and collective, (alpha, bus bandwidth) points by group size, fitted to nccl-tests measurements
+(`autopar profile fit`); between two measured group sizes both are interpolated in log2(group size) (bandwidth
+geometrically), outside them the nearest point holds. A collective the section does not name uses the link's
+alpha and bandwidth (`links:`), which is all a link-level profile has.
+
 A group spanning N nodes with k members on each runs hierarchically, as NCCL does (its tree/ring crosses each node
 boundary once per channel and drives every NIC): the intra-node part on NVLink among the k local members, the
 inter-node part on InfiniBand among N nodes with the buffer split over the k local members, each driving its own NIC
-(one NIC per GPU, the profiles' ib bandwidth is per GPU). All-to-all: each rank's (n-k)/n off-node share goes over
+(one NIC per GPU, the profiles' ib bandwidth is per GPU). NCCL moves the buffer in chunks through both stages at
+once (a chunk crosses the NIC while the next one moves on NVLink; NCCL ring/tree "pipelining", doc
+`docs/.../env.html#nccl-algo` and Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019), so
+the time is both latencies plus the slower stage's transfer, not the sum of the two transfers: with the sum, the
+measured 12-node H100 all-reduce (nccl_allreduce_coreweave_gb200_h100_a100.csv) would need 280 GB/s per NIC. All-to-all: each rank's (n-k)/n off-node share goes over
 its own NIC while the (k-1)/n on-node share goes over NVLink at the same time.
 """
 
@@ -39,6 +52,31 @@ def algorithm_factor(kind: str, group_size: "np.ndarray | float") -> np.ndarray:
     if kind == "send_recv":
         return np.ones_like(n)
     raise ValueError(f"unknown collective kind {kind!r}; expected one of {COLLECTIVE_KINDS}")
+
+
+def collective_parameters(profile: HardwareProfile, link: str, kind: str,
+                          group_size: "np.ndarray | float") -> tuple[np.ndarray, np.ndarray]:
+    """(alpha_s, bus bandwidth in bytes/s) of `kind` on `link` for groups of `group_size` ranks on that link
+    (GPUs of a node for nvlink, nodes for ib): the profile's per-collective points, else the link's values."""
+    n = np.asarray(group_size, dtype=float)
+    points = profile.collectives.get(link, {}).get(kind, ())
+    if not points:
+        spec = profile.links[link]
+        return np.full(n.shape, spec.alpha_s), np.full(n.shape, spec.bandwidth_bytes_per_s)
+    x = np.log2(np.maximum(n, 2.0))
+    measured_x = np.log2([float(p.group_size) for p in points])
+    alpha_s = np.interp(x, measured_x, [p.alpha_s for p in points])
+    bandwidth = np.exp(np.interp(x, measured_x, np.log([p.bus_bandwidth_bytes_per_s for p in points])))
+    return alpha_s, bandwidth
+
+
+def link_collective_time_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.ndarray | float",
+                           group_size: "np.ndarray | float") -> np.ndarray:
+    """One collective on one link with the profile's per-collective alpha and bus bandwidth; 0 for a group of one."""
+    n = np.asarray(group_size, dtype=float)
+    alpha_s, bandwidth = collective_parameters(profile, link, kind, n)
+    time = alpha_s + np.asarray(bytes_, dtype=float) * algorithm_factor(kind, n) / bandwidth
+    return np.where(n > 1, time, 0.0)
 
 
 def collective_time_s(link: LinkSpec, kind: str, bytes_: "np.ndarray | float",
@@ -78,18 +116,23 @@ def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", gpus_per_n
 def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement, kind: str,
                             bytes_: "np.ndarray | float") -> np.ndarray:
     """One collective of `kind` on a placed group: NVLink inside a node, hierarchical NVLink + IB across nodes."""
-    nvlink, ib = profile.links["nvlink"], profile.links["ib"]
     n, k, nodes = placement.size, placement.members_per_node, placement.nodes
     bytes_ = np.asarray(bytes_, dtype=float)
-    inside = collective_time_s(nvlink, kind, bytes_, n)
+    inside = link_collective_time_s(profile, "nvlink", kind, bytes_, n)
     if kind == "send_recv":
-        across = collective_time_s(ib, kind, bytes_, n)
+        across = link_collective_time_s(profile, "ib", kind, bytes_, nodes)
     elif kind == "all_to_all":
-        on_node_s = nvlink.alpha_s + bytes_ * (k - 1.0) / n / nvlink.bandwidth_bytes_per_s
-        off_node_s = ib.alpha_s + bytes_ * (n - k) / n / ib.bandwidth_bytes_per_s
+        nvlink_alpha_s, nvlink_bandwidth = collective_parameters(profile, "nvlink", kind, k)
+        ib_alpha_s, ib_bandwidth = collective_parameters(profile, "ib", kind, nodes)
+        on_node_s = nvlink_alpha_s + bytes_ * (k - 1.0) / n / nvlink_bandwidth
+        off_node_s = ib_alpha_s + bytes_ * (n - k) / n / ib_bandwidth
         across = np.maximum(on_node_s, off_node_s)
-    else:
-        across = collective_time_s(nvlink, kind, bytes_, k) + collective_time_s(ib, kind, bytes_ / k, nodes)
+    else:  # the two stages pipeline chunk by chunk: both latencies, the slower stage's transfer
+        nvlink_alpha_s, nvlink_bandwidth = collective_parameters(profile, "nvlink", kind, k)
+        ib_alpha_s, ib_bandwidth = collective_parameters(profile, "ib", kind, nodes)
+        on_node_s = np.where(k > 1, bytes_ * algorithm_factor(kind, k) / nvlink_bandwidth, 0.0)
+        off_node_s = bytes_ / k * algorithm_factor(kind, nodes) / ib_bandwidth
+        across = np.where(k > 1, nvlink_alpha_s, 0.0) + ib_alpha_s + np.maximum(on_node_s, off_node_s)
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
 
 

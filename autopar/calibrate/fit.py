@@ -11,7 +11,10 @@ minimises squared *log* ratios log(model / measured) — a relative error, symme
 and reports relative residuals model / measured − 1 (root-mean-square and worst).
 
 All fitted parameters are positive physical quantities (seconds, bytes/s, fractions, dimensions), so they are
-fitted in log space, which also keeps them positive. The solver is Levenberg–Marquardt (Marquardt 1963, SIAM J.
+fitted in log space, which also keeps them positive. Per-collective points (`fit_collective_points`): the
+same least squares through `costmodels.comm.group_collective_time_s`, one (alpha, bus bandwidth) pair per link,
+collective and group size, since NCCL switches algorithm (ring, tree, NVLS, SHARP) by collective and group. The
+solver is Levenberg–Marquardt (Marquardt 1963, SIAM J.
 Appl. Math. 11(2); scaling by the diagonal of JᵀJ) with a forward-difference Jacobian, started from each of a few
 initial guesses; the best end point wins. A parameter the data does not constrain (its Jacobian column is zero)
 keeps its initial value.
@@ -27,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement
-from costmodels.hardware import HardwareProfile, LinkSpec
+from costmodels.hardware import CollectivePoint, HardwareProfile, LinkSpec
 
 Predict = Callable[[Mapping[str, float]], np.ndarray]
 
@@ -201,6 +204,13 @@ FP8_PEAK_FRACTION = "fp8_peak_fraction"
 has been measured, so a calibration with fp8 measurements adds it."""
 
 
+FP8_HALF_SATURATION = "fp8_half_saturation_dim"
+"""costmodels.compute's roll-off side for fp8 GEMMs (bf16's `half_saturation_dim` where absent)."""
+
+GEMM_BOUNDS = {"peak_fraction": (1e-6, 1.0), FP8_PEAK_FRACTION: (1e-6, 1.0)}
+"""A fraction of the dense peak is at most 1 (a shape the curve cannot follow must not push it above)."""
+
+
 def _default_gemm_efficiency() -> GemmEfficiency:
     from costmodels.compute import gemm_efficiency
 
@@ -213,24 +223,135 @@ def measured_gemm_efficiency(row: GemmMeasurement, profile: HardwareProfile) -> 
 
 
 def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
-                        gemm_efficiency: GemmEfficiency | None = None) -> FitResult:
+                        gemm_efficiency: GemmEfficiency | None = None, fixed: Sequence[str] = ()) -> FitResult:
     """The named parameters of the profile's GEMM-efficiency curve, fitted to measured efficiencies.
 
     The model is the cost model's `gemm_efficiency(profile, m, n, k, precision)` with the parameters replaced; the
     base profile's values are the first initial guess, the same values scaled down 10× and 1000× the others (a
-    CPU or a throttled GPU sits far below the bundled curve).
+    CPU or a throttled GPU sits far below the bundled curve). Parameters named in `fixed` keep the base's value
+    (e.g. the half-saturation side when every measured shape is large); they are returned with the fitted ones.
     """
     efficiency = gemm_efficiency or _default_gemm_efficiency()
     assert rows, "fit_gemm_efficiency needs measurements"
     rows = [row for row in rows if row.precision in base.peak_flops_per_s]
 
+    kept = {name: float(base.gemm_efficiency[name]) for name in fixed if name in base.gemm_efficiency}
+
     def predict(params: Mapping[str, float]) -> np.ndarray:
-        profile = dataclasses.replace(base, gemm_efficiency=dict(params))
+        profile = dataclasses.replace(base, gemm_efficiency={**kept, **params})
         return np.array([float(efficiency(profile, row.m, row.n, row.k, row.precision)) for row in rows])
 
     observed = [measured_gemm_efficiency(row, base) for row in rows]
-    start = {name: float(value) if value > 0 else 1e-3 for name, value in base.gemm_efficiency.items()}
-    if any(row.precision == "fp8" for row in rows) and FP8_PEAK_FRACTION not in start:
+    start = {name: float(value) if value > 0 else 1e-3 for name, value in base.gemm_efficiency.items()
+             if name not in kept}
+    if any(row.precision == "fp8" for row in rows) and FP8_PEAK_FRACTION not in start and FP8_PEAK_FRACTION not in kept:
         start[FP8_PEAK_FRACTION] = start.get("peak_fraction", 0.5)  # the curve's fp8 parameter, first fitted here
+    if any(row.precision == "fp8" for row in rows) and FP8_HALF_SATURATION not in start \
+            and FP8_HALF_SATURATION not in kept and "half_saturation_dim" in {**start, **kept}:
+        start[FP8_HALF_SATURATION] = {**kept, **start}["half_saturation_dim"]  # fp8's own roll-off, first fitted here
+    if not any(row.precision == "fp8" for row in rows):
+        kept.update({name: start.pop(name) for name in (FP8_PEAK_FRACTION, FP8_HALF_SATURATION) if name in start})
+    if not any(row.precision != "fp8" for row in rows):
+        kept.update({name: start.pop(name) for name in ("peak_fraction",) if name in start})
+        if "half_saturation_dim" in start:
+            kept["half_saturation_dim"] = start.pop("half_saturation_dim")
     guesses = [start] + [{name: value * scale for name, value in start.items()} for scale in (0.1, 1e-3)]
-    return least_squares(predict, observed, guesses)
+    result = least_squares(predict, observed, guesses, bounds=GEMM_BOUNDS)
+    return dataclasses.replace(result, params={**kept, **result.params})
+
+
+# ---- per-collective latency floor and bus bandwidth ------------------------------------------------------------------
+
+ALPHA_FROM_BYTES_BELOW = 16 * 1024**2
+"""A point's alpha is fitted only when some message is below 16 MiB; above, every run is bandwidth-bound (an 8-GPU
+NVLink all-reduce of 16 MiB takes ~150 µs against a ~10–90 µs floor) and alpha stays the base profile's."""
+BANDWIDTH_FROM_BYTES_ABOVE = 1024**2
+"""A point's bandwidth is fitted only when some message reaches 1 MiB; below, the runs measure latency only."""
+
+
+def predict_collective_s(profile: HardwareProfile, row: CollectiveMeasurement) -> float:
+    """The cost model's time for a measured collective: `costmodels.comm.group_collective_time_s` on the group the
+    row describes (all on one node for nvlink; `ranks_per_node` per node for ib, 1 = the inter-node link alone)."""
+    from costmodels.comm import GroupPlacement, group_collective_time_s
+
+    per_node = row.group_size if row.link == "nvlink" else row.ranks_per_node
+    placement = GroupPlacement(size=np.array([float(row.group_size)]), members_per_node=np.array([float(per_node)]))
+    return float(group_collective_time_s(profile, placement, row.kind, float(row.bytes))[0])
+
+
+def with_collective_point(profile: HardwareProfile, link: str, kind: str, point: CollectivePoint) -> HardwareProfile:
+    """A copy of `profile` with one (link, collective, group size) point added or replaced."""
+    collectives = {name: dict(kinds) for name, kinds in profile.collectives.items()}
+    points = [p for p in collectives.setdefault(link, {}).get(kind, ()) if p.group_size != point.group_size]
+    collectives[link][kind] = tuple(sorted([*points, point], key=lambda p: p.group_size))
+    return dataclasses.replace(profile, collectives=collectives)
+
+
+@dataclass(frozen=True)
+class CollectivePointFit:
+    """The fitted point of one (link, collective, group size on the link) and the rows it came from."""
+
+    link: str
+    kind: str
+    point: CollectivePoint
+    result: FitResult
+    fitted: tuple[str, ...]
+    """'alpha_s' and/or 'bus_bandwidth_bytes_per_s': what the rows determined; the rest is the base's value."""
+    rows: tuple[CollectiveMeasurement, ...]
+
+
+def fit_collective_points(rows: Sequence[CollectiveMeasurement], base: HardwareProfile) -> list[CollectivePointFit]:
+    """(alpha, bus bandwidth) per link, collective and group size on the link, by least squares through
+    `predict_collective_s`. NVLink points first: an ib row spanning nodes with several ranks each includes the
+    NVLink stage, priced with the NVLink points just fitted (or the base's link values where none were measured)."""
+    groups: dict[tuple[str, str, int], list[CollectiveMeasurement]] = {}
+    for row in rows:
+        groups.setdefault((row.link, row.kind, row.group_size_on_link), []).append(row)
+    profile = base
+    fits = []
+    for key in sorted(groups, key=lambda k: (k[0] != "nvlink", k[1], k[2])):
+        link, kind, group = key
+        members = groups[key]
+        alpha0, bandwidth0 = (float(v[0]) for v in collective_parameters_of(base, link, kind, group))
+        free = []
+        if min(r.bytes for r in members) < ALPHA_FROM_BYTES_BELOW:
+            free.append("alpha_s")
+        if max(r.bytes for r in members) >= BANDWIDTH_FROM_BYTES_ABOVE:
+            free.append("bus_bandwidth_bytes_per_s")
+        fixed = {"alpha_s": alpha0, "bus_bandwidth_bytes_per_s": bandwidth0}
+        current = profile
+
+        def predict(params: Mapping[str, float], link=link, kind=kind, group=group, members=members,
+                    current=current, fixed=fixed) -> np.ndarray:
+            values = {**fixed, **params}
+            trial = with_collective_point(current, link, kind, CollectivePoint(group, values["alpha_s"],
+                                                                             values["bus_bandwidth_bytes_per_s"]))
+            return np.array([predict_collective_s(trial, row) for row in members])
+
+        observed = [row.timing.median_s for row in members]
+        largest = max(members, key=lambda row: row.bytes)
+        from costmodels.comm import algorithm_factor
+
+        read_off = float(largest.bytes * algorithm_factor(kind, largest.group_size) / largest.timing.median_s)
+        guesses = [{name: fixed[name] for name in free},
+                   {name: {"alpha_s": min(observed) / 2.0, "bus_bandwidth_bytes_per_s": read_off}[name]
+                    for name in free}]
+        if free:
+            result = least_squares(predict, observed, guesses, bounds={"alpha_s": LINK_BOUNDS["alpha_s"],
+                                                                      "bus_bandwidth_bytes_per_s":
+                                                                          LINK_BOUNDS["bandwidth_bytes_per_s"]})
+        else:  # nothing to fit (cannot happen: a row is either below 16 MiB or at least 1 MiB); kept for clarity
+            relative = predict({}) / np.asarray(observed) - 1.0
+            result = FitResult({}, len(observed), float(np.sqrt(np.mean(relative**2))),
+                               float(np.max(np.abs(relative))), tuple(float(r) for r in relative))
+        values = {**fixed, **result.params}
+        point = CollectivePoint(group, values["alpha_s"], values["bus_bandwidth_bytes_per_s"])
+        profile = with_collective_point(profile, link, kind, point)
+        fits.append(CollectivePointFit(link, kind, point, result, tuple(free), tuple(members)))
+    return fits
+
+
+def collective_parameters_of(profile: HardwareProfile, link: str, kind: str, group: int):
+    from costmodels.comm import collective_parameters
+
+    return collective_parameters(profile, link, kind, np.array([float(group)]))
