@@ -11,14 +11,14 @@ MPICH" for the ring factors): time = alpha + bytes × factor / bandwidth, factor
 (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/recv. `bytes` is the full buffer: the all-reduced
 tensor, the gathered output, the reduce-scattered input, or the data one rank sends in an all-to-all.
 
-Per collective (`collective_parameters`): NCCL picks a different algorithm per collective, size and group (ring,
-tree, NVLS — the NVSwitch reduces — and CollNet/SHARP), so one link has no single alpha and bandwidth: measured
-all-reduce on 8 A100 never goes below ~90 µs, NVLS all-reduce on H100/H200 reaches ~480 GB/s bus bandwidth where
-all-gather stays near 360 GB/s (shared/reference/microbench/README.md). A profile's `collectives:` section therefore
-holds, per link and collective, (alpha, bus bandwidth) points by group size, fitted to nccl-tests measurements
-(`autopar profile fit`); between two measured group sizes both are interpolated in log2(group size) (bandwidth
-geometrically), outside them the nearest point holds. A collective the section does not name uses the link's
-alpha and bandwidth (`links:`), which is all a link-level profile has.
+Per collective (`link_stage_s`): NCCL picks an algorithm (ring, tree, NVLS — the NVSwitch reduces — CollNet/SHARP)
+and a protocol (LL, LL128, Simple) per collective, size and group, so one link has no single alpha and bandwidth:
+measured all-reduce on 8 A100 takes ~45 µs at 32 KiB, ~100 µs from 1 to 4 MiB and runs at ~230 GB/s bus bandwidth
+from 256 MiB; NVLS all-reduce on H100/H200 reaches ~480 GB/s where all-gather stays near 360 GB/s
+(shared/reference/microbench/README.md). A profile's `collectives:` section therefore holds, per link and
+collective, (alpha, bus bandwidth) regimes by group size, fitted to nccl-tests measurements (`autopar profile fit`);
+a size is priced with its fastest regime, as NCCL's tuner does. A collective the section does not name uses the
+link's alpha and bandwidth (`links:`), which is all a link-level profile has.
 
 A group spanning N nodes with k members on each runs hierarchically, as NCCL does (its tree/ring crosses each node
 boundary once per channel and drives every NIC): the intra-node part on NVLink among the k local members, the
@@ -54,29 +54,52 @@ def algorithm_factor(kind: str, group_size: "np.ndarray | float") -> np.ndarray:
     raise ValueError(f"unknown collective kind {kind!r}; expected one of {COLLECTIVE_KINDS}")
 
 
-def collective_parameters(profile: HardwareProfile, link: str, kind: str,
-                          group_size: "np.ndarray | float") -> tuple[np.ndarray, np.ndarray]:
-    """(alpha_s, bus bandwidth in bytes/s) of `kind` on `link` for groups of `group_size` ranks on that link
-    (GPUs of a node for nvlink, nodes for ib): the profile's per-collective points, else the link's values."""
-    n = np.asarray(group_size, dtype=float)
+def link_stage_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.ndarray | float",
+                 group_size: "np.ndarray | float") -> tuple[np.ndarray, np.ndarray]:
+    """(latency_s, transfer_s) of one collective of `bytes_` on `link` among `group_size` ranks on that link (GPUs of
+    a node for nvlink, nodes for ib).
+
+    With the profile's points for (link, kind): at each measured group size, the fastest of its regimes (NCCL's
+    tuner picks the (algorithm, protocol) of least latency + size/bandwidth, `src/graph/tuning.cc`), its alpha the
+    latency and the rest the transfer; between two measured group sizes both are interpolated linearly in
+    log2(group size), outside them the nearest size holds. Without points: the link's alpha and bandwidth."""
+    n, b = np.broadcast_arrays(np.asarray(group_size, dtype=float), np.asarray(bytes_, dtype=float))
+    wire_bytes = b * algorithm_factor(kind, n)
     points = profile.collectives.get(link, {}).get(kind, ())
     if not points:
         spec = profile.links[link]
-        return np.full(n.shape, spec.alpha_s), np.full(n.shape, spec.bandwidth_bytes_per_s)
+        return np.full(n.shape, spec.alpha_s), wire_bytes / spec.bandwidth_bytes_per_s
+    sizes = sorted({p.group_size for p in points})
+    latency, transfer = [], []
+    for size in sizes:
+        regimes = [p for p in points if p.group_size == size]
+        alphas = np.array([p.alpha_s for p in regimes]).reshape((-1,) + (1,) * n.ndim)
+        times = np.stack([p.alpha_s + wire_bytes / p.bus_bandwidth_bytes_per_s for p in regimes])
+        best = np.argmin(times, axis=0)[None]
+        chosen_alpha = np.take_along_axis(np.broadcast_to(alphas, times.shape), best, axis=0)[0]
+        latency.append(chosen_alpha)
+        transfer.append(np.take_along_axis(times, best, axis=0)[0] - chosen_alpha)
+    if len(sizes) == 1:
+        return latency[0], transfer[0]
     x = np.log2(np.maximum(n, 2.0))
-    measured_x = np.log2([float(p.group_size) for p in points])
-    alpha_s = np.interp(x, measured_x, [p.alpha_s for p in points])
-    bandwidth = np.exp(np.interp(x, measured_x, np.log([p.bus_bandwidth_bytes_per_s for p in points])))
-    return alpha_s, bandwidth
+    measured_x = np.log2(np.array(sizes, dtype=float))
+    low = np.clip(np.searchsorted(measured_x, x, side="right") - 1, 0, len(sizes) - 2)
+    weight = np.clip((x - measured_x[low]) / (measured_x[low + 1] - measured_x[low]), 0.0, 1.0)
+
+    def between(values: list[np.ndarray]) -> np.ndarray:
+        stacked = np.stack(values)
+        at = lambda index: np.take_along_axis(stacked, index[None], axis=0)[0]  # noqa: E731
+        return (1.0 - weight) * at(low) + weight * at(low + 1)
+
+    return between(latency), between(transfer)
 
 
 def link_collective_time_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.ndarray | float",
                            group_size: "np.ndarray | float") -> np.ndarray:
-    """One collective on one link with the profile's per-collective alpha and bus bandwidth; 0 for a group of one."""
+    """One collective on one link with the profile's per-collective regimes (link values without); 0 for one rank."""
     n = np.asarray(group_size, dtype=float)
-    alpha_s, bandwidth = collective_parameters(profile, link, kind, n)
-    time = alpha_s + np.asarray(bytes_, dtype=float) * algorithm_factor(kind, n) / bandwidth
-    return np.where(n > 1, time, 0.0)
+    latency_s, transfer_s = link_stage_s(profile, link, kind, bytes_, n)
+    return np.where(n > 1, latency_s + transfer_s, 0.0)
 
 
 def collective_time_s(link: LinkSpec, kind: str, bytes_: "np.ndarray | float",
@@ -121,18 +144,18 @@ def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement,
     inside = link_collective_time_s(profile, "nvlink", kind, bytes_, n)
     if kind == "send_recv":
         across = link_collective_time_s(profile, "ib", kind, bytes_, nodes)
-    elif kind == "all_to_all":
-        nvlink_alpha_s, nvlink_bandwidth = collective_parameters(profile, "nvlink", kind, k)
-        ib_alpha_s, ib_bandwidth = collective_parameters(profile, "ib", kind, nodes)
-        on_node_s = nvlink_alpha_s + bytes_ * (k - 1.0) / n / nvlink_bandwidth
-        off_node_s = ib_alpha_s + bytes_ * (n - k) / n / ib_bandwidth
-        across = np.maximum(on_node_s, off_node_s)
-    else:  # the two stages pipeline chunk by chunk: both latencies, the slower stage's transfer
-        nvlink_alpha_s, nvlink_bandwidth = collective_parameters(profile, "nvlink", kind, k)
-        ib_alpha_s, ib_bandwidth = collective_parameters(profile, "ib", kind, nodes)
-        on_node_s = np.where(k > 1, bytes_ * algorithm_factor(kind, k) / nvlink_bandwidth, 0.0)
-        off_node_s = bytes_ / k * algorithm_factor(kind, nodes) / ib_bandwidth
-        across = np.where(k > 1, nvlink_alpha_s, 0.0) + ib_alpha_s + np.maximum(on_node_s, off_node_s)
+    else:
+        if kind == "all_to_all":  # each rank's (k-1)/n share among its k node-mates, (n-k)/n to the other nodes
+            on_bytes, off_bytes = bytes_ * k / n, bytes_
+        else:                     # the k local ranks each drive the inter-node stage with 1/k of the buffer
+            on_bytes, off_bytes = bytes_, bytes_ / k
+        on_latency_s, on_transfer_s = link_stage_s(profile, "nvlink", kind, on_bytes, k)
+        off_latency_s, off_transfer_s = link_stage_s(profile, "ib", kind, off_bytes, nodes)
+        on_latency_s, on_transfer_s = np.where(k > 1, on_latency_s, 0.0), np.where(k > 1, on_transfer_s, 0.0)
+        if kind == "all_to_all":  # the two shares travel at the same time, each on its own link
+            across = np.maximum(on_latency_s + on_transfer_s, off_latency_s + off_transfer_s)
+        else:                     # the two stages pipeline chunk by chunk: both latencies, the slower transfer
+            across = on_latency_s + off_latency_s + np.maximum(on_transfer_s, off_transfer_s)
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
 
 

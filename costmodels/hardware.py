@@ -41,7 +41,9 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class CollectivePoint:
-    """One collective on one link at one group size: time = alpha_s + bytes × algorithm_factor / bus bandwidth.
+    """One regime of one collective on one link at one group size: time = alpha_s + bytes × algorithm_factor / bus
+    bandwidth. Several regimes at one group size are NCCL's alternatives (LL / LL128 / Simple protocols, ring / tree
+    / NVLS algorithms); costmodels.comm prices each size with the fastest, as NCCL's tuner does.
 
     `group_size` is the number of ranks the link joins: GPUs of one node for `nvlink`, nodes for `ib` (a group
     spanning nodes runs hierarchically, costmodels.comm). `bus_bandwidth_bytes_per_s` is nccl-tests' busbw, so it may
@@ -68,7 +70,7 @@ class HardwareProfile:
     memory_overheads_bytes: Mapping[str, float]
     """Fixed per-GPU memory terms by name (CUDA context, communication buffers, ...)."""
     collectives: Mapping[str, Mapping[str, tuple[CollectivePoint, ...]]] = field(default_factory=dict)
-    """link -> collective -> points sorted by group size (section `collectives:`); empty where not measured, and
+    """link -> collective -> regimes sorted by group size (section `collectives:`); empty where not measured, and
     then costmodels.comm uses the link's alpha and bandwidth."""
     gpus_per_node: int = 8
     aliases: tuple[str, ...] = ()
@@ -227,11 +229,7 @@ def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[C
                 parsed.append(CollectivePoint(group_size=int(group),
                                               alpha_s=point_reader.number("alpha_us", allow_zero=True) * 1e-6,
                                               bus_bandwidth_bytes_per_s=point_reader.number("busbw_gb_per_s") * 1e9))
-            sizes = [p.group_size for p in parsed]
-            if len(set(sizes)) != len(sizes):
-                raise InputError("profile", f"{reader.origin}: field {where} lists group_size "
-                                            f"{sorted(s for s in sizes if sizes.count(s) > 1)[0]} twice")
-            out[link][kind] = tuple(sorted(parsed, key=lambda p: p.group_size))
+            out[link][kind] = tuple(sorted(parsed, key=lambda p: (p.group_size, p.alpha_s)))
     return out
 
 

@@ -263,95 +263,149 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
 # ---- per-collective latency floor and bus bandwidth ------------------------------------------------------------------
 
 ALPHA_FROM_BYTES_BELOW = 16 * 1024**2
-"""A point's alpha is fitted only when some message is below 16 MiB; above, every run is bandwidth-bound (an 8-GPU
-NVLink all-reduce of 16 MiB takes ~150 µs against a ~10–90 µs floor) and alpha stays the base profile's."""
+"""Alpha is fitted only when some message is below 16 MiB; above, every run is bandwidth-bound (an 8-GPU NVLink
+all-reduce of 16 MiB takes ~150 µs against a ~10–90 µs floor) and alpha stays the base profile's."""
 BANDWIDTH_FROM_BYTES_ABOVE = 1024**2
-"""A point's bandwidth is fitted only when some message reaches 1 MiB; below, the runs measure latency only."""
+"""Bandwidth is fitted only when some message reaches 1 MiB; below, the runs measure latency only."""
+MAX_REGIMES = 3
+"""NCCL has three protocols (LL, LL128, Simple); a fit uses at most that many (alpha, bandwidth) regimes."""
+REGIME_GAIN = 0.7
+"""A further regime is kept only when it cuts the median |log residual| to 70% or less of the fit without it (the
+median, so that one noisy row — nccl-tests prints the odd 5× spike at a tiny size — does not decide)."""
+ROWS_PER_PARAMETER = 2
+"""And only when there are at least two measured sizes per fitted parameter."""
 
 
-def predict_collective_s(profile: HardwareProfile, row: CollectiveMeasurement) -> float:
-    """The cost model's time for a measured collective: `costmodels.comm.group_collective_time_s` on the group the
+def predict_collectives_s(profile: HardwareProfile, rows: Sequence[CollectiveMeasurement]) -> np.ndarray:
+    """The cost model's time for measured collectives: `costmodels.comm.group_collective_time_s` on the group each
     row describes (all on one node for nvlink; `ranks_per_node` per node for ib, 1 = the inter-node link alone)."""
     from costmodels.comm import GroupPlacement, group_collective_time_s
 
-    per_node = row.group_size if row.link == "nvlink" else row.ranks_per_node
-    placement = GroupPlacement(size=np.array([float(row.group_size)]), members_per_node=np.array([float(per_node)]))
-    return float(group_collective_time_s(profile, placement, row.kind, float(row.bytes))[0])
+    out = np.empty(len(rows))
+    by_kind: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_kind.setdefault(row.kind, []).append(i)
+    for kind, index in by_kind.items():
+        chosen = [rows[i] for i in index]
+        size = np.array([float(r.group_size) for r in chosen])
+        per_node = np.array([float(r.group_size if r.link == "nvlink" else r.ranks_per_node) for r in chosen])
+        placement = GroupPlacement(size=size, members_per_node=per_node)
+        out[index] = group_collective_time_s(profile, placement, kind, np.array([float(r.bytes) for r in chosen]))
+    return out
 
 
-def with_collective_point(profile: HardwareProfile, link: str, kind: str, point: CollectivePoint) -> HardwareProfile:
-    """A copy of `profile` with one (link, collective, group size) point added or replaced."""
+def predict_collective_s(profile: HardwareProfile, row: CollectiveMeasurement) -> float:
+    """`predict_collectives_s` of one row."""
+    return float(predict_collectives_s(profile, [row])[0])
+
+
+def with_collective_regimes(profile: HardwareProfile, link: str, kind: str, group_size: int,
+                            regimes: Sequence[CollectivePoint]) -> HardwareProfile:
+    """A copy of `profile` whose (link, collective) regimes at `group_size` are `regimes` (the others kept)."""
     collectives = {name: dict(kinds) for name, kinds in profile.collectives.items()}
-    points = [p for p in collectives.setdefault(link, {}).get(kind, ()) if p.group_size != point.group_size]
-    collectives[link][kind] = tuple(sorted([*points, point], key=lambda p: p.group_size))
+    kept = [p for p in collectives.setdefault(link, {}).get(kind, ()) if p.group_size != group_size]
+    collectives[link][kind] = tuple(sorted([*kept, *regimes], key=lambda p: (p.group_size, p.alpha_s)))
     return dataclasses.replace(profile, collectives=collectives)
 
 
 @dataclass(frozen=True)
 class CollectivePointFit:
-    """The fitted point of one (link, collective, group size on the link) and the rows it came from."""
+    """The fitted regimes of one (link, collective, group size on the link) and the rows they came from."""
 
     link: str
     kind: str
-    point: CollectivePoint
+    group_size: int
+    regimes: tuple[CollectivePoint, ...]
     result: FitResult
     fitted: tuple[str, ...]
-    """'alpha_s' and/or 'bus_bandwidth_bytes_per_s': what the rows determined; the rest is the base's value."""
+    """'alpha' and/or 'bandwidth': what the rows determined; the rest is the base's value."""
     rows: tuple[CollectiveMeasurement, ...]
 
 
 def fit_collective_points(rows: Sequence[CollectiveMeasurement], base: HardwareProfile) -> list[CollectivePointFit]:
-    """(alpha, bus bandwidth) per link, collective and group size on the link, by least squares through
-    `predict_collective_s`. NVLink points first: an ib row spanning nodes with several ranks each includes the
-    NVLink stage, priced with the NVLink points just fitted (or the base's link values where none were measured)."""
+    """(alpha, bus bandwidth) regimes per link, collective and group size on the link, by least squares through
+    `predict_collectives_s`: one regime, then two and three while each cuts the residual enough (REGIME_GAIN) —
+    NCCL switches protocol with the message size. NVLink first: an ib row spanning nodes with several ranks each
+    includes the NVLink stage, priced with the NVLink regimes just fitted (or the base's link values)."""
+    from costmodels.comm import algorithm_factor, link_stage_s
+
     groups: dict[tuple[str, str, int], list[CollectiveMeasurement]] = {}
     for row in rows:
         groups.setdefault((row.link, row.kind, row.group_size_on_link), []).append(row)
     profile = base
     fits = []
-    for key in sorted(groups, key=lambda k: (k[0] != "nvlink", k[1], k[2])):
-        link, kind, group = key
-        members = groups[key]
-        alpha0, bandwidth0 = (float(v[0]) for v in collective_parameters_of(base, link, kind, group))
-        free = []
-        if min(r.bytes for r in members) < ALPHA_FROM_BYTES_BELOW:
-            free.append("alpha_s")
-        if max(r.bytes for r in members) >= BANDWIDTH_FROM_BYTES_ABOVE:
-            free.append("bus_bandwidth_bytes_per_s")
-        fixed = {"alpha_s": alpha0, "bus_bandwidth_bytes_per_s": bandwidth0}
+    for link, kind, group in sorted(groups, key=lambda key: (key[0] != "nvlink", key[1], key[2])):
+        members = sorted(groups[(link, kind, group)], key=lambda row: row.bytes)
+        observed = np.array([row.timing.median_s for row in members])
+        latency, transfer = link_stage_s(base, link, kind, np.array([0.0, 2.0**30]), np.array([group, group]))
+        alpha0 = float(latency[0])
+        bandwidth0 = float(2.0**30 * algorithm_factor(kind, group) / transfer[1])
+        fitted = tuple(name for name, ok in (("alpha", members[0].bytes < ALPHA_FROM_BYTES_BELOW),
+                                             ("bandwidth", members[-1].bytes >= BANDWIDTH_FROM_BYTES_ABOVE)) if ok)
         current = profile
 
-        def predict(params: Mapping[str, float], link=link, kind=kind, group=group, members=members,
-                    current=current, fixed=fixed) -> np.ndarray:
-            values = {**fixed, **params}
-            trial = with_collective_point(current, link, kind, CollectivePoint(group, values["alpha_s"],
-                                                                             values["bus_bandwidth_bytes_per_s"]))
-            return np.array([predict_collective_s(trial, row) for row in members])
+        def regimes_of(params: Mapping[str, float], count: int) -> list[CollectivePoint]:
+            return [CollectivePoint(group, params.get(f"alpha_s_{i}", alpha0),
+                                    params.get(f"bandwidth_{i}", bandwidth0)) for i in range(count)]
 
-        observed = [row.timing.median_s for row in members]
-        largest = max(members, key=lambda row: row.bytes)
-        from costmodels.comm import algorithm_factor
+        def predictor(count: int, current: HardwareProfile = current, link: str = link, kind: str = kind,
+                      group: int = group, members: list = members) -> Predict:
+            return lambda params: predict_collectives_s(
+                with_collective_regimes(current, link, kind, group, regimes_of(params, count)), members)
 
-        read_off = float(largest.bytes * algorithm_factor(kind, largest.group_size) / largest.timing.median_s)
-        guesses = [{name: fixed[name] for name in free},
-                   {name: {"alpha_s": min(observed) / 2.0, "bus_bandwidth_bytes_per_s": read_off}[name]
-                    for name in free}]
-        if free:
-            result = least_squares(predict, observed, guesses, bounds={"alpha_s": LINK_BOUNDS["alpha_s"],
-                                                                      "bus_bandwidth_bytes_per_s":
-                                                                          LINK_BOUNDS["bandwidth_bytes_per_s"]})
-        else:  # nothing to fit (cannot happen: a row is either below 16 MiB or at least 1 MiB); kept for clarity
-            relative = predict({}) / np.asarray(observed) - 1.0
-            result = FitResult({}, len(observed), float(np.sqrt(np.mean(relative**2))),
-                               float(np.max(np.abs(relative))), tuple(float(r) for r in relative))
-        values = {**fixed, **result.params}
-        point = CollectivePoint(group, values["alpha_s"], values["bus_bandwidth_bytes_per_s"])
-        profile = with_collective_point(profile, link, kind, point)
-        fits.append(CollectivePointFit(link, kind, point, result, tuple(free), tuple(members)))
+        best: tuple[int, FitResult, float] | None = None
+        sizes = len({row.bytes for row in members})
+        for count in range(1, MAX_REGIMES + 1 if len(fitted) == 2 else 2):
+            if count > 1 and sizes < ROWS_PER_PARAMETER * 2 * count:
+                break
+            result = least_squares(predictor(count), observed, _regime_guesses(members, kind, count, fitted,
+                                                                               alpha0, bandwidth0),
+                                   bounds=_regime_bounds(count))
+            typical = float(np.median(np.abs(np.log1p(np.asarray(result.relative_residuals)))))
+            if best is None or typical <= REGIME_GAIN * best[2]:
+                best = (count, result, typical)
+            else:
+                break
+        count, result, _ = best
+        regimes = _used_regimes(regimes_of(result.params, count), members, kind)
+        profile = with_collective_regimes(profile, link, kind, group, regimes)
+        fits.append(CollectivePointFit(link, kind, group, tuple(regimes), result, fitted, tuple(members)))
     return fits
 
 
-def collective_parameters_of(profile: HardwareProfile, link: str, kind: str, group: int):
-    from costmodels.comm import collective_parameters
+def _regime_guesses(members: Sequence[CollectiveMeasurement], kind: str, count: int, fitted: tuple[str, ...],
+                    alpha0: float, bandwidth0: float) -> list[dict[str, float]]:
+    """Start points: the base's values, and the rows split into `count` bands of message size, each band's regime
+    read off its smallest (alpha) and largest (bandwidth) message."""
+    from costmodels.comm import algorithm_factor
 
-    return collective_parameters(profile, link, kind, np.array([float(group)]))
+    bands = np.array_split(np.arange(len(members)), count)
+    read_off: dict[str, float] = {}
+    for i, band in enumerate(bands):
+        small, large = members[band[0]], members[band[-1]]
+        read_off[f"alpha_s_{i}"] = small.timing.median_s * 0.8
+        read_off[f"bandwidth_{i}"] = float(large.bytes * algorithm_factor(kind, large.group_size)
+                                           / large.timing.median_s)
+    base = {**{f"alpha_s_{i}": alpha0 * (1 + i) for i in range(count)},
+            **{f"bandwidth_{i}": bandwidth0 * (0.5 + 0.5 * i) for i in range(count)}}
+    keep = [name for i in range(count) for name in (f"alpha_s_{i}", f"bandwidth_{i}")
+            if ("alpha" in fitted or not name.startswith("alpha")) and ("bandwidth" in fitted
+                                                                       or not name.startswith("bandwidth"))]
+    return [{name: guess[name] for name in keep} for guess in (read_off, base)]
+
+
+def _regime_bounds(count: int) -> dict[str, tuple[float, float]]:
+    return {**{f"alpha_s_{i}": LINK_BOUNDS["alpha_s"] for i in range(count)},
+            **{f"bandwidth_{i}": LINK_BOUNDS["bandwidth_bytes_per_s"] for i in range(count)}}
+
+
+def _used_regimes(regimes: list[CollectivePoint], members: Sequence[CollectiveMeasurement],
+                  kind: str) -> list[CollectivePoint]:
+    """The regimes that are the fastest for at least one measured size (a regime never chosen says nothing)."""
+    from costmodels.comm import algorithm_factor
+
+    used = set()
+    for row in members:
+        wire = row.bytes / row.ranks_per_node * float(algorithm_factor(kind, row.group_size_on_link))
+        used.add(min(range(len(regimes)), key=lambda i: regimes[i].alpha_s + wire / regimes[i].bus_bandwidth_bytes_per_s))
+    return [regimes[i] for i in sorted(used)]

@@ -241,24 +241,25 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         points_by_key.setdefault((point_fit.link, point_fit.kind), []).append(point_fit)
     for (link, kind), point_fits in points_by_key.items():
         section = data.setdefault("collectives", {}).setdefault(link, {})
-        old = {int(p["group_size"]): p for p in section.get(kind, []) or []}
+        regimes = {group: [p for p in section.get(kind, []) or [] if int(p["group_size"]) == group]
+                   for group in {int(p["group_size"]) for p in section.get(kind, []) or []}}
         for point_fit in point_fits:
-            old[point_fit.point.group_size] = {
-                "group_size": point_fit.point.group_size,
-                "alpha_us": _round(point_fit.point.alpha_s * 1e6, 4),
-                "busbw_gb_per_s": _round(point_fit.point.bus_bandwidth_bytes_per_s / 1e9, 4)}
-        section[kind] = [_FlowRow(old[g]) for g in sorted(old)]
+            regimes[point_fit.group_size] = [{"group_size": p.group_size, "alpha_us": _round(p.alpha_s * 1e6, 4),
+                                              "busbw_gb_per_s": _round(p.bus_bandwidth_bytes_per_s / 1e9, 4)}
+                                             for p in point_fit.regimes]
+        section[kind] = [_FlowRow(p) for group in sorted(regimes) for p in regimes[group]]
         described = []
         for point_fit in point_fits:
             unit = "nodes" if link == "ib" else "GPUs"
-            kept = [name for name in ("alpha_s", "bus_bandwidth_bytes_per_s") if name not in point_fit.fitted]
-            described.append(f"{point_fit.point.group_size} {unit}: {point_fit.result.points} sizes "
-                             f"{_size(min(r.bytes for r in point_fit.rows))}..{_size(max(r.bytes for r in point_fit.rows))}"
+            kept = [name for name in ("alpha", "bandwidth") if name not in point_fit.fitted]
+            sizes = [r.bytes for r in point_fit.rows]
+            described.append(f"{point_fit.group_size} {unit}: {len(point_fit.regimes)} regime(s) over "
+                             f"{point_fit.result.points} sizes {_size(min(sizes))}..{_size(max(sizes))}"
                              f"{_from(point_fit.rows)}, rms {point_fit.result.rms_relative_residual:.1%}, "
                              f"max {point_fit.result.max_relative_residual:.1%}"
-                             + (f" ({' and '.join('alpha' if k == 'alpha_s' else 'bandwidth' for k in kept)} not "
-                                "determined by these sizes: base value)" if kept else ""))
-        provenance[f"collectives.{link}.{kind}"] = f"{stamp}: alpha + bus-bandwidth least squares; " + "; ".join(described)
+                             + (f" ({' and '.join(kept)} not determined by these sizes: base value)" if kept else ""))
+        provenance[f"collectives.{link}.{kind}"] = (f"{stamp}: (alpha, bus bandwidth) least squares, fastest regime "
+                                                    "per size; " + "; ".join(described))
 
 
 def _from(rows) -> str:
