@@ -27,14 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import microbench_tables as tables  # noqa: E402
 from autopar.calibrate.fit import predict_collective_s  # noqa: E402
 from autopar.calibrate.measurements import GemmMeasurement  # noqa: E402
-from costmodels.compute import gemm_efficiency  # noqa: E402
+from costmodels.compute import attention_efficiency, gemm_efficiency  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 
 
 def predict_s(profile: HardwareProfile, measurement) -> float:
     if isinstance(measurement, GemmMeasurement):
+        efficiency = (attention_efficiency if measurement.kind == "attention" else
+                      lambda p, m, n, k: gemm_efficiency(p, m, n, k, measurement.precision))
         rate = profile.peak_flops_per_s[measurement.precision] * float(
-            gemm_efficiency(profile, measurement.m, measurement.n, measurement.k, measurement.precision))
+            efficiency(profile, measurement.m, measurement.n, measurement.k))
         return measurement.flops / rate
     return predict_collective_s(profile, measurement)
 

@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import microbench_tables as tables  # noqa: E402
-from autopar.calibrate.profile_file import _dumper, _FlowRow, apply_fit, fit_measurements  # noqa: E402
+from autopar.calibrate.profile_file import profile_dumper, FlowRow, apply_fit, fit_measurements  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile, parse_profile  # noqa: E402
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
@@ -66,7 +66,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
 
     text = (PROFILES_DIR / f"{name}.yaml").read_text(encoding="utf-8")
     data = _strip_fitted(yaml.safe_load(text))
-    base = parse_profile(yaml.dump(data, Dumper=_dumper(), sort_keys=False), f"bundled:{name}")
+    base = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"bundled:{name}")
     measurements = tables.measurements_for(name, rows_by_file, exclude=exclude)
     rule = EXTRAPOLATED.get(name, {})
     provenance: dict[str, str] = dict(data.get("provenance", {}))
@@ -75,7 +75,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     gemm_notes: list[str] = []
     for precision, key, donor_name in (("bf16", "half_saturation_dim", "a100-80gb"),
                                        ("fp8", "fp8_half_saturation_dim", "h100-80gb")):
-        shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision}
+        shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision and g.kind == "gemm"}
         if len(shapes) >= 3 or not base.supports(precision) or donor_name not in fitted or donor_name == name:
             continue
         # a best shape or two (MAMF) pins the peak fraction, not the roll-off: take the donor's fitted side, scaled
@@ -97,7 +97,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
     _extrapolate(name, data, provenance, fitted, rule)
     data["provenance"] = provenance
-    profile = parse_profile(yaml.dump(data, Dumper=_dumper(), sort_keys=False), f"fitted:{name}")
+    profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
     return profile, data, notes
 
 
@@ -112,7 +112,7 @@ def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fi
         for kind in missing:
             points = donor.collectives.get("nvlink", {}).get(kind, ())
             if points:
-                nvlink[kind] = [_FlowRow({"group_size": p.group_size, "alpha_us": round(p.alpha_s * 1e6, 4),
+                nvlink[kind] = [FlowRow({"group_size": p.group_size, "alpha_us": round(p.alpha_s * 1e6, 4),
                                           "busbw_gb_per_s": round(p.bus_bandwidth_bytes_per_s / 1e9, 4)})
                                 for p in points]
                 provenance[f"collectives.nvlink.{kind}"] = (f"extrapolated: the {donor.name} fit "
@@ -121,7 +121,7 @@ def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fi
         groups = rule["ag_rs_from_all_reduce"]
         source = [p for p in nvlink["all_reduce"] if groups is None or p["group_size"] in groups]
         for kind in missing if source else ():
-            nvlink[kind] = [_FlowRow({"group_size": p["group_size"], "alpha_us": round(p["alpha_us"] / 2.0, 4),
+            nvlink[kind] = [FlowRow({"group_size": p["group_size"], "alpha_us": round(p["alpha_us"] / 2.0, 4),
                                       "busbw_gb_per_s": p["busbw_gb_per_s"]}) for p in source]
             provenance[f"collectives.nvlink.{kind}"] = (
                 f"extrapolated from this profile's fitted collectives.nvlink.all_reduce"
@@ -150,7 +150,7 @@ def write(name: str, data: dict[str, Any]) -> None:
              "elementwise", "overlap", "links", "collectives", "provenance"]
     ordered = {key: data[key] for key in order if key in data}
     ordered.update({key: value for key, value in data.items() if key not in ordered})
-    text = header + yaml.dump(ordered, Dumper=_dumper(), sort_keys=False, width=100_000, allow_unicode=True)
+    text = header + yaml.dump(ordered, Dumper=profile_dumper(), sort_keys=False, width=100_000, allow_unicode=True)
     parse_profile(text, str(path))
     path.write_text(text, encoding="utf-8")
     print(f"wrote {path}")
