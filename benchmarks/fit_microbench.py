@@ -50,12 +50,26 @@ PRIOR_NVLINK = {"alpha_us": 10.0, "bandwidth_efficiency": 0.8}
 NVLink source): NCCL intra-node latency of order 10 µs and 80% of the spec bandwidth, assumptions."""
 
 
+PRIOR_GEMM = {"peak_fraction": 0.8, "half_saturation_dim": 250.0}
+PRIOR_FP8_PEAK_FRACTION = 0.7
+"""Where the GEMM fit starts (and what stays where no table measured the GPU, e.g. with a file held out): 80% of the
+dense peak with a 250-wide half-saturation side, fp8 at 70% of its peak — assumptions of the order of the MAMF
+table's efficiencies, not fitted values."""
+
+
 def _strip_fitted(data: dict[str, Any]) -> dict[str, Any]:
     """Start from the spec sheet and stated priors, never from an earlier fit of the same tables: drop the
-    collectives points and reset the link-level NVLink values (a held-out file must not leak back through them)."""
+    collectives points, reset the link-level NVLink values and the GEMM curve to the priors and drop the attention
+    curve (a held-out file must not leak back through any of them)."""
     data = dict(data)
     data.pop("collectives", None)
     data["links"] = {**data["links"], "nvlink": {**data["links"]["nvlink"], **PRIOR_NVLINK}}
+    gemm = dict(PRIOR_GEMM)
+    if "fp8" in data["compute"]["peak_tflops"]:
+        gemm["fp8_peak_fraction"] = PRIOR_FP8_PEAK_FRACTION
+    data["compute"] = {**data["compute"], "gemm_efficiency": gemm}
+    data["provenance"] = {key: value for key, value in (data.get("provenance") or {}).items()
+                          if not key.startswith("compute.gemm_efficiency.")}
     return data
 
 
