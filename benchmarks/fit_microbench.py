@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-import microbench_tables as tables  # noqa: E402
+from benchmarks import microbench_tables as tables  # noqa: E402
 from autopar.calibrate.profile_file import profile_dumper, FlowRow, apply_fit, fit_measurements  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile, parse_profile  # noqa: E402
 

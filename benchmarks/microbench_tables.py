@@ -315,7 +315,7 @@ UNUSED = {
 
 
 def microbench_dir() -> Path:
-    from reference import reference_dir
+    from benchmarks.reference import reference_dir
 
     return reference_dir() / "microbench"
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +16,6 @@ from costmodels.errors import InputError
 from costmodels.hardware import (CollectivePoint, _bundled_text, bundled_profile_names, load_profile,
                                  parse_profile)
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _link_only(name: str):
@@ -248,9 +245,8 @@ def test_every_fitted_key_of_the_bundled_profiles_names_its_source():
 
 
 def _tables():
-    sys.path.insert(0, str(BENCHMARKS))
+    from benchmarks import microbench_tables
     try:
-        import microbench_tables
         microbench_tables.microbench_dir()
     except FileNotFoundError:
         pytest.skip("shared/reference/microbench not next to the repository")
@@ -273,7 +269,7 @@ def _tables():
 ])
 def test_bundled_profiles_reproduce_the_tables_they_were_fitted_to(file, median_limit, max_limit):
     tables = _tables()
-    from fidelity_microbench import errors
+    from benchmarks.fidelity_microbench import errors
     rows = list(next(t for t in tables.TABLES if t.file == file).read(tables.microbench_dir() / file))
     found = errors(rows, {name: load_profile(name) for name in tables.PROFILES}, "fit")
     assert found.size > 0
