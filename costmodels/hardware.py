@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from costmodels.errors import InputError
+from costmodels.limits import MAX_HBM_GIB, MAX_NUM_GPUS
 
 GIB = 1024**3
 SCHEMA_VERSION = 1
@@ -154,7 +155,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     return HardwareProfile(
         name=reader.string("name"),
         display_name=str(data.get("display_name", data.get("name"))),
-        hbm_bytes=reader.number("memory.hbm_gib") * GIB,
+        hbm_bytes=reader.number("memory.hbm_gib", upper=MAX_HBM_GIB) * GIB,
         hbm_bandwidth_bytes_per_s=reader.number("memory.hbm_tb_per_s") * 1e12,
         peak_flops_per_s={str(k): reader.number(f"compute.peak_tflops.{k}") * 1e12 for k in peak},
         gemm_efficiency={str(k): reader.number(f"compute.gemm_efficiency.{k}", allow_zero=True)
@@ -162,7 +163,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         links=links,
         memory_overheads_bytes={str(k): reader.number(f"memory.overheads_gib.{k}", allow_zero=True) * GIB
                                 for k in reader.mapping("memory.overheads_gib")},
-        gpus_per_node=int(reader.number("gpus_per_node")),
+        gpus_per_node=int(reader.number("gpus_per_node", upper=MAX_NUM_GPUS)),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
         source_path=origin,
