@@ -18,7 +18,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autopar.errors import InputError
-from autopar.models import PRESETS_DIR, SUPPORTED_MODEL_TYPES, load_model, preset_names, spec_from_config
+from autopar.models import (
+    CONFIG_CLASS_DEFAULTS,
+    PRESETS_DIR,
+    SUPPORTED_MODEL_TYPES,
+    UnknownModelTypeWarning,
+    load_model,
+    preset_names,
+    spec_from_config,
+)
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding
 
 # one preset per supported model_type (gemma and phi3 have no preset; they are checked with small configs below)
@@ -218,7 +226,9 @@ def test_unknown_model_type_falls_back_to_the_json(tmp_path: Path) -> None:
     # a model type transformers has never heard of, with Llama's keys: read as Llama
     config = dict(preset_json("llama-3.1-8b"), model_type="acme_llama", architectures=["AcmeLlamaForCausalLM"])
     write_config(tmp_path / "acme", config)
-    assert same_shape(load_model(str(tmp_path / "acme")), load_model("llama-3.1-8b"))
+    with pytest.warns(UnknownModelTypeWarning, match="'acme_llama' is unknown to transformers; read as a llama-like"):
+        model = load_model(str(tmp_path / "acme"))
+    assert same_shape(model, load_model("llama-3.1-8b"))
 
 
 # ---- the local Hugging Face cache ------------------------------------------------------------------------------

@@ -270,7 +270,8 @@ def _dumper() -> type:
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:  # the reader refuses aliases (costmodels.hardware)
+            return True
 
     Dumper.add_representer(_FlowRow, lambda dumper, row: dumper.represent_mapping(
         "tag:yaml.org,2002:map", row.items(), flow_style=True))
