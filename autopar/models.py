@@ -482,7 +482,7 @@ def _looks_like_path(text: str) -> bool:
 def _config_file_in(path: Path) -> Path:
     if path.is_dir():
         config = path / "config.json"
-        if not config.is_file():
+        if not config.exists():                      # one that exists but is no file is refused by the reader
             raise InputError("model", f"{path} has no config.json; give a model directory that contains one")
         return config
     return path
