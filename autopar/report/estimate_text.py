@@ -138,19 +138,24 @@ def _print_remedies(console: Any, result: "Estimate", fixes: "tuple[Remedy, ...]
     from rich.markup import escape
     from rich.table import Table
 
-    from autopar.report.units import format_gib, format_seconds
+    from autopar.report.units import column_cells, format_gib, seconds_unit
 
+    applied = [fix for fix in fixes if fix.applied]
+    times = [result.step_time_s] + [fix.step_time_s for fix in applied]
+    unit, scale = seconds_unit(times)                # one unit per column, named in the header
+    time_cells = iter(column_cells(times, scale))
+    memory_cells = iter(column_cells([result.peak_memory_bytes] + [fix.peak_memory_bytes for fix in applied],
+                                     1024**3, digits=4))
     table = Table(title="Remedies (the guide's order, each applied on top of the ones before; stops once memory "
                         "fits)", title_justify="left")
-    for name, justify in (("#", "right"), ("remedy", "left"), ("change", "left"), ("peak memory", "right"),
-                          ("step time", "right"), ("fits", "left")):
+    for name, justify in (("#", "right"), ("remedy", "left"), ("change", "left"), ("peak memory (GiB)", "right"),
+                          (f"step time ({unit})", "right"), ("fits", "left")):
         table.add_column(name, justify=justify)
-    table.add_row("0", "[dim]your plan", result.plan.short(), format_gib(result.peak_memory_bytes, 2),
-                  format_seconds(result.step_time_s), "[red]no")
+    table.add_row("0", "[dim]your plan", result.plan.short(), next(memory_cells), next(time_cells), "[red]no")
     for index, fix in enumerate(fixes, start=1):
         if fix.applied:
-            table.add_row(str(index), escape(fix.title), fix.change, format_gib(fix.peak_memory_bytes, 2),
-                          format_seconds(fix.step_time_s), _remedy_verdict(fix))
+            table.add_row(str(index), escape(fix.title), fix.change, next(memory_cells), next(time_cells),
+                          _remedy_verdict(fix))
         else:
             table.add_row(str(index), f"[dim]{escape(fix.title)}", f"[dim]skipped: {escape(fix.skipped_because)}",
                           "", "", "")

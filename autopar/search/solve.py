@@ -111,8 +111,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
 
         result = solve_oracle(space, problem, rules, time_budget_s=time_limit_s, progress=progress)
         plans, proven = result.plans, result.complete
-        notes.append(f"oracle: {result.plans_seen} plans enumerated, {result.valid_plans} pass the rules, "
-                     f"{result.fitting_plans} fit in memory")
+        notes.append(f"oracle: {result.plans_seen:,} plans enumerated, {result.valid_plans:,} pass the rules, "
+                     f"{result.fitting_plans:,} fit in memory")
     if not proven:
         notes.append("time limit reached: the front is the best found so far, not proven optimal")
     if len(plans) == 0:
