@@ -22,6 +22,7 @@ if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
 from benchmarks import microbench_tables as tables  # noqa: E402
+from autopar.atomic_write import write_text_atomically  # noqa: E402
 from autopar.calibrate.profile_file import FlowRow, apply_fit, fit_measurements, profile_dumper  # noqa: E402
 from costmodels.hardware import HardwareProfile, parse_profile  # noqa: E402
 
@@ -167,7 +168,7 @@ def write(name: str, data: dict[str, Any]) -> None:
     ordered.update({key: value for key, value in data.items() if key not in ordered})
     text = header + yaml.dump(ordered, Dumper=profile_dumper(), sort_keys=False, width=100_000, allow_unicode=True)
     parse_profile(text, str(path))
-    path.write_text(text, encoding="utf-8")
+    write_text_atomically(path, text)
     print(f"wrote {path}")
 
 
