@@ -324,6 +324,11 @@ def _forward_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> dic
             "attention_core": model.num_layers * core, "logits": logits, "mtp": mtp}
 
 
+def attention_core_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> float:
+    """Forward FLOPs of the attention core (scores and values, causal half) of one sequence over all layers."""
+    return float(_forward_flops_per_sequence(model, training)["attention_core"])
+
+
 def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
     """Model FLOPs of one step without recompute: 3 × forward (≈ 6·N_active·tokens + causal attention)."""
     parts = _forward_flops_per_sequence(model, training)
