@@ -124,11 +124,27 @@ def attention_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays)
     # TE) skip the masked half: s²·a·(d_qk + d_v). Per GPU: heads / tp, queries / cp (CP load-balances the chunks).
     seq = float(training.seq_len)
     causal_skip = 0.5 if training.flash_attention else 1.0
-    core_flops = causal_skip * 2.0 * plans.mbs * seq * seq * a * (qk_dim + v_dim) / (tp * plans.cp)
+    core_flops = causal_skip * 2.0 * plans.mbs * seq * seq * a * (qk_dim + v_dim) / (tp * plans.cp) \
+        * sliding_window_core_fraction(model, training)
     chunk = seq / plans.cp
     gemms.append(Gemm(flops=core_flops, m=chunk, n=chunk, k=np.full(len(plans), float(qk_dim)),
                       attention_core=True))
     return gemms
+
+
+def sliding_window_core_fraction(model: ModelSpec, training: TrainingSpec) -> float:
+    """Attention-core work of the average layer relative to full causal attention.
+
+    A sliding-window layer (Beltagy et al., arXiv 2004.05150; GPT-OSS alternates 128-token windows with full layers,
+    HF `GptOssConfig.layer_types`) lets query i see min(i + 1, w) keys: s·w - w²/2 pairs instead of s²/2, computed by
+    a fused kernel that skips the masked blocks. Averaged over the layers (the pattern alternates, so every pipeline
+    stage holds the same mix); without flash attention the full matrix is computed either way.
+    """
+    if not model.sliding_window or not training.flash_attention:
+        return 1.0
+    s, w = float(training.seq_len), float(min(model.sliding_window, training.seq_len))
+    sliding = (s * w - w * w / 2.0) / (s * s / 2.0)
+    return (model.num_layers - model.sliding_window_layers + model.sliding_window_layers * sliding) / model.num_layers
 
 
 def mlp_gemms(model: ModelSpec, tokens: np.ndarray, width: float, tp: np.ndarray) -> list[Gemm]:

@@ -19,7 +19,10 @@ class MlpKind(str, enum.Enum):
     GATED = "gated"
     """SwiGLU / GeGLU: gate, up and down projections, 3·h·F weights (Llama, Mistral, Qwen, DeepSeek)."""
     PLAIN = "plain"
-    """GELU MLP: up and down projections, 2·h·F weights (GPT-2/3, Megatron GPT)."""
+    """GELU MLP: up and down projections, 2·h·F weights (GPT-2/3, Megatron GPT, BLOOM)."""
+    SQUARED_RELU = "squared_relu"
+    """relu(x)² MLP, no gate: up and down projections, 2·h·F weights (Nemotron-4, arXiv 2402.16819 §2;
+    Megatron --squared-relu)."""
 
 
 class NormKind(str, enum.Enum):
@@ -36,6 +39,8 @@ class PositionEmbedding(str, enum.Enum):
     """Rotary: no parameters."""
     LEARNED = "learned"
     """Learned absolute table of max_position_embeddings × h (GPT-2/3, Megatron GPT)."""
+    ALIBI = "alibi"
+    """Attention biases linear in distance (Press et al., arXiv 2108.12409; BLOOM): no parameters."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,10 @@ class ModelSpec:
     mla: MLASpec | None = None
     num_mtp_layers: int = 0
     """DeepSeek-V3 multi-token-prediction modules (each: two norms, a 2h→h projection and one transformer layer)."""
+    sliding_window: int = 0
+    """Tokens a sliding-window attention layer looks back over; 0 = none (GPT-OSS: 128)."""
+    sliding_window_layers: int = 0
+    """How many of the layers use the sliding window (GPT-OSS alternates sliding and full: half of them)."""
     source: str = field(default="", compare=False)
     """Where the spec came from (preset name, path, HF id): for reports only."""
 
@@ -126,7 +135,8 @@ class ModelSpec:
         require(isinstance(self.name, str) and self.name != "", "name", "give the model a non-empty name")
         for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
             require_positive_int(getattr(self, name), name)
-        for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers"):
+        for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers", "sliding_window",
+                     "sliding_window_layers"):
             require_non_negative_int(getattr(self, name), name)
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
@@ -141,6 +151,10 @@ class ModelSpec:
         if self.position_embedding is PositionEmbedding.LEARNED:
             require(self.max_position_embeddings > 0, "max_position_embeddings",
                     "learned position embeddings need max_position_embeddings > 0")
+        require(self.sliding_window_layers <= self.num_layers, "sliding_window_layers",
+                f"sliding_window_layers={self.sliding_window_layers} exceeds num_layers={self.num_layers}")
+        require((self.sliding_window == 0) == (self.sliding_window_layers == 0), "sliding_window",
+                "give a sliding window exactly when some layers use one")
         if self.moe is not None:
             require(self.moe.first_dense_layers <= self.num_layers, "first_dense_layers",
                     f"first_dense_layers={self.moe.first_dense_layers} exceeds num_layers={self.num_layers}")

@@ -118,9 +118,19 @@ def model_flags(model: ModelSpec) -> list[Flag]:
         flags.append(("--kv-channels", str(model.head_dim)))
     if model.mlp is MlpKind.GATED:
         flags.append(("--swiglu", None))
+    elif model.mlp is MlpKind.SQUARED_RELU:
+        flags.append(("--squared-relu", None))                      # Nemotron-4: relu(x)^2, no gate
     flags.append(("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"))
-    flags.append(("--position-embedding-type",
-                  "rope" if model.position_embedding is PositionEmbedding.ROPE else "learned_absolute"))
+    # Megatron-Core has no ALiBi: 'none' builds the same parameters (BLOOM's biases are not trained weights)
+    flags.append(("--position-embedding-type", {PositionEmbedding.ROPE: "rope", PositionEmbedding.LEARNED:
+                                                "learned_absolute", PositionEmbedding.ALIBI: "none"}[
+                                                    model.position_embedding]))
+    if model.sliding_window:
+        # --window-size (left, right) and --window-attn-skip-freq 2: one full layer after each window layer (GPT-OSS)
+        flags.append(("--window-size", f"({model.sliding_window},0)"))
+        if model.sliding_window_layers < model.num_layers:
+            flags.append(("--window-attn-skip-freq", str(round(model.num_layers / max(1, model.num_layers
+                                                                                       - model.sliding_window_layers)))))
     if not model.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     if not model.linear_bias:
