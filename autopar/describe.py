@@ -36,7 +36,11 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "precision": training.precision.value, "flash_attention": training.flash_attention,
                      "fused_cross_entropy": training.fused_cross_entropy,
                      "moe_capacity_factor": training.moe_capacity_factor,
-                     "tokens_per_step": training.tokens_per_step},
+                     "tokens_per_step": training.tokens_per_step,
+                     "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
+                                 "overlap_param_gather": training.overlap_param_gather,
+                                 "tp_comm_overlap": training.tp_comm_overlap,
+                                 "moe_a2a_overlap": training.moe_a2a_overlap}},
     }
 
 
@@ -70,4 +74,13 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         routing = ("dropless" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")
         training_text += f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}"
+    training_text += f"; overlap: {overlap_summary(training)}"
     return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
+
+
+def overlap_summary(training: "TrainingSpec") -> str:
+    """The communication overlaps the step time assumes, by their Megatron-Core flag names."""
+    switches = (("grad reduce", training.overlap_grad_reduce), ("param gather", training.overlap_param_gather),
+                ("TP comm", training.tp_comm_overlap), ("EP all-to-all", training.moe_a2a_overlap))
+    on = [name for name, value in switches if value]
+    return ", ".join(on) + " (others off)" if on else "none (Megatron-Core defaults; see --overlap-grad-reduce ...)"

@@ -63,8 +63,11 @@ SWITCH_FLAGS = frozenset({
     "--use-torch-fsdp2", "--bf16", "--fp16", "--recompute-activations", "--group-query-attention",
     "--multi-latent-attention",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-    "--overlap-grad-reduce", "--overlap-param-gather",  # read (the step-time model assumes them), not needed
+    "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
 })
+OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce", "--overlap-param-gather": "overlap_param_gather",
+                         "--tp-comm-overlap": "tp_comm_overlap", "--overlap-moe-expert-parallel-comm": "moe_a2a_overlap"}
+"""Megatron-Core overlap switches -> TrainingSpec options (the step time hides what the command overlaps)."""
 
 PLAN_FLAG_OF_FIELD = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                       "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
@@ -88,7 +91,8 @@ class MegatronRun:
 
     plan: Plan
     training: dict[str, Any]
-    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8')."""
+    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8') and the overlap
+    switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap)."""
     num_gpus: int | None
     """GPU count when the script says it (launcher, WORLD_SIZE or #SBATCH), else None."""
     model: dict[str, int] = field(default_factory=dict)
@@ -463,6 +467,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         notes.append(f"GPU count not read from the launcher ({error.message}); give --gpus")
         num_gpus = None
     training: dict[str, Any] = {"precision": _precision(flags, notes)}
+    training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")
     if seq_len is not None:
         training["seq_len"] = seq_len

@@ -285,7 +285,10 @@ def megatron_readme() -> "list[Case | Unexpressed]":
             continue
         seq, gpus, layers = 4096, _int(r, "num_gpus"), _int(r, "layers")
         model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), _int(r, "vocab"), seq)
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"))
+        # README: "overlap of DP (--overlap-grad-reduce --overlap-param-gather), TP (--tp-comm-overlap) and PP
+        # communication enabled"
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), overlap_grad_reduce=True,
+                                overlap_param_gather=True, tp_comm_overlap=True)
         tp, pp = _int(r, "tp"), _int(r, "pp")
         fixed = dict(tp=tp, pp=pp, cp=1, ep=1, sp=tp > 1)
         free = dict(mbs=(1, 2, 4), vpp=_vpp_choices(layers, pp), zero=(0, 1),
@@ -546,7 +549,8 @@ def modelzoo() -> "list[Case | Unexpressed]":
             continue
         model = preset("qwen3-235b-a22b")
         seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"))
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""))
         recompute = Recompute.FULL if r["recompute"].strip() == "full" else Recompute.NONE
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
                      ep=_int(r, "ep"), etp=_int(r, "etp", 1), mbs=_int(r, "micro_batch"), recompute=recompute,

@@ -216,6 +216,20 @@ class TrainingSpec:
     """None: dropless routing (the busiest expert sets the pace). A float caps tokens per expert (GShard/Switch)."""
     moe_imbalance_factor: float = 1.0
     """Load on the busiest expert rank relative to a perfectly balanced one, with dropless routing (≥ 1)."""
+    # Communication overlap, as the framework runs it. Defaults are Megatron-Core's (all off):
+    # DistributedDataParallelConfig.overlap_grad_reduce / overlap_param_gather = False,
+    # ModelParallelConfig.tp_comm_overlap = False, overlap_moe_expert_parallel_comm = False.
+    overlap_grad_reduce: bool = False
+    """Reduce gradients bucket by bucket during the backward pass (--overlap-grad-reduce); off: after it."""
+    overlap_param_gather: bool = False
+    """All-gather the distributed optimizer's updated parameters during the next forward (--overlap-param-gather,
+    needs overlap_grad_reduce); off: right after the optimizer step."""
+    tp_comm_overlap: bool = False
+    """Split the sequence-parallel all-gather / reduce-scatter into chunks pipelined with the linear layers' GEMMs
+    (--tp-comm-overlap, Transformer Engine userbuffers; needs sequence parallelism)."""
+    moe_a2a_overlap: bool = False
+    """Overlap the expert-parallel all-to-all of one micro-batch with the computation of another
+    (--overlap-moe-expert-parallel-comm)."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.seq_len, "seq_len")
@@ -230,6 +244,11 @@ class TrainingSpec:
                     f"must be > 0, got {self.moe_capacity_factor}")
         require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
                 f"must be >= 1, got {self.moe_imbalance_factor}")
+        for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap"):
+            require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        require(self.overlap_grad_reduce or not self.overlap_param_gather, "overlap_param_gather",
+                "overlap_param_gather needs overlap_grad_reduce (Megatron-LM validate_args: 'Must use "
+                "--overlap-param-gather with --overlap-grad-reduce'); turn both on")
 
     @property
     def tokens_per_step(self) -> int:

@@ -7,8 +7,9 @@ Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/argu
 `_add_moe_args` (--expert-model-parallel-size, --expert-tensor-parallel-size, --num-experts, --moe-router-topk,
 --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq), `_add_training_args`
 (--micro-batch-size, --global-batch-size, --recompute-granularity, --recompute-method, --recompute-num-layers),
-`_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather: off by default, on here whenever
-the plan has data-parallel traffic, as the step-time model assumes; see export.common.data_parallel_overlap),
+`_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather) and ModelParallelConfig
+(--tp-comm-overlap, --overlap-moe-expert-parallel-comm): off by default, written when the user set them for the step
+time (TrainingSpec overlap options), where they apply; see export.common.data_parallel_overlap / model_parallel_overlap),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
 (--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
@@ -20,8 +21,8 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 
 from __future__ import annotations
 
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields, one_line,
-                                   pipeline_slots, plan_caption)
+from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields,
+                                   model_parallel_overlap, one_line, pipeline_slots, plan_caption)
 from autopar.results import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
@@ -72,9 +73,10 @@ def _virtual_pipeline_flag(model: ModelSpec, estimate: Estimate) -> Flag:
 
 
 def overlap_flags(estimate: Estimate) -> list[Flag]:
-    """--overlap-grad-reduce / --overlap-param-gather where the plan has data-parallel traffic to hide (the step-time
-    model's dp_comm_s assumes it hidden; Megatron-LM leaves both off unless asked)."""
-    return [("--" + name.replace("_", "-"), None) for name, on in data_parallel_overlap(estimate).items() if on]
+    """The overlap switches the step time assumed (TrainingSpec options), where they apply to the plan: the launched
+    job then overlaps what the estimate hid (Megatron-LM leaves all of them off unless asked)."""
+    switches = {**data_parallel_overlap(estimate), **model_parallel_overlap(estimate)}
+    return [("--" + name.replace("_", "-"), None) for name, on in switches.items() if on]
 
 
 def batch_flags(estimate: Estimate) -> list[Flag]:

@@ -139,6 +139,9 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if "global_batch_size" in training:
         args.global_batch = training["global_batch_size"]
     args.precision = training.get("precision", args.precision)
+    for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap"):
+        if training.get(name):
+            setattr(args, name, True)                            # the command's overlap switches, as it runs
     if run.num_gpus is not None:
         if getattr(args, "num_gpus", None) is None:
             args.num_gpus = run.num_gpus
