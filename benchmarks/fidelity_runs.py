@@ -242,6 +242,12 @@ def _cluster(profile: HardwareProfile, num_gpus: int, gpus_per_node: int = 0) ->
                        headroom=MEMORY_HEADROOM)
 
 
+TUNED_OVERLAP = dict(overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True)
+"""Megatron runs whose source does not state the DP/TP overlap switches: a tuned production run turns them on
+(NeMo's and Megatron-Bridge's recipes do by default), like the other unstated knobs autopar chooses."""
+OVERLAP_NOTE = "DP/TP overlap unstated: on (tuned run)"
+
+
 def _precision(text: str) -> Precision:
     text = (text or "").lower()
     return Precision.FP8 if ("fp8" in text or "float8" in text) else Precision.BF16
@@ -324,7 +330,7 @@ def megascale() -> "list[Case | Unexpressed]":
         profile, _, note = gpu_profile(r["gpu"])
         seq, gpus, layers = _int(r, "seq_len"), _int(r, "num_gpus"), _int(r, "layers")
         model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), _int(r, "vocab"), seq)
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"))
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), **TUNED_OVERLAP)
         tp, pp, vpp = _int(r, "tp"), _int(r, "pp"), _int(r, "vpp", 1)
         fixed = dict(tp=tp, pp=pp, vpp=vpp, cp=1, ep=1)
         free = dict(mbs=(1, 2, 4), sp=(False, True), zero=(0, 1),
@@ -332,7 +338,7 @@ def megascale() -> "list[Case | Unexpressed]":
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
                         "step s", _num(r, "step_time_s"), category(profile, False),
                         (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]),
-                        (note, "bf16 assumed (precision not stated)")))
+                        (note, "bf16 assumed (precision not stated)", OVERLAP_NOTE)))
     return out
 
 
@@ -347,12 +353,12 @@ def nemotron() -> "list[Case | Unexpressed]":
         if model is None:
             out.append(Unexpressed(source, r["row_id"], label, "model_type nemotron not supported"))
             continue
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"))
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), **TUNED_OVERLAP)
         fixed = dict(tp=_int(r, "tp"), pp=1, cp=1, ep=1, zero=1)
         free = dict(mbs=(1, 2, 4), sp=(False, True), recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
                         "step s", _num(r, "step_time_s"), category(profile, False),
-                        (source, r["model"], profile.name, gpus, seq), ("bf16 assumed (not stated)",)))
+                        (source, r["model"], profile.name, gpus, seq), ("bf16 assumed (not stated)", OVERLAP_NOTE)))
     return out
 
 
@@ -455,7 +461,7 @@ def mixtral_readme() -> "list[Case | Unexpressed]":
     model = preset("mixtral-8x7b")
     for r in _read("megatron_core_moe_readme_mixtral8x7b.csv"):
         gpus, seq = _int(r, "num_gpus"), _int(r, "seq_len")
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"))
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), **TUNED_OVERLAP)
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp"), ep=_int(r, "ep"), cp=1,
                      mbs=_int(r, "micro_batch"))
         free = dict(zero=(0, 1), recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
@@ -493,7 +499,8 @@ def moe_folding() -> "list[Case | Unexpressed]":
         if seq is None:                          # Table 4: "same configurations as the performance experiments"
             seq, notes = 4096, ("seq 4096 of Table 3 (Table 4 does not restate it)",)
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]), moe_capacity_factor=1.0)
+                                precision=_precision(r["precision"]), moe_capacity_factor=1.0,
+                                **(TUNED_OVERLAP if "FSDP" not in r["method"] else {}))
         tp, pp, cp, ep = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "cp", 1), _int(r, "ep", 1)
         etp = _int(r, "etp", 0) if "Folding" in r["method"] else tp
         zero = 3 if r["method"].startswith("FSDP") else None
@@ -550,7 +557,7 @@ def modelzoo() -> "list[Case | Unexpressed]":
         model = preset("qwen3-235b-a22b")
         seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""))
+                                moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""), **TUNED_OVERLAP)
         recompute = Recompute.FULL if r["recompute"].strip() == "full" else Recompute.NONE
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
                      ep=_int(r, "ep"), etp=_int(r, "etp", 1), mbs=_int(r, "micro_batch"), recompute=recompute,

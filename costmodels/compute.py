@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodels import overheads
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
@@ -48,6 +49,14 @@ from costmodels.specs import MlpKind, ModelSpec, Precision, TrainingSpec
 
 BACKWARD_TO_FORWARD = 2.0
 """Backward runs two GEMMs (data gradient and weight gradient) per forward GEMM (arXiv 2104.04473, appendix)."""
+FLASH_CORE_BACKWARD_TO_FORWARD = 2.5
+"""A fused (flash) attention backward recomputes the scores S = QKᵀ from Q and K (it never stored them) and then
+runs dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q: five matmuls against the forward's two, 2.5× the forward FLOPs
+(Dao, FlashAttention-2, arXiv 2307.08691 §3.1 and Algorithm 2). The unfused path stores P and runs four (2×)."""
+
+
+def attention_core_backward_to_forward(training: TrainingSpec) -> float:
+    return FLASH_CORE_BACKWARD_TO_FORWARD if training.flash_attention else BACKWARD_TO_FORWARD
 
 
 # ---- GEMM efficiency -----------------------------------------------------------------------------------------
@@ -251,6 +260,30 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     return layer_bytes, score_bytes
 
 
+# ---- FP8 casts ---------------------------------------------------------------------------------------------------
+
+FP8_CAST_BYTES_PER_INPUT_ELEMENT = 3.0
+"""Forward of an FP8 linear layer (Transformer Engine, delayed or current scaling): its bf16 input activation is read
+(2 bytes) and written as FP8 (1 byte), the amax reduction fused into the same pass (TE `cast_to_fp8` /
+`fp8_cast_transpose_fused`; Micikevicius et al., "FP8 formats for deep learning", arXiv 2209.05433 §4). The
+backward casts the output gradient the same way and writes transposed FP8 copies for the weight-gradient GEMM,
+about twice the forward's traffic, which `BACKWARD_TO_FORWARD` applies. Weights are cast once per step
+(TE `is_first_microbatch`) and not counted here. The attention core and the elementwise kernels stay bf16 and are
+priced as such: FP8 speeds up the GEMMs only."""
+
+
+def fp8_cast_bytes(gemms: list[Gemm], training: TrainingSpec) -> np.ndarray:
+    """HBM bytes of the FP8 input casts of one layer's forward GEMMs (0 in bf16): m × k elements per GEMM."""
+    if training.precision is not Precision.FP8:
+        return np.zeros(len(gemms[0].flops)) if gemms else 0.0
+    total = 0.0
+    for gemm in gemms:
+        if not gemm.attention_core:
+            total = total + FP8_CAST_BYTES_PER_INPUT_ELEMENT * gemm.m * gemm.k * (gemm.flops / (2.0 * gemm.m * gemm.n
+                                                                                             * gemm.k))
+    return total
+
+
 # ---- seconds -------------------------------------------------------------------------------------------------
 
 def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[Gemm],
@@ -283,16 +316,23 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     tp = plans.tp.astype(float)
     attention = attention_gemms(model, training, plans)
     seconds_per_byte = elementwise_traffic_factor(profile) / profile.hbm_bandwidth_bytes_per_s
+    cast_s_per_byte = 1.0 / profile.hbm_bandwidth_bytes_per_s
     dense_bytes, score_bytes = elementwise_bytes_per_layer(model, training, plans, moe_layer=False)
     core_s = _gemms_time_s(profile, training, attention, attention_core=True) + score_bytes * seconds_per_byte
-    attention_s = _gemms_time_s(profile, training, attention, attention_core=False) + core_s
-    dense_s = attention_s + _gemms_time_s(profile, training, mlp_gemms(model, tokens, model.ffn_hidden_size, tp)) \
-        + dense_bytes * seconds_per_byte
+    attention_s = _gemms_time_s(profile, training, attention, attention_core=False) + core_s \
+        + fp8_cast_bytes(attention, training) * cast_s_per_byte
+    dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+    dense_s = attention_s + _gemms_time_s(profile, training, dense_mlp) + dense_bytes * seconds_per_byte \
+        + fp8_cast_bytes(dense_mlp, training) * cast_s_per_byte
+    # the host launch floor (costmodels.overheads): a layer takes at least its kernels' launch time
+    dense_s = np.maximum(dense_s, overheads.layer_launch_floor_s(moe_layer=False))
     moe_s = np.zeros(len(plans))
     if model.moe is not None:
         moe_bytes, _ = elementwise_bytes_per_layer(model, training, plans, moe_layer=True)
-        moe_s = attention_s + _gemms_time_s(profile, training, moe_mlp_gemms(model, training, plans)) \
-            + moe_bytes * seconds_per_byte
+        moe_mlp = moe_mlp_gemms(model, training, plans)
+        moe_s = attention_s + _gemms_time_s(profile, training, moe_mlp) + moe_bytes * seconds_per_byte \
+            + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte
+        moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
     logits_s = _gemms_time_s(profile, training, logits_gemms(model, training, plans))
     mtp_s = np.zeros(len(plans))
     if model.num_mtp_layers:
@@ -359,4 +399,6 @@ def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, plans: Pla
     full_fraction = recomputed_layer_fraction(plans, layers)
     selective = plans.recompute == Recompute.SELECTIVE
     recomputed = np.where(selective, parts["attention_core"], full_fraction * parts["layers"])
-    return model_flops_per_step(model, training) + recomputed * training.global_batch_size
+    # a fused attention backward recomputes the scores: 2.5x the core's forward, not 2x (FLASH_CORE_BACKWARD_...)
+    flash_extra = (attention_core_backward_to_forward(training) - BACKWARD_TO_FORWARD) * parts["attention_core"]
+    return model_flops_per_step(model, training) + (recomputed + flash_extra) * training.global_batch_size

@@ -105,7 +105,8 @@ def candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
 def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, times: compute_model.LayerTimes,
                     stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward, backward, recompute) seconds per microbatch on `stage`: layer GEMM times × layers on the stage,
-    logits and MTP on the last; backward = 2 × forward (arXiv 2104.04473 appendix); recompute per
+    logits and MTP on the last; backward = 2 × forward (arXiv 2104.04473 appendix), 2.5 × for a fused attention
+    core (compute.FLASH_CORE_BACKWARD_TO_FORWARD); recompute per
     arXiv 2205.05198 §4 (selective: attention core forward; full: whole layer forward)."""
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
@@ -113,7 +114,9 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     layer_forward = dense_layers * times.dense_layer_fwd_s + moe_layers * times.moe_layer_fwd_s
     is_last = stage == plans.pp - 1
     forward = layer_forward + np.where(is_last, times.logits_fwd_s + times.mtp_fwd_s, 0.0)
-    backward = compute_model.BACKWARD_TO_FORWARD * forward
+    # the attention core's backward is heavier than 2x with a fused kernel (compute.FLASH_CORE_BACKWARD_TO_FORWARD)
+    core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
+    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s
     full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
     recompute = np.where(plans.recompute == Recompute.SELECTIVE, layers * times.attention_core_fwd_s,
                          full_fraction * layer_forward)
@@ -227,7 +230,7 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                      times: compute_model.LayerTimes, stage: np.ndarray) -> StageMicrobatch:
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
     layers = layers_on_stage(model.num_layers, plans, stage)
-    core_s = layers * times.attention_core_fwd_s * (1.0 + compute_model.BACKWARD_TO_FORWARD
+    core_s = layers * times.attention_core_fwd_s * (1.0 + compute_model.attention_core_backward_to_forward(training)
                                                      + (plans.recompute != Recompute.NONE))
     linear_s = np.maximum(forward + backward + recompute - core_s, 0.0)    # what TP overlap can hide behind
     return StageMicrobatch(

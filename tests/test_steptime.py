@@ -102,12 +102,18 @@ def test_hardware_flops_count_recompute():
     plans = PlanArrays.from_plans([Plan(), Plan(recompute=Recompute.SELECTIVE), Plan(recompute=Recompute.FULL)])
     flops = steptime.hardware_flops_per_step(model, training, plans)
     model_flops = steptime.model_flops_per_step(model, training)
-    assert flops[0] == pytest.approx(model_flops)
+    # a fused attention backward recomputes the scores: +0.5 core forward (2·s²·h per layer per sequence, causal)
+    core_forward = 8 * 4 * 2 * 2048 ** 2 * 1024
+    flash = 0.5 * core_forward
+    assert flops[0] == pytest.approx(model_flops + flash)
     # selective adds the causal attention core forward: 2·s²·h per layer per sequence (half of 4·s²·h)
-    assert flops[1] - model_flops == pytest.approx(8 * 4 * 2 * 2048 ** 2 * 1024)
+    assert flops[1] - model_flops - flash == pytest.approx(core_forward)
     # full adds one forward of every layer: 24·s·h² + 2·s²·h per layer per sequence
     layer_forward = 24 * 2048 * 1024 ** 2 + 2 * 2048 ** 2 * 1024
-    assert flops[2] - model_flops == pytest.approx(8 * 4 * layer_forward)
+    assert flops[2] - model_flops - flash == pytest.approx(8 * 4 * layer_forward)
+    unfused = dataclasses.replace(training, flash_attention=False)
+    assert steptime.hardware_flops_per_step(model, unfused, plans)[0] == \
+        pytest.approx(steptime.model_flops_per_step(model, unfused))
 
 
 # ---- topology ----------------------------------------------------------------------------------------------------
