@@ -23,7 +23,9 @@ It is the roofline of one GEMM written as a sum of times: 2mnk FLOPs at peak_fra
 traffic 2(mk + kn + mn) bytes at HBM speed, whose ratio to the FLOPs is (1/m + 1/n + 1/k); `half_saturation_dim`
 absorbs HBM bandwidth, tile quantisation and kernel launch: a square GEMM of side `half_saturation_dim` runs at half
 of `peak_fraction`. It is symmetric in (m, n, k), so the forward GEMM and its two backward GEMMs (same three
-dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak (profiles without
+dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak and, where the
+profile has it, their own `fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the bytes,
+so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes) (profiles without
 fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
 attention in bf16), and uses the same curve with its (s/cp) × (s/cp) × head_dim shape.
 
@@ -65,14 +67,16 @@ def gemm_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.nd
                     k: "np.ndarray | float", precision: str = "bf16") -> np.ndarray:
     """Fraction of the dense peak (of `precision`) reached by an m×k·k×n GEMM; curve in the module docstring."""
     params = profile.gemm_efficiency
+    half_saturation_dim = params["half_saturation_dim"]
     if precision == Precision.FP8.value:
         if not profile.supports("fp8") or "fp8_peak_fraction" not in params:
             raise InputError("precision", f"{profile.name} has no fp8 GEMM rate in its profile; use bf16")
         peak_fraction = params["fp8_peak_fraction"]
+        half_saturation_dim = params.get("fp8_half_saturation_dim", half_saturation_dim)
     else:
         peak_fraction = params["peak_fraction"]
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
-    return peak_fraction / (1.0 + params["half_saturation_dim"] / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k))
+    return peak_fraction / (1.0 + half_saturation_dim / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k))
 
 
 def gemm_time_s(profile: HardwareProfile, flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
