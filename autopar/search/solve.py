@@ -124,9 +124,32 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
 
         raise explain_infeasible(model, cluster, training, controls)
     points = rescore(model, cluster, training, plans, controls.relax)
+    points, checked_notes = checked_front(points)
+    notes.extend(checked_notes)
+    if not points:
+        from autopar.search.explain import explain_infeasible
+
+        raise explain_infeasible(model, cluster, training, controls)
     return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,
                        rules=tuple(r.id for r in rules), relaxed_rules=tuple(controls.relax), solver=chosen,
                        solve_time_s=time.perf_counter() - start, search_space_size=space.size, notes=tuple(notes))
+
+
+def checked_front(points: tuple[Estimate, ...]) -> tuple[tuple[Estimate, ...], list[str]]:
+    """The front as the float model (autopar.estimate, the one definition of "fits") sees it: a point it says does not
+    fit is dropped and said so (the integer units round memory up, so this only happens if that invariant breaks), and
+    step times past the solver's exact integer range are noted (autopar.search.objective saturates them)."""
+    from autopar.search.objective import TIME_RANKING_LIMIT_S
+
+    kept = tuple(p for p in points if p.fits)
+    notes = []
+    if len(kept) < len(points):
+        notes.append(f"{len(points) - len(kept)} plan(s) the solver kept were dropped: the float model says they do "
+                     "not fit in memory")
+    if any(p.step_time_s >= TIME_RANKING_LIMIT_S for p in kept):
+        notes.append(f"step times over {TIME_RANKING_LIMIT_S:.3g} s are past the solver's integer range: plans "
+                     "beyond it rank as ties on step time")
+    return kept, notes
 
 
 def rescore(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
