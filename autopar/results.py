@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from costmodels.plan import Plan
+from costmodels.plan import DEFAULT_RECOMPUTE_MODULES, Plan, Recompute, RecomputeModule
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 GIB = 1024**3
@@ -60,11 +60,19 @@ class StageMemory:
                 "terms_bytes": {term: whole_bytes(value) for term, value in self.terms_bytes.items()}}
 
 
+def recompute_module_names(plan: Plan) -> list[str]:
+    """The modules selective recompute re-runs (Megatron-Core --recompute-modules); [] without selective."""
+    if plan.recompute is not Recompute.SELECTIVE:
+        return []
+    return RecomputeModule.names(plan.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
+
+
 def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
     """A plan with its derived sizes, in DESIGN.md §1 names."""
     return {"tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "cp": plan.cp, "ep": plan.ep, "etp": plan.etp,
             "dp": plan.dp(num_gpus), "edp": plan.edp(num_gpus), "mbs": plan.mbs, "sp": plan.sp,
-            "recompute": plan.recompute.label, "recompute_layers": plan.recompute_layers, "zero": plan.zero,
+            "recompute": plan.recompute.label, "recompute_layers": plan.recompute_layers,
+            "recompute_modules": recompute_module_names(plan), "zero": plan.zero,
             "first_stage_layers": plan.first_stage_layers, "last_stage_layers": plan.last_stage_layers}
 
 

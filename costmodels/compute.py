@@ -46,7 +46,7 @@ from costmodels import overheads
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
-from costmodels.plan import PlanArrays, Recompute, layers_on_stage
+from costmodels.plan import PlanArrays, Recompute, RecomputeModule, layers_on_stage, recomputes_module
 from costmodels.specs import MlpKind, ModelSpec, Precision, TrainingSpec
 
 BACKWARD_TO_FORWARD = 2.0
@@ -312,6 +312,10 @@ class LayerTimes:
     logits_fwd_s: np.ndarray
     mtp_fwd_s: np.ndarray
     """All MTP modules together (their decoder layers included), on the last stage."""
+    selective_dense_fwd_s: "np.ndarray | None" = None
+    """Per dense layer: the forward of the modules selective recompute re-runs (see selective_recompute_s)."""
+    selective_moe_fwd_s: "np.ndarray | None" = None
+    """Per MoE layer: the same."""
 
 
 def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
@@ -337,13 +341,62 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         moe_s = attention_s + _gemms_time_s(profile, training, moe_mlp) + moe_bytes * seconds_per_byte \
             + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte
         moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
+    dense_sel, moe_sel = selective_recompute_s(model, profile, training, plans, core_s)
     logits_s = _gemms_time_s(profile, training, logits_gemms(model, training, plans))
     mtp_s = np.zeros(len(plans))
     if model.num_mtp_layers:
         module_s = (moe_s if model.is_moe else dense_s) + \
             _gemms_time_s(profile, training, mtp_extra_gemms(model, training, plans))
         mtp_s = model.num_mtp_layers * module_s
-    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s)
+    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel)
+
+
+def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
+                          core_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dense layer, MoE layer) seconds of re-running the selected --recompute-modules in the backward pass:
+    core_attn the attention core; layernorm the two norms (read 2h, write 2h bytes per token each, HBM-bound);
+    mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (reads the fused gate/up output, 4 bytes,
+    writes 2, per expert column); moe the router and routed-expert GEMMs and permutation (its all-to-alls are
+    re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's GEMMs; mla_up_proj the MLA up
+    projections. Megatron-Core recomputes each from its stored input (CheckpointWithoutOutput)."""
+    n = len(plans)
+    tokens = _tokens(training, plans)
+    tp = plans.tp.astype(float)
+    per_byte = 1.0 / profile.hbm_bandwidth_bytes_per_s
+    outside = tokens / np.where(plans.sp, tp, 1.0)
+    norms = 2.0 * 4.0 * model.hidden_size * outside * per_byte
+    mla = np.zeros(n)
+    if model.mla is not None:
+        up = [g for g in attention_gemms(model, training, plans)[:-1]]
+        # the up projections: kv up (index 1) and q up (index 4 with a q latent)
+        picked = [up[1]] + ([up[4]] if model.mla.q_lora_rank else [])
+        mla = _gemms_time_s(profile, training, picked)
+    dense_mlp_gemms = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+    act_bytes = tokens * (6.0 if model.mlp is MlpKind.GATED else 4.0) * model.ffn_hidden_size / tp
+    dense_mlp = _gemms_time_s(profile, training, dense_mlp_gemms) + act_bytes * per_byte
+
+    def pick(module: RecomputeModule, seconds) -> np.ndarray:
+        return np.where(recomputes_module(plans, module), seconds, 0.0)
+
+    common = pick(RecomputeModule.CORE_ATTN, core_s) + pick(RecomputeModule.LAYERNORM, norms) \
+        + pick(RecomputeModule.MLA_UP_PROJ, mla)
+    dense = common + pick(RecomputeModule.MLP, dense_mlp)
+    moe = np.zeros(n)
+    if model.moe is not None:
+        spec = model.moe
+        received = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
+            * spec.num_experts / plans.ep
+        act = received * 6.0 * spec.expert_ffn_hidden_size / plans.etp * per_byte
+        routed_gemms = moe_mlp_gemms(model, training, plans)
+        shared_count = 2 if spec.num_shared_experts else 0
+        routed = _gemms_time_s(profile, training, routed_gemms[:len(routed_gemms) - shared_count])
+        local_tokens = tokens / np.where(plans.sp, tp, 1.0)
+        permute = 2.0 * 2.0 * local_tokens * spec.top_k * model.hidden_size * moe_load_factor(training) * per_byte
+        shared = _gemms_time_s(profile, training, routed_gemms[len(routed_gemms) - shared_count:]) \
+            if shared_count else np.zeros(n)
+        moe = common + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,
+                                pick(RecomputeModule.MOE_ACT, act)) + pick(RecomputeModule.SHARED_EXPERTS, shared)
+    return dense, moe
 
 
 def recomputed_layer_fraction(plans: PlanArrays, stage_layers: np.ndarray) -> np.ndarray:

@@ -44,6 +44,57 @@ class Recompute(enum.IntEnum):
         return self.name.lower()
 
 
+class RecomputeModule(enum.IntFlag):
+    """Megatron-Core's per-module selective recompute (`--recompute-granularity selective --recompute-modules ...`,
+    megatron/core/transformer/transformer_config.py `recompute_modules`): each module's forward output is dropped
+    after the forward pass and recomputed from its stored input in the backward pass."""
+
+    CORE_ATTN = 1
+    """The attention core (Korthikanti et al., arXiv 2205.05198 §4.2): Megatron's default module."""
+    LAYERNORM = 2
+    """Both norms: their outputs (the inputs of the QKV and FC1 GEMMs) are not kept."""
+    MLP = 4
+    """A dense layer's whole MLP: only its input is kept."""
+    MOE_ACT = 8
+    """The routed experts' activation function: its output (the down projection's input) is not kept."""
+    MOE = 16
+    """A MoE layer's whole routed MLP (router, dispatch, experts, combine): only its input is kept."""
+    SHARED_EXPERTS = 32
+    """The shared experts' MLP."""
+    MLA_UP_PROJ = 64
+    """MLA's up projections (Q, K, V out of the latents)."""
+
+    @classmethod
+    def parse(cls, value: "str | int | Iterable[str]") -> int:
+        """A bit set from names ('core_attn,layernorm' or a list) or an int; '' or 'default' is 0."""
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            require(0 <= int(value) < 2 ** len(cls), "recompute_modules", f"unknown module bits {value!r}")
+            return int(value)
+        names = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+        bits = 0
+        for name in names:
+            if name in ("", "default"):
+                continue
+            try:
+                bits |= cls[name.strip().upper()]
+            except KeyError:
+                raise InputError("recompute_modules", f"unknown module {name!r}; use "
+                                                      f"{', '.join(m.label for m in cls)}") from None
+        return int(bits)
+
+    @property
+    def label(self) -> str:
+        return (self.name or "").lower()
+
+    @classmethod
+    def names(cls, bits: int) -> list[str]:
+        return [m.label for m in cls if bits & m]
+
+
+DEFAULT_RECOMPUTE_MODULES = int(RecomputeModule.CORE_ATTN)
+"""Megatron-Core's default `recompute_modules`: ['core_attn']."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """One layout. `dp` is derived: num_gpus / (tp·cp·pp); `edp` = num_gpus / (etp·ep·pp)."""
@@ -62,6 +113,9 @@ class Plan:
     recompute_layers: int = 0
     """With full recompute: layers per pipeline stage (per virtual chunk) recomputed, Megatron's block method
     (--recompute-num-layers); 0 = all of them."""
+    recompute_modules: int = 0
+    """With selective recompute: the modules recomputed, a RecomputeModule bit set (--recompute-modules);
+    0 = Megatron's default, core_attn only."""
     zero: int = 0
     """0 none, 1 optimizer states (= Megatron distributed optimizer), 2 + gradients, 3 + parameters (ZeRO/FSDP)."""
     first_stage_layers: int = 0
@@ -74,6 +128,7 @@ class Plan:
             require_positive_int(getattr(self, name), name)
         for name in ("etp", "recompute_layers", "first_stage_layers", "last_stage_layers"):
             require_non_negative_int(getattr(self, name), name)
+        object.__setattr__(self, "recompute_modules", RecomputeModule.parse(self.recompute_modules))
         if self.etp == 0:
             object.__setattr__(self, "etp", self.tp)
         object.__setattr__(self, "recompute", Recompute.parse(self.recompute))
@@ -81,6 +136,10 @@ class Plan:
         object.__setattr__(self, "sp", bool(self.sp))
         require(self.zero in (0, 1, 2, 3) and not isinstance(self.zero, bool), "zero",
                 f"must be 0, 1, 2 or 3, got {self.zero!r}")
+        # modules belong to selective recompute (Megatron ignores --recompute-modules otherwise); one spelling of
+        # the default: core_attn alone is 0
+        if self.recompute is not Recompute.SELECTIVE or self.recompute_modules == DEFAULT_RECOMPUTE_MODULES:
+            object.__setattr__(self, "recompute_modules", 0)
 
     def dp(self, num_gpus: int) -> int:
         """Data-parallel size on `num_gpus` (0 when the model-parallel product does not divide it)."""
@@ -110,6 +169,8 @@ class Plan:
         if self.recompute is not Recompute.NONE:
             layers = f"{self.recompute_layers}" if self.recompute_layers else ""
             parts.append({Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute] + layers)
+            if self.recompute_modules:
+                parts[-1] += "(" + "+".join(RecomputeModule.names(self.recompute_modules)) + ")"
         if self.zero:
             parts.append(f"z{self.zero}")
         return " ".join(parts)
@@ -132,6 +193,7 @@ class PlanArrays:
     sp: np.ndarray
     recompute: np.ndarray
     recompute_layers: np.ndarray
+    recompute_modules: np.ndarray
     zero: np.ndarray
     first_stage_layers: np.ndarray
     last_stage_layers: np.ndarray
@@ -245,3 +307,14 @@ def expert_data_parallel_size(plans: PlanArrays, num_gpus: int) -> np.ndarray:
 def num_microbatches(plans: PlanArrays, num_gpus: int, global_batch_size: int) -> np.ndarray:
     """gbs / (dp·mbs) per pipeline per step; float, non-integral where the `batch` rule fails."""
     return global_batch_size / (data_parallel_size(plans, num_gpus) * plans.mbs)
+
+
+def selective_modules(plans: PlanArrays) -> np.ndarray:
+    """The RecomputeModule bits each plan recomputes: its modules with selective recompute (0 = core_attn only,
+    Megatron's default), nothing otherwise."""
+    modules = np.where(plans.recompute_modules == 0, DEFAULT_RECOMPUTE_MODULES, plans.recompute_modules)
+    return np.where(plans.recompute == Recompute.SELECTIVE, modules, 0)
+
+
+def recomputes_module(plans: PlanArrays, module: RecomputeModule) -> np.ndarray:
+    return (selective_modules(plans) & int(module)) != 0

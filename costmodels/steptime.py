@@ -24,7 +24,8 @@ from costmodels.comm import (cp_group, dp_cp_group, edp_group, ep_group, etp_gro
 from costmodels.hardware import HardwareProfile
 from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
-from costmodels.plan import PlanArrays, Recompute, as_plan_arrays, layers_on_stage, num_microbatches
+from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
+                             num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 GRAD_BYTES = 4
@@ -42,24 +43,24 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     # m × per-microbatch stage FLOP time; m = gbs/(dp·mbs) brings (tp, cp, pp, mbs); layers per stage bring
     # (pp, first/last_stage_layers); recompute_layers acts per virtual chunk (vpp); MoE expert GEMMs (ep, etp);
     # sp splits the norm/dropout elementwise work over tp.
-    "compute": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "vpp", "ep", "etp",
-                "first_stage_layers", "last_stage_layers"),
+    "compute": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "recompute_modules", "vpp", "ep",
+                "etp", "first_stage_layers", "last_stage_layers"),
     # with --tp-comm-overlap the exposed part depends on the linear GEMM time it hides behind (compute's knobs)
-    "tp_comm": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "vpp", "ep", "etp",
-                "first_stage_layers", "last_stage_layers"),
+    "tp_comm": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "recompute_modules", "vpp", "ep",
+                "etp", "first_stage_layers", "last_stage_layers"),
     # ring exchange exposed beyond the attention core it overlaps with
-    "cp_comm": ("tp", "cp", "pp", "mbs", "recompute", "recompute_layers", "vpp",
+    "cp_comm": ("tp", "cp", "pp", "mbs", "recompute", "recompute_layers", "recompute_modules", "vpp",
                 "first_stage_layers", "last_stage_layers"),
     # with --overlap-moe-expert-parallel-comm: hidden behind another micro-batch's compute (compute's knobs)
-    "ep_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers", "vpp",
-                "first_stage_layers", "last_stage_layers"),
+    "ep_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers", "recompute_modules",
+                "vpp", "first_stage_layers", "last_stage_layers"),
     # (p-1)/v × (per-microbatch compute + tp + cp + ep): the union of those four plus vpp
     "pp_bubble": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
-                  "first_stage_layers", "last_stage_layers"),
+                  "recompute_modules", "first_stage_layers", "last_stage_layers"),
     "pp_p2p": ("tp", "cp", "pp", "vpp", "mbs", "sp"),
     # gradient sync of the stage's parameters, hidden behind one microbatch's backward (its compute knobs)
-    "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers", "vpp",
-                "first_stage_layers", "last_stage_layers"),
+    "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers",
+                "recompute_modules", "vpp", "first_stage_layers", "last_stage_layers"),
     "optimizer": ("tp", "cp", "pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
 }
 """For each term of `step_time_terms_s`, the Plan fields it depends on (dp counts through tp, cp, pp; the number of
@@ -118,8 +119,8 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
     backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s
     full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
-    recompute = np.where(plans.recompute == Recompute.SELECTIVE, layers * times.attention_core_fwd_s,
-                         full_fraction * layer_forward)
+    selective = dense_layers * times.selective_dense_fwd_s + moe_layers * times.selective_moe_fwd_s
+    recompute = np.where(plans.recompute == Recompute.SELECTIVE, selective, full_fraction * layer_forward)
     return forward, backward, recompute
 
 
@@ -223,15 +224,18 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
     one = group_collective_time_s(cluster.profile, ep_group(plans, cluster.gpus_per_node), "all_to_all", bytes_)
-    return moe_layers * (4.0 + 2.0 * recomputed) * one
+    # module `moe` of selective recompute re-runs the dispatch and combine of every stored MoE layer
+    moe_module = recomputes_module(plans, RecomputeModule.MOE)
+    return moe_layers * (4.0 + 2.0 * recomputed + 2.0 * moe_module) * one
 
 
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                      times: compute_model.LayerTimes, stage: np.ndarray) -> StageMicrobatch:
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
     layers = layers_on_stage(model.num_layers, plans, stage)
+    core_recomputed = (plans.recompute == Recompute.FULL) | recomputes_module(plans, RecomputeModule.CORE_ATTN)
     core_s = layers * times.attention_core_fwd_s * (1.0 + compute_model.attention_core_backward_to_forward(training)
-                                                     + (plans.recompute != Recompute.NONE))
+                                                     + core_recomputed)
     linear_s = np.maximum(forward + backward + recompute - core_s, 0.0)    # what TP overlap can hide behind
     return StageMicrobatch(
         forward_s=forward, backward_s=backward, recompute_s=recompute,

@@ -128,6 +128,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-layers", type=integer, default=None, metavar="N",
                        help="with --recompute full: layers per stage recomputed [--recompute-num-layers]; "
                             "default 0 = all")
+    group.add_argument("--recompute-modules", default=None, metavar="M[,M...]",
+                       help="with --recompute selective: modules recomputed, of core_attn, layernorm, mlp, moe_act, "
+                            "moe, shared_experts, mla_up_proj [--recompute-modules]; default core_attn")
     group.add_argument("--zero", type=integer, default=None, metavar="{0,1,2,3}",
                        help="sharding over DP: 1 = Megatron distributed optimizer, 2 + gradients, 3 + parameters; "
                             "default 0")
@@ -141,7 +144,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 PLAN_DEFAULTS: dict[str, object] = {
     "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 0, "mbs": 1, "sp": None, "recompute": "none",
-    "recompute_layers": 0, "zero": 0, "first_stage_layers": 0, "last_stage_layers": 0}
+    "recompute_layers": 0, "recompute_modules": 0, "zero": 0, "first_stage_layers": 0, "last_stage_layers": 0}
 """What a plan flag means when it is not given (the parser's defaults are None, so typed flags can be told apart;
 sp None = on when tp > 1)."""
 
@@ -214,12 +217,16 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
 
 
 def plan_from_args(args: argparse.Namespace) -> "Plan":
+    from costmodels.errors import InputError
     from costmodels.plan import Plan
 
     knobs = {dest: getattr(args, dest, None) for dest in PLAN_DEFAULTS}
     knobs = {dest: default if knobs[dest] is None else knobs[dest] for dest, default in PLAN_DEFAULTS.items()}
     if knobs["sp"] is None:
         knobs["sp"] = knobs["tp"] > 1
+    if getattr(args, "recompute_modules", None) is not None and str(knobs["recompute"]).strip().lower() != "selective":
+        raise InputError("recompute_modules", "--recompute-modules only applies with --recompute selective; add it "
+                                              "or drop --recompute-modules")
     return Plan(**knobs)
 
 

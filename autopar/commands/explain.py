@@ -21,8 +21,8 @@ from autopar.commands import (
     add_training_arguments,
 )
 
-PLAN_DESTS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "zero",
-              "first_stage_layers", "last_stage_layers")
+PLAN_DESTS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "recompute_modules",
+              "zero", "first_stage_layers", "last_stage_layers")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

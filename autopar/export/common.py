@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.results import Estimate
-from costmodels.plan import Plan, Recompute, embedding_loss_slots
+from costmodels.plan import Plan, Recompute, RecomputeModule, embedding_loss_slots
 
 
 @dataclass(frozen=True)
@@ -117,14 +117,19 @@ def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True) -> dict
 
 
 def mcore_recompute_fields(plan: Plan) -> dict[str, object]:
+    """TransformerConfig's recompute fields; recompute_modules (a list of module names) only when the plan's set is
+    not Megatron-Core's default ['core_attn']."""
+    modules = RecomputeModule.names(plan.recompute_modules) if plan.recompute_modules else None
     if plan.recompute is Recompute.SELECTIVE:
-        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
+        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
+                "recompute_modules": modules}
+    none = {"recompute_modules": None}
     if plan.recompute is Recompute.FULL:
         if plan.recompute_layers:
             return {"recompute_granularity": "full", "recompute_method": "block",
-                    "recompute_num_layers": plan.recompute_layers}
-        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+                    "recompute_num_layers": plan.recompute_layers, **none}
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1, **none}
+    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None, **none}
 
 
 def data_parallel_overlap(estimate: Estimate) -> dict[str, bool]:

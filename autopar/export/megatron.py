@@ -9,7 +9,8 @@ Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/argu
 (--micro-batch-size, --global-batch-size, --recompute-granularity, --recompute-method, --recompute-num-layers),
 `_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather) and ModelParallelConfig
 (--tp-comm-overlap, --overlap-moe-expert-parallel-comm): off by default, written when the user set them for the step
-time (TrainingSpec overlap options), where they apply; see export.common.data_parallel_overlap / model_parallel_overlap),
+time (TrainingSpec overlap options), where they apply; see export.common.data_parallel_overlap and
+model_parallel_overlap),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
 (--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
@@ -96,6 +97,8 @@ def memory_flags(estimate: Estimate) -> list[Flag]:
     for field in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
         if recompute[field] is not None:
             flags.append(("--" + field.replace("_", "-"), str(recompute[field])))
+    if recompute["recompute_modules"]:
+        flags.append(("--recompute-modules", " ".join(recompute["recompute_modules"])))
     if plan.zero >= 1:
         flags.append(("--use-distributed-optimizer", None))
     if plan.zero >= 2:
@@ -130,9 +133,9 @@ def model_flags(model: ModelSpec) -> list[Flag]:
     if model.sliding_window:
         # --window-size (left, right) and --window-attn-skip-freq 2: one full layer after each window layer (GPT-OSS)
         flags.append(("--window-size", f"({model.sliding_window},0)"))
-        if model.sliding_window_layers < model.num_layers:
-            flags.append(("--window-attn-skip-freq", str(round(model.num_layers / max(1, model.num_layers
-                                                                                       - model.sliding_window_layers)))))
+        full_layers = model.num_layers - model.sliding_window_layers
+        if full_layers:
+            flags.append(("--window-attn-skip-freq", str(round(model.num_layers / full_layers))))
     if not model.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     if not model.linear_bias:
@@ -206,7 +209,10 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
 
 
 def _quote(value: str) -> str:
-    """Shell-quote values with shell metacharacters (the --moe-layer-freq expression)."""
+    """Shell-quote values with shell metacharacters (the --moe-layer-freq expression); a list flag's words
+    (--recompute-modules a b) stay separate words."""
+    if all(word.isidentifier() for word in value.split()):
+        return value
     import shlex
 
     return shlex.quote(value)

@@ -13,7 +13,7 @@ import io
 from typing import Any
 
 PLAN_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "edp", "mbs", "sp", "recompute", "recompute_layers",
-                "zero", "first_stage_layers", "last_stage_layers")
+                "recompute_modules", "zero", "first_stage_layers", "last_stage_layers")
 HEADLINE_COLUMNS = ("num_microbatches", "step_time_s", "tokens_per_s", "mfu", "model_tflops_per_gpu",
                     "hardware_tflops_per_gpu", "peak_memory_bytes", "memory_limit_bytes", "worst_stage", "fits")
 
@@ -41,7 +41,8 @@ def render_csv(document: dict[str, Any]) -> str:
     writer.writerow(header)
     for point in points:
         memory = worst_stage_terms(point)
-        row = [point["rank"], point["label"], *(point["plan"][name] for name in PLAN_COLUMNS),
+        row = [point["rank"], point["label"],
+               *(" ".join(v) if isinstance(v := point["plan"][name], list) else v for name in PLAN_COLUMNS),
                *(point[name] for name in HEADLINE_COLUMNS)]
         row += [memory.get(term, "") for term in memory_terms]
         row += [point["time_terms_s"].get(term, "") for term in time_terms]

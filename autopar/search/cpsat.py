@@ -116,9 +116,9 @@ def _add_joint_domains(model, knobs: Knobs, space: SearchSpace) -> None:
     split_rows = np.array(space.splits, dtype=np.int64).reshape(-1, 3)
     _add_table(model, knobs, Table("split", ("pp", "first_stage_layers", "last_stage_layers"), split_rows,
                                    np.ones(len(split_rows), np.int64)))
-    recompute_rows = np.array(space.recomputes, dtype=np.int64).reshape(-1, 2)
-    _add_table(model, knobs, Table("recompute", ("recompute", "recompute_layers"), recompute_rows,
-                                   np.ones(len(recompute_rows), np.int64)))
+    recompute_rows = np.array(space.recomputes, dtype=np.int64).reshape(-1, 3)
+    _add_table(model, knobs, Table("recompute", ("recompute", "recompute_layers", "recompute_modules"),
+                                   recompute_rows, np.ones(len(recompute_rows), np.int64)))
 
 
 def _add_rules(model, knobs: Knobs, space: SearchSpace, ctx: Context, rules: Sequence[Rule]) -> dict:
