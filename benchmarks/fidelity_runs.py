@@ -558,11 +558,15 @@ def modelzoo() -> "list[Case | Unexpressed]":
         seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""), **TUNED_OVERLAP)
-        recompute = Recompute.FULL if r["recompute"].strip() == "full" else Recompute.NONE
+        # 'norm, act' = --recompute-modules layernorm moe_act (the source's abbreviation, see its header)
+        text = r["recompute"].strip()
+        recompute = Recompute.FULL if text == "full" else Recompute.SELECTIVE
+        modules = "" if text == "full" else " ".join(
+            {"norm": "layernorm", "act": "moe_act"}.get(w.strip(), w.strip()) for w in text.split(","))
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
                      ep=_int(r, "ep"), etp=_int(r, "etp", 1), mbs=_int(r, "micro_batch"), recompute=recompute,
-                     sp=_int(r, "tp") > 1, zero=1)
-        notes = () if recompute is Recompute.FULL else (f"recompute modules '{r['recompute']}' priced as none",)
+                     recompute_modules=modules or 0, sp=_int(r, "tp") > 1, zero=1)
+        notes = ()
         fixed, split_note = slot_split(model.num_layers, fixed)
         notes += split_note
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
