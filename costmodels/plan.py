@@ -7,8 +7,8 @@ and `estimate` evaluates one (a `PlanArrays` of length 1). Knob names follow DES
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -95,32 +95,49 @@ DEFAULT_RECOMPUTE_MODULES = int(RecomputeModule.CORE_ATTN)
 """Megatron-Core's default `recompute_modules`: ['core_attn']."""
 
 
+def knob(default: object, help: str, megatron_flag: str = "", *, metavar: str = "N", default_text: str = "",
+         aliases: tuple[str, ...] = ()) -> object:
+    """A Plan field with what users see of it: the help text of its CLI flag (`--NAME`, underscores as dashes),
+    the Megatron-LM flag it maps to, and the flag's other spellings. `autopar.commands` builds the plan flags from
+    these; JSON, CSV, HTML and explain take the field order. The one list of knobs is `PLAN_FIELDS` below."""
+    return field(default=default, metadata={"help": help, "megatron_flag": megatron_flag, "metavar": metavar,
+                                            "default_text": default_text or str(default), "aliases": aliases})
+
+
 @dataclass(frozen=True)
 class Plan:
     """One layout. `dp` is derived: num_gpus / (tp·cp·pp); `edp` = num_gpus / (etp·ep·pp)."""
 
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
+    tp: int = knob(1, "tensor-parallel size", "--tensor-model-parallel-size")
+    pp: int = knob(1, "pipeline-parallel size", "--pipeline-model-parallel-size")
+    vpp: int = knob(1, "virtual stages per pipeline rank (interleaved 1F1B)")
     """Virtual stages per pipeline rank (interleaved 1F1B); 1 = plain 1F1B."""
-    cp: int = 1
-    ep: int = 1
-    etp: int = 0
+    cp: int = knob(1, "context-parallel size", "--context-parallel-size")
+    ep: int = knob(1, "expert-parallel size, MoE only", "--expert-model-parallel-size")
+    etp: int = knob(0, "tensor-parallel size inside experts", "--expert-tensor-parallel-size", default_text="tp")
     """Tensor parallelism inside expert layers; 0 means 'same as tp' (Megatron's default)."""
-    mbs: int = 1
-    sp: bool = False
-    recompute: Recompute = Recompute.NONE
-    recompute_layers: int = 0
+    mbs: int = knob(1, "micro-batch size in sequences", aliases=("--micro-batch-size",))
+    sp: bool = knob(False, "sequence parallelism on the TP group", "--sequence-parallel",
+                    default_text="on when tp > 1")
+    recompute: Recompute = knob(Recompute.NONE, "activation recomputation", metavar="{none,selective,full}",
+                                default_text="none")
+    recompute_layers: int = knob(0, "with --recompute full: layers per stage recomputed", "--recompute-num-layers",
+                                 default_text="0 = all")
     """With full recompute: layers per pipeline stage (per virtual chunk) recomputed, Megatron's block method
     (--recompute-num-layers); 0 = all of them."""
-    recompute_modules: int = 0
+    recompute_modules: "int | str" = knob(0, "with --recompute selective: modules recomputed, of core_attn, layernorm, "
+                                         "mlp, moe_act, moe, shared_experts, mla_up_proj", "--recompute-modules",
+                                         metavar="M[,M...]", default_text="core_attn")
     """With selective recompute: the modules recomputed, a RecomputeModule bit set (--recompute-modules);
-    0 = Megatron's default, core_attn only."""
-    zero: int = 0
+    0 = Megatron's default, core_attn only. Names ('layernorm,moe_act') are read into the bit set."""
+    zero: int = knob(0, "sharding over DP: 1 = Megatron distributed optimizer, 2 + gradients, 3 + parameters",
+                     metavar="{0,1,2,3}")
     """0 none, 1 optimizer states (= Megatron distributed optimizer), 2 + gradients, 3 + parameters (ZeRO/FSDP)."""
-    first_stage_layers: int = 0
+    first_stage_layers: int = knob(0, "decoder layers on the first pipeline stage",
+                                   "--decoder-first-pipeline-num-layers", default_text="even split")
     """Decoder layers on the first pipeline rank; 0 = even split (Megatron --decoder-first-pipeline-num-layers)."""
-    last_stage_layers: int = 0
+    last_stage_layers: int = knob(0, "decoder layers on the last pipeline stage",
+                                  "--decoder-last-pipeline-num-layers", default_text="even split")
     """Decoder layers on the last pipeline rank; 0 = even split (--decoder-last-pipeline-num-layers)."""
 
     def __post_init__(self) -> None:
@@ -177,6 +194,27 @@ class Plan:
 
 
 PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan))
+"""The knobs of a plan, in DESIGN.md §1 order: the one list every flag set, table, document and solver reads."""
+
+
+def recompute_module_names(plan: Plan) -> list[str]:
+    """The modules selective recompute re-runs (Megatron-Core --recompute-modules); [] without selective."""
+    if plan.recompute is not Recompute.SELECTIVE:
+        return []
+    return RecomputeModule.names(plan.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
+
+
+def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
+    """A plan with its derived sizes (dp, edp after etp), in DESIGN.md §1 names; recompute by its label."""
+    out: dict[str, Any] = {}
+    for name in PLAN_FIELDS:
+        value = getattr(plan, name)
+        out[name] = value.label if isinstance(value, Recompute) else value
+        if name == "recompute_modules":
+            out[name] = recompute_module_names(plan)
+        if name == "etp":
+            out["dp"], out["edp"] = plan.dp(num_gpus), plan.edp(num_gpus)
+    return out
 
 
 @dataclass(frozen=True)
@@ -250,7 +288,7 @@ def as_plan_arrays(plans: "Plan | PlanArrays | Iterable[Plan]") -> PlanArrays:
 def layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
     """Decoder layers on each pipeline rank that is neither an explicit first nor an explicit last stage.
 
-    Float: the `layers` rule (autopar.search.rules) rejects plans where it is not a whole number.
+    Float: the `layers` rule (costmodels.rules) rejects plans where it is not a whole number.
     """
     has_first = (plans.first_stage_layers > 0) & (plans.pp > 1)
     has_last = (plans.last_stage_layers > 0) & (plans.pp > 1)

@@ -317,9 +317,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     """Named step-time terms (seconds) for every plan; their sum is the step time."""
     plans = as_plan_arrays(plans)
     profile = cluster.profile
-    if not profile.supports(training.precision.value):
-        from costmodels.errors import InputError
-        raise InputError("precision", f"{profile.name} does not support {training.precision.value}; use bf16")
+    profile.require_precision(training.precision.value)
     times = compute_model.layer_times_s(model, profile, training, plans)
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     stages = candidate_stages(plans)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.results import Estimate
 from costmodels.plan import Plan, Recompute, RecomputeModule, embedding_loss_slots
+from costmodels.scoring import Estimate
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ import numpy as np
 
 from autopar.search import objective
 from autopar.search.pareto import front_indices
-from autopar.search.rules import Context, Rule, structural_mask
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
 from costmodels import steptime
 from costmodels.plan import PLAN_FIELDS, PlanArrays
+from costmodels.rules import Problem, Rule, structural_mask
 
 CHUNK_PLANS = 100_000
 """Plans evaluated at once (bounds the oracle's memory to a few hundred MB)."""
@@ -54,7 +54,7 @@ def _covered(rule: Rule, knobs: set[str]) -> bool:
     return set(rule.knobs) <= knobs
 
 
-def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], enforce_memory: bool = False
+def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], enforce_memory: bool = False
                ) -> dict[str, np.ndarray]:
     """Columns of every structure (split, tp, cp, vpp, ep, etp, zero) that passes the rules reading only those
     knobs and, with `enforce_memory`, the memory lower bound of the groups that read only those knobs."""
@@ -63,28 +63,28 @@ def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], enforc
     columns = space.columns_from_factors(factors, digits)
     knobs = set(columns)
     plans = plan_arrays(columns)
-    mask = structural_mask(ctx, plans, [r for r in rules if r.id != "memory" and _covered(r, knobs)])
+    mask = structural_mask(problem, plans, [r for r in rules if r.id != "memory" and _covered(r, knobs)])
     columns = {k: v[mask] for k, v in columns.items()}
     if enforce_memory and any(r.id == "memory" for r in rules) and len(columns["tp"]):
-        structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
+        structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            bound = objective.memory_units(structure, ctx.model, ctx.cluster, ctx.training, plan_arrays(columns),
+            bound = objective.memory_units(structure, problem.model, problem.cluster, problem.training, plan_arrays(columns),
                                            only_knobs=knobs)
-        fits = bound <= objective.memory_limit_units(ctx.cluster.memory_limit_bytes)
+        fits = bound <= objective.memory_limit_units(problem.cluster.memory_limit_bytes)
         columns = {k: v[fits] for k, v in columns.items()}
     return columns
 
 
-def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
+def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], *,
                  time_budget_s: float | None = None, enforce_memory: bool = True) -> OracleResult:
     start = time.perf_counter()
-    structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
-    base = structures(space, ctx, rules, enforce_memory=enforce_memory)
+    structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
+    base = structures(space, problem, rules, enforce_memory=enforce_memory)
     n_structures = len(next(iter(base.values())))
     detail = space.factors(_level_knobs(space, DETAIL_KNOBS))
     detail_sizes = [len(t) for _, t in detail]
     per_structure = math.prod(detail_sizes)
-    limit_units = objective.memory_limit_units(ctx.cluster.memory_limit_bytes)
+    limit_units = objective.memory_limit_units(problem.cluster.memory_limit_bytes)
     use_memory = enforce_memory and any(r.id == "memory" for r in rules)
 
     best_columns: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS}
@@ -106,21 +106,21 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
         columns.update(space.columns_from_factors(detail, [np.tile(d, s1 - s0) for d in digits]))
         plans = plan_arrays(columns)
         seen += len(plans)
-        mask = structural_mask(ctx, plans, rules)
+        mask = structural_mask(problem, plans, rules)
         if not mask.any():
             continue
         plans = plans.take(np.flatnonzero(mask))
         valid += len(plans)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            m_units = objective.memory_units(structure, ctx.model, ctx.cluster, ctx.training, plans)
+            m_units = objective.memory_units(structure, problem.model, problem.cluster, problem.training, plans)
         keep = m_units <= limit_units if use_memory else np.ones(len(plans), dtype=bool)
         fitting += int(keep.sum())
         if not keep.any():
             continue
         plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            terms = steptime.step_time_terms_s(ctx.model, ctx.cluster, ctx.training, plans)
-            t_units = objective.time_units(structure, ctx.cluster, ctx.training, plans, terms)
+            terms = steptime.step_time_terms_s(problem.model, problem.cluster, problem.training, plans)
+            t_units = objective.time_units(structure, problem.cluster, problem.training, plans, terms)
         merged = {k: np.concatenate([best_columns[k], getattr(plans, k).astype(np.int64)]) for k in PLAN_FIELDS}
         merged_time = np.concatenate([best_time, t_units])
         merged_memory = np.concatenate([best_memory, m_units])
