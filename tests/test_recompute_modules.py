@@ -90,7 +90,7 @@ def test_solve_can_pick_a_module_set():
     model = ModelSpec(name="moe-big", hidden_size=4096, num_layers=16, num_attention_heads=32, num_kv_heads=8,
                       ffn_hidden_size=14336, vocab_size=32000,
                       moe=MoESpec(num_experts=16, top_k=2, expert_ffn_hidden_size=8192))
-    front = autopar.solve(model, autopar.Cluster(gpu="h100-80gb", num_gpus=8),
+    front = autopar.solve(model, autopar.make_cluster(gpu="h100-80gb", num_gpus=8),
                           TrainingSpec(seq_len=8192, global_batch_size=32), solver="oracle",
                           fix={"recompute": "selective", "tp": 1, "pp": 1})
     assert front and {p.plan.recompute_modules for p in front} - {0}
