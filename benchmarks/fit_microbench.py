@@ -45,10 +45,17 @@ EXTRAPOLATED: dict[str, dict[str, Any]] = {
 }
 
 
+PRIOR_NVLINK = {"alpha_us": 10.0, "bandwidth_efficiency": 0.8}
+"""Where the fit starts for the link-level NVLink values (and what stays when a held-out file was a profile's only
+NVLink source): NCCL intra-node latency of order 10 µs and 80% of the spec bandwidth, assumptions."""
+
+
 def _strip_fitted(data: dict[str, Any]) -> dict[str, Any]:
-    """Start from the spec sheet: drop earlier collectives points so a refit does not start from itself."""
+    """Start from the spec sheet and stated priors, never from an earlier fit of the same tables: drop the
+    collectives points and reset the link-level NVLink values (a held-out file must not leak back through them)."""
     data = dict(data)
     data.pop("collectives", None)
+    data["links"] = {**data["links"], "nvlink": {**data["links"]["nvlink"], **PRIOR_NVLINK}}
     return data
 
 
@@ -113,7 +120,7 @@ def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fi
     elif "ag_rs_from_all_reduce" in rule and "all_reduce" in nvlink:
         groups = rule["ag_rs_from_all_reduce"]
         source = [p for p in nvlink["all_reduce"] if groups is None or p["group_size"] in groups]
-        for kind in missing:
+        for kind in missing if source else ():
             nvlink[kind] = [_FlowRow({"group_size": p["group_size"], "alpha_us": round(p["alpha_us"] / 2.0, 4),
                                       "busbw_gb_per_s": p["busbw_gb_per_s"]}) for p in source]
             provenance[f"collectives.nvlink.{kind}"] = (

@@ -69,29 +69,38 @@ def link_stage_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.nda
     if not points:
         spec = profile.links[link]
         return np.full(n.shape, spec.alpha_s), wire_bytes / spec.bandwidth_bytes_per_s
-    sizes = sorted({p.group_size for p in points})
-    latency, transfer = [], []
-    for size in sizes:
-        regimes = [p for p in points if p.group_size == size]
-        alphas = np.array([p.alpha_s for p in regimes]).reshape((-1,) + (1,) * n.ndim)
-        times = np.stack([p.alpha_s + wire_bytes / p.bus_bandwidth_bytes_per_s for p in regimes])
-        best = np.argmin(times, axis=0)[None]
-        chosen_alpha = np.take_along_axis(np.broadcast_to(alphas, times.shape), best, axis=0)[0]
-        latency.append(chosen_alpha)
-        transfer.append(np.take_along_axis(times, best, axis=0)[0] - chosen_alpha)
-    if len(sizes) == 1:
-        return latency[0], transfer[0]
+    measured_x, alpha_table, inverse_bandwidth = _regime_tables(points)
     x = np.log2(np.maximum(n, 2.0))
-    measured_x = np.log2(np.array(sizes, dtype=float))
-    low = np.clip(np.searchsorted(measured_x, x, side="right") - 1, 0, len(sizes) - 2)
-    weight = np.clip((x - measured_x[low]) / (measured_x[low + 1] - measured_x[low]), 0.0, 1.0)
 
-    def between(values: list[np.ndarray]) -> np.ndarray:
-        stacked = np.stack(values)
-        at = lambda index: np.take_along_axis(stacked, index[None], axis=0)[0]  # noqa: E731
-        return (1.0 - weight) * at(low) + weight * at(low + 1)
+    def fastest_at(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if alpha_table.shape[1] == 1:
+            return alpha_table[index, 0], wire_bytes * inverse_bandwidth[index, 0]
+        best = np.argmin(alpha_table[index] + wire_bytes[..., None] * inverse_bandwidth[index], axis=-1)
+        return alpha_table[index, best], wire_bytes * inverse_bandwidth[index, best]
 
-    return between(latency), between(transfer)
+    if measured_x.size == 1:
+        return fastest_at(np.zeros(n.shape, dtype=int))
+    # piecewise-linear in log2(group size) between the measured sizes low and low + 1; the ends hold outside
+    low = np.clip(np.searchsorted(measured_x, x, side="right") - 1, 0, measured_x.size - 2)
+    upper = np.clip((x - measured_x[low]) / (measured_x[low + 1] - measured_x[low]), 0.0, 1.0)
+    low_latency, low_transfer = fastest_at(low)
+    high_latency, high_transfer = fastest_at(low + 1)
+    return ((1.0 - upper) * low_latency + upper * high_latency,
+            (1.0 - upper) * low_transfer + upper * high_transfer)
+
+
+def _regime_tables(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """log2 of the measured group sizes, and per size its regimes' alphas and 1/bandwidths (rows padded with
+    never-fastest entries: infinite alpha)."""
+    sizes = sorted({p.group_size for p in points})
+    regimes = [[p for p in points if p.group_size == size] for size in sizes]
+    width = max(len(r) for r in regimes)
+    alpha = np.full((len(sizes), width), np.inf)
+    inverse_bandwidth = np.zeros((len(sizes), width))
+    for i, row in enumerate(regimes):
+        alpha[i, :len(row)] = [p.alpha_s for p in row]
+        inverse_bandwidth[i, :len(row)] = [1.0 / p.bus_bandwidth_bytes_per_s for p in row]
+    return np.log2(np.array(sizes, dtype=float)), alpha, inverse_bandwidth
 
 
 def link_collective_time_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.ndarray | float",
