@@ -22,12 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-import fit_profiles  # noqa: E402
+from benchmarks import fit_profiles  # noqa: E402
+from benchmarks.reference import reference_dir  # noqa: E402
 from costmodels import overheads  # noqa: E402
 from costmodels.hardware import load_profile  # noqa: E402
-from reference import reference_dir  # noqa: E402
 
 ELEMENTWISE = ("traffic_per_activation_byte",)
 

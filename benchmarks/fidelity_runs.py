@@ -43,8 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
+from benchmarks.reference import reference_dir  # noqa: E402
 from costmodels import compute as compute_model  # noqa: E402
 from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
@@ -53,7 +55,6 @@ from costmodels.plan import Plan, PlanArrays, Recompute  # noqa: E402
 from costmodels.specs import (ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding,  # noqa: E402
                               Precision, TrainingSpec)
 from costmodels.steptime import step_time_s  # noqa: E402
-from reference import reference_dir  # noqa: E402
 
 MEMORY_HEADROOM = 0.05
 """Published runs are tuned to fill the GPU: a layout counts as fitting below 95% of HBM (not the 20% planning

@@ -3,14 +3,9 @@ converted with each source's convention, and the ranking statistics are right on
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-fidelity_runs = pytest.importorskip("fidelity_runs")
+from benchmarks import fidelity_runs
 
 
 @pytest.fixture(scope="module")

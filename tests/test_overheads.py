@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,9 +21,8 @@ LLAMA_8B = ModelSpec(name="llama-8b", hidden_size=4096, num_layers=32, num_atten
 
 
 def test_launch_constant_is_the_median_of_the_microbenchmark():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     try:
-        from reference import reference_dir
+        from benchmarks.reference import reference_dir
         microbench = reference_dir() / "microbench"
     except (ImportError, FileNotFoundError):
         pytest.skip("shared/reference is not next to this checkout")
