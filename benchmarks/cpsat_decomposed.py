@@ -432,7 +432,8 @@ class NumpyFront:
 def pareto_front(time_units: np.ndarray, memory_mib: np.ndarray, knob_values: dict[str, np.ndarray]
                  ) -> tuple[tuple[int, int], ...]:
     """Non-dominated (time, memory) pairs, fastest first: the search's own front (autopar.search.pareto)."""
-    dense_defaults = {"ep": np.ones(len(time_units), np.int64), "etp": knob_values["tp"]}  # ep (1,): dense models
+    dense_defaults = {"ep": np.ones(len(time_units), np.int64), "etp": knob_values["tp"],  # ep (1,): dense models
+                      "recompute_modules": np.zeros(len(time_units), np.int64)}   # default modules only, see above
     keep = front_indices(time_units, memory_mib, {**dense_defaults, **knob_values})
     return tuple(zip(time_units[keep].tolist(), memory_mib[keep].tolist(), strict=True))
 

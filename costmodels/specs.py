@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from costmodels.errors import InputError, require, require_non_negative_int, require_positive_int
 from costmodels.hardware import HardwareProfile
-from costmodels import limits
+import costmodels.limits as limits
 
 
 class MlpKind(str, enum.Enum):
