@@ -22,19 +22,22 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-import microbench_tables as tables  # noqa: E402
+from benchmarks import microbench_tables as tables  # noqa: E402
 from autopar.calibrate.fit import predict_collective_s  # noqa: E402
 from autopar.calibrate.measurements import GemmMeasurement  # noqa: E402
-from costmodels.compute import gemm_efficiency  # noqa: E402
+from costmodels.compute import attention_efficiency, gemm_efficiency  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 
 
 def predict_s(profile: HardwareProfile, measurement) -> float:
     if isinstance(measurement, GemmMeasurement):
+        efficiency = (attention_efficiency if measurement.kind == "attention" else
+                      lambda p, m, n, k: gemm_efficiency(p, m, n, k, measurement.precision))
         rate = profile.peak_flops_per_s[measurement.precision] * float(
-            gemm_efficiency(profile, measurement.m, measurement.n, measurement.k, measurement.precision))
+            efficiency(profile, measurement.m, measurement.n, measurement.k))
         return measurement.flops / rate
     return predict_collective_s(profile, measurement)
 
@@ -81,7 +84,7 @@ def main(argv: "list[str] | None" = None) -> int:
     print(f"fidelity-microbench: files={files} median={100 * np.median(everything):.1f}% "
           f"max={100 * np.max(everything):.1f}% rows={everything.size}")
     if args.cross_validate:
-        import fit_microbench
+        from benchmarks import fit_microbench
 
         print("\nleave one source file out (refit every profile without it, predict its rows):")
         print(f"{'held-out file':<56} {'median':>7} {'max':>7} {'rows':>5}   in-sample median")

@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-import microbench_tables as tables  # noqa: E402
-from autopar.calibrate.profile_file import _dumper, _FlowRow, apply_fit, fit_measurements  # noqa: E402
+from benchmarks import microbench_tables as tables  # noqa: E402
+from autopar.calibrate.profile_file import profile_dumper, FlowRow, apply_fit, fit_measurements  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile, parse_profile  # noqa: E402
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
@@ -50,12 +51,26 @@ PRIOR_NVLINK = {"alpha_us": 10.0, "bandwidth_efficiency": 0.8}
 NVLink source): NCCL intra-node latency of order 10 µs and 80% of the spec bandwidth, assumptions."""
 
 
+PRIOR_GEMM = {"peak_fraction": 0.8, "half_saturation_dim": 250.0}
+PRIOR_FP8_PEAK_FRACTION = 0.7
+"""Where the GEMM fit starts (and what stays where no table measured the GPU, e.g. with a file held out): 80% of the
+dense peak with a 250-wide half-saturation side, fp8 at 70% of its peak — assumptions of the order of the MAMF
+table's efficiencies, not fitted values."""
+
+
 def _strip_fitted(data: dict[str, Any]) -> dict[str, Any]:
     """Start from the spec sheet and stated priors, never from an earlier fit of the same tables: drop the
-    collectives points and reset the link-level NVLink values (a held-out file must not leak back through them)."""
+    collectives points, reset the link-level NVLink values and the GEMM curve to the priors and drop the attention
+    curve (a held-out file must not leak back through any of them)."""
     data = dict(data)
     data.pop("collectives", None)
     data["links"] = {**data["links"], "nvlink": {**data["links"]["nvlink"], **PRIOR_NVLINK}}
+    gemm = dict(PRIOR_GEMM)
+    if "fp8" in data["compute"]["peak_tflops"]:
+        gemm["fp8_peak_fraction"] = PRIOR_FP8_PEAK_FRACTION
+    data["compute"] = {**data["compute"], "gemm_efficiency": gemm}
+    data["provenance"] = {key: value for key, value in (data.get("provenance") or {}).items()
+                          if not key.startswith("compute.gemm_efficiency.")}
     return data
 
 
@@ -66,7 +81,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
 
     text = (PROFILES_DIR / f"{name}.yaml").read_text(encoding="utf-8")
     data = _strip_fitted(yaml.safe_load(text))
-    base = parse_profile(yaml.dump(data, Dumper=_dumper(), sort_keys=False), f"bundled:{name}")
+    base = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"bundled:{name}")
     measurements = tables.measurements_for(name, rows_by_file, exclude=exclude)
     rule = EXTRAPOLATED.get(name, {})
     provenance: dict[str, str] = dict(data.get("provenance", {}))
@@ -75,7 +90,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     gemm_notes: list[str] = []
     for precision, key, donor_name in (("bf16", "half_saturation_dim", "a100-80gb"),
                                        ("fp8", "fp8_half_saturation_dim", "h100-80gb")):
-        shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision}
+        shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision and g.kind == "gemm"}
         if len(shapes) >= 3 or not base.supports(precision) or donor_name not in fitted or donor_name == name:
             continue
         # a best shape or two (MAMF) pins the peak fraction, not the roll-off: take the donor's fitted side, scaled
@@ -97,7 +112,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
     _extrapolate(name, data, provenance, fitted, rule)
     data["provenance"] = provenance
-    profile = parse_profile(yaml.dump(data, Dumper=_dumper(), sort_keys=False), f"fitted:{name}")
+    profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
     return profile, data, notes
 
 
@@ -112,7 +127,7 @@ def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fi
         for kind in missing:
             points = donor.collectives.get("nvlink", {}).get(kind, ())
             if points:
-                nvlink[kind] = [_FlowRow({"group_size": p.group_size, "alpha_us": round(p.alpha_s * 1e6, 4),
+                nvlink[kind] = [FlowRow({"group_size": p.group_size, "alpha_us": round(p.alpha_s * 1e6, 4),
                                           "busbw_gb_per_s": round(p.bus_bandwidth_bytes_per_s / 1e9, 4)})
                                 for p in points]
                 provenance[f"collectives.nvlink.{kind}"] = (f"extrapolated: the {donor.name} fit "
@@ -121,7 +136,7 @@ def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fi
         groups = rule["ag_rs_from_all_reduce"]
         source = [p for p in nvlink["all_reduce"] if groups is None or p["group_size"] in groups]
         for kind in missing if source else ():
-            nvlink[kind] = [_FlowRow({"group_size": p["group_size"], "alpha_us": round(p["alpha_us"] / 2.0, 4),
+            nvlink[kind] = [FlowRow({"group_size": p["group_size"], "alpha_us": round(p["alpha_us"] / 2.0, 4),
                                       "busbw_gb_per_s": p["busbw_gb_per_s"]}) for p in source]
             provenance[f"collectives.nvlink.{kind}"] = (
                 f"extrapolated from this profile's fitted collectives.nvlink.all_reduce"
@@ -150,7 +165,7 @@ def write(name: str, data: dict[str, Any]) -> None:
              "elementwise", "overlap", "links", "collectives", "provenance"]
     ordered = {key: data[key] for key in order if key in data}
     ordered.update({key: value for key, value in data.items() if key not in ordered})
-    text = header + yaml.dump(ordered, Dumper=_dumper(), sort_keys=False, width=100_000, allow_unicode=True)
+    text = header + yaml.dump(ordered, Dumper=profile_dumper(), sort_keys=False, width=100_000, allow_unicode=True)
     parse_profile(text, str(path))
     path.write_text(text, encoding="utf-8")
     print(f"wrote {path}")

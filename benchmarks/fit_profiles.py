@@ -72,6 +72,13 @@ def with_parameters(profile: HardwareProfile, values: dict[str, float]) -> Hardw
     return replace(profile, gemm_efficiency=gemm, extra=extra, links=links)
 
 
+def link_level_nvlink(profile: HardwareProfile) -> HardwareProfile:
+    """The profile without its NVLink per-collective points, so that links.nvlink prices every NVLink collective:
+    what fitting `nvlink_bandwidth_efficiency` end to end needs (the points, fitted to NCCL microbenchmarks by
+    benchmarks/fit_microbench.py, would otherwise take precedence and the parameter would do nothing)."""
+    return replace(profile, collectives={link: kinds for link, kinds in profile.collectives.items() if link != "nvlink"})
+
+
 def current_parameters(profile: HardwareProfile) -> dict[str, float]:
     nvlink = profile.links["nvlink"]
     return {"peak_fraction": profile.gemm_efficiency["peak_fraction"],
@@ -214,7 +221,8 @@ def write_elementwise(value: float) -> None:
         print(f"wrote {path}")
 
 
-def cross_validate(profile: HardwareProfile, start: dict[str, float]) -> list[tuple[str, float]]:
+def cross_validate(profile: HardwareProfile, start: dict[str, float],
+                   free: tuple[str, ...] = PARAMETERS) -> list[tuple[str, float]]:
     """Leave one published run out (a Table 1 row, or both Korthikanti rows of one model), refit on the rest,
     predict it: the out-of-sample error of the fitted profile."""
     rows = fit_rows(profile)
@@ -222,7 +230,7 @@ def cross_validate(profile: HardwareProfile, start: dict[str, float]) -> list[tu
     held_out = []
     for run in dict.fromkeys(runs):
         keep = np.array([name != run for name in runs])
-        fitted = levenberg_marquardt(profile, start, keep=keep)
+        fitted = levenberg_marquardt(profile, start, keep=keep, free=free)
         errors = residuals(profile, fitted)[~keep]
         for row, error in zip([r for r, name in zip(rows, runs) if name == run], errors):
             held_out.append((f"{row.source} {row.label}", 100.0 * (np.exp(error) - 1.0)))
@@ -238,6 +246,8 @@ def main(argv: "list[str] | None" = None) -> int:
                         help="fit only traffic_per_activation_byte (GEMM and links stay at their microbenchmark fit)")
     args = parser.parse_args(argv)
     profile = load_profile(FITTED_PROFILES[0])
+    if not args.elementwise_only:
+        profile = link_level_nvlink(profile)
     start = current_parameters(profile)
     free = ("traffic_per_activation_byte",) if args.elementwise_only else PARAMETERS
     fitted = levenberg_marquardt(profile, start, free=free)
@@ -253,7 +263,7 @@ def main(argv: "list[str] | None" = None) -> int:
     print(f"rms log-residual: before {np.sqrt(np.mean(before ** 2)):.4f}, after {np.sqrt(np.mean(after ** 2)):.4f}"
           f" over {len(after)} rows")
     if args.cross_validate:
-        held_out = cross_validate(profile, fitted)
+        held_out = cross_validate(profile, fitted, free)
         print("\nleave-one-run-out (refit without the run, then predict it):")
         for label, error in held_out:
             print(f"{label:<58} {error:>+8.2f}")

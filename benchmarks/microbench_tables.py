@@ -216,6 +216,69 @@ def read_swiglu(path: Path) -> Iterator[Row]:
         yield Row(H100, measurement, "check", "shape-alignment penalty (d_ff not a multiple of 64): not in the curve")
 
 
+# ---- fused attention ------------------------------------------------------------------------------------------------
+
+ATTENTION_BACKWARD_FLOPS = 2.5
+"""The sources count the fused backward at 2.5× the forward FLOPs (cuDNN frontend and FlashAttention benchmarks:
+bwd = 2·(3·d_qk + 2·d_vo) per score element against fwd 2·(d_qk + d_vo)); the cost model prices the fused backward
+at the same multiple of the core's forward."""
+
+
+def _attention(path: Path, profiles: tuple[str, ...], seq: int, head_dim: int, forward_flops: float,
+               forward_s: float, backward_s: float, label: str) -> Row:
+    """One fused-attention measurement as the equivalent GEMM (m = n = seq, k = head_dim) timed at the kernel's rate
+    over forward + backward: (1 + 2.5) × forward FLOPs / (forward + backward seconds)."""
+    rate = (1.0 + ATTENTION_BACKWARD_FLOPS) * forward_flops / (forward_s + backward_s)
+    seconds = 2.0 * seq * seq * head_dim / rate
+    return Row(profiles, GemmMeasurement(precision="bf16", m=seq, n=seq, k=head_dim, timing=_timing(seconds),
+                                         label=label, source=path.name, kind="attention"))
+
+
+def read_cudnn_h200(path: Path) -> Iterator[Row]:
+    """cuDNN SDPA on one H200, Llama-3.1-70B attention shape (d = 128), bf16, causal and full; GB200 rows: no profile."""
+    pairs: dict[tuple, dict[str, dict[str, str]]] = {}
+    for row in _csv(path):
+        if row["gpu"] != "NVIDIA H200" or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1":
+            continue
+        pairs.setdefault((row["attn_mask"], int(row["q_seqlen"])), {})[row["pass"]] = row
+    for (mask, seq), passes in sorted(pairs.items()):
+        if set(passes) != {"fwd", "bwd"}:
+            continue
+        forward, backward = passes["fwd"], passes["bwd"]
+        forward_s, backward_s = float(forward["time_ms"]) * 1e-3, float(backward["time_ms"]) * 1e-3
+        yield _attention(path, H200, seq, int(forward["d_qk"]), float(forward["tflops"]) * 1e12 * forward_s,
+                         forward_s, backward_s, f"cuDNN SDPA H200 {mask} s={seq}")
+
+
+def read_fa3_h100(path: Path) -> Iterator[Row]:
+    """FlashAttention-3 on H100, B=4, 48 heads, d=128: non-causal rows give TFLOPS (fwd, bwd), causal rows times."""
+    rows = _csv(path)
+    for seq in sorted({int(r["q_seqlen"]) for r in rows}):
+        at = {(("causal" if r["mask"] == "causal" else "full"), r["pass"]): r for r in rows if int(r["q_seqlen"]) == seq}
+        batch, heads, head_dim = 4, 48, 128
+        full_flops = 4.0 * batch * heads * seq * seq * head_dim                # 2·B·H·S²·(d + d), no mask
+        if ("full", "fwd") in at and ("full", "bwd") in at:
+            forward_tflops, backward_tflops = float(at[("full", "fwd")]["tflops"]), float(at[("full", "bwd")]["tflops"])
+            forward_s = full_flops / (forward_tflops * 1e12)
+            backward_s = ATTENTION_BACKWARD_FLOPS * full_flops / (backward_tflops * 1e12)
+            yield _attention(path, H100, seq, head_dim, full_flops, forward_s, backward_s, f"FA3 H100 full s={seq}")
+        if ("causal", "fwd") in at and ("causal", "bwd") in at:
+            yield _attention(path, H100, seq, head_dim, 0.5 * full_flops, float(at[("causal", "fwd")]["time_us"]) * 1e-6,
+                             float(at[("causal", "bwd")]["time_us"]) * 1e-6, f"FA3 H100 causal s={seq}")
+
+
+def read_cudnn_b200(path: Path) -> Iterator[Row]:
+    """cuDNN frontend graph SDPA on one B200, bf16, causal GQA d=128 (the kernel Transformer Engine calls); the other
+    backends (PyTorch math / FA2) are not what Megatron-Core runs."""
+    for row in _csv(path):
+        if not row["backend"].startswith("cudnn (") or row["dtype"] != "bf16":
+            continue
+        forward_s, backward_s = float(row["fwd_time_ms"]) * 1e-3, float(row["bwd_time_ms"]) * 1e-3
+        seq = int(row["q_seqlen"])
+        yield _attention(path, B200, seq, int(row["head_dim"]), float(row["fwd_tflops"]) * 1e12 * forward_s,
+                         forward_s, backward_s, f"cuDNN SDPA B200 causal s={seq}")
+
+
 TABLES = (
     Table("nccl_allreduce_a100_vtrain_lut.csv", read_vtrain, "collectives.nvlink.all_reduce (A100, n=2..8)"),
     Table("nccl_allreduce_sweeps_ml_engineering.csv", read_ml_engineering_sweeps,
@@ -234,6 +297,10 @@ TABLES = (
           "compute.gemm_efficiency peak_fraction, half_saturation_dim (A100; H100 rows checked only)"),
     Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim (H100, H200)"),
     Table("gemm_fp16_swiglu_dff_alignment_h100_ml_engineering.csv", read_swiglu, "check only (alignment penalty)"),
+    Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200,
+          "compute.gemm_efficiency attention_* (H200; GB200 rows: no profile)"),
+    Table("attention_fa3_h100_tritonbench_prs.csv", read_fa3_h100, "compute.gemm_efficiency attention_* (H100)"),
+    Table("attention_sdpa_backends_b200_cudnn_frontend.csv", read_cudnn_b200, "compute.gemm_efficiency attention_* (B200)"),
 )
 
 UNUSED = {
@@ -243,16 +310,12 @@ UNUSED = {
                                                "the cost model prices NCCL all-to-all, not DeepEP",
     "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
     "gemm_tilelang_h800_8192x8192xK.csv": "TileLang kernels, not cuBLAS",
-    "attention_cudnn_sdpa_training_h200_gb200.csv": "attention kernels: the attention core is priced with the GEMM "
-                                                    "curve, not a separate attention model",
-    "attention_sdpa_backends_b200_cudnn_frontend.csv": "attention kernels (as above)",
-    "attention_fa3_h100_tritonbench_prs.csv": "attention kernels (as above)",
     "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",
 }
 
 
 def microbench_dir() -> Path:
-    from reference import reference_dir
+    from benchmarks.reference import reference_dir
 
     return reference_dir() / "microbench"
 

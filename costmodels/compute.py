@@ -79,6 +79,31 @@ def gemm_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.nd
     return peak_fraction / (1.0 + half_saturation_dim / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k))
 
 
+ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_seq")
+"""The fused attention kernel's own curve, fitted to measured FlashAttention / cuDNN SDPA forward + backward rates; a
+profile without them prices the core with the GEMM curve."""
+
+
+def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
+                         k: "np.ndarray | float") -> np.ndarray:
+    """Fraction of the bf16 peak a fused attention kernel (FlashAttention, cuDNN SDPA) reaches over its forward and
+    backward, for m queries × n keys × head dim k:
+
+        attention_efficiency = attention_peak_fraction / (1 + attention_half_saturation_seq / n)
+
+    The kernel streams key/value blocks through on-chip memory (softmax on the special-function units, online
+    rescaling, the causal diagonal's partly masked blocks), so its rate rolls off with the keys each query block
+    sees far more steeply than a GEMM of the same shape: cuDNN SDPA on B200 runs at 9% of peak at 512 tokens and 58%
+    at 64K (shared/reference/microbench/attention_*.csv). Every measured kernel has head dim 128, so the head dim does
+    not enter (an MLA head of 192 is priced as 128). Without the profile's attention parameters: the GEMM curve."""
+    params = profile.gemm_efficiency
+    if not all(name in params for name in ATTENTION_PARAMETERS):
+        return gemm_efficiency(profile, m, n, k, "bf16")
+    keys = np.maximum(np.asarray(n, dtype=float), 1.0)
+    return np.broadcast_to(params["attention_peak_fraction"] / (1.0 + params["attention_half_saturation_seq"] / keys),
+                           np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(k))).astype(float)
+
+
 def gemm_time_s(profile: HardwareProfile, flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
                 precision: str) -> np.ndarray:
     """Seconds for `flops` of GEMMs of shape (m, n, k) at the achieved rate peak × efficiency."""
@@ -297,8 +322,12 @@ def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[
     for gemm in gemms:
         if attention_core is not None and gemm.attention_core != attention_core:
             continue
-        total = total + gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
-                                    "bf16" if gemm.attention_core else precision)
+        if gemm.attention_core and training.flash_attention:  # fused kernel: its own measured curve
+            total = total + gemm.flops / (profile.peak_flops_per_s["bf16"]
+                                          * attention_efficiency(profile, gemm.m, gemm.n, gemm.k))
+        else:
+            total = total + gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
+                                        "bf16" if gemm.attention_core else precision)
     return total
 
 

@@ -297,6 +297,8 @@ def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[C
                                               bus_bandwidth_bytes_per_s=point_reader.number("busbw_gb_per_s") * 1e9))
             out[link][kind] = tuple(sorted(parsed, key=lambda p: (p.group_size, p.alpha_s)))
     return out
+
+
 def _check_overlap(reader: _Reader, section: Any) -> None:
     """The optional `overlap:` section: each entry a known communication and the fraction of it hidden, in [0, 1]."""
     if section is None:

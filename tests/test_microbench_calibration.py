@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +16,6 @@ from costmodels.errors import InputError
 from costmodels.hardware import (CollectivePoint, _bundled_text, bundled_profile_names, load_profile,
                                  parse_profile)
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _link_only(name: str):
@@ -188,6 +185,33 @@ def test_fp8_rows_fit_their_own_roll_off_and_fractions_stay_at_most_one():
     assert fit_gemm_efficiency(impossible, base).params["peak_fraction"] <= 1.0
 
 
+def test_attention_rows_fit_the_attention_curve_and_leave_the_gemm_curve_alone():
+    from autopar.calibrate.fit import fit_attention_efficiency
+    from costmodels.compute import attention_efficiency
+    import dataclasses
+    base = load_profile("h100-80gb")
+    truth = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, "attention_peak_fraction": 0.62,
+                                                        "attention_half_saturation_seq": 900.0})
+    rows = []
+    for seq in (1024, 2048, 4096, 8192, 16384):
+        rate = base.peak_flops_per_s["bf16"] * float(attention_efficiency(truth, seq, seq, 128))
+        rows.append(GemmMeasurement("bf16", seq, seq, 128, _timing(2.0 * seq * seq * 128 / rate), kind="attention"))
+    result = fit_attention_efficiency(rows, base)
+    assert result.params["attention_peak_fraction"] == pytest.approx(0.62, rel=1e-3)
+    assert result.params["attention_half_saturation_seq"] == pytest.approx(900.0, rel=1e-3)
+    gemm_rows = [GemmMeasurement("bf16", 4096, 4096, 4096, _timing(2.0 * 4096**3 / 700e12))]
+    gemm = fit_gemm_efficiency([*gemm_rows, *rows], base)            # attention rows are not GEMMs
+    assert gemm.points == 1
+    # a profile without attention parameters prices the core with the GEMM curve
+    plain = dataclasses.replace(base, gemm_efficiency={k: v for k, v in base.gemm_efficiency.items()
+                                                       if not k.startswith("attention")})
+    assert float(attention_efficiency(plain, 4096, 4096, 128)) == pytest.approx(
+        float(gemm_efficiency(plain, 4096, 4096, 128, "bf16")))
+    with pytest.raises(InputError, match="kind"):
+        measurements_from_dict({"gemm": [{"precision": "bf16", "m": 1, "n": 1, "k": 1, "median_s": 1e-3,
+                                          "q1_s": 1e-3, "q3_s": 1e-3, "runs": 1, "kind": "conv"}]}, "bad.yaml")
+
+
 def test_measurement_rows_keep_source_and_ranks_per_node_and_refuse_a_bad_split():
     row = {"link": "ib", "kind": "all_reduce", "group_size": 32, "bytes": 1024, "median_s": 1e-4, "q1_s": 1e-4,
            "q3_s": 1e-4, "runs": 1, "ranks_per_node": 8, "source": "x.csv"}
@@ -214,14 +238,15 @@ def test_every_fitted_key_of_the_bundled_profiles_names_its_source():
                 assert ".csv" in source or "extrapolated" in source, (name, link, kind, source)
         gemm = profile.provenance["compute.gemm_efficiency"]
         assert "gemm_" in gemm and ".csv" in gemm, (name, gemm)
+        if "attention_peak_fraction" in profile.gemm_efficiency:
+            assert "attention_" in profile.provenance["compute.gemm_efficiency.attention"], name
         for key in ("links.nvlink.alpha_us", "links.nvlink.bandwidth_efficiency"):
             assert ".csv" in profile.provenance[key], (name, key)
 
 
 def _tables():
-    sys.path.insert(0, str(BENCHMARKS))
+    from benchmarks import microbench_tables
     try:
-        import microbench_tables
         microbench_tables.microbench_dir()
     except FileNotFoundError:
         pytest.skip("shared/reference/microbench not next to the repository")
@@ -238,10 +263,13 @@ def _tables():
     ("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", 0.08, 0.15),
     ("gemm_fp8_deepgemm_h800.csv", 0.10, 0.25),
     ("gemm_mamf_max_achievable_matmul_ml_engineering.csv", 0.15, 0.40),
+    ("attention_cudnn_sdpa_training_h200_gb200.csv", 0.08, 0.20),
+    ("attention_fa3_h100_tritonbench_prs.csv", 0.12, 0.30),
+    ("attention_sdpa_backends_b200_cudnn_frontend.csv", 0.08, 0.15),
 ])
 def test_bundled_profiles_reproduce_the_tables_they_were_fitted_to(file, median_limit, max_limit):
     tables = _tables()
-    from fidelity_microbench import errors
+    from benchmarks.fidelity_microbench import errors
     rows = list(next(t for t in tables.TABLES if t.file == file).read(tables.microbench_dir() / file))
     found = errors(rows, {name: load_profile(name) for name in tables.PROFILES}, "fit")
     assert found.size > 0

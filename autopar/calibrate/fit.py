@@ -204,6 +204,9 @@ FP8_PEAK_FRACTION = "fp8_peak_fraction"
 has been measured, so a calibration with fp8 measurements adds it."""
 
 
+ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_seq")
+"""costmodels.compute's fused-attention curve (compute.ATTENTION_PARAMETERS): fitted by fit_attention_efficiency only."""
+
 FP8_HALF_SATURATION = "fp8_half_saturation_dim"
 """costmodels.compute's roll-off side for fp8 GEMMs (bf16's `half_saturation_dim` where absent)."""
 
@@ -233,9 +236,10 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
     """
     efficiency = gemm_efficiency or _default_gemm_efficiency()
     assert rows, "fit_gemm_efficiency needs measurements"
-    rows = [row for row in rows if row.precision in base.peak_flops_per_s]
+    rows = [row for row in rows if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
 
-    kept = {name: float(base.gemm_efficiency[name]) for name in fixed if name in base.gemm_efficiency}
+    kept = {name: float(base.gemm_efficiency[name]) for name in (*fixed, *ATTENTION_PARAMETERS)
+            if name in base.gemm_efficiency}
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
         profile = dataclasses.replace(base, gemm_efficiency={**kept, **params})
@@ -258,6 +262,26 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
     guesses = [start] + [{name: value * scale for name, value in start.items()} for scale in (0.1, 1e-3)]
     result = least_squares(predict, observed, guesses, bounds=GEMM_BOUNDS)
     return dataclasses.replace(result, params={**kept, **result.params})
+
+
+def fit_attention_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile) -> FitResult:
+    """The fused-attention curve's two parameters (`costmodels.compute.attention_efficiency`), fitted to measured
+    attention kernels (rows of kind 'attention'); starts from the base's values, else from its GEMM curve."""
+    from costmodels.compute import attention_efficiency
+
+    rows = [row for row in rows if row.kind == "attention"]
+    assert rows, "fit_attention_efficiency needs attention rows"
+
+    def predict(params: Mapping[str, float]) -> np.ndarray:
+        profile = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **params})
+        return np.array([float(attention_efficiency(profile, row.m, row.n, row.k)) for row in rows])
+
+    observed = [measured_gemm_efficiency(row, base) for row in rows]
+    params = base.gemm_efficiency
+    start = {"attention_peak_fraction": float(params.get("attention_peak_fraction", max(observed))),
+             "attention_half_saturation_seq": float(params.get("attention_half_saturation_seq", 1024.0))}
+    guesses = [start, {"attention_peak_fraction": max(observed), "attention_half_saturation_seq": 256.0}]
+    return least_squares(predict, observed, guesses, bounds={"attention_peak_fraction": (1e-6, 1.0)})
 
 
 # ---- per-collective latency floor and bus bandwidth ------------------------------------------------------------------

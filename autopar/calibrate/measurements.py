@@ -66,6 +66,9 @@ class GemmMeasurement:
     """Which GEMM of a transformer layer the shape stands for ('qkv h=4096 tp=2', ...)."""
     source: str = ""
     """Where the row comes from when it was not measured by `autopar calibrate` (a reference table's file name)."""
+    kind: str = "gemm"
+    """'gemm', or 'attention': a fused attention kernel (m queries × n keys × head dim k) over its forward and
+    backward, timed as the equivalent GEMM of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve)."""
 
     @property
     def flops(self) -> float:
@@ -123,7 +126,8 @@ class Measurements:
         return {
             "gemm": [{"precision": g.precision, "m": g.m, "n": g.n, "k": g.k, **_timing_dict(g.timing),
                       "tflops": round(g.achieved_flops_per_s / 1e12, 6), "label": g.label,
-                      **({"source": g.source} if g.source else {})} for g in self.gemm],
+                      **({"source": g.source} if g.source else {}),
+                      **({"kind": g.kind} if g.kind != "gemm" else {})} for g in self.gemm],
             "collectives": [{"link": c.link, "kind": c.kind, "group_size": c.group_size, "bytes": c.bytes,
                              **_timing_dict(c.timing),
                              **({"ranks_per_node": c.ranks_per_node} if c.ranks_per_node != 1 else {}),
@@ -191,7 +195,19 @@ def _gemm_row(row: Any, where: str, origin: str) -> GemmMeasurement:
                            n=_integer(row, "n", where, origin), k=_integer(row, "k", where, origin),
                            timing=_timing(row, where, origin),
                            label=label if isinstance(label, str) else str(label),
-                           source=str(row.get("source", "") or ""))
+                           source=str(row.get("source", "") or ""), kind=_gemm_kind(row, where, origin, precision))
+
+
+GEMM_KINDS = ("gemm", "attention")
+
+
+def _gemm_kind(row: dict, where: str, origin: str, precision: str) -> str:
+    kind = row.get("kind", "gemm")
+    if kind not in GEMM_KINDS:
+        _fail(origin, f"{where}.kind", f"must be one of {', '.join(GEMM_KINDS)}, got {kind!r}")
+    if kind == "attention" and precision != "bf16":
+        _fail(origin, f"{where}.precision", "must be bf16 for an attention row (the core runs in bf16)")
+    return kind
 
 
 def _collective_row(row: Any, where: str, origin: str) -> CollectiveMeasurement:

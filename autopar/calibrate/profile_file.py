@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autopar.calibrate.calibration_section import CPU_DEVICE
-from autopar.calibrate.fit import (CollectivePointFit, FitResult, fit_collective_points, fit_gemm_efficiency,
-                                   fit_link, fit_link_by_collective)
+from autopar.calibrate.fit import (CollectivePointFit, FitResult, fit_attention_efficiency, fit_collective_points,
+                                   fit_gemm_efficiency, fit_link, fit_link_by_collective)
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, bundled_profile_names, load_profile, parse_profile
@@ -82,6 +82,8 @@ class CalibrationFit:
     links_by_collective: Mapping[str, Mapping[str, FitResult]]
     collective_points: tuple[CollectivePointFit, ...] = ()
     """Per link, collective and group size: the points of the profile's `collectives:` section."""
+    attention: FitResult | None = None
+    """The fused-attention curve, where attention kernels were measured."""
 
 
 def fit_measurements(measurements: Measurements, base: HardwareProfile,
@@ -89,15 +91,18 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
     """Fit the cost model's parameters to whatever was measured (`fixed_gemm`: curve parameters kept at the base's
     value, for measurements that do not determine them). The link-level fit (the fallback for collectives not
     measured) takes the rows that time one link alone; every row feeds the per-collective points."""
-    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s]
+    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
     gemm = fit_gemm_efficiency(gemm_rows, base, fixed=fixed_gemm) if gemm_rows else None
+    attention_rows = [row for row in measurements.gemm if row.kind == "attention"]
+    attention = fit_attention_efficiency(attention_rows, base) if attention_rows else None
     single_link = {link: tuple(c for c in measurements.collectives_on(link) if c.ranks_per_node == 1)
                    for link in measurements.links_measured}
     links = {link: fit_link(rows, base.links[link]) for link, rows in single_link.items() if rows}
     by_collective = {link: fit_link_by_collective(rows, base.links[link]) for link, rows in single_link.items()
                      if rows}
     points = tuple(fit_collective_points(measurements.collectives, base)) if measurements.collectives else ()
-    return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective, collective_points=points)
+    return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective, collective_points=points,
+                          attention=attention)
 
 
 # ---- the base profile -----------------------------------------------------------------------------------------------
@@ -169,7 +174,7 @@ def build_profile_text(base_name: str, base_reason: str, measurements: Measureme
     header = (f"# Calibrated hardware profile written by `autopar calibrate` ({run.measured_at_utc}).\n"
               f"# Base: bundled profile {base.name}; fitted and measured fields say so in `provenance`.\n"
               "# Raw measurements and fit residuals are under `calibration` (refit: autopar profile fit FILE).\n")
-    text = header + yaml.dump(data, Dumper=_dumper(), sort_keys=False, width=120, allow_unicode=True)
+    text = header + yaml.dump(data, Dumper=profile_dumper(), sort_keys=False, width=120, allow_unicode=True)
     parse_profile(text, "calibrated profile")  # the reader must accept what we write: a failure here is a bug
     measurements_from_dict(yaml.safe_load(text)["calibration"]["measurements"], "calibrated profile")
     return text, fit, tuple(dict.fromkeys(notes))
@@ -181,9 +186,10 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
     per key naming what fed it (`stamp`, and the rows' source files when they carry one); notes for what the
     measurements could not determine. Shared by `autopar calibrate` / `autopar profile fit` and the bundled
     profiles' fit to the public microbenchmarks (benchmarks/fit_microbench.py)."""
-    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s]
+    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
     if fit.gemm is not None:
-        data["compute"]["gemm_efficiency"] = {name: _round(value) for name, value in fit.gemm.params.items()}
+        data["compute"]["gemm_efficiency"] = {**data["compute"]["gemm_efficiency"],
+                                              **{name: _round(value) for name, value in fit.gemm.params.items()}}
         if fit.gemm.at_bound:
             notes.append(f"GEMM fit: {', '.join(fit.gemm.at_bound)} ran to the edge of its range "
                          "(the measured shapes do not pin it down)")
@@ -191,10 +197,19 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         provenance["compute.gemm_efficiency"] = (
             f"{stamp}: least squares over {fit.gemm.points} GEMMs ({', '.join(precisions)}){_from(gemm_rows)}, "
             f"rms residual {fit.gemm.rms_relative_residual:.1%}" + (f"; kept from {base.name}: "
-                                                                   f"{', '.join(fixed_gemm)}" if fixed_gemm else ""))
+                                                                   f"{', '.join(fixed_gemm)}" if fixed_gemm else "")
+            + (f"; at the edge of its range (not pinned down by these shapes): {', '.join(fit.gemm.at_bound)}"
+               if fit.gemm.at_bound else ""))
     else:
         notes.append(f"GEMMs not measured: compute.gemm_efficiency kept from base profile {base.name}")
         provenance["compute.gemm_efficiency"] = f"base profile {base.name} (not measured)"
+
+    if fit.attention is not None:
+        attention_rows = [row for row in measurements.gemm if row.kind == "attention"]
+        data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in fit.attention.params.items()})
+        provenance["compute.gemm_efficiency.attention"] = (
+            f"{stamp}: least squares over {fit.attention.points} fused-attention kernels{_from(attention_rows)}, "
+            f"rms residual {fit.attention.rms_relative_residual:.1%}")
 
     for link in LINKS:
         where = f"links.{link}"
@@ -246,7 +261,7 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
             regimes[point_fit.group_size] = [{"group_size": p.group_size, "alpha_us": _round(p.alpha_s * 1e6, 4),
                                               "busbw_gb_per_s": _round(p.bus_bandwidth_bytes_per_s / 1e9, 4)}
                                              for p in point_fit.regimes]
-        section[kind] = [_FlowRow(p) for group in sorted(regimes) for p in regimes[group]]
+        section[kind] = [FlowRow(p) for group in sorted(regimes) for p in regimes[group]]
         described = []
         for point_fit in point_fits:
             unit = "nodes" if link == "ib" else "GPUs"
@@ -316,27 +331,27 @@ def _bundled_yaml(name: str) -> str:
     return (resources.files("costmodels") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
 
 
-class _FlowRow(dict):
-    """A measurement row: written on one line in YAML."""
+class FlowRow(dict):
+    """A measurement row or a collective regime: written on one line in YAML."""
 
 
 def _flow_rows(measurements: dict[str, Any]) -> dict[str, Any]:
     rounded = copy.deepcopy(measurements)
     for section in ("gemm", "collectives"):
-        rounded[section] = [_FlowRow({k: _round(v) if isinstance(v, float) else v for k, v in row.items()})
+        rounded[section] = [FlowRow({k: _round(v) if isinstance(v, float) else v for k, v in row.items()})
                             for row in rounded[section]]
     rounded["memory_overheads_gib"] = {k: _round(v) for k, v in rounded["memory_overheads_gib"].items()}
     return rounded
 
 
-def _dumper() -> type:
+def profile_dumper() -> type:
     import yaml
 
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:  # the reader refuses aliases (costmodels.hardware)
             return True
 
-    Dumper.add_representer(_FlowRow, lambda dumper, row: dumper.represent_mapping(
+    Dumper.add_representer(FlowRow, lambda dumper, row: dumper.represent_mapping(
         "tag:yaml.org,2002:map", row.items(), flow_style=True))
     return Dumper
 
