@@ -90,6 +90,15 @@ class RecomputeModule(enum.IntFlag):
     def names(cls, bits: int) -> list[str]:
         return [m.label for m in cls if bits & m]
 
+    @classmethod
+    def short_names(cls, bits: int) -> list[str]:
+        """Compact names for plan labels: attn, ln, mlp, act, moe, shared, mla."""
+        return [SHORT_MODULE_NAMES[m.label] for m in cls if bits & m]
+
+
+SHORT_MODULE_NAMES = {"core_attn": "attn", "layernorm": "ln", "mlp": "mlp", "moe_act": "act", "moe": "moe",
+                      "shared_experts": "shared", "mla_up_proj": "mla"}
+"""RecomputeModule label -> the short form plan labels use (`Plan.short`)."""
 
 DEFAULT_RECOMPUTE_MODULES = int(RecomputeModule.CORE_ATTN)
 """Megatron-Core's default `recompute_modules`: ['core_attn']."""
@@ -187,7 +196,7 @@ class Plan:
             layers = f"{self.recompute_layers}" if self.recompute_layers else ""
             parts.append({Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute] + layers)
             if self.recompute_modules:
-                parts[-1] += "(" + "+".join(RecomputeModule.names(self.recompute_modules)) + ")"
+                parts[-1] += "(" + "+".join(RecomputeModule.short_names(self.recompute_modules)) + ")"
         if self.zero:
             parts.append(f"z{self.zero}")
         return " ".join(parts)
