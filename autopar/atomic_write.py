@@ -57,7 +57,7 @@ def check_writable(path: "str | os.PathLike[str]", *, field: str = "out") -> Pat
         if not directory.is_dir():
             raise InputError(field, f"directory {str(directory)!r} of {_short(target)} does not exist; create it "
                                     "first")
-        if len(target.name.encode("utf-8", "surrogateescape")) > _name_max(directory) - len(".tmp") - 10:
+        if len(target.name.encode("utf-8", "surrogateescape")) > _name_max(directory):
             raise InputError(field, f"file name of {_short(target)} is too long for its file system; choose a "
                                     "shorter name")
         descriptor, probe = tempfile.mkstemp(dir=directory, prefix=".autopar-probe.", suffix=".tmp")

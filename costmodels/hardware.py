@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from costmodels.errors import InputError
 from costmodels.limits import MAX_HBM_GIB, MAX_NUM_GPUS
 from costmodels.units import GIB
+
 SCHEMA_VERSION = 1
 LINK_KINDS = ("nvlink", "ib")
 COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")

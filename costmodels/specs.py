@@ -283,6 +283,8 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         require_positive_int(self.num_gpus, "num_gpus")
+        if isinstance(self.gpus_per_node, int):
+            limits.require_at_most(self.gpus_per_node, limits.MAX_NUM_GPUS, "gpus_per_node", " GPUs")
         limits.require_at_most(self.num_gpus, limits.MAX_NUM_GPUS, "num_gpus", " GPUs")
         require_non_negative_int(self.gpus_per_node, "gpus_per_node")
         if self.gpus_per_node == 0:

@@ -177,7 +177,8 @@ def test_gpu_name_too_long() -> None:
     ("--gpus", "1-1000000000000", "num_gpus", "1,048,576"),
     ("--global-batch", "10000000000000000000", "global_batch_size", "16,777,216"),
     ("--seq-len", "100000000000", "seq_len", "16,777,216"),
-], ids=["gpus", "gpu-range", "global-batch", "seq-len"])
+    ("--gpus-per-node", "1000000000000000000000", "gpus_per_node", "1,048,576"),
+], ids=["gpus", "gpu-range", "global-batch", "seq-len", "gpus-per-node"])
 def test_huge_numbers_are_bounded(flag: str, value: str, field: str, limit: str) -> None:
     assert_bad_input(run_cli("solve", "llama-3.1-8b", flag, value), field, limit)
 
