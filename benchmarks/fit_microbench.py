@@ -22,8 +22,8 @@ if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
 from benchmarks import microbench_tables as tables  # noqa: E402
-from autopar.calibrate.profile_file import profile_dumper, FlowRow, apply_fit, fit_measurements  # noqa: E402
-from costmodels.hardware import HardwareProfile, load_profile, parse_profile  # noqa: E402
+from autopar.calibrate.profile_file import FlowRow, apply_fit, fit_measurements, profile_dumper  # noqa: E402
+from costmodels.hardware import HardwareProfile, parse_profile  # noqa: E402
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
 ORDER = ("a100-80gb", "a100-40gb", "h200-141gb", "h100-80gb", "b200-180gb")

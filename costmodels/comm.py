@@ -70,23 +70,41 @@ def link_stage_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.nda
         spec = profile.links[link]
         return np.full(n.shape, spec.alpha_s), wire_bytes / spec.bandwidth_bytes_per_s
     measured_x, alpha_table, inverse_bandwidth = _regime_tables(points)
-    x = np.log2(np.maximum(n, 2.0))
+    wire = wire_bytes.ravel()
 
-    def fastest_at(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if alpha_table.shape[1] == 1:
-            return alpha_table[index, 0], wire_bytes * inverse_bandwidth[index, 0]
-        best = np.argmin(alpha_table[index] + wire_bytes[..., None] * inverse_bandwidth[index], axis=-1)
-        return alpha_table[index, best], wire_bytes * inverse_bandwidth[index, best]
+    def fastest_at(size_index: int, at: "np.ndarray | slice") -> tuple[np.ndarray, np.ndarray]:
+        """(alpha, transfer) of the fastest regime of measured size `size_index` for the elements `at`."""
+        chosen_alpha, chosen_s = None, None
+        for alpha_s, inverse in zip(alpha_table[size_index], inverse_bandwidth[size_index]):
+            if not np.isfinite(alpha_s):
+                break                                                    # padding: no further regime here
+            regime_s = alpha_s + wire[at] * inverse
+            if chosen_s is None:
+                chosen_alpha, chosen_s = np.full(regime_s.shape, alpha_s), regime_s
+            else:
+                faster = regime_s < chosen_s
+                chosen_alpha, chosen_s = np.where(faster, alpha_s, chosen_alpha), np.minimum(regime_s, chosen_s)
+        return chosen_alpha, chosen_s - chosen_alpha
 
     if measured_x.size == 1:
-        return fastest_at(np.zeros(n.shape, dtype=int))
+        latency, transfer = fastest_at(0, slice(None))
+        return latency.reshape(n.shape), transfer.reshape(n.shape)
     # piecewise-linear in log2(group size) between the measured sizes low and low + 1; the ends hold outside
+    x = np.log2(np.maximum(n, 2.0)).ravel()
     low = np.clip(np.searchsorted(measured_x, x, side="right") - 1, 0, measured_x.size - 2)
     upper = np.clip((x - measured_x[low]) / (measured_x[low + 1] - measured_x[low]), 0.0, 1.0)
-    low_latency, low_transfer = fastest_at(low)
-    high_latency, high_transfer = fastest_at(low + 1)
-    return ((1.0 - upper) * low_latency + upper * high_latency,
-            (1.0 - upper) * low_transfer + upper * high_transfer)
+    latency, transfer = np.zeros(wire.shape), np.zeros(wire.shape)
+    present = np.flatnonzero(np.bincount(low, minlength=measured_x.size)
+                             + np.bincount(low + 1, weights=upper > 0, minlength=measured_x.size))
+    for size_index in present:
+        weight = np.where(low == size_index, 1.0 - upper, 0.0) + np.where(low + 1 == size_index, upper, 0.0)
+        at = np.flatnonzero(weight)
+        if at.size == 0:
+            continue
+        alpha_s, transfer_s = fastest_at(size_index, at)
+        latency[at] += weight[at] * alpha_s
+        transfer[at] += weight[at] * transfer_s
+    return latency.reshape(n.shape), transfer.reshape(n.shape)
 
 
 def _regime_tables(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

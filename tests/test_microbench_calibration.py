@@ -8,14 +8,27 @@ import numpy as np
 import pytest
 import yaml
 
-from autopar.calibrate.fit import fit_collective_points, fit_gemm_efficiency, predict_collective_s
-from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement, Timing, measurements_from_dict
+from autopar.calibrate.fit import (
+    fit_collective_points,
+    fit_gemm_efficiency,
+    predict_collective_s,
+)
+from autopar.calibrate.measurements import (
+    CollectiveMeasurement,
+    GemmMeasurement,
+    Timing,
+    measurements_from_dict,
+)
 from costmodels import comm
 from costmodels.compute import gemm_efficiency
 from costmodels.errors import InputError
-from costmodels.hardware import (CollectivePoint, _bundled_text, bundled_profile_names, load_profile,
-                                 parse_profile)
-
+from costmodels.hardware import (
+    CollectivePoint,
+    _bundled_text,
+    bundled_profile_names,
+    load_profile,
+    parse_profile,
+)
 
 
 def _link_only(name: str):
@@ -76,7 +89,7 @@ def test_each_size_takes_the_fastest_regime_and_group_sizes_interpolate_in_log2(
 
 
 def _bus_bandwidth(profile, kind: str, n: float, bytes_: float = 2.0**34) -> float:
-    latency, transfer = comm.link_stage_s(profile, "nvlink", kind, bytes_, n)
+    _, transfer = comm.link_stage_s(profile, "nvlink", kind, bytes_, n)
     return float(bytes_ * comm.algorithm_factor(kind, n) / transfer)
 
 
@@ -186,9 +199,10 @@ def test_fp8_rows_fit_their_own_roll_off_and_fractions_stay_at_most_one():
 
 
 def test_attention_rows_fit_the_attention_curve_and_leave_the_gemm_curve_alone():
+    import dataclasses
+
     from autopar.calibrate.fit import fit_attention_efficiency
     from costmodels.compute import attention_efficiency
-    import dataclasses
     base = load_profile("h100-80gb")
     truth = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, "attention_peak_fraction": 0.62,
                                                         "attention_half_saturation_seq": 900.0})
