@@ -609,7 +609,7 @@ def all_rows() -> "list[Case | Unexpressed]":
     rows += refused_file("deepseek_v3_2412.19437.csv", "deepseek-v3", "H800 profile missing; DualPipe schedule; "
                                                                       "run average over a batch ramp")
     rows += refused_file("megatron_dsv3_gb200_optimization.csv", "mcore-dsv3-gb200",
-                         "no gb200 profile; per-module recompute and pipeline layout string not expressible")
+                         "no gb200 profile; pipeline layout string (Et|(tt|)*30L) not expressible")
     return rows
 
 
