@@ -46,6 +46,8 @@ def _value(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
     return str(value)
 
 
@@ -57,7 +59,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
     for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                 "recompute_granularity", "recompute_method", "recompute_num_layers"):
+                 "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"):
         if fields[name] is not None:
             overrides.append(f"model.config.{name}={_value(fields[name])}")
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",

@@ -25,7 +25,7 @@ MEGATRON_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "expert_tensor_parallel_size", "sequence_parallel")
 OVERRIDE_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                   "recompute_granularity", "recompute_method", "recompute_num_layers")
+                   "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
 
 
 def _yaml(value: object) -> str:
@@ -33,6 +33,8 @@ def _yaml(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "True" if value else "False"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)
 
 
