@@ -54,6 +54,8 @@ VALUE_FLAGS = frozenset({
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--vocab-size",
 })
+LIST_FLAGS = frozenset({"--recompute-modules"})
+"""Flags taking several words (argparse nargs='*'): the words up to the next flag."""
 LAUNCHER_FLAGS = frozenset({  # torchrun / torch.distributed.launch / the deepspeed launcher
     "--nproc-per-node", "--nproc_per_node", "--nnodes", "--num_gpus", "--num_nodes", "--num-gpus", "--num-nodes",
 })
@@ -63,10 +65,15 @@ SWITCH_FLAGS = frozenset({
     "--use-torch-fsdp2", "--bf16", "--fp16", "--recompute-activations", "--group-query-attention",
     "--multi-latent-attention",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-    "--overlap-grad-reduce", "--overlap-param-gather",  # read (the step-time model assumes them), not needed
+    "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
 })
+OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
+                         "--overlap-param-gather": "overlap_param_gather",
+                         "--tp-comm-overlap": "tp_comm_overlap",
+                         "--overlap-moe-expert-parallel-comm": "moe_a2a_overlap"}
+"""Megatron-Core overlap switches -> TrainingSpec options (the step time hides what the command overlaps)."""
 
-PLAN_FLAG_OF_FIELD = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+PLAN_FLAG_OF_FIELD = {"recompute_modules": "--recompute-modules", "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                       "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
                       "etp": "--expert-tensor-parallel-size", "mbs": "--micro-batch-size",
                       "vpp": "--num-virtual-stages-per-pipeline-rank",
@@ -88,7 +95,8 @@ class MegatronRun:
 
     plan: Plan
     training: dict[str, Any]
-    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8')."""
+    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8') and the overlap
+    switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap)."""
     num_gpus: int | None
     """GPU count when the script says it (launcher, WORLD_SIZE or #SBATCH), else None."""
     model: dict[str, int] = field(default_factory=dict)
@@ -245,6 +253,12 @@ def recognised_flags(words: list[str]) -> dict[str, "str | bool"]:
         name, has_inline, inline = word.partition("=")
         if name in SWITCH_FLAGS:
             flags[name] = True
+        elif name in LIST_FLAGS:
+            values = [inline] if has_inline else []
+            while index < len(words) and not words[index].startswith("-"):
+                values.append(words[index])
+                index += 1
+            flags[name] = " ".join(values)
         elif name in VALUE_FLAGS:
             if has_inline:
                 flags[name] = inline
@@ -452,6 +466,12 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
                   etp=_integer(flags, "--expert-tensor-parallel-size", 0), mbs=mbs, sp=sp, recompute=recompute,
                   recompute_layers=recompute_layers, zero=_zero(flags), first_stage_layers=first,
                   last_stage_layers=last)
+    modules = flags.get("--recompute-modules")
+    if isinstance(modules, str) and modules.strip():
+        if recompute is Recompute.SELECTIVE:
+            values["recompute_modules"] = modules
+        else:
+            notes.append("--recompute-modules without --recompute-granularity selective: ignored, as Megatron does")
     try:
         plan = Plan(**values)
     except InputError as error:
@@ -463,6 +483,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         notes.append(f"GPU count not read from the launcher ({error.message}); give --gpus")
         num_gpus = None
     training: dict[str, Any] = {"precision": _precision(flags, notes)}
+    training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")
     if seq_len is not None:
         training["seq_len"] = seq_len

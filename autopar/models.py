@@ -29,6 +29,16 @@ Which config keys mean what (the HF modeling files of each model type):
   `v_head_dim`; multi-token prediction modules `num_nextn_predict_layers`.
 - gpt2 (GPT-2/3 and the Megatron GPT shapes): `n_embd`, `n_layer`, `n_head`, `n_inner` (null: 4·n_embd), learned
   positions over `n_positions`, LayerNorm, bias on every linear layer, plain GELU MLP, tied embeddings by default.
+- bloom (HF `BloomConfig`, `modeling_bloom.py`): GPT-2-like (`n_layer`, `n_head`, LayerNorm, biases, 4h GELU MLP,
+  tied embeddings) but ALiBi instead of a position table (no parameters); the embedding LayerNorm (2h) is not
+  counted.
+- nemotron (HF `NemotronConfig`, Nemotron-4, arXiv 2402.16819 §2): squared-ReLU MLP of `intermediate_size` without
+  a gate (`hidden_act` relu2), LayerNorm (layernorm1p, scale and bias), rotary positions, no linear biases
+  (`attention_bias`, `mlp_bias`), GQA, untied embeddings.
+- gpt_oss (HF `GptOssConfig`, OpenAI gpt-oss model card arXiv 2508.10925): Llama-like attention with biases
+  (`attention_bias`), `num_local_experts` routed experts of width `intermediate_size` (like Mixtral; the experts, the
+  router and the output projection carry biases), `layer_types` alternating `sliding_attention` (window
+  `sliding_window`) and `full_attention`; the per-head attention-sink logits (one scalar per head) are not counted.
 """
 
 from __future__ import annotations
@@ -53,11 +63,16 @@ LLAMA_LIKE = "llama-like"
 """RMSNorm, rotary positions, gated MLP, no linear biases (Llama and its descendants)."""
 GPT2_LIKE = "gpt2-like"
 """LayerNorm, learned positions, plain GELU MLP, biases everywhere (GPT-2/3, Megatron GPT)."""
+BLOOM_LIKE = "bloom-like"
+"""GPT-2-like with ALiBi positions (BLOOM)."""
+NEMOTRON_LIKE = "nemotron-like"
+"""LayerNorm, rotary positions, squared-ReLU MLP without gate, no biases (Nemotron-4)."""
 
 SUPPORTED_MODEL_TYPES: Mapping[str, str] = {
     "llama": LLAMA_LIKE, "mistral": LLAMA_LIKE, "mixtral": LLAMA_LIKE, "qwen2": LLAMA_LIKE, "qwen2_moe": LLAMA_LIKE,
     "qwen3": LLAMA_LIKE, "qwen3_moe": LLAMA_LIKE, "deepseek_v2": LLAMA_LIKE, "deepseek_v3": LLAMA_LIKE,
-    "gemma": LLAMA_LIKE, "phi3": LLAMA_LIKE, "gpt2": GPT2_LIKE,
+    "gemma": LLAMA_LIKE, "phi3": LLAMA_LIKE, "gpt2": GPT2_LIKE, "gpt_oss": LLAMA_LIKE, "bloom": BLOOM_LIKE,
+    "nemotron": NEMOTRON_LIKE,
 }
 """model_type -> family. Anything else known to transformers is refused (encoders, hybrids, ...)."""
 
@@ -102,7 +117,7 @@ class UnknownModelTypeWarning(UserWarning):
     """A config.json whose model_type transformers does not know, read as the nearest supported family."""
 
 
-TIED_BY_DEFAULT = frozenset({"gpt2", "gemma"})
+TIED_BY_DEFAULT = frozenset({"gpt2", "gemma", "bloom"})
 """Model types whose config class defaults `tie_word_embeddings` to true (the others default to false)."""
 
 HF_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -111,13 +126,15 @@ MAX_HF_ID_CHARS = 96
 """huggingface_hub's limit on a repo id's length."""
 
 # Config keys, in the order they are looked up: one entry per ModelSpec quantity (first present, non-null key wins).
-HIDDEN_KEYS = ("hidden_size", "n_embd")
+HIDDEN_KEYS = ("hidden_size", "n_embd", "n_embed")
 LAYERS_KEYS = ("num_hidden_layers", "n_layer")
 HEADS_KEYS = ("num_attention_heads", "n_head")
 VOCAB_KEYS = ("vocab_size",)
 FFN_KEYS = ("intermediate_size", "n_inner")
 EXPERTS_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions")
+EXPERT_WIDTH_IN_INTERMEDIATE = frozenset({"mixtral", "gpt_oss"})
+"""Model types whose routed-expert width is `intermediate_size` (no `moe_intermediate_size`)."""
 
 
 # ---- public ----------------------------------------------------------------------------------------------------
@@ -242,10 +259,15 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
     heads = _positive(config, HEADS_KEYS, where)
     moe = _moe_spec(config, model_type, where)
     mla = _mla_spec(config, where)
-    gpt2_like = family == GPT2_LIKE
+    gpt2_like = family in (GPT2_LIKE, BLOOM_LIKE)
     ffn = _first(config, FFN_KEYS)
     if ffn is None and gpt2_like:
         ffn = 4 * hidden                                                    # GPT-2: n_inner null means 4·n_embd
+    mlp = {GPT2_LIKE: MlpKind.PLAIN, BLOOM_LIKE: MlpKind.PLAIN, NEMOTRON_LIKE: MlpKind.SQUARED_RELU}.get(
+        family, MlpKind.GATED)
+    position = {GPT2_LIKE: PositionEmbedding.LEARNED, BLOOM_LIKE: PositionEmbedding.ALIBI}.get(
+        family, PositionEmbedding.ROPE)
+    window, window_layers = _sliding_window(config, model_type, where)
     fields = dict(
         hidden_size=hidden,
         num_layers=_positive(config, LAYERS_KEYS, where),
@@ -254,16 +276,18 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         vocab_size=_positive(config, VOCAB_KEYS, where),
         num_kv_heads=0 if mla is not None else _positive_if_given(config, "num_key_value_heads", where),
         head_dim=0 if mla is not None else _positive_if_given(config, "head_dim", where),
-        mlp=MlpKind.PLAIN if gpt2_like else MlpKind.GATED,
-        norm=NormKind.LAYERNORM if gpt2_like else NormKind.RMSNORM,
-        position_embedding=PositionEmbedding.LEARNED if gpt2_like else PositionEmbedding.ROPE,
+        mlp=mlp,
+        norm=NormKind.LAYERNORM if family in (GPT2_LIKE, BLOOM_LIKE, NEMOTRON_LIKE) else NormKind.RMSNORM,
+        position_embedding=position,
         max_position_embeddings=_optional_positive(config, MAX_POSITION_KEYS, where),
         tied_embeddings=bool(_first(config, ("tie_word_embeddings",), model_type in TIED_BY_DEFAULT)),
         qkv_bias=_qkv_bias(config, model_type),
-        linear_bias=gpt2_like or (bool(config.get("attention_bias")) and bool(config.get("mlp_bias"))),
+        linear_bias=gpt2_like or _linear_bias(config, model_type),
         moe=moe,
         mla=mla,
         num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
+        sliding_window=window,
+        sliding_window_layers=window_layers,
     )
     return _spec_in(where, ModelSpec, name=name, source=source, **fields)
 
@@ -286,12 +310,40 @@ def _qkv_bias(config: Mapping[str, Any], model_type: str) -> bool:
     return bool(config.get("attention_bias", False))
 
 
+def _linear_bias(config: Mapping[str, Any], model_type: str) -> bool:
+    """Bias on every linear layer: GPT-OSS's `attention_bias` covers attention, and its experts and router always
+    carry biases (HF GptOssExperts gate_up_proj_bias / down_proj_bias, GptOssTopKRouter bias); elsewhere both
+    `attention_bias` and `mlp_bias`."""
+    if model_type == "gpt_oss":
+        return bool(config.get("attention_bias", True))
+    return bool(config.get("attention_bias")) and bool(config.get("mlp_bias"))
+
+
+def _sliding_window(config: Mapping[str, Any], model_type: str, where: str) -> tuple[int, int]:
+    """(window, layers using it) from `layer_types` (HF: 'sliding_attention' / 'full_attention'); GPT-OSS without
+    `layer_types` alternates, sliding first (GptOssConfig). Other model types: none (Mistral's and Qwen's
+    `sliding_window` is off unless `use_sliding_window`, which autopar does not read)."""
+    if model_type != "gpt_oss":
+        return 0, 0
+    window = _optional_positive(config, "sliding_window", where)
+    if not window:
+        return 0, 0
+    layers = _positive(config, LAYERS_KEYS, where)
+    types = config.get("layer_types")
+    if types is None:
+        return window, (layers + 1) // 2
+    if not isinstance(types, list) or len(types) != layers:
+        raise InputError("layer_types", f"layer_types must list one entry per layer ({layers}) (in {where})")
+    return window, sum(1 for t in types if t == "sliding_attention")
+
+
 def _moe_spec(config: Mapping[str, Any], model_type: str, where: str) -> MoESpec | None:
     num_experts = _first(config, EXPERTS_KEYS)
     if not num_experts:                                                     # absent, null or 0: a dense model
         return None
     num_experts = _positive_value(num_experts, "num_experts", where)
-    expert_width_key = "intermediate_size" if model_type == "mixtral" else "moe_intermediate_size"
+    expert_width_key = "intermediate_size" if model_type in EXPERT_WIDTH_IN_INTERMEDIATE \
+        else "moe_intermediate_size"
     expert_width = _positive(config, (expert_width_key,), where)
     num_shared = _optional_positive(config, "n_shared_experts", where)
     shared_width = num_shared * expert_width
@@ -348,11 +400,11 @@ def _require_fields(config: Mapping[str, Any], model_type: str, where: str) -> N
     """Every key the mapping cannot do without, checked on the raw file (AutoConfig would silently default them)."""
     required = [HIDDEN_KEYS, LAYERS_KEYS, HEADS_KEYS, VOCAB_KEYS]
     family = SUPPORTED_MODEL_TYPES.get(model_type, GPT2_LIKE if "n_embd" in config else LLAMA_LIKE)
-    if family == LLAMA_LIKE:
+    if family in (LLAMA_LIKE, NEMOTRON_LIKE):
         required.append(FFN_KEYS)
     if _first(config, EXPERTS_KEYS):
         required.append(("num_experts_per_tok",))
-        if model_type != "mixtral":
+        if model_type not in EXPERT_WIDTH_IN_INTERMEDIATE:
             required.append(("moe_intermediate_size",))
     if config.get("kv_lora_rank") is not None:
         required += [("qk_nope_head_dim",), ("qk_rope_head_dim",), ("v_head_dim",)]

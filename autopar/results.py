@@ -57,7 +57,11 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "precision": training.precision.value, "flash_attention": training.flash_attention,
                      "fused_cross_entropy": training.fused_cross_entropy,
                      "moe_capacity_factor": training.moe_capacity_factor,
-                     "tokens_per_step": training.tokens_per_step},
+                     "tokens_per_step": training.tokens_per_step,
+                     "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
+                                 "overlap_param_gather": training.overlap_param_gather,
+                                 "tp_comm_overlap": training.tp_comm_overlap,
+                                 "moe_a2a_overlap": training.moe_a2a_overlap}},
     }
 
 

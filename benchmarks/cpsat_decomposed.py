@@ -223,7 +223,7 @@ def stage_layer_tables(space: SearchSpace, domains: dict[str, tuple[int, ...]],
     vpp, recompute, recompute_layers = grid["vpp"], grid["recompute"], grid["recompute_layers"]
     recompute_pairs = np.zeros((len(domains["recompute"]), len(domains["recompute_layers"])), dtype=bool)
     recompute_at, layers_at = _positions(domains["recompute"]), _positions(domains["recompute_layers"])
-    for setting, layers in space.recomputes:
+    for setting, layers in default_module_recomputes(space):
         recompute_pairs[recompute_at[setting], layers_at[layers]] = True
 
     def over_split(array: np.ndarray) -> np.ndarray:
@@ -432,9 +432,17 @@ class NumpyFront:
 def pareto_front(time_units: np.ndarray, memory_mib: np.ndarray, knob_values: dict[str, np.ndarray]
                  ) -> tuple[tuple[int, int], ...]:
     """Non-dominated (time, memory) pairs, fastest first: the search's own front (autopar.search.pareto)."""
-    dense_defaults = {"ep": np.ones(len(time_units), np.int64), "etp": knob_values["tp"]}  # ep (1,): dense models
+    dense_defaults = {"ep": np.ones(len(time_units), np.int64), "etp": knob_values["tp"],  # ep (1,): dense models
+                      "recompute_modules": np.zeros(len(time_units), np.int64)}   # default modules only, see above
     keep = front_indices(time_units, memory_mib, {**dense_defaults, **knob_values})
     return tuple(zip(time_units[keep].tolist(), memory_mib[keep].tolist(), strict=True))
+
+
+def default_module_recomputes(space) -> list[tuple[int, int]]:
+    """(recompute, recompute_layers) of the space with selective recompute at Megatron's default module (core_attn):
+    this decomposition prices selective recompute as the attention core alone (its LS table), so the other
+    --recompute-modules sets of the search space are left out of its tables."""
+    return [(setting, layers) for setting, layers, modules in space.recomputes if modules == 0]
 
 
 def numpy_front(instance: Instance) -> NumpyFront:
@@ -444,9 +452,10 @@ def numpy_front(instance: Instance) -> NumpyFront:
     position = {knob: _positions(domain) for knob, domain in domains.items()}
     split_index = np.array([[position["pp"][pp], position["first_stage_layers"][first],
                              position["last_stage_layers"][last]] for pp, first, last in space.splits])
+    recomputes = default_module_recomputes(space)
     recompute_index = np.array([[position["recompute"][setting], position["recompute_layers"][layers]]
-                                for setting, layers in space.recomputes])
-    sizes = [len(space.splits), len(space.recomputes)] + [len(domains[k]) for k in FREE_KNOBS]
+                                for setting, layers in recomputes])
+    sizes = [len(space.splits), len(recomputes)] + [len(domains[k]) for k in FREE_KNOBS]
     combos = np.indices(sizes).reshape(len(sizes), -1)
     index = {
         "pp": split_index[combos[0], 0], "first_stage_layers": split_index[combos[0], 1],

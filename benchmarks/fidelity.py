@@ -1,7 +1,9 @@
 """Fidelity of the cost model against published measurements (shared/reference/).
 
-Runs the memory section (benchmarks/fidelity_memory.py) and the time section (benchmarks/fidelity_time.py); each
-prints its table and ends with its one-line summary (`fidelity-memory: ...`, `fidelity-time: ...`).
+Runs the memory section (benchmarks/fidelity_memory.py), the time section (benchmarks/fidelity_time.py) and the
+leave-one-source-out cross-validation of the fitted values (benchmarks/fidelity_crossval.py); each prints its table
+and ends with its one-line summary (`fidelity-memory: ...`, `fidelity-time: ...`, `fidelity-crossval: ...`). The
+published runs beyond 2021-22 A100 have their own benchmark, benchmarks/fidelity_runs.py.
 
     python benchmarks/fidelity.py
 """
@@ -14,13 +16,15 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-from benchmarks import fidelity_memory, fidelity_time  # noqa: E402
+from benchmarks import fidelity_crossval, fidelity_memory, fidelity_time  # noqa: E402
 
 
 def main() -> int:
     fidelity_memory.main()
     print()
     fidelity_time.main()
+    print()
+    fidelity_crossval.main()
     return 0
 
 

@@ -42,14 +42,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodels import overheads
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
-from costmodels.plan import PlanArrays, Recompute, layers_on_stage
+from costmodels.plan import PlanArrays, Recompute, RecomputeModule, layers_on_stage, recomputes_module
 from costmodels.specs import MlpKind, ModelSpec, Precision, TrainingSpec
 
 BACKWARD_TO_FORWARD = 2.0
 """Backward runs two GEMMs (data gradient and weight gradient) per forward GEMM (arXiv 2104.04473, appendix)."""
+FLASH_CORE_BACKWARD_TO_FORWARD = 2.5
+"""A fused (flash) attention backward recomputes the scores S = QKᵀ from Q and K (it never stored them) and then
+runs dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q: five matmuls against the forward's two, 2.5× the forward FLOPs
+(Dao, FlashAttention-2, arXiv 2307.08691 §3.1 and Algorithm 2). The unfused path stores P and runs four (2×)."""
+
+
+def attention_core_backward_to_forward(training: TrainingSpec) -> float:
+    return FLASH_CORE_BACKWARD_TO_FORWARD if training.flash_attention else BACKWARD_TO_FORWARD
 
 
 # ---- GEMM efficiency -----------------------------------------------------------------------------------------
@@ -153,11 +162,27 @@ def attention_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays)
     # TE) skip the masked half: s²·a·(d_qk + d_v). Per GPU: heads / tp, queries / cp (CP load-balances the chunks).
     seq = float(training.seq_len)
     causal_skip = 0.5 if training.flash_attention else 1.0
-    core_flops = causal_skip * 2.0 * plans.mbs * seq * seq * a * (qk_dim + v_dim) / (tp * plans.cp)
+    core_flops = causal_skip * 2.0 * plans.mbs * seq * seq * a * (qk_dim + v_dim) / (tp * plans.cp) \
+        * sliding_window_core_fraction(model, training)
     chunk = seq / plans.cp
     gemms.append(Gemm(flops=core_flops, m=chunk, n=chunk, k=np.full(len(plans), float(qk_dim)),
                       attention_core=True))
     return gemms
+
+
+def sliding_window_core_fraction(model: ModelSpec, training: TrainingSpec) -> float:
+    """Attention-core work of the average layer relative to full causal attention.
+
+    A sliding-window layer (Beltagy et al., arXiv 2004.05150; GPT-OSS alternates 128-token windows with full layers,
+    HF `GptOssConfig.layer_types`) lets query i see min(i + 1, w) keys: s·w - w²/2 pairs instead of s²/2, computed by
+    a fused kernel that skips the masked blocks. Averaged over the layers (the pattern alternates, so every pipeline
+    stage holds the same mix); without flash attention the full matrix is computed either way.
+    """
+    if not model.sliding_window or not training.flash_attention:
+        return 1.0
+    s, w = float(training.seq_len), float(min(model.sliding_window, training.seq_len))
+    sliding = (s * w - w * w / 2.0) / (s * s / 2.0)
+    return (model.num_layers - model.sliding_window_layers + model.sliding_window_layers * sliding) / model.num_layers
 
 
 def mlp_gemms(model: ModelSpec, tokens: np.ndarray, width: float, tp: np.ndarray) -> list[Gemm]:
@@ -264,6 +289,30 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     return layer_bytes, score_bytes
 
 
+# ---- FP8 casts ---------------------------------------------------------------------------------------------------
+
+FP8_CAST_BYTES_PER_INPUT_ELEMENT = 3.0
+"""Forward of an FP8 linear layer (Transformer Engine, delayed or current scaling): its bf16 input activation is read
+(2 bytes) and written as FP8 (1 byte), the amax reduction fused into the same pass (TE `cast_to_fp8` /
+`fp8_cast_transpose_fused`; Micikevicius et al., "FP8 formats for deep learning", arXiv 2209.05433 §4). The
+backward casts the output gradient the same way and writes transposed FP8 copies for the weight-gradient GEMM,
+about twice the forward's traffic, which `BACKWARD_TO_FORWARD` applies. Weights are cast once per step
+(TE `is_first_microbatch`) and not counted here. The attention core and the elementwise kernels stay bf16 and are
+priced as such: FP8 speeds up the GEMMs only."""
+
+
+def fp8_cast_bytes(gemms: list[Gemm], training: TrainingSpec) -> np.ndarray:
+    """HBM bytes of the FP8 input casts of one layer's forward GEMMs (0 in bf16): m × k elements per GEMM."""
+    if training.precision is not Precision.FP8:
+        return np.zeros(len(gemms[0].flops)) if gemms else 0.0
+    total = 0.0
+    for gemm in gemms:
+        if not gemm.attention_core:
+            total = total + FP8_CAST_BYTES_PER_INPUT_ELEMENT * gemm.m * gemm.k * (gemm.flops / (2.0 * gemm.m * gemm.n
+                                                                                             * gemm.k))
+    return total
+
+
 # ---- seconds -------------------------------------------------------------------------------------------------
 
 def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[Gemm],
@@ -292,6 +341,10 @@ class LayerTimes:
     logits_fwd_s: np.ndarray
     mtp_fwd_s: np.ndarray
     """All MTP modules together (their decoder layers included), on the last stage."""
+    selective_dense_fwd_s: "np.ndarray | None" = None
+    """Per dense layer: the forward of the modules selective recompute re-runs (see selective_recompute_s)."""
+    selective_moe_fwd_s: "np.ndarray | None" = None
+    """Per MoE layer: the same."""
 
 
 def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
@@ -300,23 +353,79 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     tp = plans.tp.astype(float)
     attention = attention_gemms(model, training, plans)
     seconds_per_byte = elementwise_traffic_factor(profile) / profile.hbm_bandwidth_bytes_per_s
+    cast_s_per_byte = 1.0 / profile.hbm_bandwidth_bytes_per_s
     dense_bytes, score_bytes = elementwise_bytes_per_layer(model, training, plans, moe_layer=False)
     core_s = _gemms_time_s(profile, training, attention, attention_core=True) + score_bytes * seconds_per_byte
-    attention_s = _gemms_time_s(profile, training, attention, attention_core=False) + core_s
-    dense_s = attention_s + _gemms_time_s(profile, training, mlp_gemms(model, tokens, model.ffn_hidden_size, tp)) \
-        + dense_bytes * seconds_per_byte
+    attention_s = _gemms_time_s(profile, training, attention, attention_core=False) + core_s \
+        + fp8_cast_bytes(attention, training) * cast_s_per_byte
+    dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+    dense_s = attention_s + _gemms_time_s(profile, training, dense_mlp) + dense_bytes * seconds_per_byte \
+        + fp8_cast_bytes(dense_mlp, training) * cast_s_per_byte
+    # the host launch floor (costmodels.overheads): a layer takes at least its kernels' launch time
+    dense_s = np.maximum(dense_s, overheads.layer_launch_floor_s(moe_layer=False))
     moe_s = np.zeros(len(plans))
     if model.moe is not None:
         moe_bytes, _ = elementwise_bytes_per_layer(model, training, plans, moe_layer=True)
-        moe_s = attention_s + _gemms_time_s(profile, training, moe_mlp_gemms(model, training, plans)) \
-            + moe_bytes * seconds_per_byte
+        moe_mlp = moe_mlp_gemms(model, training, plans)
+        moe_s = attention_s + _gemms_time_s(profile, training, moe_mlp) + moe_bytes * seconds_per_byte \
+            + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte
+        moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
+    dense_sel, moe_sel = selective_recompute_s(model, profile, training, plans, core_s)
     logits_s = _gemms_time_s(profile, training, logits_gemms(model, training, plans))
     mtp_s = np.zeros(len(plans))
     if model.num_mtp_layers:
         module_s = (moe_s if model.is_moe else dense_s) + \
             _gemms_time_s(profile, training, mtp_extra_gemms(model, training, plans))
         mtp_s = model.num_mtp_layers * module_s
-    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s)
+    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel)
+
+
+def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
+                          core_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dense layer, MoE layer) seconds of re-running the selected --recompute-modules in the backward pass:
+    core_attn the attention core; layernorm the two norms (read 2h, write 2h bytes per token each, HBM-bound);
+    mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (reads the fused gate/up output, 4 bytes,
+    writes 2, per expert column); moe the router and routed-expert GEMMs and permutation (its all-to-alls are
+    re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's GEMMs; mla_up_proj the MLA up
+    projections. Megatron-Core recomputes each from its stored input (CheckpointWithoutOutput)."""
+    n = len(plans)
+    tokens = _tokens(training, plans)
+    tp = plans.tp.astype(float)
+    per_byte = 1.0 / profile.hbm_bandwidth_bytes_per_s
+    outside = tokens / np.where(plans.sp, tp, 1.0)
+    norms = 2.0 * 4.0 * model.hidden_size * outside * per_byte
+    mla = np.zeros(n)
+    if model.mla is not None:
+        up = [g for g in attention_gemms(model, training, plans)[:-1]]
+        # the up projections: kv up (index 1) and q up (index 4 with a q latent)
+        picked = [up[1]] + ([up[4]] if model.mla.q_lora_rank else [])
+        mla = _gemms_time_s(profile, training, picked)
+    dense_mlp_gemms = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+    act_bytes = tokens * (6.0 if model.mlp is MlpKind.GATED else 4.0) * model.ffn_hidden_size / tp
+    dense_mlp = _gemms_time_s(profile, training, dense_mlp_gemms) + act_bytes * per_byte
+
+    def pick(module: RecomputeModule, seconds) -> np.ndarray:
+        return np.where(recomputes_module(plans, module), seconds, 0.0)
+
+    common = pick(RecomputeModule.CORE_ATTN, core_s) + pick(RecomputeModule.LAYERNORM, norms) \
+        + pick(RecomputeModule.MLA_UP_PROJ, mla)
+    dense = common + pick(RecomputeModule.MLP, dense_mlp)
+    moe = np.zeros(n)
+    if model.moe is not None:
+        spec = model.moe
+        received = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
+            * spec.num_experts / plans.ep
+        act = received * 6.0 * spec.expert_ffn_hidden_size / plans.etp * per_byte
+        routed_gemms = moe_mlp_gemms(model, training, plans)
+        shared_count = 2 if spec.num_shared_experts else 0
+        routed = _gemms_time_s(profile, training, routed_gemms[:len(routed_gemms) - shared_count])
+        local_tokens = tokens / np.where(plans.sp, tp, 1.0)
+        permute = 2.0 * 2.0 * local_tokens * spec.top_k * model.hidden_size * moe_load_factor(training) * per_byte
+        shared = _gemms_time_s(profile, training, routed_gemms[len(routed_gemms) - shared_count:]) \
+            if shared_count else np.zeros(n)
+        moe = common + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,
+                                pick(RecomputeModule.MOE_ACT, act)) + pick(RecomputeModule.SHARED_EXPERTS, shared)
+    return dense, moe
 
 
 def recomputed_layer_fraction(plans: PlanArrays, stage_layers: np.ndarray) -> np.ndarray:
@@ -357,6 +466,11 @@ def _forward_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> dic
             "attention_core": model.num_layers * core, "logits": logits, "mtp": mtp}
 
 
+def attention_core_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> float:
+    """Forward FLOPs of the attention core (scores and values, causal half) of one sequence over all layers."""
+    return float(_forward_flops_per_sequence(model, training)["attention_core"])
+
+
 def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
     """Model FLOPs of one step without recompute: 3 × forward (≈ 6·N_active·tokens + causal attention)."""
     parts = _forward_flops_per_sequence(model, training)
@@ -371,4 +485,6 @@ def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, plans: Pla
     full_fraction = recomputed_layer_fraction(plans, layers)
     selective = plans.recompute == Recompute.SELECTIVE
     recomputed = np.where(selective, parts["attention_core"], full_fraction * parts["layers"])
-    return model_flops_per_step(model, training) + recomputed * training.global_batch_size
+    # a fused attention backward recomputes the scores: 2.5x the core's forward, not 2x (FLASH_CORE_BACKWARD_...)
+    flash_extra = (attention_core_backward_to_forward(training) - BACKWARD_TO_FORWARD) * parts["attention_core"]
+    return model_flops_per_step(model, training) + (recomputed + flash_extra) * training.global_batch_size

@@ -38,8 +38,8 @@ import numpy as np
 
 from costmodels import params
 from costmodels.errors import InputError
-from costmodels.plan import (PlanArrays, Recompute, data_parallel_size, expert_data_parallel_size, layers_on_stage,
-                             layers_per_middle_stage, num_microbatches)
+from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
+                             layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
 
 BF16_BYTES = 2
@@ -57,7 +57,7 @@ _STATIC_LAYER_KNOBS = ("tp", "pp", "cp", "zero", "first_stage_layers", "last_sta
 _STATIC_EXPERT_KNOBS = ("pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers")
 _STATIC_EMBEDDING_KNOBS = ("tp", "pp", "cp", "zero")
 _STAGE_ACTIVATION_KNOBS = ("tp", "sp", "cp", "pp", "vpp", "mbs", "recompute", "recompute_layers",
-                           "first_stage_layers", "last_stage_layers")
+                           "recompute_modules", "first_stage_layers", "last_stage_layers")
 
 TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "weights": _STATIC_LAYER_KNOBS,
@@ -433,13 +433,46 @@ def _stored_layer_counts(model: ModelSpec, shape: StageShape) -> tuple[np.ndarra
 
 def layer_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Stored activations of the non-recomputed decoder layers (Korthikanti Table 2), × micro-batches in flight.
-    Selective recompute (§4.2.1) drops the attention scores; they are then recomputed in the backward pass."""
-    keep_scores = shape.plans.recompute != Recompute.SELECTIVE
+    Selective recompute (§4.2.1) drops the attention scores (module core_attn); the other modules of
+    Megatron-Core's --recompute-modules drop what `selective_dropped_bytes_per_layer` lists."""
+    keep_scores = ~recomputes_module(shape.plans, RecomputeModule.CORE_ATTN)
     dense, moe = _stored_layer_counts(model, shape)
-    per_microbatch = dense * _dense_layer_activation_bytes(model, training, shape, keep_scores)
+    dropped_dense, dropped_moe = selective_dropped_bytes_per_layer(model, shape)
+    per_microbatch = dense * (_dense_layer_activation_bytes(model, training, shape, keep_scores) - dropped_dense)
     if model.moe is not None:
-        per_microbatch = per_microbatch + moe * _moe_layer_non_expert_bytes(model, training, shape, keep_scores)
+        per_microbatch = per_microbatch + moe * (_moe_layer_non_expert_bytes(model, training, shape, keep_scores)
+                                                 - dropped_moe)
     return per_microbatch * shape.in_flight
+
+
+def selective_dropped_bytes_per_layer(model: ModelSpec, shape: StageShape) -> tuple[np.ndarray, np.ndarray]:
+    """(dense layer, MoE layer outside its routed experts) activation bytes per micro-batch that the selected
+    recompute modules do not keep (Megatron-Core transformer_layer.py / mlp.py / moe_layer.py / multi_latent_attention
+    .py: CheckpointWithoutOutput around the module; its input stays stored, its outputs and interior go):
+    - layernorm: the two norm outputs, the QKV and FC1 GEMM inputs (2h each per token, outside the TP region);
+    - mlp: a dense MLP's interior (_mlp_bytes_per_token of its width, inside TP);
+    - shared_experts: the shared-expert MLP's interior;
+    - mla_up_proj: Q, K and V as the up projections produce them (a·(d_qk + d_qk + d_v), inside TP).
+    The routed-expert modules (moe_act, moe) act on the expert terms (expert_mlp_activations_bytes and the router
+    and dispatch terms)."""
+    plans = shape.plans
+    zeros = np.zeros(len(plans))
+    norm = np.where(recomputes_module(plans, RecomputeModule.LAYERNORM),
+                    2.0 * BF16_BYTES * model.hidden_size * shape.tokens_outside_tp, 0.0)
+    mla = zeros
+    if model.mla is not None:
+        a = model.num_attention_heads
+        width = a * (2 * model.mla.qk_head_dim + model.mla.v_head_dim)
+        mla = np.where(recomputes_module(plans, RecomputeModule.MLA_UP_PROJ),
+                       BF16_BYTES * width * shape.tokens_inside_tp, 0.0)
+    dense_mlp = np.where(recomputes_module(plans, RecomputeModule.MLP),
+                         _mlp_bytes_per_token(model, model.ffn_hidden_size) * shape.tokens_inside_tp, 0.0)
+    shared = zeros
+    if model.moe is not None and model.moe.num_shared_experts:
+        shared = np.where(recomputes_module(plans, RecomputeModule.SHARED_EXPERTS),
+                          _mlp_bytes_per_token(model, model.moe.shared_expert_ffn_hidden_size)
+                          * shape.tokens_inside_tp, 0.0)
+    return norm + mla + dense_mlp, norm + mla + shared
 
 
 def recomputed_layer_inputs_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
@@ -449,23 +482,36 @@ def recomputed_layer_inputs_bytes(model: ModelSpec, shape: StageShape) -> np.nda
     return shape.recomputed_layers * per_layer * shape.in_flight
 
 
+def _moe_kept(shape: StageShape) -> np.ndarray:
+    """1 where the routed MLP's activations are kept, 0 where module `moe` recomputes the whole routed MLP."""
+    return np.where(recomputes_module(shape.plans, RecomputeModule.MOE), 0.0, 1.0)
+
+
 def moe_router_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
     if model.moe is None:
         return np.zeros(len(shape.plans))
-    return _stored_layer_counts(model, shape)[1] * _router_bytes_per_layer(model, shape) * shape.in_flight
+    return (_stored_layer_counts(model, shape)[1] * _router_bytes_per_layer(model, shape) * shape.in_flight
+            * _moe_kept(shape))
 
 
 def moe_dispatch_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
     if model.moe is None:
         return np.zeros(len(shape.plans))
-    return _stored_layer_counts(model, shape)[1] * _dispatch_bytes_per_layer(model, shape) * shape.in_flight
+    return (_stored_layer_counts(model, shape)[1] * _dispatch_bytes_per_layer(model, shape) * shape.in_flight
+            * _moe_kept(shape))
 
 
 def expert_mlp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Routed-expert activations; module moe_act drops the activation's output (the down projection's input, 2 bytes
+    per expert column), module moe all of them."""
     if model.moe is None:
         return np.zeros(len(shape.plans))
     moe = _stored_layer_counts(model, shape)[1]
-    return moe * _expert_mlp_bytes_per_layer(model, training, shape) * shape.in_flight
+    per_layer = _expert_mlp_bytes_per_layer(model, training, shape)
+    received = shape.tokens_inside_tp * model.moe.top_k * shape.plans.etp * _expert_load_factor(training)
+    act_output = received * BF16_BYTES * model.moe.expert_ffn_hidden_size / shape.plans.etp
+    per_layer = per_layer - np.where(recomputes_module(shape.plans, RecomputeModule.MOE_ACT), act_output, 0.0)
+    return moe * per_layer * shape.in_flight * _moe_kept(shape)
 
 
 def _full_layer_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:

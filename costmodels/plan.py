@@ -44,6 +44,66 @@ class Recompute(enum.IntEnum):
         return self.name.lower()
 
 
+class RecomputeModule(enum.IntFlag):
+    """Megatron-Core's per-module selective recompute (`--recompute-granularity selective --recompute-modules ...`,
+    megatron/core/transformer/transformer_config.py `recompute_modules`): each module's forward output is dropped
+    after the forward pass and recomputed from its stored input in the backward pass."""
+
+    CORE_ATTN = 1
+    """The attention core (Korthikanti et al., arXiv 2205.05198 §4.2): Megatron's default module."""
+    LAYERNORM = 2
+    """Both norms: their outputs (the inputs of the QKV and FC1 GEMMs) are not kept."""
+    MLP = 4
+    """A dense layer's whole MLP: only its input is kept."""
+    MOE_ACT = 8
+    """The routed experts' activation function: its output (the down projection's input) is not kept."""
+    MOE = 16
+    """A MoE layer's whole routed MLP (router, dispatch, experts, combine): only its input is kept."""
+    SHARED_EXPERTS = 32
+    """The shared experts' MLP."""
+    MLA_UP_PROJ = 64
+    """MLA's up projections (Q, K, V out of the latents)."""
+
+    @classmethod
+    def parse(cls, value: "str | int | Iterable[str]") -> int:
+        """A bit set from names ('core_attn,layernorm' or a list) or an int; '' or 'default' is 0."""
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            require(0 <= int(value) < 2 ** len(cls), "recompute_modules", f"unknown module bits {value!r}")
+            return int(value)
+        names = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+        bits = 0
+        for name in names:
+            if name in ("", "default"):
+                continue
+            try:
+                bits |= cls[name.strip().upper()]
+            except KeyError:
+                raise InputError("recompute_modules", f"unknown module {name!r}; use "
+                                                      f"{', '.join(m.label for m in cls)}") from None
+        return int(bits)
+
+    @property
+    def label(self) -> str:
+        return (self.name or "").lower()
+
+    @classmethod
+    def names(cls, bits: int) -> list[str]:
+        return [m.label for m in cls if bits & m]
+
+    @classmethod
+    def short_names(cls, bits: int) -> list[str]:
+        """Compact names for plan labels: attn, ln, mlp, act, moe, shared, mla."""
+        return [SHORT_MODULE_NAMES[m.label] for m in cls if bits & m]
+
+
+SHORT_MODULE_NAMES = {"core_attn": "attn", "layernorm": "ln", "mlp": "mlp", "moe_act": "act", "moe": "moe",
+                      "shared_experts": "shared", "mla_up_proj": "mla"}
+"""RecomputeModule label -> the short form plan labels use (`Plan.short`)."""
+
+DEFAULT_RECOMPUTE_MODULES = int(RecomputeModule.CORE_ATTN)
+"""Megatron-Core's default `recompute_modules`: ['core_attn']."""
+
+
 def knob(default: object, help: str, megatron_flag: str = "", *, metavar: str = "N", default_text: str = "",
          aliases: tuple[str, ...] = ()) -> object:
     """A Plan field with what users see of it: the help text of its CLI flag (`--NAME`, underscores as dashes),
@@ -74,6 +134,11 @@ class Plan:
                                  default_text="0 = all")
     """With full recompute: layers per pipeline stage (per virtual chunk) recomputed, Megatron's block method
     (--recompute-num-layers); 0 = all of them."""
+    recompute_modules: "int | str" = knob(0, "with --recompute selective: modules recomputed, of core_attn, layernorm, "
+                                         "mlp, moe_act, moe, shared_experts, mla_up_proj", "--recompute-modules",
+                                         metavar="M[,M...]", default_text="core_attn")
+    """With selective recompute: the modules recomputed, a RecomputeModule bit set (--recompute-modules);
+    0 = Megatron's default, core_attn only. Names ('layernorm,moe_act') are read into the bit set."""
     zero: int = knob(0, "sharding over DP: 1 = Megatron distributed optimizer, 2 + gradients, 3 + parameters",
                      metavar="{0,1,2,3}")
     """0 none, 1 optimizer states (= Megatron distributed optimizer), 2 + gradients, 3 + parameters (ZeRO/FSDP)."""
@@ -89,6 +154,7 @@ class Plan:
             require_positive_int(getattr(self, name), name)
         for name in ("etp", "recompute_layers", "first_stage_layers", "last_stage_layers"):
             require_non_negative_int(getattr(self, name), name)
+        object.__setattr__(self, "recompute_modules", RecomputeModule.parse(self.recompute_modules))
         if self.etp == 0:
             object.__setattr__(self, "etp", self.tp)
         object.__setattr__(self, "recompute", Recompute.parse(self.recompute))
@@ -96,6 +162,10 @@ class Plan:
         object.__setattr__(self, "sp", bool(self.sp))
         require(self.zero in (0, 1, 2, 3) and not isinstance(self.zero, bool), "zero",
                 f"must be 0, 1, 2 or 3, got {self.zero!r}")
+        # modules belong to selective recompute (Megatron ignores --recompute-modules otherwise); one spelling of
+        # the default: core_attn alone is 0
+        if self.recompute is not Recompute.SELECTIVE or self.recompute_modules == DEFAULT_RECOMPUTE_MODULES:
+            object.__setattr__(self, "recompute_modules", 0)
 
     def dp(self, num_gpus: int) -> int:
         """Data-parallel size on `num_gpus` (0 when the model-parallel product does not divide it)."""
@@ -125,6 +195,8 @@ class Plan:
         if self.recompute is not Recompute.NONE:
             layers = f"{self.recompute_layers}" if self.recompute_layers else ""
             parts.append({Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute] + layers)
+            if self.recompute_modules:
+                parts[-1] += "(" + "+".join(RecomputeModule.short_names(self.recompute_modules)) + ")"
         if self.zero:
             parts.append(f"z{self.zero}")
         return " ".join(parts)
@@ -134,12 +206,21 @@ PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan))
 """The knobs of a plan, in DESIGN.md §1 order: the one list every flag set, table, document and solver reads."""
 
 
+def recompute_module_names(plan: Plan) -> list[str]:
+    """The modules selective recompute re-runs (Megatron-Core --recompute-modules); [] without selective."""
+    if plan.recompute is not Recompute.SELECTIVE:
+        return []
+    return RecomputeModule.names(plan.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
+
+
 def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
     """A plan with its derived sizes (dp, edp after etp), in DESIGN.md §1 names; recompute by its label."""
     out: dict[str, Any] = {}
     for name in PLAN_FIELDS:
         value = getattr(plan, name)
         out[name] = value.label if isinstance(value, Recompute) else value
+        if name == "recompute_modules":
+            out[name] = recompute_module_names(plan)
         if name == "etp":
             out["dp"], out["edp"] = plan.dp(num_gpus), plan.edp(num_gpus)
     return out
@@ -159,6 +240,7 @@ class PlanArrays:
     sp: np.ndarray
     recompute: np.ndarray
     recompute_layers: np.ndarray
+    recompute_modules: np.ndarray
     zero: np.ndarray
     first_stage_layers: np.ndarray
     last_stage_layers: np.ndarray
@@ -272,3 +354,14 @@ def expert_data_parallel_size(plans: PlanArrays, num_gpus: int) -> np.ndarray:
 def num_microbatches(plans: PlanArrays, num_gpus: int, global_batch_size: int) -> np.ndarray:
     """gbs / (dp·mbs) per pipeline per step; float, non-integral where the `batch` rule fails."""
     return global_batch_size / (data_parallel_size(plans, num_gpus) * plans.mbs)
+
+
+def selective_modules(plans: PlanArrays) -> np.ndarray:
+    """The RecomputeModule bits each plan recomputes: its modules with selective recompute (0 = core_attn only,
+    Megatron's default), nothing otherwise."""
+    modules = np.where(plans.recompute_modules == 0, DEFAULT_RECOMPUTE_MODULES, plans.recompute_modules)
+    return np.where(plans.recompute == Recompute.SELECTIVE, modules, 0)
+
+
+def recomputes_module(plans: PlanArrays, module: RecomputeModule) -> np.ndarray:
+    return (selective_modules(plans) & int(module)) != 0

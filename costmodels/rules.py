@@ -252,7 +252,8 @@ def _recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
     first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, p)
     largest_chunk = np.maximum(np.maximum(first, last), middle) // p.vpp
     partial = p.recompute_layers > 0
-    return ~partial | ((p.recompute == Recompute.FULL) & (p.recompute_layers < largest_chunk))
+    modules_ok = (p.recompute_modules == 0) | (p.recompute == Recompute.SELECTIVE)   # --recompute-modules: selective
+    return modules_ok & (~partial | ((p.recompute == Recompute.FULL) & (p.recompute_layers < largest_chunk)))
 
 
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
@@ -284,9 +285,11 @@ RULES: tuple[Rule, ...] = (
          "to be a multiple of pp", "Megatron schedules", ("tp", "cp", "pp", "mbs", "vpp"), False, _batch,
          _explain_batch),
     Rule("vpp", "virtual pipeline stages need pp > 1", "Megatron", ("vpp", "pp"), False, _vpp, _explain_vpp),
-    Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk",
-         "Megatron --recompute-method block", ("recompute", "recompute_layers", "pp", "vpp", "first_stage_layers",
-                                               "last_stage_layers"), False, _recompute),
+    Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk; "
+         "recompute modules need selective recompute",
+         "Megatron --recompute-method block / --recompute-modules",
+         ("recompute", "recompute_layers", "recompute_modules", "pp", "vpp", "first_stage_layers", "last_stage_layers"),
+         False, _recompute),
     Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
          PLAN_FIELDS, False, _memory_placeholder),
 )

@@ -20,7 +20,10 @@ class MlpKind(str, enum.Enum):
     GATED = "gated"
     """SwiGLU / GeGLU: gate, up and down projections, 3·h·F weights (Llama, Mistral, Qwen, DeepSeek)."""
     PLAIN = "plain"
-    """GELU MLP: up and down projections, 2·h·F weights (GPT-2/3, Megatron GPT)."""
+    """GELU MLP: up and down projections, 2·h·F weights (GPT-2/3, Megatron GPT, BLOOM)."""
+    SQUARED_RELU = "squared_relu"
+    """relu(x)² MLP, no gate: up and down projections, 2·h·F weights (Nemotron-4, arXiv 2402.16819 §2;
+    Megatron --squared-relu)."""
 
 
 class NormKind(str, enum.Enum):
@@ -37,6 +40,8 @@ class PositionEmbedding(str, enum.Enum):
     """Rotary: no parameters."""
     LEARNED = "learned"
     """Learned absolute table of max_position_embeddings × h (GPT-2/3, Megatron GPT)."""
+    ALIBI = "alibi"
+    """Attention biases linear in distance (Press et al., arXiv 2108.12409; BLOOM): no parameters."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,10 @@ class ModelSpec:
     mla: MLASpec | None = None
     num_mtp_layers: int = 0
     """DeepSeek-V3 multi-token-prediction modules (each: two norms, a 2h→h projection and one transformer layer)."""
+    sliding_window: int = 0
+    """Tokens a sliding-window attention layer looks back over; 0 = none (GPT-OSS: 128)."""
+    sliding_window_layers: int = 0
+    """How many of the layers use the sliding window (GPT-OSS alternates sliding and full: half of them)."""
     source: str = field(default="", compare=False)
     """Where the spec came from (preset name, path, HF id): for reports only."""
 
@@ -134,7 +143,8 @@ class ModelSpec:
         require(isinstance(self.name, str) and self.name != "", "name", "give the model a non-empty name")
         for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
             require_positive_int(getattr(self, name), name)
-        for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers"):
+        for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers", "sliding_window",
+                     "sliding_window_layers"):
             require_non_negative_int(getattr(self, name), name)
         for name, limit in (("hidden_size", limits.MAX_HIDDEN_SIZE), ("num_layers", limits.MAX_NUM_LAYERS),
                             ("num_attention_heads", limits.MAX_NUM_HEADS), ("num_kv_heads", limits.MAX_NUM_HEADS),
@@ -154,6 +164,10 @@ class ModelSpec:
         if self.position_embedding is PositionEmbedding.LEARNED:
             require(self.max_position_embeddings > 0, "max_position_embeddings",
                     "learned position embeddings need max_position_embeddings > 0")
+        require(self.sliding_window_layers <= self.num_layers, "sliding_window_layers",
+                f"sliding_window_layers={self.sliding_window_layers} exceeds num_layers={self.num_layers}")
+        require((self.sliding_window == 0) == (self.sliding_window_layers == 0), "sliding_window",
+                "give a sliding window exactly when some layers use one")
         if self.moe is not None:
             require(self.moe.first_dense_layers <= self.num_layers, "first_dense_layers",
                     f"first_dense_layers={self.moe.first_dense_layers} exceeds num_layers={self.num_layers}")
@@ -215,6 +229,20 @@ class TrainingSpec:
     """None: dropless routing (the busiest expert sets the pace). A float caps tokens per expert (GShard/Switch)."""
     moe_imbalance_factor: float = 1.0
     """Load on the busiest expert rank relative to a perfectly balanced one, with dropless routing (≥ 1)."""
+    # Communication overlap, as the framework runs it. Defaults are Megatron-Core's (all off):
+    # DistributedDataParallelConfig.overlap_grad_reduce / overlap_param_gather = False,
+    # ModelParallelConfig.tp_comm_overlap = False, overlap_moe_expert_parallel_comm = False.
+    overlap_grad_reduce: bool = False
+    """Reduce gradients bucket by bucket during the backward pass (--overlap-grad-reduce); off: after it."""
+    overlap_param_gather: bool = False
+    """All-gather the distributed optimizer's updated parameters during the next forward (--overlap-param-gather,
+    needs overlap_grad_reduce); off: right after the optimizer step."""
+    tp_comm_overlap: bool = False
+    """Split the sequence-parallel all-gather / reduce-scatter into chunks pipelined with the linear layers' GEMMs
+    (--tp-comm-overlap, Transformer Engine userbuffers; needs sequence parallelism)."""
+    moe_a2a_overlap: bool = False
+    """Overlap the expert-parallel all-to-all of one micro-batch with the computation of another
+    (--overlap-moe-expert-parallel-comm)."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.seq_len, "seq_len")
@@ -231,6 +259,11 @@ class TrainingSpec:
                     f"must be > 0, got {self.moe_capacity_factor}")
         require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
                 f"must be >= 1, got {self.moe_imbalance_factor}")
+        for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap"):
+            require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        require(self.overlap_grad_reduce or not self.overlap_param_gather, "overlap_param_gather",
+                "overlap_param_gather needs overlap_grad_reduce (Megatron-LM validate_args: 'Must use "
+                "--overlap-param-gather with --overlap-grad-reduce'); turn both on")
 
     @property
     def tokens_per_step(self) -> int:

@@ -24,7 +24,8 @@ from costmodels.comm import (cp_group, dp_cp_group, edp_group, ep_group, etp_gro
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
-from costmodels.plan import PlanArrays, Recompute, as_plan_arrays, layers_on_stage, num_microbatches
+from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
+                             num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 GRAD_BYTES = 4
@@ -42,22 +43,24 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     # m × per-microbatch stage FLOP time; m = gbs/(dp·mbs) brings (tp, cp, pp, mbs); layers per stage bring
     # (pp, first/last_stage_layers); recompute_layers acts per virtual chunk (vpp); MoE expert GEMMs (ep, etp);
     # sp splits the norm/dropout elementwise work over tp.
-    "compute": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "vpp", "ep", "etp",
-                "first_stage_layers", "last_stage_layers"),
-    "tp_comm": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "vpp", "etp",
-                "first_stage_layers", "last_stage_layers"),
+    "compute": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "recompute_modules", "vpp", "ep",
+                "etp", "first_stage_layers", "last_stage_layers"),
+    # with --tp-comm-overlap the exposed part depends on the linear GEMM time it hides behind (compute's knobs)
+    "tp_comm": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "recompute_modules", "vpp", "ep",
+                "etp", "first_stage_layers", "last_stage_layers"),
     # ring exchange exposed beyond the attention core it overlaps with
-    "cp_comm": ("tp", "cp", "pp", "mbs", "recompute", "recompute_layers", "vpp",
+    "cp_comm": ("tp", "cp", "pp", "mbs", "recompute", "recompute_layers", "recompute_modules", "vpp",
                 "first_stage_layers", "last_stage_layers"),
-    "ep_comm": ("tp", "cp", "pp", "mbs", "ep", "etp", "recompute", "recompute_layers", "vpp",
-                "first_stage_layers", "last_stage_layers"),
+    # with --overlap-moe-expert-parallel-comm: hidden behind another micro-batch's compute (compute's knobs)
+    "ep_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers", "recompute_modules",
+                "vpp", "first_stage_layers", "last_stage_layers"),
     # (p-1)/v × (per-microbatch compute + tp + cp + ep): the union of those four plus vpp
     "pp_bubble": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
-                  "first_stage_layers", "last_stage_layers"),
+                  "recompute_modules", "first_stage_layers", "last_stage_layers"),
     "pp_p2p": ("tp", "cp", "pp", "vpp", "mbs", "sp"),
     # gradient sync of the stage's parameters, hidden behind one microbatch's backward (its compute knobs)
-    "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers", "vpp",
-                "first_stage_layers", "last_stage_layers"),
+    "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers",
+                "recompute_modules", "vpp", "first_stage_layers", "last_stage_layers"),
     "optimizer": ("tp", "cp", "pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
 }
 """For each term of `step_time_terms_s`, the Plan fields it depends on (dp counts through tp, cp, pp; the number of
@@ -103,7 +106,8 @@ def candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
 def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, times: compute_model.LayerTimes,
                     stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward, backward, recompute) seconds per microbatch on `stage`: layer GEMM times × layers on the stage,
-    logits and MTP on the last; backward = 2 × forward (arXiv 2104.04473 appendix); recompute per
+    logits and MTP on the last; backward = 2 × forward (arXiv 2104.04473 appendix), 2.5 × for a fused attention
+    core (compute.FLASH_CORE_BACKWARD_TO_FORWARD); recompute per
     arXiv 2205.05198 §4 (selective: attention core forward; full: whole layer forward)."""
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
@@ -111,22 +115,25 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     layer_forward = dense_layers * times.dense_layer_fwd_s + moe_layers * times.moe_layer_fwd_s
     is_last = stage == plans.pp - 1
     forward = layer_forward + np.where(is_last, times.logits_fwd_s + times.mtp_fwd_s, 0.0)
-    backward = compute_model.BACKWARD_TO_FORWARD * forward
+    # the attention core's backward is heavier than 2x with a fused kernel (compute.FLASH_CORE_BACKWARD_TO_FORWARD)
+    core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
+    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s
     full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
-    recompute = np.where(plans.recompute == Recompute.SELECTIVE, layers * times.attention_core_fwd_s,
-                         full_fraction * layer_forward)
+    selective = dense_layers * times.selective_dense_fwd_s + moe_layers * times.selective_moe_fwd_s
+    recompute = np.where(plans.recompute == Recompute.SELECTIVE, selective, full_fraction * layer_forward)
     return forward, backward, recompute
 
 
 def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray) -> np.ndarray:
+              stage: np.ndarray, linear_s: "np.ndarray | float" = 0.0) -> np.ndarray:
     """Exposed TP/SP collectives per microbatch on `stage`.
 
     Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
     and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
     volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
     MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group.
-    Hidden by `overlap.tp_comm` of the profile (0 = Megatron's default, no TP overlap).
+    With `training.tp_comm_overlap` (and SP) the collectives are hidden behind `linear_s`, see `tp_overlap_exposed_s`;
+    the profile's `overlap.tp_comm` fraction (default 0) applies on top, for calibrated profiles that measured it.
     """
     profile = cluster.profile
     layers = layers_on_stage(model.num_layers, plans, stage)
@@ -149,7 +156,18 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if model.moe is not None:
         expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
         total = total + per_block * moe_layers * block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
+    if training.tp_comm_overlap:
+        total = np.where(plans.sp & (plans.tp > 1), tp_overlap_exposed_s(total, linear_s, plans.tp), total)
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total
+
+
+def tp_overlap_exposed_s(comm_s: np.ndarray, linear_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:
+    """Exposed part of the SP collectives under --tp-comm-overlap (Megatron-Core / Transformer Engine userbuffers:
+    each all-gather / reduce-scatter is split into tp ring steps, step i sent while the GEMM of chunk i-1 runs;
+    Wang et al., "Overlap communication with dependent computation via decomposition", ASPLOS 2023): the first
+    chunk of each collective cannot hide (comm/tp), the rest hides behind the linear GEMMs' time as far as it lasts."""
+    first_chunk = comm_s / tp
+    return first_chunk + np.maximum(0.0, comm_s - first_chunk - linear_s)
 
 
 def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -178,11 +196,26 @@ def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
 def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               stage: np.ndarray) -> np.ndarray:
+    """All EP all-to-all time per microbatch on `stage` (before any overlap); see `ep_all_to_all_s`."""
+    return ep_all_to_all_s(model, cluster, training, plans, stage)
+
+
+def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+    """Exposed EP all-to-all per step under --overlap-moe-expert-parallel-comm: Megatron-Core runs the forward of
+    micro-batch i+1 and the backward of micro-batch i as one merged schedule (`combined_1f1b`), so a micro-batch's
+    dispatch/combine hides behind the other's computation; the first micro-batch has no partner and stays exposed
+    (Megatron-Core `pipeline_parallel/combined_1f1b.py`; MoE README "EP A2A overlap")."""
+    return a2a_s + (microbatches - 1.0) * np.maximum(0.0, a2a_s - compute_s)
+
+
+def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                    stage: np.ndarray) -> np.ndarray:
     """EP all-to-all per microbatch on `stage` (GShard, Lepikhin et al. arXiv 2006.16668; Megatron-Core
     `moe/token_dispatcher.py` alltoall): dispatch + combine, forward + backward (4 per MoE layer, +2 for a
     recomputed layer); each GPU sends its own mbs·s/(tp·cp) tokens × top_k copies of h bf16 values (the expert-TP
     all-gather happens after the all-to-all, on the etp group, and is priced in tp_comm_s); the busiest rank receives
-    `moe_load_factor` × the average. Not overlapped."""
+    `moe_load_factor` × the average. Overlap (--overlap-moe-expert-parallel-comm) is applied per step in
+    `step_time_terms_s`, see `ep_overlap_exposed_s`."""
     if model.moe is None:
         return np.zeros(len(plans))
     layers = layers_on_stage(model.num_layers, plans, stage)
@@ -191,15 +224,22 @@ def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
     one = group_collective_time_s(cluster.profile, ep_group(plans, cluster.gpus_per_node), "all_to_all", bytes_)
-    return moe_layers * (4.0 + 2.0 * recomputed) * one
+    # module `moe` of selective recompute re-runs the dispatch and combine of every stored MoE layer
+    moe_module = recomputes_module(plans, RecomputeModule.MOE)
+    return moe_layers * (4.0 + 2.0 * recomputed + 2.0 * moe_module) * one
 
 
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                      times: compute_model.LayerTimes, stage: np.ndarray) -> StageMicrobatch:
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    core_recomputed = (plans.recompute == Recompute.FULL) | recomputes_module(plans, RecomputeModule.CORE_ATTN)
+    core_s = layers * times.attention_core_fwd_s * (1.0 + compute_model.attention_core_backward_to_forward(training)
+                                                     + core_recomputed)
+    linear_s = np.maximum(forward + backward + recompute - core_s, 0.0)    # what TP overlap can hide behind
     return StageMicrobatch(
         forward_s=forward, backward_s=backward, recompute_s=recompute,
-        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage),
+        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, linear_s),
         cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s),
         ep_comm_s=ep_comm_s(model, cluster, training, plans, stage),
     )
@@ -220,9 +260,12 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     - ZeRO-3: every microbatch all-gathers the bf16 parameters for its forward and again for its backward and
       reduce-scatters its gradients (§5.3), hidden behind that microbatch's compute; no step-level gather.
     - Dense gradients reduce over dp·cp (stride tp); expert gradients over edp (stride etp·ep).
-    - The reduce overlaps the last microbatch's backward and the gather the next forward, bucket by bucket
-      (Megatron overlap_grad_reduce / overlap_param_gather): exposed = max(traffic - window, last bucket), the
-      bucket max(40M, 1M·dp) parameters.
+    - ZeRO-0/1 (Megatron DDP / distributed optimizer): with `training.overlap_grad_reduce` the reduce overlaps the
+      last microbatch's backward, with `overlap_param_gather` the gather the next forward, bucket by bucket:
+      exposed = max(traffic - window, last bucket), the bucket max(40M, 1M·dp) parameters. Off (Megatron-Core's
+      default), each runs after the backward / after the optimizer step, fully exposed.
+    - ZeRO-2/3 (FSDP, DeepSpeed) overlap by design (FSDP backward prefetch, DeepSpeed overlap_comm), whatever the
+      Megatron switches say.
     """
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
@@ -243,8 +286,13 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     reduce_s, gather_s = traffic_s(dense_params, expert_params)
     bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
     bucket_reduce_s, bucket_gather_s = traffic_s(np.minimum(bucket, dense_params), np.minimum(bucket, expert_params))
-    exposed = np.maximum(reduce_s - microbatch.backward_s - microbatch.recompute_s, bucket_reduce_s) + \
-        np.where(sharded, np.maximum(gather_s - microbatch.forward_s, bucket_gather_s), 0.0)
+    reduce_exposed = reduce_s
+    if training.overlap_grad_reduce:
+        reduce_exposed = np.maximum(reduce_s - microbatch.backward_s - microbatch.recompute_s, bucket_reduce_s)
+    gather_exposed = gather_s
+    if training.overlap_param_gather:
+        gather_exposed = np.maximum(gather_s - microbatch.forward_s, bucket_gather_s)
+    exposed = reduce_exposed + np.where(sharded, gather_exposed, 0.0)
     # ZeRO-2: the other microbatches' reduce-scatters, each behind its own backward (the last one is in `exposed`)
     zero2_extra = (microbatches - 1.0) * np.maximum(0.0, reduce_s - microbatch.backward_s - microbatch.recompute_s)
     # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, behind its compute; the last
@@ -286,11 +334,14 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
                 for stage, s in zip(stages, per_stage)])
     optimizer = worst([optimizer_s(model, cluster, plans, stage) for stage in stages])
     bubble = bubble_microbatch_equivalents(plans)
+    ep_step = microbatches * ep_mb
+    if training.moe_a2a_overlap:
+        ep_step = ep_overlap_exposed_s(ep_mb, compute_mb, microbatches)
     return {
         "compute": microbatches * compute_mb,
         "tp_comm": microbatches * tp_mb,
         "cp_comm": microbatches * cp_mb,
-        "ep_comm": microbatches * ep_mb,
+        "ep_comm": ep_step,
         "pp_bubble": bubble * (compute_mb + tp_mb + cp_mb + ep_mb),
         "pp_p2p": p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.gpus_per_node,
                              microbatches),

@@ -82,7 +82,8 @@ MEGATRON_ASSERTS: tuple[tuple[int, str, Callable[[Args, Env], bool]], ...] = (
      lambda a, e: not _fsdp(a) or a.get("ckpt_format") == "fsdp_dtensor"),
     (1439, "Using tensor model parallelism or context parallelism require setting the environment variable "
            "CUDA_DEVICE_MAX_CONNECTIONS to 1 (devices before Blackwell; Megatron-FSDP only warns)",
-     lambda a, e: _fsdp(a) or (a.get("tensor_model_parallel_size", 1) == 1 and a.get("context_parallel_size", 1) == 1)
+     lambda a, e: _fsdp(a) or bool(a.get("overlap_moe_expert_parallel_comm"))   # (1426: only a warning then)
+     or (a.get("tensor_model_parallel_size", 1) == 1 and a.get("context_parallel_size", 1) == 1)
      or e.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"),
     (1621, "--ckpt-format fsdp_dtensor is only tested with Megatron FSDP.",
      lambda a, e: a.get("ckpt_format") != "fsdp_dtensor" or _fsdp(a)),
@@ -97,7 +98,8 @@ MEGATRON_FLAGS = frozenset({
     "--global-batch-size", "--seq-length", "--max-position-embeddings", "--recompute-granularity",
     "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--no-gradient-accumulation-fusion", "--ckpt-format", "--bf16",
-    "--fp8-format", "--overlap-grad-reduce", "--overlap-param-gather", "--num-layers", "--hidden-size",
+    "--fp8-format", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+    "--overlap-moe-expert-parallel-comm", "--recompute-modules", "--num-layers", "--hidden-size",
     "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups", "--kv-channels",
     "--swiglu", "--normalization", "--position-embedding-type", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
@@ -142,9 +144,10 @@ def test_each_encoded_assert_fires_on_a_command_that_breaks_it():
     assert broken(text.replace("env -u CUDA_DEVICE_MAX_CONNECTIONS ", "CUDA_DEVICE_MAX_CONNECTIONS=1 ")) == [
         "arguments.py:1144: FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."]
     assert any(":1147:" in b for b in broken(text.replace("--ckpt-format fsdp_dtensor", "--ckpt-format torch_dist")))
-    tp = synthetic_estimate(dense_model(), cluster(64), TrainingSpec(seq_len=4096, global_batch_size=512),
-                            Plan(tp=2, sp=True, zero=1))
+    overlapped = TrainingSpec(seq_len=4096, global_batch_size=512, overlap_grad_reduce=True, overlap_param_gather=True)
+    tp = synthetic_estimate(dense_model(), cluster(64), overlapped, Plan(tp=2, sp=True, zero=1))
     text = emit(tp, "megatron")
+    assert "--overlap-grad-reduce" in text and "--overlap-param-gather" in text
     assert any(":1439:" in b for b in broken(text.replace("CUDA_DEVICE_MAX_CONNECTIONS=1 ", "")))
     assert any(":995:" in b for b in broken(text.replace("--overlap-grad-reduce", "")))
     assert any(":993:" in b for b in broken(text.replace("--use-distributed-optimizer", "")))

@@ -261,7 +261,10 @@ def test_dense_models_get_no_expert_settings():
         assert "expert" not in emit(estimate, framework), framework
 
 
-# ---- data-parallel overlap: the launch flags switch on what the step-time model assumes (steptime.dp_comm_s) ----
+# ---- overlap: the launch flags switch on what the user set for the step time, where it applies --------------------
+
+OVERLAPPED = dataclasses.replace(TRAINING, overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
+                                 moe_a2a_overlap=True)
 
 @pytest.mark.parametrize("plan, num_gpus, grad_reduce, param_gather", [
     # 64 GPUs / (tp 8 · pp 1) = dp 8 > 1, distributed optimizer: both overlaps
@@ -274,7 +277,7 @@ def test_dense_models_get_no_expert_settings():
     (Plan(tp=8, cp=2, sp=True, zero=1), 16, True, True),
 ])
 def test_dp_overlap_flags_follow_the_time_model(plan, num_gpus, grad_reduce, param_gather):
-    estimate = estimate_of(plan, model=dense_model(), num_gpus=num_gpus)
+    estimate = estimate_of(plan, model=dense_model(), num_gpus=num_gpus, training=OVERLAPPED)
     megatron = emit(estimate, "megatron")
     assert ("--overlap-grad-reduce" in megatron) is grad_reduce
     assert ("--overlap-param-gather" in megatron) is param_gather
@@ -292,7 +295,7 @@ def test_dp_overlap_flags_follow_the_time_model(plan, num_gpus, grad_reduce, par
 
 def test_expert_gradients_alone_need_the_overlap():
     # MoE, 8 GPUs, tp 8: dense dp·cp = 1, but experts with ep 1, etp 1 reduce over edp = 8 / (1·1·1) = 8
-    estimate = estimate_of(Plan(tp=8, sp=True, ep=1, etp=1, zero=1), num_gpus=8)
+    estimate = estimate_of(Plan(tp=8, sp=True, ep=1, etp=1, zero=1), num_gpus=8, training=OVERLAPPED)
     assert "--overlap-grad-reduce" in emit(estimate, "megatron")
 
 
@@ -306,3 +309,19 @@ def test_torchtitan_bf16_plan_does_not_start_from_a_float8_config():
     fp8 = estimate_of(Plan(tp=8, sp=True, zero=3), model, training=TrainingSpec(seq_len=4096, global_batch_size=512,
                                                                               precision=Precision.FP8))
     assert "llama3_405b as base_config" in emit(fp8, "torchtitan")
+
+
+def test_overlaps_are_off_unless_set():
+    """Megatron-Core's defaults: no overlap flag is written when the user did not ask for one."""
+    megatron = emit(estimate_of(Plan(tp=8, sp=True, ep=8, zero=1), num_gpus=64), "megatron")
+    for flag in ("--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+                 "--overlap-moe-expert-parallel-comm"):
+        assert flag not in megatron
+
+
+def test_model_parallel_overlaps_written_where_they_apply():
+    megatron = emit(estimate_of(Plan(tp=8, sp=True, ep=8, zero=1), num_gpus=64, training=OVERLAPPED), "megatron")
+    assert "--tp-comm-overlap" in megatron and "--overlap-moe-expert-parallel-comm" in megatron
+    # no SP: Megatron refuses TP overlap; ep 1: nothing to overlap
+    plain = emit(estimate_of(Plan(tp=8, sp=False, ep=1, zero=1), num_gpus=64, training=OVERLAPPED), "megatron")
+    assert "--tp-comm-overlap" not in plain and "--overlap-moe-expert-parallel-comm" not in plain

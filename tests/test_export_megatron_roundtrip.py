@@ -82,3 +82,19 @@ def test_the_emitted_command_names_each_knob_once():
     command = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     assert text.endswith(command + "\n") and "torchrun " in command.splitlines()[0]
     assert "#" not in command
+
+
+def test_overlap_switches_round_trip():
+    """The overlaps the step time assumed are written and read back as the same training options."""
+    import dataclasses
+
+    from test_report_support import cluster, moe_model, synthetic_estimate
+
+    from costmodels.plan import Plan
+    from costmodels.specs import TrainingSpec
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, overlap_grad_reduce=True, overlap_param_gather=True,
+                            tp_comm_overlap=True, moe_a2a_overlap=True)
+    estimate = synthetic_estimate(moe_model(), cluster(64), training, Plan(tp=2, sp=True, ep=8, zero=1))
+    run = parse_megatron_args(emit(estimate, "megatron"))
+    assert run.training_spec(dataclasses.replace(training, overlap_grad_reduce=False, overlap_param_gather=False,
+                                                 tp_comm_overlap=False, moe_a2a_overlap=False)) == training

@@ -34,6 +34,7 @@ PRESET_OF_MODEL_TYPE = {
     "llama": "llama-3.1-8b", "mistral": "mistral-7b", "mixtral": "mixtral-8x7b", "qwen2": "qwen2.5-7b",
     "qwen2_moe": "qwen1.5-moe-a2.7b", "qwen3": "qwen3-8b", "qwen3_moe": "qwen3-30b-a3b",
     "deepseek_v2": "deepseek-v2-lite", "deepseek_v3": "deepseek-v3", "gpt2": "gpt-3-175b",
+    "nemotron": "nemotron-4-15b", "gpt_oss": "gpt-oss-120b", "bloom": "bloom-176b",
 }
 
 
@@ -477,3 +478,60 @@ def test_copying_presets_keeps_them_loadable(tmp_path: Path) -> None:
     # presets are real config.json files: a copy anywhere is a valid model directory
     shutil.copy(PRESETS_DIR / "gpt-22b.json", tmp_path / "config.json")
     assert same_shape(load_model(str(tmp_path)), load_model("gpt-22b"))
+
+
+# ---- nemotron, gpt_oss, bloom ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,total_billion", [("nemotron-4-15b", 15.6), ("nemotron-4-340b", 341.0),
+                                                ("bloom-176b", 176.2), ("gpt-oss-120b", 116.8),
+                                                ("gpt-oss-20b", 20.9)])
+def test_new_presets_match_published_parameter_counts(name: str, total_billion: float) -> None:
+    """Nemotron-4 15B: 3.2B embedding + 12.5B other (arXiv 2402.16819); BLOOM 176B; gpt-oss 116.8B / 20.9B total
+    (arXiv 2508.10925 Table 1)."""
+    from costmodels.params import total_params
+    assert total_params(load_model(name)) / 1e9 == pytest.approx(total_billion, abs=0.1)
+
+
+def test_nemotron_is_a_squared_relu_mlp_without_gate() -> None:
+    model = load_model("nemotron-4-15b")
+    assert model.mlp is MlpKind.SQUARED_RELU and model.norm is NormKind.LAYERNORM
+    assert model.position_embedding is PositionEmbedding.ROPE and not model.linear_bias
+    assert model.num_kv_heads == 8 and model.ffn_hidden_size == 24576 and not model.tied_embeddings
+
+
+def test_bloom_has_alibi_and_no_position_table() -> None:
+    model = load_model("bloom-176b")
+    assert model.position_embedding is PositionEmbedding.ALIBI and model.mlp is MlpKind.PLAIN
+    assert model.tied_embeddings and model.linear_bias and model.ffn_hidden_size == 4 * 14336
+    from costmodels.params import embedding_params
+    learned = dataclasses.replace(model, position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=2048)
+    assert embedding_params(learned) > embedding_params(model)
+
+
+def test_gpt_oss_keeps_expert_width_in_intermediate_size() -> None:
+    model = load_model("gpt-oss-120b")
+    assert model.moe.num_experts == 128 and model.moe.top_k == 4 and model.moe.expert_ffn_hidden_size == 2880
+    assert model.head_dim == 64 and model.q_size == 4096 != model.hidden_size
+    assert model.sliding_window == 128 and model.sliding_window_layers == 18
+    assert model.qkv_bias and model.linear_bias
+
+
+def test_gpt_oss_layer_types_count_the_window_layers(tmp_path: Path) -> None:
+    config = preset_json("gpt-oss-20b")
+    config["layer_types"] = ["sliding_attention"] * 20 + ["full_attention"] * 4
+    assert load_model(str(write_config(tmp_path / "a", config))).sliding_window_layers == 20
+    config["layer_types"] = ["sliding_attention"] * 3
+    with pytest.raises(InputError, match="layer_types"):
+        load_model(str(write_config(tmp_path / "b", config)))
+
+
+def test_sliding_window_cuts_attention_core_flops() -> None:
+    from costmodels.compute import sliding_window_core_fraction
+    from costmodels.specs import TrainingSpec
+    model = load_model("gpt-oss-120b")
+    long = TrainingSpec(seq_len=8192, global_batch_size=8)
+    # half the layers full, half see 128 of 8192 keys: (1 + (8192·128 - 128²/2)/(8192²/2)) / 2
+    expected = (1 + (8192 * 128 - 128 * 128 / 2) / (8192 * 8192 / 2)) / 2
+    assert sliding_window_core_fraction(model, long) == pytest.approx(expected)
+    full = dataclasses.replace(model, sliding_window=0, sliding_window_layers=0)
+    assert sliding_window_core_fraction(full, long) == 1.0

@@ -68,7 +68,7 @@ def test_front_indices_keeps_non_dominated_with_tie_break():
     # times 1, 1, 2, 3 with memories 5, 5, 4, 6: the tie at (1, 5) keeps the smaller tp; (3, 6) is dominated
     columns = {k: np.zeros(4, dtype=np.int64) for k in ("pp", "tp", "cp", "ep", "etp", "vpp", "first_stage_layers",
                                                         "last_stage_layers", "zero", "recompute",
-                                                        "recompute_layers", "sp", "mbs")}
+                                                        "recompute_layers", "recompute_modules", "sp", "mbs")}
     columns["tp"] = np.array([2, 1, 1, 1])
     kept = front_indices(np.array([1, 1, 2, 3]), np.array([5, 5, 4, 6]), columns)
     assert list(kept) == [1, 2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -101,12 +102,18 @@ def test_hardware_flops_count_recompute():
     plans = PlanArrays.from_plans([Plan(), Plan(recompute=Recompute.SELECTIVE), Plan(recompute=Recompute.FULL)])
     flops = steptime.hardware_flops_per_step(model, training, plans)
     model_flops = steptime.model_flops_per_step(model, training)
-    assert flops[0] == pytest.approx(model_flops)
+    # a fused attention backward recomputes the scores: +0.5 core forward (2·s²·h per layer per sequence, causal)
+    core_forward = 8 * 4 * 2 * 2048 ** 2 * 1024
+    flash = 0.5 * core_forward
+    assert flops[0] == pytest.approx(model_flops + flash)
     # selective adds the causal attention core forward: 2·s²·h per layer per sequence (half of 4·s²·h)
-    assert flops[1] - model_flops == pytest.approx(8 * 4 * 2 * 2048 ** 2 * 1024)
+    assert flops[1] - model_flops - flash == pytest.approx(core_forward)
     # full adds one forward of every layer: 24·s·h² + 2·s²·h per layer per sequence
     layer_forward = 24 * 2048 * 1024 ** 2 + 2 * 2048 ** 2 * 1024
-    assert flops[2] - model_flops == pytest.approx(8 * 4 * layer_forward)
+    assert flops[2] - model_flops - flash == pytest.approx(8 * 4 * layer_forward)
+    unfused = dataclasses.replace(training, flash_attention=False)
+    assert steptime.hardware_flops_per_step(model, unfused, plans)[0] == \
+        pytest.approx(steptime.model_flops_per_step(model, unfused))
 
 
 # ---- topology ----------------------------------------------------------------------------------------------------
@@ -241,3 +248,43 @@ def test_vectorised_equals_one_at_a_time(rows):
         for term in together:
             assert together[term][i] == pytest.approx(alone[term][0], rel=1e-12, abs=1e-15)
             assert math.isfinite(together[term][i])
+
+
+# ---- communication overlap options (TrainingSpec; Megatron-Core defaults all off) ------------------------------
+
+def test_overlaps_default_off_and_each_hides_its_own_term():
+    model, plans = MIXTRAL, PlanArrays.from_plans([Plan(tp=2, sp=True, ep=8, zero=1, mbs=1)])
+    base = TrainingSpec(seq_len=4096, global_batch_size=256)
+    off = terms(model, 64, plans, base)
+    for option, term in (("overlap_grad_reduce", "dp_comm"), ("tp_comm_overlap", "tp_comm"),
+                         ("moe_a2a_overlap", "ep_comm")):
+        on = terms(model, 64, plans, dataclasses.replace(base, **{option: True}))
+        assert on[term][0] < off[term][0], option
+        changed = {name for name in off if not math.isclose(on[name][0], off[name][0], rel_tol=1e-12)}
+        assert changed <= {term, "pp_bubble"}, (option, changed)
+
+
+def test_param_gather_overlap_needs_grad_reduce_overlap():
+    with pytest.raises(InputError, match="overlap_grad_reduce"):
+        TrainingSpec(overlap_param_gather=True)
+    base = TrainingSpec(seq_len=4096, global_batch_size=256, overlap_grad_reduce=True)
+    plans = PlanArrays.from_plans([Plan(tp=2, sp=True, ep=8, zero=1)])
+    both = terms(MIXTRAL, 64, plans, dataclasses.replace(base, overlap_param_gather=True))
+    assert both["dp_comm"][0] < terms(MIXTRAL, 64, plans, base)["dp_comm"][0]
+
+
+def test_tp_overlap_needs_sequence_parallelism_and_keeps_the_first_chunk():
+    base = TrainingSpec(seq_len=4096, global_batch_size=256, tp_comm_overlap=True)
+    no_sp = PlanArrays.from_plans([Plan(tp=8, sp=False)])
+    assert terms(MIXTRAL, 64, no_sp, base)["tp_comm"][0] == \
+        terms(MIXTRAL, 64, no_sp, dataclasses.replace(base, tp_comm_overlap=False))["tp_comm"][0]
+    # with a long GEMM window only the first of tp chunks stays exposed
+    comm_s = np.array([8.0]); tp = np.array([8])
+    assert steptime.tp_overlap_exposed_s(comm_s, np.array([100.0]), tp)[0] == pytest.approx(1.0)
+    assert steptime.tp_overlap_exposed_s(comm_s, np.array([0.0]), tp)[0] == pytest.approx(8.0)
+
+
+def test_a2a_overlap_leaves_the_first_microbatch_exposed():
+    a2a, compute_s = np.array([2.0]), np.array([10.0])
+    assert steptime.ep_overlap_exposed_s(a2a, compute_s, np.array([4.0]))[0] == pytest.approx(2.0)
+    assert steptime.ep_overlap_exposed_s(a2a, np.array([0.5]), np.array([4.0]))[0] == pytest.approx(2.0 + 3 * 1.5)

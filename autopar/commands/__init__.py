@@ -89,6 +89,18 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")
     group.add_argument("--moe-imbalance-factor", type=number, default=1.0, metavar="F",
                        help="busiest expert rank's load over a balanced one, dropless routing (>= 1); default 1")
+    overlap = parser.add_argument_group("communication overlap (Megatron-Core flag names; all off by default, as "
+                                        "in Megatron-Core; the exports write what you set)")
+    overlap.add_argument("--overlap-grad-reduce", action="store_true",
+                         help="reduce gradients bucket by bucket during the backward pass")
+    overlap.add_argument("--overlap-param-gather", action="store_true",
+                         help="all-gather the distributed optimizer's parameters during the next forward "
+                              "(needs --overlap-grad-reduce)")
+    overlap.add_argument("--tp-comm-overlap", action="store_true",
+                         help="overlap the sequence-parallel all-gather/reduce-scatter with the linear GEMMs "
+                              "(Transformer Engine userbuffers; plans with SP)")
+    overlap.add_argument("--overlap-moe-expert-parallel-comm", dest="moe_a2a_overlap", action="store_true",
+                         help="overlap the expert-parallel all-to-all of one micro-batch with another's compute")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,16 +201,22 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
                         flash_attention=args.flash_attention, fused_cross_entropy=args.fused_cross_entropy,
                         moe_capacity_factor=args.moe_capacity_factor,
-                        moe_imbalance_factor=args.moe_imbalance_factor)
+                        moe_imbalance_factor=args.moe_imbalance_factor,
+                        overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
+                        tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap)
 
 
 def plan_from_args(args: argparse.Namespace) -> "Plan":
+    from costmodels.errors import InputError
     from costmodels.plan import Plan
 
     knobs = {dest: default if getattr(args, dest, None) is None else getattr(args, dest)
              for dest, default in plan_defaults().items()}
     if knobs["sp"] is None:
         knobs["sp"] = knobs["tp"] > 1
+    if getattr(args, "recompute_modules", None) is not None and str(knobs["recompute"]).strip().lower() != "selective":
+        raise InputError("recompute_modules", "--recompute-modules only applies with --recompute selective; add it "
+                                              "or drop --recompute-modules")
     return Plan(**knobs)
 
 

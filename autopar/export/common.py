@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodels.plan import Plan, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
-from costmodels.plan import Plan, Recompute, embedding_loss_slots
 
 
 @dataclass(frozen=True)
@@ -119,30 +119,46 @@ def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True) -> dict
 
 
 def mcore_recompute_fields(plan: Plan) -> dict[str, object]:
+    """TransformerConfig's recompute fields; recompute_modules (a list of module names) only when the plan's set is
+    not Megatron-Core's default ['core_attn']."""
+    modules = RecomputeModule.names(plan.recompute_modules) if plan.recompute_modules else None
     if plan.recompute is Recompute.SELECTIVE:
-        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
+        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
+                "recompute_modules": modules}
+    none = {"recompute_modules": None}
     if plan.recompute is Recompute.FULL:
         if plan.recompute_layers:
             return {"recompute_granularity": "full", "recompute_method": "block",
-                    "recompute_num_layers": plan.recompute_layers}
-        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+                    "recompute_num_layers": plan.recompute_layers, **none}
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1, **none}
+    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None, **none}
 
 
 def data_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
-    """Megatron-Core DistributedDataParallelConfig switches the step-time model assumes (costmodels/steptime.py
-    dp_comm_s: the gradient reduce hides behind the backward pass and the parameter all-gather behind the next
-    forward, bucket by bucket). Both are off by default in Megatron-LM (megatron/training/arguments.py
-    `--overlap-grad-reduce`, `--overlap-param-gather`, default False).
+    """Megatron-Core DistributedDataParallelConfig switches as the user set them for the step time
+    (TrainingSpec.overlap_grad_reduce / overlap_param_gather; costmodels/steptime.py dp_comm_s). Both are off by
+    default in Megatron-LM (megatron/training/arguments.py `--overlap-grad-reduce`, `--overlap-param-gather`).
 
-    overlap_grad_reduce: whenever gradients are reduced over a data-parallel group (dense over dp·cp, experts over
-    edp). overlap_param_gather: only with the distributed optimizer or Megatron-FSDP (zero >= 1), and only together
-    with overlap_grad_reduce: validate_args asserts both ('--overlap-param-gather only supported with distributed
-    optimizer or megatron fsdp', 'Must use --overlap-param-gather with --overlap-grad-reduce').
+    overlap_grad_reduce: written only where gradients are reduced over a data-parallel group (dense over dp·cp,
+    experts over edp). overlap_param_gather: only with the distributed optimizer or Megatron-FSDP (zero >= 1), and
+    only together with overlap_grad_reduce: validate_args asserts both ('--overlap-param-gather only supported with
+    distributed optimizer or megatron fsdp', 'Must use --overlap-param-gather with --overlap-grad-reduce').
     """
-    plan, num_gpus = estimate.plan, estimate.cluster.num_gpus
+    plan, num_gpus, training = estimate.plan, estimate.cluster.num_gpus, estimate.training
     reduces = plan.dp(num_gpus) * plan.cp > 1 or (estimate.model.is_moe and plan.edp(num_gpus) > 1)
-    return {"overlap_grad_reduce": reduces, "overlap_param_gather": reduces and plan.zero >= 1}
+    grad = reduces and training.overlap_grad_reduce
+    return {"overlap_grad_reduce": grad, "overlap_param_gather": grad and plan.zero >= 1
+            and training.overlap_param_gather}
+
+
+def model_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
+    """Megatron-Core ModelParallelConfig overlap switches as the user set them for the step time:
+    tp_comm_overlap (needs sequence parallelism and tp > 1: Megatron asserts 'Tensor parallel communication/GEMM
+    overlap can happen only when sequence parallelism is enabled') and overlap_moe_expert_parallel_comm (only with
+    expert parallelism)."""
+    plan, training = estimate.plan, estimate.training
+    return {"tp_comm_overlap": training.tp_comm_overlap and plan.sp and plan.tp > 1,
+            "overlap_moe_expert_parallel_comm": training.moe_a2a_overlap and estimate.model.is_moe and plan.ep > 1}
 
 
 def plan_caption(estimate: Estimate) -> str:

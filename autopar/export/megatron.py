@@ -7,8 +7,10 @@ Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/argu
 `_add_moe_args` (--expert-model-parallel-size, --expert-tensor-parallel-size, --num-experts, --moe-router-topk,
 --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq), `_add_training_args`
 (--micro-batch-size, --global-batch-size, --recompute-granularity, --recompute-method, --recompute-num-layers),
-`_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather: off by default, on here whenever
-the plan has data-parallel traffic, as the step-time model assumes; see export.common.data_parallel_overlap),
+`_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather) and ModelParallelConfig
+(--tp-comm-overlap, --overlap-moe-expert-parallel-comm): off by default, written when the user set them for the step
+time (TrainingSpec overlap options), where they apply; see export.common.data_parallel_overlap and
+model_parallel_overlap),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
 (--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
@@ -21,8 +23,8 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields, one_line,
-                                   pipeline_slots, plan_caption)
+from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields,
+                                   model_parallel_overlap, one_line, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
@@ -73,9 +75,10 @@ def _virtual_pipeline_flag(model: ModelSpec, estimate: Estimate) -> Flag:
 
 
 def overlap_flags(estimate: Estimate) -> list[Flag]:
-    """--overlap-grad-reduce / --overlap-param-gather where the plan has data-parallel traffic to hide (the step-time
-    model's dp_comm_s assumes it hidden; Megatron-LM leaves both off unless asked)."""
-    return [("--" + name.replace("_", "-"), None) for name, on in data_parallel_overlap(estimate).items() if on]
+    """The overlap switches the step time assumed (TrainingSpec options), where they apply to the plan: the launched
+    job then overlaps what the estimate hid (Megatron-LM leaves all of them off unless asked)."""
+    switches = {**data_parallel_overlap(estimate), **model_parallel_overlap(estimate)}
+    return [("--" + name.replace("_", "-"), None) for name, on in switches.items() if on]
 
 
 def batch_flags(estimate: Estimate) -> list[Flag]:
@@ -95,6 +98,8 @@ def memory_flags(estimate: Estimate) -> list[Flag]:
     for field in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
         if recompute[field] is not None:
             flags.append(("--" + field.replace("_", "-"), str(recompute[field])))
+    if recompute["recompute_modules"]:
+        flags.append(("--recompute-modules", " ".join(recompute["recompute_modules"])))
     if plan.zero >= 1:
         flags.append(("--use-distributed-optimizer", None))
     if plan.zero >= 2:
@@ -119,9 +124,19 @@ def model_flags(model: ModelSpec) -> list[Flag]:
         flags.append(("--kv-channels", str(model.head_dim)))
     if model.mlp is MlpKind.GATED:
         flags.append(("--swiglu", None))
+    elif model.mlp is MlpKind.SQUARED_RELU:
+        flags.append(("--squared-relu", None))                      # Nemotron-4: relu(x)^2, no gate
     flags.append(("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"))
-    flags.append(("--position-embedding-type",
-                  "rope" if model.position_embedding is PositionEmbedding.ROPE else "learned_absolute"))
+    # Megatron-Core has no ALiBi: 'none' builds the same parameters (BLOOM's biases are not trained weights)
+    flags.append(("--position-embedding-type", {PositionEmbedding.ROPE: "rope", PositionEmbedding.LEARNED:
+                                                "learned_absolute", PositionEmbedding.ALIBI: "none"}[
+                                                    model.position_embedding]))
+    if model.sliding_window:
+        # --window-size (left, right) and --window-attn-skip-freq 2: one full layer after each window layer (GPT-OSS)
+        flags.append(("--window-size", f"({model.sliding_window},0)"))
+        full_layers = model.num_layers - model.sliding_window_layers
+        if full_layers:
+            flags.append(("--window-attn-skip-freq", str(round(model.num_layers / full_layers))))
     if not model.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     if not model.linear_bias:
@@ -214,7 +229,10 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
 
 
 def _quote(value: str) -> str:
-    """Shell-quote values with shell metacharacters (the --moe-layer-freq expression)."""
+    """Shell-quote values with shell metacharacters (the --moe-layer-freq expression); a list flag's words
+    (--recompute-modules a b) stay separate words."""
+    if all(word.isidentifier() for word in value.split()):
+        return value
     import shlex
 
     return shlex.quote(value)

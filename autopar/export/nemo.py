@@ -64,6 +64,8 @@ def _value(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
     return str(value)
 
 
@@ -75,7 +77,8 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
     overrides += [f"trainer.strategy.{name}={_value(value)}" for name, value in split_overrides(fields).items()]
     overrides += [f"model.config.{name}={_value(fields[name])}"
-                  for name in ("recompute_granularity", "recompute_method", "recompute_num_layers")]
+                  for name in ("recompute_granularity", "recompute_method", "recompute_num_layers",
+                               "recompute_modules")]
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
                   f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}"]

@@ -41,7 +41,7 @@ MEGATRON_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "expert_tensor_parallel_size", "sequence_parallel")
 OVERRIDE_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                   "recompute_granularity", "recompute_method", "recompute_num_layers")
+                   "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
 DEFAULT_KEYS = {"override_transformer_config": frozenset({"recompute_granularity", "recompute_modules",
                                                           "recompute_method", "recompute_num_layers",
                                                           "attention_backend"}),
@@ -54,6 +54,8 @@ def _value(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "True" if value else "False"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)
 
 
@@ -88,8 +90,11 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     if plan.zero >= 2:
         overrides.append(_override("override_ddp_config", "data_parallel_sharding_strategy",
                                    ZERO_SHARDING_STRATEGY[plan.zero]))
+    # the recompute fields verl's defaults set are written even when null (verl's default recompute_modules is
+    # Megatron-Core's own ['core_attn'], so it is written only when the plan's set differs)
     overrides += [_override("override_transformer_config", name, fields[name]) for name in OVERRIDE_FIELDS
-                  if fields[name] is not None or name in DEFAULT_KEYS["override_transformer_config"]]
+                  if fields[name] is not None
+                  or (name in DEFAULT_KEYS["override_transformer_config"] and name != "recompute_modules")]
     lines = [f"# {TARGET_VERSIONS['verl']}: {plan_caption(estimate)}",
              "# python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer <these overrides>",
              f"# key names: {'; '.join(SOURCES)}",

@@ -43,7 +43,8 @@ def render_csv(document: dict[str, Any]) -> str:
     writer.writerow(header)
     for point in points:
         memory = worst_stage_terms(point)
-        row = [point["rank"], point["label"], *(point["plan"][name] for name in PLAN_COLUMNS),
+        row = [point["rank"], point["label"],
+               *(" ".join(v) if isinstance(v := point["plan"][name], list) else v for name in PLAN_COLUMNS),
                *(point[name] for name in HEADLINE_COLUMNS)]
         row += [memory.get(term, "") for term in memory_terms]
         row += [point["time_terms_s"].get(term, "") for term in time_terms]

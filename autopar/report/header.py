@@ -36,4 +36,13 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         routing = ("dropless" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")
         training_text += f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}"
+    training_text += f"; overlap: {overlap_summary(training)}"
     return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
+
+
+def overlap_summary(training: TrainingSpec) -> str:
+    """The communication overlaps the step time assumes, by their Megatron-Core switch names."""
+    switches = (("grad reduce", training.overlap_grad_reduce), ("param gather", training.overlap_param_gather),
+                ("TP comm", training.tp_comm_overlap), ("EP all-to-all", training.moe_a2a_overlap))
+    on = [name for name, value in switches if value]
+    return ", ".join(on) + " (others off)" if on else "none (Megatron-Core defaults; see --overlap-grad-reduce ...)"

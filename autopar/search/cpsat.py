@@ -128,9 +128,9 @@ def add_joint_domains(model: CpModel, knobs: Knobs, space: SearchSpace) -> None:
     split_rows = np.array(space.splits, dtype=np.int64).reshape(-1, 3)
     add_table(model, knobs, Table("split", ("pp", "first_stage_layers", "last_stage_layers"), split_rows,
                                    np.ones(len(split_rows), np.int64)))
-    recompute_rows = np.array(space.recomputes, dtype=np.int64).reshape(-1, 2)
-    add_table(model, knobs, Table("recompute", ("recompute", "recompute_layers"), recompute_rows,
-                                   np.ones(len(recompute_rows), np.int64)))
+    recompute_rows = np.array(space.recomputes, dtype=np.int64).reshape(-1, 3)
+    add_table(model, knobs, Table("recompute", ("recompute", "recompute_layers", "recompute_modules"),
+                                  recompute_rows, np.ones(len(recompute_rows), np.int64)))
 
 
 def _add_rules(model: CpModel, knobs: Knobs, space: SearchSpace, problem: Problem, rules: Sequence[Rule]

@@ -16,7 +16,7 @@ model), and values the search bounds on purpose; every bound below is documented
 | etp | MoE: divisors of gpus_per_node that divide num_gpus; dense: always equal to tp (no expert layers) |
 | mbs | divisors of the global batch, at most 16 (default bound `mbs <= 16`) |
 | sp | off, on |
-| recompute, recompute_layers | none; selective; full of all layers (0); full of the first r layers of each chunk (Megatron's block method) for r in 1,2,3,4,6,8,12,16,24,32,48,64 below the largest chunk |
+| recompute, recompute_layers, recompute_modules | none; selective with the module sets of `selective_module_sets` (Megatron-Core --recompute-modules); full of all layers (0); full of the first r layers of each chunk (Megatron's block method) for r in 1,2,3,4,6,8,12,16,24,32,48,64 below the largest chunk |
 | zero | 0, 1, 2, 3 |
 
 Uneven pipeline stages (`layer_splits`). For pp > 1 the middle stages get m layers each with m = ceil(L/pp) or
@@ -40,14 +40,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodels.errors import InputError
-from costmodels.plan import PLAN_FIELDS, PlanArrays, Recompute
+from costmodels.plan import PLAN_FIELDS, PlanArrays, Recompute, RecomputeModule
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 KNOBS: tuple[str, ...] = PLAN_FIELDS
 """Every knob of a plan, in Plan's field order."""
 
 TIE_BREAK_ORDER: tuple[str, ...] = ("pp", "tp", "cp", "ep", "etp", "vpp", "first_stage_layers",
-                                    "last_stage_layers", "zero", "recompute", "recompute_layers", "sp", "mbs")
+                                    "last_stage_layers", "zero", "recompute", "recompute_layers", "recompute_modules",
+                                    "sp", "mbs")
 """Among plans with equal objective vectors the front keeps the one that is smallest in this order, each knob
 compared by value (sp: off before on; recompute: none < selective < full). Both solvers use it."""
 
@@ -77,6 +78,8 @@ def parse_knob_value(knob: str, value: str | int | bool | Recompute) -> int:
         raise InputError(knob, f"unknown knob{derived}; knobs are {', '.join(KNOBS)}")
     if knob == "recompute":
         return int(Recompute.parse(value))
+    if knob == "recompute_modules":
+        return RecomputeModule.parse(value)
     if knob == "sp":
         if isinstance(value, str):
             text = value.strip().lower()
@@ -127,8 +130,8 @@ class SearchSpace:
 
     splits: tuple[tuple[int, int, int], ...]
     """(pp, first_stage_layers, last_stage_layers)."""
-    recomputes: tuple[tuple[int, int], ...]
-    """(recompute, recompute_layers)."""
+    recomputes: tuple[tuple[int, int, int], ...]
+    """(recompute, recompute_layers, recompute_modules)."""
     domains: Mapping[str, tuple[int, ...]]
     """tp, cp, vpp, ep, etp, mbs, sp, zero (etp absent when it follows tp: dense models)."""
     etp_follows_tp: bool
@@ -146,6 +149,8 @@ class SearchSpace:
             return tuple(sorted({r[0] for r in self.recomputes}))
         if knob == "recompute_layers":
             return tuple(sorted({r[1] for r in self.recomputes}))
+        if knob == "recompute_modules":
+            return tuple(sorted({r[2] for r in self.recomputes}))
         if knob == "etp" and self.etp_follows_tp:
             return self.domains["tp"]
         return self.domains[knob]
@@ -169,7 +174,7 @@ class SearchSpace:
             if knob == "split":
                 out.append(("split", np.array(self.splits, dtype=np.int64).reshape(-1, 3)))
             elif knob == "recompute":
-                out.append(("recompute", np.array(self.recomputes, dtype=np.int64).reshape(-1, 2)))
+                out.append(("recompute", np.array(self.recomputes, dtype=np.int64).reshape(-1, 3)))
             else:
                 out.append((knob, np.array(self.domains[knob], dtype=np.int64).reshape(-1, 1)))
         return out
@@ -182,7 +187,7 @@ class SearchSpace:
             if name == "split":
                 columns["pp"], columns["first_stage_layers"], columns["last_stage_layers"] = rows.T
             elif name == "recompute":
-                columns["recompute"], columns["recompute_layers"] = rows.T
+                columns["recompute"], columns["recompute_layers"], columns["recompute_modules"] = rows.T
             elif name == "recompute_kind":
                 columns["recompute"] = rows[:, 0]
             else:
@@ -190,6 +195,30 @@ class SearchSpace:
         if self.etp_follows_tp and "tp" in columns:
             columns["etp"] = columns["tp"]
         return columns
+
+
+def selective_module_sets(model: ModelSpec) -> list[int]:
+    """The --recompute-modules sets searched with selective recompute (a RecomputeModule bit set each; 0 is
+    Megatron-Core's default, core_attn). Not all 2^7 subsets: the ones that trade memory for time in order (each
+    drops more than the one before it), as Megatron-Core's MoE recipes use them (ModelZoo: 'norm, act'; DeepSeek-V3
+    on GB200: 'mlp, moe_act'; Qwen3 long context: 'layernorm, moe'):
+    dense: core_attn; + layernorm; + mlp. MoE: also layernorm + moe_act, with core_attn, and core_attn + layernorm
+    + moe; a model's dense layers add mlp, its shared experts shared_experts, MLA mla_up_proj to the MoE sets."""
+    core, norm = RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM
+    sets = [0, int(core | norm)]
+    has_dense = model.moe is None or model.moe.first_dense_layers > 0 or model.moe.layer_freq > 1
+    if model.moe is None:
+        return sets + [int(core | norm | RecomputeModule.MLP)]
+    extra = RecomputeModule(0)
+    if has_dense:
+        extra |= RecomputeModule.MLP
+    if model.moe.num_shared_experts:
+        extra |= RecomputeModule.SHARED_EXPERTS
+    if model.mla is not None:
+        extra |= RecomputeModule.MLA_UP_PROJ
+    for moe in (norm | RecomputeModule.MOE_ACT, core | norm | RecomputeModule.MOE_ACT, core | norm | RecomputeModule.MOE):
+        sets.append(int(moe | extra))
+    return sorted(set(sets))
 
 
 def plan_arrays(columns: Mapping[str, np.ndarray], length: int | None = None) -> PlanArrays:
@@ -308,8 +337,10 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     recomputes = []
     for rc in recompute_values:
         layer_options = [0] + (partial if rc == Recompute.FULL else [])
+        module_options = selective_module_sets(model) if rc == Recompute.SELECTIVE else [0]
         for r in _within(layer_options, "recompute_layers", controls):
-            recomputes.append((rc, r))
+            for modules in _within(module_options, "recompute_modules", controls):
+                recomputes.append((rc, r, modules))
 
     space = SearchSpace(splits=tuple(splits), recomputes=tuple(recomputes), domains=domains,
                         etp_follows_tp=etp_follows_tp)

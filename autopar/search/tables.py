@@ -41,8 +41,8 @@ def expand_knobs(knobs: Sequence[str], space: SearchSpace) -> tuple[str, ...]:
         wanted.add("tp")
     if {"first_stage_layers", "last_stage_layers"} & wanted:
         wanted |= set(objective.SPLIT_KNOBS)
-    if "recompute_layers" in wanted:
-        wanted.add("recompute")
+    if {"recompute_layers", "recompute_modules"} & wanted:
+        wanted |= {"recompute", "recompute_layers", "recompute_modules"}
     return ordered(wanted)
 
 
@@ -52,19 +52,20 @@ def _factors(knobs: tuple[str, ...], space: SearchSpace) -> list[tuple[str, np.n
         names.append("split")
     elif "pp" in knobs:
         names.append("pp")
-    if "recompute_layers" in knobs:
+    if "recompute_layers" in knobs or "recompute_modules" in knobs:
         names.append("recompute")
     elif "recompute" in knobs:
         names.append("recompute_kind")
     for k in knobs:
-        if k not in ("pp", "first_stage_layers", "last_stage_layers", "recompute", "recompute_layers"):
+        if k not in ("pp", "first_stage_layers", "last_stage_layers", "recompute", "recompute_layers",
+                     "recompute_modules"):
             names.append(k)
     factors = []
     for name in names:
         if name == "split":
             factors.append(("split", np.array(space.splits, dtype=np.int64).reshape(-1, 3)))
         elif name == "recompute":
-            factors.append(("recompute", np.array(space.recomputes, dtype=np.int64).reshape(-1, 2)))
+            factors.append(("recompute", np.array(space.recomputes, dtype=np.int64).reshape(-1, 3)))
         elif name == "recompute_kind":
             factors.append(("recompute_kind", np.array(space.domain("recompute"), dtype=np.int64).reshape(-1, 1)))
         else:

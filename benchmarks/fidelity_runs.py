@@ -1,0 +1,797 @@
+"""Fidelity of the step-time model against published end-to-end training runs (shared/reference/runs/, 522 rows).
+
+Validation only: nothing here is fitted, and no row changes a profile. Each source's row is turned into autopar's
+inputs (model, cluster, training, and the layout the source states); the measured figure is turned into a step time
+with the source's own convention, and compared with the predicted step time.
+
+Metric per source (the one the source measured; README of shared/reference/runs/):
+- step time (MegaScale, Nemotron-4, Megatron MoE ModelZoo): compared as is.
+- tokens/s/GPU (llm-foundry, torchtitan, torchao) and samples/s/GPU (Zero Bubble): step = tokens per step /
+  (rate · GPUs); the rate is a measured throughput, free of any FLOP convention.
+- TFLOP/s/GPU or MFU (Megatron-LM README, Megatron-Core MoE README, MoE Parallel Folding): model TFLOP/s by
+  Megatron-LM's `num_floating_point_operations` of the software version the source ran. Before Megatron-LM commit
+  8873b55d (2025-03-06, "Fixes in number of floating-point operation estimates for MoE and attention layer") the
+  formula counted the full s×s attention matrix; from then on only the causal half. MFU is converted with the
+  source's own peak (989.5 TFLOP/s for MoE Parallel Folding, §4.1).
+
+Knobs the source does not state (micro-batch, interleaving, recompute, sequence parallelism, distributed optimizer)
+are left to autopar: the prediction is the fastest layout that agrees with everything the source states and fits in
+memory, as a tuned production run would be. Rows autopar cannot express (a GPU without a profile, an architecture or
+layout the source does not state, a pipeline schedule autopar does not model) are counted and listed with the reason.
+
+Within every group of runs of one model on one cluster (same GPU type and count, same sequence length), the measured
+and predicted per-token times are ranked: Spearman's rank correlation (groups of >= 3 runs) and the top-1 regret,
+the measured time of the run autopar predicts fastest over the measured fastest, minus 1 (groups of >= 2 runs).
+
+    python benchmarks/fidelity_runs.py [--verbose]
+
+Ends with `fidelity-runs: mape=X% max=Y% rows=N spearman_median=R regret_mean=Z%`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import itertools
+import math
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
+
+from benchmarks.reference import reference_dir  # noqa: E402
+from costmodels import compute as compute_model  # noqa: E402
+from costmodels.errors import InputError  # noqa: E402
+from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
+from costmodels.memory import peak_memory  # noqa: E402
+from costmodels.plan import Plan, PlanArrays, Recompute  # noqa: E402
+from costmodels.specs import (ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding,  # noqa: E402
+                              Precision, TrainingSpec)
+from costmodels.steptime import step_time_s  # noqa: E402
+
+MEMORY_HEADROOM = 0.05
+"""Published runs are tuned to fill the GPU: a layout counts as fitting below 95% of HBM (not the 20% planning
+headroom autopar uses for new runs)."""
+
+CATEGORIES = ("dense A100", "dense H100/H200", "dense B200/GB200", "MoE")
+
+
+# ---- rows ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """One expressible published run: autopar's inputs, what is fixed, what is left free, and the measured step."""
+
+    source: str
+    row_id: str
+    label: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    fixed: dict
+    """Plan fields the source states."""
+    free: dict
+    """Plan fields the source leaves open -> candidate values autopar chooses from."""
+    metric: str
+    measured_step_s: float
+    category: str
+    group: tuple
+    assumptions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Unexpressed:
+    source: str
+    row_id: str
+    label: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Result:
+    case: Case
+    plan: Plan
+    predicted_step_s: float
+    fits: bool
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_step_s - self.case.measured_step_s) / self.case.measured_step_s
+
+    @property
+    def measured_token_s(self) -> float:
+        """Measured GPU-seconds per token (comparable across batch sizes within a group)."""
+        return self.case.measured_step_s * self.case.cluster.num_gpus / self.case.training.tokens_per_step
+
+    @property
+    def predicted_token_s(self) -> float:
+        return self.predicted_step_s * self.case.cluster.num_gpus / self.case.training.tokens_per_step
+
+
+def _read(name: str) -> list[dict[str, str]]:
+    path = reference_dir() / "runs" / name
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(line for line in handle if not line.startswith("#")))
+
+
+def _num(row: dict, key: str) -> "float | None":
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _int(row: dict, key: str, default: "int | None" = None) -> "int | None":
+    value = _num(row, key)
+    return default if value is None else int(round(value))
+
+
+# ---- hardware ------------------------------------------------------------------------------------------------------
+
+def _profile(name: str) -> "HardwareProfile | None":
+    try:
+        return load_profile(name)
+    except (InputError, FileNotFoundError, OSError):
+        return None
+
+
+def gpu_profile(gpu: str) -> "tuple[HardwareProfile | None, str, str]":
+    """(profile or None, reason when None, assumption note) for a source's GPU string."""
+    text = gpu.lower()
+    if "gb200" in text or "gb300" in text:
+        key = "gb300" if "gb300" in text else "gb200"
+        profile = _profile(key)
+        return profile, f"no {key} profile bundled", ""
+    if "h800" in text or "a800" in text:
+        key = "h800" if "h800" in text else "a800"
+        return _profile(key), f"no {key} profile bundled (NVLink cut to 400 GB/s)", ""
+    if "96gb" in text or "500w" in text:
+        return _profile("h100-96gb"), "no profile for H100 96GB HBM2e at 500 W (Grand Teton)", ""
+    if "b200" in text:
+        note = "B200 power-limited in the source; b200-180gb profile at full power" if "power" in text else ""
+        return _profile("b200-180gb"), "no b200 profile", note
+    if "h200" in text:
+        return _profile("h200-141gb"), "no h200 profile", ""
+    if "h100" in text:
+        return _profile("h100-80gb"), "no h100 profile", ""
+    if "a100" in text and "40" in text:
+        return _profile("a100-40gb"), "no a100-40gb profile", ""
+    if "a100" in text:
+        return _profile("a100-80gb"), "no a100-80gb profile", ""
+    if "ampere" in text:
+        return _profile("a100-80gb"), "", "GPU 'NVIDIA Ampere' (model not named): A100 80GB assumed, as its MFU implies"
+    return None, f"GPU {gpu!r} has no profile", ""
+
+
+def category(profile: HardwareProfile, moe: bool) -> str:
+    if moe:
+        return "MoE"
+    name = profile.name.lower()
+    if name.startswith(("a100", "a800")):
+        return "dense A100"
+    if name.startswith(("h100", "h200", "h800")):
+        return "dense H100/H200"
+    return "dense B200/GB200"
+
+
+# ---- models --------------------------------------------------------------------------------------------------------
+
+def gpt(name: str, hidden: int, layers: int, heads: int, vocab: int, seq: int, ffn: int = 0) -> ModelSpec:
+    """Megatron GPT: 4h GELU MLP, LayerNorm, biases, learned positions, tied embeddings."""
+    return ModelSpec(name=name, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
+                     ffn_hidden_size=ffn or 4 * hidden, vocab_size=vocab, mlp=MlpKind.PLAIN, norm=NormKind.LAYERNORM,
+                     position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=seq,
+                     tied_embeddings=True, linear_bias=True)
+
+
+def mpt(name: str, hidden: int, layers: int, heads: int, ffn: int, vocab: int, seq: int) -> ModelSpec:
+    """MPT (llm-foundry mpt-<size>.yaml): GELU MLP of expansion_ratio·d, LayerNorm, no_bias, tied embeddings; the
+    README's NumParams grows with the sequence length, so a learned position table of seq × d is counted."""
+    return ModelSpec(name=name, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
+                     ffn_hidden_size=ffn, vocab_size=vocab, mlp=MlpKind.PLAIN, norm=NormKind.LAYERNORM,
+                     position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=seq,
+                     tied_embeddings=True, linear_bias=False)
+
+
+def preset(name: str) -> ModelSpec:
+    from autopar.models import load_preset
+    return load_preset(name)
+
+
+LLAMA_PRESETS = (("405b", "llama-3.1-405b"), ("70b", "llama-3.1-70b"), ("8b", "llama-3.1-8b"))
+
+
+def llama(model: str) -> "ModelSpec | None":
+    text = model.lower().replace(" ", "")
+    if "llama3" not in text and "llama-3" not in text:
+        return None
+    if "x70b" in text or "scout" in text or "llama4" in text:
+        return None
+    for size, name in LLAMA_PRESETS:
+        if size in text:
+            return preset(name)
+    return None
+
+
+# ---- FLOP conventions ----------------------------------------------------------------------------------------------
+
+def megatron_flops_per_step(model: ModelSpec, training: TrainingSpec, causal: bool) -> float:
+    """Megatron-LM `num_floating_point_operations` for one step: autopar's model FLOPs (Megatron's formula with the
+    causal half of the attention matrix, commit 8873b55d onward); before that commit the full matrix was counted,
+    i.e. the attention core once more."""
+    flops = compute_model.model_flops_per_step(model, training)
+    if not causal:
+        core = compute_model.attention_core_flops_per_sequence(model, training)
+        flops += (1.0 + compute_model.BACKWARD_TO_FORWARD) * core * training.global_batch_size
+    return flops
+
+
+# ---- sources -------------------------------------------------------------------------------------------------------
+
+def _cluster(profile: HardwareProfile, num_gpus: int, gpus_per_node: int = 0) -> ClusterSpec:
+    return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node or 0,
+                       headroom=MEMORY_HEADROOM)
+
+
+TUNED_OVERLAP = dict(overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True)
+"""Megatron runs whose source does not state the DP/TP overlap switches: a tuned production run turns them on
+(NeMo's and Megatron-Bridge's recipes do by default), like the other unstated knobs autopar chooses."""
+OVERLAP_NOTE = "DP/TP overlap unstated: on (tuned run)"
+
+
+def _precision(text: str) -> Precision:
+    text = (text or "").lower()
+    return Precision.FP8 if ("fp8" in text or "float8" in text) else Precision.BF16
+
+
+def llm_foundry() -> "list[Case | Unexpressed]":
+    """mosaicml/llm-foundry MPT benchmarks: FSDP only (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), micro-batch
+    per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU."""
+    source, out = "llm-foundry", []
+    for r in _read("llm_foundry_mpt_benchmarks.csv"):
+        profile, why, _ = gpu_profile(r["gpu"])
+        label = f"{r['model']} {r['gpu']} x{r['num_gpus']} s{r['seq_len']} mbs{r['micro_batch']}"
+        if profile is None:
+            out.append(Unexpressed(source, r["row_id"], label, why))
+            continue
+        seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
+        model = mpt(r["model"], _int(r, "hidden"), _int(r, "layers"), _int(r, "heads"), _int(r, "ffn"),
+                    _int(r, "vocab"), seq)
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                precision=_precision(r["precision"]))
+        zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
+        recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
+        fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=_int(r, "micro_batch"), zero=zero, recompute=recompute)
+        step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
+                        "tokens/s/GPU", step, category(profile, False),
+                        (source, r["model"], profile.name, gpus, seq)))
+    return out
+
+
+def megatron_readme() -> "list[Case | Unexpressed]":
+    """Megatron-LM README weak scaling on H100 (Megatron-Core r0.8.0, 2024): GPT, vocab 131072, seq 4096; TFLOP/s
+    by the pre-2025 formula (full attention matrix). MBS, VPP, recompute, distributed optimizer not stated."""
+    source, out = "megatron-lm-readme", []
+    profile = load_profile("h100-80gb")
+    for r in _read("megatron_lm_readme_h100_scaling.csv"):
+        label = f"{r['model']} x{r['num_gpus']}"
+        if _num(r, "tflops_per_gpu") is None or _num(r, "tp") is None:
+            out.append(Unexpressed(source, r["row_id"], label, "strong-scaling end point: layout and metric not "
+                                                               "stated (MFU only, TP/PP/DP not given)"))
+            continue
+        seq, gpus, layers = 4096, _int(r, "num_gpus"), _int(r, "layers")
+        model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), _int(r, "vocab"), seq)
+        # README: "overlap of DP (--overlap-grad-reduce --overlap-param-gather), TP (--tp-comm-overlap) and PP
+        # communication enabled"
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), overlap_grad_reduce=True,
+                                overlap_param_gather=True, tp_comm_overlap=True)
+        tp, pp = _int(r, "tp"), _int(r, "pp")
+        fixed = dict(tp=tp, pp=pp, cp=1, ep=1, sp=tp > 1)
+        free = dict(mbs=(1, 2, 4), vpp=_vpp_choices(layers, pp), zero=(0, 1),
+                    recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
+        flops = megatron_flops_per_step(model, training, causal=False)
+        step = flops / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
+                        "TFLOP/s/GPU (MCore r0.8)", step, category(profile, False),
+                        (source, r["model"], profile.name, gpus, seq),
+                        ("FFN 4h GELU, learned positions (not stated)",)))
+    return out
+
+
+def _vpp_choices(layers: int, pp: int) -> tuple[int, ...]:
+    if pp <= 1:
+        return (1,)
+    per_stage = layers // pp
+    return tuple(v for v in range(1, per_stage + 1) if layers % (pp * v) == 0 and v <= 8) or (1,)
+
+
+def megascale() -> "list[Case | Unexpressed]":
+    """MegaScale Table 2/3: only the Megatron-LM baseline rows (MegaScale rows change the model and optimizer)."""
+    source, out = "megascale", []
+    for r in _read("megascale_2402.15627.csv"):
+        label = f"{r['model']} x{r['num_gpus']} {r['method'][:20]}"
+        if "Megatron-LM" not in r["method"]:
+            out.append(Unexpressed(source, r["row_id"], label, "MegaScale system rows change the model (parallel "
+                                                               "block, sliding window) and optimizer (LAMB)"))
+            continue
+        if _num(r, "step_time_s") is None:
+            out.append(Unexpressed(source, r["row_id"], label, "no step time"))
+            continue
+        profile, _, note = gpu_profile(r["gpu"])
+        seq, gpus, layers = _int(r, "seq_len"), _int(r, "num_gpus"), _int(r, "layers")
+        model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), _int(r, "vocab"), seq)
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), **TUNED_OVERLAP)
+        tp, pp, vpp = _int(r, "tp"), _int(r, "pp"), _int(r, "vpp", 1)
+        fixed = dict(tp=tp, pp=pp, vpp=vpp, cp=1, ep=1)
+        free = dict(mbs=(1, 2, 4), sp=(False, True), zero=(0, 1),
+                    recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
+                        "step s", _num(r, "step_time_s"), category(profile, False),
+                        (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]),
+                        (note, "bf16 assumed (precision not stated)", OVERLAP_NOTE)))
+    return out
+
+
+def nemotron() -> "list[Case | Unexpressed]":
+    """Nemotron-4 15B Table 2: TP8 + distributed optimizer over DP, step time per batch-ramp stage."""
+    source, out = "nemotron-4-15b", []
+    profile = load_profile("h100-80gb")
+    model = nemotron4_15b()
+    for r in _read("nemotron4_15b_2402.16819.csv"):
+        gpus, seq = _int(r, "num_gpus"), _int(r, "seq_len")
+        label = f"{r['model']} x{gpus} gbs{r['global_batch_seqs']}"
+        if model is None:
+            out.append(Unexpressed(source, r["row_id"], label, "model_type nemotron not supported"))
+            continue
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), **TUNED_OVERLAP)
+        fixed = dict(tp=_int(r, "tp"), pp=1, cp=1, ep=1, zero=1)
+        free = dict(mbs=(1, 2, 4), sp=(False, True), recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
+                        "step s", _num(r, "step_time_s"), category(profile, False),
+                        (source, r["model"], profile.name, gpus, seq), ("bf16 assumed (not stated)", OVERLAP_NOTE)))
+    return out
+
+
+def nemotron4_15b() -> "ModelSpec | None":
+    try:
+        return preset("nemotron-4-15b")
+    except InputError:
+        return None
+
+
+def zero_bubble() -> "list[Case | Unexpressed]":
+    """Zero Bubble PP Table 4: pure PP on A100 80GB; Megatron 1F1B and interleaved 1F1B (each layer its own chunk;
+    the first and last stage hold one layer fewer, i.e. Megatron's embedding/loss slots); ZB schedules refused."""
+    source, out = "zero-bubble-pp", []
+    profile = load_profile("a100-80gb")
+    for r in _read("zero_bubble_pp_2401.10241.csv"):
+        gpus, pp, layers = _int(r, "num_gpus"), _int(r, "pp"), _int(r, "layers")
+        mbs, m = _int(r, "micro_batch"), _int(r, "num_microbatches")
+        label = f"{r['model']} pp{pp} m{m} {r['method']}"
+        if "Zero Bubble" in r["method"]:
+            out.append(Unexpressed(source, r["row_id"], label, "zero-bubble schedule (ZB-1p/ZB-2p) not modelled"))
+            continue
+        seq = _int(r, "seq_len")
+        model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), 50257, seq)
+        training = TrainingSpec(seq_len=seq, global_batch_size=mbs * m)
+        fixed = dict(tp=1, pp=pp, cp=1, ep=1, mbs=mbs, recompute=Recompute.NONE, zero=0)
+        # the layers do not split evenly (22 over 8, 30 over 8, ...): as in the paper's Megatron-LM, the embedding
+        # and the loss each take one layer slot, so the first and last stage hold one layer fewer
+        slots = (layers + 2) // pp
+        if (layers + 2) % pp:
+            out.append(Unexpressed(source, r["row_id"], label, "pipeline split not expressible"))
+            continue
+        fixed.update(first_stage_layers=slots - 1, last_stage_layers=slots - 1)
+        # 1F1B-I: "each transformer layer serves as a chunk"
+        fixed.update(vpp=slots if r["method"].endswith("1F1B-I") else 1)
+        step = training.global_batch_size / (_num(r, "samples_per_s_per_gpu") * gpus)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
+                        "samples/s/GPU", step, category(profile, False),
+                        (source, r["model"], profile.name, gpus, seq, m),
+                        ("vocab 50257 (GPT-2 BPE, Megatron default; not stated)", "bf16 assumed")))
+    return out
+
+
+def torchtitan() -> "list[Case | Unexpressed]":
+    """torchtitan benchmarks: FSDP2 (+TP/PP/CP); tokens/s/GPU. Rows on H100 96GB at 500 W have no profile."""
+    source, out = "torchtitan", []
+    for r in _read("torchtitan_benchmarks.csv"):
+        label = f"{r['model']} x{r['num_gpus']} {r['method'][:40]}"
+        profile, why, note = gpu_profile(r["gpu"])
+        if profile is None:
+            out.append(Unexpressed(source, r["row_id"], label, why))
+            continue
+        out.append(_fsdp_case(source, r, profile, label, note))
+    return out
+
+
+def torchao() -> "list[Case | Unexpressed]":
+    source, out = "torchao-blackwell", []
+    for r in _read("torchao_blackwell_benchmarks.csv"):
+        label = f"{r['model']} x{r['num_gpus']} {r['precision']}"
+        profile, why, note = gpu_profile(r["gpu"])
+        if profile is None:
+            out.append(Unexpressed(source, r["row_id"], label, why))
+            continue
+        if llama(r["model"]) is None:
+            out.append(Unexpressed(source, r["row_id"], label, f"{r['model']}: no preset (Llama 4 not supported)"))
+            continue
+        out.append(_fsdp_case(source, r, profile, label, note))
+    return out
+
+
+def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note: str) -> "Case | Unexpressed":
+    """A torchtitan-style run: FSDP2 over dp (ZeRO-3), optional TP/PP/CP; per-op selective AC = selective."""
+    model = llama(r["model"])
+    seq = _int(r, "seq_len")
+    if model is None or seq is None:
+        return Unexpressed(source, r["row_id"], label, "model or sequence length not stated")
+    gpus = _int(r, "num_gpus")
+    tp, pp, cp = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "cp", 1)
+    mbs = _int(r, "micro_batch")
+    dp = gpus // (tp * pp * cp)
+    gbs = _int(r, "global_batch_seqs") or mbs * dp
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=_precision(r["precision"]))
+    recompute = Recompute.FULL if "full" in r["recompute"] else (
+        Recompute.SELECTIVE if "selective" in r["recompute"] else Recompute.NONE)
+    fixed = dict(tp=tp, pp=pp, cp=cp, ep=1, mbs=mbs, zero=3, recompute=recompute, sp=tp > 1)
+    free = dict(vpp=_vpp_choices(model.num_layers, pp)) if pp > 1 else {}
+    step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
+    moe = model.is_moe
+    return Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free, "tokens/s/GPU",
+                step, category(profile, moe), (source, r["model"], profile.name, gpus, seq),
+                tuple(n for n in (note, "torchtitan per-op SAC priced as selective recompute") if n))
+
+
+def mixtral_readme() -> "list[Case | Unexpressed]":
+    """Megatron-Core MoE README: Mixtral 8x7B, 64 H100, TP1 EP8 PP4 VP8, MBS1 GBS256, dropless; TFLOP/s by the
+    pre-2025 formula."""
+    source, out = "mcore-moe-readme", []
+    profile = load_profile("h100-80gb")
+    model = preset("mixtral-8x7b")
+    for r in _read("megatron_core_moe_readme_mixtral8x7b.csv"):
+        gpus, seq = _int(r, "num_gpus"), _int(r, "seq_len")
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), **TUNED_OVERLAP)
+        fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp"), ep=_int(r, "ep"), cp=1,
+                     mbs=_int(r, "micro_batch"))
+        free = dict(zero=(0, 1), recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
+        step = megatron_flops_per_step(model, training, causal=False) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
+        out.append(Case(source, r["row_id"], f"Mixtral 8x7B {r['method'][:10]}", model, _cluster(profile, gpus),
+                        training, fixed, free, "TFLOP/s/GPU (MCore 2024)", step, "MoE",
+                        (source, "mixtral-8x7b", profile.name, gpus, seq, r["row_id"])))
+    return out
+
+
+FOLDING_MODELS = {"Mixtral-8x22B": "mixtral-8x22b"}
+
+
+def moe_folding() -> "list[Case | Unexpressed]":
+    """MoE Parallel Folding (arXiv 2504.14960) Tables 1/3 and 4: token-drop with capacity factor 1, GBS 256/1024,
+    seq 4096; MFU over 989.5 TFLOP/s by Megatron-Core's formula (the full attention matrix, pre-2025 code).
+    A blank layout cell is 1 (the table leaves unused dimensions blank). FSDP methods = ZeRO-3; TP+EP+DP = ZeRO-1."""
+    source, out = "moe-parallel-folding", []
+    profile = load_profile("h100-80gb")
+    for r in _read("moe_parallel_folding_2504.14960.csv"):
+        label = f"{r['model'][:24]} x{r['num_gpus']} {r['method']} {r['source_table'][:8]}"
+        model = _folding_model(r["model"])
+        mfu, tflops = _num(r, "mfu_pct"), _num(r, "tflops_per_gpu")
+        if isinstance(model, str):
+            out.append(Unexpressed(source, r["row_id"], label, model))
+            continue
+        if mfu is None and tflops is None:
+            out.append(Unexpressed(source, r["row_id"], label, "no measurement (OOM or blank)"))
+            continue
+        if "Table 2" in r["source_table"] or _num(r, "tp") is None:
+            out.append(Unexpressed(source, r["row_id"], label, "layout not restated for this table"))
+            continue
+        seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
+        notes = ()
+        if seq is None:                          # Table 4: "same configurations as the performance experiments"
+            seq, notes = 4096, ("seq 4096 of Table 3 (Table 4 does not restate it)",)
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                precision=_precision(r["precision"]), moe_capacity_factor=1.0,
+                                **(TUNED_OVERLAP if "FSDP" not in r["method"] else {}))
+        tp, pp, cp, ep = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "cp", 1), _int(r, "ep", 1)
+        etp = _int(r, "etp", 0) if "Folding" in r["method"] else tp
+        zero = 3 if r["method"].startswith("FSDP") else None
+        fixed = dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp or tp, sp=tp > 1)
+        free = dict(mbs=(1, 2, 4), vpp=_vpp_choices(model.num_layers, pp),
+                    recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
+        if zero is not None:
+            fixed["zero"] = zero
+        elif r["method"] == "TP + EP + DP":
+            fixed["zero"] = 1
+        else:
+            free["zero"] = (0, 1)
+        tflops = tflops if tflops is not None else mfu * 989.5 / 100.0
+        step = megatron_flops_per_step(model, training, causal=False) / (tflops * 1e12 * gpus)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
+                        "MFU (MCore, 989.5)", step, "MoE",
+                        (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]), notes))
+    return out
+
+
+def _folding_model(name: str) -> "ModelSpec | str":
+    if name.startswith("Mixtral-8x22B-G8T8"):
+        base = preset("mixtral-8x22b")
+        # §4.1: Mixtral 8x22B re-parameterised to 64 experts, 8 active, each 1/8 of the expert hidden size
+        moe = dataclasses.replace(base.moe, num_experts=64, top_k=8,
+                                  expert_ffn_hidden_size=base.moe.expert_ffn_hidden_size // 8)
+        return dataclasses.replace(base, name="mixtral-8x22b-g8t8", moe=moe)
+    if name in FOLDING_MODELS:
+        return preset(FOLDING_MODELS[name])
+    if name.startswith("Qwen2-57B"):
+        return "Qwen2-57B-A14B: no preset bundled"
+    return f"{name}: top-k / shapes not stated"
+
+
+def modelzoo() -> "list[Case | Unexpressed]":
+    """Megatron MoE ModelZoo, Qwen3 best practice: measured step time; GB200/GB300 rows give nodes, not GPUs."""
+    source, out = "mcore-moe-modelzoo", []
+    for r in _read("megatron_moe_modelzoo_qwen3.csv"):
+        label = f"{r['model']} {r['gpu']} x{r['num_gpus'] or '?'} {r['notes'][:20]}"
+        profile, why, _ = gpu_profile(r["gpu"])
+        if not r["model"].startswith("Qwen3-235B"):
+            out.append(Unexpressed(source, r["row_id"], label, f"{r['model']}: hybrid linear attention, no preset"))
+            continue
+        if profile is None or _num(r, "num_gpus") is None:
+            out.append(Unexpressed(source, r["row_id"], label, why if profile is None else "GPU count not stated"))
+            continue
+        if _num(r, "step_time_s") is None:
+            out.append(Unexpressed(source, r["row_id"], label, "no step time (TFLOP/s only, batch not stated)"))
+            continue
+        if "FSDP" in (r["sharding"] or ""):
+            out.append(Unexpressed(source, r["row_id"], label, "Megatron-FSDP with EP inside the node: "
+                                                               "expert sharding over edp not expressible"))
+            continue
+        model = preset("qwen3-235b-a22b")
+        seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""), **TUNED_OVERLAP)
+        # 'norm, act' = --recompute-modules layernorm moe_act (the source's abbreviation, see its header)
+        text = r["recompute"].strip()
+        recompute = Recompute.FULL if text == "full" else Recompute.SELECTIVE
+        modules = "" if text == "full" else " ".join(
+            {"norm": "layernorm", "act": "moe_act"}.get(w.strip(), w.strip()) for w in text.split(","))
+        fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
+                     ep=_int(r, "ep"), etp=_int(r, "etp", 1), mbs=_int(r, "micro_batch"), recompute=recompute,
+                     recompute_modules=modules or 0, sp=_int(r, "tp") > 1, zero=1)
+        notes = ()
+        fixed, split_note = slot_split(model.num_layers, fixed)
+        notes += split_note
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
+                        "step s", _num(r, "step_time_s"), "MoE",
+                        (source, r["model"], profile.name, gpus, seq), notes))
+    return out
+
+
+def slot_split(layers: int, fixed: dict) -> tuple[dict, tuple[str, ...]]:
+    """94 layers over pp·vpp = 32 chunks: Megatron-Core's account-for-embedding/loss split ((94 + 2) / 32 = 3 per
+    chunk, the first and last rank one layer fewer), the only even split that exists (not stated by the source)."""
+    pp, vpp = fixed.get("pp", 1), fixed.get("vpp", 1)
+    if pp == 1 or layers % (pp * vpp) == 0 or (layers + 2) % (pp * vpp):
+        return fixed, ()
+    middle = (layers + 2) // pp
+    return dict(fixed, first_stage_layers=middle - 1, last_stage_layers=middle - 1), (
+        "embedding/loss pipeline slots assumed (uneven split)",)
+
+
+def refused_file(name: str, source: str, reason: str) -> "list[Unexpressed]":
+    return [Unexpressed(source, r["row_id"], r["model"], reason) for r in _read(name)]
+
+
+def internevo() -> "list[Case | Unexpressed]":
+    """InternEvo: the '7B model' architecture is not stated (configs/7B_sft.py is not said to be the benchmarked one)."""
+    return refused_file("internevo_train_performance.csv", "internevo",
+                        "architecture of the '7B model' not stated; ZeRO-1 group smaller than DP not expressible")
+
+
+def all_rows() -> "list[Case | Unexpressed]":
+    rows: list = []
+    rows += llm_foundry() + megatron_readme() + megascale() + nemotron() + zero_bubble() + torchtitan() + torchao()
+    rows += mixtral_readme() + moe_folding() + modelzoo() + internevo()
+    rows += refused_file("glm130b_2210.02414.csv", "glm-130b", "FFN width, heads and vocabulary not stated; "
+                                                               "run-level MFU with PaLM's formula")
+    rows += refused_file("opt175b_2205.01068.csv", "opt-175b", "TP degree not stated; 'up to' peak figure")
+    rows += refused_file("skywork_moe_2406.06563.csv", "skywork-moe", "model shapes, sequence length and batch "
+                                                                      "not stated")
+    rows += refused_file("deepseek_v3_2412.19437.csv", "deepseek-v3", "H800 profile missing; DualPipe schedule; "
+                                                                      "run average over a batch ramp")
+    rows += refused_file("megatron_dsv3_gb200_optimization.csv", "mcore-dsv3-gb200",
+                         "no gb200 profile; pipeline layout string (Et|(tt|)*30L) not expressible")
+    return rows
+
+
+# ---- prediction ----------------------------------------------------------------------------------------------------
+
+def candidate_plans(case: Case) -> list[Plan]:
+    names = list(case.free)
+    plans = []
+    for values in itertools.product(*(case.free[n] for n in names)):
+        knobs = dict(case.fixed)
+        knobs.update(zip(names, values))
+        if knobs.get("recompute") is Recompute.SELECTIVE and not case.training.flash_attention:
+            pass
+        try:
+            plan = Plan(**knobs)
+        except InputError:
+            continue
+        if _buildable(case, plan):
+            plans.append(plan)
+    return plans
+
+
+def _buildable(case: Case, plan: Plan) -> bool:
+    gpus, model = case.cluster.num_gpus, case.model
+    dp = plan.dp(gpus)
+    if dp == 0 or plan.edp(gpus) == 0:
+        return False
+    if case.training.global_batch_size % (dp * plan.mbs):
+        return False
+    if plan.pp > 1 and not plan.first_stage_layers and model.num_layers % (plan.pp * plan.vpp):
+        return False
+    if plan.vpp > 1 and plan.pp == 1:
+        return False
+    if model.is_moe and model.moe.num_experts % plan.ep:
+        return False
+    return True
+
+
+def predict(case: Case) -> "Result | None":
+    plans = candidate_plans(case)
+    if not plans:
+        return None
+    arrays = PlanArrays.from_plans(plans)
+    times = step_time_s(case.model, case.cluster, case.training, arrays)
+    peak, _, _ = peak_memory(case.model, case.cluster, case.training, arrays)
+    fits = peak <= case.cluster.memory_limit_bytes
+    order = np.lexsort((times, ~fits))                                   # fitting plans first, then fastest
+    best = int(order[0])
+    return Result(case, plans[best], float(times[best]), bool(fits[best]))
+
+
+# ---- statistics ----------------------------------------------------------------------------------------------------
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return num / den if den else float("nan")
+
+
+@dataclass
+class Summary:
+    mape: float
+    max_err: float
+    bias: float
+    rows: int
+
+
+def summarise(results: list[Result]) -> Summary:
+    if not results:
+        return Summary(float("nan"), float("nan"), float("nan"), 0)
+    errors = [r.error_pct for r in results]
+    return Summary(statistics.fmean(abs(e) for e in errors), max(abs(e) for e in errors), statistics.fmean(errors),
+                   len(errors))
+
+
+def group_stats(results: list[Result]) -> list[tuple[tuple, int, float, float]]:
+    """(group key, runs, Spearman or nan, top-1 regret %) for every group of >= 2 runs."""
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        groups.setdefault(r.case.group, []).append(r)
+    out = []
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        measured = [m.measured_token_s for m in members]
+        predicted = [m.predicted_token_s for m in members]
+        rho = spearman(measured, predicted) if len(members) >= 3 else float("nan")
+        chosen = members[min(range(len(members)), key=lambda i: predicted[i])]
+        regret = 100.0 * (chosen.measured_token_s / min(measured) - 1.0)
+        out.append((key, len(members), rho, regret))
+    return out
+
+
+# ---- report --------------------------------------------------------------------------------------------------------
+
+def run(verbose: bool = False) -> dict:
+    rows = all_rows()
+    results: list[Result] = []
+    refused: list[Unexpressed] = [r for r in rows if isinstance(r, Unexpressed)]
+    for case in (r for r in rows if isinstance(r, Case)):
+        result = predict(case)
+        if result is None:
+            refused.append(Unexpressed(case.source, case.row_id, case.label, "no buildable layout matches"))
+        else:
+            results.append(result)
+    if verbose:
+        print(f"{'source':<22} {'row':<52} {'metric':<16} {'meas s':>9} {'pred s':>9} {'err %':>7} "
+              f"{'fits':>4}  plan")
+        for r in results:
+            print(f"{r.case.source:<22} {r.case.label[:52]:<52} {r.case.metric[:16]:<16} "
+                  f"{r.case.measured_step_s:>9.3f} {r.predicted_step_s:>9.3f} {r.error_pct:>+7.1f} "
+                  f"{'yes' if r.fits else 'NO':>4}  {r.plan.short()}")
+        print()
+    print(f"{'source':<22} {'rows':>5} {'MAPE %':>8} {'max %':>8} {'bias %':>8} {'groups':>7} {'rho med':>8} "
+          f"{'regret %':>9}")
+    sources = sorted({r.case.source for r in results})
+    all_groups = group_stats(results)
+    for source in sources:
+        members = [r for r in results if r.case.source == source]
+        s = summarise(members)
+        g = [x for x in all_groups if x[0][0] == source]
+        rhos = [x[2] for x in g if not math.isnan(x[2])]
+        rho = f"{statistics.median(rhos):>8.2f}" if rhos else f"{'-':>8}"
+        regret = f"{statistics.fmean(x[3] for x in g):>9.1f}" if g else f"{'-':>9}"
+        print(f"{source:<22} {s.rows:>5} {s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f} {len(g):>7} {rho} {regret}")
+    print()
+    print(f"{'category':<22} {'rows':>5} {'MAPE %':>8} {'max %':>8} {'bias %':>8}")
+    per_category = {}
+    for name in CATEGORIES:
+        s = summarise([r for r in results if r.case.category == name])
+        per_category[name] = s
+        print(f"{name:<22} {s.rows:>5} {s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}")
+    print()
+    print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
+    for key, n, rho, regret in all_groups:
+        label = " ".join(str(k) for k in key[1:])
+        print(f"  {label[:70]:<70} n={n:<3} rho={'  -  ' if math.isnan(rho) else f'{rho:+.2f}'} "
+              f"regret={regret:5.1f}%")
+    print()
+    reasons: dict[str, list[Unexpressed]] = {}
+    for u in refused:
+        reasons.setdefault(f"{u.source}: {u.reason}", []).append(u)
+    print(f"not expressible: {len(refused)} rows")
+    for reason, members in sorted(reasons.items()):
+        ids = ",".join(u.row_id for u in members)
+        print(f"  {len(members):>4}  {reason}  [rows {ids if len(ids) < 60 else ids[:57] + '...'}]")
+    overall = summarise(results)
+    rhos = [x[2] for x in all_groups if not math.isnan(x[2])]
+    rho_median = statistics.median(rhos) if rhos else float("nan")
+    regret_mean = statistics.fmean(x[3] for x in all_groups) if all_groups else float("nan")
+    print()
+    print("fidelity-runs-categories: " + " ".join(
+        f"{name.replace(' ', '_')}={s.mape:.1f}%" for name, s in per_category.items()))
+    print(f"fidelity-runs: mape={overall.mape:.1f}% max={overall.max_err:.1f}% rows={overall.rows} "
+          f"spearman_median={rho_median:.2f} regret_mean={regret_mean:.1f}%")
+    return dict(results=results, refused=refused, overall=overall, per_category=per_category,
+                spearman_median=rho_median, regret_mean=regret_mean, groups=all_groups)
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", action="store_true", help="print every row")
+    args = parser.parse_args(argv)
+    run(verbose=args.verbose)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

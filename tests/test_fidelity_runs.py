@@ -1,0 +1,68 @@
+"""benchmarks/fidelity_runs.py: every published row is either compared or listed with a reason, metrics are
+converted with each source's convention, and the ranking statistics are right on hand-made data."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import fidelity_runs
+
+
+@pytest.fixture(scope="module")
+def rows():
+    try:
+        fidelity_runs.reference_dir()
+    except FileNotFoundError:
+        pytest.skip("shared/reference is not next to this checkout")
+    if not (fidelity_runs.reference_dir() / "runs").is_dir():
+        pytest.skip("shared/reference/runs not present")
+    return fidelity_runs.all_rows()
+
+
+def test_every_row_is_compared_or_listed(rows):
+    # the README's count: 522 rows over 16 files; none silently dropped
+    assert len(rows) == 522
+    refused = [r for r in rows if isinstance(r, fidelity_runs.Unexpressed)]
+    assert all(r.reason for r in refused)
+    assert len(rows) - len(refused) >= 300
+
+
+def test_tokens_per_second_becomes_step_time(rows):
+    # llm-foundry row 1: MPT-70b on 512 H100, 4096 x 2048 tokens per step at 1007 tokens/s/GPU
+    case = next(r for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "llm-foundry"
+                and r.row_id == "1")
+    assert case.measured_step_s == pytest.approx(4096 * 2048 / (1007 * 512))
+    assert case.fixed["zero"] == 3 and case.category == "dense H100/H200"
+
+
+def test_megatron_flop_convention_counts_the_full_matrix_before_2025(rows):
+    case = next(r for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "megatron-lm-readme")
+    causal = fidelity_runs.megatron_flops_per_step(case.model, case.training, causal=True)
+    full = fidelity_runs.megatron_flops_per_step(case.model, case.training, causal=False)
+    core = fidelity_runs.compute_model.attention_core_flops_per_sequence(case.model, case.training)
+    assert full - causal == pytest.approx(3 * core * case.training.global_batch_size)
+
+
+def test_unexpressible_reasons_name_the_gap(rows):
+    reasons = {r.source: r.reason for r in rows if isinstance(r, fidelity_runs.Unexpressed)}
+    assert "DualPipe" in reasons["deepseek-v3"]
+    assert "zero-bubble" in reasons["zero-bubble-pp"] or "schedule" in reasons["zero-bubble-pp"]
+
+
+def test_spearman_and_ranks_by_hand():
+    assert fidelity_runs.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert fidelity_runs.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert fidelity_runs._ranks([5.0, 1.0, 5.0]) == [1.5, 0.0, 1.5]
+
+
+def test_regret_is_measured_time_of_the_predicted_best(rows):
+    case = next(r for r in rows if isinstance(r, fidelity_runs.Case))
+
+    def result(measured, predicted):
+        c = fidelity_runs.dataclasses.replace(case, measured_step_s=measured, group=("g",))
+        return fidelity_runs.Result(c, fidelity_runs.Plan(), predicted, True)
+
+    stats = fidelity_runs.group_stats([result(1.0, 3.0), result(2.0, 1.0), result(4.0, 2.0)])
+    (_, n, rho, regret), = stats
+    assert n == 3 and regret == pytest.approx(100.0)          # predicted best measures 2.0 vs the best 1.0
+    assert rho == pytest.approx(-0.5)

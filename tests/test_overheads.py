@@ -1,0 +1,70 @@
+"""Fixed per-kernel costs (costmodels/overheads.py), FP8 cast traffic and the fused-attention backward
+(costmodels/compute.py): each fitted or counted value checked against its source, each term against hand math."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from costmodels import compute, overheads, steptime
+from costmodels.hardware import load_profile
+from costmodels.plan import Plan, PlanArrays
+from costmodels.specs import ModelSpec, Precision, TrainingSpec
+
+H100 = load_profile("h100-80gb")
+SMALL = ModelSpec(name="tiny", hidden_size=256, num_layers=4, num_attention_heads=4, ffn_hidden_size=1024,
+                  vocab_size=1000)
+LLAMA_8B = ModelSpec(name="llama-8b", hidden_size=4096, num_layers=32, num_attention_heads=32, num_kv_heads=8,
+                     ffn_hidden_size=14336, vocab_size=128256)
+
+
+def test_launch_constant_is_the_median_of_the_microbenchmark():
+    try:
+        from benchmarks.reference import reference_dir
+        microbench = reference_dir() / "microbench"
+    except (ImportError, FileNotFoundError):
+        pytest.skip("shared/reference is not next to this checkout")
+    if not (microbench / overheads.LAUNCH_SOURCE).is_file():
+        pytest.skip("launch-overhead sample not present")
+    assert overheads.fit_kernel_launch_s(microbench) == pytest.approx(overheads.KERNEL_LAUNCH_S, rel=1e-3)
+
+
+def test_tiny_layers_are_launch_bound():
+    training = TrainingSpec(seq_len=128, global_batch_size=8)
+    plans = PlanArrays.from_plans([Plan(tp=1, mbs=1)])
+    times = compute.layer_times_s(SMALL, H100, training, plans)
+    assert times.dense_layer_fwd_s[0] == pytest.approx(overheads.layer_launch_floor_s(moe_layer=False))
+    # a large layer is far above the floor: the floor does not change it
+    big = compute.layer_times_s(LLAMA_8B, H100, TrainingSpec(seq_len=8192, global_batch_size=8), plans)
+    assert big.dense_layer_fwd_s[0] > 10 * overheads.layer_launch_floor_s(moe_layer=False)
+
+
+def test_fp8_casts_cost_hbm_traffic(monkeypatch):
+    plans = PlanArrays.from_plans([Plan(tp=1, mbs=1)])
+    bf16 = TrainingSpec(seq_len=8192, global_batch_size=8)
+    fp8 = dataclasses.replace(bf16, precision=Precision.FP8)
+    tokens = np.array([8192.0])
+    gemms = compute.mlp_gemms(LLAMA_8B, tokens, LLAMA_8B.ffn_hidden_size, np.array([1.0]))
+    # up (gated: 2F wide) reads an 8192 x 4096 input, down an 8192 x 14336 one: 3 bytes per input element
+    mlp_bytes = 3.0 * 8192 * (4096 + 14336)
+    assert compute.fp8_cast_bytes(gemms, fp8)[0] == pytest.approx(mlp_bytes)
+    assert np.all(compute.fp8_cast_bytes(gemms, bf16) == 0)
+    attention = compute.attention_gemms(LLAMA_8B, fp8, plans)
+    layer_bytes = mlp_bytes + compute.fp8_cast_bytes(attention, fp8)[0]
+    with_casts = compute.layer_times_s(LLAMA_8B, H100, fp8, plans).dense_layer_fwd_s[0]
+    monkeypatch.setattr(compute, "FP8_CAST_BYTES_PER_INPUT_ELEMENT", 0.0)
+    without = compute.layer_times_s(LLAMA_8B, H100, fp8, plans).dense_layer_fwd_s[0]
+    assert with_casts - without == pytest.approx(layer_bytes / H100.hbm_bandwidth_bytes_per_s)
+    assert with_casts < compute.layer_times_s(LLAMA_8B, H100, bf16, plans).dense_layer_fwd_s[0]
+
+
+def test_flash_attention_backward_is_two_and_a_half_forward_for_the_core():
+    plans = PlanArrays.from_plans([Plan(tp=1, mbs=1, zero=1)])
+    flash = TrainingSpec(seq_len=8192, global_batch_size=8)
+    times = compute.layer_times_s(LLAMA_8B, H100, flash, plans)
+    forward, backward, _ = steptime.stage_compute_s(LLAMA_8B, flash, plans, times, np.array([0]))
+    extra = 0.5 * LLAMA_8B.num_layers * times.attention_core_fwd_s[0]
+    assert backward[0] == pytest.approx(2.0 * forward[0] + extra)
+    assert compute.attention_core_backward_to_forward(dataclasses.replace(flash, flash_attention=False)) == 2.0

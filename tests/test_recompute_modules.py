@@ -1,0 +1,97 @@
+"""Per-module selective recompute (Megatron-Core --recompute-modules): the knob, its memory and time per module,
+its place in the search, and the Megatron-LM flags written and read back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autopar.export import emit
+from autopar.megatron_args import parse_megatron_args
+from autopar.search.space import selective_module_sets
+from costmodels.errors import InputError
+from costmodels.evaluate import evaluate
+from costmodels.hardware import load_profile
+from costmodels.memory import BF16_BYTES
+from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, selective_modules
+from costmodels.specs import ClusterSpec, MoESpec, ModelSpec, TrainingSpec
+from test_report_support import cluster, synthetic_estimate
+
+H100 = load_profile("h100-80gb")
+DENSE = ModelSpec(name="dense", hidden_size=4096, num_layers=8, num_attention_heads=32, num_kv_heads=8,
+                  ffn_hidden_size=14336, vocab_size=32000)
+MOE = ModelSpec(name="moe", hidden_size=2048, num_layers=8, num_attention_heads=16, num_kv_heads=4,
+                ffn_hidden_size=8192, vocab_size=32000,
+                moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))
+TRAINING = TrainingSpec(seq_len=4096, global_batch_size=8)
+
+
+def sel(modules: str) -> Plan:
+    return Plan(recompute=Recompute.SELECTIVE, recompute_modules=modules, zero=1)
+
+
+def run(model, plans, num_gpus=1):
+    return evaluate(model, ClusterSpec(profile=H100, num_gpus=num_gpus), TRAINING, PlanArrays.from_plans(plans))
+
+
+def test_module_names_and_the_default():
+    assert Plan(recompute="selective", recompute_modules="core_attn").recompute_modules == 0   # Megatron's default
+    assert sel("layernorm,moe_act").recompute_modules == RecomputeModule.LAYERNORM | RecomputeModule.MOE_ACT
+    assert sel("layernorm moe_act").short().endswith("sel(ln+act) z1")
+    assert Plan(recompute="full", recompute_modules="mlp").recompute_modules == 0              # selective only
+    with pytest.raises(InputError, match="unknown module 'attn'"):
+        sel("attn")
+    plans = PlanArrays.from_plans([Plan(), Plan(recompute="selective"), sel("mlp")])
+    assert list(selective_modules(plans)) == [0, RecomputeModule.CORE_ATTN, RecomputeModule.MLP]
+
+
+def test_each_dense_module_saves_its_bytes_and_costs_time():
+    result = run(DENSE, [sel("core_attn"), sel("core_attn,layernorm"), sel("core_attn,mlp")])
+    stored = result.memory_terms_bytes["layer_activations"]
+    compute_s = result.time_terms_s["compute"]
+    tokens = 4096                                                         # mbs 1, tp 1, no SP: s tokens
+    # layernorm drops the two norm outputs: 2 x 2h bytes per token per layer, every layer stored
+    assert stored[0] - stored[1] == pytest.approx(8 * 2 * BF16_BYTES * 4096 * tokens)
+    # mlp drops the SwiGLU interior: 6 bytes per intermediate column per token
+    assert stored[0] - stored[2] == pytest.approx(8 * 6 * 14336 * tokens)
+    assert compute_s[0] < compute_s[1] < compute_s[2]
+
+
+def test_moe_modules_drop_expert_activations_and_rerun_the_all_to_all():
+    plans = [sel("core_attn"), sel("moe_act"), sel("moe"), Plan(ep=8, recompute="selective", zero=1),
+             Plan(ep=8, recompute="selective", recompute_modules="moe", zero=1)]
+    result = evaluate(MOE, ClusterSpec(profile=H100, num_gpus=8), TRAINING, PlanArrays.from_plans(plans))
+    expert = result.memory_terms_bytes["expert_mlp_activations"]
+    assert expert[1] < expert[0] and expert[2] == 0.0
+    assert result.memory_terms_bytes["moe_dispatch_activations"][2] == 0.0
+    assert result.time_terms_s["ep_comm"][4] == pytest.approx(1.5 * result.time_terms_s["ep_comm"][3])   # 6 vs 4
+
+
+def test_searched_sets_are_few_and_model_aware():
+    assert selective_module_sets(DENSE) == sorted([0, 3, 7])
+    moe_sets = selective_module_sets(MOE)
+    assert 0 in moe_sets and len(moe_sets) == 5
+    assert all(not s & RecomputeModule.MLP for s in moe_sets)                  # no dense layers to recompute
+
+
+def test_megatron_flags_round_trip():
+    plan = Plan(ep=8, recompute="selective", recompute_modules="layernorm,moe", zero=1)
+    estimate = synthetic_estimate(MOE, cluster(8), TRAINING, plan)
+    text = emit(estimate, "megatron")
+    assert "--recompute-modules layernorm moe" in text
+    assert parse_megatron_args(text).plan == plan
+    default = emit(synthetic_estimate(MOE, cluster(8), TRAINING, Plan(ep=8, recompute="selective", zero=1)),
+                   "megatron")
+    assert "--recompute-modules" not in default
+
+
+def test_solve_can_pick_a_module_set():
+    import autopar
+    model = ModelSpec(name="moe-big", hidden_size=4096, num_layers=16, num_attention_heads=32, num_kv_heads=8,
+                      ffn_hidden_size=14336, vocab_size=32000,
+                      moe=MoESpec(num_experts=16, top_k=2, expert_ffn_hidden_size=8192))
+    front = autopar.solve(model, autopar.make_cluster(gpu="h100-80gb", num_gpus=8),
+                          TrainingSpec(seq_len=8192, global_batch_size=32), solver="oracle",
+                          fix={"recompute": "selective", "tp": 1, "pp": 1})
+    assert front and {p.plan.recompute_modules for p in front} - {0}
+    assert np.all([p.plan.recompute is Recompute.SELECTIVE for p in front])
