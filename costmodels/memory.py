@@ -40,6 +40,7 @@ from costmodels import params
 from costmodels.plan import (PlanArrays, Recompute, data_parallel_size, expert_data_parallel_size, layers_on_stage,
                              layers_per_middle_stage, num_microbatches)
 from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
+from costmodels.structure import stage_list
 
 BF16_BYTES = 2
 FP32_BYTES = 4
@@ -198,15 +199,16 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
 def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                 stage: "np.ndarray | int") -> StageShape:
     """The shape of pipeline rank `stage` (int, or one rank per plan) for every plan."""
+    rank = stage                 # as given: a candidate rank's identity lets costmodels.structure share its values
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
-    layers = layers_on_stage(model.num_layers, plans, stage)
-    moe_layers = params.moe_layers_on_stage(model, plans, stage)
+    layers = layers_on_stage(model.num_layers, plans, rank)
+    moe_layers = params.moe_layers_on_stage(model, plans, rank)
     # Megatron --recompute-method block --recompute-num-layers n: n layers of every virtual chunk are recomputed
     recompute_all = plans.recompute_layers == 0
     per_rank = np.minimum(plans.recompute_layers * plans.vpp, layers)
     recomputed = np.where(plans.recompute == Recompute.FULL, np.where(recompute_all, layers, per_rank), 0.0)
-    non_expert, expert = params.stage_params_per_gpu(model, plans, stage)
-    embedding = params.stage_embedding_params_per_gpu(model, plans, stage)
+    non_expert, expert = params.stage_params_per_gpu(model, plans, rank)
+    embedding = params.stage_embedding_params_per_gpu(model, plans, rank)
     tokens = training.seq_len * plans.mbs / plans.cp
     return StageShape(
         plans=plans, stage=stage, is_first=stage == 0, is_last=stage == plans.pp - 1,
@@ -666,6 +668,10 @@ def candidate_worst_stages(model: ModelSpec, plans: PlanArrays) -> list[np.ndarr
     micro-batches. The first rank (embedding, first_stage_layers) and the last (output layer, loss, MTP,
     last_stage_layers) are special and always candidates. For a dense model r_k = 1 and f = 1: ranks 0, 1, pp-1.
     """
+    return stage_list(plans, ("candidate_worst_stages", id(model)), lambda p: _candidate_worst_stages(model, p))
+
+
+def _candidate_worst_stages(model: ModelSpec, plans: PlanArrays) -> list[np.ndarray]:
     pp = plans.pp
     middle_layers = np.maximum(layers_per_middle_stage(model.num_layers, plans), 1e-9)
     first_layers = layers_on_stage(model.num_layers, plans, 0)

@@ -7,12 +7,13 @@ and `estimate` evaluates one (a `PlanArrays` of length 1). Knob names follow DES
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from costmodels.errors import InputError, require, require_non_negative_int, require_positive_int
+from costmodels.structure import StructureIndex, per_structure
 
 
 class Recompute(enum.IntEnum):
@@ -135,6 +136,9 @@ class PlanArrays:
     zero: np.ndarray
     first_stage_layers: np.ndarray
     last_stage_layers: np.ndarray
+    structure: "StructureIndex | None" = field(default=None, compare=False, repr=False)
+    """Optional: which row of a table of distinct structures each plan has (costmodels.structure); functions of
+    the structure knobs alone are then evaluated once per structure and gathered. Never changes a value."""
 
     def __post_init__(self) -> None:
         lengths = {len(getattr(self, name)) for name in PLAN_FIELDS}
@@ -164,7 +168,8 @@ class PlanArrays:
         return cls(**built)
 
     def take(self, index: "np.ndarray | Sequence[int] | slice") -> "PlanArrays":
-        return PlanArrays(**{name: getattr(self, name)[index] for name in PLAN_FIELDS})
+        structure = self.structure.take(index) if self.structure is not None else None
+        return PlanArrays(**{name: getattr(self, name)[index] for name in PLAN_FIELDS}, structure=structure)
 
     def plan(self, i: int) -> Plan:
         values = {name: getattr(self, name)[i].item() for name in PLAN_FIELDS}
@@ -190,6 +195,11 @@ def layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
 
     Float: the `layers` rule (autopar.search.rules) rejects plans where it is not a whole number.
     """
+    return per_structure(plans, ("layers_per_middle_stage", num_layers),
+                         lambda p: _layers_per_middle_stage(num_layers, p))
+
+
+def _layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
     has_first = (plans.first_stage_layers > 0) & (plans.pp > 1)
     has_last = (plans.last_stage_layers > 0) & (plans.pp > 1)
     middle_stages = plans.pp - has_first - has_last
@@ -199,6 +209,11 @@ def layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
 
 def layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """Decoder layers held by pipeline rank `stage` (all its virtual chunks together)."""
+    return per_structure(plans, ("layers_on_stage", num_layers),
+                         lambda p, s: _layers_on_stage(num_layers, p, s), stage)
+
+
+def _layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
     middle = layers_per_middle_stage(num_layers, plans)
     is_first = (stage == 0) & (plans.first_stage_layers > 0) & (plans.pp > 1)
@@ -224,6 +239,11 @@ def embedding_loss_slots(num_layers: int, plans: "PlanArrays | Plan") -> tuple[n
 
 def first_layer_index(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """Index of the first decoder layer on pipeline rank `stage` (contiguous assignment, vpp ignored)."""
+    return per_structure(plans, ("first_layer_index", num_layers),
+                         lambda p, s: _first_layer_index(num_layers, p, s), stage)
+
+
+def _first_layer_index(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
     first_stage = layers_on_stage(num_layers, plans, 0)
     middle = layers_per_middle_stage(num_layers, plans)

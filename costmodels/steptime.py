@@ -26,6 +26,7 @@ from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
 from costmodels.plan import PlanArrays, Recompute, as_plan_arrays, layers_on_stage, num_microbatches
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.structure import per_structure, stage_list
 
 GRAD_BYTES = 4
 """Gradients are accumulated and reduced in fp32 (Megatron sets accumulate_allreduce_grads_in_fp32 for bf16)."""
@@ -96,6 +97,10 @@ class StageMicrobatch:
 
 def candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
     """First, second, second-to-last and last rank: the stages that can differ (embedding, logits, uneven split)."""
+    return stage_list(plans, ("candidate_stages",), _candidate_stages)
+
+
+def _candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
     last = plans.pp - 1
     return [np.zeros_like(last), np.minimum(1, last), np.maximum(last - 1, 0), last]
 
@@ -207,23 +212,10 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 
 # ---- per-step terms -----------------------------------------------------------------------------------------------
 
-def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray, microbatch: StageMicrobatch, microbatches: np.ndarray) -> np.ndarray:
-    """Exposed data-parallel traffic of `stage` per step.
-
-    - ZeRO-0: all-reduce of the fp32 gradients; ZeRO-1 (Megatron distributed optimizer): reduce-scatter of the
-      fp32 gradients once per step + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5;
-      Megatron-Core `distributed/param_and_grad_buffer.py`).
-    - ZeRO-2: the gradients are partitioned, so they are reduce-scattered after every microbatch's backward, not
-      accumulated (ZeRO §5.2; DeepSpeed issue #2252: "for zero stage 2 (and 3), gradient reduction is required after
-      every backward"), each hidden behind that backward.
-    - ZeRO-3: every microbatch all-gathers the bf16 parameters for its forward and again for its backward and
-      reduce-scatters its gradients (§5.3), hidden behind that microbatch's compute; no step-level gather.
-    - Dense gradients reduce over dp·cp (stride tp); expert gradients over edp (stride etp·ep).
-    - The reduce overlaps the last microbatch's backward and the gather the next forward, bucket by bucket
-      (Megatron overlap_grad_reduce / overlap_param_gather): exposed = max(traffic - window, last bucket), the
-      bucket max(40M, 1M·dp) parameters.
-    """
+def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
+    traffic per step (see dp_comm_s for the collectives and their sources); reads the structure knobs only."""
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
     dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
@@ -243,6 +235,29 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     reduce_s, gather_s = traffic_s(dense_params, expert_params)
     bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
     bucket_reduce_s, bucket_gather_s = traffic_s(np.minimum(bucket, dense_params), np.minimum(bucket, expert_params))
+    return reduce_s, gather_s, bucket_reduce_s, bucket_gather_s
+
+
+def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray, microbatch: StageMicrobatch, microbatches: np.ndarray) -> np.ndarray:
+    """Exposed data-parallel traffic of `stage` per step.
+
+    - ZeRO-0: all-reduce of the fp32 gradients; ZeRO-1 (Megatron distributed optimizer): reduce-scatter of the
+      fp32 gradients once per step + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5;
+      Megatron-Core `distributed/param_and_grad_buffer.py`).
+    - ZeRO-2: the gradients are partitioned, so they are reduce-scattered after every microbatch's backward, not
+      accumulated (ZeRO §5.2; DeepSpeed issue #2252: "for zero stage 2 (and 3), gradient reduction is required after
+      every backward"), each hidden behind that backward.
+    - ZeRO-3: every microbatch all-gathers the bf16 parameters for its forward and again for its backward and
+      reduce-scatters its gradients (§5.3), hidden behind that microbatch's compute; no step-level gather.
+    - Dense gradients reduce over dp·cp (stride tp); expert gradients over edp (stride etp·ep).
+    - The reduce overlaps the last microbatch's backward and the gather the next forward, bucket by bucket
+      (Megatron overlap_grad_reduce / overlap_param_gather): exposed = max(traffic - window, last bucket), the
+      bucket max(40M, 1M·dp) parameters.
+    """
+    reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
+        plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage)
+    sharded = plans.zero >= 1
     exposed = np.maximum(reduce_s - microbatch.backward_s - microbatch.recompute_s, bucket_reduce_s) + \
         np.where(sharded, np.maximum(gather_s - microbatch.forward_s, bucket_gather_s), 0.0)
     # ZeRO-2: the other microbatches' reduce-scatters, each behind its own backward (the last one is in `exposed`)
@@ -256,6 +271,11 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
     """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter); the
     distributed optimizer / ZeRO shards it over dp·cp (dense) and edp (experts)."""
+    return per_structure(plans, ("optimizer_s", id(model), id(cluster)),
+                         lambda p, s: _optimizer_s(model, cluster, p, s), stage)
+
+
+def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
     sharded = plans.zero >= 1
     dense_shards = np.where(sharded, cluster.num_gpus / (plans.tp * plans.pp), 1.0)

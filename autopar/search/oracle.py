@@ -22,6 +22,7 @@ from autopar.search.rules import Context, Rule, structural_mask
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
 from costmodels import steptime
 from costmodels.plan import PLAN_FIELDS, PlanArrays
+from costmodels.structure import link as structure_link
 
 CHUNK_PLANS = 100_000
 """Plans evaluated at once (bounds the oracle's memory to a few hundred MB)."""
@@ -87,6 +88,9 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
     limit_units = objective.memory_limit_units(ctx.cluster.memory_limit_bytes)
     use_memory = enforce_memory and any(r.id == "memory" for r in rules)
 
+    base_plans = plan_arrays(base) if n_structures else None
+    shared: dict = {}      # values of the structure-only cost functions, per structure (costmodels.structure)
+    detail_rules = [r for r in rules if not _covered(r, set(base))]    # the others were applied in structures()
     best_columns: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS}
     best_time = np.zeros(0, dtype=np.int64)
     best_memory = np.zeros(0, dtype=np.int64)
@@ -104,9 +108,9 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
         digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
         columns = {k: v[structure_index] for k, v in base.items()}
         columns.update(space.columns_from_factors(detail, [np.tile(d, s1 - s0) for d in digits]))
-        plans = plan_arrays(columns)
+        plans = structure_link(plan_arrays(columns), base_plans, structure_index, shared)
         seen += len(plans)
-        mask = structural_mask(ctx, plans, rules)
+        mask = structural_mask(ctx, plans, detail_rules)
         if not mask.any():
             continue
         plans = plans.take(np.flatnonzero(mask))

@@ -1,0 +1,106 @@
+"""Evaluate functions of the structure knobs once per structure, not once per plan.
+
+A search enumerates plans as a product: a table of distinct *structures* (pp and its split, tp, cp, vpp, ep, etp,
+zero) times the detail knobs (mbs, sp, recompute). Much of the cost model reads the structure knobs alone: the
+layers on a stage, its MoE layers, its parameters, the gradient-sync traffic, the optimizer step. When a
+`PlanArrays` carries a `StructureIndex` (plan i has the structure of row index[i] of `base`), those functions are
+evaluated on the structure table once per search and gathered with `index`; without one they run as written. The
+values are the same either way: each is an elementwise numpy expression of the plan's own knobs, so evaluating it on
+the structure's row and copying the result is bit-for-bit the value computed on the plan itself.
+
+A function that takes a pipeline rank can only be shared when the rank is a function of the structure too: an
+integer, or one of the candidate-rank arrays made by `stage_list` (steptime.candidate_stages,
+memory.candidate_worst_stages), which the index knows by identity. Any other rank array is evaluated directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:   # costmodels.plan uses this module; import it lazily
+    from costmodels.plan import PlanArrays
+
+STRUCTURE_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "first_stage_layers",
+                                     "last_stage_layers")
+"""The Plan fields a structure fixes; the functions shared through `per_structure` read no others."""
+
+
+@dataclass(frozen=True, eq=False)
+class StructureIndex:
+    """Plan i has the structure of `base` row `index[i]`. `cache` holds values computed on `base` (shared by every
+    subset of the same plans: one search); `roles` names the candidate-rank arrays handed out for these plans."""
+
+    base: "PlanArrays"
+    index: np.ndarray
+    cache: dict = field(default_factory=dict)
+    roles: dict = field(default_factory=dict)
+
+    def take(self, rows: "np.ndarray | slice") -> "StructureIndex":
+        return StructureIndex(base=self.base, index=self.index[rows], cache=self.cache)
+
+
+def link(plans: "PlanArrays", base: "PlanArrays", index: np.ndarray, cache: dict | None = None) -> "PlanArrays":
+    """`plans` carrying the structure index (the base holds the structure knobs; its other knobs are unused)."""
+    from costmodels.plan import PLAN_FIELDS, PlanArrays
+
+    columns = {name: getattr(plans, name) for name in PLAN_FIELDS}
+    return PlanArrays(**columns, structure=StructureIndex(base=base, index=index,
+                                                          cache=cache if cache is not None else {}))
+
+
+def _gather(value: Any, index: np.ndarray) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_gather(v, index) for v in value)
+    if isinstance(value, list):
+        return [_gather(v, index) for v in value]
+    if np.ndim(value) == 0:
+        return value
+    return value[index]
+
+
+def _stage_on_base(plans: "PlanArrays", stage: Any) -> tuple[Any, Any] | None:
+    """(cache key, the same rank on the base table) for a rank the structure determines; None otherwise."""
+    if stage is None:
+        return (), None
+    if isinstance(stage, (int, np.integer)):
+        return ("rank", int(stage)), int(stage)
+    role = plans.structure.roles.get(id(stage))
+    if role is None or role[0] is not stage:
+        return None
+    list_key, j = role[1]
+    return (list_key, j), plans.structure.cache[list_key][j]
+
+
+def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage: Any = None) -> Any:
+    """fn(plans) (or fn(plans, stage)) for a function of the structure knobs alone, shared across plans of equal
+    structure when `plans` carries a StructureIndex. `key` names the function and its non-plan arguments."""
+    call = (lambda p, s: fn(p)) if stage is None else fn
+    if plans.structure is None:
+        return call(plans, stage)
+    on_base = _stage_on_base(plans, stage)
+    if on_base is None:
+        return call(plans, stage)
+    stage_key, base_stage = on_base
+    full_key = key + stage_key
+    cache = plans.structure.cache
+    if full_key not in cache:
+        cache[full_key] = call(plans.structure.base, base_stage)
+    return _gather(cache[full_key], plans.structure.index)
+
+
+def stage_list(plans: "PlanArrays", key: tuple, fn: Callable[["PlanArrays"], list]) -> list:
+    """A list of per-plan rank arrays that depends on the structure alone (candidate ranks), registered so the
+    functions of (structure, rank) can be shared for each of them."""
+    if plans.structure is None:
+        return fn(plans)
+    cache = plans.structure.cache
+    if key not in cache:
+        cache[key] = fn(plans.structure.base)
+    stages = _gather(cache[key], plans.structure.index)
+    for j, stage in enumerate(stages):
+        plans.structure.roles[id(stage)] = (stage, (key, j))
+    return stages
