@@ -14,6 +14,7 @@ costmodels.compute (FLOPs, GEMM efficiency), costmodels.comm (placement, alphaâ€
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -284,41 +285,59 @@ def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     return local * ADAM_BYTES_PER_PARAM / cluster.profile.hbm_bandwidth_bytes_per_s
 
 
+TERM_NAMES: tuple[str, ...] = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble", "pp_p2p", "dp_comm",
+                               "optimizer")
+PIPELINED_TERM_NAMES = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble")
+"""The terms that need every per-microbatch piece of a stage (compute and the TP/CP/EP collectives)."""
+
+
 def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                      plans: "PlanArrays") -> dict[str, np.ndarray]:
-    """Named step-time terms (seconds) for every plan; their sum is the step time."""
+                      plans: "PlanArrays", only: "Collection[str] | None" = None) -> dict[str, np.ndarray]:
+    """Named step-time terms (seconds) for every plan; their sum is the step time. With `only`, just the terms named
+    there (a solver summing one group of terms; each term's value is the same as in the full call)."""
     plans = as_plan_arrays(plans)
     profile = cluster.profile
     if not profile.supports(training.precision.value):
         from costmodels.errors import InputError
         raise InputError("precision", f"{profile.name} does not support {training.precision.value}; use bf16")
-    times = compute_model.layer_times_s(model, profile, training, plans)
+    names = [name for name in TERM_NAMES if only is None or name in only]
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     stages = candidate_stages(plans)
-    per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
+    per_stage: list[StageMicrobatch] = []
+    if any(name in PIPELINED_TERM_NAMES for name in names):
+        times = compute_model.layer_times_s(model, profile, training, plans)
+        per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
+    elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
+        times = compute_model.layer_times_s(model, profile, training, plans)
+        zero = np.zeros(len(plans))
+        per_stage = [StageMicrobatch(*stage_compute_s(model, training, plans, times, s), tp_comm_s=zero,
+                                     cp_comm_s=zero, ep_comm_s=zero) for s in stages]
 
     def worst(values):
         return np.max(np.stack(values), axis=0)
 
-    compute_mb = worst([s.compute_s for s in per_stage])
-    tp_mb = worst([s.tp_comm_s for s in per_stage])
-    cp_mb = worst([s.cp_comm_s for s in per_stage])
-    ep_mb = worst([s.ep_comm_s for s in per_stage])
-    dp = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
-                for stage, s in zip(stages, per_stage)])
-    optimizer = worst([optimizer_s(model, cluster, plans, stage) for stage in stages])
-    bubble = bubble_microbatch_equivalents(plans)
-    return {
-        "compute": microbatches * compute_mb,
-        "tp_comm": microbatches * tp_mb,
-        "cp_comm": microbatches * cp_mb,
-        "ep_comm": microbatches * ep_mb,
-        "pp_bubble": bubble * (compute_mb + tp_mb + cp_mb + ep_mb),
-        "pp_p2p": p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.gpus_per_node,
-                             microbatches),
-        "dp_comm": dp,
-        "optimizer": optimizer,
-    }
+    terms: dict[str, np.ndarray] = {}
+    if any(name in PIPELINED_TERM_NAMES for name in names):
+        compute_mb = worst([s.compute_s for s in per_stage])
+        tp_mb = worst([s.tp_comm_s for s in per_stage])
+        cp_mb = worst([s.cp_comm_s for s in per_stage])
+        ep_mb = worst([s.ep_comm_s for s in per_stage])
+        terms.update({
+            "compute": microbatches * compute_mb,
+            "tp_comm": microbatches * tp_mb,
+            "cp_comm": microbatches * cp_mb,
+            "ep_comm": microbatches * ep_mb,
+            "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
+        })
+    if "pp_p2p" in names:
+        terms["pp_p2p"] = p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.gpus_per_node,
+                                     microbatches)
+    if "dp_comm" in names:
+        terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
+                                  for stage, s in zip(stages, per_stage)])
+    if "optimizer" in names:
+        terms["optimizer"] = worst([optimizer_s(model, cluster, plans, stage) for stage in stages])
+    return {name: terms[name] for name in names}
 
 
 def step_time_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:

@@ -32,7 +32,8 @@ STRUCTURE_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero
 @dataclass(frozen=True, eq=False)
 class StructureIndex:
     """Plan i has the structure of `base` row `index[i]`. `cache` holds values computed on `base` (shared by every
-    subset of the same plans: one search); `roles` names the candidate-rank arrays handed out for these plans."""
+    subset of the same plans: one search); `roles` names the candidate-rank arrays handed out for these plans (and
+    holds the per_knobs codes of these plans)."""
 
     base: "PlanArrays"
     index: np.ndarray
@@ -104,3 +105,73 @@ def stage_list(plans: "PlanArrays", key: tuple, fn: Callable[["PlanArrays"], lis
     for j, stage in enumerate(stages):
         plans.structure.roles[id(stage)] = (stage, (key, j))
     return stages
+
+
+def _dense(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Values (small non-negative integers) renumbered 0..k-1 in increasing order, and k."""
+    present = np.zeros(int(values.max(initial=0)) + 1, dtype=bool)
+    present[values] = True
+    rank = np.cumsum(present) - 1
+    return rank[values], int(present.sum())
+
+
+MAX_CODE_TABLE = 1 << 24
+"""Largest code range `per_knobs` indexes with a table; beyond it, it sorts."""
+
+
+def _codes(plans: "PlanArrays", knobs: tuple[str, ...]) -> tuple[np.ndarray, int] | None:
+    """An int64 code per plan, equal exactly for plans that agree on `knobs`, and the code range (None when the
+    knob values are not small non-negative integers)."""
+    link = plans.structure
+    structural = tuple(k for k in knobs if k in STRUCTURE_FIELDS)
+    cache_key = ("structure_codes", structural)
+    if cache_key not in link.cache:
+        rows = np.stack([np.asarray(getattr(link.base, k), dtype=np.int64) for k in structural], axis=1) \
+            if structural else np.zeros((len(link.base), 1), dtype=np.int64)
+        _, inverse = np.unique(rows, axis=0, return_inverse=True)
+        link.cache[cache_key] = inverse.reshape(-1).astype(np.int64)
+    code, bound = _dense(link.cache[cache_key][link.index])
+    for knob in knobs:
+        if knob in STRUCTURE_FIELDS:
+            continue
+        values = np.asarray(getattr(plans, knob), dtype=np.int64)
+        low, high = int(values.min(initial=0)), int(values.max(initial=0))
+        if low < 0 or high > MAX_CODE_TABLE or bound > 2**62 // (high + 1):
+            return None
+        code, bound = code * (high + 1) + values, bound * (high + 1)
+    return code, bound
+
+
+def _first_and_inverse(code: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the first plan of each distinct code (in plan order) and, per plan, the position of its code's
+    first plan among them."""
+    if bound > MAX_CODE_TABLE:
+        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        return first, inverse.reshape(-1)
+    n = len(code)
+    table = np.empty(bound, dtype=np.int64)
+    table[code[::-1]] = np.arange(n - 1, -1, -1, dtype=np.int64)     # the last write is the first occurrence
+    first_of = table[code]
+    first = np.flatnonzero(first_of == np.arange(n))
+    position = np.empty(n, dtype=np.int64)
+    position[first] = np.arange(len(first))
+    return first, position[first_of]
+
+
+def per_knobs(plans: "PlanArrays", knobs: tuple[str, ...], fn: Callable[["PlanArrays"], Any]) -> Any:
+    """fn(plans) for a function that reads only `knobs` of each plan, evaluated once per distinct combination of
+    their values and copied to the plans that share it (when `plans` carries a StructureIndex; else directly)."""
+    from costmodels.plan import PLAN_FIELDS
+
+    if plans.structure is None or len(plans) == 0 or set(PLAN_FIELDS) <= set(knobs):
+        return fn(plans)
+    known = plans.structure.roles
+    if ("codes", knobs) not in known:
+        known[("codes", knobs)] = _codes(plans, knobs)
+    coded = known[("codes", knobs)]
+    if coded is None:
+        return fn(plans)
+    first, inverse = _first_and_inverse(*coded)
+    if len(first) == len(plans):
+        return fn(plans)
+    return _gather(fn(plans.take(first)), inverse)

@@ -20,7 +20,6 @@ from autopar.search import objective
 from autopar.search.pareto import front_indices
 from autopar.search.rules import Context, Rule, structural_mask
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
-from costmodels import steptime
 from costmodels.plan import PLAN_FIELDS, PlanArrays
 from costmodels.structure import link as structure_link
 
@@ -90,44 +89,52 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
 
     base_plans = plan_arrays(base) if n_structures else None
     shared: dict = {}      # values of the structure-only cost functions, per structure (costmodels.structure)
-    detail_rules = [r for r in rules if not _covered(r, set(base))]    # the others were applied in structures()
+    tables, product_rules = detail_tables(space, base, detail, ctx, rules)
     best_columns: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS}
     best_time = np.zeros(0, dtype=np.int64)
     best_memory = np.zeros(0, dtype=np.int64)
     valid = fitting = seen = 0
     complete = True
     structures_per_chunk = max(1, CHUNK_PLANS // max(per_structure, 1))
+    digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
     for s0 in range(0, n_structures, structures_per_chunk):
         if time_budget_s is not None and seen and time.perf_counter() - start > time_budget_s:
             complete = False
             break
         s1 = min(n_structures, s0 + structures_per_chunk)
-        count = (s1 - s0) * per_structure
-        flat = np.arange(count, dtype=np.int64)
-        structure_index = s0 + flat // per_structure
-        digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
-        columns = {k: v[structure_index] for k, v in base.items()}
-        columns.update(space.columns_from_factors(detail, [np.tile(d, s1 - s0) for d in digits]))
-        plans = structure_link(plan_arrays(columns), base_plans, structure_index, shared)
-        seen += len(plans)
-        mask = structural_mask(ctx, plans, detail_rules)
-        if not mask.any():
+        # the rules reading one detail factor and the structure, looked up per (structure, factor value), before
+        # any plan is built
+        mask = np.ones((s1 - s0, per_structure), dtype=bool)
+        for table, digit in zip(tables, digits):
+            mask &= table[s0:s1][:, digit]
+        seen += mask.size
+        chunk_structure, detail_row = np.nonzero(mask)
+        if not len(chunk_structure):
             continue
-        plans = plans.take(np.flatnonzero(mask))
+        structure_index = s0 + chunk_structure
+        columns = {k: v[structure_index] for k, v in base.items()}
+        columns.update(space.columns_from_factors(detail, [d[detail_row] for d in digits]))
+        plans = structure_link(plan_arrays(columns), base_plans, structure_index, shared)
+        if product_rules:
+            keep = structural_mask(ctx, plans, product_rules)
+            if not keep.any():
+                continue
+            plans = plans.take(np.flatnonzero(keep))
         valid += len(plans)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            m_units = objective.memory_units(structure, ctx.model, ctx.cluster, ctx.training, plans)
+            m_units = objective.memory_units_by_group(structure, ctx.model, ctx.cluster, ctx.training, plans)
         keep = m_units <= limit_units if use_memory else np.ones(len(plans), dtype=bool)
         fitting += int(keep.sum())
         if not keep.any():
             continue
         plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            terms = steptime.step_time_terms_s(ctx.model, ctx.cluster, ctx.training, plans)
-            t_units = objective.time_units(structure, ctx.cluster, ctx.training, plans, terms)
-        merged = {k: np.concatenate([best_columns[k], getattr(plans, k).astype(np.int64)]) for k in PLAN_FIELDS}
-        merged_time = np.concatenate([best_time, t_units])
-        merged_memory = np.concatenate([best_memory, m_units])
+            t_units = objective.time_units_by_group(structure, ctx.model, ctx.cluster, ctx.training, plans)
+        chunk = _not_dominated_within(t_units, m_units)
+        merged = {k: np.concatenate([best_columns[k], getattr(plans, k)[chunk].astype(np.int64)])
+                  for k in PLAN_FIELDS}
+        merged_time = np.concatenate([best_time, t_units[chunk]])
+        merged_memory = np.concatenate([best_memory, m_units[chunk]])
         idx = front_indices(merged_time, merged_memory, merged)
         best_columns = {k: v[idx] for k, v in merged.items()}
         best_time, best_memory = merged_time[idx], merged_memory[idx]
@@ -136,6 +143,42 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
                         time_units=best_time, memory_units=best_memory, space_size=space.size, valid_plans=valid,
                         fitting_plans=fitting, complete=complete, elapsed_s=time.perf_counter() - start,
                         plans_seen=seen)
+
+
+def _factor_knobs(name: str) -> tuple[str, ...]:
+    return ("recompute", "recompute_layers") if name == "recompute" else (name,)
+
+
+def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[tuple[str, np.ndarray]], ctx: Context,
+                  rules: tuple[Rule, ...]) -> tuple[list[np.ndarray], list[Rule]]:
+    """For each detail factor, a (structures × factor values) table of the rules that read the structure knobs and
+    that factor only; and the rules left to check plan by plan (reading several detail factors). The rules reading
+    the structure knobs alone were applied by `structures`."""
+    structure_knobs = set(base)
+    n = len(next(iter(base.values()))) if base else 0
+    used: set[str] = set()
+    tables = []
+    for name, values in detail:
+        knobs = structure_knobs | set(_factor_knobs(name))
+        mine = [r for r in rules if r.id != "memory" and _covered(r, knobs) and not _covered(r, structure_knobs)]
+        used.update(r.id for r in mine)
+        rows = np.repeat(np.arange(n), len(values))
+        columns = {k: v[rows] for k, v in base.items()}
+        columns.update(space.columns_from_factors([(name, values)], [np.tile(np.arange(len(values)), n)]))
+        ok = structural_mask(ctx, plan_arrays(columns), mine) if mine else np.ones(len(rows), dtype=bool)
+        tables.append(ok.reshape(n, len(values)))
+    rest = [r for r in rules if r.id != "memory" and r.id not in used and not _covered(r, structure_knobs)]
+    return tables, rest
+
+
+def _not_dominated_within(time_units: np.ndarray, memory_units: np.ndarray) -> np.ndarray:
+    """Indices of the plans no other plan of the same batch strictly dominates: a superset of the batch's front
+    (every plan dropped has another that is faster-or-equal and strictly smaller, or faster and equal), so merging
+    only these into the running front gives the same front."""
+    order = np.lexsort((memory_units, time_units))
+    memory_sorted = memory_units[order]
+    best_before = np.concatenate(([np.iinfo(np.int64).max], np.minimum.accumulate(memory_sorted)[:-1]))
+    return np.sort(order[memory_sorted <= best_before])
 
 
 def _empty_plans() -> PlanArrays:
