@@ -27,7 +27,7 @@ from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
 from costmodels.plan import PlanArrays, Recompute, as_plan_arrays, layers_on_stage, num_microbatches
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
-from costmodels.structure import per_structure, stage_list
+from costmodels.structure import per_knobs, per_structure, stage_list
 
 GRAD_BYTES = 4
 """Gradients are accumulated and reduced in fp32 (Megatron sets accumulate_allreduce_grads_in_fp32 for bf16)."""
@@ -308,10 +308,13 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
         times = compute_model.layer_times_s(model, profile, training, plans)
         per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
     elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
-        times = compute_model.layer_times_s(model, profile, training, plans)
+        def compute_pieces(sub: PlanArrays) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            sub_times = compute_model.layer_times_s(model, profile, training, sub)
+            return [stage_compute_s(model, training, sub, sub_times, s) for s in candidate_stages(sub)]
+
         zero = np.zeros(len(plans))
-        per_stage = [StageMicrobatch(*stage_compute_s(model, training, plans, times, s), tp_comm_s=zero,
-                                     cp_comm_s=zero, ep_comm_s=zero) for s in stages]
+        pieces = per_knobs(plans, TERM_KNOBS["compute"], compute_pieces)
+        per_stage = [StageMicrobatch(*piece, tp_comm_s=zero, cp_comm_s=zero, ep_comm_s=zero) for piece in pieces]
 
     def worst(values):
         return np.max(np.stack(values), axis=0)

@@ -54,6 +54,8 @@ def link(plans: "PlanArrays", base: "PlanArrays", index: np.ndarray, cache: dict
 
 
 def _gather(value: Any, index: np.ndarray) -> Any:
+    if isinstance(value, dict):
+        return {k: _gather(v, index) for k, v in value.items()}
     if isinstance(value, tuple):
         return tuple(_gather(v, index) for v in value)
     if isinstance(value, list):

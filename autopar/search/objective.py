@@ -186,11 +186,17 @@ def time_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster
                         training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     """time_units, each group's terms evaluated once per distinct value of the group's knobs when `plans` carries a
     structure index (costmodels.structure.per_knobs); the same integers as `time_units` on the full terms."""
+    def term_values(names: tuple[str, ...], knobs: Iterable[str]) -> dict[str, np.ndarray]:
+        return per_knobs(plans, ordered(set(knobs) | set(STAGE_KNOBS)),
+                         lambda sub: steptime.step_time_terms_s(model, cluster, training, sub, only=names))
+
     def group_units(group: TermGroup) -> np.ndarray:
-        def evaluate(sub: PlanArrays) -> np.ndarray:
-            terms = steptime.step_time_terms_s(model, cluster, training, sub, only=group.terms)
-            return time_group_units(terms, group)
-        return per_knobs(plans, ordered(set(group.knobs) | set(STAGE_KNOBS)), evaluate)
+        if set(group.terms) & set(steptime.PIPELINED_TERM_NAMES):    # these share one per-stage evaluation
+            return time_group_units(term_values(group.terms, group.knobs), group)
+        terms = {}
+        for name in group.terms:
+            terms.update(term_values((name,), steptime.TERM_KNOBS.get(name, PLAN_FIELDS)))
+        return time_group_units(terms, group)
 
     scale = PIPELINE_FACTOR_SCALE
     others = sum((group_units(g) for g in structure.other_time_groups), np.zeros(len(plans), np.int64))
