@@ -128,9 +128,14 @@ def _codes(plans: "PlanArrays", knobs: tuple[str, ...]) -> tuple[np.ndarray, int
     structural = tuple(k for k in knobs if k in STRUCTURE_FIELDS)
     cache_key = ("structure_codes", structural)
     if cache_key not in link.cache:
-        rows = np.stack([np.asarray(getattr(link.base, k), dtype=np.int64) for k in structural], axis=1) \
-            if structural else np.zeros((len(link.base), 1), dtype=np.int64)
-        _, inverse = np.unique(rows, axis=0, return_inverse=True)
+        row_code, bound = np.zeros(len(link.base), dtype=np.int64), 1
+        for knob in structural:        # mixed radix over each column's distinct values: one int64 per row
+            dense, count = _dense(np.asarray(getattr(link.base, knob), dtype=np.int64))
+            if bound * count > 2**62:  # renumber the rows seen so far before the code could overflow
+                _, row_code = np.unique(row_code, return_inverse=True)
+                row_code, bound = row_code.reshape(-1).astype(np.int64), len(link.base)
+            row_code, bound = row_code * count + dense, bound * count
+        _, inverse = np.unique(row_code, return_inverse=True)
         link.cache[cache_key] = inverse.reshape(-1).astype(np.int64)
     code, bound = _dense(link.cache[cache_key][link.index])
     for knob in knobs:

@@ -58,13 +58,23 @@ def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], enforc
                ) -> dict[str, np.ndarray]:
     """Columns of every structure (split, tp, cp, vpp, ep, etp, zero) that passes the rules reading only those
     knobs and, with `enforce_memory`, the memory lower bound of the groups that read only those knobs."""
-    factors = space.factors(_level_knobs(space, STRUCTURE_KNOBS))
-    digits = mixed_radix([len(t) for _, t in factors], 0, math.prod(len(t) for _, t in factors))
-    columns = space.columns_from_factors(factors, digits)
+    # the product is built one factor at a time (earlier factors the major digits, as a mixed-radix count), each
+    # rule applied as soon as the knobs it reads are present, so no structure a rule rejects is expanded further
+    columns: dict[str, np.ndarray] = {}
+    count = 1
+    pending = [r for r in rules if r.id != "memory"]
+    for name, table in space.factors(_level_knobs(space, STRUCTURE_KNOBS)):
+        rows = np.repeat(np.arange(count), len(table))
+        columns = {k: v[rows] for k, v in columns.items()}
+        columns.update(space.columns_from_factors([(name, table)], [np.tile(np.arange(len(table)), count)]))
+        count = len(rows)
+        ready = [r for r in pending if _covered(r, set(columns))]
+        pending = [r for r in pending if r not in ready]
+        if ready and count:
+            mask = structural_mask(ctx, plan_arrays(columns), ready)
+            columns = {k: v[mask] for k, v in columns.items()}
+            count = int(mask.sum())
     knobs = set(columns)
-    plans = plan_arrays(columns)
-    mask = structural_mask(ctx, plans, [r for r in rules if r.id != "memory" and _covered(r, knobs)])
-    columns = {k: v[mask] for k, v in columns.items()}
     if enforce_memory and any(r.id == "memory" for r in rules) and len(columns["tp"]):
         structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
