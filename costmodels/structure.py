@@ -82,7 +82,8 @@ def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage
     """fn(plans) (or fn(plans, stage)) for a function of the structure knobs alone, shared across plans of equal
     structure when `plans` carries a StructureIndex. `key` names the function and its non-plan arguments."""
     call = (lambda p, s: fn(p)) if stage is None else fn
-    if plans.structure is None:
+    if getattr(plans, "structure", None) is None:      # also a single Plan
+
         return call(plans, stage)
     on_base = _stage_on_base(plans, stage)
     if on_base is None:
@@ -98,7 +99,7 @@ def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage
 def stage_list(plans: "PlanArrays", key: tuple, fn: Callable[["PlanArrays"], list]) -> list:
     """A list of per-plan rank arrays that depends on the structure alone (candidate ranks), registered so the
     functions of (structure, rank) can be shared for each of them."""
-    if plans.structure is None:
+    if getattr(plans, "structure", None) is None:
         return fn(plans)
     cache = plans.structure.cache
     if key not in cache:
@@ -170,7 +171,7 @@ def per_knobs(plans: "PlanArrays", knobs: tuple[str, ...], fn: Callable[["PlanAr
     their values and copied to the plans that share it (when `plans` carries a StructureIndex; else directly)."""
     from costmodels.plan import PLAN_FIELDS
 
-    if plans.structure is None or len(plans) == 0 or set(PLAN_FIELDS) <= set(knobs):
+    if getattr(plans, "structure", None) is None or len(plans) == 0 or set(PLAN_FIELDS) <= set(knobs):
         return fn(plans)
     known = plans.structure.roles
     if ("codes", knobs) not in known:

@@ -185,7 +185,12 @@ def _not_dominated_within(time_units: np.ndarray, memory_units: np.ndarray) -> n
     """Indices of the plans no other plan of the same batch strictly dominates: a superset of the batch's front
     (every plan dropped has another that is faster-or-equal and strictly smaller, or faster and equal), so merging
     only these into the running front gives the same front."""
-    order = np.lexsort((memory_units, time_units))
+    span = int(memory_units.max(initial=0)) + 1
+    if len(time_units) and int(time_units.max()) < np.iinfo(np.int64).max // span and time_units.min() >= 0 \
+            and memory_units.min() >= 0:
+        order = np.argsort(time_units * span + memory_units, kind="stable")   # (time, memory) as one integer
+    else:
+        order = np.lexsort((memory_units, time_units))
     memory_sorted = memory_units[order]
     best_before = np.concatenate(([np.iinfo(np.int64).max], np.minimum.accumulate(memory_sorted)[:-1]))
     return np.sort(order[memory_sorted <= best_before])
