@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.plan import PlanArrays, first_layer_index, layers_on_stage
+from costmodels.plan import PlanArrays, StageContent, first_layer_index, layers_on_stage
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding
 from costmodels.structure import per_structure
 
@@ -148,7 +148,10 @@ def moe_layers_before(model: ModelSpec, layer_index: np.ndarray) -> np.ndarray:
 
 
 def moe_layers_on_stage(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
-    """MoE layers among the decoder layers of pipeline rank `stage` (contiguous assignment)."""
+    """MoE layers among the decoder layers of pipeline rank `stage` (contiguous assignment, or as a
+    costmodels.plan.StageContent says)."""
+    if isinstance(stage, StageContent) and stage.moe_layers is not None:
+        return np.asarray(stage.moe_layers)
     return per_structure(plans, ("moe_layers_on_stage", id(model)), lambda p, s: _moe_layers_on_stage(model, p, s),
                          stage)
 
@@ -191,10 +194,10 @@ def stage_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray
 
 def _stage_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int"
                           ) -> tuple[np.ndarray, np.ndarray]:
-    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
-    tp = plans.tp.astype(float)
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
+    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
+    tp = plans.tp.astype(float)
     dense_layers = layers - moe_layers
 
     attn_sharded, attn_replicated = attention_params_split(model)

@@ -207,8 +207,32 @@ def _layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
     return rest_layers / np.maximum(middle_stages, 1)
 
 
+class StageContent(np.ndarray):
+    """Pipeline ranks (an int64 array, one rank per plan) that say themselves which decoder layers they hold:
+    `layers` and `moe_layers` per plan, overriding the plan's even/first/last split. costmodels.layout prices a
+    layout (any number of layers per virtual stage) through the ordinary per-stage cost functions this way: they
+    read a rank's layers only through layers_on_stage / params.moe_layers_on_stage, and its role (first rank:
+    embedding; last rank: output layer, loss, MTP; in-flight micro-batches) from the rank index itself."""
+
+    layers: np.ndarray
+    moe_layers: np.ndarray
+
+    @classmethod
+    def of(cls, ranks: np.ndarray, layers: np.ndarray, moe_layers: np.ndarray) -> "StageContent":
+        content = np.asarray(ranks, dtype=np.int64).view(cls)
+        content.layers = np.asarray(layers, dtype=float)
+        content.moe_layers = np.asarray(moe_layers, dtype=float)
+        return content
+
+    def __array_finalize__(self, obj) -> None:
+        self.layers = getattr(obj, "layers", None)
+        self.moe_layers = getattr(obj, "moe_layers", None)
+
+
 def layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """Decoder layers held by pipeline rank `stage` (all its virtual chunks together)."""
+    if isinstance(stage, StageContent) and stage.layers is not None:
+        return np.asarray(stage.layers)
     return per_structure(plans, ("layers_on_stage", num_layers),
                          lambda p, s: _layers_on_stage(num_layers, p, s), stage)
 
