@@ -14,17 +14,24 @@ as in the uniform model. They are tabulated once per (rank, dense layers, MoE la
 same integer tables (`LayoutTables`): time in whole nanoseconds (rounded to nearest), memory in whole MiB (rounded
 up, so a layout that fits in units fits in bytes).
 
-Step time of a layout with per-microbatch rank times T_r (r = 0..p-1), v virtual stages per rank and m micro-batches:
+Step time of a layout. Virtual stage i's per-microbatch time t_i (forward + backward + recompute + exposed TP/CP/EP
+collectives of its own layers; the embedding's and the loss's work on the first and last virtual stage) is the
+per-stage cost function on its layers alone. Rank r runs its chunks one after another: T_r = Σ_c t_{r,c}; its largest
+chunk is C_r = max_c t_{r,c}. With m micro-batches:
 
-    step = m · max_r T_r + (Σ_r T_r − max_r T_r) / v + max_r E_r + p2p
+    step = m · max_r T_r + (Σ_r C_r − max_r C_r) + max_r E_r + p2p
 
-For v = 1 the pipelined part is (m − 1)·max T + Σ T: the slowest stage sets the pace in the steady 1F1B phase and
-every stage's time is paid once in fill and drain (DAPPLE, Fan et al., arXiv 2007.01045 §3, pipeline latency of
-synchronous 1F1B with unequal stages). With equal stages it is (m + (p − 1)/v)·T, the interleaved 1F1B time of
-Narayanan et al., arXiv 2104.04473 eq. 2 (bubble (p − 1)/v micro-batch times); dividing the fill/drain term by v for
-unequal stages is this model's generalisation (each of the v chunks of a rank fills and drains once, with 1/v of its
-work). E_r is rank r's exposed data-parallel sync and optimizer step (steptime.dp_comm_s + optimizer_s); p2p the
-stage-to-stage transfers (pipeline.p2p_time_s), which a layout does not change.
+The first term is the steady state: every rank runs m micro-batches through all of its chunks and the slowest rank
+sets the pace. The second is fill and drain: each rank's chunk enters the pipeline once before the last rank starts
+(and leaves once after the first finishes), the pace-setting one counted in the first term. Without interleaving
+(C_r = T_r) this is (m − 1)·max T + Σ T, the latency of synchronous 1F1B with unequal stages (DAPPLE, Fan et al.,
+arXiv 2007.01045 §3: warm-up through every stage, steady phase at the slowest stage); with equal stages and v chunks
+per rank (t = T/v) it is (m + (p − 1)/v)·T, interleaved 1F1B (Narayanan et al., arXiv 2104.04473 §2.2.2, eq. 2:
+bubble (p − 1)/v micro-batch times). Counting each rank's largest chunk is this model's generalisation to unequal
+chunks: a layout that piles a rank's layers into one chunk gets the non-interleaved bubble back. E_r is rank r's
+exposed data-parallel sync and optimizer step (steptime.dp_comm_s + optimizer_s, on the rank's parameters); p2p the
+stage-to-stage transfers (pipeline.p2p_time_s), which a layout does not change. Memory is per rank: its weights and
+its activations times its own in-flight micro-batches (memory.in_flight_microbatches), on its total layers.
 """
 
 from __future__ import annotations
@@ -73,9 +80,18 @@ def layout_space_log10(num_layers: int, virtual_stages: int) -> float:
     return math.log10(math.comb(num_layers + virtual_stages - 1, virtual_stages - 1))
 
 
+ROLES = ("first", "middle", "last")
+"""What a virtual stage holds besides decoder layers: the embedding (first), nothing (middle), the loss and MTP
+(last)."""
+
+
+def stage_role(index: int, stages: int) -> int:
+    return 0 if index == 0 else 2 if index == stages - 1 else 1
+
+
 @dataclass(frozen=True)
 class LayoutTables:
-    """Integer per-rank costs of one structure, indexed [rank, dense layers, MoE layers]."""
+    """Integer costs of one structure: per virtual-stage role and per rank, indexed by (dense, MoE) layers."""
 
     plan: Plan
     num_layers: int
@@ -83,12 +99,12 @@ class LayoutTables:
     moe_first_dense: int
     moe_freq: int
     microbatches: int
-    time_ns: np.ndarray
-    """Per-microbatch time of the rank (compute + exposed TP/CP/EP), ns."""
+    stage_time_ns: np.ndarray
+    """[role, dense, moe]: per-microbatch time of a virtual stage (compute + exposed TP/CP/EP), ns."""
     sync_ns: np.ndarray
-    """Exposed data-parallel sync + optimizer step of the rank per step, ns."""
+    """[rank, dense, moe]: exposed data-parallel sync + optimizer step of the rank per step, ns."""
     memory_mib: np.ndarray
-    """Peak memory of one GPU of the rank, MiB (rounded up)."""
+    """[rank, dense, moe]: peak memory of one GPU of the rank, MiB (rounded up)."""
     p2p_ns: int
     memory_limit_mib: int
 
@@ -109,35 +125,45 @@ class LayoutTables:
 
 
 def layout_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> LayoutTables:
-    """Tabulate every rank's costs for every (dense, MoE) layer count it could hold."""
+    """Tabulate the costs of every (dense, MoE) layer count a virtual stage or a rank could hold."""
     pp = plan.pp
     num_moe = int(moe_layers_before(model, np.array([model.num_layers]))[0])
     num_dense = model.num_layers - num_moe
     dense, moe = np.meshgrid(np.arange(num_dense + 1), np.arange(num_moe + 1), indexing="ij")
     cells = dense.size
-    ranks = np.repeat(np.arange(pp), cells)
-    dense_all, moe_all = np.tile(dense.ravel(), pp), np.tile(moe.ravel(), pp)
-    plans = PlanArrays.from_plans([plan]).take(np.zeros(len(ranks), dtype=np.int64))
-    stage = StageContent.of(ranks, dense_all + moe_all, moe_all)
-    microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
+    shape = (num_dense + 1, num_moe + 1)
+
+    def grid(ranks: np.ndarray):
+        plans = PlanArrays.from_plans([plan]).take(np.zeros(len(ranks) * cells, dtype=np.int64))
+        stage = StageContent.of(np.repeat(ranks, cells), np.tile((dense + moe).ravel(), len(ranks)),
+                                np.tile(moe.ravel(), len(ranks)))
+        return plans, stage
+
     with np.errstate(divide="ignore", invalid="ignore"):
+        # virtual stages by role: rank index 0 (embedding), -1 (a rank holding neither end), pp-1 (loss, MTP)
+        plans, stage = grid(np.array([0, -1, pp - 1]))
         times = compute_model.layer_times_s(model, cluster.profile, training, plans)
-        microbatch = steptime.stage_microbatch(model, cluster, training, plans, times, stage)
-        per_microbatch_s = microbatch.compute_s + microbatch.tp_comm_s + microbatch.cp_comm_s + microbatch.ep_comm_s
-        sync_s = (steptime.dp_comm_s(model, cluster, training, plans, stage, microbatch, microbatches)
+        piece = steptime.stage_microbatch(model, cluster, training, plans, times, stage)
+        stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + piece.ep_comm_s
+        # ranks: their parameters (sync, optimizer) and memory with their own in-flight micro-batches
+        plans, stage = grid(np.arange(pp))
+        microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
+        times = compute_model.layer_times_s(model, cluster.profile, training, plans)
+        piece = steptime.stage_microbatch(model, cluster, training, plans, times, stage)
+        sync_s = (steptime.dp_comm_s(model, cluster, training, plans, stage, piece, microbatches)
                   + steptime.optimizer_s(model, cluster, plans, stage))
         memory_bytes = memory.total_bytes(memory.memory_terms_bytes(model, cluster, training, plans, stage))
-        p2p_s = float(p2p_time_s(model, cluster.profile, training, plans.take([0]),
-                                 cluster.num_gpus, cluster.gpus_per_node, microbatches[:1])[0])
-    shape = (pp, num_dense + 1, num_moe + 1)
+        one = plans.take([0])
+        p2p_s = float(p2p_time_s(model, cluster.profile, training, one, cluster.num_gpus, cluster.gpus_per_node,
+                                 microbatches[:1])[0])
     return LayoutTables(
         plan=plan, num_layers=model.num_layers, num_moe_layers=num_moe,
         moe_first_dense=model.moe.first_dense_layers if model.moe is not None else 0,
         moe_freq=model.moe.layer_freq if model.moe is not None else 1,
         microbatches=int(round(float(microbatches[0]))),
-        time_ns=np.rint(per_microbatch_s / TIME_UNIT_S).astype(np.int64).reshape(shape),
-        sync_ns=np.rint(sync_s / TIME_UNIT_S).astype(np.int64).reshape(shape),
-        memory_mib=np.ceil(memory_bytes / MEMORY_UNIT_BYTES).astype(np.int64).reshape(shape),
+        stage_time_ns=np.rint(stage_s / TIME_UNIT_S).astype(np.int64).reshape((3,) + shape),
+        sync_ns=np.rint(sync_s / TIME_UNIT_S).astype(np.int64).reshape((pp,) + shape),
+        memory_mib=np.ceil(memory_bytes / MEMORY_UNIT_BYTES).astype(np.int64).reshape((pp,) + shape),
         p2p_ns=int(round(p2p_s / TIME_UNIT_S)),
         memory_limit_mib=int(math.floor(cluster.memory_limit_bytes / MEMORY_UNIT_BYTES)),
     )
@@ -148,19 +174,19 @@ class LayoutCost:
     """A layout priced on the integer tables."""
 
     layout: tuple[int, ...]
-    objective: int
-    """v · step time in ns (the integer every search minimises)."""
+    objective_ns: int
+    """The step time in ns (the integer every search minimises)."""
+    stage_time_ns: tuple[int, ...]
     rank_dense: tuple[int, ...]
     rank_moe: tuple[int, ...]
     rank_time_ns: tuple[int, ...]
     rank_sync_ns: tuple[int, ...]
     rank_memory_mib: tuple[int, ...]
     fits: bool
-    vpp: int
 
     @property
     def step_time_s(self) -> float:
-        return self.objective / self.vpp * TIME_UNIT_S
+        return self.objective_ns * TIME_UNIT_S
 
     @property
     def peak_memory_mib(self) -> int:
@@ -171,31 +197,27 @@ class LayoutCost:
         return int(np.argmax(self.rank_time_ns))
 
 
-def rank_contents(tables: LayoutTables, layout: tuple[int, ...]) -> tuple[list[int], list[int]]:
-    """(dense, MoE) decoder layers of each rank under `layout`."""
-    pp = tables.pp
+def stage_contents(tables: LayoutTables, layout) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) decoder layers of each virtual stage under `layout`."""
     bounds = np.concatenate(([0], np.cumsum(layout)))
     moe = np.diff(tables.moe_before(bounds))
-    dense = np.asarray(layout) - moe
+    return np.asarray(layout) - moe, moe
+
+
+def price_layout(tables: LayoutTables, layout) -> LayoutCost:
+    pp, stages = tables.pp, tables.pp * tables.vpp
+    assert len(layout) == stages and sum(layout) == tables.num_layers and min(layout) >= 0, layout
+    dense, moe = stage_contents(tables, layout)
+    t = [int(tables.stage_time_ns[stage_role(i, stages), dense[i], moe[i]]) for i in range(stages)]
     rank_dense = [int(dense[r::pp].sum()) for r in range(pp)]
     rank_moe = [int(moe[r::pp].sum()) for r in range(pp)]
-    return rank_dense, rank_moe
-
-
-def objective_of(tables: LayoutTables, time_ns, sync_ns) -> int:
-    """v · (m · max T + (Σ T − max T)/v + max E + p2p) in ns: the step-time formula of the module docstring."""
-    v, m = tables.vpp, tables.microbatches
-    t_max = max(time_ns)
-    return v * m * t_max + (sum(time_ns) - t_max) + v * (max(sync_ns) + tables.p2p_ns)
-
-
-def price_layout(tables: LayoutTables, layout: tuple[int, ...]) -> LayoutCost:
-    assert len(layout) == tables.pp * tables.vpp and sum(layout) == tables.num_layers and min(layout) >= 0, layout
-    rank_dense, rank_moe = rank_contents(tables, layout)
-    time_ns = [int(tables.time_ns[r, d, e]) for r, (d, e) in enumerate(zip(rank_dense, rank_moe))]
-    sync_ns = [int(tables.sync_ns[r, d, e]) for r, (d, e) in enumerate(zip(rank_dense, rank_moe))]
-    memory_mib = [int(tables.memory_mib[r, d, e]) for r, (d, e) in enumerate(zip(rank_dense, rank_moe))]
-    return LayoutCost(layout=tuple(int(x) for x in layout), objective=objective_of(tables, time_ns, sync_ns),
-                      rank_dense=tuple(rank_dense), rank_moe=tuple(rank_moe), rank_time_ns=tuple(time_ns),
-                      rank_sync_ns=tuple(sync_ns), rank_memory_mib=tuple(memory_mib),
-                      fits=max(memory_mib) <= tables.memory_limit_mib, vpp=tables.vpp)
+    rank_time = [sum(t[r::pp]) for r in range(pp)]
+    largest_chunk = [max(t[r::pp]) for r in range(pp)]
+    sync = [int(tables.sync_ns[r, d, e]) for r, (d, e) in enumerate(zip(rank_dense, rank_moe))]
+    mem = [int(tables.memory_mib[r, d, e]) for r, (d, e) in enumerate(zip(rank_dense, rank_moe))]
+    objective = (tables.microbatches * max(rank_time) + sum(largest_chunk) - max(largest_chunk) + max(sync)
+                 + tables.p2p_ns)
+    return LayoutCost(layout=tuple(int(x) for x in layout), objective_ns=int(objective), stage_time_ns=tuple(t),
+                      rank_dense=tuple(rank_dense), rank_moe=tuple(rank_moe), rank_time_ns=tuple(rank_time),
+                      rank_sync_ns=tuple(sync), rank_memory_mib=tuple(mem),
+                      fits=max(mem) <= tables.memory_limit_mib)

@@ -9,12 +9,14 @@ Three engines over the same integer tables (costmodels.layout.LayoutTables), so 
   every rank's per-microbatch time and B_E on its sync time, a DP over (rank, boundary) in O(pp·L²) finds the
   partition of least Σ T; scanning B_T then B_E upward over the tables' distinct values, and stopping once
   (m − 1)·B_T + (least Σ T) + B_E cannot beat the best found, is exact: the optimum is met at its own maxima.
-- `cpsat_layout` (any vpp): integer layers per virtual stage, a rank's dense and MoE layers as linear sums over its
-  chunks (MoE layers before a boundary by integer division, ModelSpec's first-dense/frequency pattern), its time,
-  sync and memory by element constraints on the tables, max constraints for the slowest rank, memory by restricting
-  each rank's table index to the cells that fit, objective v·m·T_max + Σ T − T_max + v·E_max. No symmetry breaking:
-  no two ranks are interchangeable in this model (each rank holds its own number of in-flight micro-batches, rank 0
-  the embedding, the last rank the loss), so none is stated; the uniform layout is given as a hint.
+- `cpsat_layout` (any vpp): integer layers per virtual stage; a stage's dense and MoE layers from the boundaries
+  (MoE layers before a boundary by integer division: ModelSpec's first-dense/frequency pattern), its time by an
+  element constraint on its role's table, a rank's time T_r and largest chunk C_r as sum and max over its chunks,
+  its sync and memory by element constraints on the rank tables at its totals, memory by restricting each rank's
+  table index to the cells that fit, objective m·max T + Σ C − max C + max E (costmodels.layout). Symmetry: no two
+  ranks are interchangeable (each holds its own number of in-flight micro-batches, rank 0 the embedding, the last
+  rank the loss); without MoE layers the middle-role chunks of one rank are (a chunk's time reads only its layer
+  count and role, the rank its chunks' sum and max), so they are ordered by size. The uniform layout is the hint.
 
 `best_layout` uses the DP without interleaving and CP-SAT with it.
 """
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodels.layout import LayoutCost, LayoutTables, price_layout
+from costmodels.layout import LayoutCost, LayoutTables, price_layout, stage_role
 
 BRUTE_FORCE_MAX_LAYOUTS = 2_000_000
 """Refuse brute force over more compositions than this."""
@@ -57,19 +59,22 @@ def compositions(total: int, parts: int) -> np.ndarray:
 
 
 def objectives_of(tables: LayoutTables, layouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(objective, fits) of many layouts at once (rows), the same integers as costmodels.layout.price_layout."""
+    """(step time in ns, fits) of many layouts at once (rows): the integers of costmodels.layout.price_layout."""
     pp, v, m = tables.pp, tables.vpp, tables.microbatches
+    stages = pp * v
     bounds = np.concatenate([np.zeros((len(layouts), 1), dtype=np.int64), np.cumsum(layouts, axis=1)], axis=1)
     moe = np.diff(tables.moe_before(bounds), axis=1)
     dense = layouts - moe
+    roles = np.array([stage_role(i, stages) for i in range(stages)])[None, :]
+    t = tables.stage_time_ns[roles, dense, moe].reshape(len(layouts), v, pp)
+    rank_time, largest = t.sum(axis=1), t.max(axis=1)
     rank_dense = dense.reshape(len(layouts), v, pp).sum(axis=1)
     rank_moe = moe.reshape(len(layouts), v, pp).sum(axis=1)
     ranks = np.arange(pp)[None, :]
-    t = tables.time_ns[ranks, rank_dense, rank_moe]
     e = tables.sync_ns[ranks, rank_dense, rank_moe]
     mem = tables.memory_mib[ranks, rank_dense, rank_moe]
-    t_max = t.max(axis=1)
-    objective = v * m * t_max + (t.sum(axis=1) - t_max) + v * (e.max(axis=1) + tables.p2p_ns)
+    objective = (m * rank_time.max(axis=1) + largest.sum(axis=1) - largest.max(axis=1) + e.max(axis=1)
+                 + tables.p2p_ns)
     return objective, mem.max(axis=1) <= tables.memory_limit_mib
 
 
@@ -99,7 +104,8 @@ def _block_tables(tables: LayoutTables) -> tuple[np.ndarray, np.ndarray, np.ndar
     moe = np.where(valid, tables.moe_before(b) - tables.moe_before(a), 0)
     dense = np.where(valid, b - a, 0) - moe
     ranks = np.arange(tables.pp)[:, None, None]
-    t = tables.time_ns[ranks, dense[None], moe[None]]
+    roles = np.array([stage_role(r, tables.pp) for r in range(tables.pp)])[:, None, None]
+    t = tables.stage_time_ns[roles, dense[None], moe[None]]
     e = tables.sync_ns[ranks, dense[None], moe[None]]
     fits = valid[None] & (tables.memory_mib[ranks, dense[None], moe[None]] <= tables.memory_limit_mib)
     return t, e, fits
@@ -139,12 +145,12 @@ def chain_dp(tables: LayoutTables) -> LayoutResult:
     solves = 0
     for bound_t in np.unique(t[fits]):
         bound_t = int(bound_t)
-        if best is not None and (m - 1) * bound_t + least_sum + e_floor + tables.p2p_ns >= best.objective:
+        if best is not None and (m - 1) * bound_t + least_sum + e_floor + tables.p2p_ns >= best.objective_ns:
             break
         allowed_t = fits & (t <= bound_t)
         for bound_e in np.unique(e[allowed_t]):
             bound_e = int(bound_e)
-            if best is not None and (m - 1) * bound_t + least_sum + bound_e + tables.p2p_ns >= best.objective:
+            if best is not None and (m - 1) * bound_t + least_sum + bound_e + tables.p2p_ns >= best.objective_ns:
                 break
             solves += 1
             if solves > DP_MAX_SOLVES:
@@ -153,7 +159,7 @@ def chain_dp(tables: LayoutTables) -> LayoutResult:
             if total is None:
                 continue
             cost = price_layout(tables, tuple(layout))
-            if best is None or cost.objective < best.objective:
+            if best is None or cost.objective_ns < best.objective_ns:
                 best = cost
     return LayoutResult(best, "chain DP", time.perf_counter() - start, True, solves)
 
@@ -188,7 +194,15 @@ def cpsat_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: 
     else:
         moe = [0] * stages
     width = tables.num_moe_layers + 1
-    times, syncs = [], []
+    stage_times = []
+    for i in range(stages):
+        table = tables.stage_time_ns[stage_role(i, stages)].ravel()
+        cell = model.NewIntVar(0, len(table) - 1, f"stage_cell_{i}")
+        model.Add(cell == (x[i] - moe[i]) * width + moe[i])
+        t_i = model.NewIntVar(0, int(table.max()), f"stage_time_{i}")
+        model.AddElement(cell, [int(val) for val in table], t_i)
+        stage_times.append(t_i)
+    rank_times, largest, syncs = [], [], []
     for r in range(pp):
         chunks = range(r, stages, pp)
         dense_r = sum(x[i] for i in chunks) - sum(moe[i] for i in chunks)
@@ -196,19 +210,31 @@ def cpsat_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: 
         feasible = np.flatnonzero(tables.memory_mib[r].ravel() <= tables.memory_limit_mib)
         if not len(feasible):
             return LayoutResult(None, "CP-SAT", time.perf_counter() - start, True)
-        index = model.NewIntVarFromDomain(cp_model.Domain.FromValues([int(i) for i in feasible]), f"cell_{r}")
+        index = model.NewIntVarFromDomain(cp_model.Domain.FromValues([int(i) for i in feasible]), f"rank_cell_{r}")
         model.Add(index == dense_r * width + moe_r)
-        t_r = model.NewIntVar(0, int(tables.time_ns[r].max()), f"time_{r}")
         e_r = model.NewIntVar(0, int(tables.sync_ns[r].max()), f"sync_{r}")
-        model.AddElement(index, [int(val) for val in tables.time_ns[r].ravel()], t_r)
         model.AddElement(index, [int(val) for val in tables.sync_ns[r].ravel()], e_r)
-        times.append(t_r)
         syncs.append(e_r)
-    t_max = model.NewIntVar(0, int(tables.time_ns.max()), "time_max")
+        t_r = model.NewIntVar(0, int(sum(tables.stage_time_ns.max() for _ in chunks)), f"rank_time_{r}")
+        model.Add(t_r == sum(stage_times[i] for i in chunks))
+        c_r = model.NewIntVar(0, int(tables.stage_time_ns.max()), f"largest_chunk_{r}")
+        model.AddMaxEquality(c_r, [stage_times[i] for i in chunks])
+        rank_times.append(t_r)
+        largest.append(c_r)
+    if not tables.num_moe_layers:
+        # symmetry breaking: without MoE layers a chunk's time depends on its layer count and role alone, and a rank
+        # on the sum and max of its chunks, so the middle-role chunks of a rank are interchangeable: order them
+        for r in range(pp):
+            chunks = [i for i in range(r, stages, pp) if stage_role(i, stages) == 1]
+            for a, b in zip(chunks, chunks[1:]):
+                model.Add(x[a] >= x[b])
+    t_max = model.NewIntVar(0, int(tables.stage_time_ns.max()) * v, "rank_time_max")
+    c_max = model.NewIntVar(0, int(tables.stage_time_ns.max()), "largest_chunk_max")
     e_max = model.NewIntVar(0, int(tables.sync_ns.max()), "sync_max")
-    model.AddMaxEquality(t_max, times)
+    model.AddMaxEquality(t_max, rank_times)
+    model.AddMaxEquality(c_max, largest)
     model.AddMaxEquality(e_max, syncs)
-    model.Minimize(v * m * t_max + sum(times) - t_max + v * e_max)
+    model.Minimize(m * t_max + sum(largest) - c_max + e_max)
     if hint is not None:
         for var, value in zip(x, hint):
             model.AddHint(var, int(value))
@@ -222,7 +248,7 @@ def cpsat_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: 
         return LayoutResult(None, "CP-SAT", elapsed, status == cp_model.INFEASIBLE)
     layout = tuple(int(solver.Value(var)) for var in x)
     cost = price_layout(tables, layout)
-    assert cost.objective == int(round(solver.ObjectiveValue())) + v * tables.p2p_ns, \
+    assert cost.objective_ns == int(round(solver.ObjectiveValue())) + tables.p2p_ns, \
         "CP-SAT's objective disagrees with the layout's price"
     return LayoutResult(cost, "CP-SAT", elapsed, status == cp_model.OPTIMAL)
 

@@ -1,0 +1,120 @@
+"""Pipeline layouts (costmodels.layout, autopar.search.layouts): the exact engines against brute force, and the
+pricing against the uniform cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import autopar
+from autopar.search.layouts import brute_force, chain_dp, compositions, cpsat_layout, objectives_of
+from costmodels.layout import LayoutTables, layout_tables, price_layout, uniform_layout
+from costmodels.plan import Plan
+from costmodels.specs import TrainingSpec
+
+
+@st.composite
+def instances(draw):
+    """Random integer tables (any values: the engines must be exact whatever the cost model says) on small
+    instances: <= 20 layers, pp·vpp <= 6, with or without a MoE pattern (first dense layers, layer frequency)."""
+    pp = draw(st.integers(2, 6))
+    vpp = draw(st.integers(1, 6 // pp))
+    layers = draw(st.integers(1, 20))
+    moe = draw(st.booleans())
+    first_dense = draw(st.integers(0, layers)) if moe else 0
+    freq = draw(st.integers(1, 3)) if moe else 1
+    seed = draw(st.integers(0, 2**31 - 1))
+    microbatches = draw(st.integers(1, 16))
+    rng = np.random.default_rng(seed)
+    probe = LayoutTables(plan=Plan(pp=pp, vpp=vpp), num_layers=layers, num_moe_layers=0, moe_first_dense=first_dense,
+                         moe_freq=freq, microbatches=microbatches, stage_time_ns=np.zeros((3, 1, 1), np.int64),
+                         sync_ns=np.zeros((pp, 1, 1), np.int64), memory_mib=np.zeros((pp, 1, 1), np.int64),
+                         p2p_ns=0, memory_limit_mib=0)
+    num_moe = int(dataclasses.replace(probe, num_moe_layers=layers).moe_before(layers)) if moe else 0
+    shape = (layers - num_moe + 1, num_moe + 1)
+    dense, moe_cells = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
+    # costs grow with the layers (as real ones do) plus noise, so the optimum is not trivially uniform
+    per_dense, per_moe = rng.integers(50, 150, size=2)
+    stage = (rng.integers(0, 300, size=(3, 1, 1)) + per_dense * dense + per_moe * moe_cells
+             + rng.integers(0, 60, size=(3,) + shape))
+    sync = rng.integers(0, 200, size=(pp, 1, 1)) + rng.integers(0, 40, size=(pp,) + shape)
+    memory = rng.integers(0, 50, size=(pp, 1, 1)) + 7 * (dense + moe_cells) + rng.integers(0, 5, size=(pp,) + shape)
+    limit = int(rng.integers(int(memory.min()), int(memory.max()) + 2))
+    return dataclasses.replace(probe, num_moe_layers=num_moe, stage_time_ns=stage.astype(np.int64),
+                               sync_ns=sync.astype(np.int64), memory_mib=memory.astype(np.int64),
+                               p2p_ns=int(rng.integers(0, 100)), memory_limit_mib=limit)
+
+
+def _objective(result):
+    return None if result.best is None else result.best.objective_ns
+
+
+@pytest.mark.slow
+@given(instances())
+def test_cpsat_and_dp_equal_brute_force(tables):
+    """CI: the 'ci' profile's examples; `pytest --slow`: 300 instances (tests/conftest.py)."""
+    truth = brute_force(tables)
+    cpsat = cpsat_layout(tables, time_limit_s=None)
+    assert cpsat.proven_optimal
+    assert _objective(cpsat) == _objective(truth)
+    if truth.best is not None:
+        assert cpsat.best.fits and price_layout(tables, cpsat.best.layout).objective_ns == truth.best.objective_ns
+    if tables.vpp == 1:
+        dp = chain_dp(tables)
+        assert dp.proven_optimal and _objective(dp) == _objective(truth)
+
+
+def test_compositions_are_all_and_only_the_compositions():
+    rows = compositions(5, 3)
+    assert len(rows) == math.comb(7, 2) and (rows.sum(axis=1) == 5).all() and (rows >= 0).all()
+    assert len({tuple(r) for r in rows}) == len(rows)
+
+
+def test_vectorised_objectives_equal_price_layout():
+    model = autopar.load_model("deepseek-v2-lite")
+    cluster = autopar.Cluster(gpu="h100", num_gpus=64)
+    tables = layout_tables(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256),
+                           Plan(tp=2, pp=4, vpp=1, ep=8, mbs=1, zero=1, first_stage_layers=6))
+    rows = np.array([uniform_layout(model, tables.plan), (7, 7, 7, 6), (9, 9, 8, 1)])
+    objective, fits = objectives_of(tables, rows)
+    for row, value, fit in zip(rows, objective, fits):
+        cost = price_layout(tables, tuple(row))
+        assert cost.objective_ns == value and cost.fits == fit
+
+
+@pytest.mark.parametrize("name,gpus,plan", [
+    ("llama-3.1-8b", 32, Plan(tp=2, pp=4, mbs=1, zero=1)),
+    ("llama-3.1-8b", 32, Plan(tp=2, pp=4, vpp=2, mbs=1, zero=1)),
+    ("deepseek-v2-lite", 48, Plan(tp=1, pp=3, ep=8, mbs=1, zero=1, first_stage_layers=8, last_stage_layers=9)),
+])
+def test_uniform_layout_priced_like_the_uniform_model(name, gpus, plan):
+    """Equal stages: the layout formula is the uniform model's (m + (p-1)/v)·T; memory per rank the same terms."""
+    model = autopar.load_model(name)
+    cluster = autopar.Cluster(gpu="h100", num_gpus=gpus)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    tables = layout_tables(model, cluster, training, plan)
+    cost = price_layout(tables, uniform_layout(model, plan))
+    estimate = autopar.estimate(model, cluster, training, plan)
+    assert sum(uniform_layout(model, plan)) == model.num_layers
+    # memory: the same per-rank terms (whole MiB, rounded up)
+    for rank, stage in enumerate(estimate.stages):
+        assert cost.rank_memory_mib[rank] == math.ceil(stage.total_bytes / 2**20)
+    # time: never above the uniform model (which takes each term on its own worst stage), equal when stages match
+    assert cost.step_time_s <= estimate.step_time_s * (1 + 1e-9)
+    if plan.first_stage_layers == 0 and plan.last_stage_layers == 0 and model.vocab_size < 50_000:
+        assert cost.step_time_s == pytest.approx(estimate.step_time_s, rel=2e-3)
+
+
+def test_piling_a_rank_into_one_chunk_loses_the_interleaving_gain():
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.Cluster(gpu="h100", num_gpus=32)
+    plan = Plan(tp=2, pp=4, vpp=2, mbs=1, zero=1)
+    tables = layout_tables(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256), plan)
+    even = price_layout(tables, uniform_layout(model, plan))
+    piled = price_layout(tables, (8, 8, 8, 8, 0, 0, 0, 0))
+    assert piled.step_time_s > even.step_time_s
