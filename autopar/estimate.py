@@ -95,6 +95,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     supported by the GPU); guide rules (unless relaxed) and `memory` come back in `Estimate.violations`.
     """
     require_precision_supported(cluster, training)
+    if plan.layout:       # a plan with a pipeline layout is priced stage by stage
+        from autopar.layout_estimate import layout_estimate
+
+        return layout_estimate(model, cluster, training, plan, relax=relax)
     guide_rules_broken = require_buildable(model, cluster, training, plan, relax)
     from costmodels.evaluate import evaluate  # after the checks: a bad plan is reported without the cost model
 

@@ -221,3 +221,78 @@ def price_layout(tables: LayoutTables, layout) -> LayoutCost:
                       rank_dense=tuple(rank_dense), rank_moe=tuple(rank_moe), rank_time_ns=tuple(rank_time),
                       rank_sync_ns=tuple(sync), rank_memory_mib=tuple(mem),
                       fits=max(mem) <= tables.memory_limit_mib)
+
+
+# ---- float breakdown of one layout (what reports show; the integer tables decide) -------------------------------
+
+@dataclass(frozen=True)
+class LayoutBreakdown:
+    layout: tuple[int, ...]
+    stage_time_s: tuple[float, ...]
+    """Per-microbatch time of every virtual stage, model order."""
+    rank_layers: tuple[tuple[int, int], ...]
+    """(dense, MoE) decoder layers of every rank."""
+    rank_time_s: tuple[float, ...]
+    rank_memory_terms_bytes: tuple[dict[str, float], ...]
+    time_terms_s: dict[str, float]
+    """compute, tp_comm, cp_comm, ep_comm (m × the slowest rank's per-microbatch pieces), pp_bubble (fill and
+    drain: Σ C − max C), pp_p2p, dp_comm and optimizer (of the rank whose sum is largest): they sum to step_time_s."""
+
+    @property
+    def step_time_s(self) -> float:
+        return sum(self.time_terms_s.values())
+
+    @property
+    def rank_memory_bytes(self) -> tuple[float, ...]:
+        return tuple(sum(t.values()) for t in self.rank_memory_terms_bytes)
+
+
+def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+                     layout: tuple[int, ...]) -> LayoutBreakdown:
+    """The step-time formula of the module docstring in floats, with each term named, and every rank's memory."""
+    pp, stages = plan.pp, plan.pp * plan.vpp
+    assert len(layout) == stages and sum(layout) == model.num_layers, (layout, stages, model.num_layers)
+    bounds = np.concatenate(([0], np.cumsum(layout))).astype(float)
+    moe = np.diff(moe_layers_before(model, bounds))
+    dense = np.asarray(layout, dtype=float) - moe
+    role_rank = np.array([(0, -1, pp - 1)[stage_role(i, stages)] for i in range(stages)])
+    rank_dense = np.array([dense[r::pp].sum() for r in range(pp)])
+    rank_moe = np.array([moe[r::pp].sum() for r in range(pp)])
+    base = PlanArrays.from_plans([plan])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plans = base.take(np.zeros(stages, dtype=np.int64))
+        times = compute_model.layer_times_s(model, cluster.profile, training, plans)
+        piece = steptime.stage_microbatch(model, cluster, training, plans, times,
+                                          StageContent.of(role_rank, dense + moe, moe))
+        rank_plans = base.take(np.zeros(pp, dtype=np.int64))
+        rank_stage = StageContent.of(np.arange(pp), rank_dense + rank_moe, rank_moe)
+        microbatches = num_microbatches(rank_plans, cluster.num_gpus, training.global_batch_size)
+        rank_times = compute_model.layer_times_s(model, cluster.profile, training, rank_plans)
+        rank_piece = steptime.stage_microbatch(model, cluster, training, rank_plans, rank_times, rank_stage)
+        dp_s = steptime.dp_comm_s(model, cluster, training, rank_plans, rank_stage, rank_piece, microbatches)
+        optimizer_s = steptime.optimizer_s(model, cluster, rank_plans, rank_stage)
+        memory_terms = memory.memory_terms_bytes(model, cluster, training, rank_plans, rank_stage)
+        p2p_s = float(p2p_time_s(model, cluster.profile, training, rank_plans.take([0]), cluster.num_gpus,
+                                 cluster.gpus_per_node, microbatches[:1])[0])
+    stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + piece.ep_comm_s
+    rank_s = np.array([stage_s[r::pp].sum() for r in range(pp)])
+    largest = np.array([stage_s[r::pp].max() for r in range(pp)])
+    slow = int(np.argmax(rank_s))
+    m = float(microbatches[0])
+    sync = int(np.argmax(dp_s + optimizer_s))
+    terms = {
+        "compute": m * float(piece.compute_s[slow::pp].sum()),
+        "tp_comm": m * float(piece.tp_comm_s[slow::pp].sum()),
+        "cp_comm": m * float(piece.cp_comm_s[slow::pp].sum()),
+        "ep_comm": m * float(piece.ep_comm_s[slow::pp].sum()),
+        "pp_bubble": float(largest.sum() - largest.max()),
+        "pp_p2p": p2p_s,
+        "dp_comm": float(dp_s[sync]),
+        "optimizer": float(optimizer_s[sync]),
+    }
+    return LayoutBreakdown(
+        layout=tuple(int(x) for x in layout), stage_time_s=tuple(float(x) for x in stage_s),
+        rank_layers=tuple((int(d), int(e)) for d, e in zip(rank_dense, rank_moe)),
+        rank_time_s=tuple(float(x) for x in rank_s),
+        rank_memory_terms_bytes=tuple({k: float(v[r]) for k, v in memory_terms.items()} for r in range(pp)),
+        time_terms_s=terms)

@@ -69,6 +69,10 @@ class Plan:
     """Decoder layers on the first pipeline rank; 0 = even split (Megatron --decoder-first-pipeline-num-layers)."""
     last_stage_layers: int = 0
     """Decoder layers on the last pipeline rank; 0 = even split (--decoder-last-pipeline-num-layers)."""
+    layout: tuple[int, ...] = field(default=(), metadata={"column": False})
+    """Decoder layers of every virtual pipeline stage in model order (stage i on rank i % pp, chunk i // pp;
+    embedding on the first, loss and MTP on the last: costmodels.layout); () = the split above. Not a search column:
+    `autopar solve --layouts` chooses it per structure (autopar.search.layouts)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "cp", "ep", "mbs"):
@@ -82,6 +86,12 @@ class Plan:
         object.__setattr__(self, "sp", bool(self.sp))
         require(self.zero in (0, 1, 2, 3) and not isinstance(self.zero, bool), "zero",
                 f"must be 0, 1, 2 or 3, got {self.zero!r}")
+        layout = tuple(self.layout)
+        require(all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in layout),
+                "layout", f"must list whole numbers of decoder layers per virtual stage, got {self.layout!r}")
+        object.__setattr__(self, "layout", tuple(int(x) for x in layout))
+        require(not layout or len(layout) == self.pp * self.vpp, "layout",
+                f"has {len(layout)} virtual stages; pp·vpp = {self.pp}·{self.vpp} = {self.pp * self.vpp} needed")
 
     def dp(self, num_gpus: int) -> int:
         """Data-parallel size on `num_gpus` (0 when the model-parallel product does not divide it)."""
@@ -97,7 +107,7 @@ class Plan:
         parts = [f"tp{self.tp}", f"pp{self.pp}"]
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
-        if self.first_stage_layers or self.last_stage_layers:
+        if (self.first_stage_layers or self.last_stage_layers) and not self.layout:
             parts.append(f"split{self.first_stage_layers or '-'}/{self.last_stage_layers or '-'}")
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
@@ -113,10 +123,13 @@ class Plan:
             parts.append({Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute] + layers)
         if self.zero:
             parts.append(f"z{self.zero}")
+        if self.layout:
+            parts.append("layout " + "|".join(map(str, self.layout)))
         return " ".join(parts)
 
 
-PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan))
+PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan) if f.metadata.get("column", True))
+"""The knobs every plan has as one integer each (PlanArrays columns); `layout` is not one."""
 
 
 @dataclass(frozen=True)
