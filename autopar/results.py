@@ -1,20 +1,20 @@
-"""What autopar answers with: an `Estimate` for one plan, a `ParetoFront` of estimates.
+"""What autopar answers with: a `ParetoFront` of `Estimate`s (one per plan), and the inputs block of every document.
 
 Both are plain frozen data in base units (bytes, seconds); `to_dict()` gives the JSON-ready form that every report
-format and the CLI's `--json` share. Built by `autopar.estimate` (one plan) and `autopar.solve` (the front).
+format and the CLI's `--json` share. `Estimate` (one plan, costmodels.scoring) is built by `autopar.estimate`, the
+front by `autopar.solve`. Formatting for people lives in autopar/report; nothing here formats text.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from costmodels.plan import Plan
+from costmodels import params
+from costmodels.scoring import Estimate
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
-
-GIB = 1024**3
+from costmodels.units import whole_bytes
 
 SCHEMA_VERSION = 1
 """Version of the JSON documents autopar writes (`--json`, `--out x.json`; autopar/schemas/front.schema.json)."""
@@ -31,107 +31,34 @@ def generator() -> dict[str, str]:
     return {"name": "autopar", "version": version}
 
 
-def whole_number(value: float) -> "int | float":
-    """An integral count as an int (JSON '512', not '512.0'); anything else unchanged."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def whole_bytes(value: float) -> "int | float":
-    """Bytes rounded to a whole byte, as an int; non-finite values unchanged (reports turn them into null)."""
-    return int(round(value)) if math.isfinite(value) else value
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    """Memory of one GPU on one pipeline rank, by named term (they sum to total_bytes)."""
-
-    stage: int
-    layers: float
-    """Decoder layers on this rank."""
-    terms_bytes: dict[str, float]
-
-    @property
-    def total_bytes(self) -> float:
-        return sum(self.terms_bytes.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "layers": whole_number(float(self.layers)),
-                "total_bytes": whole_bytes(self.total_bytes),
-                "terms_bytes": {term: whole_bytes(value) for term, value in self.terms_bytes.items()}}
-
-
-def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
-    """A plan with its derived sizes, in DESIGN.md §1 names."""
-    return {"tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "cp": plan.cp, "ep": plan.ep, "etp": plan.etp,
-            "dp": plan.dp(num_gpus), "edp": plan.edp(num_gpus), "mbs": plan.mbs, "sp": plan.sp,
-            "recompute": plan.recompute.label, "recompute_layers": plan.recompute_layers, "zero": plan.zero,
-            "first_stage_layers": plan.first_stage_layers, "last_stage_layers": plan.last_stage_layers}
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The cost model's verdict on one plan: memory per stage, step time by term, throughput, rule violations."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    training: TrainingSpec
-    plan: Plan
-    num_microbatches: float
-    stages: tuple[StageMemory, ...]
-    """Every pipeline rank, in order."""
-    worst_stage: int
-    time_terms_s: dict[str, float]
-    """Named step-time terms; they sum to step_time_s."""
-    tokens_per_s: float
-    model_tflops_per_gpu: float
-    hardware_tflops_per_gpu: float
-    mfu: float
-    violations: tuple[str, ...] = ()
-    """Names of the rules this plan breaks (memory included); empty when feasible."""
-
-    @property
-    def dp(self) -> int:
-        return self.plan.dp(self.cluster.num_gpus)
-
-    @property
-    def peak_memory_bytes(self) -> float:
-        return self.stages[self.worst_stage].total_bytes
-
-    @property
-    def memory_limit_bytes(self) -> float:
-        return self.cluster.memory_limit_bytes
-
-    @property
-    def step_time_s(self) -> float:
-        return sum(self.time_terms_s.values())
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_memory_bytes <= self.memory_limit_bytes
-
-    @property
-    def feasible(self) -> bool:
-        return not self.violations
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "plan": plan_to_dict(self.plan, self.cluster.num_gpus),
-            "num_gpus": self.cluster.num_gpus,
-            "label": self.plan.short(),
-            "num_microbatches": whole_number(float(self.num_microbatches)),
-            "peak_memory_bytes": whole_bytes(self.peak_memory_bytes),
-            "memory_limit_bytes": whole_bytes(self.memory_limit_bytes),
-            "fits": self.fits,
-            "worst_stage": self.worst_stage,
-            "stages": [s.to_dict() for s in self.stages],
-            "step_time_s": self.step_time_s,
-            "time_terms_s": dict(self.time_terms_s),
-            "tokens_per_s": self.tokens_per_s,
-            "model_tflops_per_gpu": self.model_tflops_per_gpu,
-            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
-            "mfu": self.mfu,
-            "violations": list(self.violations),
-        }
+def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> dict[str, Any]:
+    """The inputs-and-assumptions block every document starts with (JSON, reports, the terminal header)."""
+    profile = cluster.profile
+    model_info: dict[str, Any] = {
+        "name": model.name, "source": model.source, "hidden_size": model.hidden_size,
+        "num_layers": model.num_layers, "num_attention_heads": model.num_attention_heads,
+        "num_kv_heads": model.num_kv_heads, "ffn_hidden_size": model.ffn_hidden_size,
+        "vocab_size": model.vocab_size, "total_params": params.total_params(model),
+        "active_params": params.active_params(model),
+    }
+    if model.moe is not None:
+        model_info["moe"] = {"num_experts": model.moe.num_experts, "top_k": model.moe.top_k,
+                             "expert_ffn_hidden_size": model.moe.expert_ffn_hidden_size,
+                             "num_shared_experts": model.moe.num_shared_experts,
+                             "first_dense_layers": model.moe.first_dense_layers}
+    return {
+        "model": model_info,
+        "cluster": {"gpu": profile.name, "gpu_display_name": profile.display_name, "num_gpus": cluster.num_gpus,
+                    "gpus_per_node": cluster.gpus_per_node, "num_nodes": cluster.num_nodes,
+                    "hbm_bytes": whole_bytes(profile.hbm_bytes), "headroom": cluster.headroom,
+                    "memory_limit_bytes": whole_bytes(cluster.memory_limit_bytes), "profile_source": profile.source_path,
+                    "profile_provenance": dict(profile.provenance)},
+        "training": {"seq_len": training.seq_len, "global_batch_size": training.global_batch_size,
+                     "precision": training.precision.value, "flash_attention": training.flash_attention,
+                     "fused_cross_entropy": training.fused_cross_entropy,
+                     "moe_capacity_factor": training.moe_capacity_factor,
+                     "tokens_per_step": training.tokens_per_step},
+    }
 
 
 @dataclass(frozen=True)
@@ -162,8 +89,6 @@ class ParetoFront:
         return self.points[index]
 
     def to_dict(self) -> dict[str, Any]:
-        from autopar.describe import describe_inputs  # inputs/assumptions block shared by all reports
-
         return {
             "schema_version": SCHEMA_VERSION,
             "generator": generator(),

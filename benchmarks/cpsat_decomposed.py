@@ -89,7 +89,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 import autopar
-from autopar.search.rules import RULES_BY_ID, Context
+from costmodels.rules import RULES_BY_ID, Problem
 from autopar.search.space import Controls, SearchSpace, build_space
 from costmodels.comm import dp_cp_group, group_collective_time_s, pp_group, tp_group
 from costmodels.compute import layer_times_s
@@ -273,10 +273,10 @@ def pipeline_slot_table(domains: dict[str, tuple[int, ...]]) -> FactorTable:
 
 
 SEQUENCE_RULES = ("sp_needs_tp", "cp_needs_sp_tp", "cp_seq")
-"""The rules of autopar.search.rules that bind on the per-layer tables' knobs (tp, cp, mbs, sp)."""
+"""The rules of costmodels.rules that bind on the per-layer tables' knobs (tp, cp, mbs, sp)."""
 
 
-def _sequence_rules_hold(grid: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
+def _sequence_rules_hold(grid: dict[str, np.ndarray], ctx: Problem) -> np.ndarray:
     """SEQUENCE_RULES on every point of a grid over (tp, cp, mbs, sp), from autopar's own rule functions."""
     plans = _plans(grid)
     holds = np.logical_and.reduce([RULES_BY_ID[rule].holds(ctx, plans) for rule in SEQUENCE_RULES])
@@ -292,7 +292,7 @@ def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
     knobs = ("tp", "cp", "mbs", "sp")
     grid = _grid(domains, knobs)
     shape = grid["tp"].shape
-    valid = _sequence_rules_hold(grid, Context(model, cluster, training))
+    valid = _sequence_rules_hold(grid, Problem(model, cluster, training))
     plans = _plans(grid)
     profile = cluster.profile
     layer_fwd_s = layer_times_s(model, profile, training, plans).dense_layer_fwd_s
@@ -323,7 +323,7 @@ def activation_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
     knobs = ("tp", "cp", "mbs", "sp")
     grid = _grid(domains, knobs)
     tp, cp, sp = grid["tp"], grid["cp"], grid["sp"]
-    valid = _sequence_rules_hold(grid, Context(model, cluster, training))
+    valid = _sequence_rules_hold(grid, Problem(model, cluster, training))
     tokens = training.seq_len / cp
     sbh = tokens * grid["mbs"] * model.hidden_size
     layer_bytes = np.where(sp == 1, 34.0 / tp, 10.0 + 24.0 / tp) * sbh
@@ -401,7 +401,7 @@ def held_microbatch_table(domains: dict[str, tuple[int, ...]]) -> FactorTable:
 def build_instance(name: str) -> Instance:
     scenario = SCENARIOS[name]
     model = autopar.load_model(scenario.model)
-    cluster = autopar.Cluster(gpu=GPU, num_gpus=scenario.num_gpus)
+    cluster = autopar.make_cluster(gpu=GPU, num_gpus=scenario.num_gpus)
     training = TrainingSpec(seq_len=scenario.seq_len, global_batch_size=scenario.global_batch)
     space = build_space(model, cluster, training, Controls())
     domains = {knob: space.domain(knob) for knob in KNOBS}

@@ -35,7 +35,8 @@ import numpy as np
 
 import autopar
 from autopar.models import load_model, preset_names
-from autopar.results import GIB, Estimate
+from costmodels.scoring import Estimate
+from costmodels.units import GIB
 from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import TrainingSpec
@@ -100,7 +101,7 @@ def compare(case: Case, profile: HardwareProfile | None = None) -> Comparison:
     """The case on the bundled A100-80GB profile, or on `profile`."""
     row, features = case.row, case.features
     model = gpt_preset(int(row["hidden_size"]), int(row["num_layers"]), int(row["attention_heads"]))
-    cluster = autopar.Cluster(gpu="a100-80gb", num_gpus=int(row["num_gpus"]), headroom=HEADROOM)
+    cluster = autopar.make_cluster(gpu="a100-80gb", num_gpus=int(row["num_gpus"]), headroom=HEADROOM)
     if profile is not None:
         cluster = dataclasses.replace(cluster, profile=profile)
     training = TrainingSpec(seq_len=SEQ_LEN, global_batch_size=int(row["global_batch_size"]))

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 import autopar
-from autopar.search.rules import Context, active_rules
+from costmodels.rules import Problem, active_rules
 from autopar.search.space import Controls, build_space
 from costmodels.specs import TrainingSpec
 
@@ -76,12 +76,12 @@ def run_scenario(name: str, oracle_budget: float, cpsat_budget: float, cpsat_max
 
     model_name, gpu, gpus, seq, gbs = SCENARIOS[name]
     model = autopar.load_model(model_name)
-    cluster = autopar.Cluster(gpu=gpu, num_gpus=gpus)
+    cluster = autopar.make_cluster(gpu=gpu, num_gpus=gpus)
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs)
     controls = S0_CONTROLS if name == "S0" else Controls()
     space = build_space(model, cluster, training, controls)
     rules = active_rules()
-    ctx = Context(model, cluster, training)
+    ctx = Problem(model, cluster, training)
 
     start = time.perf_counter()
     oracle = solve_oracle(space, ctx, rules, time_budget_s=oracle_budget)

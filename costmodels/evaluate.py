@@ -47,10 +47,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     peak_bytes, worst_stage, memory_terms = memory.peak_memory(model, cluster, training, plans)
     time_terms = steptime.step_time_terms_s(model, cluster, training, plans)
     step_time_s = sum(time_terms.values())
-    model_flops = steptime.model_flops_per_step(model, training)
-    hardware_flops = steptime.hardware_flops_per_step(model, training, plans)
-    peak_flops = cluster.profile.peak_flops_per_s[training.precision.value]
-    model_flops_per_gpu_s = model_flops / step_time_s / cluster.num_gpus
     return Evaluation(
         plans=plans,
         dp=data_parallel_size(plans, cluster.num_gpus),
@@ -60,8 +56,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         worst_stage=worst_stage,
         time_terms_s=time_terms,
         step_time_s=step_time_s,
-        tokens_per_s=training.tokens_per_step / step_time_s,
-        model_tflops_per_gpu=model_flops_per_gpu_s / 1e12,
-        hardware_tflops_per_gpu=hardware_flops / step_time_s / cluster.num_gpus / 1e12,
-        mfu=model_flops_per_gpu_s / peak_flops,
+        **throughput(model, cluster, training, plans, step_time_s),
     )
+
+
+def throughput(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+               step_time_s: np.ndarray) -> dict[str, np.ndarray]:
+    """tokens_per_s, model_tflops_per_gpu, hardware_tflops_per_gpu and mfu of plans taking `step_time_s`."""
+    model_flops = steptime.model_flops_per_step(model, training)
+    hardware_flops = steptime.hardware_flops_per_step(model, training, plans)
+    peak_flops = cluster.profile.peak_flops_per_s[training.precision.value]
+    model_flops_per_gpu_s = model_flops / step_time_s / cluster.num_gpus
+    return {"tokens_per_s": training.tokens_per_step / step_time_s,
+            "model_tflops_per_gpu": model_flops_per_gpu_s / 1e12,
+            "hardware_tflops_per_gpu": hardware_flops / step_time_s / cluster.num_gpus / 1e12,
+            "mfu": model_flops_per_gpu_s / peak_flops}

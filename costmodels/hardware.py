@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from costmodels.errors import InputError
-
-GIB = 1024**3
+from costmodels.units import GIB
 SCHEMA_VERSION = 1
 LINK_KINDS = ("nvlink", "ib")
 
@@ -61,6 +60,13 @@ class HardwareProfile:
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_flops_per_s
+
+    def require_precision(self, precision: str) -> None:
+        """InputError when the GPU has no peak FLOP/s for `precision` (fp8 on A100), naming the ones it has."""
+        if not self.supports(precision):
+            supported = sorted(self.peak_flops_per_s)
+            raise InputError("precision", f"{self.display_name} has no {precision} support; use --precision "
+                                          f"{supported[0]} (supported: {', '.join(supported)})")
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------

@@ -296,3 +296,41 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         rank_time_s=tuple(float(x) for x in rank_s),
         rank_memory_terms_bytes=tuple({k: float(v[r]) for k, v in memory_terms.items()} for r in range(pp)),
         time_terms_s=terms)
+
+
+# ---- the plan a layout refines -----------------------------------------------------------------------------------
+
+GAP_TERM = "uniform_model_gap"
+"""Time term of a layout plan's estimate: the uniform model's step time of the parent plan minus the per-stage
+model's time of the parent's own layout (costmodels.scoring.estimate of a plan with a layout)."""
+
+
+def parent_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> Plan:
+    """The plan without its layout and with a first/last split the `layers` rule accepts (its own when it does,
+    else the nearest to an even split), so that the uniform model and the rules apply to it."""
+    import dataclasses
+
+    from costmodels.rules import RULES_BY_ID, Problem
+
+    bare = dataclasses.replace(plan, layout=())
+    problem = Problem(model, cluster, training)
+
+    def accepted(candidate: Plan) -> bool:
+        return bool(RULES_BY_ID["layers"].holds(problem, PlanArrays.from_plans([candidate]))[0])
+
+    if accepted(bare):
+        return bare
+    layers, pp = model.num_layers, plan.pp
+    candidates = []
+    for middle in sorted({layers // pp, -(-layers // pp)}):
+        rest = layers - (pp - 2) * middle if pp > 2 else layers
+        for first in range(1, max(middle, rest) + 1):
+            last = rest - first
+            if last >= 1:
+                candidates.append((abs(first - middle) + abs(last - middle), first, last, middle))
+    for _, first, last, middle in sorted(candidates):
+        candidate = dataclasses.replace(bare, first_stage_layers=0 if first == middle and pp > 2 else first,
+                                        last_stage_layers=0 if last == middle and pp > 2 else last)
+        if accepted(candidate):
+            return candidate
+    return bare

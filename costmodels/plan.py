@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -45,31 +45,49 @@ class Recompute(enum.IntEnum):
         return self.name.lower()
 
 
+def knob(default: object, help: str, megatron_flag: str = "", *, metavar: str = "N", default_text: str = "",
+         aliases: tuple[str, ...] = (), column: bool = True) -> object:
+    """A Plan field with what users see of it: the help text of its CLI flag (`--NAME`, underscores as dashes),
+    the Megatron-LM flag it maps to, and the flag's other spellings. `autopar.commands` builds the plan flags from
+    these; JSON, CSV, HTML and explain take the field order. The one list of knobs is `PLAN_FIELDS` below."""
+    return field(default=default, metadata={"help": help, "megatron_flag": megatron_flag, "metavar": metavar,
+                                            "default_text": default_text or str(default), "aliases": aliases,
+                                            "column": column})
+
+
 @dataclass(frozen=True)
 class Plan:
     """One layout. `dp` is derived: num_gpus / (tp·cp·pp); `edp` = num_gpus / (etp·ep·pp)."""
 
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
+    tp: int = knob(1, "tensor-parallel size", "--tensor-model-parallel-size")
+    pp: int = knob(1, "pipeline-parallel size", "--pipeline-model-parallel-size")
+    vpp: int = knob(1, "virtual stages per pipeline rank (interleaved 1F1B)")
     """Virtual stages per pipeline rank (interleaved 1F1B); 1 = plain 1F1B."""
-    cp: int = 1
-    ep: int = 1
-    etp: int = 0
+    cp: int = knob(1, "context-parallel size", "--context-parallel-size")
+    ep: int = knob(1, "expert-parallel size, MoE only", "--expert-model-parallel-size")
+    etp: int = knob(0, "tensor-parallel size inside experts", "--expert-tensor-parallel-size", default_text="tp")
     """Tensor parallelism inside expert layers; 0 means 'same as tp' (Megatron's default)."""
-    mbs: int = 1
-    sp: bool = False
-    recompute: Recompute = Recompute.NONE
-    recompute_layers: int = 0
+    mbs: int = knob(1, "micro-batch size in sequences", aliases=("--micro-batch-size",))
+    sp: bool = knob(False, "sequence parallelism on the TP group", "--sequence-parallel",
+                    default_text="on when tp > 1")
+    recompute: Recompute = knob(Recompute.NONE, "activation recomputation", metavar="{none,selective,full}",
+                                default_text="none")
+    recompute_layers: int = knob(0, "with --recompute full: layers per stage recomputed", "--recompute-num-layers",
+                                 default_text="0 = all")
     """With full recompute: layers per pipeline stage (per virtual chunk) recomputed, Megatron's block method
     (--recompute-num-layers); 0 = all of them."""
-    zero: int = 0
+    zero: int = knob(0, "sharding over DP: 1 = Megatron distributed optimizer, 2 + gradients, 3 + parameters",
+                     metavar="{0,1,2,3}")
     """0 none, 1 optimizer states (= Megatron distributed optimizer), 2 + gradients, 3 + parameters (ZeRO/FSDP)."""
-    first_stage_layers: int = 0
+    first_stage_layers: int = knob(0, "decoder layers on the first pipeline stage",
+                                   "--decoder-first-pipeline-num-layers", default_text="even split")
     """Decoder layers on the first pipeline rank; 0 = even split (Megatron --decoder-first-pipeline-num-layers)."""
-    last_stage_layers: int = 0
+    last_stage_layers: int = knob(0, "decoder layers on the last pipeline stage",
+                                  "--decoder-last-pipeline-num-layers", default_text="even split")
     """Decoder layers on the last pipeline rank; 0 = even split (--decoder-last-pipeline-num-layers)."""
-    layout: tuple[int, ...] = field(default=(), metadata={"column": False})
+    layout: tuple[int, ...] = knob((), "decoder layers of each virtual pipeline stage in model order, e.g. 9,8,8,7",
+                                   "--pipeline-model-parallel-layout", metavar="N,N,...",
+                                   default_text="the first/last split", column=False)
     """Decoder layers of every virtual pipeline stage in model order (stage i on rank i % pp, chunk i // pp;
     embedding on the first, loss and MTP on the last: costmodels.layout); () = the split above. Not a search column:
     `autopar solve --layouts` chooses it per structure (autopar.search.layouts)."""
@@ -86,7 +104,13 @@ class Plan:
         object.__setattr__(self, "sp", bool(self.sp))
         require(self.zero in (0, 1, 2, 3) and not isinstance(self.zero, bool), "zero",
                 f"must be 0, 1, 2 or 3, got {self.zero!r}")
-        layout = tuple(self.layout)
+        layout = self.layout
+        if isinstance(layout, str):          # "9,8,8,7" or "9|8|8|7" (the CLI flag)
+            parts = [part.strip() for part in layout.replace("|", ",").split(",") if part.strip()]
+            require(all(part.isdigit() for part in parts), "layout",
+                    f"give whole numbers of decoder layers per virtual stage, e.g. 9,8,8,7; got {layout!r}")
+            layout = tuple(int(part) for part in parts)
+        layout = tuple(layout)
         require(all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in layout),
                 "layout", f"must list whole numbers of decoder layers per virtual stage, got {self.layout!r}")
         object.__setattr__(self, "layout", tuple(int(x) for x in layout))
@@ -129,7 +153,22 @@ class Plan:
 
 
 PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan) if f.metadata.get("column", True))
-"""The knobs every plan has as one integer each (PlanArrays columns); `layout` is not one."""
+"""The knobs of a plan, in DESIGN.md §1 order: the one list every flag set, table, document and solver reads.
+`layout` is not among them: it is no single integer and no search column (autopar solve --layouts sets it)."""
+
+
+def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
+    """A plan with its derived sizes (dp, edp after etp), in DESIGN.md §1 names; recompute by its label; the
+    layout (decoder layers per virtual stage) when it has one."""
+    out: dict[str, Any] = {}
+    for name in PLAN_FIELDS:
+        value = getattr(plan, name)
+        out[name] = value.label if isinstance(value, Recompute) else value
+        if name == "etp":
+            out["dp"], out["edp"] = plan.dp(num_gpus), plan.edp(num_gpus)
+    if plan.layout:
+        out["layout"] = list(plan.layout)
+    return out
 
 
 @dataclass(frozen=True)
@@ -206,7 +245,7 @@ def as_plan_arrays(plans: "Plan | PlanArrays | Iterable[Plan]") -> PlanArrays:
 def layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
     """Decoder layers on each pipeline rank that is neither an explicit first nor an explicit last stage.
 
-    Float: the `layers` rule (autopar.search.rules) rejects plans where it is not a whole number.
+    Float: the `layers` rule (costmodels.rules) rejects plans where it is not a whole number.
     """
     return per_structure(plans, ("layers_per_middle_stage", num_layers),
                          lambda p: _layers_per_middle_stage(num_layers, p))

@@ -297,9 +297,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     there (a solver summing one group of terms; each term's value is the same as in the full call)."""
     plans = as_plan_arrays(plans)
     profile = cluster.profile
-    if not profile.supports(training.precision.value):
-        from costmodels.errors import InputError
-        raise InputError("precision", f"{profile.name} does not support {training.precision.value}; use bf16")
+    profile.require_precision(training.precision.value)
     names = [name for name in TERM_NAMES if only is None or name in only]
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     stages = candidate_stages(plans)

@@ -16,13 +16,12 @@ memory.candidate_worst_stages), which the index knows by identity. Any other ran
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:   # costmodels.plan uses this module; import it lazily
-    from costmodels.plan import PlanArrays
+# costmodels.plan imports this module: `PlanArrays` below is only a name in annotations (no import back)
 
 STRUCTURE_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "first_stage_layers",
                                      "last_stage_layers")
@@ -46,11 +45,7 @@ class StructureIndex:
 
 def link(plans: "PlanArrays", base: "PlanArrays", index: np.ndarray, cache: dict | None = None) -> "PlanArrays":
     """`plans` carrying the structure index (the base holds the structure knobs; its other knobs are unused)."""
-    from costmodels.plan import PLAN_FIELDS, PlanArrays
-
-    columns = {name: getattr(plans, name) for name in PLAN_FIELDS}
-    return PlanArrays(**columns, structure=StructureIndex(base=base, index=index,
-                                                          cache=cache if cache is not None else {}))
+    return replace(plans, structure=StructureIndex(base=base, index=index, cache=cache if cache is not None else {}))
 
 
 def _gather(value: Any, index: np.ndarray) -> Any:
@@ -169,9 +164,8 @@ def _first_and_inverse(code: np.ndarray, bound: int) -> tuple[np.ndarray, np.nda
 def per_knobs(plans: "PlanArrays", knobs: tuple[str, ...], fn: Callable[["PlanArrays"], Any]) -> Any:
     """fn(plans) for a function that reads only `knobs` of each plan, evaluated once per distinct combination of
     their values and copied to the plans that share it (when `plans` carries a StructureIndex; else directly)."""
-    from costmodels.plan import PLAN_FIELDS
-
-    if getattr(plans, "structure", None) is None or len(plans) == 0 or set(PLAN_FIELDS) <= set(knobs):
+    columns = {f.name for f in fields(plans)} - {"structure"}
+    if getattr(plans, "structure", None) is None or len(plans) == 0 or columns <= set(knobs):
         return fn(plans)
     known = plans.structure.roles
     if ("codes", knobs) not in known:

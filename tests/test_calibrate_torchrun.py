@@ -39,7 +39,7 @@ def free_port() -> int:
 def torchrun_command(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "-m", "autopar.calibrate", "--out", str(out), "--allow-cpu", *TINY, *extra]  # gloo on this CPU
+            "-m", "autopar", "calibrate", "--out", str(out), "--allow-cpu", *TINY, *extra]  # gloo on this CPU
 
 
 def environment() -> dict[str, str]:

@@ -222,7 +222,7 @@ def test_python_dash_m_autopar_and_version() -> None:
     assert result.returncode == 0 and result.stdout.startswith("autopar ")
 
 
-# ---- stdout holds one document (autopar.report.options.OUTPUT_RULE) ---------------------------------------------
+# ---- stdout holds one document (autopar.commands.output_flags.OUTPUT_RULE) ---------------------------------------------
 
 def test_emit_puts_only_the_launch_config_on_stdout(tmp_path: Path) -> None:
     result = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--zero", "1", "--emit", "deepspeed",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import autopar
 from autopar.search.cpsat import build_pareto_model, walk_front
 from autopar.search.oracle import solve_oracle
-from autopar.search.rules import Context, active_rules
+from costmodels.rules import Problem, active_rules
 from autopar.search.space import Controls, build_space
 from costmodels.specs import ModelSpec, MoESpec, TrainingSpec
 
@@ -37,7 +37,7 @@ def instances(draw):
                       num_kv_heads=kv, ffn_hidden_size=draw(st.sampled_from([2 * hidden, 4 * hidden])),
                       vocab_size=draw(st.sampled_from([1000, 32000])), moe=moe)
     gpus = draw(st.sampled_from([1, 2, 4, 8]))
-    cluster = autopar.Cluster(gpu=draw(st.sampled_from(["a100-40gb", "a100-80gb", "h100"])), num_gpus=gpus,
+    cluster = autopar.make_cluster(gpu=draw(st.sampled_from(["a100-40gb", "a100-80gb", "h100"])), num_gpus=gpus,
                               headroom=draw(st.sampled_from([0.2, 0.9, 0.97])))
     training = TrainingSpec(seq_len=draw(st.sampled_from([256, 512, 1024])),
                             global_batch_size=draw(st.sampled_from([1, 2, 4, 8, 16])))
@@ -57,7 +57,7 @@ def instances(draw):
 def fronts(model, cluster, training, controls):
     space = build_space(model, cluster, training, controls)
     rules = active_rules(controls.relax)
-    ctx = Context(model, cluster, training)
+    ctx = Problem(model, cluster, training)
     oracle = solve_oracle(space, ctx, rules)
     cpsat = walk_front(build_pareto_model(space, ctx, rules))
     return oracle, cpsat
@@ -82,7 +82,7 @@ def test_toy_dense_front_matches_and_is_deterministic():
     # 4 layers, 4 heads on 4 GPUs: small enough to check by both solvers twice; identical output both times
     model = ModelSpec(name="toy", hidden_size=512, num_layers=4, num_attention_heads=4, ffn_hidden_size=2048,
                       vocab_size=1000)
-    cluster = autopar.Cluster(gpu="a100-80gb", num_gpus=4)
+    cluster = autopar.make_cluster(gpu="a100-80gb", num_gpus=4)
     training = TrainingSpec(seq_len=512, global_batch_size=8)
     controls = Controls(maximum={"mbs": 2, "vpp": 2, "cp": 1}, fix={"zero": 1})
     oracle, cpsat = fronts(model, cluster, training, controls)
@@ -95,10 +95,10 @@ def test_toy_dense_front_matches_and_is_deterministic():
 def test_cpsat_time_limit_returns_partial_front_marked_unproven():
     model = ModelSpec(name="toy", hidden_size=512, num_layers=4, num_attention_heads=4, ffn_hidden_size=2048,
                       vocab_size=1000)
-    cluster = autopar.Cluster(gpu="a100-80gb", num_gpus=4)
+    cluster = autopar.make_cluster(gpu="a100-80gb", num_gpus=4)
     training = TrainingSpec(seq_len=512, global_batch_size=8)
     space = build_space(model, cluster, training, Controls(maximum={"mbs": 2, "vpp": 2}))
-    ctx, rules = Context(model, cluster, training), active_rules()
+    ctx, rules = Problem(model, cluster, training), active_rules()
     full = walk_front(build_pareto_model(space, ctx, rules))
     cut = walk_front(build_pareto_model(space, ctx, rules), time_limit_s=1e-3)
     assert full.proven_optimal and not cut.proven_optimal
@@ -108,7 +108,7 @@ def test_cpsat_time_limit_returns_partial_front_marked_unproven():
 def test_solve_api_with_cpsat_matches_oracle():
     model = ModelSpec(name="toy", hidden_size=512, num_layers=4, num_attention_heads=4, ffn_hidden_size=2048,
                       vocab_size=1000)
-    cluster = autopar.Cluster(gpu="a100-80gb", num_gpus=4)
+    cluster = autopar.make_cluster(gpu="a100-80gb", num_gpus=4)
     training = TrainingSpec(seq_len=512, global_batch_size=8)
     options = {"fix": {"zero": 1}, "bounds": {"mbs": (None, 2), "vpp": (None, 2)}}
     by_cpsat = autopar.solve(model, cluster, training, solver="cpsat", **options)

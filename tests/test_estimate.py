@@ -1,4 +1,4 @@
-"""`autopar.estimate`: per-stage breakdown, rule checks, the guide's remedies, and `autopar estimate` end to end.
+"""`autopar.estimate` (costmodels.scoring) and `autopar.remedies`: per-stage breakdown, rule checks, the guide's remedies, and `autopar estimate` end to end.
 
 Rule cases are hand-derived on a toy model (arithmetic in the comments); estimate and remedy cases check the
 structure the reports rely on (every stage's total is the sum of its terms, the worst stage is the one
@@ -15,13 +15,13 @@ import sys
 
 import pytest
 
-from autopar.api import Cluster
-from autopar.estimate import (REMEDY_STEPS, estimate, remedies, require_buildable,
-                              require_precision_supported, rule_violations)
+from autopar.api import make_cluster
 from autopar.models import load_model
+from autopar.remedies import REMEDY_STEPS, remedies
 from costmodels.errors import InputError
 from costmodels.evaluate import evaluate
 from costmodels.plan import Plan, Recompute
+from costmodels.scoring import estimate, require_buildable, require_precision_supported, rule_violations
 from costmodels.specs import ModelSpec, TrainingSpec
 
 GIB = 1024**3
@@ -34,7 +34,7 @@ TRAIN = TrainingSpec(seq_len=4096, global_batch_size=1024)
 
 
 def cluster16(**kwargs) -> "object":
-    return Cluster(gpu="h100", num_gpus=16, **kwargs)  # 2 nodes of 8
+    return make_cluster(gpu="h100", num_gpus=16, **kwargs)  # 2 nodes of 8
 
 
 # ---- rules, hand-derived ---------------------------------------------------------------------------------------
@@ -77,9 +77,9 @@ def test_build_rules_raise_input_error_naming_the_input(plan: Plan, field: str) 
 
 
 def test_fp8_needs_a_gpu_with_fp8() -> None:
-    require_precision_supported(Cluster(gpu="h100"), TrainingSpec(precision="fp8"))
+    require_precision_supported(make_cluster(gpu="h100"), TrainingSpec(precision="fp8"))
     with pytest.raises(InputError, match="fp8"):
-        require_precision_supported(Cluster(gpu="a100"), TrainingSpec(precision="fp8"))
+        require_precision_supported(make_cluster(gpu="a100"), TrainingSpec(precision="fp8"))
 
 
 # ---- the estimate ----------------------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ LLAMA_70B = load_model("llama-3.1-70b")
                                   Plan(tp=8, pp=4, sp=True, first_stage_layers=18, last_stage_layers=18,
                                        recompute=Recompute.FULL)])
 def test_stage_breakdown_matches_evaluate(plan: Plan) -> None:
-    cluster = Cluster(gpu="h100", num_gpus=64)
+    cluster = make_cluster(gpu="h100", num_gpus=64)
     training = TrainingSpec(seq_len=8192, global_batch_size=512)
     result = estimate(LLAMA_70B, cluster, training, plan)
     evaluation = evaluate(LLAMA_70B, cluster, training, plan)
@@ -136,7 +136,7 @@ def assert_guide_order_and_falling_memory(start_peak: float, fixes) -> None:
 
 
 def test_remedies_for_70b_on_one_plan_per_gpu_group() -> None:
-    cluster = Cluster(gpu="h100", num_gpus=64)
+    cluster = make_cluster(gpu="h100", num_gpus=64)
     plan = Plan(tp=1, pp=1, mbs=2)
     start = estimate(LLAMA_70B, cluster, TRAIN, plan)
     assert not start.fits
@@ -152,7 +152,7 @@ def test_remedies_for_70b_on_one_plan_per_gpu_group() -> None:
 
 
 def test_remedies_skip_steps_that_break_rules_and_say_which() -> None:
-    cluster = Cluster(gpu="h100", num_gpus=16)  # 70B on 2 nodes: needs more than 16 × 64 GiB with 18 bytes/param
+    cluster = make_cluster(gpu="h100", num_gpus=16)  # 70B on 2 nodes: needs more than 16 × 64 GiB with 18 bytes/param
     plan = Plan(tp=8, pp=1, sp=True, zero=1, recompute=Recompute.FULL)
     fixes = remedies(LLAMA_70B, cluster, TRAIN, plan)
     by_name = {fix.name: fix for fix in fixes}
@@ -171,7 +171,7 @@ def test_remedies_raise_ep_for_moe_when_tp_and_pp_are_blocked() -> None:
     """Mixtral on 16 A100-80GB, tp 8 (a full node), pp 2, experts unsharded (etp 1, ep 1): TP cannot grow past the
     node (tp 16: world with pp 2 needs 32 GPUs), PP cannot grow (8·4 = 32 > 16 GPUs); EP can (1·ep·2 | 16)."""
     mixtral = load_model("mixtral-8x7b")
-    cluster = Cluster(gpu="a100-80gb", num_gpus=16)
+    cluster = make_cluster(gpu="a100-80gb", num_gpus=16)
     plan = Plan(tp=8, etp=1, pp=2, sp=True, zero=1, recompute=Recompute.FULL, mbs=2)
     start = estimate(mixtral, cluster, TRAIN, plan)
     fixes = remedies(mixtral, cluster, TRAIN, plan)
@@ -184,7 +184,7 @@ def test_remedies_raise_ep_for_moe_when_tp_and_pp_are_blocked() -> None:
 
 
 def test_no_remedies_when_it_fits() -> None:
-    cluster = Cluster(gpu="h100", num_gpus=64)
+    cluster = make_cluster(gpu="h100", num_gpus=64)
     plan = Plan(tp=8, pp=4, sp=True, zero=1, recompute=Recompute.FULL)
     assert estimate(LLAMA_70B, cluster, TRAIN, plan).fits
     assert remedies(LLAMA_70B, cluster, TRAIN, plan) == ()
@@ -255,7 +255,7 @@ CP_WITHOUT_SP = ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 
 def test_remedies_do_not_call_a_rule_breaking_plan_a_fit() -> None:
     # tp8 pp4 cp2 without SP breaks the guide's cp_needs_sp_tp; the memory remedies tolerate it but do not repair it
     model = load_model("llama-3.1-70b")
-    cluster = Cluster(gpu="h100", num_gpus=64)
+    cluster = make_cluster(gpu="h100", num_gpus=64)
     training = TrainingSpec(seq_len=8192, global_batch_size=1024)
     plan = Plan(tp=8, pp=4, cp=2, mbs=1, sp=False)
     assert not estimate(model, cluster, training, plan).fits

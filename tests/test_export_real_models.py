@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
-from autopar.api import Cluster, Training
-from autopar.estimate import estimate
+from autopar.api import Training, make_cluster
+from costmodels.scoring import estimate
 from autopar.export import FRAMEWORKS, emit
 from autopar.megatron_args import parse_megatron_args
 from autopar.models import load_model
@@ -33,7 +33,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def estimates():
-    return [estimate(load_model(name), Cluster(num_gpus=gpus), training, plan)
+    return [estimate(load_model(name), make_cluster(num_gpus=gpus), training, plan)
             for name, gpus, training, plan in CASES]
 
 

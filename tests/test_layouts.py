@@ -77,7 +77,7 @@ def test_compositions_are_all_and_only_the_compositions():
 
 def test_vectorised_objectives_equal_price_layout():
     model = autopar.load_model("deepseek-v2-lite")
-    cluster = autopar.Cluster(gpu="h100", num_gpus=64)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
     tables = layout_tables(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256),
                            Plan(tp=2, pp=4, vpp=1, ep=8, mbs=1, zero=1, first_stage_layers=6))
     rows = np.array([uniform_layout(model, tables.plan), (7, 7, 7, 6), (9, 9, 8, 1)])
@@ -95,7 +95,7 @@ def test_vectorised_objectives_equal_price_layout():
 def test_uniform_layout_priced_like_the_uniform_model(name, gpus, plan):
     """Equal stages: the layout formula is the uniform model's (m + (p-1)/v)·T; memory per rank the same terms."""
     model = autopar.load_model(name)
-    cluster = autopar.Cluster(gpu="h100", num_gpus=gpus)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus)
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
     tables = layout_tables(model, cluster, training, plan)
     cost = price_layout(tables, uniform_layout(model, plan))
@@ -112,7 +112,7 @@ def test_uniform_layout_priced_like_the_uniform_model(name, gpus, plan):
 
 def test_piling_a_rank_into_one_chunk_loses_the_interleaving_gain():
     model = autopar.load_model("llama-3.1-8b")
-    cluster = autopar.Cluster(gpu="h100", num_gpus=32)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
     plan = Plan(tp=2, pp=4, vpp=2, mbs=1, zero=1)
     tables = layout_tables(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256), plan)
     even = price_layout(tables, uniform_layout(model, plan))

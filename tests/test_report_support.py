@@ -7,7 +7,8 @@ monotone ways (more TP → fewer weight bytes per GPU) so the fronts look plausi
 
 from __future__ import annotations
 
-from autopar.results import Estimate, ParetoFront, StageMemory
+from autopar.results import ParetoFront
+from costmodels.scoring import Estimate, StageMemory
 from costmodels.hardware import load_profile
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import ClusterSpec, ModelSpec, MoESpec, TrainingSpec

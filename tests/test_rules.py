@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import autopar
-from autopar.search.rules import (
+from costmodels.rules import (
     RULES,
     RULES_BY_ID,
-    Context,
+    Problem,
     active_rules,
     check_plan,
     violated_rules,
@@ -22,12 +22,12 @@ DENSE = ModelSpec(name="dense", hidden_size=1024, num_layers=12, num_attention_h
                   ffn_hidden_size=4096, vocab_size=32000)
 MOE = ModelSpec(name="moe", hidden_size=1024, num_layers=12, num_attention_heads=16, ffn_hidden_size=4096,
                 vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=512))
-CLUSTER = autopar.Cluster(gpu="h100", num_gpus=64)
+CLUSTER = autopar.make_cluster(gpu="h100", num_gpus=64)
 TRAIN = TrainingSpec(seq_len=4096, global_batch_size=128)
 
 
 def broken(plan: Plan, model: ModelSpec = DENSE, cluster=CLUSTER, training=TRAIN, relax=()) -> tuple[str, ...]:
-    ctx = Context(model, cluster, training)
+    ctx = Problem(model, cluster, training)
     return violated_rules(ctx, PlanArrays.from_plans([plan]), active_rules(relax))[0]
 
 
@@ -74,7 +74,7 @@ def test_uneven_stages():
 
 
 def test_tp_node_and_relaxing_it():
-    cluster = autopar.Cluster(gpu="h100", num_gpus=64)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
     wide = ModelSpec(name="wide", hidden_size=2048, num_layers=4, num_attention_heads=16, ffn_hidden_size=8192,
                      vocab_size=1000)
     assert "tp_node" in broken(Plan(tp=16), wide, cluster)          # 16 > 8 GPUs per node
@@ -86,7 +86,7 @@ def test_end_stages_that_count_the_embedding_or_loss_interleave():
     # ends of 7 layers interleave with vpp 2, 4 or 8; an end of 6 does not, nor a slot end beside an explicit other
     deep = ModelSpec(name="deep", hidden_size=1024, num_layers=126, num_attention_heads=16, ffn_hidden_size=4096,
                      vocab_size=32000)
-    cluster = autopar.Cluster(gpu="h100", num_gpus=128)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=128)
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
     for vpp in (2, 4, 8):
         assert "layers" not in broken(Plan(pp=16, vpp=vpp, first_stage_layers=7, last_stage_layers=7), deep,
@@ -98,7 +98,7 @@ def test_end_stages_that_count_the_embedding_or_loss_interleave():
                     vocab_size=32000)                                # pp 4: 8 + 8 in the middle, 7 + 6 at the ends
     mixed = Plan(pp=4, vpp=2, first_stage_layers=7, last_stage_layers=6)
     assert "layers" in broken(mixed, toy, cluster, training)
-    assert "cannot be combined" in RULES_BY_ID["layers"].why_broken(Context(toy, cluster, training), mixed)
+    assert "cannot be combined" in RULES_BY_ID["layers"].why_broken(Problem(toy, cluster, training), mixed)
 
 
 def test_experts_rule():
@@ -109,14 +109,14 @@ def test_experts_rule():
 
 def test_expert_tp_messages_name_etp():
     # etp alone breaks the rule: the message names etp and its fix, not the rule's generic reason
-    ctx = Context(DENSE, CLUSTER, TRAIN)
+    ctx = Problem(DENSE, CLUSTER, TRAIN)
     dense_etp = Plan(tp=2, sp=True, etp=4)
     assert "experts" in broken(dense_etp)
     assert RULES_BY_ID["experts"].why_broken(ctx, dense_etp) == \
         "etp=4 must equal tp=2: dense is dense (no expert layers); drop --etp"
     wide_etp = Plan(tp=2, sp=True, ep=2, etp=16)
     assert "tp_node" in broken(wide_etp, MOE)
-    assert RULES_BY_ID["tp_node"].why_broken(Context(MOE, CLUSTER, TRAIN), wide_etp).startswith(
+    assert RULES_BY_ID["tp_node"].why_broken(Problem(MOE, CLUSTER, TRAIN), wide_etp).startswith(
         "etp=16 must divide gpus_per_node=8")
 
 
@@ -130,14 +130,14 @@ def test_unknown_or_required_rule_cannot_be_relaxed():
 
 def test_check_plan_names_memory():
     big = autopar.load_model("llama-3.1-70b")
-    one = autopar.Cluster(gpu="a100-80gb", num_gpus=8)
+    one = autopar.make_cluster(gpu="a100-80gb", num_gpus=8)
     # 70B on one 8-GPU node at tp 8: weights + grads + Adam alone are 70e9 × 18 / 8 ≈ 147 GiB per GPU > 64 GiB
     assert check_plan(big, one, TRAIN, Plan(tp=8, sp=True)) == ("memory",)
-    assert check_plan(big, autopar.Cluster(gpu="a100-80gb", num_gpus=64), TRAIN,
+    assert check_plan(big, autopar.make_cluster(gpu="a100-80gb", num_gpus=64), TRAIN,
                       Plan(tp=8, pp=8, sp=True, zero=1, recompute=Recompute.FULL)) == ()
 
 
 def test_rules_are_vectorised():
     plans = PlanArrays.from_plans([Plan(), Plan(tp=3), Plan(sp=True)])
-    mask = RULES_BY_ID["world"].holds(Context(DENSE, CLUSTER, TRAIN), plans)
+    mask = RULES_BY_ID["world"].holds(Problem(DENSE, CLUSTER, TRAIN), plans)
     assert mask.dtype == np.bool_ and list(mask) == [True, False, True]

@@ -15,7 +15,7 @@ import autopar
 from autopar.search.explain import explain_plan
 from autopar.search.oracle import solve_oracle
 from autopar.search.pareto import dominates, front_indices
-from autopar.search.rules import Context, active_rules, structural_mask
+from costmodels.rules import Problem, active_rules, structural_mask
 from autopar.search.space import Controls, build_space, layer_splits, parse_assignments
 from costmodels.errors import InputError
 from costmodels.evaluate import evaluate
@@ -40,14 +40,14 @@ def test_uneven_splits_for_published_depths():
 
 def test_space_has_uneven_stages_for_deepseek_v3():
     model = autopar.load_model("deepseek-v3")
-    space = build_space(model, autopar.Cluster(gpu="h100", num_gpus=2048), TrainingSpec(seq_len=4096,
+    space = build_space(model, autopar.make_cluster(gpu="h100", num_gpus=2048), TrainingSpec(seq_len=4096,
                                                                                       global_batch_size=4096))
     assert {(16, 1, 0), (16, 2, 3)} <= set(space.splits)
     assert space.domain("ep") == (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def test_pins_bounds_and_bad_controls():
-    cluster, training = autopar.Cluster(gpu="h100", num_gpus=8), TrainingSpec(seq_len=1024, global_batch_size=8)
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=8), TrainingSpec(seq_len=1024, global_batch_size=8)
     space = build_space(TOY, cluster, training, Controls(fix={"tp": 3}, maximum={"mbs": 2}))
     assert space.domain("tp") == (3,)                 # a pin is kept even when no rule allows it
     assert space.domain("mbs") == (1, 2)
@@ -76,10 +76,10 @@ def test_front_indices_keeps_non_dominated_with_tie_break():
 
 def test_oracle_front_against_brute_force_on_a_toy():
     # every candidate of a 4-GPU toy space evaluated directly: the oracle's front is exactly the non-dominated set
-    cluster, training = autopar.Cluster(gpu="a100-80gb", num_gpus=4), TrainingSpec(seq_len=512, global_batch_size=8)
+    cluster, training = autopar.make_cluster(gpu="a100-80gb", num_gpus=4), TrainingSpec(seq_len=512, global_batch_size=8)
     controls = Controls(maximum={"mbs": 2, "vpp": 2})
     space = build_space(TOY, cluster, training, controls)
-    ctx, rules = Context(TOY, cluster, training), active_rules()
+    ctx, rules = Problem(TOY, cluster, training), active_rules()
     result = solve_oracle(space, ctx, rules)
     from autopar.search import objective
     from autopar.search.oracle import structures
@@ -105,7 +105,7 @@ def test_oracle_front_against_brute_force_on_a_toy():
 def test_integer_objectives_track_the_float_model():
     # time units are µs/2^16 after per-group rounding: within a few µs of evaluate(); memory rounds up to MiB
     model = autopar.load_model("llama-3.1-8b")
-    cluster, training = autopar.Cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
     from autopar.search import objective
     plans = PlanArrays.from_plans([Plan(tp=2, pp=2, vpp=2, sp=True, mbs=1, zero=1),
                                    Plan(tp=8, pp=4, sp=True, recompute=Recompute.FULL, first_stage_layers=7,
@@ -123,7 +123,7 @@ def test_integer_objectives_track_the_float_model():
 @pytest.fixture(scope="module")
 def llama8b_front():
     model = autopar.load_model("llama-3.1-8b")
-    return autopar.solve(model, autopar.Cluster(gpu="h100", num_gpus=32),
+    return autopar.solve(model, autopar.make_cluster(gpu="h100", num_gpus=32),
                          autopar.Training(seq_len=8192, global_batch_size=256))
 
 
@@ -143,7 +143,7 @@ def test_solve_front_is_feasible_sorted_and_rescored(llama8b_front):
 
 def test_solve_is_deterministic_and_thread_safe():
     model = autopar.load_model("llama-3.1-8b")
-    cluster, training = autopar.Cluster(gpu="h100", num_gpus=16), TrainingSpec(seq_len=4096, global_batch_size=64)
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=16), TrainingSpec(seq_len=4096, global_batch_size=64)
     results = [None, None]
 
     def work(i):
@@ -159,7 +159,7 @@ def test_solve_is_deterministic_and_thread_safe():
 
 def test_pins_and_relax_reach_the_search():
     model = autopar.load_model("llama-3.1-8b")
-    cluster, training = autopar.Cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
     front = autopar.solve(model, cluster, training, fix={"tp": 4, "recompute": "selective"}, bounds={"pp": (None, 2)})
     assert all(p.plan.tp == 4 and p.plan.recompute == Recompute.SELECTIVE and p.plan.pp <= 2 for p in front)
     relaxed = autopar.solve(model, cluster, training, fix={"cp": 2, "tp": 1}, relax=["cp_needs_sp_tp"])
@@ -170,7 +170,7 @@ def test_pins_and_relax_reach_the_search():
 
 def test_time_limit_marks_front_unproven():
     model = autopar.load_model("llama-3.1-70b")
-    front = autopar.solve(model, autopar.Cluster(gpu="h100", num_gpus=256),
+    front = autopar.solve(model, autopar.make_cluster(gpu="h100", num_gpus=256),
                           TrainingSpec(seq_len=8192, global_batch_size=1024), time_limit_s=0.05)
     assert not front.proven_optimal
     assert any("not proven" in note for note in front.notes)
@@ -181,7 +181,7 @@ def test_time_limit_marks_front_unproven():
 def test_405b_on_eight_a100_40gb_is_infeasible_with_memory_shortfall():
     model = autopar.load_model("llama-3.1-405b")
     with pytest.raises(autopar.Infeasible) as info:
-        autopar.solve(model, autopar.Cluster(gpu="a100-40gb", num_gpus=8), TrainingSpec(seq_len=8192,
+        autopar.solve(model, autopar.make_cluster(gpu="a100-40gb", num_gpus=8), TrainingSpec(seq_len=8192,
                                                                                       global_batch_size=256))
     assert "memory" in info.value.rules
     assert any("over the limit" in line and "GiB" in line for line in info.value.details)
@@ -190,7 +190,7 @@ def test_405b_on_eight_a100_40gb_is_infeasible_with_memory_shortfall():
 def test_conflicting_pins_name_the_rules():
     model = autopar.load_model("llama-3.1-8b")
     with pytest.raises(autopar.Infeasible) as info:
-        autopar.solve(model, autopar.Cluster(gpu="h100", num_gpus=8), TrainingSpec(seq_len=8192,
+        autopar.solve(model, autopar.make_cluster(gpu="h100", num_gpus=8), TrainingSpec(seq_len=8192,
                                                                                   global_batch_size=256),
                       fix={"tp": 3})
     assert set(info.value.rules) == {"world", "fix tp=3"}      # 8 % 3 != 0: minimal, so heads is not listed
@@ -200,7 +200,7 @@ def test_conflicting_pins_name_the_rules():
 def test_single_and_prime_gpu_counts(gpus):
     model = ModelSpec(name="small", hidden_size=1024, num_layers=13, num_attention_heads=16,
                       ffn_hidden_size=4096, vocab_size=32000)        # a prime number of layers too
-    front = autopar.solve(model, autopar.Cluster(gpu="h100", num_gpus=gpus, gpus_per_node=gpus if gpus > 8 else 0),
+    front = autopar.solve(model, autopar.make_cluster(gpu="h100", num_gpus=gpus, gpus_per_node=gpus if gpus > 8 else 0),
                           TrainingSpec(seq_len=2048, global_batch_size=gpus * 4))
     assert len(front) >= 1
     for point in front:       # a prime count: dp = N or pp = N (tp only divides 16 heads)
@@ -209,7 +209,7 @@ def test_single_and_prime_gpu_counts(gpus):
 
 def test_131072_gpus_answers():
     model = autopar.load_model("llama-3.1-405b")
-    front = autopar.solve(model, autopar.Cluster(gpu="h100", num_gpus=131072),
+    front = autopar.solve(model, autopar.make_cluster(gpu="h100", num_gpus=131072),
                           TrainingSpec(seq_len=8192, global_batch_size=16384), bounds={"mbs": (None, 2)})
     assert len(front) >= 1 and front[0].dp * front[0].plan.tp * front[0].plan.cp * front[0].plan.pp == 131072
 
@@ -218,7 +218,7 @@ def test_131072_gpus_answers():
 
 def test_explain_dominated_plan_names_terms(llama8b_front):
     model = autopar.load_model("llama-3.1-8b")
-    cluster, training = autopar.Cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
     slow = Plan(tp=8, pp=4, sp=True, recompute=Recompute.FULL)
     explanation = explain_plan(model, cluster, training, slow, llama8b_front)
     assert explanation.verdict == "dominated"
@@ -237,7 +237,7 @@ def test_explain_says_when_the_plan_leaves_the_users_controls(llama8b_front):
     from autopar.search.solve import controls_from
 
     model = autopar.load_model("llama-3.1-8b")
-    cluster, training = autopar.Cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=32), TrainingSpec(seq_len=8192, global_batch_size=256)
     controls = controls_from({"sp": False, "recompute": "full"}, {"pp": (2, 4)})
     plan = Plan(tp=8, pp=8, sp=True, recompute=Recompute.FULL)
     assert outside_controls(plan, controls) == ("fix sp=false", "max pp=4")   # labels show the user's control
@@ -321,7 +321,7 @@ def test_memory_conflict_is_minimal_over_pins():
     from autopar.search.solve import controls_from
 
     model = autopar.load_model("llama-3.1-8b")
-    cluster, training = autopar.Cluster(gpu="a100-40gb", num_gpus=8), TrainingSpec(seq_len=4096, global_batch_size=64)
+    cluster, training = autopar.make_cluster(gpu="a100-40gb", num_gpus=8), TrainingSpec(seq_len=4096, global_batch_size=64)
     fix = {"tp": 1, "pp": 1, "zero": 0, "recompute": "none"}
     with pytest.raises(autopar.Infeasible) as info:
         autopar.solve(model, cluster, training, fix=fix)

@@ -1,5 +1,4 @@
-"""Evaluating structure-only cost functions once per structure (costmodels.structure) and re-scoring a front in one
-vectorised pass (autopar.search.rescore) change no number."""
+"""Evaluating structure-only cost functions once per structure (costmodels.structure) changes no number."""
 
 from __future__ import annotations
 
@@ -7,9 +6,7 @@ import numpy as np
 import pytest
 
 import autopar
-from autopar.estimate import estimate
-from autopar.search.rescore import estimates
-from autopar.search.rules import Context, active_rules
+from costmodels.rules import Problem, active_rules
 from autopar.search.space import Controls, build_space
 from autopar.search import oracle
 from costmodels import memory, steptime
@@ -21,10 +18,10 @@ from costmodels.structure import link
 @pytest.mark.parametrize("name,gpus", [("deepseek-v2-lite", 64), ("llama-3.1-8b", 32)])
 def test_shared_structure_values_equal_direct_evaluation(name, gpus):
     model = autopar.load_model(name)
-    cluster = autopar.Cluster(gpu="h100", num_gpus=gpus)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus)
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
     space = build_space(model, cluster, training, Controls())
-    ctx = Context(model, cluster, training)
+    ctx = Problem(model, cluster, training)
     base = oracle.structures(space, ctx, active_rules())
     rng = np.random.default_rng(0)
     n = len(base["tp"])
@@ -46,13 +43,3 @@ def test_shared_structure_values_equal_direct_evaluation(name, gpus):
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     assert linked.structure.cache, "the structure-only functions were not shared"
-
-
-def test_vectorised_rescore_equals_estimate_plan_by_plan():
-    model = autopar.load_model("deepseek-v2-lite")
-    cluster = autopar.Cluster(gpu="h100", num_gpus=64)
-    training = TrainingSpec(seq_len=4096, global_batch_size=256)
-    front = autopar.solve(model, cluster, training)
-    plans = PlanArrays.from_plans(p.plan for p in front.points)
-    assert estimates(model, cluster, training, plans) == tuple(
-        estimate(model, cluster, training, plan) for plan in plans)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from autopar.calibrate.calibration_section import CalibrationSection, read_calibration_section
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS
-from autopar.calibrate.section import CalibrationSection, read_calibration_section
 from costmodels.errors import InputError
-from costmodels.hardware import GIB, HardwareProfile, load_profile, resolve_gpu_name
+from costmodels.hardware import HardwareProfile, load_profile, resolve_gpu_name
+from costmodels.units import GIB
 
 REFERENCE_GEMMS = ((8192, 8192, 8192, "square 8192"), (4096, 8192, 1024, "4096 tokens, h=8192, tp=8 (attention out)"))
 """(m, n, k, label): a large square GEMM and a thin tensor-parallel one."""

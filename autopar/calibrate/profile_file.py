@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from autopar.calibrate.calibration_section import CPU_DEVICE
 from autopar.calibrate.fit import FitResult, fit_gemm_efficiency, fit_link, fit_link_by_collective
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
-from autopar.calibrate.section import CPU_DEVICE
 from costmodels.errors import InputError
-from costmodels.hardware import GIB, HardwareProfile, bundled_profile_names, load_profile, parse_profile
+from costmodels.hardware import HardwareProfile, bundled_profile_names, load_profile, parse_profile
+from costmodels.units import GIB
 
 CALIBRATION_FORMAT = 1
 

@@ -26,11 +26,16 @@ import torch.distributed as dist
 
 from autopar.calibrate import bench
 from autopar.calibrate.measurements import (
-    COLLECTIVE_KINDS, LINK_DESCRIPTIONS, CollectiveMeasurement, GemmMeasurement, Measurements,
+    COLLECTIVE_KINDS,
+    LINK_DESCRIPTIONS,
+    CollectiveMeasurement,
+    GemmMeasurement,
+    Measurements,
 )
 from autopar.calibrate.profile_file import RunInfo, base_profile_for_device, build_profile_text, write_atomically
 from costmodels.errors import InputError
-from costmodels.hardware import GIB, load_profile, resolve_gpu_name
+from costmodels.hardware import load_profile, resolve_gpu_name
+from costmodels.units import GIB
 
 CPU_BASE_PROFILE = "a100-80gb"
 

@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, TextIO
 
 if TYPE_CHECKING:  # only for annotations: importing the specs pulls in numpy
+    from autopar.megatron_args import MegatronRun
     from costmodels.plan import Plan
     from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -91,53 +92,41 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every knob of one plan (DESIGN.md §1), for `autopar estimate`."""
+    """Every knob of one plan (DESIGN.md §1), for `autopar estimate` and `explain`: one flag per `Plan` field, its
+    help, Megatron-LM flag and default text from the field's metadata (costmodels.plan.knob). Defaults are None, so
+    the flags a user typed can be told apart (`given_plan_flags`); `plan_from_args` fills in the rest."""
+    from dataclasses import fields
+
+    from costmodels.plan import Plan
+
     group = parser.add_argument_group("plan (DESIGN.md §1 names; Megatron-LM flags in brackets)")
-    group.add_argument("--tp", type=integer, default=None, metavar="N",
-                       help="tensor-parallel size [--tensor-model-parallel-size]; default 1")
-    group.add_argument("--pp", type=integer, default=None, metavar="N",
-                       help="pipeline-parallel size [--pipeline-model-parallel-size]; default 1")
-    group.add_argument("--vpp", type=integer, default=None, metavar="N",
-                       help="virtual stages per pipeline rank (interleaved 1F1B); default 1")
-    group.add_argument("--cp", type=integer, default=None, metavar="N",
-                       help="context-parallel size [--context-parallel-size]; default 1")
-    group.add_argument("--ep", type=integer, default=None, metavar="N",
-                       help="expert-parallel size, MoE only [--expert-model-parallel-size]; default 1")
-    group.add_argument("--etp", type=integer, default=None, metavar="N",
-                       help="tensor-parallel size inside experts [--expert-tensor-parallel-size]; default = tp")
-    group.add_argument("--mbs", "--micro-batch-size", dest="mbs", type=integer, default=None, metavar="N",
-                       help="micro-batch size in sequences; default 1")
-    sp = group.add_mutually_exclusive_group()
-    sp.add_argument("--sp", dest="sp", action="store_true", default=None,
-                    help="sequence parallelism on the TP group [--sequence-parallel]; default on when tp > 1")
-    sp.add_argument("--no-sp", dest="sp", action="store_false", help="no sequence parallelism")
-    group.add_argument("--recompute", default=None, metavar="{none,selective,full}",
-                       help="activation recomputation; default none")
-    group.add_argument("--recompute-layers", type=integer, default=None, metavar="N",
-                       help="with --recompute full: layers per stage recomputed [--recompute-num-layers]; "
-                            "default 0 = all")
-    group.add_argument("--zero", type=integer, default=None, metavar="{0,1,2,3}",
-                       help="sharding over DP: 1 = Megatron distributed optimizer, 2 + gradients, 3 + parameters; "
-                            "default 0")
-    group.add_argument("--first-stage-layers", type=integer, default=None, metavar="N",
-                       help="decoder layers on the first pipeline stage [--decoder-first-pipeline-num-layers]; "
-                            "default even split")
-    group.add_argument("--last-stage-layers", type=integer, default=None, metavar="N",
-                       help="decoder layers on the last pipeline stage [--decoder-last-pipeline-num-layers]; "
-                            "default even split")
+    for knob in fields(Plan):
+        meta = knob.metadata
+        text = meta["help"] + (f" [{meta['megatron_flag']}]" if meta["megatron_flag"] else "")
+        text += f"; default {meta['default_text']}"
+        flag = "--" + knob.name.replace("_", "-")
+        if knob.type == "bool":
+            pair = group.add_mutually_exclusive_group()
+            pair.add_argument(flag, dest=knob.name, action="store_true", default=None, help=text)
+            pair.add_argument(f"--no-{flag[2:]}", dest=knob.name, action="store_false", help=f"no {meta['help']}")
+        else:
+            group.add_argument(flag, *meta["aliases"], dest=knob.name, default=None, metavar=meta["metavar"],
+                               type=integer if knob.type == "int" else str, help=text.replace("%", "%%"))
 
 
-PLAN_DEFAULTS: dict[str, object] = {
-    "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 0, "mbs": 1, "sp": None, "recompute": "none",
-    "recompute_layers": 0, "zero": 0, "first_stage_layers": 0, "last_stage_layers": 0}
-"""What a plan flag means when it is not given (the parser's defaults are None, so typed flags can be told apart;
-sp None = on when tp > 1)."""
+def plan_defaults() -> dict[str, object]:
+    """What a plan flag means when it is not given: the Plan field's default, except sp (None = on when tp > 1)."""
+    from dataclasses import fields
+
+    from costmodels.plan import Plan
+
+    return {knob.name: None if knob.name == "sp" else knob.default for knob in fields(Plan)}
 
 
 def given_plan_flags(args: argparse.Namespace) -> list[str]:
     """The plan flags the user typed, as flags ('--tp', '--no-sp', ...), in DESIGN.md §1 order."""
     given = []
-    for dest in PLAN_DEFAULTS:
+    for dest in plan_defaults():
         value = getattr(args, dest, None)
         if value is not None:
             given.append("--no-sp" if dest == "sp" and value is False else "--" + dest.replace("_", "-"))
@@ -161,7 +150,8 @@ def model_from_args(args: argparse.Namespace) -> "ModelSpec":
     return load_model(args.model, allow_network=getattr(args, "allow_network", False))
 
 
-def cluster_from_args(args: argparse.Namespace) -> "ClusterSpec":
+def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -> "ClusterSpec":
+    """The cluster of the flags; `num_gpus` (a launch command's GPU count) stands in when --gpus was not given."""
     from costmodels.errors import InputError
     from costmodels.hardware import load_profile
     from costmodels.specs import ClusterSpec
@@ -170,13 +160,16 @@ def cluster_from_args(args: argparse.Namespace) -> "ClusterSpec":
         raise InputError("profile", "give either --gpu or --profile, not both (the profile names its GPU)")
     profile = load_profile(args.profile if args.profile is not None else (args.gpu or DEFAULT_GPU))
     if args.profile is not None:  # a calibrated file's raw measurements must read cleanly too (never half-used)
-        from autopar.calibrate.section import check_profile_calibration
+        from autopar.calibrate.calibration_section import check_profile_calibration
         check_profile_calibration(profile, allow_cpu=getattr(args, "allow_cpu_profile", False))
     gpus_per_node = getattr(args, "gpus_per_node", None)
     if gpus_per_node is not None and gpus_per_node < 1:  # the spec reads 0 as "the profile's": not what was typed
         raise InputError("gpus_per_node", f"must be a positive whole number, got {gpus_per_node}; leave "
                                           f"--gpus-per-node out for the profile's {profile.gpus_per_node}")
-    num_gpus = args.num_gpus if args.num_gpus is not None else (gpus_per_node or profile.gpus_per_node)
+    if args.num_gpus is not None:
+        num_gpus = args.num_gpus
+    elif num_gpus is None:
+        num_gpus = gpus_per_node or profile.gpus_per_node
     return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node or 0,
                        headroom=args.headroom)
 
@@ -193,26 +186,31 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
 def plan_from_args(args: argparse.Namespace) -> "Plan":
     from costmodels.plan import Plan
 
-    knobs = {dest: getattr(args, dest, None) for dest in PLAN_DEFAULTS}
-    knobs = {dest: default if knobs[dest] is None else knobs[dest] for dest, default in PLAN_DEFAULTS.items()}
+    knobs = {dest: default if getattr(args, dest, None) is None else getattr(args, dest)
+             for dest, default in plan_defaults().items()}
     if knobs["sp"] is None:
         knobs["sp"] = knobs["tp"] > 1
     return Plan(**knobs)
 
 
 def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpec] | None" = None,
-                    stderr: "TextIO | None" = None) -> "tuple[ModelSpec, ClusterSpec, TrainingSpec]":
+                    stderr: "TextIO | None" = None,
+                    imported: "MegatronRun | None" = None) -> "tuple[ModelSpec, ClusterSpec, TrainingSpec]":
     """Model, cluster and training from the shared flags, checked against each other (precision on the GPU).
 
     The cheap specs are built first so a typo in --gpu or --seq-len is reported before a model is loaded.
     `load_model` replaces `model_from_args(args)` (a command that already needed the model passes its loader).
+    `imported` (--from-megatron-args) supplies the launch command's sequence length, global batch, precision
+    (`MegatronRun.training_spec`) and GPU count (unless --gpus was given).
     Inputs that are valid but have no effect or look wrong for this model are warned about on stderr
     (`input_warnings`).
     """
-    from autopar.estimate import require_precision_supported
+    from costmodels.scoring import require_precision_supported
 
-    cluster = cluster_from_args(args)
+    cluster = cluster_from_args(args, num_gpus=imported.num_gpus if imported is not None else None)
     training = training_from_args(args)
+    if imported is not None:
+        training = imported.training_spec(training)
     require_precision_supported(cluster, training)
     model = load_model() if load_model is not None else model_from_args(args)
     for warning in input_warnings(model, training):

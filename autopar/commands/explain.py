@@ -19,10 +19,8 @@ from autopar.commands import (
     add_model_argument,
     add_plan_arguments,
     add_training_arguments,
+    given_plan_flags,
 )
-
-PLAN_DESTS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "zero",
-              "first_stage_layers", "last_stage_layers")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,44 +36,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from autopar.commands.solve import add_search_arguments
 
     add_search_arguments(parser)
-    from autopar.report.options import add_megatron_import_argument
+    from autopar.commands.output_flags import add_megatron_import_argument
 
     add_megatron_import_argument(parser)   # explain a running job: is there a faster layout?
     add_json_argument(parser)
-    parser.set_defaults(run=run, **{dest: None for dest in PLAN_DESTS})
-
-
-def _plan_given(args: argparse.Namespace) -> bool:
-    return any(getattr(args, dest) is not None for dest in PLAN_DESTS)
+    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import functools
 
     from autopar.commands import model_from_args, plan_from_args, specs_from_args
+    from autopar.commands.output_flags import import_megatron_run, report_model_mismatches
     from autopar.commands.solve import controls_from_args
-    from autopar.report.options import import_megatron_run, report_model_mismatches
-    from autopar.search.rules import active_rules
     from autopar.search.solve import solve
+    from costmodels.rules import active_rules
+    from costmodels.units import GIB
 
     controls, bounds = controls_from_args(args)
     active_rules(args.relax)
     load_model = functools.cache(lambda: model_from_args(args))
     # --from-megatron-args: the plan, seq, batch, precision and GPU count of a running job
     imported = import_megatron_run(args, num_layers=lambda: load_model().num_layers)
-    given = imported is not None or _plan_given(args)
+    given = imported is not None or bool(given_plan_flags(args))
     if imported is not None:
         plan = imported.plan
     elif given:
-        plan = plan_from_args(args)   # flags not typed take the plan defaults (autopar.commands.PLAN_DEFAULTS)
-    model, cluster, training = specs_from_args(args, load_model=load_model)
+        plan = plan_from_args(args)   # flags not typed take the plan defaults (autopar.commands.plan_defaults)
+    model, cluster, training = specs_from_args(args, load_model=load_model, imported=imported)
     report_model_mismatches(imported, model)
     front = solve(model, cluster, training, fix=args.fix, bounds=bounds, relax=tuple(args.relax),
                   time_limit_s=args.time_limit, solver=args.solver)   # Infeasible -> exit 1 with the explanation
     if not given:
         lines = [f"{len(front.points)} Pareto-optimal plans fit; the fastest is {front.points[0].plan.short()} "
                  f"({front.points[0].step_time_s:.3f} s per step, "
-                 f"{front.points[0].peak_memory_bytes / 2**30:.1f} GiB peak); run `autopar solve` for the front"]
+                 f"{front.points[0].peak_memory_bytes / GIB:.1f} GiB peak); run `autopar solve` for the front"]
         if args.json:
             print(json.dumps({"feasible": True, "front_size": len(front.points), "explanation": lines}, indent=2))
         else:

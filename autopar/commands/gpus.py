@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from costmodels.units import GIB
+
     table = Table(title="Bundled GPU profiles (dense peak; link bandwidth per GPU per direction, nominal)",
                   title_justify="left")
     for column, justify in (("name", "left"), ("GPU", "left"), ("HBM", "right"), ("bf16 TFLOP/s", "right"),
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, justify=justify)
     for row in rows:
         peak = row["peak_flops_per_s"]
-        table.add_row(row["name"], row["display_name"], f"{row['hbm_bytes'] / 1024**3:g} GiB",
+        table.add_row(row["name"], row["display_name"], f"{row['hbm_bytes'] / GIB:g} GiB",
                       f"{peak['bf16'] / 1e12:g}", f"{peak['fp8'] / 1e12:g}" if "fp8" in peak else "-",
                       f"{row['links']['nvlink']['nominal_bandwidth_bytes_per_s'] / 1e9:g}",
                       f"{row['links']['ib']['nominal_bandwidth_bytes_per_s'] * 8 / 1e9:g}",

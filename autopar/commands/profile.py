@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from autopar.commands import add_json_argument
 
 if TYPE_CHECKING:
-    from autopar.calibrate.section import CalibrationSection
+    from autopar.calibrate.calibration_section import CalibrationSection
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -102,7 +102,7 @@ def _read_section(path: str) -> "CalibrationSection":
 
     import yaml
 
-    from autopar.calibrate.section import calibration_section_from_dict, read_calibration_section
+    from autopar.calibrate.calibration_section import calibration_section_from_dict, read_calibration_section
     from costmodels.errors import InputError
     from costmodels.hardware import load_profile
 

@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_training_arguments(parser)
     add_search_arguments(parser)
     add_json_argument(parser)
-    from autopar.report.options import add_output_arguments  # F: --out, --emit, --pick
+    from autopar.commands.output_flags import add_output_arguments  # F: --out, --emit, --pick
 
     add_output_arguments(parser)
     parser.set_defaults(run=run)
@@ -88,11 +88,11 @@ def controls_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from autopar.commands import specs_from_args
-    from autopar.search.rules import active_rules
-    from autopar.search.solve import solve, solve_scaling
+    from autopar.commands.output_flags import report_stream, validate_output_arguments
     from autopar.errors import Infeasible
-    from autopar.report.options import report_stream, validate_output_arguments
+    from autopar.search.solve import solve, solve_scaling
     from costmodels.errors import InputError
+    from costmodels.rules import active_rules
 
     validate_output_arguments(args)               # bad --emit/--out/--pick: exit 2 before any solving
     _, bounds = controls_from_args(args)          # bad --fix/--max/--relax before the model loads
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         print(render(front, "json"), end="")
     else:
         print_front(front, stream=report_stream(args))   # with --emit the table goes to stderr (one document on stdout)
-    from autopar.report.options import write_outputs
+    from autopar.commands.output_flags import write_outputs
 
     write_outputs(args, front)
     return 0

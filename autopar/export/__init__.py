@@ -17,7 +17,7 @@ from costmodels.errors import InputError
 
 if TYPE_CHECKING:
     from autopar.export.common import LaunchConfig
-    from autopar.results import Estimate
+    from costmodels.scoring import Estimate
 
 FRAMEWORKS: tuple[str, ...] = ("megatron", "nemo", "bridge", "verl", "torchtitan", "deepspeed")
 ALIASES = {"megatron-lm": "megatron", "nemo2": "nemo", "megatron-bridge": "bridge", "titan": "torchtitan",

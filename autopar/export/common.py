@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.plan import Plan, Recompute, embedding_loss_slots
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from autopar.export.common import LaunchConfig, gradient_accumulation_steps
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 from costmodels.specs import Precision
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields, one_line,
                                    pipeline_slots, plan_caption)
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
 SOURCES = ("NVIDIA/Megatron-LM megatron/training/arguments.py",

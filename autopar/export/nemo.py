@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from autopar.export.common import LaunchConfig, data_parallel_overlap, mcore_parallel_fields, plan_caption
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.specs import Precision
 
 NEMO_SOURCES = ("NVIDIA/NeMo docs/source/features/parallelisms.rst",

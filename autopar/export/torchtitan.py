@@ -15,7 +15,7 @@ shards the sequence in norms and dropout (Megatron's SP).
 from __future__ import annotations
 
 from autopar.export.common import LaunchConfig, chunk_layers_in_model_order, one_line, plan_caption
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 from costmodels.specs import Precision
 

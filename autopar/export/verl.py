@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, mcore_parallel_fields, one_line,
                                    plan_caption)
-from autopar.results import Estimate
+from costmodels.scoring import Estimate
 from costmodels.specs import Precision
 
 SOURCES = ("volcengine/verl verl/trainer/config/actor/megatron_actor.yaml",

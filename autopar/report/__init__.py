@@ -34,7 +34,7 @@ def report_format(path: "str | Path") -> str:
 def render(front: "ParetoFront | Estimate", fmt: str) -> str:
     """The report of `front` (or of one estimate, as a one-point front) in format `fmt`."""
     from autopar.report.document import front_of_one, report_document
-    from autopar.results import Estimate
+    from costmodels.scoring import Estimate
 
     if isinstance(front, Estimate):
         front = front_of_one(front)

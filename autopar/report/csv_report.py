@@ -12,8 +12,10 @@ import csv
 import io
 from typing import Any
 
-PLAN_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "edp", "mbs", "sp", "recompute", "recompute_layers",
-                "zero", "first_stage_layers", "last_stage_layers")
+from costmodels.plan import Plan, plan_to_dict
+
+PLAN_COLUMNS = tuple(plan_to_dict(Plan(), num_gpus=1))
+"""Every knob with dp and edp, in DESIGN.md §1 order (the keys of each point's `plan` in the document)."""
 HEADLINE_COLUMNS = ("num_microbatches", "step_time_s", "tokens_per_s", "mfu", "model_tflops_per_gpu",
                     "hardware_tflops_per_gpu", "peak_memory_bytes", "memory_limit_bytes", "worst_stage", "fits")
 

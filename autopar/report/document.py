@@ -1,7 +1,7 @@
 """The report document: `ParetoFront.to_dict()` plus what a reader needs to trust and reuse it.
 
 Every report format (JSON, CSV, Markdown, HTML) renders this one dict, so they never disagree. Its JSON form is
-described by the JSON Schema shipped as autopar/schemas/front.schema.json (`SCHEMA_VERSION` below; bump it when a
+described by the JSON Schema autopar/schemas/front.schema.json (`autopar.results.SCHEMA_VERSION`; bump it when a
 field changes meaning or disappears, and say so in the schema's description). Added on top of `to_dict()`:
 
 - `schema_version`, `generator` (autopar and its version);
@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autopar import results
-from autopar.results import Estimate, ParetoFront
+from autopar.remedies import Remedy
+from autopar.results import SCHEMA_VERSION, ParetoFront, describe_inputs, generator
 from costmodels.hardware import HardwareProfile
+from costmodels.scoring import Estimate
+from costmodels.units import GIB
 
-SCHEMA_VERSION = results.SCHEMA_VERSION
 SCHEMA_ID = "urn:autopar:schemas:front"
 SCHEMA_RESOURCE = "front.schema.json"
 
@@ -50,10 +51,9 @@ def hardware_block(profile: HardwareProfile) -> dict[str, Any]:
 def assumptions(front: ParetoFront) -> list[str]:
     """The modelling assumptions behind every number of the report, as sentences (DESIGN.md §4)."""
     cluster, training, model = front.cluster, front.training, front.model
-    gib = 1024**3
     lines = [
-        f"Usable memory per GPU is (1 - headroom {cluster.headroom:g}) x {cluster.profile.hbm_bytes / gib:g} GiB = "
-        f"{cluster.memory_limit_bytes / gib:.1f} GiB; the peak of a plan is that of its fullest pipeline stage.",
+        f"Usable memory per GPU is (1 - headroom {cluster.headroom:g}) x {cluster.profile.hbm_bytes / GIB:g} GiB = "
+        f"{cluster.memory_limit_bytes / GIB:.1f} GiB; the peak of a plan is that of its fullest pipeline stage.",
         "Mixed precision as in Megatron-LM: bf16 weights, fp32 gradients and Adam states (18 bytes per parameter "
         "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP.",
         f"GEMMs run in {training.precision.value}; attention "
@@ -135,3 +135,12 @@ def load_schema() -> dict[str, Any]:
 
     text = (resources.files("autopar") / "schemas" / SCHEMA_RESOURCE).read_text(encoding="utf-8")
     return json.loads(text)
+
+
+def estimate_document(result: Estimate, fixes: "tuple[Remedy, ...]", reasons: dict[str, str]) -> dict[str, Any]:
+    """`autopar estimate --json`: the inputs block, the estimate, why each rule is broken, and the remedies."""
+    return {"schema_version": SCHEMA_VERSION, "generator": generator(),
+            "inputs": describe_inputs(result.model, result.cluster, result.training), **result.to_dict(),
+            "violation_reasons": {rule: reasons.get(rule, "peak memory exceeds the limit")
+                                  for rule in result.violations},
+            "remedies": [fix.to_dict(result.cluster.num_gpus) for fix in fixes]}

@@ -21,8 +21,8 @@ from typing import Any
 
 from autopar.report.csv_report import ordered_union, worst_stage_terms
 from autopar.report.units import format_bytes, format_count, format_percent, format_rate, format_seconds
+from costmodels.units import GIB
 
-GIB = 1024**3
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac", "#1f77b4", "#8c564b")
 MARKER_CLASS = "point-marker"
@@ -148,8 +148,7 @@ SCRIPT = r"""
       ["microbatches", String(p.num_microbatches)],
       ["dp / edp", p.plan.dp + " / " + p.plan.edp]
     ], 1));
-    var knobs = ["tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "zero",
-                 "first_stage_layers", "last_stage_layers"];
+    var knobs = Object.keys(p.plan).filter(function (k) { return k !== "dp" && k !== "edp"; });
     left.appendChild(el("h3", "Plan"));
     left.appendChild(table(["knob", "value"], knobs.map(function (k) { return [k, String(p.plan[k])]; }), 1));
     right.appendChild(el("h3", "Memory per pipeline stage"));

@@ -2,7 +2,7 @@
 
 `front_table(front)` is what `autopar solve` prints; `estimate_rows` gives the same columns for one estimate;
 `print_inputs(console, model, cluster, training)` prints the inputs header every command starts with
-(`autopar.describe.inputs_header`), so solve, estimate and explain word it the same way.
+(`autopar.report.header.inputs_header`), so solve, estimate and explain word it the same way.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
-
     from autopar.results import Estimate, ParetoFront
+    from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 LABEL_WIDTH = 10
 """Width of the label column of the header lines ('model', 'cluster', 'training', 'plan', ...)."""
@@ -31,8 +30,8 @@ def print_header_line(console: "Console", label: str, text: str) -> None:
 
 
 def print_inputs(console: "Console", model: "ModelSpec", cluster: "ClusterSpec", training: "TrainingSpec") -> None:
-    """The model / cluster / training header lines (autopar.describe.inputs_header)."""
-    from autopar.describe import inputs_header
+    """The model / cluster / training header lines (autopar.report.header.inputs_header)."""
+    from autopar.report.header import inputs_header
 
     for label, text in inputs_header(model, cluster, training):
         print_header_line(console, label, text)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 
-_BYTE_UNITS: tuple[tuple[str, int], ...] = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+from costmodels.units import GIB
+
+_BYTE_UNITS: tuple[tuple[str, int], ...] = (("TiB", 1024 * GIB), ("GiB", GIB), ("MiB", GIB // 1024), ("KiB", 1024))
 _SECOND_UNITS: tuple[tuple[str, float], ...] = (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9))
 _DECIMAL_PREFIXES: tuple[tuple[str, float], ...] = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
 
@@ -46,7 +48,7 @@ def format_bytes(num_bytes: float, digits: int = 3) -> str:
 def format_gib(num_bytes: float, decimals: int = 1) -> str:
     """Always in GiB (for columns that must line up): 85899345920 → '80.0 GiB'."""
     special = _not_finite(float(num_bytes))
-    return special if special is not None else f"{num_bytes / 1024**3:.{decimals}f} GiB"
+    return special if special is not None else f"{num_bytes / GIB:.{decimals}f} GiB"
 
 
 def format_gib_cell(num_bytes: float, decimals: int = 2, digits: int = 2) -> str:
@@ -60,7 +62,7 @@ def format_gib_cell(num_bytes: float, decimals: int = 2, digits: int = 2) -> str
         return special
     if num_bytes == 0:
         return "-"
-    gib = num_bytes / 1024**3
+    gib = num_bytes / GIB
     if abs(gib) >= 0.5 * 10**-decimals:
         return f"{gib:.{decimals}f}"
     return _significant(gib, digits)
@@ -98,6 +100,12 @@ def format_rate(per_second: float, unit: str = "tok/s", digits: int = 3) -> str:
 def format_flops(flops_per_s: float, digits: int = 3) -> str:
     """4.2e14 → '420 TFLOP/s'."""
     return format_rate(flops_per_s, "FLOP/s", digits)
+
+
+def format_tflops(tflops_per_s: float, digits: int = 3) -> str:
+    """Achieved FLOP/s per GPU in the unit training logs use (Megatron's 'TFLOP/s/GPU'): 420.4 → '420 TFLOP/s'."""
+    special = _not_finite(float(tflops_per_s))
+    return special if special is not None else f"{_significant(tflops_per_s, digits)} TFLOP/s"
 
 
 def format_percent(fraction: float, decimals: int = 1) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 
 from autopar.search import objective
 from autopar.search.objective import ObjectiveStructure
-from autopar.search.rules import Context, Rule
+from costmodels.rules import Problem, Rule
 from autopar.search.space import TIE_BREAK_ORDER, SearchSpace
 from autopar.search.tables import Table, memory_tables, rule_table, time_tables
 from costmodels.plan import PLAN_FIELDS, PlanArrays
@@ -121,7 +121,7 @@ def _add_joint_domains(model, knobs: Knobs, space: SearchSpace) -> None:
                                    np.ones(len(recompute_rows), np.int64)))
 
 
-def _add_rules(model, knobs: Knobs, space: SearchSpace, ctx: Context, rules: Sequence[Rule]) -> dict:
+def _add_rules(model, knobs: Knobs, space: SearchSpace, ctx: Problem, rules: Sequence[Rule]) -> dict:
     literals = {}
     for rule in rules:
         if rule.id == "memory":
@@ -203,7 +203,7 @@ def _tie_break(model, knobs: Knobs, space: SearchSpace):
     return expr, weight
 
 
-def build_pareto_model(space: SearchSpace, ctx: Context, rules: Sequence[Rule], *, enforce_memory: bool = True,
+def build_pareto_model(space: SearchSpace, ctx: Problem, rules: Sequence[Rule], *, enforce_memory: bool = True,
                        structure: ObjectiveStructure | None = None) -> ParetoModel:
     cp_model = _cp()
     start = time.perf_counter()
@@ -323,7 +323,7 @@ def walk_front(pm: ParetoModel, *, time_limit_s: float | None = None) -> CpsatRe
                        table_rows=pm.table_rows)
 
 
-def solve_cpsat(space: SearchSpace, ctx: Context, rules: Sequence[Rule], *,
+def solve_cpsat(space: SearchSpace, ctx: Problem, rules: Sequence[Rule], *,
                 time_limit_s: float | None = None) -> CpsatResult:
     pm = build_pareto_model(space, ctx, rules)
     return walk_front(pm, time_limit_s=time_limit_s)

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import Infeasible, InputError
-from autopar.results import GIB, ParetoFront
-from autopar.search.rules import RULES_BY_ID, Context, active_rules
+from autopar.results import ParetoFront
 from autopar.search.space import Controls, SearchSpace, build_space
 from costmodels.plan import PLAN_FIELDS, Plan, Recompute
+from costmodels.rules import RULES_BY_ID, Problem, active_rules, check_plan
+from costmodels.scoring import estimate as estimate_one
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.units import GIB
 
 MINIMISE_BUDGET_S = 20.0
 """Time spent shrinking a memory conflict to a minimal set; past it the set found so far is reported."""
@@ -80,7 +82,7 @@ def structural_conflict(model: ModelSpec, cluster: ClusterSpec, training: Traini
     from autopar.search.tables import rule_table
 
     space = _merged_space(model, cluster, training, controls)
-    ctx = Context(model, cluster, training)
+    problem = Problem(model, cluster, training)
     m = cp_model.CpModel()
     knobs = cpsat._knob_variables(m, space)
     cpsat._add_joint_domains(m, knobs, space)
@@ -89,7 +91,7 @@ def structural_conflict(model: ModelSpec, cluster: ClusterSpec, training: Traini
         if rule.id == "memory":
             continue
         literal = m.new_bool_var(rule.id)
-        cpsat._add_table(m, knobs, rule_table(rule, space, ctx), enforce=literal)
+        cpsat._add_table(m, knobs, rule_table(rule, space, problem), enforce=literal)
         literals[rule.id] = literal
     for label, kind, value in control_items(controls):
         knob = label.split(" ", 1)[1].partition("=")[0]
@@ -146,7 +148,7 @@ def least_memory_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
         space = build_space(model, cluster, training, controls)
     except Exception:  # noqa: BLE001 - a control that empties the space: no plan
         return None
-    result = solve_oracle(space, Context(model, cluster, training), active_rules(controls.relax),
+    result = solve_oracle(space, Problem(model, cluster, training), active_rules(controls.relax),
                           enforce_memory=False)
     if len(result.memory_units) == 0:
         return None
@@ -287,16 +289,12 @@ def explain_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 def _explain_against_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
                            front: ParetoFront, relax: Iterable[str]) -> PlanExplanation:
-    from autopar.search.rules import check_plan
-
     broken = check_plan(model, cluster, training, plan, relax=relax)
     if broken:
-        ctx = Context(model, cluster, training)
-        lines = tuple(f"breaks rule {name}: {RULES_BY_ID[name].why_broken(ctx, plan)}"
+        problem = Problem(model, cluster, training)
+        lines = tuple(f"breaks rule {name}: {RULES_BY_ID[name].why_broken(problem, plan)}"
                       for name in broken if name != "memory")
         if "memory" in broken:
-            from autopar.estimate import estimate as estimate_one
-
             try:
                 mine = estimate_one(model, cluster, training, plan, relax=tuple(relax))
                 lines += (f"breaks rule memory: needs {mine.peak_memory_bytes / GIB:.1f} GiB on stage "
@@ -304,8 +302,6 @@ def _explain_against_front(model: ModelSpec, cluster: ClusterSpec, training: Tra
             except InputError:  # a plan broken enough that it cannot be estimated
                 lines += ("breaks rule memory",)
         return PlanExplanation(plan, "breaks_rules", lines, broken_rules=broken)
-    from autopar.estimate import estimate as estimate_one
-
     mine = estimate_one(model, cluster, training, plan, relax=tuple(relax))
     my_time = mine.step_time_s
     for i, point in enumerate(front.points):

@@ -18,7 +18,7 @@ import numpy as np
 
 from autopar.search import objective
 from autopar.search.pareto import front_indices
-from autopar.search.rules import Context, Rule, structural_mask
+from costmodels.rules import Problem, Rule, structural_mask
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
 from costmodels.plan import PLAN_FIELDS, PlanArrays
 from costmodels.structure import link as structure_link
@@ -54,7 +54,7 @@ def _covered(rule: Rule, knobs: set[str]) -> bool:
     return set(rule.knobs) <= knobs
 
 
-def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], enforce_memory: bool = False
+def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], enforce_memory: bool = False
                ) -> dict[str, np.ndarray]:
     """Columns of every structure (split, tp, cp, vpp, ep, etp, zero) that passes the rules reading only those
     knobs and, with `enforce_memory`, the memory lower bound of the groups that read only those knobs."""
@@ -71,35 +71,35 @@ def structures(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], enforc
         ready = [r for r in pending if _covered(r, set(columns))]
         pending = [r for r in pending if r not in ready]
         if ready and count:
-            mask = structural_mask(ctx, plan_arrays(columns), ready)
+            mask = structural_mask(problem, plan_arrays(columns), ready)
             columns = {k: v[mask] for k, v in columns.items()}
             count = int(mask.sum())
     knobs = set(columns)
     if enforce_memory and any(r.id == "memory" for r in rules) and len(columns["tp"]):
-        structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
+        structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            bound = objective.memory_units(structure, ctx.model, ctx.cluster, ctx.training, plan_arrays(columns),
+            bound = objective.memory_units(structure, problem.model, problem.cluster, problem.training, plan_arrays(columns),
                                            only_knobs=knobs)
-        fits = bound <= objective.memory_limit_units(ctx.cluster.memory_limit_bytes)
+        fits = bound <= objective.memory_limit_units(problem.cluster.memory_limit_bytes)
         columns = {k: v[fits] for k, v in columns.items()}
     return columns
 
 
-def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
+def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], *,
                  time_budget_s: float | None = None, enforce_memory: bool = True) -> OracleResult:
     start = time.perf_counter()
-    structure = objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
-    base = structures(space, ctx, rules, enforce_memory=enforce_memory)
+    structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
+    base = structures(space, problem, rules, enforce_memory=enforce_memory)
     n_structures = len(next(iter(base.values())))
     detail = space.factors(_level_knobs(space, DETAIL_KNOBS))
     detail_sizes = [len(t) for _, t in detail]
     per_structure = math.prod(detail_sizes)
-    limit_units = objective.memory_limit_units(ctx.cluster.memory_limit_bytes)
+    limit_units = objective.memory_limit_units(problem.cluster.memory_limit_bytes)
     use_memory = enforce_memory and any(r.id == "memory" for r in rules)
 
     base_plans = plan_arrays(base) if n_structures else None
     shared: dict = {}      # values of the structure-only cost functions, per structure (costmodels.structure)
-    tables, product_rules = detail_tables(space, base, detail, ctx, rules)
+    tables, product_rules = detail_tables(space, base, detail, problem, rules)
     best_columns: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS}
     best_time = np.zeros(0, dtype=np.int64)
     best_memory = np.zeros(0, dtype=np.int64)
@@ -126,20 +126,20 @@ def solve_oracle(space: SearchSpace, ctx: Context, rules: tuple[Rule, ...], *,
         columns.update(space.columns_from_factors(detail, [d[detail_row] for d in digits]))
         plans = structure_link(plan_arrays(columns), base_plans, structure_index, shared)
         if product_rules:
-            keep = structural_mask(ctx, plans, product_rules)
+            keep = structural_mask(problem, plans, product_rules)
             if not keep.any():
                 continue
             plans = plans.take(np.flatnonzero(keep))
         valid += len(plans)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            m_units = objective.memory_units_by_group(structure, ctx.model, ctx.cluster, ctx.training, plans)
+            m_units = objective.memory_units_by_group(structure, problem.model, problem.cluster, problem.training, plans)
         keep = m_units <= limit_units if use_memory else np.ones(len(plans), dtype=bool)
         fitting += int(keep.sum())
         if not keep.any():
             continue
         plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            t_units = objective.time_units_by_group(structure, ctx.model, ctx.cluster, ctx.training, plans)
+            t_units = objective.time_units_by_group(structure, problem.model, problem.cluster, problem.training, plans)
         chunk = _not_dominated_within(t_units, m_units)
         merged = {k: np.concatenate([best_columns[k], getattr(plans, k)[chunk].astype(np.int64)])
                   for k in PLAN_FIELDS}
@@ -159,7 +159,7 @@ def _factor_knobs(name: str) -> tuple[str, ...]:
     return ("recompute", "recompute_layers") if name == "recompute" else (name,)
 
 
-def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[tuple[str, np.ndarray]], ctx: Context,
+def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[tuple[str, np.ndarray]], problem: Problem,
                   rules: tuple[Rule, ...]) -> tuple[list[np.ndarray], list[Rule]]:
     """For each detail factor, a (structures × factor values) table of the rules that read the structure knobs and
     that factor only; and the rules left to check plan by plan (reading several detail factors). The rules reading
@@ -175,7 +175,7 @@ def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[
         rows = np.repeat(np.arange(n), len(values))
         columns = {k: v[rows] for k, v in base.items()}
         columns.update(space.columns_from_factors([(name, values)], [np.tile(np.arange(len(values)), n)]))
-        ok = structural_mask(ctx, plan_arrays(columns), mine) if mine else np.ones(len(rows), dtype=bool)
+        ok = structural_mask(problem, plan_arrays(columns), mine) if mine else np.ones(len(rows), dtype=bool)
         tables.append(ok.reshape(n, len(values)))
     rest = [r for r in rules if r.id != "memory" and r.id not in used and not _covered(r, structure_knobs)]
     return tables, rest

@@ -64,7 +64,7 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
 
 
 def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S) -> tuple[ParetoFront, list[Refinement]]:
-    from autopar.estimate import estimate
+    from costmodels.scoring import estimate
 
     start = time.perf_counter()
     model, cluster, training = front.model, front.cluster, front.training

@@ -3,7 +3,7 @@
     front = autopar.solve(model, cluster, training, fix={"tp": 8}, bounds={"pp": (None, 8)})
 
 Steps: the user's controls → the search space (autopar.search.space) → the rules in force
-(autopar.search.rules) → a solver (the CP-SAT model, autopar.search.cpsat, or the exhaustive oracle,
+(costmodels.rules) → a solver (the CP-SAT model, autopar.search.cpsat, or the exhaustive oracle,
 autopar.search.oracle; both rank plans by the same integer objectives and break ties in the same order, so they
 return the same front) → every point re-scored with the float model (autopar.estimate) → `ParetoFront`.
 When nothing fits, `Infeasible` names the smallest set of conflicting rules and the nearest plan
@@ -19,7 +19,6 @@ import time
 from collections.abc import Iterable, Mapping
 
 from autopar.results import Estimate, ParetoFront
-from autopar.search.rules import Context, active_rules
 from autopar.search.space import (
     Controls,
     build_space,
@@ -27,7 +26,9 @@ from autopar.search.space import (
     parse_knob_value,
 )
 from costmodels.errors import InputError
-from costmodels.plan import Plan, PlanArrays
+from costmodels.plan import PlanArrays
+from costmodels.rules import Problem, active_rules
+from costmodels.scoring import estimates, require_precision_supported
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 SOLVERS = ("auto", "cpsat", "oracle")
@@ -72,7 +73,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     """Every Pareto-optimal layout, fastest first, each re-scored with the float cost model.
 
     fix: pin knobs ({"tp": 4} or ["tp=4"]); bounds: {"pp": (None, 8)} keeps pp <= 8; relax: guide rules to drop
-    (see autopar.search.rules.RULES); time_limit_s: stop the search there and return what was found, marked
+    (see costmodels.rules.RULES); time_limit_s: stop the search there and return what was found, marked
     not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER).
     Raises InputError for bad controls and Infeasible when no plan fits.
     """
@@ -80,12 +81,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         raise InputError("solver", f"unknown solver {solver!r}; use one of {', '.join(SOLVERS)}")
     if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
         raise InputError("time_limit", f"must be a positive number of seconds, got {time_limit_s!r}")
-    from autopar.estimate import require_precision_supported
-
     require_precision_supported(cluster, training)
     controls = controls_from(fix, bounds, relax)
     rules = active_rules(controls.relax)
-    ctx = Context(model, cluster, training)
+    problem = Problem(model, cluster, training)
     start = time.perf_counter()
     space = build_space(model, cluster, training, controls)
     chosen = solver if solver != "auto" else AUTO_SOLVER
@@ -101,14 +100,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                              f"(limit {CPSAT_MAX_TABLE_CANDIDATES:,}); use --solver oracle (the default) or narrow "
                              "the space with --fix / --max")
 
-        result = solve_cpsat(space, ctx, rules, time_limit_s=time_limit_s)
+        result = solve_cpsat(space, problem, rules, time_limit_s=time_limit_s)
         plans, proven = result.plans, result.proven_optimal
         notes.append(f"CP-SAT: {result.solves} solves, {result.table_rows} table rows, "
                      f"model built in {result.build_s:.2f} s")
     else:
         from autopar.search.oracle import solve_oracle
 
-        result = solve_oracle(space, ctx, rules, time_budget_s=time_limit_s)
+        result = solve_oracle(space, problem, rules, time_budget_s=time_limit_s)
         plans, proven = result.plans, result.complete
         notes.append(f"oracle: {result.plans_seen} plans enumerated, {result.valid_plans} pass the rules, "
                      f"{result.fitting_plans} fit in memory")
@@ -123,19 +122,18 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         from autopar.search.explain import explain_infeasible
 
         raise explain_infeasible(model, cluster, training, controls)
-    points = rescore(model, cluster, training, plans, controls.relax)
+    points = rescore(model, cluster, training, plans)
     return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,
                        rules=tuple(r.id for r in rules), relaxed_rules=tuple(controls.relax), solver=chosen,
                        solve_time_s=time.perf_counter() - start, search_space_size=space.size, notes=tuple(notes))
 
 
-def rescore(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-            relax: Iterable[str] = ()) -> tuple[Estimate, ...]:
-    """The float model's estimate of every plan, in the given (front) order (autopar.search.rescore: the same
-    values as autopar.estimate.estimate plan by plan, evaluated in one vectorised pass)."""
-    from autopar.search.rescore import estimates
+def rescore(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+            plans: PlanArrays) -> tuple[Estimate, ...]:
+    """The float model's estimate of every plan, in the given (front) order, in one vectorised evaluation.
 
-    return estimates(model, cluster, training, plans, relax=tuple(relax))
+    The plans come from the solver, so they pass every rule in force: no rule is checked again."""
+    return estimates(model, cluster, training, plans)
 
 
 def scaling_gpu_counts(low: int, high: int, gpus_per_node: int) -> tuple[int, ...]:
@@ -187,13 +185,6 @@ def solve_scaling(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return dataclasses.replace(last_front, points=tuple(kept), proven_optimal=proven,
                                solve_time_s=time.perf_counter() - start, search_space_size=size,
                                notes=tuple(notes))
-
-
-def plan_index(front: ParetoFront, plan: Plan) -> int | None:
-    for i, point in enumerate(front.points):
-        if point.plan == plan:
-            return i
-    return None
 
 
 __all__ = ["SOLVERS", "controls_from", "rescore", "solve", "solve_scaling"]

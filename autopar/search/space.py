@@ -1,6 +1,6 @@
 """The search space: a finite domain for every knob of a plan, from the model, the cluster and the training run.
 
-Domains are *candidates*; the rules (autopar.search.rules) decide which combinations are valid. A domain leaves out
+Domains are *candidates*; the rules (costmodels.rules) decide which combinations are valid. A domain leaves out
 values that can never be valid whatever the other knobs are (tp that does not divide the heads, pp deeper than the
 model), and values the search bounds on purpose; every bound below is documented and can be moved with
 `--max knob=v` / `--min knob=v`, and `--fix knob=v` puts any value in (then the rules say what is wrong with it).

@@ -17,7 +17,7 @@ import numpy as np
 
 from autopar.search import objective
 from autopar.search.objective import ObjectiveStructure, TermGroup, ordered
-from autopar.search.rules import Context, Rule, structural_mask
+from costmodels.rules import Problem, Rule, structural_mask
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
 from costmodels import memory, steptime
 
@@ -72,7 +72,7 @@ def _factors(knobs: tuple[str, ...], space: SearchSpace) -> list[tuple[str, np.n
     return factors
 
 
-def valid_rows(knobs: tuple[str, ...], space: SearchSpace, ctx: Context, rules: Sequence[Rule]
+def valid_rows(knobs: tuple[str, ...], space: SearchSpace, ctx: Problem, rules: Sequence[Rule]
                ) -> dict[str, np.ndarray]:
     """Columns of the product of `knobs`' candidates where every rule reading only those knobs holds."""
     factors = _factors(knobs, space)
@@ -100,7 +100,7 @@ def _as_table(name: str, knobs: tuple[str, ...], columns: dict[str, np.ndarray],
 
 # ---- the tables of the objectives --------------------------------------------------------------------------
 
-def time_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Context, rules: Sequence[Rule]
+def time_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Problem, rules: Sequence[Rule]
                 ) -> tuple[list[Table], list[Table], Table | None]:
     """(pipelined group tables, other group tables, pipeline factor table or None)."""
     def build(group: TermGroup, name: str) -> Table:
@@ -125,7 +125,7 @@ def time_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Context,
     return pipelined, others, factor
 
 
-def memory_roles(ctx: Context, space: SearchSpace) -> int:
+def memory_roles(ctx: Problem, space: SearchSpace) -> int:
     """Number of candidate-worst-rank roles over every pipeline split in the space (>= 2: first and last)."""
     splits = np.array(space.splits, dtype=np.int64).reshape(-1, 3)
     plans = plan_arrays({"pp": splits[:, 0], "first_stage_layers": splits[:, 1],
@@ -134,7 +134,7 @@ def memory_roles(ctx: Context, space: SearchSpace) -> int:
         return len(memory.candidate_worst_stages(ctx.model, plans))
 
 
-def memory_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Context, rules: Sequence[Rule]
+def memory_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Problem, rules: Sequence[Rule]
                   ) -> tuple[list[list[Table]], list[Table]]:
     """(per role: the stage groups' tables, the shared groups' tables)."""
     num_roles = memory_roles(ctx, space)
@@ -183,7 +183,7 @@ def _finite(table: Table) -> Table:
     return Table(table.name, table.knobs, table.rows[keep], table.values[keep])
 
 
-def rule_table(rule: Rule, space: SearchSpace, ctx: Context) -> Table:
+def rule_table(rule: Rule, space: SearchSpace, ctx: Problem) -> Table:
     """Rows of the rule's knobs' candidates where the rule holds."""
     knobs = expand_knobs(rule.knobs, space)
     columns = valid_rows(knobs, space, ctx, [rule])

@@ -1,8 +1,8 @@
 """The rules: the Parallelism Strategies Guide and Megatron's own constraints as named, vectorised checks.
 
 Each rule is a `Rule` with an id (the name users see and `--relax` takes), a one-line reason, its source, the plan
-knobs it reads (so the CP-SAT model can state it as a table over just those knobs), `holds(ctx, plans)`, a boolean
-mask over many plans, and `explain(ctx, plan)`, the message for one plan that breaks it, with that plan's numbers and
+knobs it reads (so the CP-SAT model can state it as a table over just those knobs), `holds(problem, plans)`, a boolean
+mask over many plans, and `explain(problem, plan)`, the message for one plan that breaks it, with that plan's numbers and
 a fix (written next to `holds`, so the condition and its wording stay together). DESIGN.md §3 is the table of
 record. Rules marked relaxable are the guide's advice (Megatron itself runs without them); the others are what
 Megatron's process groups, schedules and layer code require.
@@ -18,13 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodels import memory
 from costmodels.errors import InputError
-from costmodels.plan import Plan, PlanArrays, Recompute, as_plan_arrays, embedding_loss_slots
+from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute, as_plan_arrays, embedding_loss_slots
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 
 @dataclass(frozen=True)
-class Context:
+class Problem:
+    """What a plan is judged against: the model, the cluster and the training run (one solve's fixed inputs)."""
+
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
@@ -37,26 +40,26 @@ class Rule:
     source: str
     knobs: tuple[str, ...]
     relaxable: bool
-    holds: Callable[[Context, PlanArrays], np.ndarray]
-    explain: Callable[[Context, Plan], str | None] | None = None
+    holds: Callable[[Problem, PlanArrays], np.ndarray]
+    explain: Callable[[Problem, Plan], str | None] | None = None
     """The message for one plan that breaks the rule (called only when `holds` is False for it); None, or no
     `explain`, when there is nothing more specific to say than `reason`."""
 
-    def why_broken(self, ctx: Context, plan: Plan) -> str:
+    def why_broken(self, problem: Problem, plan: Plan) -> str:
         """What is wrong with `plan`, which breaks this rule: `explain`'s message, else `reason`."""
-        message = self.explain(ctx, plan) if self.explain is not None else None
+        message = self.explain(problem, plan) if self.explain is not None else None
         return message if message is not None else self.reason
 
 
 # ---- one function per rule -------------------------------------------------------------------------------------
 
-def _world(ctx: Context, p: PlanArrays) -> np.ndarray:
-    n = ctx.cluster.num_gpus
+def _world(problem: Problem, p: PlanArrays) -> np.ndarray:
+    n = problem.cluster.num_gpus
     return (n % (p.tp * p.cp * p.pp) == 0) & (n % (p.etp * p.ep * p.pp) == 0)
 
 
-def _explain_world(ctx: Context, plan: Plan) -> str:
-    n = ctx.cluster.num_gpus
+def _explain_world(problem: Problem, plan: Plan) -> str:
+    n = problem.cluster.num_gpus
     model_parallel, expert_parallel = plan.tp * plan.cp * plan.pp, plan.etp * plan.ep * plan.pp
     if n % model_parallel:
         return (f"num_gpus={n} is not divisible by tp·cp·pp={plan.tp}·{plan.cp}·{plan.pp}={model_parallel}; "
@@ -65,12 +68,12 @@ def _explain_world(ctx: Context, plan: Plan) -> str:
             "change the GPU count or the expert sizes")
 
 
-def _heads(ctx: Context, p: PlanArrays) -> np.ndarray:
-    return (ctx.model.num_attention_heads % p.tp == 0) & (ctx.model.num_kv_heads % p.tp == 0)
+def _heads(problem: Problem, p: PlanArrays) -> np.ndarray:
+    return (problem.model.num_attention_heads % p.tp == 0) & (problem.model.num_kv_heads % p.tp == 0)
 
 
-def _explain_heads(ctx: Context, plan: Plan) -> str:
-    heads, kv_heads = ctx.model.num_attention_heads, ctx.model.num_kv_heads
+def _explain_heads(problem: Problem, plan: Plan) -> str:
+    heads, kv_heads = problem.model.num_attention_heads, problem.model.num_kv_heads
     return (f"tp={plan.tp} must divide num_attention_heads={heads} and num_kv_heads={kv_heads}; "
             f"use one of {_divisors(math.gcd(heads, kv_heads))}")
 
@@ -96,8 +99,8 @@ def _stage_layer_counts(num_layers: int, p: PlanArrays) -> tuple[np.ndarray, np.
     return first, last, np.where(whole, middle, -1), middle_stages
 
 
-def _layers(ctx: Context, p: PlanArrays) -> np.ndarray:
-    num_layers = ctx.model.num_layers
+def _layers(problem: Problem, p: PlanArrays) -> np.ndarray:
+    num_layers = problem.model.num_layers
     first, last, middle, middle_stages = _stage_layer_counts(num_layers, p)
     single = p.pp == 1
     ends_ok = np.where(single, (p.first_stage_layers == 0) & (p.last_stage_layers == 0), True)
@@ -113,8 +116,8 @@ def _layers(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.pp <= num_layers) & ends_ok & np.where(single, num_layers % p.vpp == 0, whole & chunks)
 
 
-def _explain_layers(ctx: Context, plan: Plan) -> str | None:
-    num_layers = ctx.model.num_layers
+def _explain_layers(problem: Problem, plan: Plan) -> str | None:
+    num_layers = problem.model.num_layers
     if plan.pp == 1:
         if plan.first_stage_layers or plan.last_stage_layers:
             return "--first-stage-layers/--last-stage-layers need pp > 1"
@@ -145,28 +148,28 @@ def _explain_layers(ctx: Context, plan: Plan) -> str | None:
     return None
 
 
-def _experts(ctx: Context, p: PlanArrays) -> np.ndarray:
-    if ctx.model.moe is None:
+def _experts(problem: Problem, p: PlanArrays) -> np.ndarray:
+    if problem.model.moe is None:
         return (p.ep == 1) & (p.etp == p.tp)
-    return ctx.model.moe.num_experts % p.ep == 0
+    return problem.model.moe.num_experts % p.ep == 0
 
 
-def _explain_experts(ctx: Context, plan: Plan) -> str:
-    if ctx.model.moe is not None:
-        num_experts = ctx.model.moe.num_experts
+def _explain_experts(problem: Problem, plan: Plan) -> str:
+    if problem.model.moe is not None:
+        num_experts = problem.model.moe.num_experts
         return f"ep={plan.ep} must divide num_experts={num_experts}; use one of {_divisors(num_experts)}"
     if plan.ep > 1:
-        return f"ep={plan.ep} needs an MoE model; {ctx.model.name} is dense, use ep=1"
-    return f"etp={plan.etp} must equal tp={plan.tp}: {ctx.model.name} is dense (no expert layers); drop --etp"
+        return f"ep={plan.ep} needs an MoE model; {problem.model.name} is dense, use ep=1"
+    return f"etp={plan.etp} must equal tp={plan.tp}: {problem.model.name} is dense (no expert layers); drop --etp"
 
 
-def _tp_node(ctx: Context, p: PlanArrays) -> np.ndarray:
-    node = ctx.cluster.gpus_per_node
+def _tp_node(problem: Problem, p: PlanArrays) -> np.ndarray:
+    node = problem.cluster.gpus_per_node
     return (p.tp <= node) & (node % p.tp == 0) & (p.etp <= node) & (node % p.etp == 0)
 
 
-def _explain_tp_node(ctx: Context, plan: Plan) -> str:
-    node = ctx.cluster.gpus_per_node
+def _explain_tp_node(problem: Problem, plan: Plan) -> str:
+    node = problem.cluster.gpus_per_node
     if plan.tp > node or node % plan.tp:
         return (f"tp={plan.tp} must divide gpus_per_node={node} (TP stays inside a node's NVLink domain; "
                 "the guide: beyond 8 use PP)")
@@ -174,50 +177,50 @@ def _explain_tp_node(ctx: Context, plan: Plan) -> str:
             "use EP across nodes)")
 
 
-def _cp_needs_sp_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
+def _cp_needs_sp_tp(problem: Problem, p: PlanArrays) -> np.ndarray:
     return (p.cp == 1) | (p.sp & (p.tp > 1))
 
 
-def _explain_cp_needs_sp_tp(ctx: Context, plan: Plan) -> str:
+def _explain_cp_needs_sp_tp(problem: Problem, plan: Plan) -> str:
     return f"cp={plan.cp} needs tp > 1 with --sp (the guide's CP requirement)"
 
 
-def _sp_needs_tp(ctx: Context, p: PlanArrays) -> np.ndarray:
+def _sp_needs_tp(problem: Problem, p: PlanArrays) -> np.ndarray:
     return ~p.sp | (p.tp > 1)
 
 
-def _explain_sp_needs_tp(ctx: Context, plan: Plan) -> str:
+def _explain_sp_needs_tp(problem: Problem, plan: Plan) -> str:
     return "sequence parallelism needs tp > 1; drop --sp"
 
 
-def _moe_needs_sp(ctx: Context, p: PlanArrays) -> np.ndarray:
-    if ctx.model.moe is None:
+def _moe_needs_sp(problem: Problem, p: PlanArrays) -> np.ndarray:
+    if problem.model.moe is None:
         return np.ones(len(p), dtype=bool)
     return (p.tp == 1) | p.sp
 
 
-def _explain_moe_needs_sp(ctx: Context, plan: Plan) -> str:
+def _explain_moe_needs_sp(problem: Problem, plan: Plan) -> str:
     return (f"tp={plan.tp} on an MoE model needs sequence parallelism (Megatron-Core requires it with MoE and TP); "
             "add --sp")
 
 
-def _cp_seq(ctx: Context, p: PlanArrays) -> np.ndarray:
-    seq = ctx.training.seq_len
+def _cp_seq(problem: Problem, p: PlanArrays) -> np.ndarray:
+    seq = problem.training.seq_len
     split = (p.cp == 1) | (seq % (2 * p.cp) == 0)
     local = seq // p.cp
     return split & (seq % p.cp == 0) & (~p.sp | (local % p.tp == 0))
 
 
-def _explain_cp_seq(ctx: Context, plan: Plan) -> str:
-    seq = ctx.training.seq_len
+def _explain_cp_seq(problem: Problem, plan: Plan) -> str:
+    seq = problem.training.seq_len
     if plan.cp > 1 and seq % (2 * plan.cp):
         return f"seq_len={seq} must be divisible by 2·cp={2 * plan.cp} (load-balanced context parallelism)"
     # seq_len splits into 2·cp chunks, so what breaks is the sequence-parallel split of seq_len/cp over tp
     return f"seq_len/cp={seq}/{plan.cp} must be divisible by tp={plan.tp} with sequence parallelism"
 
 
-def _batch(ctx: Context, p: PlanArrays) -> np.ndarray:
-    n, gbs = ctx.cluster.num_gpus, ctx.training.global_batch_size
+def _batch(problem: Problem, p: PlanArrays) -> np.ndarray:
+    n, gbs = problem.cluster.num_gpus, problem.training.global_batch_size
     model_parallel = p.tp * p.cp * p.pp
     dp = n // model_parallel
     whole_dp = (n % model_parallel == 0) & (dp >= 1)
@@ -227,8 +230,8 @@ def _batch(ctx: Context, p: PlanArrays) -> np.ndarray:
     return fits & ((p.vpp == 1) | (microbatches % p.pp == 0))
 
 
-def _explain_batch(ctx: Context, plan: Plan) -> str | None:
-    gbs, dp = ctx.training.global_batch_size, plan.dp(ctx.cluster.num_gpus)
+def _explain_batch(problem: Problem, plan: Plan) -> str | None:
+    gbs, dp = problem.training.global_batch_size, plan.dp(problem.cluster.num_gpus)
     if not dp:
         return None   # tp·cp·pp does not divide the GPU count: the world rule says why
     per_step = dp * plan.mbs
@@ -237,27 +240,24 @@ def _explain_batch(ctx: Context, plan: Plan) -> str | None:
     return f"the interleaved schedule needs num_microbatches={gbs // per_step} divisible by pp={plan.pp}"
 
 
-def _vpp(ctx: Context, p: PlanArrays) -> np.ndarray:
+def _vpp(problem: Problem, p: PlanArrays) -> np.ndarray:
     return (p.vpp == 1) | (p.pp > 1)
 
 
-def _explain_vpp(ctx: Context, plan: Plan) -> str:
+def _explain_vpp(problem: Problem, plan: Plan) -> str:
     return f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)"
 
 
-def _recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
-    first, last, middle, _ = _stage_layer_counts(ctx.model.num_layers, p)
+def _recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
+    first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, p)
     largest_chunk = np.maximum(np.maximum(first, last), middle) // p.vpp
     partial = p.recompute_layers > 0
     return ~partial | ((p.recompute == Recompute.FULL) & (p.recompute_layers < largest_chunk))
 
 
-def _memory_placeholder(ctx: Context, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
+def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
     raise AssertionError("the memory rule needs the peak memory: use memory_holds")
 
-
-ALL_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers", "zero",
-             "first_stage_layers", "last_stage_layers")
 
 RULES: tuple[Rule, ...] = (
     Rule("world", "tp·cp·pp and etp·ep·pp must divide the GPU count (dp and edp are whole)",
@@ -288,7 +288,7 @@ RULES: tuple[Rule, ...] = (
          "Megatron --recompute-method block", ("recompute", "recompute_layers", "pp", "vpp", "first_stage_layers",
                                                "last_stage_layers"), False, _recompute),
     Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
-         ALL_KNOBS, False, _memory_placeholder),
+         PLAN_FIELDS, False, _memory_placeholder),
 )
 
 RULES_BY_ID = {rule.id: rule for rule in RULES}
@@ -314,17 +314,17 @@ def active_rules(relax: Iterable[str] = ()) -> tuple[Rule, ...]:
     return tuple(r for r in RULES if r.id not in relax)
 
 
-def structural_mask(ctx: Context, plans: PlanArrays, rules: Sequence[Rule]) -> np.ndarray:
+def structural_mask(problem: Problem, plans: PlanArrays, rules: Sequence[Rule]) -> np.ndarray:
     """Plans that satisfy every rule in `rules` except memory."""
     mask = np.ones(len(plans), dtype=bool)
     with np.errstate(divide="ignore", invalid="ignore"):
         for rule in rules:
             if rule.id != "memory":
-                mask &= rule.holds(ctx, plans)
+                mask &= rule.holds(problem, plans)
     return mask
 
 
-def violated_rules(ctx: Context, plans: PlanArrays, rules: Sequence[Rule],
+def violated_rules(problem: Problem, plans: PlanArrays, rules: Sequence[Rule],
                    peak_memory_bytes: np.ndarray | None = None) -> list[tuple[str, ...]]:
     """For each plan, the ids of the rules it breaks, in RULES order."""
     broken = []
@@ -334,23 +334,19 @@ def violated_rules(ctx: Context, plans: PlanArrays, rules: Sequence[Rule],
                 if peak_memory_bytes is None:
                     continue
                 peak = np.asarray(peak_memory_bytes, dtype=float)
-                broken.append((rule.id, np.isfinite(peak) & ~memory_holds(ctx.cluster, peak)))
+                broken.append((rule.id, np.isfinite(peak) & ~memory_holds(problem.cluster, peak)))
             else:
-                broken.append((rule.id, ~rule.holds(ctx, plans)))
+                broken.append((rule.id, ~rule.holds(problem, plans)))
     return [tuple(name for name, mask in broken if mask[i]) for i in range(len(plans))]
 
 
 def check_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan | PlanArrays,
                relax: Iterable[str] = ()) -> tuple[str, ...]:
     """The ids of the rules `plan` breaks (memory included, from the cost model's peak); () when it is valid."""
-    from costmodels import memory
-
     plans = as_plan_arrays(plan)
-    rules = active_rules(relax)
-    ctx = Context(model, cluster, training)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         try:
             peak, _, _ = memory.peak_memory(model, cluster, training, plans)
         except (ZeroDivisionError, ValueError, IndexError):   # a structurally broken plan may not be evaluable
             peak = None
-    return violated_rules(ctx, plans, rules, peak)[0]
+    return violated_rules(Problem(model, cluster, training), plans, active_rules(relax), peak)[0]

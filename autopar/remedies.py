@@ -1,8 +1,4 @@
-"""`autopar.estimate`: the cost model's verdict on one plan, and the guide's remedies when it does not fit.
-
-`estimate(model, cluster, training, plan)` evaluates one plan through the same code path as the solver
-(`costmodels.evaluate.evaluate` for step time and throughput) and adds the memory of *every* pipeline rank
-(`costmodels.memory.memory_terms_bytes`), so a report can show which stage is the tight one and why.
+"""`autopar.remedies`: the guide's answer when a plan does not fit, applied step by step with the computed cost.
 
 `remedies(...)` answers "memory exceeds GPU capacity" the way the Parallelism Strategies Guide's troubleshooting
 section does (shared/seeds/000_813f7baad2e6f9ee.txt), in its order:
@@ -25,117 +21,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from autopar.results import Estimate, StageMemory, plan_to_dict
-from costmodels.errors import InputError
-from costmodels.plan import Plan, PlanArrays, Recompute, layers_on_stage
+from costmodels.evaluate import evaluate
+from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute, plan_to_dict
+from costmodels.scoring import rule_violations
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
-
-MEMORY_RULE = "memory"
-
-# ---- checks ----------------------------------------------------------------------------------------------------
-
-def require_precision_supported(cluster: ClusterSpec, training: TrainingSpec) -> None:
-    """InputError when the GPU has no peak FLOP/s for the precision (fp8 on A100)."""
-    precision = training.precision.value
-    if not cluster.profile.supports(precision):
-        supported = ", ".join(sorted(cluster.profile.peak_flops_per_s))
-        raise InputError("precision", f"{cluster.profile.display_name} has no {precision} support; "
-                                      f"use --precision {supported.split(', ')[0]} (supported: {supported})")
-
-
-def rule_violations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-                    relax: Iterable[str] = ()) -> dict[str, str]:
-    """Every rule (DESIGN.md §3) except `memory` that `plan` breaks: rule name -> one-line reason with the fix.
-
-    The names come from the solver's own rules (`autopar.search.rules.check_plan`), so estimate and solve agree on
-    what is allowed; the wording, with the plan's numbers, from each rule's own `explain` (`Rule.why_broken`). Rules
-    in `relax` are not checked (only relaxable ones may be named; see `autopar.search.rules.active_rules`).
-    """
-    from autopar.search.rules import RULES_BY_ID, Context, check_plan
-
-    ctx = Context(model, cluster, training)
-    names = [name for name in check_plan(model, cluster, training, plan, relax=relax) if name != MEMORY_RULE]
-    return {name: RULES_BY_ID[name].why_broken(ctx, plan) for name in names}
-
-
-def require_buildable(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-                      relax: Iterable[str] = ()) -> dict[str, str]:
-    """Raise InputError for the first broken rule Megatron needs; return the guide rules the plan breaks.
-
-    The guide's rules (`Rule.relaxable` in autopar.search.rules: tp_node, cp_needs_sp_tp) are advice Megatron runs
-    without, so breaking one is reported in `Estimate.violations`; breaking any other rule means Megatron-LM cannot
-    build the plan at all: a bad input (CLI exit 2).
-    """
-    from autopar.search.rules import RULES_BY_ID
-
-    if plan.recompute_layers and plan.recompute is not Recompute.FULL:
-        raise InputError("recompute_layers", "only applies with --recompute full; drop --recompute-layers")
-    broken = rule_violations(model, cluster, training, plan, relax)
-    # tp against the heads first (tp=3 is wrong for 32 heads whatever num_gpus is), then the GPU count, then the
-    # rest (a batch that does not split is usually a consequence of the two)
-    first = {"heads": 0, "world": 1}
-    for rule, reason in sorted(broken.items(), key=lambda item: first.get(item[0], 2)):
-        if not RULES_BY_ID[rule].relaxable:
-            raise InputError(_RULE_FIELDS.get(rule, rule), f"{reason} (rule {rule})")
-    return broken
-
-
-_RULE_FIELDS = {"world": "num_gpus", "heads": "tp", "layers": "pp", "experts": "ep", "sp_needs_tp": "sp",
-                "moe_needs_sp": "sp", "cp_seq": "seq_len", "batch": "global_batch_size", "vpp": "vpp", "recompute": "recompute_layers"}
-"""The input each build rule's message names (CLI flags in DESIGN.md §1 names)."""
-
-
-# ---- the estimate ----------------------------------------------------------------------------------------------
-
-def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-             relax: Iterable[str] = ()) -> Estimate:
-    """Memory of every pipeline stage, step time by term, throughput and broken rules of one plan.
-
-    Raises InputError when the plan cannot be built at all (a rule that is not relaxable, or the precision is not
-    supported by the GPU); guide rules (unless relaxed) and `memory` come back in `Estimate.violations`.
-    """
-    require_precision_supported(cluster, training)
-    if plan.layout:       # a plan with a pipeline layout is priced stage by stage
-        from autopar.layout_estimate import layout_estimate
-
-        return layout_estimate(model, cluster, training, plan, relax=relax)
-    guide_rules_broken = require_buildable(model, cluster, training, plan, relax)
-    from costmodels.evaluate import evaluate  # after the checks: a bad plan is reported without the cost model
-
-    plans = PlanArrays.from_plans([plan])
-    evaluation = evaluate(model, cluster, training, plans)
-    stages = stage_memory(model, cluster, training, plans)
-    worst_stage = max(range(len(stages)), key=lambda s: stages[s].total_bytes)
-    assert abs(stages[worst_stage].total_bytes - float(evaluation.peak_memory_bytes[0])) <= \
-        1e-6 * max(1.0, stages[worst_stage].total_bytes), "per-stage memory disagrees with evaluate()'s peak"
-    fits = stages[worst_stage].total_bytes <= cluster.memory_limit_bytes
-    violations = tuple(guide_rules_broken) + (() if fits else (MEMORY_RULE,))
-    return Estimate(
-        model=model, cluster=cluster, training=training, plan=plan,
-        num_microbatches=float(evaluation.num_microbatches[0]),
-        stages=stages, worst_stage=worst_stage,
-        time_terms_s={term: float(values[0]) for term, values in evaluation.time_terms_s.items()},
-        tokens_per_s=float(evaluation.tokens_per_s[0]),
-        model_tflops_per_gpu=float(evaluation.model_tflops_per_gpu[0]),
-        hardware_tflops_per_gpu=float(evaluation.hardware_tflops_per_gpu[0]),
-        mfu=float(evaluation.mfu[0]),
-        violations=violations,
-    )
-
-
-def stage_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 plans: PlanArrays) -> tuple[StageMemory, ...]:
-    """Named memory terms on every pipeline rank of the single plan in `plans`."""
-    from costmodels.memory import memory_terms_bytes
-
-    assert len(plans) == 1, "stage_memory describes one plan"
-    stages = []
-    for stage in range(int(plans.pp[0])):
-        terms = memory_terms_bytes(model, cluster, training, plans, stage)
-        stages.append(StageMemory(stage=stage, layers=float(layers_on_stage(model.num_layers, plans, stage)[0]),
-                                  terms_bytes={term: float(values[0]) for term, values in terms.items()}))
-    return tuple(stages)
-
+from costmodels.units import whole_bytes
 
 # ---- remedies --------------------------------------------------------------------------------------------------
 
@@ -169,8 +59,6 @@ class Remedy:
         return self.applied and self.fits_memory and not self.still_breaks
 
     def to_dict(self, num_gpus: int) -> dict[str, Any]:
-        from autopar.results import whole_bytes
-
         return {"name": self.name, "title": self.title, "applied": self.applied, "change": self.change,
                 "plan": plan_to_dict(self.plan, num_gpus) if self.plan is not None else None,
                 "label": self.plan.short() if self.plan is not None else None,
@@ -265,25 +153,25 @@ def remedies(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
 
 
 @dataclass(frozen=True)
-class _Scored:
+class ScoredPlan:
+    """A plan with the two numbers a remedy step compares: peak memory and step time (one evaluate() call)."""
+
     plan: Plan
     peak_memory_bytes: float
     step_time_s: float
     fits: bool
 
 
-def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: Iterable[Plan]) -> list[_Scored]:
-    from costmodels.evaluate import evaluate
-
+def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: Iterable[Plan]) -> list[ScoredPlan]:
     plans = list(plans)
     evaluation = evaluate(model, cluster, training, PlanArrays.from_plans(plans))
-    return [_Scored(plan, float(evaluation.peak_memory_bytes[i]), float(evaluation.step_time_s[i]),
+    return [ScoredPlan(plan, float(evaluation.peak_memory_bytes[i]), float(evaluation.step_time_s[i]),
                     bool(evaluation.peak_memory_bytes[i] <= cluster.memory_limit_bytes))
             for i, plan in enumerate(plans)]
 
 
-def _apply(step: _Step, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, current: _Scored,
-           tolerated: frozenset[str], relax: tuple[str, ...] = ()) -> tuple[Remedy, _Scored]:
+def _apply(step: _Step, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, current: ScoredPlan,
+           tolerated: frozenset[str], relax: tuple[str, ...] = ()) -> tuple[Remedy, ScoredPlan]:
     """Try one step on top of `current`: the first rule-abiding candidate that fits, else the lowest-memory one.
 
     Rules in `tolerated` (relaxed, or guide rules the user's own plan already breaks) do not block a step.
@@ -321,8 +209,7 @@ def _change(before: Plan, after: Plan) -> str:
     """'tp 4→8, sp off→on': the knobs that differ, in DESIGN.md §1 names."""
     parts = []
     etp_follows_tp = before.etp == before.tp and after.etp == after.tp  # Megatron's default: not worth a word
-    for name in ("tp", "pp", "ep", "etp", "mbs", "zero", "recompute", "recompute_layers", "sp",
-                 "first_stage_layers", "last_stage_layers"):
+    for name in PLAN_FIELDS:
         old, new = getattr(before, name), getattr(after, name)
         if old != new and not (name == "etp" and etp_follows_tp):
             show = (lambda v: v.label) if name == "recompute" else \

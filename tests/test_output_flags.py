@@ -8,14 +8,18 @@ import json
 
 import jsonschema
 import pytest
+from test_report_support import DENSE_PLANS, dense_model, synthetic_front
 
+from autopar.commands.output_flags import (
+    add_megatron_import_argument,
+    add_output_arguments,
+    import_megatron_run,
+    write_outputs,
+)
 from autopar.megatron_args import parse_megatron_args
 from autopar.report import render
 from autopar.report.document import load_schema
-from autopar.report.options import (add_megatron_import_argument, add_output_arguments, import_megatron_run,
-                                    write_outputs)
 from costmodels.errors import InputError
-from test_report_support import DENSE_PLANS, dense_model, synthetic_front
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -60,18 +64,32 @@ def test_bad_pick_and_framework_are_input_errors():
         write_outputs(parse("--emit", "paxml"), front, io.StringIO(), io.StringIO())
 
 
-def test_import_sets_the_training_flags_from_the_command():
-    args = parse("--from-megatron-args", "torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py "
-                                         "--tensor-model-parallel-size 4 --seq-length 8192 --global-batch-size 64 "
-                                         "--micro-batch-size 1 --bf16 --fp8-format e4m3")
+def parse_estimate(*argv: str) -> argparse.Namespace:
+    """`autopar estimate`'s real parser (model, plan, cluster, training, import and output flags)."""
+    from autopar.cli import build_parser
+
+    return build_parser().parse_args(["estimate", "llama-3.1-8b", *argv])
+
+
+def test_import_takes_training_and_gpu_count_from_the_command_and_leaves_the_flags_as_typed():
+    from autopar.commands import specs_from_args
+
+    args = parse_estimate("--from-megatron-args", "torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py "
+                                                  "--tensor-model-parallel-size 4 --seq-length 8192 "
+                                                  "--global-batch-size 64 --micro-batch-size 1 --bf16 "
+                                                  "--fp8-format e4m3")
     run = import_megatron_run(args, io.StringIO())
     assert run.plan.tp == 4
-    assert (args.seq_len, args.global_batch, args.precision, args.num_gpus) == (8192, 64, "fp8", 16)
+    assert (args.seq_len, args.global_batch, args.precision, args.num_gpus) == (4096, 1024, "bf16", None)
+    _, cluster, training = specs_from_args(args, load_model=dense_model, imported=run)
+    assert (training.seq_len, training.global_batch_size, training.precision.value) == (8192, 64, "fp8")
+    assert cluster.num_gpus == 16
     # an explicit --gpus wins, with a note
-    args = parse("--gpus", "32", "--from-megatron-args", "torchrun --nproc-per-node 8 x.py --micro-batch-size 1")
+    args = parse_estimate("--gpus", "32", "--from-megatron-args", "torchrun --nproc-per-node 8 x.py --micro-batch-size 1")
     notes = io.StringIO()
-    import_megatron_run(args, notes)
-    assert args.num_gpus == 32 and "launches 8" in notes.getvalue()
+    run = import_megatron_run(args, notes)
+    assert specs_from_args(args, load_model=dense_model, imported=run)[1].num_gpus == 32
+    assert "launches 8" in notes.getvalue()
     assert import_megatron_run(parse(), io.StringIO()) is None
 
 
@@ -106,14 +124,14 @@ def parse_with_plan(*argv: str) -> argparse.Namespace:
     (["--pick", "2"], "add --emit FRAMEWORK"),
 ])
 def test_output_arguments_are_checked_before_computing(argv, message):
-    from autopar.report.options import validate_output_arguments
+    from autopar.commands.output_flags import validate_output_arguments
 
     with pytest.raises(InputError, match=message):
         validate_output_arguments(parse(*argv))
 
 
 def test_out_naming_a_directory_is_refused(tmp_path):
-    from autopar.report.options import validate_output_arguments
+    from autopar.commands.output_flags import validate_output_arguments
 
     (tmp_path / "r.json").mkdir()
     with pytest.raises(InputError, match="is a directory"):
@@ -124,7 +142,7 @@ def test_out_naming_a_directory_is_refused(tmp_path):
 
 
 def test_report_goes_to_stderr_when_the_launch_config_owns_stdout():
-    from autopar.report.options import report_stream
+    from autopar.commands.output_flags import report_stream
 
     out, err = io.StringIO(), io.StringIO()
     assert report_stream(parse(), out, err) is out

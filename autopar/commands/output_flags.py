@@ -1,4 +1,5 @@
-"""The report/export/import flags shared by `autopar solve`, `estimate` and `explain`, and what they do.
+"""The report/export/import flags shared by `autopar solve`, `estimate` and `explain`, and what they do: CLI flag
+handling (the reports and launch configs themselves are written by autopar.report and autopar.export).
 
 Commands add them with two calls and act on them with a few:
 
@@ -6,9 +7,9 @@ Commands add them with two calls and act on them with a few:
     add_megatron_import_argument(parser)    # --from-megatron-args "COMMAND" | FILE
     ...
     validate_output_arguments(args)         # FIRST: a bad --emit/--out/--pick is exit 2 before any computing
-    imported = import_megatron_run(args)    # None, or the MegatronRun; sets args.seq_len/global_batch/precision
-                                            # (and num_gpus when --gpus was not given) from the command
+    imported = import_megatron_run(args)    # None, or the MegatronRun (plan, training fields, GPU count)
     plan = imported.plan if imported else plan_from_args(args)
+    model, cluster, training = specs_from_args(args, imported=imported)  # the command's training and GPU count
     ...
     print_report(..., stream=report_stream(args))   # the human report: stdout, or stderr under --emit
     write_outputs(args, front_or_estimate)  # writes every --out, prints --emit's config for point --pick
@@ -26,6 +27,8 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import TYPE_CHECKING, Any, Callable, TextIO
+
+from autopar.commands import given_plan_flags, integer
 
 if TYPE_CHECKING:
     from autopar.megatron_args import MegatronRun
@@ -45,15 +48,8 @@ def add_output_arguments(parser: argparse.ArgumentParser, pick: bool = True) -> 
                        help=f"print the launch configuration of the chosen plan for one of: {FRAMEWORK_CHOICES}. "
                             f"{OUTPUT_RULE}")
     if pick:
-        group.add_argument("--pick", type=_pick_number, default=0, metavar="N",
+        group.add_argument("--pick", type=integer, default=0, metavar="N",
                            help="which front point --emit uses: 0 = fastest (default), as numbered in the table")
-
-
-def _pick_number(text: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
 def validate_output_arguments(args: argparse.Namespace) -> None:
@@ -112,18 +108,17 @@ def add_megatron_import_argument(parser: argparse.ArgumentParser) -> None:
 
 def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
                         num_layers: "Callable[[], int] | None" = None) -> "MegatronRun | None":
-    """Parse --from-megatron-args (text or file) and copy its training fields into `args`; None without it.
+    """Parse --from-megatron-args (text or file); None without it. `args` is left as typed.
 
-    The command's --seq-length, --global-batch-size and precision replace the training flags; its GPU count is
-    used unless --gpus was given. Plan flags (--tp, ...) together with it are a bad input: the plan comes from the
-    command. `num_layers` gives MODEL's layer count, asked for only when the command needs one it does not state
+    `specs_from_args(args, imported=run)` then takes the command's --seq-length, --global-batch-size and precision
+    over the training flags, and its GPU count unless --gpus was given. Plan flags (--tp, ...) together with it are
+    a bad input: the plan comes from the command. `num_layers` gives MODEL's layer count, asked for only when the command needs one it does not state
     (--num-layers-per-virtual-pipeline-stage without --num-layers). What the reader had to approximate is printed
     to stderr as notes.
     """
     source = getattr(args, "from_megatron_args", None)
     if source is None:
         return None
-    from autopar.commands import given_plan_flags
     from autopar.megatron_args import parse_megatron_args, read_megatron_source
     from costmodels.errors import InputError
 
@@ -133,18 +128,10 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
                                                f"{', '.join(typed)} (or edit the command)")
     run = parse_megatron_args(read_megatron_source(source), num_layers=num_layers)
     stream = stderr if stderr is not None else sys.stderr
-    training = run.training
-    if "seq_len" in training:
-        args.seq_len = training["seq_len"]
-    if "global_batch_size" in training:
-        args.global_batch = training["global_batch_size"]
-    args.precision = training.get("precision", args.precision)
-    if run.num_gpus is not None:
-        if getattr(args, "num_gpus", None) is None:
-            args.num_gpus = run.num_gpus
-        elif args.num_gpus != run.num_gpus:
-            print(f"autopar: note: --gpus {args.num_gpus} used; the Megatron-LM command launches {run.num_gpus}",
-                  file=stream)
+    typed_gpus = getattr(args, "num_gpus", None)
+    if run.num_gpus is not None and typed_gpus is not None and typed_gpus != run.num_gpus:
+        print(f"autopar: note: --gpus {typed_gpus} used; the Megatron-LM command launches {run.num_gpus}",
+              file=stream)
     for note in run.notes:
         print(f"autopar: note: {note}", file=stream)
     return run
@@ -184,8 +171,8 @@ def write_outputs(args: argparse.Namespace, result: "ParetoFront | Estimate", st
 
 
 def chosen_point(result: "ParetoFront | Estimate", pick: int) -> "Estimate":
-    from autopar.results import Estimate
     from costmodels.errors import InputError
+    from costmodels.scoring import Estimate
 
     if isinstance(result, Estimate):
         return result

@@ -1,0 +1,39 @@
+"""The model / cluster / training lines every command prints first (solve, estimate and explain word their inputs
+the same way), from the inputs block of every document (`autopar.results.describe_inputs`)."""
+
+from __future__ import annotations
+
+from autopar.report.units import format_count, format_gib
+from autopar.results import describe_inputs
+from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+
+
+def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[tuple[str, str]]:
+    """The model / cluster / training lines every command prints first, as (label, text) pairs (plain text).
+
+    One wording for all commands: DESIGN.md §1 names (seq_len, ...), parameter counts as '70.6B', the limit as
+    'limit X GiB per GPU (1 - headroom of HBM)'.
+    """
+    info = describe_inputs(model, cluster, training)
+    m, c, t = info["model"], info["cluster"], info["training"]
+    size = f"{format_count(m['total_params'])} params"
+    if m["active_params"] != m["total_params"]:
+        size += f" ({format_count(m['active_params'])} active)"
+    attention = "MLA" if model.mla is not None else f"{m['num_kv_heads']} KV"
+    shape = (f"{m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_attention_heads']} heads "
+             f"({attention}), ffn {m['ffn_hidden_size']}, vocab {m['vocab_size']}")
+    if "moe" in m:
+        shape += f", {m['moe']['num_experts']} experts top-{m['moe']['top_k']}"
+    nodes = f"{c['num_nodes']} node{'s' if c['num_nodes'] > 1 else ''} of {c['gpus_per_node']}"
+    cluster_text = (f"{c['num_gpus']} × {c['gpu_display_name']} ({nodes}), limit {format_gib(c['memory_limit_bytes'])} "
+                    f"per GPU ({1 - c['headroom']:.0%} of {format_gib(c['hbm_bytes'], 0)} HBM) "
+                    f"[{c['profile_source']}]")
+    training_text = (f"seq_len {t['seq_len']}, global batch {t['global_batch_size']} "
+                     f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}, "
+                     f"flash attention {'on' if t['flash_attention'] else 'off'}, "
+                     f"fused cross entropy {'on' if t['fused_cross_entropy'] else 'off'}")
+    if model.moe is not None:
+        routing = ("dropless" if training.moe_capacity_factor is None
+                   else f"capacity factor {training.moe_capacity_factor:g}")
+        training_text += f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}"
+    return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
