@@ -225,12 +225,16 @@ def test_python_dash_m_autopar_and_version() -> None:
 # ---- stdout holds one document (autopar.commands.output_flags.OUTPUT_RULE) ---------------------------------------------
 
 def test_emit_puts_only_the_launch_config_on_stdout(tmp_path: Path) -> None:
-    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--zero", "1", "--emit", "deepspeed",
-                     cwd=tmp_path)
+    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--no-sp", "--num-gpus", "8", "--zero", "1", "--emit",
+                     "deepspeed", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)  # `... --emit deepspeed > ds.json` is a valid JSON file
     assert config["train_micro_batch_size_per_gpu"] == 1 and config["zero_optimization"]["stage"] == 1
     assert "Memory per GPU by pipeline stage" in result.stderr  # the report moved to stderr
+    # a plan DeepSpeed cannot run (Megatron SP): exit 2, the knob named, nothing on stdout
+    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--emit", "deepspeed", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "cannot run plan 'tp2 pp1 mbs1 sp" in result.stderr and "sp=true" in result.stderr
     # --json owns stdout; the launch config goes to stderr
     result = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--json", "--emit", "megatron",
                      cwd=tmp_path)

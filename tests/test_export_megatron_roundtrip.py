@@ -79,5 +79,6 @@ def test_the_emitted_command_names_each_knob_once():
                  "--global-batch-size", "--seq-length", "--context-parallel-size", "--bf16"):
         assert text.count(flag + " ") + text.count(flag + "\n") == 1, flag
     # comments come before the command, so the backslash-continued command is not cut by a comment line
-    command = text[text.index("\ntorchrun "):]
+    command = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert text.endswith(command + "\n") and "torchrun " in command.splitlines()[0]
     assert "#" not in command

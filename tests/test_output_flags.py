@@ -44,16 +44,27 @@ def test_out_and_emit_for_the_picked_point(tmp_path):
 
 
 def test_emit_goes_to_stderr_under_json_and_deepspeed_notes_too():
+    from autopar.export.capabilities import Unsupported, refusals
+    from costmodels.rules import Problem as Context
+
     front = synthetic_front(dense_model(), DENSE_PLANS)
+    ctx = Context(front[0].model, front[0].cluster, front[0].training)
+    pick = next(i for i, point in enumerate(front) if not refusals(ctx, point.plan, "deepspeed"))
     stdout, stderr = io.StringIO(), io.StringIO()
-    write_outputs(parse("--emit", "deepspeed", "--pick", "1", "--json"), front, stdout, stderr)
+    write_outputs(parse("--emit", "deepspeed", "--pick", str(pick), "--json"), front, stdout, stderr)
     assert stdout.getvalue() == ""
     text = stderr.getvalue()
-    assert json.loads(text[:text.index("\n}\n") + 2])["train_micro_batch_size_per_gpu"] == front[1].plan.mbs
+    assert json.loads(text[:text.index("\n}\n") + 2])["train_micro_batch_size_per_gpu"] == front[pick].plan.mbs
     stdout, stderr = io.StringIO(), io.StringIO()
-    write_outputs(parse("--emit", "deepspeed", "--pick", "1"), front, stdout, stderr)
+    write_outputs(parse("--emit", "deepspeed", "--pick", str(pick)), front, stdout, stderr)
     json.loads(stdout.getvalue())  # pure JSON on stdout
-    assert "# not expressible in DeepSpeed's config: pp=4" in stderr.getvalue()
+    assert "# deepspeed: DeepSpeed 0.19.8 config; train_batch_size" in stderr.getvalue()
+    # a point DeepSpeed cannot run is refused with the reason, nothing on stdout (the CLI exits 2)
+    refused = next(i for i, point in enumerate(front) if refusals(ctx, point.plan, "deepspeed"))
+    stdout = io.StringIO()
+    with pytest.raises(Unsupported, match="cannot run plan"):
+        write_outputs(parse("--emit", "deepspeed", "--pick", str(refused)), front, stdout, io.StringIO())
+    assert stdout.getvalue() == ""
 
 
 def test_bad_pick_and_framework_are_input_errors():

@@ -162,12 +162,18 @@ def write_outputs(args: argparse.Namespace, result: "ParetoFront | Estimate", st
     if framework:
         from autopar.export import launch_config
 
-        config = launch_config(chosen_point(result, getattr(args, "pick", 0)), framework)
+        from autopar.export.capabilities import Unsupported
+
+        point = chosen_point(result, getattr(args, "pick", 0))
+        try:
+            config = launch_config(point, framework)
+        except Unsupported as refused:   # exit 2 with the reason and the nearest plan the framework runs
+            raise refused.with_nearest(point) from None
         # OUTPUT_RULE: with --json, stdout holds the JSON document alone and the launch config goes to stderr
         (err if getattr(args, "json", False) else out).write(config.text)
         if config.framework == "deepspeed":  # JSON has no comments: the notes go to stderr
             for note in config.unexpressed:
-                print(f"# not expressible in DeepSpeed's config: {note}", file=err)
+                print(f"# deepspeed: {note}", file=err)
 
 
 def chosen_point(result: "ParetoFront | Estimate", pick: int) -> "Estimate":

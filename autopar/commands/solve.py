@@ -43,6 +43,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max", action="append", default=[], metavar="KNOB=V", help="upper bound on a knob; repeatable")
     group.add_argument("--min", action="append", default=[], metavar="KNOB=V", help="lower bound on a knob; repeatable")
     add_relax_argument(parser)
+    group.add_argument("--framework", default=None, metavar="FRAMEWORK",
+                       help="search only the plans this framework can run (megatron, nemo, bridge, verl, torchtitan, "
+                            "deepspeed; autopar/export/capabilities.py), so the front is the one it can launch")
     group.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                        help="stop searching after this long and show the front found so far (marked not proven)")
     group.add_argument("--top", type=int, default=None, metavar="K", help="show only the K fastest front points")
@@ -95,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.rules import active_rules
 
     validate_output_arguments(args)               # bad --emit/--out/--pick: exit 2 before any solving
+    from autopar.export import framework_name     # bad --framework: exit 2 before any solving
+
+    if args.framework:
+        framework_name(args.framework)
     _, bounds = controls_from_args(args)          # bad --fix/--max/--relax before the model loads
     active_rules(args.relax)
     if args.top is not None and args.top < 1:
@@ -104,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         args.num_gpus = gpu_range[1]
     model, cluster, training = specs_from_args(args)
     options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
-                   solver=args.solver)
+                   solver=args.solver, framework=framework_name(args.framework) if args.framework else None)
     try:
         if gpu_range is not None:
             front = solve_scaling(model, cluster, training, gpu_range, **options)

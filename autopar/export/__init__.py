@@ -4,9 +4,11 @@
     print(emit(front[0], "megatron"))
 
 Frameworks (FRAMEWORKS): megatron (Megatron-LM flags), nemo (NeMo 2 recipe overrides), bridge (Megatron-Bridge
-config overrides), verl (actor YAML), torchtitan (job TOML), deepspeed (config JSON). Each module cites the upstream
-file its key names come from. `launch_config` returns the text together with the knobs the framework cannot
-express (also written into the text as comments where the format has them).
+config overrides), verl (Hydra overrides), torchtitan (Python config), deepspeed (config JSON), each written for the
+release named in export.capabilities.TARGET_VERSIONS. Each module cites the upstream file its key names come from.
+`launch_config` returns the text with notes (also comments where the format has them); a plan the framework cannot
+run raises export.capabilities.Unsupported (an InputError naming the knob), never a silently different config.
+export.conformance runs each framework's own validator on the text (benchmarks/conformance.py).
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ class LaunchConfig:
     text: str
     unexpressed: tuple[str, ...]
     sources: tuple[str, ...]
+    target: str = ""
+    """The framework release the text is written for (export.capabilities.TARGET_VERSIONS), also in its header."""
 
 
 def stage_layers(num_layers: int, plan: Plan) -> list[int]:

@@ -1,60 +1,76 @@
-"""DeepSpeed config JSON for one plan.
+"""DeepSpeed config JSON for one plan (DeepSpeed 0.19.8).
 
 Key names from deepspeedai/DeepSpeed docs/_pages/config-json.md (train_batch_size, train_micro_batch_size_per_gpu,
 gradient_accumulation_steps, zero_optimization.stage, bf16.enabled) and docs/_tutorials/autotp-training.md
-(tensor_parallel.autotp_size). DeepSpeed checks train_batch_size = micro batch × accumulation × data-parallel size;
-deepspeed/runtime/pipe/engine.py asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
+(tensor_parallel.autotp_size).
 
-JSON has no comments: what DeepSpeed's config cannot express (pipeline stages and MoE expert-parallel size are set in
-model code, Megatron-style SP and CP do not exist) is in `LaunchConfig.unexpressed`, which the CLI prints to stderr.
+The batch triple must satisfy DeepSpeedConfig._batch_assertion (deepspeed/runtime/config.py):
+train_batch_size == train_micro_batch_size_per_gpu × gradient_accumulation_steps × world_size, where world_size is
+DeepSpeed's own count, not autopar's data-parallel size (`deepspeed_world_size`):
+
+* pp > 1: `deepspeed.initialize` builds the config with the PipelineModule's topology as `mpu`
+  (deepspeed/__init__.py: `mpu = model.mpu(); DeepSpeedConfig(config, mpu)`), so world_size =
+  mpu.get_data_parallel_world_size() = dp; tensor parallelism then comes from the topology (model code).
+* pp = 1: no mpu and no mesh (AutoTP is set up later, in the engine), so world_size = dist.get_world_size(), every
+  rank -- with AutoTP the tp ranks of one replica each count a micro-batch, and train_batch_size is tp × the plan's
+  global batch while every rank still reads `train_micro_batch_size_per_gpu` samples per micro-step.
+
+Plans DeepSpeed cannot run (pp > 1 with ZeRO >= 2, MoE with ZeRO-3, cp, interleaving, Megatron SP, expert TP) are
+refused (export.capabilities). JSON has no comments: what is set in model code (pipeline stages, the MoE layer's
+ep_size, activation checkpointing) is in `LaunchConfig.unexpressed`, which the CLI prints to stderr.
 """
 
 from __future__ import annotations
 
 import json
 
+from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import LaunchConfig, gradient_accumulation_steps
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 from costmodels.specs import Precision
 
 SOURCES = ("deepspeedai/DeepSpeed docs/_pages/config-json.md",
-           "deepspeedai/DeepSpeed docs/_tutorials/autotp-training.md")
+           "deepspeedai/DeepSpeed docs/_tutorials/autotp-training.md",
+           "deepspeedai/DeepSpeed deepspeed/runtime/config.py DeepSpeedConfig (world size, batch assertion)")
+
+
+def deepspeed_world_size(estimate: Estimate) -> int:
+    """The world size DeepSpeedConfig multiplies the micro-batch by (see the module docstring)."""
+    return estimate.dp if estimate.plan.pp > 1 else estimate.cluster.num_gpus
 
 
 def launch_config(estimate: Estimate) -> LaunchConfig:
+    require_runnable(estimate, "deepspeed")
     plan, training = estimate.plan, estimate.training
-    notes = []
+    accumulation = gradient_accumulation_steps(estimate)
+    world = deepspeed_world_size(estimate)
+    notes = [f"{TARGET_VERSIONS['deepspeed']} config; "
+             f"train_batch_size = {plan.mbs} x {accumulation} x world size {world} (DeepSpeed's count: "
+             + ("the pipeline topology's data-parallel size)" if plan.pp > 1 else
+                f"every rank{f', so the {plan.tp} AutoTP ranks of a replica each count' if plan.tp > 1 else ''}; the "
+                f"plan's global batch is {training.global_batch_size} sequences)")]
     if plan.pp > 1:
-        notes.append(f"pp={plan.pp}: pipeline stages are set in code (deepspeed.pipe.PipelineModule(num_stages="
-                     f"{plan.pp})), not in the config")
-        if plan.zero >= 2:
-            notes.append(f"zero={plan.zero} with pp > 1: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 "
-                         "only")
-    if plan.vpp > 1 or plan.first_stage_layers or plan.last_stage_layers:
-        notes.append("interleaved / uneven pipeline stages: not expressible (PipelineModule partition_method "
-                     "splits layers itself)")
-    if plan.cp > 1:
-        notes.append(f"cp={plan.cp}: DeepSpeed has no ring context parallelism (Ulysses sequence parallelism, "
-                     "sequence_parallel_size, is a different algorithm)")
-    if plan.sp:
-        notes.append("sp: Megatron-style sequence parallelism is not expressible")
-    if plan.ep > 1 or plan.etp != plan.tp:
-        notes.append(f"ep={plan.ep}, etp={plan.etp}: expert parallelism is set in model code "
-                     "(deepspeed.moe.layer.MoE(ep_size=...))")
+        notes.append(f"pp={plan.pp}: pipeline stages are set in code: deepspeed.pipe.PipelineModule(layers, "
+                     f"num_stages={plan.pp}, partition_method='uniform'"
+                     + (f", topology=PipeModelDataParallelTopology(num_pp={plan.pp}, num_mp={plan.tp}, "
+                        f"num_dp={estimate.dp})" if plan.tp > 1 else "") + ")")
+    if estimate.model.is_moe:
+        notes.append(f"ep={plan.ep}: experts are set in model code: deepspeed.moe.layer.MoE(..., ep_size={plan.ep})")
     if plan.recompute is not Recompute.NONE:
-        notes.append(f"recompute={plan.recompute.label}: activation checkpointing is applied in model code "
-                     "(deepspeed.checkpointing.checkpoint around each layer)")
+        which = f"the first {plan.recompute_layers} layers of each stage" if plan.recompute_layers else "every layer"
+        notes.append(f"recompute=full: wrap {which} in deepspeed.checkpointing.checkpoint (model code)")
     if training.precision is Precision.FP8:
         notes.append("fp8: DeepSpeed's config has no fp8 switch; use Transformer Engine layers in the model")
     config: dict[str, object] = {
-        "train_batch_size": training.global_batch_size,
+        "train_batch_size": plan.mbs * accumulation * world,
         "train_micro_batch_size_per_gpu": plan.mbs,
-        "gradient_accumulation_steps": gradient_accumulation_steps(estimate),
+        "gradient_accumulation_steps": accumulation,
         "zero_optimization": {"stage": plan.zero},
         "bf16": {"enabled": True},
     }
-    if plan.tp > 1:
+    if plan.tp > 1 and plan.pp == 1:
         config["tensor_parallel"] = {"autotp_size": plan.tp}
     text = json.dumps(config, indent=2) + "\n"
-    return LaunchConfig(framework="deepspeed", text=text, unexpressed=tuple(notes), sources=SOURCES)
+    return LaunchConfig(framework="deepspeed", text=text, unexpressed=tuple(notes), sources=SOURCES,
+                        target=TARGET_VERSIONS["deepspeed"])

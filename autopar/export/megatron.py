@@ -20,6 +20,7 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 
 from __future__ import annotations
 
+from autopar.export.capabilities import TARGET_VERSIONS
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields, one_line,
                                    pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
@@ -171,17 +172,35 @@ def unexpressed(estimate: Estimate) -> list[str]:
     return notes
 
 
+def cuda_device_max_connections(estimate: Estimate) -> str | None:
+    """The launch environment's CUDA_DEVICE_MAX_CONNECTIONS as Megatron-LM's validate_args asserts it
+    (megatron/training/arguments.py, core_v0.19.0): "1" with tensor or context parallelism (the TP/CP
+    communication overlap needs one hardware queue: 'Using tensor model parallelism or context parallelism require
+    setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1'; checked on devices before Blackwell), and
+    "unset" with Megatron-FSDP ('FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'; with TP/CP too that is
+    only a warning). None: no requirement, leave the environment alone."""
+    plan = estimate.plan
+    if plan.zero >= 2:
+        return "unset"
+    if plan.tp > 1 or plan.cp > 1:
+        return "1"
+    return None
+
+
 def launcher_prefix(estimate: Estimate) -> str:
     cluster = estimate.cluster
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
-    return f"torchrun --nproc-per-node {per_node} --nnodes {cluster.num_nodes} pretrain_gpt.py"
+    connections = cuda_device_max_connections(estimate)
+    env = {None: "", "unset": "env -u CUDA_DEVICE_MAX_CONNECTIONS "}.get(connections,
+                                                                      f"CUDA_DEVICE_MAX_CONNECTIONS={connections} ")
+    return f"{env}torchrun --nproc-per-node {per_node} --nnodes {cluster.num_nodes} pretrain_gpt.py"
 
 
 def launch_config(estimate: Estimate) -> LaunchConfig:
     flags = parallelism_flags(estimate) + batch_flags(estimate) + memory_flags(estimate) + overlap_flags(estimate)
     flags += model_flags(estimate.model)
     notes = unexpressed(estimate)
-    lines = [f"# Megatron-LM: {plan_caption(estimate)}",
+    lines = [f"# {TARGET_VERSIONS['megatron']}: {plan_caption(estimate)}",
              f"# flag names: {SOURCES[0]}",
              "# multi-node: add --node-rank/--master-addr/--master-port to torchrun; add your data, tokenizer, "
              "optimizer and checkpoint flags",
@@ -190,7 +209,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     body = [launcher_prefix(estimate)] + [flag if value is None else f"{flag} {_quote(value)}"
                                           for flag, value in flags]
     text = "\n".join(lines) + "\n" + " \\\n    ".join(body) + "\n"
-    return LaunchConfig(framework="megatron", text=text, unexpressed=tuple(notes), sources=SOURCES)
+    return LaunchConfig(framework="megatron", text=text, unexpressed=tuple(notes), sources=SOURCES,
+                        target=TARGET_VERSIONS["megatron"])
 
 
 def _quote(value: str) -> str:

@@ -23,6 +23,7 @@ data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_g
 
 from __future__ import annotations
 
+from autopar.export.capabilities import TARGET_VERSIONS
 from autopar.export.common import LaunchConfig, data_parallel_overlap, mcore_parallel_fields, plan_caption
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
@@ -38,6 +39,23 @@ STRATEGY_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
                    "expert_model_parallel_size", "expert_tensor_parallel_size")
 """Fields NeMo 2's MegatronStrategy takes directly; the rest go to model.config (TransformerConfig)."""
+
+SPLIT_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+"""The pipeline split. NeMo 2's MegatronStrategy owns them (nemo/lightning/pytorch/strategies/megatron_strategy.py
+__init__ and `parallelism`, copied onto the model's TransformerConfig at setup, overwriting model.config.*), and so
+does a Megatron-Bridge model provider; recipes set them (NeMo's llama31_405b: account_for_* = True; Bridge's
+Llama-3.1-405B and DeepSeek-V3 recipes: account_for_* and pipeline_model_parallel_layout), so every one is written,
+cleared (null / false) when the plan does not use it, or the recipe's split runs instead of the plan's."""
+
+
+def split_overrides(fields: dict[str, object]) -> dict[str, object]:
+    """The pipeline split fields with explicit values: the plan's, else null (stage sizes) or false (slots), and
+    pipeline_model_parallel_layout null (the plan's split is given by the fields above)."""
+    explicit: dict[str, object] = {name: fields[name] for name in SPLIT_FIELDS[:2]}
+    explicit.update({name: bool(fields[name]) for name in SPLIT_FIELDS[2:]})
+    explicit["pipeline_model_parallel_layout"] = None
+    return explicit
 
 
 def _value(value: object) -> str:
@@ -55,30 +73,29 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     overrides = [f"trainer.num_nodes={cluster.num_nodes}",
                  f"trainer.devices={min(cluster.gpus_per_node, cluster.num_gpus)}"]
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
-    for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                 "recompute_granularity", "recompute_method", "recompute_num_layers"):
-        if fields[name] is not None:
-            overrides.append(f"model.config.{name}={_value(fields[name])}")
+    overrides += [f"trainer.strategy.{name}={_value(value)}" for name, value in split_overrides(fields).items()]
+    overrides += [f"model.config.{name}={_value(fields[name])}"
+                  for name in ("recompute_granularity", "recompute_method", "recompute_num_layers")]
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
                   f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}"]
     overrides += [f"trainer.strategy.ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
+    if plan.zero >= 2:   # MegatronStrategy(fsdp="megatron") with the DDP config's sharding strategy
+        overrides += ["trainer.strategy.fsdp=megatron", "trainer.strategy.ddp.use_megatron_fsdp=true",
+                      f"trainer.strategy.ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
+                      "trainer.strategy.save_ckpt_format=fsdp_dtensor"]
     overrides.append("trainer.plugins=" + ("bf16_with_fp8_mixed" if training.precision is Precision.FP8
                                            else "bf16_mixed"))
-    notes = []
-    if plan.zero >= 2:
-        notes.append(f"zero={plan.zero} (gradient/parameter sharding): NeMo 2 recipes expose only the distributed "
-                     "optimizer (ZeRO-1) here; use Megatron-Bridge (`--emit bridge`) for Megatron-FSDP")
-    return _render("nemo", f"NeMo 2 (nemo llm pretrain --factory <recipe> ...): {plan_caption(estimate)}",
-                   NEMO_SOURCES, overrides, notes)
+    return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory <recipe> ...): "
+                   f"{plan_caption(estimate)}", NEMO_SOURCES, overrides, [])
 
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
     plan, training = estimate.plan, estimate.training
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
-    overrides = [f"model.{name}={_value(value)}" for name, value in fields.items()
-                 if value is not None or name == "virtual_pipeline_model_parallel_size"]
+    split = split_overrides(fields)
+    overrides = [f"model.{name}={_value(value)}" for name, value in fields.items() if name not in split]
+    overrides += [f"model.{name}={_value(value)}" for name, value in split.items()]
     overrides += [f"train.micro_batch_size={plan.mbs}", f"train.global_batch_size={training.global_batch_size}",
                   f"model.seq_length={training.seq_len}", f"dataset.seq_length={training.seq_len}",
                   f"ddp.use_distributed_optimizer={_value(plan.zero >= 1)}",
@@ -90,7 +107,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     overrides += [f"ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
     overrides.append("mixed_precision=" + ("bf16_with_fp8_current_scaling_mixed"
                                            if training.precision is Precision.FP8 else "bf16_mixed"))
-    return _render("bridge", f"Megatron-Bridge (scripts/training/run_recipe.py --recipe <recipe> ...): "
+    return _render("bridge", f"{TARGET_VERSIONS['bridge']} (scripts/training/run_recipe.py --recipe <recipe> ...): "
                    f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides, [])
 
 
@@ -99,4 +116,5 @@ def _render(framework: str, caption: str, sources: tuple[str, ...], overrides: l
     lines = [f"# {caption}", f"# key names: {'; '.join(sources)}"]
     lines += [f"# not expressible: {note}" for note in notes]
     text = "\n".join(lines) + "\n" + " \\\n".join(overrides) + "\n"
-    return LaunchConfig(framework=framework, text=text, unexpressed=tuple(notes), sources=sources)
+    return LaunchConfig(framework=framework, text=text, unexpressed=tuple(notes), sources=sources,
+                        target=TARGET_VERSIONS[framework])

@@ -1,84 +1,121 @@
-"""torchtitan job config (`[parallelism]`, `[training]`, `[activation_checkpoint]` TOML) for one plan.
+"""torchtitan Python config (torchtitan 0.3.0) for one plan.
 
-Key names from pytorch/torchtitan torchtitan/config/job_config.py: `Parallelism` (data_parallel_replicate_degree,
-data_parallel_shard_degree, fsdp_reshard_after_forward, tensor_parallel_degree, pipeline_parallel_degree,
-pipeline_parallel_split_points, pipeline_parallel_schedule, pipeline_parallel_microbatch_size,
-context_parallel_degree, expert_parallel_degree, expert_tensor_parallel_degree), `Training` (local_batch_size,
-global_batch_size, seq_len, mixed_precision_param), `ActivationCheckpoint` (mode, selective_ac_option).
+torchtitan reads Python configs: `torchrun ... -m torchtitan.train --module autopar_plan --config autopar_plan`
+imports `autopar_plan` (torchtitan/config/manager.py ConfigManager._load_config: `--module` may be any importable
+module, `--config` names a function in it returning a `Trainer.Config`). The TOML job files and
+`pipeline_parallel_split_points` are gone; pipeline stages are per-stage module lists,
+`ParallelismConfig.module_fqns_per_model_part` (torchtitan/distributed/pipeline_parallel.py pipeline_llm; module
+names `tok_embeddings`, `layers.N`, `norm`, `lm_head` as in its _generate_llm_fqn_per_model_part).
 
-torchtitan shards data parallelism with FSDP2, so `zero` maps onto its two DP axes: zero 0 = plain replication
-(DDP: replicate = dp, shard = 1); zero 3 = FSDP (shard = dp); zero 1 and 2 keep parameters gathered between forward
-and backward (`fsdp_reshard_after_forward = "never"`, the ZeRO-2 behaviour of FSDP). Its tensor parallelism always
-shards the sequence in norms and dropout (Megatron's SP).
+Field names from torchtitan/config/configs.py `ParallelismConfig` (data_parallel_replicate_degree,
+data_parallel_shard_degree, fsdp_reshard_after_forward, tensor_parallel_degree, enable_sequence_parallel,
+pipeline_parallel_degree, module_fqns_per_model_part, pipeline_parallel_schedule,
+pipeline_parallel_microbatch_size, context_parallel_degree, expert_parallel_degree) and `TrainingConfig`
+(local_batch_size, global_batch_size, seq_len), activation checkpointing from
+torchtitan/distributed/activation_checkpoint.py (FullAC; `Trainer.Config.activation_checkpoint`).
+
+zero maps onto torchtitan's two DP axes: zero 0 = replicate (DDP), zero 3 = FSDP, zero 2 = FSDP with parameters kept
+gathered between forward and backward (fsdp_reshard_after_forward = "never"). Plans torchtitan cannot run (zero 1,
+expert TP other than its own, Megatron's selective or partial recompute) are refused (export.capabilities).
 """
 
 from __future__ import annotations
 
+from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import LaunchConfig, chunk_layers_in_model_order, one_line, plan_caption
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
-from costmodels.specs import Precision
+from costmodels.specs import ModelSpec, Precision
 
-SOURCES = ("pytorch/torchtitan torchtitan/config/job_config.py",)
+SOURCES = ("pytorch/torchtitan torchtitan/config/configs.py", "pytorch/torchtitan torchtitan/config/manager.py",
+           "pytorch/torchtitan torchtitan/distributed/pipeline_parallel.py")
+
+REGISTRY_CONFIGS = (  # (words in the model name, torchtitan 0.3.0 config_registry module, function)
+    (("deepseek", "v3"), "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_671b"),
+    (("llama", "405b"), "torchtitan.models.llama3.config_registry", "llama3_405b"),
+    (("llama", "70b"), "torchtitan.models.llama3.config_registry", "llama3_70b"),
+    (("llama", "8b"), "torchtitan.models.llama3.config_registry", "llama3_8b"),
+    (("qwen3", "14b"), "torchtitan.models.qwen3.config_registry", "qwen3_14b"),
+)
+"""The torchtitan model config a plan starts from, by model name; none matched: torchtitan's defaults."""
 
 
-def _split_points(num_layers: int, estimate: Estimate) -> list[str]:
-    """'layers.N' at the first decoder layer of every (virtual) stage after the first, in model order."""
-    points, start = [], 0
-    for count in chunk_layers_in_model_order(num_layers, estimate.plan)[:-1]:
+def registry_config(model: ModelSpec) -> tuple[str, str] | None:
+    name = model.name.lower().replace("-", " ").replace("_", " ").replace(".", " ")
+    words = set(name.split())
+    for keys, module, function in REGISTRY_CONFIGS:
+        if all(any(key in word for word in words) for key in keys):
+            return module, function
+    return None
+
+
+def module_fqns_per_model_part(num_layers: int, estimate: Estimate) -> list[list[str]]:
+    """The modules of every (virtual) stage in model order: the embedding with the first, norm and head with the last
+    (stage i runs on rank i % pp in torchtitan's looped schedules, as in Megatron-Core's interleaving)."""
+    parts, start = [], 0
+    chunks = chunk_layers_in_model_order(num_layers, estimate.plan)
+    for index, count in enumerate(chunks):
+        part = ["tok_embeddings"] if index == 0 else []
+        part += [f"layers.{layer}" for layer in range(start, start + count)]
+        if index == len(chunks) - 1:
+            part += ["norm", "lm_head"]
+        parts.append(part)
         start += count
-        points.append(f"layers.{start}")
-    return points
+    return parts
 
 
 def launch_config(estimate: Estimate) -> LaunchConfig:
+    require_runnable(estimate, "torchtitan")
     plan, training, model = estimate.plan, estimate.training, estimate.model
     dp = estimate.dp
-    notes = []
-    if plan.tp > 1 and not plan.sp:
-        notes.append("sp=false: torchtitan's tensor parallelism always shards the sequence (SP on)")
-    if plan.zero == 1:
-        notes.append("zero=1: torchtitan has no optimizer-only sharding; FSDP with parameters kept gathered "
-                     "after forward (ZeRO-2 behaviour) is the closest")
-    if plan.recompute is Recompute.FULL and plan.recompute_layers:
-        notes.append(f"recompute_layers={plan.recompute_layers}: torchtitan's full AC recomputes every layer "
-                     "(selective_ac_option='N' checkpoints every N-th layer instead)")
-    if plan.recompute is Recompute.SELECTIVE:
-        notes.append("selective recompute: torchtitan's op-level selective AC (selective_ac_option='op') is the "
-                     "closest to Megatron's attention-core recompute, not the same set of ops")
-    if model.is_moe and plan.etp not in (1, plan.tp):
-        notes.append(f"etp={plan.etp}: torchtitan supports expert TP equal to tp or 1 only")
-    if plan.ep > 1 and plan.zero == 0:
-        notes.append("ep > 1 with zero=0: torchtitan takes expert-parallel ranks from the FSDP "
-                     "(data_parallel_shard_degree x context_parallel_degree) dimension")
-    if training.precision is Precision.FP8:
-        notes.append("fp8: enable with model.converters = [\"float8\"] and a [float8] recipe (torchao)")
-    sharded = plan.zero >= 1
-    parallelism = [f"data_parallel_replicate_degree = {1 if sharded else dp}",
-                   f"data_parallel_shard_degree = {dp if sharded else 1}"]
-    if plan.zero in (1, 2):
-        parallelism.append('fsdp_reshard_after_forward = "never"')
-    parallelism += [f"tensor_parallel_degree = {plan.tp}", f"context_parallel_degree = {plan.cp}",
-                    f"pipeline_parallel_degree = {plan.pp}"]
+    sharded = plan.zero >= 2
+    parallelism: list[tuple[str, object]] = [
+        ("data_parallel_replicate_degree", 1 if sharded else dp),
+        ("data_parallel_shard_degree", dp if sharded else 1)]
+    if plan.zero == 2:
+        parallelism.append(("fsdp_reshard_after_forward", "never"))
+    parallelism += [("tensor_parallel_degree", plan.tp), ("enable_sequence_parallel", plan.sp or plan.tp == 1),
+                    ("context_parallel_degree", plan.cp), ("pipeline_parallel_degree", plan.pp)]
     if plan.pp > 1:
-        points = ", ".join(f'"{p}"' for p in _split_points(model.num_layers, estimate))
-        parallelism += [f'pipeline_parallel_schedule = "{"Interleaved1F1B" if plan.vpp > 1 else "1F1B"}"',
-                        f"pipeline_parallel_split_points = [{points}]",
-                        f"pipeline_parallel_microbatch_size = {plan.mbs}"]
+        parallelism += [("pipeline_parallel_schedule", "Interleaved1F1B" if plan.vpp > 1 else "1F1B"),
+                        ("pipeline_parallel_microbatch_size", plan.mbs),
+                        ("module_fqns_per_model_part", module_fqns_per_model_part(model.num_layers, estimate))]
     if model.is_moe:
-        parallelism += [f"expert_parallel_degree = {plan.ep}", f"expert_tensor_parallel_degree = {plan.etp}"]
+        parallelism.append(("expert_parallel_degree", plan.ep))
     # With PP the whole per-rank batch is one schedule of microbatches; without it torchtitan accumulates
     # gradients global_batch_size / (local_batch_size * dp) times.
     local_batch = training.global_batch_size // dp if plan.pp > 1 and dp else plan.mbs
-    training_lines = [f"local_batch_size = {local_batch}", f"global_batch_size = {training.global_batch_size}",
-                      f"seq_len = {training.seq_len}", 'mixed_precision_param = "bfloat16"']
-    mode = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[plan.recompute]
-    checkpoint_lines = [f'mode = "{mode}"']
-    if plan.recompute is Recompute.SELECTIVE:
-        checkpoint_lines.append('selective_ac_option = "op"')
-    header = [f"# torchtitan: {plan_caption(estimate)}", f"# key names: {SOURCES[0]}",
-              f"# model: {one_line(model.name)} (set [model] name/flavor to the matching torchtitan model)"]
-    header += [f"# not expressible: {note}" for note in notes]
-    text = "\n".join(header + ["", "[parallelism]"] + parallelism + ["", "[training]"] + training_lines
-                     + ["", "[activation_checkpoint]"] + checkpoint_lines) + "\n"
-    return LaunchConfig(framework="torchtitan", text=text, unexpressed=tuple(notes), sources=SOURCES)
+    base = registry_config(model)
+    lines = [f"# {TARGET_VERSIONS['torchtitan']}: {plan_caption(estimate)}",
+             "# save as autopar_plan.py on PYTHONPATH; run: torchrun ... -m torchtitan.train --module autopar_plan "
+             "--config autopar_plan",
+             f"# key names: {'; '.join(SOURCES)}"]
+    if training.precision is Precision.FP8:
+        lines.append("# fp8: add Float8LinearConverter.Config() to the model_spec converters (torchao)")
+    lines += ["from torchtitan.config import ParallelismConfig"]
+    if plan.recompute is Recompute.FULL:
+        lines.append("from torchtitan.distributed.activation_checkpoint import FullAC")
+    if base is None:
+        lines += [f"# torchtitan has no registry config for {one_line(model.name)}: start from its defaults and set",
+                  "# model_spec to your model", "from torchtitan.trainer import Trainer", "",
+                  "base_config = Trainer.Config"]
+    else:
+        lines += [f"from {base[0]} import {base[1]} as base_config  # torchtitan's config for "
+                  f"{one_line(model.name)}"]
+    lines += ["", "", "def autopar_plan():", "    config = base_config()", "    config.parallelism = ParallelismConfig("]
+    lines += [f"        {name}={value!r}," for name, value in parallelism]
+    lines += ["    )",
+              f"    config.training.local_batch_size = {local_batch}",
+              f"    config.training.global_batch_size = {training.global_batch_size}",
+              f"    config.training.seq_len = {training.seq_len}",
+              '    config.training.mixed_precision_param = "bfloat16"']
+    if plan.pp > 1:   # torchtitan's TrainingConfig refuses CUDA graphs with pipeline parallelism
+        lines.append("    config.training.disable_cuda_graphs = True")
+    if plan.recompute is Recompute.FULL:
+        lines.append("    config.activation_checkpoint = FullAC.Config()")
+    else:
+        lines.append("    config.activation_checkpoint = None  # no activation checkpointing")
+    lines.append("    return config")
+    text = "\n".join(lines) + "\n"
+    return LaunchConfig(framework="torchtitan", text=text, unexpressed=(), sources=SOURCES,
+                        target=TARGET_VERSIONS["torchtitan"])

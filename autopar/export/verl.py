@@ -1,34 +1,55 @@
-"""verl's Megatron-backend actor settings (`actor_rollout_ref.actor.*`) for one plan, as YAML.
+"""verl (Megatron backend) Hydra overrides for one plan, for `python -m verl.trainer.main_ppo --config-name
+ppo_megatron_trainer ...` (verl 0.9.1).
 
-Key names from volcengine/verl verl/trainer/config/actor/megatron_actor.yaml and engine/megatron.yaml
-(`megatron.tensor_model_parallel_size`, `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`,
-`context_parallel_size`, `expert_model_parallel_size`, `expert_tensor_parallel_size`, `sequence_parallel`,
-`use_distributed_optimizer`, and `override_transformer_config` for Megatron-Core TransformerConfig fields such as
-`recompute_granularity` and `num_layers_in_first_pipeline_stage`, and `override_ddp_config` for Megatron-Core
-DistributedDataParallelConfig fields: `overlap_grad_reduce`, `overlap_param_gather`) and actor/actor.yaml (`ppo_mini_batch_size`,
-`ppo_micro_batch_size_per_gpu`).
+Key names from volcengine/verl verl/trainer/config/ppo_megatron_trainer.yaml and the files it composes:
+actor/megatron_actor.yaml with engine/megatron.yaml (`megatron.tensor_model_parallel_size`,
+`pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`, `context_parallel_size`,
+`expert_model_parallel_size`, `expert_tensor_parallel_size`, `sequence_parallel`, `use_distributed_optimizer`,
+`use_megatron_fsdp`, `override_transformer_config` for Megatron-Core TransformerConfig fields and
+`override_ddp_config` for DistributedDataParallelConfig fields), actor/actor.yaml (`ppo_mini_batch_size`,
+`ppo_micro_batch_size_per_gpu`, `use_dynamic_bsz`), data/legacy_data.yaml (`train_batch_size`), trainer
+(`nnodes`, `n_gpus_per_node`).
+
+Hydra refuses an override of a key the composed defaults do not have unless it is prefixed with `+`
+("Could not override ... Key ... is not in struct"), and refuses `+` for a key they do have; `DEFAULT_KEYS` lists
+the defaults' keys under override_transformer_config / override_ddp_config (verl 0.9.1 engine/megatron.yaml:
+override_ddp_config is empty; override_transformer_config has the recompute_* fields and attention_backend).
+
+Batch: verl's validate_config (verl/utils/config.py) checks data.train_batch_size × rollout.n against the
+Megatron data-parallel size × ppo_micro_batch_size_per_gpu, and the actor's validate that ppo_mini_batch_size
+× rollout.n divides into it; the plan's global batch is one PPO mini-batch: train_batch_size = ppo_mini_batch_size =
+the global batch with rollout.n = 1, one optimizer step per training step.
 """
 
 from __future__ import annotations
 
+from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, mcore_parallel_fields, one_line,
                                    plan_caption)
+from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
 
-SOURCES = ("volcengine/verl verl/trainer/config/actor/megatron_actor.yaml",
+SOURCES = ("volcengine/verl verl/trainer/config/ppo_megatron_trainer.yaml",
            "volcengine/verl verl/trainer/config/engine/megatron.yaml",
-           "volcengine/verl verl/trainer/config/actor/actor.yaml")
+           "volcengine/verl verl/trainer/config/actor/actor.yaml",
+           "volcengine/verl verl/utils/config.py validate_config")
 
+ACTOR = "actor_rollout_ref.actor"
 MEGATRON_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
                    "expert_tensor_parallel_size", "sequence_parallel")
 OVERRIDE_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                    "recompute_granularity", "recompute_method", "recompute_num_layers")
+DEFAULT_KEYS = {"override_transformer_config": frozenset({"recompute_granularity", "recompute_modules",
+                                                          "recompute_method", "recompute_num_layers",
+                                                          "attention_backend"}),
+                "override_ddp_config": frozenset()}
+"""Keys verl 0.9.1's engine/megatron.yaml already has under each override dict (no `+` for these, `+` for others)."""
 
 
-def _yaml(value: object) -> str:
+def _value(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -36,32 +57,47 @@ def _yaml(value: object) -> str:
     return str(value)
 
 
+def _override(section: str, name: str, value: object) -> str:
+    plus = "" if name in DEFAULT_KEYS[section] else "+"
+    return f"{plus}{ACTOR}.megatron.{section}.{name}={_value(value)}"
+
+
 def launch_config(estimate: Estimate) -> LaunchConfig:
-    plan, training = estimate.plan, estimate.training
+    require_runnable(estimate, "verl")
+    plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
     notes = []
-    if plan.zero >= 2:
-        notes.append(f"zero={plan.zero}: verl's Megatron backend shards only the optimizer "
-                     "(use_distributed_optimizer); gradient/parameter sharding is not expressible")
     if training.precision is Precision.FP8:
-        notes.append("fp8: verl's Megatron backend takes fp8 through override_transformer_config "
-                     "(fp8: hybrid) only in some versions; set it there if yours supports it")
-    lines = [f"# verl (Megatron backend): {plan_caption(estimate)}",
+        notes.append("fp8: pass it as override_transformer_config fp8=hybrid (Transformer Engine) if your verl "
+                     "build has Transformer Engine")
+    overrides = [f"trainer.nnodes={cluster.num_nodes}",
+                 f"trainer.n_gpus_per_node={min(cluster.gpus_per_node, cluster.num_gpus)}",
+                 f"data.train_batch_size={training.global_batch_size}",
+                 "actor_rollout_ref.rollout.n=1",
+                 # the log-prob passes (rollout, reference) run on the same layout: the plan's micro-batch
+                 f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={plan.mbs}",
+                 f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={plan.mbs}",
+                 f"{ACTOR}.strategy=megatron",
+                 f"{ACTOR}.ppo_mini_batch_size={training.global_batch_size}",
+                 f"{ACTOR}.ppo_micro_batch_size_per_gpu={plan.mbs}",
+                 f"{ACTOR}.use_dynamic_bsz=False"]
+    overrides += [f"{ACTOR}.megatron.{name}={_value(fields[name])}" for name in MEGATRON_FIELDS if name in fields]
+    overrides.append(f"{ACTOR}.megatron.use_distributed_optimizer={_value(plan.zero >= 1)}")
+    overrides.append(f"{ACTOR}.megatron.use_megatron_fsdp={_value(plan.zero >= 2)}")
+    overrides += [_override("override_ddp_config", name, on) for name, on in data_parallel_overlap(estimate).items()]
+    if plan.zero >= 2:
+        overrides.append(_override("override_ddp_config", "data_parallel_sharding_strategy",
+                                   ZERO_SHARDING_STRATEGY[plan.zero]))
+    overrides += [_override("override_transformer_config", name, fields[name]) for name in OVERRIDE_FIELDS
+                  if fields[name] is not None or name in DEFAULT_KEYS["override_transformer_config"]]
+    lines = [f"# {TARGET_VERSIONS['verl']}: {plan_caption(estimate)}",
+             "# python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer <these overrides>",
              f"# key names: {'; '.join(SOURCES)}",
-             f"# ppo_mini_batch_size counts prompts; verl multiplies it by rollout.n: shown for rollout.n = 1, "
-             f"i.e. {training.global_batch_size} sequences per optimizer step",
+             f"# data.train_batch_size = ppo_mini_batch_size = {training.global_batch_size} prompts with rollout.n = 1:"
+             f" one optimizer step of {training.global_batch_size} sequences per training step",
              f"# sequence length {training.seq_len} = data.max_prompt_length + data.max_response_length "
              f"({one_line(estimate.model.name)})"]
-    lines += [f"# not expressible: {note}" for note in notes]
-    lines += ["actor_rollout_ref:", "  actor:", "    strategy: megatron",
-              f"    ppo_mini_batch_size: {training.global_batch_size}",
-              f"    ppo_micro_batch_size_per_gpu: {plan.mbs}", "    use_dynamic_bsz: False", "    megatron:"]
-    lines += [f"      {name}: {_yaml(fields[name])}" for name in MEGATRON_FIELDS if name in fields]
-    lines.append(f"      use_distributed_optimizer: {_yaml(plan.zero >= 1)}")
-    lines.append("      override_ddp_config:")
-    lines += [f"        {name}: {_yaml(on)}" for name, on in data_parallel_overlap(estimate).items()]
-    overrides = [(name, fields[name]) for name in OVERRIDE_FIELDS if fields[name] is not None]
-    if overrides:
-        lines.append("      override_transformer_config:")
-        lines += [f"        {name}: {_yaml(value)}" for name, value in overrides]
-    return LaunchConfig(framework="verl", text="\n".join(lines) + "\n", unexpressed=tuple(notes), sources=SOURCES)
+    lines += [f"# note: {note}" for note in notes]
+    text = "\n".join(lines) + "\n" + " \\\n".join(overrides) + "\n"
+    return LaunchConfig(framework="verl", text=text, unexpressed=tuple(notes), sources=SOURCES,
+                        target=TARGET_VERSIONS["verl"])

@@ -69,12 +69,14 @@ def controls_from(fix: Mapping[str, object] | Iterable[str] | None = None,
 def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
           fix: Mapping[str, object] | Iterable[str] | None = None,
           bounds: Mapping[str, tuple[object, object]] | None = None,
-          relax: Iterable[str] = (), time_limit_s: float | None = None, solver: str = "auto") -> ParetoFront:
+          relax: Iterable[str] = (), time_limit_s: float | None = None, solver: str = "auto",
+          framework: str | None = None) -> ParetoFront:
     """Every Pareto-optimal layout, fastest first, each re-scored with the float cost model.
 
     fix: pin knobs ({"tp": 4} or ["tp=4"]); bounds: {"pp": (None, 8)} keeps pp <= 8; relax: guide rules to drop
     (see costmodels.rules.RULES); time_limit_s: stop the search there and return what was found, marked
-    not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER).
+    not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER); framework: search only the plans that
+    framework can run (its capability rules, autopar.export.capabilities, join the search's rules).
     Raises InputError for bad controls and Infeasible when no plan fits.
     """
     if solver not in SOLVERS:
@@ -84,6 +86,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     require_precision_supported(cluster, training)
     controls = controls_from(fix, bounds, relax)
     rules = active_rules(controls.relax)
+    if framework is not None:
+        from autopar.export.capabilities import framework_rules
+
+        rules = rules + framework_rules(framework)
     problem = Problem(model, cluster, training)
     start = time.perf_counter()
     space = build_space(model, cluster, training, controls)
@@ -121,6 +127,15 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                              ("raise --time-limit or narrow the search with --fix / --max",))
         from autopar.search.explain import explain_infeasible
 
+        if framework is not None:  # the framework's capability rules narrowed the space (autopar.export.capabilities)
+            from autopar.errors import Infeasible
+            from autopar.export import framework_name
+            from autopar.export.capabilities import TARGET_VERSIONS, framework_rules
+
+            added = framework_rules(framework)
+            raise Infeasible(f"no plan that {TARGET_VERSIONS[framework_name(framework)]} can run fits",
+                             tuple(r.id for r in added), tuple(f"{r.id}: {r.reason}" for r in added)
+                             + ("run without --framework to see the full front, or why nothing fits at all",))
         raise explain_infeasible(model, cluster, training, controls)
     points = rescore(model, cluster, training, plans)
     return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,

@@ -1,0 +1,236 @@
+"""What each training framework can run: one capability table per framework, as vectorised rules.
+
+A plan autopar finds is a Megatron-Core plan (the rules in costmodels/rules.py are Megatron's). Every other
+framework runs only part of that space; its table here lists, knob by knob, what it lacks, with the source that
+says so. The same `Rule` objects serve three callers:
+
+* the exporters (`refusals(estimate, framework)`): a plan that breaks one is never emitted; the launch config is
+  refused with the reason (exit 2), naming the knob the framework lacks;
+* the search (`autopar solve --framework FW`, `autopar.solve(..., framework=FW)`): the rules are added to the
+  search's own, so the front shown is the front FW can launch (not the full front filtered afterwards);
+* the conformance benchmark (benchmarks/conformance.py), which counts refusals.
+
+Versions are the releases the exporters target (late 2026; `TARGET_VERSIONS`), each stated in the emitted header.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.rules import Problem as Context, Rule
+from costmodels.errors import InputError
+from costmodels.plan import Plan, PlanArrays, Recompute
+
+TARGET_VERSIONS: dict[str, str] = {
+    "megatron": "Megatron-LM core_v0.19.0 (megatron-core 0.19.2)",
+    "nemo": "NeMo 2 (nemo-toolkit 2.7.3, the last release with nemo.collections.llm; megatron-core 0.19)",
+    "bridge": "Megatron-Bridge 0.6.2 (megatron-core 0.19.2)",
+    "verl": "verl 0.9.1 (Megatron backend, megatron-core 0.19)",
+    "torchtitan": "torchtitan 0.3.0 (Python config registry)",
+    "deepspeed": "DeepSpeed 0.19.8",
+}
+"""The framework release each exporter is written against; the emitted header names it."""
+
+
+class Unsupported(InputError):
+    """A launch config that the framework cannot run: which knobs it lacks and why (CLI exit 2)."""
+
+    def __init__(self, framework: str, plan: Plan, reasons: tuple[str, ...]) -> None:
+        self.framework = framework
+        self.reasons = tuple(reasons)
+        self.plan = plan
+        super().__init__("emit", f"{framework} ({TARGET_VERSIONS[framework]}) cannot run plan '{plan.short()}': "
+                                 f"{'; '.join(self.reasons)}. Search only the plans it can run with "
+                                 f"`autopar solve ... --framework {framework}`")
+
+    def with_nearest(self, estimate) -> "Unsupported":
+        """The same refusal, naming the nearest plan the framework can run: the fastest point of the front searched
+        for it (`solve(..., framework=...)`) whose peak memory is at most the refused plan's, else its leanest point,
+        with its predicted cost. Solving takes a moment, so only the CLI asks for it."""
+        from autopar.errors import Infeasible
+        from autopar.search.solve import solve
+
+        try:
+            front = solve(estimate.model, estimate.cluster, estimate.training, framework=self.framework).points
+        except Infeasible:
+            return self
+        within = [p for p in front if p.peak_memory_bytes <= estimate.peak_memory_bytes]
+        nearest = within[0] if within else min(front, key=lambda p: p.peak_memory_bytes)
+        refused = Unsupported(self.framework, self.plan, self.reasons)
+        refused.message += (f"; the nearest plan it can run is '{nearest.plan.short()}' (predicted "
+                            f"{nearest.step_time_s:.2f} s per step, peak {nearest.peak_memory_bytes / 2**30:.1f} GiB "
+                            f"per GPU, against {estimate.step_time_s:.2f} s and "
+                            f"{estimate.peak_memory_bytes / 2**30:.1f} GiB): rerun with --framework {self.framework}")
+        refused.args = (f"{refused.field}: {refused.message}",)
+        return refused
+
+
+# ---- the knob conditions, vectorised over many plans (PlanArrays) ------------------------------------------------
+
+def _dp(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return ctx.cluster.num_gpus // np.maximum(p.tp * p.cp * p.pp, 1)
+
+
+def _uneven(p: PlanArrays) -> np.ndarray:
+    return (p.pp > 1) & ((p.first_stage_layers > 0) | (p.last_stage_layers > 0))
+
+
+def _moe(ctx: Context) -> bool:
+    return ctx.model.is_moe
+
+
+# DeepSpeed 0.19.8 ----------------------------------------------------------------------------------------------
+
+def _ds_pipeline_zero(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert self.zero_optimization_stage() <
+    # ZeroStageEnum.gradients, "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+    return (p.pp == 1) | (p.zero <= 1)
+
+
+def _ds_moe_zero3(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # deepspeed/runtime/engine.py _configure_zero_optimizer: "Native DeepSpeed MoE is not supported with ZeRO Stage
+    # 3. Use AutoEP or choose ZeRO stage 1/2." The exporter targets native DeepSpeed-MoE (deepspeed.moe.layer.MoE,
+    # ep_size in model code); AutoEP (HF models only, no TP from an mpu) is out of its scope.
+    return np.full(len(p), True) if not _moe(ctx) else p.zero <= 2
+
+
+def _ds_no_cp(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # DeepSpeed has Ulysses sequence parallelism (sequence_parallel_size: all-to-all over attention heads), not
+    # Megatron's ring context parallelism; a cp > 1 plan's memory and communication are not Ulysses'.
+    return p.cp == 1
+
+
+def _ds_no_interleave(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only; PipelineModule(partition_method=...) splits
+    # by 'parameters' / 'uniform' / 'type:regex', never by explicit first/last stage sizes.
+    return (p.vpp == 1) & ~_uneven(p)
+
+
+def _ds_no_megatron_sp(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # AutoTP (tensor_parallel.autotp_size) shards Linear layers only; norms and dropout stay replicated, so
+    # Megatron's sequence parallelism (activations sharded over tp outside the matmuls) is not available.
+    return ~p.sp.astype(bool)
+
+
+def _ds_experts(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # DeepSpeed-MoE (deepspeed.moe.layer.MoE(ep_size=...)): experts are not tensor-parallel (expert weights whole on
+    # each EP rank, the "expert slicing" of inference only); ETP is 1 when experts are split, and tp-sharded
+    # experts (ep = 1, etp = tp) are AutoTP's Linear sharding of a dense-style expert block.
+    if not _moe(ctx):
+        return np.full(len(p), True)
+    return np.where(p.ep > 1, p.etp == 1, p.etp == p.tp)
+
+
+def _ds_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # deepspeed.checkpointing.checkpoint recomputes whatever function it wraps (model code): whole layers, so full
+    # recompute (of all or of k layers per stage) maps; Megatron's selective attention-core recompute needs a
+    # model with that split, which DeepSpeed's config and AutoTP do not provide.
+    return p.recompute != int(Recompute.SELECTIVE)
+
+
+# torchtitan 0.3.0 ----------------------------------------------------------------------------------------------
+
+def _tt_zero(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # torchtitan shards data parallelism with FSDP2 (fully_shard) or replicates it (DDP / HSDP replicate axis):
+    # ZeRO-0 = data_parallel_replicate_degree, ZeRO-3 = data_parallel_shard_degree, ZeRO-2 =
+    # fsdp_reshard_after_forward="never". Optimizer-only sharding (ZeRO-1) does not exist in FSDP2.
+    return p.zero != 1
+
+
+def _tt_experts(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # torchtitan/models/common/moe_sharding.py: with EP the routed experts are sharded over the sparse mesh
+    # (dp_replicate, efsdp, ep) only (expert TP = 1); without EP they are sharded on the dense TP axis (expert TP =
+    # tp). torchtitan/config/configs.py expert_parallel_degree: "EP borrows ranks from FSDP and TP: efsdp =
+    # dp_shard * cp * tp / ep" -- ep must divide dp_shard·cp·tp, and dp_shard is 1 without FSDP (zero = 0).
+    if not _moe(ctx):
+        return np.full(len(p), True)
+    dp_shard = np.where(p.zero >= 2, _dp(ctx, p), 1)
+    borrowable = dp_shard * p.cp * p.tp
+    etp_ok = np.where(p.ep > 1, p.etp == 1, p.etp == p.tp)
+    return etp_ok & (borrowable % p.ep == 0)
+
+
+def _tt_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # torchtitan/distributed/activation_checkpoint.py: FullAC wraps every transformer block, SelectiveAC is per-op
+    # (save matmuls / comms, recompute the rest) -- there is no "recompute the first k layers of each stage"
+    # (Megatron's --recompute-method block --recompute-num-layers k), and per-op SAC is not Megatron's
+    # attention-core recompute: only none and full map exactly.
+    return (p.recompute != int(Recompute.SELECTIVE)) & (p.recompute_layers == 0)
+
+
+# Megatron-LM, NeMo 2, Megatron-Bridge, verl's Megatron backend: Megatron-Core plans, every knob expressible
+# (verl 0.9.1: ZeRO-2/3 as use_megatron_fsdp with override_ddp_config.data_parallel_sharding_strategy, applied over
+# its defaults by verl/utils/megatron_utils.py through Megatron-Bridge's create_ddp_config) ---------------------------
+
+def _rule(framework: str, name: str, reason: str, source: str, knobs: tuple[str, ...], holds) -> Rule:
+    return Rule(f"{framework}:{name}", reason, source, knobs, False, holds)
+
+
+CAPABILITIES: dict[str, tuple[Rule, ...]] = {
+    "megatron": (),
+    "nemo": (),
+    "bridge": (),
+    "verl": (),
+    "torchtitan": (
+        _rule("torchtitan", "zero", "zero=1: torchtitan's FSDP2 has no optimizer-only sharding (ZeRO-0 replicate, "
+              "ZeRO-2 reshard_after_forward=never, ZeRO-3 FSDP)", "torchtitan/config/configs.py ParallelismConfig",
+              ("zero",), _tt_zero),
+        _rule("torchtitan", "experts", "expert TP: torchtitan shards experts over EP only (etp=1) when ep > 1 and "
+              "over TP (etp=tp) when ep = 1, and ep must divide data_parallel_shard_degree·cp·tp",
+              "torchtitan/models/common/moe_sharding.py; torchtitan/config/configs.py expert_parallel_degree",
+              ("ep", "etp", "tp", "cp", "pp", "zero"), _tt_experts),
+        _rule("torchtitan", "recompute", "recompute: torchtitan has full AC of every block and per-op selective AC, "
+              "not Megatron's attention-core selective recompute or recompute of k layers per stage",
+              "torchtitan/distributed/activation_checkpoint.py", ("recompute", "recompute_layers"), _tt_recompute),
+    ),
+    "deepspeed": (
+        _rule("deepspeed", "pipeline_zero", "zero >= 2 with pp > 1: DeepSpeed's pipeline engine asserts 'ZeRO-2 "
+              "and ZeRO-3 are incompatible with pipeline parallelism'", "deepspeed/runtime/pipe/engine.py",
+              ("pp", "zero"), _ds_pipeline_zero),
+        _rule("deepspeed", "moe_zero3", "MoE with zero=3: native DeepSpeed-MoE runs with ZeRO stages 0-2 only (the engine "
+              "asserts 'Native DeepSpeed MoE is not supported with ZeRO Stage 3')",
+              "deepspeed/runtime/engine.py _configure_zero_optimizer", ("zero",), _ds_moe_zero3),
+        _rule("deepspeed", "cp", "cp > 1: DeepSpeed has Ulysses sequence parallelism (all-to-all over heads), not "
+              "ring context parallelism", "deepspeed/sequence/layer.py DistributedAttention", ("cp",), _ds_no_cp),
+        _rule("deepspeed", "pipeline_split", "vpp > 1 or explicit first/last stage sizes: DeepSpeed's "
+              "PipelineModule runs 1F1B over stages it partitions itself", "deepspeed/runtime/pipe/module.py, "
+              "schedule.py", ("vpp", "pp", "first_stage_layers", "last_stage_layers"), _ds_no_interleave),
+        _rule("deepspeed", "sp", "sp=true: AutoTP shards Linear layers only; Megatron-style sequence parallelism "
+              "(norm/dropout activations sharded over tp) is not available", "deepspeed/module_inject/auto_tp.py",
+              ("sp",), _ds_no_megatron_sp),
+        _rule("deepspeed", "experts", "expert TP: DeepSpeed-MoE experts are whole on each EP rank (etp=1 when ep > "
+              "1; etp=tp only without EP)", "deepspeed/moe/layer.py", ("ep", "etp", "tp"), _ds_experts),
+        _rule("deepspeed", "recompute", "recompute=selective: DeepSpeed checkpoints whole wrapped functions "
+              "(deepspeed.checkpointing.checkpoint), not Megatron's attention-core recompute",
+              "deepspeed/runtime/activation_checkpointing/checkpointing.py", ("recompute",), _ds_recompute),
+    ),
+}
+"""Per framework, the conditions a plan must meet for that framework to run it (beyond autopar's own rules)."""
+
+
+def framework_rules(framework: str) -> tuple[Rule, ...]:
+    """The capability rules of `framework` (canonical name or alias), for the search."""
+    from autopar.export import framework_name
+
+    return CAPABILITIES[framework_name(framework)]
+
+
+def refusals(ctx: Context, plan: Plan, framework: str) -> tuple[str, ...]:
+    """Why `framework` cannot run `plan` (one reason per broken capability), empty when it can."""
+    plans = PlanArrays.from_plans([plan])
+    broken = []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for rule in framework_rules(framework):
+            if not bool(rule.holds(ctx, plans)[0]):
+                broken.append(rule.reason)
+    return tuple(broken)
+
+
+def require_runnable(estimate, framework: str) -> None:
+    """Raise `Unsupported` (exit 2, with the reasons) when `framework` cannot run the estimate's plan."""
+    from autopar.export import framework_name
+
+    name = framework_name(framework)
+    reasons = refusals(Context(estimate.model, estimate.cluster, estimate.training), estimate.plan, name)
+    if reasons:
+        raise Unsupported(name, estimate.plan, reasons)

@@ -1,0 +1,533 @@
+"""Run each framework's OWN parser / validator on a launch config autopar emitted, and say what happened.
+
+    verdict = check(estimate, "deepspeed")     # Verdict(outcome="accepted" | "refused_with_reason" | ...)
+
+Outcomes: `accepted` (the framework's code took the config and the values it ended with are the plan's),
+`refused_with_reason` (autopar refused to emit it, naming the knob the framework lacks: export.capabilities),
+`rejected` (the framework's code raised: a broken config), `silently_changed` (accepted, but the framework ends with
+values other than the plan's). The frameworks are the `conformance` extra (pyproject.toml); `NotInstalled` is raised
+when one is missing, so tests skip with the reason. Each checker states what it runs:
+
+* deepspeed (deepspeed 0.19.8): `DeepSpeedConfig(config, mpu)` as `deepspeed.initialize` builds it -- the pipeline
+  topology (`PipeModelDataParallelTopology`) as mpu when pp > 1, none otherwise -- with `deepspeed.comm`'s world size
+  set to the cluster's (no process group here); then its batch triple, ZeRO stage and AutoTP size.
+* megatron (megatron-core 0.19.2, which ships Megatron-LM's megatron/training): Megatron-LM's own argument parser
+  (`add_megatron_arguments`) on the emitted flags, `validate_args` under the emitted CUDA_DEVICE_MAX_CONNECTIONS on an
+  H100 (device arch 9), then `core_transformer_config_from_args` (TransformerConfig.__post_init__).
+* torchtitan (torchtitan 0.3.0): the emitted file loaded by torchtitan's `ConfigManager.parse_args(["--module",
+  "autopar_plan", "--config", "autopar_plan"])` (tyro), then `ParallelDims` on the cluster's world size and the
+  pipeline schedule class / microbatch checks torchtitan's pipeline_llm makes.
+* verl (verl 0.9.1): Hydra composes `ppo_megatron_trainer` with the emitted overrides (unknown keys without `+`
+  fail), then `verl.utils.config.validate_config` (data/actor batch checks, McoreEngineConfig, McoreActorConfig).
+* nemo (NeMo 2 = nemo-toolkit 2.7.3, not installable next to megatron-core 0.19 and without CUDA: see README): keys
+  checked against MegatronStrategy's parameters (NEMO_STRATEGY_PARAMETERS, from its __init__) and Megatron-Core's
+  DistributedDataParallelConfig / TransformerConfig fields; then NeMo's precedence (the strategy's parallelism is
+  copied over model.config at setup) applied and Megatron-Core's TransformerConfig built from the result.
+* bridge (megatron-bridge 0.6.2 installs but cannot be imported without Transformer Engine, a CUDA build): the
+  recipe's own pipeline settings read from its installed source, the emitted overrides applied with Hydra's override
+  parser in struct mode exactly as Bridge's `parse_hydra_overrides` does, and Megatron-Core's TransformerConfig built
+  from the resulting `model` section.
+
+Only the harness's view of the machine is simulated (world size, device arch, no Transformer Engine fusions);
+nothing in the emitted configs is changed before the framework sees them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from unittest import mock
+
+from autopar.export import launch_config
+from autopar.export.capabilities import Unsupported
+from autopar.export.common import LaunchConfig, gradient_accumulation_steps, stage_layers
+from costmodels.scoring import Estimate
+from costmodels.plan import Recompute
+
+OUTCOMES = ("accepted", "refused_with_reason", "rejected", "silently_changed")
+
+
+class NotInstalled(RuntimeError):
+    """The framework package (the `conformance` extra) is not installed or cannot be imported here."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    framework: str
+    plan: str
+    outcome: str
+    detail: str = ""
+
+
+def check(estimate: Estimate, framework: str) -> Verdict:
+    """Emit `estimate` for `framework` and run the framework's own code on it (see the module docstring)."""
+    try:
+        config = launch_config(estimate, framework)
+    except Unsupported as refused:
+        return Verdict(framework, estimate.plan.short(), "refused_with_reason", "; ".join(refused.reasons))
+    try:
+        changed = CHECKERS[framework](estimate, config)
+    except NotInstalled:
+        raise
+    except (Exception, SystemExit) as error:  # the framework refused the config (argparse exits, asserts, ...)
+        return Verdict(framework, estimate.plan.short(), "rejected", f"{type(error).__name__}: {error}"[:400])
+    if changed:
+        return Verdict(framework, estimate.plan.short(), "silently_changed", "; ".join(changed))
+    return Verdict(framework, estimate.plan.short(), "accepted")
+
+
+def _differences(expected: dict[str, object], actual: dict[str, object]) -> list[str]:
+    return [f"{name}: plan {expected[name]!r}, framework {actual[name]!r}" for name in expected
+            if expected[name] != actual[name]]
+
+
+def _require(module: str, package: str):
+    import importlib
+
+    _python_312_names()
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise NotInstalled(f"{package} is not importable here ({error}); pip install '.[conformance]'") from None
+
+
+def _python_312_names() -> None:
+    """megatron-core 0.19 declares Python >= 3.12; the one 3.12 name its training code imports is typing.override
+    (PEP 698). On 3.11 the harness takes it from typing_extensions; nothing else is changed."""
+    import typing
+
+    if not hasattr(typing, "override"):
+        try:
+            import typing_extensions
+        except ImportError:
+            return
+        typing.override = typing_extensions.override
+
+
+def _plan_fields(estimate: Estimate) -> dict[str, object]:
+    """The plan in Megatron-Core names (what every Megatron-based framework should end with)."""
+    plan = estimate.plan
+    return {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
+            "virtual_pipeline_model_parallel_size": plan.vpp if plan.vpp > 1 else None,
+            "context_parallel_size": plan.cp, "sequence_parallel": plan.sp}
+
+
+# ---- DeepSpeed -------------------------------------------------------------------------------------------------
+
+def _deepspeed(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    comm = _require("deepspeed.comm", "deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    plan, num_gpus = estimate.plan, estimate.cluster.num_gpus
+
+    class TopologyMpu:  # what PipelineModule.mpu() answers for the batch accounting (a PipelineParallelGrid)
+        def __init__(self, topology):
+            self.topology = topology
+
+        def get_data_parallel_world_size(self):
+            return self.topology.get_dim("data")
+
+    mpu = (TopologyMpu(PipeModelDataParallelTopology(num_pp=plan.pp, num_mp=plan.tp,
+                                                     num_dp=num_gpus // (plan.pp * plan.tp)))
+           if plan.pp > 1 else None)
+    with mock.patch.object(comm, "get_world_size", return_value=num_gpus), \
+            mock.patch.object(comm, "get_rank", return_value=0):
+        ds = DeepSpeedConfig(json.loads(config.text), mpu=mpu)
+    expected = {"micro": plan.mbs, "accumulation": gradient_accumulation_steps(estimate), "zero": plan.zero,
+                "autotp": plan.tp if plan.pp == 1 and plan.tp > 1 else 0,
+                "sequences_per_step": estimate.training.global_batch_size}
+    replicas = ds.world_size // (plan.tp if plan.pp == 1 else 1)   # AutoTP ranks of one replica read one batch
+    actual = {"micro": ds.train_micro_batch_size_per_gpu, "accumulation": ds.gradient_accumulation_steps,
+              "zero": ds.zero_optimization_stage, "autotp": ds.tensor_parallel_config.autotp_size,
+              "sequences_per_step": ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * replicas}
+    return _differences(expected, actual)
+
+
+# ---- Megatron-LM -----------------------------------------------------------------------------------------------
+
+def megatron_command(text: str) -> tuple[dict[str, str | None], list[str]]:
+    """(environment changes, pretrain_gpt.py flags) of an emitted Megatron-LM launch line: `VAR=value` prefixes and
+    `env -u VAR` (None: unset)."""
+    words = shlex.split(" ".join(line.rstrip("\\").strip() for line in text.splitlines()
+                                 if line.strip() and not line.startswith("#")))
+    env: dict[str, str | None] = {}
+    while words and words[0] != "torchrun":
+        word = words.pop(0)
+        if word == "env":
+            continue
+        if word == "-u":
+            env[words.pop(0)] = None
+        elif "=" in word:
+            name, _, value = word.partition("=")
+            env[name] = value
+    return env, words[words.index("pretrain_gpt.py") + 1:]
+
+
+@contextlib.contextmanager
+def _environment(changes: dict[str, str | None]):
+    saved = {name: os.environ.get(name) for name in changes}
+    try:
+        for name, value in changes.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    arguments = _require("megatron.training.arguments", "megatron-core (Megatron-LM's megatron/training)")
+    env, flags = megatron_command(config.text)
+    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", None)   # the launch line alone decides, not this shell
+    parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    # what every run adds beside the plan: a tokenizer, a learning rate and a length (the comment says so)
+    args = parser.parse_args(flags + ["--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                      str(estimate.model.vocab_size), "--lr", "1e-4", "--train-iters", "10"])
+    args.world_size, args.rank = estimate.cluster.num_gpus, 0
+    with _environment(env), mock.patch.object(arguments, "get_device_arch_version", return_value=9), \
+            contextlib.redirect_stdout(io.StringIO()):
+        arguments.validate_args(args)
+        args.apply_rope_fusion = False   # needs Transformer Engine, absent on this CPU machine (not a plan knob)
+        core = arguments.core_transformer_config_from_args(args)
+    plan = estimate.plan
+    expected = dict(_plan_fields(estimate), expert_model_parallel_size=plan.ep,
+                    expert_tensor_parallel_size=plan.etp if estimate.model.is_moe else plan.tp,
+                    data_parallel_size=estimate.dp, micro_batch_size=plan.mbs,
+                    global_batch_size=estimate.training.global_batch_size,
+                    use_distributed_optimizer=plan.zero >= 1, use_megatron_fsdp=plan.zero >= 2,
+                    layers_per_rank=stage_layers(estimate.model.num_layers, plan),
+                    recompute_granularity=None if plan.recompute is Recompute.NONE else plan.recompute.label)
+    actual = {name: getattr(args, name) for name in expected if hasattr(args, name)}
+    actual["expert_tensor_parallel_size"] = core.expert_tensor_parallel_size
+    actual["layers_per_rank"] = _megatron_layers_per_rank(core, estimate)
+    actual["recompute_granularity"] = core.recompute_granularity
+    return _differences(expected, actual)
+
+
+def _megatron_layers_per_rank(core, estimate: Estimate) -> list[int]:
+    """Decoder layers on each pipeline rank as Megatron-Core will build them (the TransformerConfig's split)."""
+    plan, num_layers = estimate.plan, estimate.model.num_layers
+    if plan.pp == 1:
+        return [num_layers]
+    first, last = core.num_layers_in_first_pipeline_stage, core.num_layers_in_last_pipeline_stage
+    if first is None and last is None:
+        slots = int(bool(core.account_for_embedding_in_pipeline_split)) + int(
+            bool(core.account_for_loss_in_pipeline_split))
+        per_rank = (num_layers + slots) // plan.pp
+        ranks = [per_rank] * plan.pp
+        ranks[0] -= int(bool(core.account_for_embedding_in_pipeline_split))
+        ranks[-1] -= int(bool(core.account_for_loss_in_pipeline_split))
+        return ranks
+    middle_ranks = plan.pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    middle = [rest // middle_ranks] * middle_ranks if middle_ranks else []
+    return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
+
+
+# ---- torchtitan ------------------------------------------------------------------------------------------------
+
+def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    manager = _require("torchtitan.config.manager", "torchtitan")
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    plan = estimate.plan
+    with tempfile.TemporaryDirectory() as folder:
+        module = f"autopar_plan_{abs(hash(config.text)) % 10**9}"
+        Path(folder, f"{module}.py").write_text(config.text.replace("def autopar_plan", f"def {module}"))
+        sys.path.insert(0, folder)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                loaded = manager.ConfigManager().parse_args(["--module", module, "--config", module])
+        finally:
+            sys.path.remove(folder)
+            sys.modules.pop(module, None)
+    parallelism = loaded.parallelism
+    dims = ParallelDims.from_config(parallelism, estimate.cluster.num_gpus)   # torchtitan's own mesh arithmetic
+    if plan.pp > 1:   # what pipeline_llm / _build_pipeline_schedule check before building stages
+        schedule = get_schedule_class(parallelism.pipeline_parallel_schedule)
+        parts = parallelism.module_fqns_per_model_part
+        per_rank = len(parts) // dims.pp
+        if len(parts) % dims.pp or (issubclass(schedule, PipelineScheduleSingle) and per_rank != 1) or \
+                (not issubclass(schedule, PipelineScheduleSingle) and per_rank < 2):
+            raise ValueError(f"{len(parts)} model parts do not fit schedule {parallelism.pipeline_parallel_schedule} "
+                             f"on pp={dims.pp}")
+        if loaded.training.local_batch_size % parallelism.pipeline_parallel_microbatch_size:
+            raise ValueError("local_batch_size must be divisible by pipeline_parallel_microbatch_size")
+    dp = estimate.dp
+    expected = {"dp_replicate": 1 if plan.zero >= 2 else dp, "dp_shard": dp if plan.zero >= 2 else 1,
+                "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep,
+                "sequence_parallel": plan.sp or plan.tp == 1, "reshard_after_forward":
+                    "never" if plan.zero == 2 else "default",
+                "model_parts": plan.pp * plan.vpp if plan.pp > 1 else 1,
+                "full_ac": plan.recompute is Recompute.FULL,
+                "global_batch_size": estimate.training.global_batch_size}
+    actual = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
+              "cp": dims.cp, "ep": dims.ep, "sequence_parallel": parallelism.enable_sequence_parallel,
+              "reshard_after_forward": parallelism.fsdp_reshard_after_forward,
+              "model_parts": len(parallelism.module_fqns_per_model_part) if plan.pp > 1 else 1,
+              "full_ac": type(loaded.activation_checkpoint).__qualname__ == "FullAC.Config",
+              "global_batch_size": loaded.training.global_batch_size}
+    return _differences(expected, actual)
+
+
+# ---- verl ------------------------------------------------------------------------------------------------------
+
+def hydra_overrides(text: str) -> list[str]:
+    """The override arguments of an emitted Hydra command line (comments and continuations dropped)."""
+    return [line.rstrip(" \\").strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    verl_config = _require("verl.trainer.config", "verl")
+    from hydra import compose, initialize_config_dir
+
+    from verl.utils.config import validate_config
+
+    with initialize_config_dir(config_dir=os.path.dirname(verl_config.__file__), version_base=None):
+        composed = compose(config_name="ppo_megatron_trainer", overrides=hydra_overrides(config.text))
+    with contextlib.redirect_stdout(io.StringIO()):
+        validate_config(composed, use_reference_policy=True, use_critic=False)
+    megatron = composed.actor_rollout_ref.actor.megatron
+    plan = estimate.plan
+    expected = dict(_plan_fields(estimate), sequence_parallel=plan.sp, expert_model_parallel_size=plan.ep,
+                    use_megatron_fsdp=plan.zero >= 2, use_distributed_optimizer=plan.zero >= 1,
+                    train_batch_size=estimate.training.global_batch_size, micro=plan.mbs)
+    actual = {name: megatron.get(name) for name in expected if name in megatron}
+    actual.update(train_batch_size=composed.data.train_batch_size * composed.actor_rollout_ref.rollout.n,
+                  micro=composed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)
+    return _differences(expected, actual) + _transformer_config(estimate, {
+        **{name: megatron[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                             "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                                             "sequence_parallel", "expert_model_parallel_size",
+                                             "expert_tensor_parallel_size")},
+        **{k: v for k, v in megatron.override_transformer_config.items() if k in _transformer_fields()}})
+
+
+# ---- Megatron-Core TransformerConfig (NeMo 2, Megatron-Bridge, verl) -------------------------------------------
+
+def _transformer_fields() -> set[str]:
+    _require("megatron.core", "megatron-core")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
+def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[str]:
+    """Build Megatron-Core's TransformerConfig (its __post_init__ checks) from the model's shape and `fields`, and
+    compare the pipeline split it ends with to the plan's."""
+    _require("megatron.core", "megatron-core")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    model = estimate.model
+    shape = dict(num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
+                 num_attention_heads=model.num_attention_heads, num_query_groups=model.num_kv_heads,
+                 kv_channels=model.head_dim, add_bias_linear=model.linear_bias)
+    if estimate.plan.pp > 1:   # every recipe sets the pipeline's dtype (NeMo 2: pipeline_dtype; Bridge recipes too)
+        import torch
+
+        shape.update(pipeline_dtype=torch.bfloat16)
+    if model.moe is not None:
+        shape.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k,
+                     moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
+    if fields.get("expert_tensor_parallel_size") is None:
+        fields = {k: v for k, v in fields.items() if k != "expert_tensor_parallel_size"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        core = TransformerConfig(**{**shape, **fields})
+    return _differences({"layers_per_rank": stage_layers(model.num_layers, estimate.plan)},
+                        {"layers_per_rank": _megatron_layers_per_rank(core, estimate)})
+
+
+NEMO_STRATEGY_PARAMETERS = frozenset({
+    # nemo/lightning/pytorch/strategies/megatron_strategy.py (nemo-toolkit 2.7.3) MegatronStrategy.__init__
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "pipeline_model_parallel_comm_backend",
+    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "virtual_pipeline_model_parallel_size",
+    "microbatch_group_size_per_vp_stage", "context_parallel_size", "sequence_parallel", "expert_model_parallel_size",
+    "moe_extended_tp", "expert_tensor_parallel_size", "encoder_tensor_model_parallel_size",
+    "encoder_pipeline_model_parallel_size", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split", "data_sampler", "parallel_devices", "cluster_environment", "checkpoint_io",
+    "find_unused_parameters", "ckpt_load_optimizer", "ckpt_save_optimizer", "ckpt_load_main_params", "ddp", "fsdp",
+    "lazy_init", "pipeline_dtype", "use_te_rng_tracker", "use_sharp", "save_ckpt_format", "ckpt_async_save",
+    "ckpt_torch_dist_multiproc", "ckpt_assume_constant_structure", "ckpt_parallel_save",
+    "ckpt_parallel_save_within_dp", "ckpt_parallel_load", "ckpt_parallel_save_optim",
+    "ckpt_load_directly_on_device", "ckpt_load_strictness", "ckpt_optim_fully_reshardable",
+    "distrib_optim_fully_reshardable_mem_efficient", "setup_optimizers", "init_model_parallel",
+    "replace_progress_bar", "progress_interval", "restore_config", "megatron_log_level", "use_tp_pp_dp_mapping",
+    "num_distributed_optimizer_instances", "nccl_communicator_config_path", "pipeline_model_parallel_layout",
+    "use_gloo_process_groups",
+})
+"""MegatronStrategy's parameters: `trainer.strategy.<name>=` overrides NeMo 2 accepts."""
+
+NEMO_STRATEGY_PARALLELISM = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                             "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                             "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
+                             "expert_model_parallel_size", "expert_tensor_parallel_size",
+                             "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                             "pipeline_model_parallel_layout")
+"""MegatronStrategy.parallelism's fields that NeMo copies onto the model's TransformerConfig at setup
+(nemo/lightning/pytorch/strategies/megatron_strategy.py `parallelism`, nemo/lightning/megatron_parallel.py)."""
+
+NEMO_GPT_CONFIG_FIELDS = frozenset({"seq_length"})
+"""GPTConfig's own fields beside TransformerConfig's (nemo/collections/llm/gpt/model/base.py GPTConfig)."""
+
+NEMO_OTHER_KEYS = {"trainer": {"num_nodes", "devices", "plugins"}, "data": {"micro_batch_size", "global_batch_size",
+                                                                          "seq_length"},
+                   "optim.config": {"use_distributed_optimizer"}}
+"""Recipe keys outside the strategy and TransformerConfig (nemo/collections/llm/recipes/*.py: trainer, data module,
+OptimizerConfig)."""
+
+
+def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    _require("megatron.core", "megatron-core")
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    transformer = _transformer_fields()
+    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+    strategy: dict[str, object] = {}
+    model_config: dict[str, object] = {}
+    for override in hydra_overrides(config.text):
+        key, _, text = override.partition("=")
+        value = _override_value(text)
+        section, _, name = key.rpartition(".")
+        if section == "trainer.strategy":
+            if name not in NEMO_STRATEGY_PARAMETERS:
+                raise KeyError(f"MegatronStrategy has no parameter {name!r}")
+            strategy[name] = value
+        elif section == "trainer.strategy.ddp":
+            if name not in ddp_fields:
+                raise KeyError(f"DistributedDataParallelConfig has no field {name!r}")
+        elif section == "model.config":
+            if name not in transformer | NEMO_GPT_CONFIG_FIELDS:
+                raise KeyError(f"TransformerConfig has no field {name!r}")
+            if name in transformer:
+                model_config[name] = value
+        elif section == "optim.config":
+            if name not in {f.name for f in dataclasses.fields(OptimizerConfig)}:
+                raise KeyError(f"OptimizerConfig has no field {name!r}")
+        elif name not in NEMO_OTHER_KEYS.get(section, ()):
+            raise KeyError(f"unknown NeMo 2 recipe key {key!r}")
+    # NeMo's setup: the strategy's parallelism overwrites model.config (so split fields there would be lost)
+    final = {**model_config, **{name: strategy[name] for name in NEMO_STRATEGY_PARALLELISM if name in strategy}}
+    return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
+            + _transformer_config(estimate, final))
+
+
+# ---- Megatron-Bridge -------------------------------------------------------------------------------------------
+
+BRIDGE_RECIPES = {"llama-3.1-405b": ("megatron.bridge.recipes.llama.h100.llama3",
+                                     "llama31_405b_pretrain_256gpu_h100_bf16_config"),
+                  "llama-3.1-70b": ("megatron.bridge.recipes.llama.h100.llama3",
+                                    "llama31_70b_pretrain_32gpu_h100_bf16_config"),
+                  "deepseek-v3": ("megatron.bridge.recipes.deepseek.h100.deepseek_v3",
+                                  "deepseek_v3_pretrain_1024gpu_h100_bf16_config")}
+"""The real recipe each front's model starts from (its pipeline defaults are what the overrides must clear)."""
+
+
+def bridge_recipe_model_settings(model_name: str) -> dict[str, object]:
+    """`cfg.model.<field> = <literal>` settings of the model's Megatron-Bridge recipe, read from the installed
+    recipe source (importing it needs Transformer Engine); a recipe that sets its layout through a helper
+    (DeepSeek-V3: set_deepseek_v3_pipeline_model_parallel_layout) gets that helper's marker layout."""
+    import ast
+    import importlib.metadata
+
+    key = next((k for k in BRIDGE_RECIPES if k in model_name.lower().replace(" ", "-")), None)
+    if key is None:
+        return {}
+    module, function = BRIDGE_RECIPES[key]
+    try:   # the file itself: importing megatron.bridge.recipes needs Transformer Engine
+        source = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file(
+            module.replace(".", "/") + ".py")))
+    except importlib.metadata.PackageNotFoundError:
+        raise NotInstalled("megatron-bridge is not installed; pip install '.[conformance]'") from None
+    tree = ast.parse(source.read_text())
+    body = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function)
+    settings: dict[str, object] = {}
+    for node in ast.walk(body):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
+            target = ast.unparse(node.targets[0])
+            if target.startswith("cfg.model.") and target.count(".") == 2:
+                try:
+                    settings[node.targets[0].attr] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+        if isinstance(node, ast.Call) and "pipeline_model_parallel_layout" in ast.unparse(node.func):
+            settings["pipeline_model_parallel_layout"] = "Et|(tt|)*30mL"   # any layout the recipe builds
+    return settings
+
+
+def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    _require("megatron.core", "megatron-core")
+    _require("hydra", "hydra-core")
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from omegaconf import OmegaConf
+
+    recipe = bridge_recipe_model_settings(estimate.model.name)
+    model = {name: None for name in _transformer_fields()} | {"seq_length": None} | recipe
+    sections = {"model": model,
+                "ddp": {f.name: None for f in dataclasses.fields(DistributedDataParallelConfig)},
+                "train": {"micro_batch_size": None, "global_batch_size": None}, "dataset": {"seq_length": None},
+                "optimizer": {"use_distributed_optimizer": None}, "dist": {"use_megatron_fsdp": None},
+                "checkpoint": {"ckpt_format": None}, "mixed_precision": None}
+    cfg = OmegaConf.create({k: ({n: _plain(v) for n, v in s.items()} if isinstance(s, dict) else s)
+                            for k, s in sections.items()})
+    OmegaConf.set_struct(cfg, True)   # megatron/bridge/training/utils/omegaconf_utils.py parse_hydra_overrides
+    parsed = OverridesParser.create().parse_overrides(overrides=hydra_overrides(config.text))
+    ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
+    final = {name: value for name, value in OmegaConf.to_container(cfg.model).items()
+             if name in _transformer_fields() and value is not None and name not in ("num_layers",)}
+    for name in ("pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
+                 "num_layers_in_last_pipeline_stage", "virtual_pipeline_model_parallel_size"):
+        final[name] = cfg.model.get(name)
+    final = {k: v for k, v in final.items() if k in {*_plan_fields(estimate), "pipeline_model_parallel_layout",
+                                                     "num_layers_in_first_pipeline_stage",
+                                                     "num_layers_in_last_pipeline_stage",
+                                                     "account_for_embedding_in_pipeline_split",
+                                                     "account_for_loss_in_pipeline_split",
+                                                     "expert_model_parallel_size", "expert_tensor_parallel_size",
+                                                     "recompute_granularity", "recompute_method",
+                                                     "recompute_num_layers"}}
+    return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
+            + _transformer_config(estimate, final))
+
+
+def _plain(value: object) -> object:
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+def _override_value(text: str) -> object:
+    lowered = text.lower()
+    if lowered in ("null", "none"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+CHECKERS: dict[str, Callable[[Estimate, LaunchConfig], list[str]]] = {
+    "megatron": _megatron, "nemo": _nemo, "bridge": _bridge, "verl": _verl, "torchtitan": _torchtitan,
+    "deepspeed": _deepspeed,
+}

@@ -1,0 +1,146 @@
+"""Each framework's OWN code on the launch configs autopar emits (the `conformance` extra: pip install -e
+'.[conformance]'; without it these tests skip, naming what is missing).
+
+For a bounded sample of the five fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
+config must be accepted by the framework's validator with the plan's values intact, or refused by autopar with the
+knob named; and each framework's validator is shown to reject the config autopar used to emit (the defects of issue
+13), so these checks can fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.metadata
+import json
+import re
+
+import pytest
+
+from autopar.export import launch_config
+from autopar.export.conformance import CHECKERS, NotInstalled, _python_312_names, check
+from autopar.export.fronts import FRONT_CASES, solve_case
+
+SAMPLE = 2
+"""Points per front here; benchmarks/conformance.py checks them all."""
+
+MODULES = {"megatron": "megatron.training.arguments", "nemo": "megatron.core", "bridge": "megatron.core",
+           "verl": "verl.utils.config", "torchtitan": "torchtitan.config.manager",
+           "deepspeed": "deepspeed.runtime.config"}
+
+
+@functools.cache
+def missing(framework: str) -> str | None:
+    _python_312_names()
+    try:
+        importlib.import_module(MODULES[framework])
+        if framework == "bridge":
+            importlib.metadata.distribution("megatron-bridge")
+    except Exception as error:  # noqa: BLE001 - any import failure means "not installed here"
+        return f"{framework}: {MODULES[framework]} not importable ({type(error).__name__}: {error}); " \
+               "pip install -e '.[conformance]'"
+    return None
+
+
+def needs(framework: str) -> None:
+    reason = missing(framework)
+    if reason:
+        pytest.skip(reason)
+
+
+@functools.cache
+def front(name: str, framework: str | None = None):
+    case = next(c for c in FRONT_CASES if c.name == name)
+    return solve_case(case, framework=framework).points
+
+
+@pytest.mark.parametrize("framework", list(MODULES))
+@pytest.mark.parametrize("case", [c.name for c in FRONT_CASES])
+def test_a_sample_of_every_front_is_accepted_or_refused_with_the_reason(framework, case):
+    needs(framework)
+    for point in front(case)[:SAMPLE]:
+        verdict = check(point, framework)
+        assert verdict.outcome in ("accepted", "refused_with_reason"), verdict
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "torchtitan"])
+def test_the_front_searched_for_a_framework_is_accepted_whole(framework):
+    needs(framework)
+    for point in front("mixtral", framework)[:SAMPLE] + front("dense-70b", framework)[:SAMPLE]:
+        assert check(point, framework).outcome == "accepted"
+
+
+def _run(framework: str, estimate, text: str) -> str:
+    config = dataclasses.replace(launch_config(estimate, framework), text=text)
+    try:
+        changed = CHECKERS[framework](estimate, config)
+    except NotInstalled:
+        raise
+    except (Exception, SystemExit):
+        return "rejected"
+    return "silently_changed" if changed else "accepted"
+
+
+def test_deepspeed_rejects_the_old_batch_accounting():
+    needs("deepspeed")
+    import autopar
+
+    case = FRONT_CASES[0]
+    point = autopar.estimate(autopar.load_model(case.model), autopar.make_cluster(gpu=case.gpu, num_gpus=case.num_gpus),
+                             autopar.Training(seq_len=case.seq_len, global_batch_size=case.global_batch_size),
+                             autopar.Plan(tp=4, sp=False, zero=1))
+    text = launch_config(point, "deepspeed").text
+    assert _run("deepspeed", point, text) == "accepted"
+    config = json.loads(text)
+    config["train_batch_size"] = point.training.global_batch_size   # what autopar used to write with tp > 1
+    assert _run("deepspeed", point, json.dumps(config)) == "rejected"
+
+
+def test_megatron_rejects_a_launch_line_without_the_connections_setting():
+    needs("megatron")
+    fsdp = next(p for p in front("dense-70b") if p.plan.zero >= 2)
+    text = launch_config(fsdp, "megatron").text
+    assert _run("megatron", fsdp, text) == "accepted"
+    assert _run("megatron", fsdp, text.replace("env -u CUDA_DEVICE_MAX_CONNECTIONS ",
+                                               "CUDA_DEVICE_MAX_CONNECTIONS=1 ")) == "rejected"
+    tensor = next(p for p in front("mixtral") if p.plan.tp > 1 and p.plan.zero < 2)
+    text = launch_config(tensor, "megatron").text
+    assert _run("megatron", tensor, text.replace("CUDA_DEVICE_MAX_CONNECTIONS=1 ", "")) == "rejected"
+
+
+def test_verl_rejects_overrides_without_plus_or_train_batch_size():
+    needs("verl")
+    point = front("dense-70b")[0]
+    text = launch_config(point, "verl").text
+    assert _run("verl", point, text.replace("+actor_rollout_ref", "actor_rollout_ref")) == "rejected"
+    small = re.sub(r"data\.train_batch_size=\d+", "data.train_batch_size=8", text)
+    assert _run("verl", point, small) == "rejected"
+
+
+def test_bridge_recipe_split_must_be_cleared():
+    needs("bridge")
+    point = next(p for p in front("405b-interleaved") if p.plan.pp > 1 and not (
+        "account_for_embedding_in_pipeline_split=true" in launch_config(p, "bridge").text))
+    text = launch_config(point, "bridge").text
+    assert _run("bridge", point, text) == "accepted"
+    kept = "\n".join(line for line in text.splitlines() if "account_for" not in line and "layout" not in line)
+    assert _run("bridge", point, kept) in ("rejected", "silently_changed")   # the recipe's slots stay
+
+
+def test_nemo_split_on_model_config_is_overwritten_by_the_strategy():
+    needs("nemo")
+    point = next(p for p in front("405b-interleaved") if p.plan.first_stage_layers or p.plan.last_stage_layers)
+    text = launch_config(point, "nemo").text
+    assert _run("nemo", point, text) == "accepted"
+    old = re.sub(r"trainer\.strategy\.(num_layers_in_|account_for_)", r"model.config.\1", text)
+    assert _run("nemo", point, old) in ("rejected", "silently_changed")
+
+
+def test_torchtitan_refuses_cuda_graphs_with_pipeline_parallelism():
+    needs("torchtitan")
+    point = next(p for p in front("dense-70b", "torchtitan") if p.plan.pp > 1)
+    text = launch_config(point, "torchtitan").text
+    assert _run("torchtitan", point, text) == "accepted"
+    assert _run("torchtitan", point, text.replace("    config.training.disable_cuda_graphs = True\n", "")) == \
+        "rejected"

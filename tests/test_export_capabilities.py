@@ -1,0 +1,92 @@
+"""The framework capability tables (autopar/export/capabilities.py): the search restricted to one framework keeps only
+plans that framework runs, the exporters refuse the rest with the knob named, and nothing is emitted silently."""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from autopar.errors import Infeasible
+from autopar.export import FRAMEWORKS, launch_config
+from autopar.export.capabilities import CAPABILITIES, TARGET_VERSIONS, Unsupported, framework_rules, refusals
+from costmodels.rules import Problem as Context
+from costmodels.errors import InputError
+from costmodels.plan import Plan, PlanArrays, Recompute
+from costmodels.specs import TrainingSpec
+from test_report_support import cluster, dense_model, moe_model
+
+
+def test_every_framework_has_a_version_and_a_table():
+    assert set(TARGET_VERSIONS) == set(FRAMEWORKS) == set(CAPABILITIES)
+    for rules in CAPABILITIES.values():
+        for rule in rules:
+            assert not rule.relaxable and rule.source and rule.reason
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "torchtitan"])
+def test_the_vectorised_rule_agrees_with_the_one_plan_check(framework):
+    ctx = Context(moe_model(), cluster(64), TrainingSpec(seq_len=4096, global_batch_size=512))
+    plans = [Plan(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, sp=tp > 1, zero=zero, recompute=recompute)
+             for tp in (1, 2, 4) for pp in (1, 2) for vpp in ((1, 2) if pp > 1 else (1,)) for cp in (1, 2)
+             for ep in (1, 4) for etp in {1, tp} for zero in (0, 1, 2, 3) for recompute in Recompute]
+    arrays = PlanArrays.from_plans(plans)
+    together = [all(bool(rule.holds(ctx, arrays)[i]) for rule in framework_rules(framework))
+                for i in range(len(plans))]
+    assert together == [not refusals(ctx, plan, framework) for plan in plans]
+    assert any(together) and not all(together)  # the table cuts the space, and leaves some of it
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "torchtitan"])
+def test_solve_for_a_framework_keeps_only_plans_it_runs(framework):
+    model = moe_model()
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    everything = autopar.solve(model, cluster(16), training)
+    restricted = autopar.solve(model, cluster(16), training, framework=framework)
+    ctx = Context(model, cluster(16), training)
+    assert any(refusals(ctx, point.plan, framework) for point in everything.points)   # the full front has some
+    for point in restricted.points:
+        assert not refusals(ctx, point.plan, framework)
+        assert launch_config(point, framework).text                                    # and every one emits
+    assert f"{framework}:" in " ".join(restricted.rules)
+    # the restricted front is the front of the restricted space, not the full front filtered afterwards
+    kept = [p for p in everything.points if not refusals(ctx, p.plan, framework)]
+    assert restricted.points[0].step_time_s <= min((p.step_time_s for p in kept), default=float("inf")) + 1e-9
+
+
+def test_solve_for_a_framework_that_can_run_nothing_says_so():
+    # MoE, only ZeRO-3 allowed and only 1F1B pipeline, but DeepSpeed refuses MoE with ZeRO-3
+    with pytest.raises(Infeasible, match="no plan that DeepSpeed 0.19.8 can run fits") as caught:
+        autopar.solve(moe_model(), cluster(16), TrainingSpec(seq_len=4096, global_batch_size=256),
+                      fix={"zero": 3}, framework="deepspeed")
+    assert "deepspeed:moe_zero3" in caught.value.rules
+
+
+def test_megatron_family_frameworks_refuse_nothing():
+    estimate_plan = Plan(tp=4, pp=2, vpp=2, cp=2, ep=4, etp=2, sp=True, recompute=Recompute.FULL, zero=3)
+    ctx = Context(moe_model(), cluster(64), TrainingSpec(seq_len=8192, global_batch_size=512))
+    for framework in ("megatron", "nemo", "bridge", "verl"):
+        assert refusals(ctx, estimate_plan, framework) == ()
+    assert refusals(Context(dense_model(), cluster(64), TrainingSpec(seq_len=8192, global_batch_size=512)),
+                    Plan(tp=8, sp=True, zero=1), "torchtitan") == (CAPABILITIES["torchtitan"][0].reason,)
+
+
+def test_unsupported_is_an_input_error_with_the_reasons():
+    error = Unsupported("deepspeed", Plan(tp=2, cp=2, sp=True), ("cp > 1: no ring CP",))
+    assert isinstance(error, InputError)  # the CLI's exit 2 channel
+    assert error.reasons == ("cp > 1: no ring CP",) and "--framework deepspeed" in str(error)
+
+
+def test_a_refusal_names_the_nearest_plan_the_framework_runs_with_its_cost():
+    model, training = moe_model(), TrainingSpec(seq_len=4096, global_batch_size=256)
+    front = autopar.solve(model, cluster(16), training)
+    ctx = Context(model, cluster(16), training)
+    refused_point = next(p for p in front.points if refusals(ctx, p.plan, "deepspeed"))
+    with pytest.raises(Unsupported) as caught:
+        launch_config(refused_point, "deepspeed")
+    message = str(caught.value.with_nearest(refused_point))
+    restricted = autopar.solve(model, cluster(16), training, framework="deepspeed").points
+    within = [p for p in restricted if p.peak_memory_bytes <= refused_point.peak_memory_bytes]
+    nearest = within[0] if within else min(restricted, key=lambda p: p.peak_memory_bytes)
+    assert f"the nearest plan it can run is '{nearest.plan.short()}'" in message
+    assert f"predicted {nearest.step_time_s:.2f} s per step" in message
+    assert not refusals(ctx, nearest.plan, "deepspeed")
