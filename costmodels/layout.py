@@ -306,31 +306,40 @@ model's time of the parent's own layout (costmodels.scoring.estimate of a plan w
 
 
 def parent_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> Plan:
-    """The plan without its layout and with a first/last split the `layers` rule accepts (its own when it does,
-    else the nearest to an even split), so that the uniform model and the rules apply to it."""
+    """The plan without its layout, with the first/last split the `layers` rule accepts whose layers per rank are
+    nearest the layout's (least total difference; ties to the more even split), so that the uniform model, the rules
+    and frameworks without layouts apply to it."""
     import dataclasses
 
     from costmodels.rules import RULES_BY_ID, Problem
 
-    bare = dataclasses.replace(plan, layout=())
+    bare = dataclasses.replace(plan, layout=(), first_stage_layers=0, last_stage_layers=0)
+    layers, pp = model.num_layers, plan.pp
+    wanted = [sum(plan.layout[r::pp]) for r in range(pp)] if plan.layout else None
+    candidates = set()
+    for middle in sorted({max(layers // pp, 1), -(-layers // pp)}):
+        rest = layers - (pp - 2) * middle if pp > 2 else layers
+        for first in range(1, rest):
+            candidates.add((first, rest - first, middle))
     problem = Problem(model, cluster, training)
 
-    def accepted(candidate: Plan) -> bool:
-        return bool(RULES_BY_ID["layers"].holds(problem, PlanArrays.from_plans([candidate]))[0])
+    def ranks(first: int, last: int, middle: int) -> list[int]:
+        return [first] + [middle] * (pp - 2) + [last]
 
-    if accepted(bare):
-        return bare
-    layers, pp = model.num_layers, plan.pp
-    candidates = []
-    for middle in sorted({layers // pp, -(-layers // pp)}):
-        rest = layers - (pp - 2) * middle if pp > 2 else layers
-        for first in range(1, max(middle, rest) + 1):
-            last = rest - first
-            if last >= 1:
-                candidates.append((abs(first - middle) + abs(last - middle), first, last, middle))
-    for _, first, last, middle in sorted(candidates):
-        candidate = dataclasses.replace(bare, first_stage_layers=0 if first == middle and pp > 2 else first,
-                                        last_stage_layers=0 if last == middle and pp > 2 else last)
-        if accepted(candidate):
+    def distance(candidate) -> tuple[int, int]:
+        first, last, middle = candidate
+        counts = ranks(first, last, middle)
+        off = sum(abs(a - b) for a, b in zip(counts, wanted)) if wanted else 0
+        return off, max(counts) - min(counts)
+
+    plans = []
+    for first, last, middle in sorted(candidates, key=lambda c: (distance(c), c)):
+        even = pp > 2
+        plans.append(dataclasses.replace(bare, first_stage_layers=0 if even and first == middle else first,
+                                         last_stage_layers=0 if even and last == middle else last))
+    plans = [bare] + plans if layers % pp == 0 and not wanted else plans + [bare]
+    accepted = RULES_BY_ID["layers"].holds(problem, PlanArrays.from_plans(plans)) if plans else []
+    for candidate, ok in zip(plans, accepted):
+        if ok:
             return candidate
     return bare

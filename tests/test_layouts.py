@@ -118,3 +118,96 @@ def test_piling_a_rank_into_one_chunk_loses_the_interleaving_gain():
     even = price_layout(tables, uniform_layout(model, plan))
     piled = price_layout(tables, (8, 8, 8, 8, 0, 0, 0, 0))
     assert piled.step_time_s > even.step_time_s
+
+
+# ---- in and out --------------------------------------------------------------------------------------------------
+
+def _deepseek_layout_estimate():
+    model = autopar.load_model("deepseek-v3")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=2048)
+    training = TrainingSpec(seq_len=4096, global_batch_size=4096)
+    plan = Plan(tp=2, pp=16, cp=2, ep=8, etp=1, mbs=1, sp=True, zero=1, layout=(5,) + (4,) * 14 + (0,))
+    return model, autopar.estimate(model, cluster, training, plan)
+
+
+def test_megatron_layout_round_trip():
+    from autopar.export import launch_config
+    from autopar.megatron_args import parse_megatron_args
+
+    model, estimate = _deepseek_layout_estimate()
+    text = launch_config(estimate, "megatron").text
+    assert "--pipeline-model-parallel-layout 'Et*5|(t*4|)*14,mL'" in text
+    for flag in ("--decoder-first-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank",
+                 "--account-for-embedding-in-pipeline-split"):
+        assert flag not in text
+    assert parse_megatron_args(text, model.num_layers).plan.layout == estimate.plan.layout
+
+
+@pytest.mark.parametrize("layout", [(3, 4, 4, 2), (0, 5, 5, 3, 4, 0), (1, 0, 0, 12), (7, 6)])
+def test_layout_strings_round_trip(layout):
+    from autopar.megatron_args import format_megatron_layout, parse_megatron_layout
+
+    pp = 2
+    for mtp in (0, 1):
+        assert parse_megatron_layout(format_megatron_layout(layout, mtp), pp) == (layout, mtp)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tEt|tL", "embedding E must come first"),
+    ("Et|t|tL", "not a multiple"),
+    ("Et|tX|tL|L", "unknown layer character"),
+    ("Em|tL", "before the MTP layers"),
+])
+def test_bad_layout_strings_are_refused_with_the_reason(text, message):
+    from autopar.megatron_args import parse_megatron_layout
+    from costmodels.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        parse_megatron_layout(text, 2)
+
+
+def test_frameworks_without_layouts_fall_back_to_the_nearest_split_and_say_so():
+    from autopar.export import launch_config
+
+    _, estimate = _deepseek_layout_estimate()
+    config = launch_config(estimate, "verl")
+    assert any("cannot express a per-stage pipeline layout" in note for note in config.unexpressed)
+    assert "split-/1" in config.unexpressed[-1]           # the layout's ends: 5 layers first, none last -> 4 / 1
+    bridge = launch_config(estimate, "bridge").text
+    assert "model.pipeline_model_parallel_layout='Et*5|(t*4|)*14,mL'" in bridge
+
+
+def test_torchtitan_module_lists_follow_the_layout():
+    from autopar.export.torchtitan import module_fqns_per_model_part
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    estimate = autopar.estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256),
+                                Plan(tp=2, pp=4, mbs=1, layout=(9, 8, 8, 7)))
+    parts = module_fqns_per_model_part(model.num_layers, estimate)
+    assert [sum(name.startswith("layers.") for name in part) for part in parts] == [9, 8, 8, 7]
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+
+
+def test_a_layout_plan_estimate_is_its_parent_less_the_per_stage_gain():
+    from costmodels.layout import parent_plan
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    even = Plan(tp=2, pp=4, mbs=1, zero=1)
+    # a layout that is a first/last split gets exactly that split's estimate
+    as_split = autopar.estimate(model, cluster, training, dataclasses.replace(even, layout=(9, 8, 8, 7)))
+    split = autopar.estimate(model, cluster, training, dataclasses.replace(even, first_stage_layers=9,
+                                                                           last_stage_layers=7))
+    assert as_split.step_time_s == pytest.approx(split.step_time_s, rel=1e-12)
+    # any other: its parent's estimate less the per-stage model's gain between the parent's layout and it
+    plan = dataclasses.replace(even, layout=(9, 9, 7, 7))
+    parent = parent_plan(model, cluster, training, plan)
+    tables = layout_tables(model, cluster, training, parent)
+    gain_s = (price_layout(tables, uniform_layout(model, parent)).step_time_s
+              - price_layout(tables, plan.layout).step_time_s)
+    got = autopar.estimate(model, cluster, training, plan)
+    want = autopar.estimate(model, cluster, training, parent).step_time_s - gain_s
+    assert got.step_time_s == pytest.approx(want, rel=1e-6)
+    assert [stage.layers for stage in got.stages] == [9, 9, 7, 7]
