@@ -7,8 +7,9 @@ Three engines over the same integer tables (costmodels.layout.LayoutTables), so 
 - `chain_dp` (vpp = 1): a rank's layers are one contiguous block, so a layout is a chain partition. The objective
   (m − 1)·max_r T_r + Σ_r T_r + max_r E_r is not a plain sum, so the DP runs under thresholds: for a bound B_T on
   every rank's per-microbatch time and B_E on its sync time, a DP over (rank, boundary) in O(pp·L²) finds the
-  partition of least Σ T; scanning B_T then B_E upward over the tables' distinct values, and stopping once
-  (m − 1)·B_T + (least Σ T) + B_E cannot beat the best found, is exact: the optimum is met at its own maxima.
+  partition of least Σ T; scanning B_T then B_E upward over the tables' distinct values, and skipping a bound once
+  (m − 1)·B_T + (least Σ T under B_T) + B_E cannot beat the best found, is exact: the optimum is met at its own
+  maxima, and no partition under a bound sums to less than the least sum under it.
 - `cpsat_layout` (any vpp): integer layers per virtual stage; a stage's dense and MoE layers from the boundaries
   (MoE layers before a boundary by integer division: ModelSpec's first-dense/frequency pattern), its time by an
   element constraint on its role's table, a rank's time T_r and largest chunk C_r as sum and max over its chunks,
@@ -148,9 +149,15 @@ def chain_dp(tables: LayoutTables) -> LayoutResult:
         if best is not None and (m - 1) * bound_t + least_sum + e_floor + tables.p2p_ns >= best.objective_ns:
             break
         allowed_t = fits & (t <= bound_t)
+        solves += 1
+        least_sum_t, _ = _least_sum(t, allowed_t)          # no partition under this bound sums to less
+        if least_sum_t is None:
+            continue
+        if best is not None and (m - 1) * bound_t + least_sum_t + e_floor + tables.p2p_ns >= best.objective_ns:
+            continue
         for bound_e in np.unique(e[allowed_t]):
             bound_e = int(bound_e)
-            if best is not None and (m - 1) * bound_t + least_sum + bound_e + tables.p2p_ns >= best.objective_ns:
+            if best is not None and (m - 1) * bound_t + least_sum_t + bound_e + tables.p2p_ns >= best.objective_ns:
                 break
             solves += 1
             if solves > DP_MAX_SOLVES:
