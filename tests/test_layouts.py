@@ -213,3 +213,38 @@ def test_a_layout_plan_estimate_is_its_parent_less_the_per_stage_gain():
     want = autopar.estimate(model, cluster, training, parent).step_time_s - gain_s
     assert got.step_time_s == pytest.approx(want, rel=1e-6)
     assert [stage.layers for stage in got.stages] == [9, 9, 7, 7]
+
+
+# ---- solve --layouts and explain ---------------------------------------------------------------------------------
+
+def test_explain_layout_shows_each_rank_before_and_after():
+    from autopar.search.refine import explain_layout
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    lines, document = explain_layout(model, cluster, training, Plan(tp=2, pp=4, mbs=1))
+    assert lines[0].startswith("layout: 8|8|8|8") and "faster step" in lines[0]
+    assert document["gain"] > 0 and sum(document["best_layout"]) == model.num_layers
+    assert len(document["rank_time_s"]["best_layout"]) == 4 and len(lines) == 3 + 4
+    # the 128K-vocabulary output layer makes the last rank the slowest under the even split
+    assert max(document["rank_time_s"]["layout"]) == document["rank_time_s"]["layout"][-1]
+    assert max(document["rank_time_s"]["best_layout"]) < max(document["rank_time_s"]["layout"])
+
+
+def test_solve_with_layouts_refines_the_front():
+    from autopar.search.refine import refine_front
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    front = autopar.solve(model, cluster, training, fix={"pp": 4, "tp": 2})
+    refined, refinements = refine_front(front, budget_s=60)
+    assert refinements and any(p.plan.layout for p in refined.points)
+    assert refined.points[0].step_time_s <= front.points[0].step_time_s
+    assert any(note.startswith("layouts:") for note in refined.notes)
+    for point in refined.points:       # still a front: sorted, nothing dominated
+        assert not any(q.step_time_s <= point.step_time_s and q.peak_memory_bytes < point.peak_memory_bytes
+                       for q in refined.points)
+    for r in refinements:
+        assert r.best_ns <= r.uniform_ns

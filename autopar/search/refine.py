@@ -106,3 +106,47 @@ def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S) -> tupl
         note += f"; {skipped} structures left unrefined (time budget {budget_s:g} s)"
     return dataclasses.replace(front, points=tuple(kept), notes=tuple(front.notes) + (note,),
                                proven_optimal=front.proven_optimal and not skipped), refinements
+
+
+def explain_layout(model, cluster, training, plan, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S
+                   ) -> tuple[list[str], dict]:
+    """Where a per-stage layout pays for `plan`'s structure: the plan's own layout against the best one, with every
+    rank's per-microbatch time and peak memory before and after (the per-stage model's integers: ns, MiB)."""
+    from autopar.search.layouts import best_layout
+    from costmodels.layout import layout_space_log10, layout_tables, price_layout, uniform_layout
+    from costmodels.layout import parent_plan
+
+    if plan.pp < 2:
+        return [], {}
+    base = parent_plan(model, cluster, training, plan) if plan.layout else plan
+    tables = layout_tables(model, cluster, training, base)
+    own_layout = plan.layout or uniform_layout(model, base)
+    own = price_layout(tables, own_layout)
+    result = best_layout(tables, time_limit_s=time_limit_s, hint=own_layout)
+    best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
+    gain = 1.0 - best.objective_ns / own.objective_ns
+    proof = "optimal" if result.proven_optimal else "best found in the time limit"
+    lines = [f"layout: {'|'.join(map(str, own.layout))} (decoder layers per virtual stage) -> "
+             + ("already the best" if best is own else f"{'|'.join(map(str, best.layout))}, "
+                f"{100 * gain:.1f}% faster step ({own.step_time_s:.3f} s -> {best.step_time_s:.3f} s per-stage model)")
+             + f"; {result.engine}, {proof}, {result.elapsed_s:.2f} s over 10^{layout_space_log10(model.num_layers, plan.pp * plan.vpp):.0f} layouts"]
+    if best is not own:
+        slow_before, slow_after = own.bottleneck_rank, best.bottleneck_rank
+        lines.append(f"  slowest rank {slow_before} at {own.rank_time_ns[slow_before] / 1e6:.2f} ms per micro-batch "
+                     f"-> rank {slow_after} at {best.rank_time_ns[slow_after] / 1e6:.2f} ms; peak memory "
+                     f"{own.peak_memory_mib / 1024:.1f} -> {best.peak_memory_mib / 1024:.1f} GiB")
+        lines.append("  rank: layers, ms per micro-batch, GiB  before -> after")
+        for rank in range(plan.pp):
+            before = own.rank_dense[rank] + own.rank_moe[rank]
+            after = best.rank_dense[rank] + best.rank_moe[rank]
+            lines.append(f"  {rank:>4}: {before:>3} -> {after:<3} {own.rank_time_ns[rank] / 1e6:8.2f} -> "
+                         f"{best.rank_time_ns[rank] / 1e6:<8.2f} {own.rank_memory_mib[rank] / 1024:6.1f} -> "
+                         f"{best.rank_memory_mib[rank] / 1024:.1f}")
+    document = {"layout": list(own.layout), "best_layout": list(best.layout), "gain": gain,
+                "engine": result.engine, "proven_optimal": result.proven_optimal,
+                "step_time_s": {"layout": own.step_time_s, "best_layout": best.step_time_s},
+                "rank_time_s": {"layout": [t / 1e9 for t in own.rank_time_ns],
+                                "best_layout": [t / 1e9 for t in best.rank_time_ns]},
+                "rank_memory_bytes": {"layout": [m * 2**20 for m in own.rank_memory_mib],
+                                      "best_layout": [m * 2**20 for m in best.rank_memory_mib]}}
+    return lines, document
