@@ -306,12 +306,12 @@ model's time of the parent's own layout (costmodels.scoring.estimate of a plan w
 
 
 def parent_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> Plan:
-    """The plan without its layout, with the first/last split the `layers` rule accepts whose layers per rank are
-    nearest the layout's (least total difference; ties to the more even split), so that the uniform model, the rules
-    and frameworks without layouts apply to it."""
+    """The plan without its layout, with a first/last split Megatron's rules accept: its own when it has one, else
+    the one whose layers per rank are nearest the layout's (least total difference; ties to the more even split), so
+    that the uniform model, the rules and frameworks without layouts apply to it."""
     import dataclasses
 
-    from costmodels.rules import RULES_BY_ID, Problem
+    from costmodels.rules import RULES, Problem, structural_mask
 
     bare = dataclasses.replace(plan, layout=(), first_stage_layers=0, last_stage_layers=0)
     layers, pp = model.num_layers, plan.pp
@@ -338,7 +338,11 @@ def parent_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         plans.append(dataclasses.replace(bare, first_stage_layers=0 if even and first == middle else first,
                                          last_stage_layers=0 if even and last == middle else last))
     plans = [bare] + plans if layers % pp == 0 and not wanted else plans + [bare]
-    accepted = RULES_BY_ID["layers"].holds(problem, PlanArrays.from_plans(plans)) if plans else []
+    if plan.first_stage_layers or plan.last_stage_layers:     # the plan's own split, when it has one, first
+        plans.insert(0, dataclasses.replace(plan, layout=()))
+    # every rule Megatron needs (not the guide's advice, not memory): the split must also suit the recompute block
+    needed = [rule for rule in RULES if not rule.relaxable and rule.id != "memory"]
+    accepted = structural_mask(problem, PlanArrays.from_plans(plans), needed) if plans else []
     for candidate, ok in zip(plans, accepted):
         if ok:
             return candidate

@@ -238,7 +238,7 @@ def test_solve_with_layouts_refines_the_front():
     model = autopar.load_model("llama-3.1-8b")
     cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
-    front = autopar.solve(model, cluster, training, fix={"pp": 4, "tp": 2})
+    front = autopar.solve(model, cluster, training, fix={"pp": 4, "tp": 2, "vpp": 2})
     refined, refinements = refine_front(front, budget_s=60)
     assert refinements and any(p.plan.layout for p in refined.points)
     assert refined.points[0].step_time_s <= front.points[0].step_time_s
