@@ -67,7 +67,7 @@ def reduced_check(model, cluster, training, plan) -> str:
             small_model.moe, first_dense_layers=min(small_model.moe.first_dense_layers, 3)))
     pp, vpp = min(plan.pp, 3), min(plan.vpp, 2)
     small = dataclasses.replace(plan, pp=pp, vpp=vpp, first_stage_layers=0, last_stage_layers=0, layout=(),
-                                recompute_layers=0 if plan.recompute_layers else 0)
+                                recompute_layers=0)
     tables = layout_tables(small_model, cluster, training, small)
     truth = brute_force(tables)
     found = best_layout(tables, time_limit_s=None)

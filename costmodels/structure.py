@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-# costmodels.plan imports this module: `PlanArrays` below is only a name in annotations (no import back)
+# costmodels.plan imports this module, so `PlanArrays` is only a name in the annotations here (no import back)
 
 STRUCTURE_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "first_stage_layers",
                                      "last_stage_layers")

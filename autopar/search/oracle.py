@@ -18,9 +18,9 @@ import numpy as np
 
 from autopar.search import objective
 from autopar.search.pareto import front_indices
-from costmodels.rules import Problem, Rule, structural_mask
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
 from costmodels.plan import PLAN_FIELDS, PlanArrays
+from costmodels.rules import Problem, Rule, structural_mask
 from costmodels.structure import link as structure_link
 
 CHUNK_PLANS = 100_000

@@ -113,8 +113,7 @@ def explain_layout(model, cluster, training, plan, time_limit_s: float | None = 
     """Where a per-stage layout pays for `plan`'s structure: the plan's own layout against the best one, with every
     rank's per-microbatch time and peak memory before and after (the per-stage model's integers: ns, MiB)."""
     from autopar.search.layouts import best_layout
-    from costmodels.layout import layout_space_log10, layout_tables, price_layout, uniform_layout
-    from costmodels.layout import parent_plan
+    from costmodels.layout import layout_space_log10, layout_tables, parent_plan, price_layout, uniform_layout
 
     if plan.pp < 2:
         return [], {}
