@@ -10,8 +10,9 @@ interleaving, CP-SAT with it), and:
 - the best uniform plan (the front's fastest) and the best plan once layouts are allowed, their step times and the
   predicted gain;
 - the largest gain over any refined structure (its own uniform layout against its best layout, per-stage model);
-- CP-SAT's own time on the winning structure (cpsat_layout, even where the DP was the engine), and the size of that
-  structure's layout space (compositions of the layers into pp·vpp virtual stages);
+- CP-SAT's own time on the winning structure (cpsat_layout, even where the DP was the engine; where the fastest plan
+  has no pipeline, the structure with the largest gain), and the size of that structure's layout space
+  (compositions of the layers into pp·vpp virtual stages);
 - a brute-force check on a reduced instance (12 layers of the same model, the winning structure with pp <= 3 and
   vpp <= 2): the exact engine's optimum equals the brute force optimum ("yes"/"no");
 - unless --no-commands, the whole `autopar solve ... --layouts` command's wall and CPU time (target <= 10 s on S4
@@ -87,7 +88,9 @@ def run(name: str, budget_s: float, cpsat_limit_s: float, commands: bool) -> dic
     refined, refinements = refine_front(front, budget_s=budget_s)
     uniform_best, layout_best = front.points[0], refined.points[0]
     top = max(refinements, key=lambda r: r.gain) if refinements else None
-    structure = layout_best.plan if layout_best.plan.pp > 1 else uniform_best.plan
+    # CP-SAT time, space and the brute-force check on the winning structure; when the fastest plan has no pipeline,
+    # on the structure with the largest gain
+    structure = layout_best.plan if layout_best.plan.pp > 1 else (top.parent.plan if top else uniform_best.plan)
     cpsat_s, space, check = float("nan"), 0.0, "-"
     if structure.pp > 1:
         base = dataclasses.replace(structure, layout=()) if structure.layout else structure
