@@ -177,6 +177,8 @@ def test_frameworks_without_layouts_fall_back_to_the_nearest_split_and_say_so():
     assert "split-/1" in config.unexpressed[-1]           # the layout's ends: 5 layers first, none last -> 4 / 1
     bridge = launch_config(estimate, "bridge").text
     assert "model.pipeline_model_parallel_layout='Et*5|(t*4|)*14,mL'" in bridge
+    nemo = launch_config(estimate, "nemo").text
+    assert "trainer.strategy.pipeline_model_parallel_layout='Et*5|(t*4|)*14,mL'" in nemo
 
 
 def test_torchtitan_module_lists_follow_the_layout():

@@ -35,10 +35,11 @@ def framework_name(name: str) -> str:
     return key
 
 
-LAYOUT_FRAMEWORKS = ("megatron", "bridge", "torchtitan")
+LAYOUT_FRAMEWORKS = ("megatron", "nemo", "bridge", "torchtitan")
 """Frameworks that take a per-stage pipeline layout (Plan.layout): Megatron-LM --pipeline-model-parallel-layout,
-Megatron-Bridge's pipeline_model_parallel_layout (Megatron-Core TransformerConfig), torchtitan's per-stage module
-lists. The others get the nearest split they can express, and say so (`layout_fallback`)."""
+NeMo 2's MegatronStrategy and Megatron-Bridge's model provider pipeline_model_parallel_layout (Megatron-Core's
+TransformerConfig field), torchtitan's per-stage module lists. verl and DeepSpeed get the nearest split they can
+express, and say so (`layout_fallback`)."""
 
 
 def layout_fallback(estimate: "Estimate") -> "Estimate":
