@@ -89,6 +89,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 import autopar
+from autopar.search.pareto import front_indices
 from costmodels.rules import RULES_BY_ID, Problem
 from autopar.search.space import Controls, SearchSpace, build_space
 from costmodels.comm import dp_cp_group, group_collective_time_s, pp_group, tp_group
@@ -428,13 +429,11 @@ class NumpyFront:
     feasible: int
 
 
-def pareto_front(time_units: np.ndarray, memory_mib: np.ndarray) -> tuple[tuple[int, int], ...]:
-    """Non-dominated (time, memory) pairs, fastest first."""
-    order = np.lexsort((memory_mib, time_units))
-    time_units, memory_mib = time_units[order], memory_mib[order]
-    least_memory_so_far = np.minimum.accumulate(memory_mib)
-    keep = np.ones(len(memory_mib), dtype=bool)
-    keep[1:] = memory_mib[1:] < least_memory_so_far[:-1]
+def pareto_front(time_units: np.ndarray, memory_mib: np.ndarray, knob_values: dict[str, np.ndarray]
+                 ) -> tuple[tuple[int, int], ...]:
+    """Non-dominated (time, memory) pairs, fastest first: the search's own front (autopar.search.pareto)."""
+    dense_defaults = {"ep": np.ones(len(time_units), np.int64), "etp": knob_values["tp"]}  # ep (1,): dense models
+    keep = front_indices(time_units, memory_mib, {**dense_defaults, **knob_values})
     return tuple(zip(time_units[keep].tolist(), memory_mib[keep].tolist(), strict=True))
 
 
@@ -484,7 +483,8 @@ def numpy_front(instance: Instance) -> NumpyFront:
                       + recomputed * value["recomputed_input_kib"])
     memory_mib = value["static_mib"] + (in_flight * activation_kib) // (HELD_SCALE * KIB_PER_MIB)
     valid &= memory_mib <= instance.memory_cap_mib
-    front = pareto_front(time_units[valid], memory_mib[valid])
+    knob_values = {knob: np.asarray(domains[knob])[index[knob]][valid] for knob in KNOBS}
+    front = pareto_front(time_units[valid], memory_mib[valid], knob_values)
     return NumpyFront(front, time.perf_counter() - start, combos.shape[1], int(valid.sum()))
 
 
@@ -628,9 +628,7 @@ class WalkResult:
 
 
 def _set_domain(var: cp_model.IntVar, lo: int, hi: int) -> None:
-    domain = var.proto.domain
-    domain.clear()
-    domain.extend([lo, hi])
+    var.with_domain(cp_model.Domain(lo, hi))
 
 
 def _timed_solve(cpsat: CpsatModel, setting: SolverSetting,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-import fidelity_memory  # noqa: E402
-import fidelity_time  # noqa: E402
+from benchmarks import fidelity_memory, fidelity_time  # noqa: E402
 
 
 def main() -> int:

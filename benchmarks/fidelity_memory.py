@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import csv
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -31,7 +33,10 @@ from costmodels.hardware import GIB, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.specs import (ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
                               TrainingSpec)
-from reference import reference_dir  # benchmarks/ is on sys.path (run as a script, or added by the tests)
+
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
+from benchmarks.reference import reference_dir  # noqa: E402
 
 PAPER_SEQ_LEN = 2048
 PAPER_VOCAB = 51200

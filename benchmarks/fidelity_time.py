@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
 from costmodels.steptime import step_time_s
-from reference import reference_dir  # benchmarks/ is on sys.path (run as a script, or added by the tests)
+
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
+from benchmarks.reference import reference_dir  # noqa: E402
 
 A100_PEAK_TFLOPS = 312.0
 SEQ_LEN = 2048

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-import fidelity_time  # noqa: E402
+from benchmarks import fidelity_time  # noqa: E402
 from costmodels.hardware import HardwareProfile, LinkSpec, load_profile  # noqa: E402
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
@@ -44,6 +45,8 @@ UPPER_BOUNDS = {"peak_fraction": 1.0, "nvlink_bandwidth_efficiency": 1.0}
 LOWER_BOUND = 1e-3
 """Every fitted parameter is a positive quantity; the floor keeps the log-space fit finite when one runs to zero (a
 half-saturation side of 0.001 is, for these GEMM shapes, a GEMM at its peak fraction)."""
+ITERATIONS = 60
+"""Levenberg-Marquardt iterations at most (the fits here stop earlier, when no step improves)."""
 FIT_ROWS = "megatron_2104.04473_table1.csv (10 rows, TFLOP/s) + korthikanti_2205.05198.csv (8 iteration times)"
 
 
@@ -86,7 +89,7 @@ def _clip(values: dict[str, float]) -> dict[str, float]:
     return {k: min(max(v, LOWER_BOUND), UPPER_BOUNDS.get(k, np.inf)) for k, v in values.items()}
 
 
-def levenberg_marquardt(profile: HardwareProfile, start: dict[str, float], iterations: int = 60,
+def levenberg_marquardt(profile: HardwareProfile, start: dict[str, float], iterations: int = ITERATIONS,
                         keep: "np.ndarray | None" = None, free: tuple[str, ...] = PARAMETERS) -> dict[str, float]:
     """Minimise Σ residual² over the log of the `free` parameters (the others stay at `start`); numerical Jacobian,
     adaptive damping."""

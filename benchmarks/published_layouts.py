@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
@@ -40,7 +41,10 @@ from costmodels.units import GIB
 from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import TrainingSpec
-from reference import reference_dir  # benchmarks/ is on sys.path (run as a script, or added by the tests)
+
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
+from benchmarks.reference import reference_dir  # noqa: E402
 
 TOLERANCE = 0.10
 HEADROOM = 0.1
@@ -131,15 +135,16 @@ class PinnedProfile:
     """The refit's absolute errors on the fitted rows (benchmarks/fit_profiles.py)."""
 
 
-def pinned_nvlink_profile(efficiency: float) -> PinnedProfile:
+def pinned_nvlink_profile(efficiency: float, iterations: int | None = None) -> PinnedProfile:
     """The A100-80GB profile with NVLink's bandwidth efficiency fixed at `efficiency` and the other fitted parameters
-    refitted to the published rows."""
-    import fit_profiles  # benchmarks/ is on sys.path
+    refitted to the published rows (at most `iterations` Levenberg-Marquardt steps; fit_profiles.ITERATIONS)."""
+    from benchmarks import fit_profiles
 
     base = load_profile("a100-80gb")
     start = {**fit_profiles.current_parameters(base), "nvlink_bandwidth_efficiency": efficiency}
     free = tuple(k for k in fit_profiles.PARAMETERS if k != "nvlink_bandwidth_efficiency")
-    values = fit_profiles.levenberg_marquardt(base, start, free=free)
+    values = fit_profiles.levenberg_marquardt(base, start, free=free,
+                                              iterations=iterations or fit_profiles.ITERATIONS)
     errors_pct = 100.0 * np.abs(np.exp(fit_profiles.residuals(base, values)) - 1.0)
     refitted = MappingProxyType({k: values[k] for k in free})
     return PinnedProfile(fit_profiles.with_parameters(base, values), efficiency, refitted, float(errors_pct.mean()),

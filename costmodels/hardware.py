@@ -21,6 +21,9 @@ from costmodels.errors import InputError
 from costmodels.units import GIB
 SCHEMA_VERSION = 1
 LINK_KINDS = ("nvlink", "ib")
+OVERLAP_TERMS = ("tp_comm",)
+"""The communications a profile's `overlap:` section may hide behind compute, each with the fraction hidden in
+[0, 1] (read by costmodels.steptime.overlap_fraction)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     provenance = data.get("provenance", {})
     if not isinstance(provenance, dict):
         raise InputError("profile", f"{origin}: provenance must be a mapping of field -> source")
+    _check_overlap(reader, data.get("overlap"))
     known_keys = {"schema_version", "name", "display_name", "aliases", "gpus_per_node", "memory", "compute", "links",
                   "provenance"}
     return HardwareProfile(
@@ -174,6 +178,20 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         source_path=origin,
         extra={k: v for k, v in data.items() if k not in known_keys},
     )
+
+
+def _check_overlap(reader: _Reader, section: Any) -> None:
+    """The optional `overlap:` section: each entry a known communication and the fraction of it hidden, in [0, 1]."""
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise InputError("profile", f"{reader.origin}: overlap must be a mapping of communication -> fraction hidden "
+                                    f"(e.g. overlap: {{tp_comm: 0.5}})")
+    for key in section:
+        if key not in OVERLAP_TERMS:
+            raise InputError("profile", f"{reader.origin}: overlap.{key} is not a known overlap; "
+                                        f"use {', '.join(OVERLAP_TERMS)}")
+        reader.number(f"overlap.{key}", allow_zero=True, upper=1.0)
 
 
 def _first_non_finite(node: Any, path: str) -> tuple[str, float] | None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels import params
+from costmodels.errors import InputError
 from costmodels.plan import (PlanArrays, Recompute, data_parallel_size, expert_data_parallel_size, layers_on_stage,
                              layers_per_middle_stage, num_microbatches)
 from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
@@ -635,8 +636,12 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, shape)),
     ]
     terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}
+    modelled = {name for name, present, _ in entries if present}
     for name, value in fixed_overheads_bytes(cluster, len(plans)).items():
-        assert name not in terms, f"profile overhead {name!r} collides with a memory term"
+        if name in modelled:   # a profile's own overhead may not shadow a modelled term (the sum would count it twice)
+            raise InputError("profile", f"{cluster.profile.source_path or cluster.profile.name}: "
+                                        f"memory.overheads_gib key {name!r} is the name of a modelled memory term; "
+                                        "rename it")
         if only is None or name in only:
             terms[name] = value
     return terms

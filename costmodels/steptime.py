@@ -22,7 +22,7 @@ import numpy as np
 from costmodels import compute as compute_model
 from costmodels.comm import (cp_group, dp_cp_group, edp_group, ep_group, etp_group, group_collective_time_s,
                              tp_group)
-from costmodels.hardware import HardwareProfile
+from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
 from costmodels.plan import PlanArrays, Recompute, as_plan_arrays, layers_on_stage, num_microbatches
@@ -71,11 +71,11 @@ instead of tabulating it over all its knobs."""
 # ---- profile knobs -----------------------------------------------------------------------------------------------
 
 def overlap_fraction(profile: HardwareProfile, name: str) -> float:
-    """Fraction of a communication hidden behind compute, from the profile's `overlap:` section (0 if absent)."""
+    """Fraction of a communication hidden behind compute, from the profile's `overlap:` section (0 if absent).
+    hardware.parse_profile has checked the section: known names, values in [0, 1]."""
+    assert name in OVERLAP_TERMS, f"{name!r} is not one of hardware.OVERLAP_TERMS"
     section = profile.extra.get("overlap", {}) or {}
-    value = float(section.get(name, 0.0))
-    assert 0.0 <= value <= 1.0, f"overlap.{name} must lie in [0, 1], got {value}"
-    return value
+    return float(section.get(name, 0.0))
 
 
 # ---- per-stage, per-microbatch pieces ----------------------------------------------------------------------------

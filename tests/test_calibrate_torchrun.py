@@ -175,6 +175,17 @@ def worker_pids(launcher_pid: int) -> list[int]:
     return [int(pid) for pid in children.read_text().split()] if children.exists() else []
 
 
+def wait_for_workers(launcher_pid: int, count: int = 2, timeout_s: float = 120.0) -> list[int]:
+    """The rank processes, once torchrun has started all `count` of them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = worker_pids(launcher_pid)
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.05)
+    pytest.fail(f"torchrun did not start {count} ranks in {timeout_s:.0f} s")
+
+
 @pytest.mark.parametrize("failure", ["ctrl_c", "one_rank_killed"])
 def test_an_interrupted_or_failed_run_never_leaves_a_partial_profile(tmp_path, failure):
     # Ctrl-C reaches torchrun and every rank; or one rank dies (SIGKILL) and torchrun stops the others. Whenever
@@ -183,12 +194,15 @@ def test_an_interrupted_or_failed_run_never_leaves_a_partial_profile(tmp_path, f
     out.write_text("previous: profile\n")
     process = subprocess.Popen(torchrun_command(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=environment(), cwd=tmp_path, start_new_session=True)
-    time.sleep(4.0)
+    ranks = wait_for_workers(process.pid)       # a fixed sleep could land before the ranks exist (a loaded machine)
+    time.sleep(2.0)                             # ranks importing torch, measuring or writing: any moment will do
     if failure == "ctrl_c":
         os.killpg(process.pid, signal.SIGINT)
     else:
-        for pid in worker_pids(process.pid)[-1:]:
-            os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(ranks[-1], signal.SIGKILL)
+        except ProcessLookupError:              # that rank had already finished: the run must have completed
+            pass
     try:
         process.communicate(timeout=120)
     except subprocess.TimeoutExpired:

@@ -110,10 +110,6 @@ def test_bad_config_file_exits_2_with_one_line(text: str, must_contain: list[str
     assert_one_line_bad_input(autopar("estimate", config), must_contain)
 
 
-def test_at_least_fifteen_distinct_bad_inputs() -> None:
-    assert len({case[0] for case in BAD_INPUTS + CONFIG_CASES}) >= 15
-
-
 # ---- the parser itself -----------------------------------------------------------------------------------------
 
 def test_help_lists_every_command() -> None:

@@ -3,14 +3,9 @@ walk finds are the numpy front's, in order. A short walk limit keeps this a few 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import cpsat_decomposed  # noqa: E402  (benchmarks/ is on sys.path)
+from benchmarks import cpsat_decomposed
 
 
 @pytest.fixture(scope="module")

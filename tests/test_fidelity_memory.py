@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+from benchmarks import fidelity_memory
 
-import fidelity_memory  # noqa: E402
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 try:
     fidelity_memory.reference_dir()

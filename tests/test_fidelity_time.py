@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-fidelity_time = pytest.importorskip("fidelity_time")
+from benchmarks import fidelity_time
 
 
 @pytest.fixture(scope="module")

@@ -196,22 +196,48 @@ def test_conflicting_pins_name_the_rules():
     assert set(info.value.rules) == {"world", "fix tp=3"}      # 8 % 3 != 0: minimal, so heads is not listed
 
 
+def assert_sound_front(front, model, cluster, training) -> None:
+    """What every returned front must satisfy, each of which a wrong search or rescoring would break: fastest first
+    and non-dominated (time strictly rising, memory strictly falling), every point fits its memory limit and breaks
+    no rule, its layout tiles the GPUs and the batch, and scoring its plan alone gives the front's numbers."""
+    assert len(front) >= 1
+    times = [p.step_time_s for p in front]
+    memories = [p.peak_memory_bytes for p in front]
+    assert all(a < b for a, b in zip(times, times[1:])), times
+    assert all(a > b for a, b in zip(memories, memories[1:])), memories
+    for point in front:
+        plan = point.plan
+        assert point.violations == () and point.fits
+        assert point.peak_memory_bytes <= point.memory_limit_bytes
+        assert cluster.num_gpus % (plan.tp * plan.cp * plan.pp) == 0
+        assert training.global_batch_size % (point.dp * plan.mbs) == 0
+        alone = autopar.estimate(model, cluster, training, plan)
+        assert alone.step_time_s == pytest.approx(point.step_time_s, rel=1e-9)
+        assert alone.peak_memory_bytes == pytest.approx(point.peak_memory_bytes, rel=1e-9)
+
+
 @pytest.mark.parametrize("gpus", [1, 7, 13])
 def test_single_and_prime_gpu_counts(gpus):
     model = ModelSpec(name="small", hidden_size=1024, num_layers=13, num_attention_heads=16,
                       ffn_hidden_size=4096, vocab_size=32000)        # a prime number of layers too
-    front = autopar.solve(model, autopar.make_cluster(gpu="h100", num_gpus=gpus, gpus_per_node=gpus if gpus > 8 else 0),
-                          TrainingSpec(seq_len=2048, global_batch_size=gpus * 4))
-    assert len(front) >= 1
-    for point in front:       # a prime count: dp = N or pp = N (tp only divides 16 heads)
-        assert point.plan.tp * point.plan.cp * point.plan.pp * point.dp == gpus
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus, gpus_per_node=gpus if gpus > 8 else 0)
+    training = TrainingSpec(seq_len=2048, global_batch_size=gpus * 4)
+    front = autopar.solve(model, cluster, training)
+    assert_sound_front(front, model, cluster, training)
+    for point in front:       # a prime count: all GPUs in one dimension (tp only divides 16 heads, so tp = 1)
+        assert point.plan.tp == 1
+        assert sorted([point.dp, point.plan.cp, point.plan.pp]) in ([1, 1, gpus], [1, 1, 1])
 
 
 def test_131072_gpus_answers():
     model = autopar.load_model("llama-3.1-405b")
-    front = autopar.solve(model, autopar.make_cluster(gpu="h100", num_gpus=131072),
-                          TrainingSpec(seq_len=8192, global_batch_size=16384), bounds={"mbs": (None, 2)})
-    assert len(front) >= 1 and front[0].dp * front[0].plan.tp * front[0].plan.cp * front[0].plan.pp == 131072
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=131072), TrainingSpec(seq_len=8192,
+                                                                                 global_batch_size=16384)
+    front = autopar.solve(model, cluster, training, bounds={"mbs": (None, 2)})
+    assert_sound_front(front, model, cluster, training)
+    assert all(p.plan.mbs <= 2 for p in front)                # the user's bound reaches the search
+    # 16384 sequences over 131072 GPUs: at most 16384 replicas, so tp·cp·pp >= 8 on every point
+    assert all(p.plan.tp * p.plan.cp * p.plan.pp >= 8 for p in front)
 
 
 # ---- explain -----------------------------------------------------------------------------------------------

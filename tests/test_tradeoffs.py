@@ -1,19 +1,22 @@
 """The Parallelism Strategies Guide's trade-offs emerge from the cost model (no rule forces them).
 
-Each test enumerates a small explicit plan space with the basic divisibility rules inline, evaluates it with
-costmodels.evaluate.evaluate (memory and time), keeps the plans that fit in (1 - headroom) of HBM, and checks the
-guide's statement on the fastest ones.
+Each test takes the search's own plan space and rules (autopar.search.space, costmodels.rules), narrowed by
+the same pins and bounds a user would give `autopar solve`, evaluates every plan with costmodels.evaluate.evaluate
+(memory and time), keeps the plans that fit in (1 - headroom) of HBM, and checks the guide's statement on the
+fastest ones.
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 
 import numpy as np
 
+from costmodels.rules import Problem, active_rules, structural_mask
+from autopar.search.space import Controls, build_space, mixed_radix, plan_arrays
 from costmodels.evaluate import evaluate
 from costmodels.hardware import load_profile
-from costmodels.plan import Plan, Recompute
+from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 H100 = load_profile("h100-80gb")
@@ -23,27 +26,18 @@ LLAMA_3_1_70B = ModelSpec(name="llama-3.1-70b", hidden_size=8192, num_layers=80,
                           num_kv_heads=8, ffn_hidden_size=28672, vocab_size=128256)
 
 
-def enumerate_plans(model: ModelSpec, num_gpus: int, training: TrainingSpec, tps=(1, 2, 4, 8), pps=(1, 2, 4, 8),
-                    cps=(1,), mbss=(1, 2)) -> list[Plan]:
-    """Plans obeying the DESIGN.md §3 rules world, heads, layers, sp_needs_tp, cp_needs_sp_tp, cp_seq, batch, vpp."""
-    plans = []
-    for tp, pp, cp, mbs, recompute, sp, zero, vpp in itertools.product(
-            tps, pps, cps, mbss, Recompute, (False, True), (0, 1, 2, 3), (1, 2)):
-        if num_gpus % (tp * pp * cp):
-            continue
-        dp = num_gpus // (tp * pp * cp)
-        if training.global_batch_size % (dp * mbs):
-            continue
-        if model.num_attention_heads % tp or model.num_kv_heads % tp:
-            continue
-        if (sp and tp == 1) or (cp > 1 and not (sp and tp > 1)) or training.seq_len % (2 * cp):
-            continue
-        if (vpp > 1 and pp == 1) or model.num_layers % (pp * vpp):
-            continue
-        if vpp > 1 and (training.global_batch_size // (dp * mbs)) % pp:
-            continue
-        plans.append(Plan(tp=tp, pp=pp, cp=cp, mbs=mbs, recompute=recompute, sp=sp, zero=zero, vpp=vpp))
-    return plans
+def valid_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, fix=None, minimum=None,
+                maximum=None, relax: tuple[str, ...] = ()) -> PlanArrays:
+    """Every plan of the search's own space (autopar.search.space.build_space) within `fix`/`minimum`/`maximum`
+    that keeps the search's own rules (costmodels.rules), memory aside: what `autopar solve` would weigh."""
+    controls = Controls(fix=fix or {}, minimum=minimum or {}, maximum=maximum or {}, relax=relax)
+    space = build_space(model, cluster, training, controls)
+    factors = space.factors(("split", "recompute") + space.free_knobs)
+    sizes = [len(values) for _, values in factors]
+    plans = plan_arrays(space.columns_from_factors(factors, mixed_radix(sizes, 0, math.prod(sizes))))
+    keep = structural_mask(Problem(model, cluster, training), plans, active_rules(relax))
+    assert keep.any()
+    return plans.take(np.flatnonzero(keep))
 
 
 def fitting_step_times(model, cluster, training, plans):
@@ -55,10 +49,10 @@ def fitting_step_times(model, cluster, training, plans):
 def test_7b_on_8_gpus_at_4k_fastest_fitting_plan_has_no_pipeline():
     cluster = ClusterSpec(profile=H100, num_gpus=8)
     training = TrainingSpec(seq_len=4096, global_batch_size=128)
-    plans = enumerate_plans(LLAMA_2_7B, 8, training)
+    plans = valid_plans(LLAMA_2_7B, cluster, training, fix={"recompute_layers": 0}, maximum={"mbs": 2, "vpp": 2})
     times = fitting_step_times(LLAMA_2_7B, cluster, training, plans)
-    assert np.isfinite(times).any()
-    fastest = plans[int(np.argmin(times))]
+    assert np.isfinite(times).any() and set(plans.pp.tolist()) == {1, 2, 4, 8}
+    fastest = plans.plan(int(np.argmin(times)))
     assert fastest.pp == 1, fastest.short()
 
 
@@ -66,9 +60,11 @@ def test_growing_tp_from_8_to_16_across_nodes_is_slower():
     # the tp_node rule relaxed: TP=16 spans two nodes of 8 and its collectives cross InfiniBand
     cluster = ClusterSpec(profile=H100, num_gpus=16)
     training = TrainingSpec(seq_len=4096, global_batch_size=128)
-    plans = [p for p in enumerate_plans(LLAMA_2_7B, 16, training, tps=(8, 16), pps=(1,)) if p.sp]
+    plans = valid_plans(LLAMA_2_7B, cluster, training, fix={"pp": 1, "sp": 1, "recompute_layers": 0},
+                        minimum={"tp": 8}, maximum={"mbs": 2}, relax=("tp_node",))
     times = fitting_step_times(LLAMA_2_7B, cluster, training, plans)
-    best = {tp: min(t for p, t in zip(plans, times) if p.tp == tp) for tp in (8, 16)}
+    assert set(plans.tp.tolist()) == {8, 16}
+    best = {tp: times[plans.tp == tp].min() for tp in (8, 16)}
     assert np.isfinite(best[8])
     assert best[16] > best[8]
     # and plan by plan: the same layout with tp=16 is slower than with tp=8
@@ -81,8 +77,10 @@ def test_growing_tp_from_8_to_16_across_nodes_is_slower():
 def test_70b_at_128k_context_parallel_beats_the_best_plan_without_it():
     cluster = ClusterSpec(profile=H100, num_gpus=128)
     training = TrainingSpec(seq_len=131072, global_batch_size=16)
-    plans = enumerate_plans(LLAMA_3_1_70B, 128, training, pps=(1, 2, 4, 8, 16), cps=(1, 2, 4, 8, 16), mbss=(1,))
+    plans = valid_plans(LLAMA_3_1_70B, cluster, training, fix={"mbs": 1, "recompute_layers": 0},
+                        maximum={"pp": 16, "cp": 16, "vpp": 2})
     times = fitting_step_times(LLAMA_3_1_70B, cluster, training, plans)
-    with_cp = min(t for p, t in zip(plans, times) if p.cp > 1)
-    without_cp = min(t for p, t in zip(plans, times) if p.cp == 1)
+    assert set(plans.cp.tolist()) == {1, 2, 4, 8, 16}
+    with_cp = times[plans.cp > 1].min()
+    without_cp = times[plans.cp == 1].min()
     assert np.isfinite(with_cp) and with_cp < without_cp

@@ -26,7 +26,6 @@ from costmodels.hardware import HardwareProfile
 from costmodels.scoring import Estimate
 from costmodels.units import GIB
 
-SCHEMA_ID = "urn:autopar:schemas:front"
 SCHEMA_RESOURCE = "front.schema.json"
 
 

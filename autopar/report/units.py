@@ -97,11 +97,6 @@ def format_rate(per_second: float, unit: str = "tok/s", digits: int = 3) -> str:
     return f"{_significant(per_second, digits)} {unit}"
 
 
-def format_flops(flops_per_s: float, digits: int = 3) -> str:
-    """4.2e14 → '420 TFLOP/s'."""
-    return format_rate(flops_per_s, "FLOP/s", digits)
-
-
 def format_tflops(tflops_per_s: float, digits: int = 3) -> str:
     """Achieved FLOP/s per GPU in the unit training logs use (Megatron's 'TFLOP/s/GPU'): 420.4 → '420 TFLOP/s'."""
     special = _not_finite(float(tflops_per_s))

@@ -9,11 +9,14 @@ per family: joint domains, rules, cost tables, objectives) → objective → sol
   (`sufficient_assumptions_for_infeasibility`).
 - Step time = F × W + S × R (autopar.search.objective): W and R sums of table variables, F the pipeline factor's
   table variable, the product by `add_multiplication_equality`.
-- Peak memory = max over the candidate worst ranks (roles) of the sum of that rank's table variables, plus the
-  rank-independent tables.
+- Peak memory = max over the candidate worst stages (autopar.search.tables.memory_tables: the first stage, the
+  last, and for MoE models the middle stages that may carry more) of the sum of that stage's table variables,
+  plus the stage-independent tables.
 - Pareto walk (epsilon constraint): minimise time with memory <= bound; then, time fixed, minimise
   memory · K + tie-break key (the plan first in space.TIE_BREAK_ORDER); tighten the bound below that memory;
   repeat until infeasible. Every point is the unique optimum of its second solve, so the front is deterministic.
+- Built with the public `CpModel` API only (tables by `add_allowed_assignments`, rule literals by
+  `only_enforce_if`, the walk's bounds by `IntVar.with_domain`); nothing writes the protobuf.
 - One worker, fixed seed, no presolve (measured fastest here); a time limit bounds the whole walk, and what was
   found is returned marked unproven.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +41,9 @@ from costmodels.rules import Problem, Rule
 from autopar.search.space import TIE_BREAK_ORDER, SearchSpace
 from autopar.search.tables import Table, memory_tables, rule_table, time_tables
 from costmodels.plan import PLAN_FIELDS, PlanArrays
+
+if TYPE_CHECKING:                                          # ortools is imported lazily at run time (_cp)
+    from ortools.sat.python.cp_model import CpModel, IntVar, LinearExpr
 
 NUM_WORKERS = 1
 """One worker: on this project's 2-core machine a second worker only competes with the first (measured)."""
@@ -49,21 +56,25 @@ PRESOLVE = False
 class Knobs:
     """The CP-SAT variable of every plan knob (etp aliases tp for dense models)."""
 
-    variables: dict
+    variables: dict[str, IntVar]
 
-    def __getitem__(self, knob: str):
+    def __getitem__(self, knob: str) -> IntVar:
         return self.variables[knob]
 
 
 @dataclass
 class ParetoModel:
-    model: object
+    """A built model and the handles the front walk needs."""
+
+    model: CpModel
     knobs: Knobs
-    time_var: object
-    memory_var: object
-    tie_break: object
+    time_var: IntVar
+    memory_var: IntVar
+    tie_break: LinearExpr | int
+    """Σ rank(knob) · weight, the position of a plan in space.TIE_BREAK_ORDER (_tie_break)."""
     tie_break_range: int
-    rule_literals: dict
+    """One more than the largest tie_break value: memory · range + tie_break orders by memory first."""
+    rule_literals: dict[str, IntVar]
     table_rows: int
     build_s: float
 
@@ -76,7 +87,8 @@ def _cp():
 
 # ---- variables ---------------------------------------------------------------------------------------------
 
-def _knob_variables(model, space: SearchSpace) -> Knobs:
+def knob_variables(model: CpModel, space: SearchSpace) -> Knobs:
+    """One integer variable per knob over its candidate values (Domain.from_values: holes stay holes)."""
     cp_model = _cp()
     variables = {}
     for knob in PLAN_FIELDS:
@@ -91,53 +103,54 @@ def _knob_variables(model, space: SearchSpace) -> Knobs:
 
 # ---- constraints -------------------------------------------------------------------------------------------
 
-def _add_table(model, knobs: Knobs, table: Table, value_var=None, enforce=None) -> None:
-    """Rows of `table` as allowed assignments of (its knobs..., value_var), written straight into the proto."""
-    proto = model.proto.constraints.add()
-    variables = [knobs[k].index for k in table.knobs]
+def add_table(model: CpModel, knobs: Knobs, table: Table, value_var: IntVar | None = None,
+              enforce: IntVar | None = None) -> None:
+    """The rows of `table` as the allowed assignments of (its knobs..., value_var); with `enforce`, only when that
+    literal is true. An empty table admits no assignment (the model, or the literal, is then infeasible)."""
+    variables = [knobs[k] for k in table.knobs]
     rows = table.rows
     if value_var is not None:
-        variables.append(value_var.index)
+        variables.append(value_var)
         rows = np.concatenate([rows, table.values.reshape(-1, 1)], axis=1)
-    proto.table.vars.extend(variables)
-    proto.table.values.extend(rows.ravel().tolist())
+    constraint = model.add_allowed_assignments(variables, rows)
     if enforce is not None:
-        proto.enforcement_literal.append(enforce.index)
+        constraint.only_enforce_if(enforce)
 
 
-def _value_var(model, table: Table, name: str):
+def _value_var(model: CpModel, table: Table, name: str) -> IntVar:
     if len(table.values) == 0:
         return model.new_int_var(0, 0, name)
     return model.new_int_var(int(table.values.min()), int(table.values.max()), name)
 
 
-def _add_joint_domains(model, knobs: Knobs, space: SearchSpace) -> None:
+def add_joint_domains(model: CpModel, knobs: Knobs, space: SearchSpace) -> None:
     """The pipeline split and the recompute setting take only their listed combinations."""
     split_rows = np.array(space.splits, dtype=np.int64).reshape(-1, 3)
-    _add_table(model, knobs, Table("split", ("pp", "first_stage_layers", "last_stage_layers"), split_rows,
+    add_table(model, knobs, Table("split", ("pp", "first_stage_layers", "last_stage_layers"), split_rows,
                                    np.ones(len(split_rows), np.int64)))
     recompute_rows = np.array(space.recomputes, dtype=np.int64).reshape(-1, 2)
-    _add_table(model, knobs, Table("recompute", ("recompute", "recompute_layers"), recompute_rows,
+    add_table(model, knobs, Table("recompute", ("recompute", "recompute_layers"), recompute_rows,
                                    np.ones(len(recompute_rows), np.int64)))
 
 
-def _add_rules(model, knobs: Knobs, space: SearchSpace, ctx: Problem, rules: Sequence[Rule]) -> dict:
+def _add_rules(model: CpModel, knobs: Knobs, space: SearchSpace, problem: Problem, rules: Sequence[Rule]
+               ) -> dict[str, IntVar]:
     literals = {}
     for rule in rules:
         if rule.id == "memory":
             continue
         literal = model.new_bool_var(f"rule:{rule.id}")
-        _add_table(model, knobs, rule_table(rule, space, ctx), enforce=literal)
+        add_table(model, knobs, rule_table(rule, space, problem), enforce=literal)
         literals[rule.id] = literal
     return literals
 
 
-def _sum_tables(model, knobs: Knobs, tables: Sequence[Table], name: str):
+def _sum_tables(model: CpModel, knobs: Knobs, tables: Sequence[Table], name: str):
     """Σ of one variable per table (each linked to its knobs by the table); returns (expr, lo, hi)."""
     total, lo, hi = 0, 0, 0
     for i, table in enumerate(tables):
         var = _value_var(model, table, f"{name}{i}")
-        _add_table(model, knobs, table, var)
+        add_table(model, knobs, table, var)
         total = total + var
         if len(table.values):
             lo += int(table.values.min())
@@ -145,7 +158,8 @@ def _sum_tables(model, knobs: Knobs, tables: Sequence[Table], name: str):
     return total, lo, hi
 
 
-def _add_time(model, knobs: Knobs, pipelined, others, factor):
+def _add_time(model: CpModel, knobs: Knobs, pipelined: list[Table], others: list[Table],
+              factor: Table | None) -> IntVar:
     scale = objective.PIPELINE_FACTOR_SCALE
     other_sum, other_lo, other_hi = _sum_tables(model, knobs, others, "t_other")
     if factor is None:
@@ -156,7 +170,7 @@ def _add_time(model, knobs: Knobs, pipelined, others, factor):
     w = model.new_int_var(w_lo, w_hi, "pipelined")
     model.add(w == w_expr)
     f = _value_var(model, factor, "pipeline_factor")
-    _add_table(model, knobs, factor, f)
+    add_table(model, knobs, factor, f)
     f_lo, f_hi = (int(factor.values.min()), int(factor.values.max())) if len(factor.values) else (0, 0)
     product = model.new_int_var(f_lo * w_lo, f_hi * w_hi, "pipelined_x_factor")
     model.add_multiplication_equality(product, [f, w])
@@ -165,26 +179,29 @@ def _add_time(model, knobs: Knobs, pipelined, others, factor):
     return time_var
 
 
-def _add_memory(model, knobs: Knobs, per_role: list[list[Table]], shared: list[Table]):
-    role_vars = []
+def _add_memory(model: CpModel, knobs: Knobs, per_candidate_stage: list[list[Table]], shared: list[Table]
+                ) -> IntVar:
+    """memory = max over the candidate worst stages of Σ that stage's tables, + Σ the stage-independent tables."""
+    stage_vars = []
     lo_all, hi_all = [], []
-    for role, tables in enumerate(per_role):
-        expr, lo, hi = _sum_tables(model, knobs, tables, f"m_role{role}_")
-        var = model.new_int_var(lo, hi, f"memory_role{role}")
+    for candidate, tables in enumerate(per_candidate_stage):
+        expr, lo, hi = _sum_tables(model, knobs, tables, f"m_stage{candidate}_")
+        var = model.new_int_var(lo, hi, f"memory_stage{candidate}")
         model.add(var == expr)
-        role_vars.append(var)
+        stage_vars.append(var)
         lo_all.append(lo)
         hi_all.append(hi)
     stage_peak = model.new_int_var(max(lo_all), max(hi_all), "memory_worst_rank")
-    model.add_max_equality(stage_peak, role_vars)
+    model.add_max_equality(stage_peak, stage_vars)
     shared_expr, shared_lo, shared_hi = _sum_tables(model, knobs, shared, "m_shared")
     memory_var = model.new_int_var(max(lo_all) + shared_lo, max(hi_all) + shared_hi, "memory")
     model.add(memory_var == stage_peak + shared_expr)
     return memory_var
 
 
-def _tie_break(model, knobs: Knobs, space: SearchSpace):
-    """Σ rank(knob) · weight, weights a mixed radix in TIE_BREAK_ORDER (first = most significant)."""
+def _tie_break(model: CpModel, knobs: Knobs, space: SearchSpace) -> tuple[LinearExpr | int, int]:
+    """(Σ rank(knob) · weight, the product of the domain sizes): weights a mixed radix in TIE_BREAK_ORDER (first =
+    most significant), so the expression is the plan's position in that order."""
     terms = []
     weight = 1
     for knob in reversed(TIE_BREAK_ORDER):
@@ -194,34 +211,33 @@ def _tie_break(model, knobs: Knobs, space: SearchSpace):
         if len(values) > 1:
             rank = model.new_int_var(0, len(values) - 1, f"rank_{knob}")
             # rank = index of the knob's value in its sorted domain, as a two-column table
-            proto = model.proto.constraints.add()
-            proto.table.vars.extend([knobs[knob].index, rank.index])
-            proto.table.values.extend([x for i, v in enumerate(values) for x in (v, i)])
+            model.add_allowed_assignments([knobs[knob], rank], [(v, i) for i, v in enumerate(values)])
             terms.append((rank, weight))
         weight *= len(values)
     expr = sum(rank * w for rank, w in terms) if terms else 0
     return expr, weight
 
 
-def build_pareto_model(space: SearchSpace, ctx: Problem, rules: Sequence[Rule], *, enforce_memory: bool = True,
+def build_pareto_model(space: SearchSpace, problem: Problem, rules: Sequence[Rule], *, enforce_memory: bool = True,
                        structure: ObjectiveStructure | None = None) -> ParetoModel:
     cp_model = _cp()
     start = time.perf_counter()
-    structure = structure or objective.objective_structure(ctx.model, ctx.cluster, ctx.training)
+    structure = structure or objective.objective_structure(problem.model, problem.cluster, problem.training)
     model = cp_model.CpModel()
-    knobs = _knob_variables(model, space)
-    _add_joint_domains(model, knobs, space)
-    literals = _add_rules(model, knobs, space, ctx, rules)
+    knobs = knob_variables(model, space)
+    add_joint_domains(model, knobs, space)
+    literals = _add_rules(model, knobs, space, problem, rules)
     for literal in literals.values():
         model.add_bool_or([literal])                       # rules hold (an explaining model uses assumptions)
-    pipelined, others, factor = time_tables(structure, space, ctx, rules)
-    per_role, shared = memory_tables(structure, space, ctx, rules)
+    pipelined, others, factor = time_tables(structure, space, problem, rules)
+    per_candidate_stage, shared = memory_tables(structure, space, problem, rules)
     time_var = _add_time(model, knobs, pipelined, others, factor)
-    memory_var = _add_memory(model, knobs, per_role, shared)
+    memory_var = _add_memory(model, knobs, per_candidate_stage, shared)
     if enforce_memory and any(r.id == "memory" for r in rules):
-        model.add(memory_var <= objective.memory_limit_units(ctx.cluster.memory_limit_bytes))
+        model.add(memory_var <= objective.memory_limit_units(problem.cluster.memory_limit_bytes))
     tie_break, tie_range = _tie_break(model, knobs, space)
-    rows = sum(len(t.values) for t in pipelined + others + [x for r in per_role for x in r] + shared)
+    stage_tables = [t for stage in per_candidate_stage for t in stage]
+    rows = sum(len(t.values) for t in pipelined + others + stage_tables + shared)
     return ParetoModel(model=model, knobs=knobs, time_var=time_var, memory_var=memory_var, tie_break=tie_break,
                        tie_break_range=tie_range, rule_literals=literals, table_rows=rows,
                        build_s=time.perf_counter() - start)
@@ -241,7 +257,7 @@ class CpsatResult:
     table_rows: int
 
 
-def _solver(deadline: float | None):
+def _solver(deadline: float | None):  # -> cp_model.CpSolver
     cp_model = _cp()
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = NUM_WORKERS
@@ -252,24 +268,24 @@ def _solver(deadline: float | None):
     return solver
 
 
-def _set_domain(var, lo: int, hi: int) -> None:
-    domain = var.proto.domain
-    domain.clear()
-    domain.extend([lo, hi])
+def _set_bounds(var: IntVar, lo: int, hi: int) -> None:
+    """Narrow (or widen back) a variable's domain to [lo, hi] between two solves of the walk."""
+    var.with_domain(_cp().Domain(lo, hi))
 
 
 def _read_plan(solver, knobs: Knobs) -> dict[str, int]:
     return {k: int(solver.value(knobs[k])) for k in PLAN_FIELDS}
 
 
-def walk_front(pm: ParetoModel, *, time_limit_s: float | None = None) -> CpsatResult:
+def walk_front(pareto_model: ParetoModel, *, time_limit_s: float | None = None) -> CpsatResult:
     """The epsilon-constraint walk (module docstring)."""
     cp_model = _cp()
     start = time.perf_counter()
     deadline = start + time_limit_s if time_limit_s is not None else None
-    model = pm.model
-    t_lo, t_hi = list(pm.time_var.proto.domain)[0], list(pm.time_var.proto.domain)[-1]
-    m_lo, m_hi = list(pm.memory_var.proto.domain)[0], list(pm.memory_var.proto.domain)[-1]
+    model, knobs = pareto_model.model, pareto_model.knobs
+    time_var, memory_var = pareto_model.time_var, pareto_model.memory_var
+    t_lo, t_hi = time_var.domain.min(), time_var.domain.max()
+    m_lo, m_hi = memory_var.domain.min(), memory_var.domain.max()
     bound = m_hi
     rows: list[dict[str, int]] = []
     times, memories = [], []
@@ -280,10 +296,10 @@ def walk_front(pm: ParetoModel, *, time_limit_s: float | None = None) -> CpsatRe
             proven = False
             break
         # 1. fastest plan within the memory bound
-        _set_domain(pm.memory_var, m_lo, bound)
-        _set_domain(pm.time_var, t_lo, t_hi)
+        _set_bounds(memory_var, m_lo, bound)
+        _set_bounds(time_var, t_lo, t_hi)
         model.clear_hints()
-        model.minimize(pm.time_var)
+        model.minimize(time_var)
         solver = _solver(deadline)
         status = solver.solve(model)
         solves += 1
@@ -294,14 +310,14 @@ def walk_front(pm: ParetoModel, *, time_limit_s: float | None = None) -> CpsatRe
             break
         if status != cp_model.OPTIMAL:
             proven = False
-        best_time = int(solver.value(pm.time_var))
-        hint = _read_plan(solver, pm.knobs)
+        best_time = int(solver.value(time_var))
+        hint = _read_plan(solver, knobs)
         # 2. least memory at that time, then the first plan in the tie-break order
-        _set_domain(pm.time_var, best_time, best_time)
+        _set_bounds(time_var, best_time, best_time)
         for k, v in hint.items():
-            if not (k == "etp" and pm.knobs["etp"] is pm.knobs["tp"]):
-                model.add_hint(pm.knobs[k], v)
-        model.minimize(pm.memory_var * pm.tie_break_range + pm.tie_break)
+            if not (k == "etp" and knobs["etp"] is knobs["tp"]):
+                model.add_hint(knobs[k], v)
+        model.minimize(memory_var * pareto_model.tie_break_range + pareto_model.tie_break)
         solver = _solver(deadline)
         status = solver.solve(model)
         solves += 1
@@ -310,20 +326,19 @@ def walk_front(pm: ParetoModel, *, time_limit_s: float | None = None) -> CpsatRe
             break
         if status != cp_model.OPTIMAL:
             proven = False
-        rows.append(_read_plan(solver, pm.knobs))
+        rows.append(_read_plan(solver, knobs))
         times.append(best_time)
-        memory_now = int(solver.value(pm.memory_var))
+        memory_now = int(solver.value(memory_var))
         memories.append(memory_now)
         bound = memory_now - 1
     columns = {k: np.array([r[k] for r in rows], dtype=np.int64) for k in PLAN_FIELDS}
     columns["sp"] = columns["sp"].astype(bool)
     return CpsatResult(plans=PlanArrays(**columns), time_units=np.array(times, dtype=np.int64),
                        memory_units=np.array(memories, dtype=np.int64), proven_optimal=proven, solves=solves,
-                       build_s=pm.build_s, elapsed_s=time.perf_counter() - start + pm.build_s,
-                       table_rows=pm.table_rows)
+                       build_s=pareto_model.build_s, elapsed_s=time.perf_counter() - start + pareto_model.build_s,
+                       table_rows=pareto_model.table_rows)
 
 
-def solve_cpsat(space: SearchSpace, ctx: Problem, rules: Sequence[Rule], *,
+def solve_cpsat(space: SearchSpace, problem: Problem, rules: Sequence[Rule], *,
                 time_limit_s: float | None = None) -> CpsatResult:
-    pm = build_pareto_model(space, ctx, rules)
-    return walk_front(pm, time_limit_s=time_limit_s)
+    return walk_front(build_pareto_model(space, problem, rules), time_limit_s=time_limit_s)

@@ -84,14 +84,14 @@ def structural_conflict(model: ModelSpec, cluster: ClusterSpec, training: Traini
     space = _merged_space(model, cluster, training, controls)
     problem = Problem(model, cluster, training)
     m = cp_model.CpModel()
-    knobs = cpsat._knob_variables(m, space)
-    cpsat._add_joint_domains(m, knobs, space)
+    knobs = cpsat.knob_variables(m, space)
+    cpsat.add_joint_domains(m, knobs, space)
     literals: dict[str, Any] = {}
     for rule in active_rules(controls.relax):
         if rule.id == "memory":
             continue
         literal = m.new_bool_var(rule.id)
-        cpsat._add_table(m, knobs, rule_table(rule, space, problem), enforce=literal)
+        cpsat.add_table(m, knobs, rule_table(rule, space, problem), enforce=literal)
         literals[rule.id] = literal
     for label, kind, value in control_items(controls):
         knob = label.split(" ", 1)[1].partition("=")[0]
@@ -114,7 +114,8 @@ def structural_conflict(model: ModelSpec, cluster: ClusterSpec, training: Traini
         status = solver.solve(m)
         if status != cp_model.INFEASIBLE:
             return False, []
-        core = {m.proto.variables[i].name for i in solver.sufficient_assumptions_for_infeasibility()}
+        core = {m.get_bool_var_from_proto_index(i).name
+                for i in solver.sufficient_assumptions_for_infeasibility()}
         return True, [n for n in literals if n in core]
 
     names = list(literals)

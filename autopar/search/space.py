@@ -34,7 +34,7 @@ layer, Megatron-Core's --account-for-embedding/loss-in-pipeline-split (the `laye
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,7 +56,6 @@ DEFAULT_MAX: Mapping[str, int] = {"vpp": 8, "mbs": 16}
 
 MIN_TOKENS_PER_CP_RANK = 128
 PARTIAL_RECOMPUTE_LAYERS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-BOOL_KNOBS = ("sp",)
 
 
 # ---- user controls ---------------------------------------------------------------------------------------------
@@ -211,12 +210,6 @@ def mixed_radix(sizes: Sequence[int], start: int, stop: int) -> list[np.ndarray]
         digits.append(flat % size)
         flat = flat // size
     return digits[::-1]
-
-
-def iterate_product(sizes: Sequence[int], chunk: int) -> Iterator[list[np.ndarray]]:
-    total = math.prod(sizes)
-    for start in range(0, total, chunk):
-        yield mixed_radix(sizes, start, min(total, start + chunk))
 
 
 # ---- domain construction ---------------------------------------------------------------------------------------

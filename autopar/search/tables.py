@@ -72,7 +72,7 @@ def _factors(knobs: tuple[str, ...], space: SearchSpace) -> list[tuple[str, np.n
     return factors
 
 
-def valid_rows(knobs: tuple[str, ...], space: SearchSpace, ctx: Problem, rules: Sequence[Rule]
+def valid_rows(knobs: tuple[str, ...], space: SearchSpace, problem: Problem, rules: Sequence[Rule]
                ) -> dict[str, np.ndarray]:
     """Columns of the product of `knobs`' candidates where every rule reading only those knobs holds."""
     factors = _factors(knobs, space)
@@ -82,7 +82,7 @@ def valid_rows(knobs: tuple[str, ...], space: SearchSpace, ctx: Problem, rules: 
     kept: list[dict[str, np.ndarray]] = []
     for start in range(0, total, ROW_CHUNK):
         columns = space.columns_from_factors(factors, mixed_radix(sizes, start, min(total, start + ROW_CHUNK)))
-        mask = structural_mask(ctx, plan_arrays(_with_etp(columns, space)), covered)
+        mask = structural_mask(problem, plan_arrays(_with_etp(columns, space)), covered)
         kept.append({k: v[mask] for k, v in columns.items()})
     return {k: np.concatenate([c[k] for c in kept]) for k in kept[0]} if kept else {}
 
@@ -100,15 +100,15 @@ def _as_table(name: str, knobs: tuple[str, ...], columns: dict[str, np.ndarray],
 
 # ---- the tables of the objectives --------------------------------------------------------------------------
 
-def time_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Problem, rules: Sequence[Rule]
+def time_tables(structure: ObjectiveStructure, space: SearchSpace, problem: Problem, rules: Sequence[Rule]
                 ) -> tuple[list[Table], list[Table], Table | None]:
     """(pipelined group tables, other group tables, pipeline factor table or None)."""
     def build(group: TermGroup, name: str) -> Table:
         knobs = expand_knobs(group.knobs, space)
-        columns = valid_rows(knobs, space, ctx, rules)
+        columns = valid_rows(knobs, space, problem, rules)
         plans = plan_arrays(_with_etp(columns, space))
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            terms = steptime.step_time_terms_s(ctx.model, ctx.cluster, ctx.training, plans)
+            terms = steptime.step_time_terms_s(problem.model, problem.cluster, problem.training, plans)
         return _finite(_as_table(name, knobs, columns, _safe_units(objective.time_group_units, terms, group)))
 
     pipelined = [build(g, f"time:{'+'.join(g.terms)}") for g in structure.pipelined_time_groups]
@@ -116,54 +116,61 @@ def time_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Problem,
     factor = None
     if structure.factored:
         knobs = expand_knobs(objective.PIPELINE_FACTOR_KNOBS, space)
-        columns = valid_rows(knobs, space, ctx, rules)
+        columns = valid_rows(knobs, space, problem, rules)
         plans = plan_arrays(_with_etp(columns, space))
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            units = objective.pipeline_factor_units(ctx.cluster, ctx.training, plans) \
+            units = objective.pipeline_factor_units(problem.cluster, problem.training, plans) \
                 if len(plans) else np.zeros(0, np.int64)
         factor = _as_table("pipeline_factor", knobs, columns, units)
     return pipelined, others, factor
 
 
-def memory_roles(ctx: Problem, space: SearchSpace) -> int:
-    """Number of candidate-worst-rank roles over every pipeline split in the space (>= 2: first and last)."""
+def candidate_stage_count(problem: Problem, space: SearchSpace) -> int:
+    """How many candidate worst stages (memory.candidate_worst_stages) the model needs to cover every pipeline split
+    in the space (>= 2: the first stage and the last)."""
     splits = np.array(space.splits, dtype=np.int64).reshape(-1, 3)
     plans = plan_arrays({"pp": splits[:, 0], "first_stage_layers": splits[:, 1],
                          "last_stage_layers": splits[:, 2]})
     with np.errstate(divide="ignore", invalid="ignore"):
-        return len(memory.candidate_worst_stages(ctx.model, plans))
+        return len(memory.candidate_worst_stages(problem.model, plans))
 
 
-def memory_tables(structure: ObjectiveStructure, space: SearchSpace, ctx: Problem, rules: Sequence[Rule]
+def memory_tables(structure: ObjectiveStructure, space: SearchSpace, problem: Problem, rules: Sequence[Rule]
                   ) -> tuple[list[list[Table]], list[Table]]:
-    """(per role: the stage groups' tables, the shared groups' tables)."""
-    num_roles = memory_roles(ctx, space)
-    moe = ctx.model.moe is not None
-    per_role: list[list[Table]] = []
-    for role in range(num_roles):
-        role_knobs: tuple[str, ...] = () if role == 0 else (
-            objective.SPLIT_KNOBS if (moe and role < num_roles - 1) else ("pp",))
+    """(for each candidate worst stage: the stage groups' tables, the stage-independent groups' tables).
+
+    Candidate j is a fixed position in objective.memory_stage_roles' list: 0 the first stage, the last one the
+    last stage (rank pp-1), those between the middle ranks an MoE model's dense-first layers make distinct. Which
+    rank candidate j is depends on a few knobs, added to every table of that candidate: none for the first stage,
+    pp for the last, the pipeline split for a middle one."""
+    num_candidates = candidate_stage_count(problem, space)
+    moe = problem.model.moe is not None
+    per_candidate: list[list[Table]] = []
+    for candidate in range(num_candidates):
+        rank_knobs: tuple[str, ...] = () if candidate == 0 else (
+            objective.SPLIT_KNOBS if (moe and candidate < num_candidates - 1) else ("pp",))
         tables = []
         for group in structure.stage_memory_groups:
-            knobs = expand_knobs(group.knobs + role_knobs, space)
-            columns = valid_rows(knobs, space, ctx, rules)
+            knobs = expand_knobs(group.knobs + rank_knobs, space)
+            columns = valid_rows(knobs, space, problem, rules)
             plans = plan_arrays(_with_etp(columns, space))
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                stage = objective.memory_stage_roles(ctx.model, plans, num_roles)[role] if len(plans) else 0
-                terms = memory.memory_terms_bytes(ctx.model, ctx.cluster, ctx.training, plans, stage)
+                stage = objective.memory_stage_roles(problem.model, plans, num_candidates)[candidate] \
+                    if len(plans) else 0
+                terms = memory.memory_terms_bytes(problem.model, problem.cluster, problem.training, plans, stage)
             units = _safe_units(objective.memory_group_units, terms, group)
-            tables.append(_finite(_as_table(f"memory[{role}]:{'+'.join(group.terms)}", knobs, columns, units)))
-        per_role.append(tables)
+            tables.append(_finite(_as_table(f"memory[{candidate}]:{'+'.join(group.terms)}", knobs, columns, units)))
+        per_candidate.append(tables)
     shared = []
     for group in structure.shared_memory_groups:
         knobs = expand_knobs(group.knobs, space)
-        columns = valid_rows(knobs, space, ctx, rules) if knobs else {}
+        columns = valid_rows(knobs, space, problem, rules) if knobs else {}
         plans = plan_arrays(_with_etp(columns, space)) if knobs else plan_arrays({}, length=1)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            terms = memory.memory_terms_bytes(ctx.model, ctx.cluster, ctx.training, plans, 0)
+            terms = memory.memory_terms_bytes(problem.model, problem.cluster, problem.training, plans, 0)
         units = _safe_units(objective.memory_group_units, terms, group)
         shared.append(_as_table(f"memory:{'+'.join(group.terms)}", knobs, columns, units))
-    return per_role, shared
+    return per_candidate, shared
 
 
 def _safe_units(convert, terms, group: TermGroup) -> np.ndarray:
@@ -183,10 +190,10 @@ def _finite(table: Table) -> Table:
     return Table(table.name, table.knobs, table.rows[keep], table.values[keep])
 
 
-def rule_table(rule: Rule, space: SearchSpace, ctx: Problem) -> Table:
+def rule_table(rule: Rule, space: SearchSpace, problem: Problem) -> Table:
     """Rows of the rule's knobs' candidates where the rule holds."""
     knobs = expand_knobs(rule.knobs, space)
-    columns = valid_rows(knobs, space, ctx, [rule])
+    columns = valid_rows(knobs, space, problem, [rule])
     n = len(next(iter(columns.values()))) if columns else 0
     return _as_table(f"rule:{rule.id}", knobs, columns, np.ones(n, np.int64))
 
