@@ -55,7 +55,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
                        help="refine the front with per-stage pipeline layouts (layers per virtual stage, searched "
                             "exactly: chain DP / CP-SAT) and recompute it")
     group.add_argument("--layouts-budget", type=float, default=None, metavar="SECONDS",
-                       help="time the layout refinement may take (default 6 s)")
+                       help="time the layout refinement may take (default 4 s)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

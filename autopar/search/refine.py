@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from autopar.results import Estimate, ParetoFront
 
-DEFAULT_BUDGET_S = 6.0
+DEFAULT_BUDGET_S = 4.0
 """Time the refinement may take by default (tables, searches and estimates together)."""
-PER_STRUCTURE_LIMIT_S = 3.0
+PER_STRUCTURE_LIMIT_S = 2.0
 """CP-SAT time limit for one structure (its best layout so far is used, marked not proven, when it runs out)."""
 
 
