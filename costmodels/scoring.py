@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import numpy as np
+
 from costmodels.errors import InputError
 from costmodels.evaluate import throughput
 from costmodels.memory import memory_terms_bytes
@@ -224,9 +226,10 @@ def estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     rates = throughput(model, cluster, training, plans, sum(time_terms.values()))
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     rules_broken = list(rules_broken) if rules_broken is not None else [()] * len(plans)
+    every_stage = stage_memories(model, cluster, training, plans)
     results = []
     for i, plan in enumerate(plans):
-        stages = stage_memory(model, cluster, training, plans.take([i]))  # the peak is the fullest of these
+        stages = every_stage[i]  # the peak is the fullest of these
         point = Estimate(
             model=model, cluster=cluster, training=training, plan=plan,
             num_microbatches=float(microbatches[i]),
@@ -240,6 +243,23 @@ def estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         violations = tuple(rules_broken[i]) + (() if point.fits else (MEMORY_RULE,))
         results.append(dataclasses.replace(point, violations=violations))
     return tuple(results)
+
+
+def stage_memories(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                   plans: PlanArrays) -> list[tuple[StageMemory, ...]]:
+    """`stage_memory` of every plan, pipeline rank r of all plans evaluated together (the cost functions are
+    elementwise over plans, so each plan gets the same numbers as alone)."""
+    if len(plans) == 0:
+        return []
+    per_rank = []
+    for rank in range(int(plans.pp.max())):
+        stage = np.minimum(rank, plans.pp - 1)
+        per_rank.append((memory_terms_bytes(model, cluster, training, plans, stage),
+                         layers_on_stage(model.num_layers, plans, stage)))
+    return [tuple(StageMemory(stage=rank, layers=float(layers[i]),
+                              terms_bytes={term: float(values[i]) for term, values in terms.items()})
+                  for rank, (terms, layers) in enumerate(per_rank[:int(plans.pp[i])]))
+            for i in range(len(plans))]
 
 
 def stage_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

@@ -43,3 +43,19 @@ def test_shared_structure_values_equal_direct_evaluation(name, gpus):
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     assert linked.structure.cache, "the structure-only functions were not shared"
+
+
+def test_vectorised_stage_memory_equals_plan_by_plan():
+    """costmodels.scoring.estimates evaluates rank r of every plan together: the same numbers as one plan at a
+    time (stage_memory)."""
+    from costmodels.scoring import stage_memories, stage_memory
+
+    model = autopar.load_model("deepseek-v2-lite")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    front = autopar.solve(model, cluster, training)
+    plans = PlanArrays.from_plans(p.plan for p in front.points)
+    assert len({p.plan.pp for p in front.points}) > 1
+    together = stage_memories(model, cluster, training, plans)
+    for i in range(len(plans)):
+        assert together[i] == stage_memory(model, cluster, training, plans.take([i]))
