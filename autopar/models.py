@@ -5,10 +5,14 @@ One mapping, `spec_from_config`, reads every source: a dict of Hugging Face conf
 
 - Bundled presets (`autopar/presets/<name>.json`, real HF-style config.json files) are read as plain JSON, so loading
   one never imports transformers (fast CLI start-up).
-- A user's config.json (a file, a model directory, or a snapshot in the local HF cache) is parsed with transformers
-  `AutoConfig`, which fills the model type's own defaults for keys the file leaves out; the mapping then reads
-  `config.to_dict()`. A `model_type` transformers does not know falls back to the JSON itself, read the same way, as
-  long as it declares a causal-LM architecture.
+- A user's config.json (a file, a model directory, or a snapshot in the local HF cache) is read as JSON too (bounded:
+  a regular file of at most MAX_CONFIG_BYTES, nesting at most MAX_CONFIG_DEPTH deep), with the model type's own
+  defaults for keys the file leaves out taken from `CONFIG_CLASS_DEFAULTS` (what transformers' config class would
+  fill in; tests/test_models.py checks every entry against `AutoConfig`), so loading it never imports transformers.
+  A supported type without an entry there is parsed with transformers `AutoConfig` (`config.to_dict()`): adding a
+  model type is one line in SUPPORTED_MODEL_TYPES, and one more in CONFIG_CLASS_DEFAULTS for the fast path.
+  A `model_type` transformers does not know falls back to the JSON itself, read the same way, as long as it
+  declares a causal-LM architecture, with a warning (`UnknownModelTypeWarning`).
 - Hugging Face ids are looked up in the local cache only (HF_HUB_OFFLINE=1); the network is used only with
   `allow_network=True`.
 
@@ -34,6 +38,8 @@ import difflib
 import json
 import os
 import re
+import stat
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -55,11 +61,54 @@ SUPPORTED_MODEL_TYPES: Mapping[str, str] = {
 }
 """model_type -> family. Anything else known to transformers is refused (encoders, hybrids, ...)."""
 
+CONFIG_CLASS_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    # What transformers' config class (5.x, `<Type>Config.__init__`) fills in for the keys the mapping reads when a
+    # config.json leaves them out. Only literal defaults: where the class derives a value (num_key_value_heads =
+    # num_attention_heads, head_dim = hidden_size / num_attention_heads), ModelSpec derives the same when absent.
+    "llama": {"max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
+    "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
+    "mixtral": {"num_key_value_heads": 8, "max_position_embeddings": 4096 * 32, "num_local_experts": 8,
+                "num_experts_per_tok": 2},
+    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen2_moe": {"num_key_value_heads": 16, "max_position_embeddings": 32768, "qkv_bias": True, "num_experts": 60,
+                  "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768, "attention_bias": False},
+    "qwen3_moe": {"num_key_value_heads": 4, "max_position_embeddings": 32768, "attention_bias": False,
+                  "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "deepseek_v2": {"max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False,
+                    "n_routed_experts": 64, "moe_intermediate_size": 1407, "n_shared_experts": 2,
+                    "first_k_dense_replace": 0, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128},
+    "deepseek_v3": {"max_position_embeddings": 4096, "attention_bias": False, "n_routed_experts": 256,
+                    "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1,
+                    "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "num_nextn_predict_layers": 1},
+    "gemma": {"num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192, "attention_bias": False},
+    "phi3": {"max_position_embeddings": 4096},
+    "gpt2": {"n_positions": 1024, "n_inner": None},
+}
+"""model_type -> the config class's literal defaults (the fast path); a supported type missing here goes through
+transformers AutoConfig."""
+
+MAX_CONFIG_BYTES = 4 * 2**20
+"""A config.json is a few KB; larger files (or /dev/zero) are refused before reading them whole."""
+MAX_CONFIG_DEPTH = 64
+"""Real configs nest 3 deep (rope_scaling, quantization_config); deeper JSON is refused before parsing."""
+
+
+class UnknownModelTypeWarning(UserWarning):
+    """A config.json whose model_type transformers does not know, read as the nearest supported family."""
+
+
 TIED_BY_DEFAULT = frozenset({"gpt2", "gemma"})
 """Model types whose config class defaults `tie_word_embeddings` to true (the others default to false)."""
 
 HF_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 """`org/name` as on the Hugging Face Hub."""
+MAX_HF_ID_CHARS = 96
+"""huggingface_hub's limit on a repo id's length."""
 
 # Config keys, in the order they are looked up: one entry per ModelSpec quantity (first present, non-null key wins).
 HIDDEN_KEYS = ("hidden_size", "n_embd")
@@ -92,11 +141,12 @@ def load_model(source: "str | os.PathLike[str]", *, allow_network: bool = False)
     if text.lower() in preset_names():
         return load_preset(text.lower())
     path = Path(text).expanduser()
-    if path.exists():
+    if _path_exists(path):
         return load_config_file(_config_file_in(path), allow_network=allow_network)
     if _looks_like_path(text):
-        raise InputError("model", f"path {text} does not exist; give an existing config.json file or model directory")
-    if HF_ID_PATTERN.match(text):
+        raise InputError("model", f"path {_shown(text)} does not exist; give an existing config.json file or model "
+                                  "directory")
+    if HF_ID_PATTERN.match(text) and len(text) <= MAX_HF_ID_CHARS:
         return load_cached_hf_model(text, allow_network=allow_network)
     raise InputError("model", _unknown_preset_message(text))
 
@@ -119,12 +169,18 @@ def load_config_file(config_path: Path, *, allow_network: bool = False, name: st
         raise InputError("model_type", f"{where} has no model_type; is it a Hugging Face config.json?")
     _require_fields(raw, model_type, where)
     name = name or _name_from_config(raw, config_path)
-    if model_type in SUPPORTED_MODEL_TYPES:
+    if model_type in CONFIG_CLASS_DEFAULTS:                               # the fast path: no transformers import
+        config = {**CONFIG_CLASS_DEFAULTS[model_type], **raw}
+    elif model_type in SUPPORTED_MODEL_TYPES:
         config = _autoconfig_dict(config_path, allow_network=allow_network)
     elif _transformers_knows(model_type):
         raise InputError("model_type", _unsupported_message(raw, where))
     else:
         config = raw                                                        # unknown to transformers: read it as is
+        family = _inferred_family(config, where)
+        warnings.warn(f"{where}: model_type {_shown(model_type)} is unknown to transformers; read as a "
+                      f"{family} decoder ({', '.join(sorted(SUPPORTED_MODEL_TYPES))} are supported); check the "
+                      "numbers", UnknownModelTypeWarning, stacklevel=2)
     return spec_from_config(config, name=name, source=where, where=where)
 
 
@@ -135,18 +191,39 @@ def load_cached_hf_model(repo_id: str, *, allow_network: bool = False) -> ModelS
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; malformed JSON names the line and column."""
+    """The JSON object in `path` (a regular file of at most MAX_CONFIG_BYTES, nested at most MAX_CONFIG_DEPTH deep);
+    malformed JSON names the line and column."""
+    shown = _shown(str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):          # /dev/zero, a FIFO, a socket: never read (could be endless)
+            raise InputError("model", f"{shown} is not a regular file (a device, FIFO or socket); give a "
+                                      "config.json file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise InputError("model", f"{shown} is {info.st_size:,} bytes, over the {MAX_CONFIG_BYTES:,}-byte limit "
+                                      "for a config.json; give the model's config.json, not its weights")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise InputError("model", f"cannot read {path}: {exc.strerror or exc}") from None
+        raise InputError("model", f"cannot read {shown}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InputError("model", f"{shown} is over the {MAX_CONFIG_BYTES:,}-byte limit for a config.json")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError("model", f"{path} is not UTF-8 text; give a config.json file") from None
+        raise InputError("model", f"{shown} is not UTF-8 text; give a config.json file") from None
+    depth = _json_depth(text)
+    if depth > MAX_CONFIG_DEPTH:
+        raise InputError("model", f"{shown} nests {depth} levels deep, over the limit of {MAX_CONFIG_DEPTH}; give a "
+                                  "Hugging Face config.json")
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError("model", f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") \
+        raise InputError("model", f"{shown}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") \
             from None
+    except (ValueError, RecursionError):            # an integer of more than 4,300 digits (sys.int_info)
+        raise InputError("model", f"{shown} holds a number too long to read (over 4,300 digits); give a Hugging "
+                                  "Face config.json") from None
     if not isinstance(config, dict):
         raise InputError("model", f"{path}: expected a JSON object of config keys, got {type(config).__name__}")
     return config
@@ -175,8 +252,8 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         num_attention_heads=heads,
         ffn_hidden_size=_positive_value(ffn, FFN_KEYS[0], where),
         vocab_size=_positive(config, VOCAB_KEYS, where),
-        num_kv_heads=0 if mla is not None else _optional_positive(config, "num_key_value_heads", where),
-        head_dim=0 if mla is not None else _optional_positive(config, "head_dim", where),
+        num_kv_heads=0 if mla is not None else _positive_if_given(config, "num_key_value_heads", where),
+        head_dim=0 if mla is not None else _positive_if_given(config, "head_dim", where),
         mlp=MlpKind.PLAIN if gpt2_like else MlpKind.GATED,
         norm=NormKind.LAYERNORM if gpt2_like else NormKind.RMSNORM,
         position_embedding=PositionEmbedding.LEARNED if gpt2_like else PositionEmbedding.ROPE,
@@ -316,6 +393,51 @@ def _optional_positive(config: Mapping[str, Any], keys: "str | tuple[str, ...]",
     return value
 
 
+def _positive_if_given(config: Mapping[str, Any], key: str, where: str) -> int:
+    """A key whose absence (or null) means "derive it" (0 in ModelSpec); given, it must be a positive integer: an
+    explicit 0 is an error, not a silent "same as the default"."""
+    if config.get(key) is None:
+        return 0
+    return _positive_value(config[key], key, where)
+
+
+def _json_depth(text: str) -> int:
+    """Deepest nesting of [ and { outside strings (checked before json.loads, which recurses per level)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _path_exists(path: Path) -> bool:
+    """`path.exists()`, with a path the OS refuses (too long, NUL byte) reported as bad input."""
+    try:
+        return path.exists()
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a valid path"
+        raise InputError("model", f"{_shown(str(path))}: {reason}; give a preset name, a config.json path or a "
+                                  "Hugging Face id") from None
+
+
+def _shown(text: str) -> str:
+    """A user's text in a message: quoted, long ones shortened to one readable line."""
+    return repr(text if len(text) <= 80 else text[:60] + "…" + text[-15:])
+
+
 def _is_causal_lm(config: Mapping[str, Any]) -> bool:
     architectures = config.get("architectures") or []
     return (not config.get("is_encoder_decoder")
@@ -339,7 +461,7 @@ def _unknown_preset_message(text: str) -> str:
     names = preset_names()
     close = difflib.get_close_matches(text.lower(), names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return (f"unknown model {text!r}: not a bundled preset, an existing path or a Hugging Face id (org/name); "
+    return (f"unknown model {_shown(text)}: not a bundled preset, an existing path or a Hugging Face id (org/name); "
             f"{hint}run `autopar models` to list the presets")
 
 
@@ -360,7 +482,7 @@ def _looks_like_path(text: str) -> bool:
 def _config_file_in(path: Path) -> Path:
     if path.is_dir():
         config = path / "config.json"
-        if not config.is_file():
+        if not config.exists():                      # one that exists but is no file is refused by the reader
             raise InputError("model", f"{path} has no config.json; give a model directory that contains one")
         return config
     return path
@@ -421,7 +543,12 @@ def _cached_config_path(repo_id: str, *, allow_network: bool) -> Path:
     with _hub_environment(offline=not allow_network):
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache_dir))
+        try:
+            cached = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache_dir))
+        except Exception as exc:  # noqa: BLE001 - HFValidationError (bad id) and OS errors: one line for the user
+            detail = " ".join(str(exc).split())[:200]
+            raise InputError("model", f"{_shown(repo_id)} is not a valid Hugging Face id ({detail}); give org/name, "
+                                      "a preset name or a config.json path") from None
         if isinstance(cached, str):
             return Path(cached)
         if allow_network:

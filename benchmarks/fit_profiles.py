@@ -30,6 +30,7 @@ import numpy as np
 if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
+from autopar.atomic_write import write_text_atomically  # noqa: E402
 from benchmarks import fidelity_time  # noqa: E402
 from costmodels.hardware import HardwareProfile, LinkSpec, load_profile  # noqa: E402
 
@@ -138,7 +139,7 @@ def write_back(values: dict[str, float]) -> None:
         for key in ("compute.gemm_efficiency", "elementwise.traffic_per_activation_byte",
                     "links.nvlink.bandwidth_efficiency"):
             text = _set_provenance(text, key, provenance)
-        path.write_text(text, encoding="utf-8")
+        write_text_atomically(path, text)
         print(f"wrote {path}")
 
 
@@ -189,7 +190,7 @@ def write_derived(values: dict[str, float]) -> None:
         text = _set_provenance(text, "elementwise.traffic_per_activation_byte", f"{source} (same kernels)")
         text = _set_provenance(text, "links.nvlink.bandwidth_efficiency",
                                f"{source} (same achieved fraction of the NVLink spec)")
-        path.write_text(text, encoding="utf-8")
+        write_text_atomically(path, text)
         print(f"wrote {path}")
 
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import difflib
 import math
+import stat
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
 from costmodels.errors import InputError
+from costmodels.limits import MAX_HBM_GIB, MAX_NUM_GPUS
 from costmodels.units import GIB
+
 SCHEMA_VERSION = 1
 LINK_KINDS = ("nvlink", "ib")
 OVERLAP_TERMS = ("tp_comm",)
@@ -104,18 +107,72 @@ def resolve_gpu_name(name: str) -> str:
                             "or pass --profile FILE")
 
 
+MAX_PROFILE_BYTES = 16 * 2**20
+"""A profile is a few KB (a calibrated one with its raw measurements, some hundred KB); larger files are refused."""
+
+
+def read_text_file(path: str | Path, field: str, max_bytes: int = MAX_PROFILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most `max_bytes`; anything else is an InputError naming `field`
+    (a FIFO or /dev/zero is refused before it is opened: reading it could never end)."""
+    shown = _shown(str(path))
+    try:
+        info = Path(path).stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(field, f"{shown} is not a regular file (a directory, device, FIFO or socket); give a "
+                                    "YAML file")
+        if info.st_size > max_bytes:
+            raise InputError(field, f"{shown} is {info.st_size:,} bytes, over the {max_bytes:,}-byte limit")
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise InputError(field, f"no file at {shown}; check the path") from None
+    except OSError as exc:
+        raise InputError(field, f"cannot read {shown} ({exc.strerror or exc.__class__.__name__}); give a "
+                                "readable YAML file") from None
+    if len(data) > max_bytes:
+        raise InputError(field, f"{shown} is over the {max_bytes:,}-byte limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(field, f"{shown} is not UTF-8 text; give a YAML file") from None
+
+
+def safe_yaml_load(text: str, origin: str, field: str = "profile") -> Any:
+    """`yaml.safe_load` without aliases: autopar's YAML never needs `*alias`, and a few KB of nested aliases
+    ("billion laughs") expand to more nodes than memory holds once walked. Too-deep nesting is refused too."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise InputError(field, f"{origin}: YAML alias at line {mark.line + 1} is not accepted (autopar "
+                                        "files use none); write the values out")
+            return super().compose_node(parent, index)
+
+    loader = NoAliasLoader(text)
+    try:
+        return loader.get_single_data()
+    except RecursionError:
+        raise InputError(field, f"{origin}: YAML nested too deep; give a profile file") from None
+    finally:
+        loader.dispose()
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:60] + "…" + text[-15:])
+
+
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
     """A bundled profile by GPU name/alias, or a profile YAML file by path."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise InputError("profile", f"no profile file at {str(path)!r}; check the path")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError("profile", f"cannot read {str(path)!r} ({exc.__class__.__name__}); "
-                                        "give a readable YAML file") from None
-        return parse_profile(text, str(path))
+    try:
+        is_path = path.suffix in (".yaml", ".yml") or path.exists()
+    except (OSError, ValueError) as exc:      # a name the OS refuses (too long, NUL byte)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a valid path"
+        raise InputError("profile", f"{_shown(str(path))}: {reason}; give a GPU name or a profile file") from None
+    if is_path:
+        return parse_profile(read_text_file(path, "profile"), str(path))
     name = resolve_gpu_name(str(name_or_path))
     return parse_profile(_bundled_text(name), f"bundled:{name}")
 
@@ -125,7 +182,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     import yaml  # light, but only needed here
 
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml_load(text, origin)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -164,7 +221,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     return HardwareProfile(
         name=reader.string("name"),
         display_name=str(data.get("display_name", data.get("name"))),
-        hbm_bytes=reader.number("memory.hbm_gib") * GIB,
+        hbm_bytes=reader.number("memory.hbm_gib", upper=MAX_HBM_GIB) * GIB,
         hbm_bandwidth_bytes_per_s=reader.number("memory.hbm_tb_per_s") * 1e12,
         peak_flops_per_s={str(k): reader.number(f"compute.peak_tflops.{k}") * 1e12 for k in peak},
         gemm_efficiency={str(k): reader.number(f"compute.gemm_efficiency.{k}", allow_zero=True)
@@ -172,7 +229,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         links=links,
         memory_overheads_bytes={str(k): reader.number(f"memory.overheads_gib.{k}", allow_zero=True) * GIB
                                 for k in reader.mapping("memory.overheads_gib")},
-        gpus_per_node=int(reader.number("gpus_per_node")),
+        gpus_per_node=int(reader.number("gpus_per_node", upper=MAX_NUM_GPUS)),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
         source_path=origin,

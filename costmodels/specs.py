@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from costmodels.errors import InputError, require, require_non_negative_int, require_positive_int
 from costmodels.hardware import HardwareProfile
+import costmodels.limits as limits
 
 
 class MlpKind(str, enum.Enum):
@@ -63,6 +64,11 @@ class MoESpec:
         require_non_negative_int(self.shared_expert_ffn_hidden_size, "shared_expert_ffn_hidden_size")
         require_non_negative_int(self.first_dense_layers, "first_dense_layers")
         require_positive_int(self.layer_freq, "moe_layer_freq")
+        for name, limit in (("num_experts", limits.MAX_NUM_EXPERTS), ("num_shared_experts", limits.MAX_NUM_EXPERTS),
+                            ("expert_ffn_hidden_size", limits.MAX_FFN_HIDDEN_SIZE),
+                            ("shared_expert_ffn_hidden_size", limits.MAX_FFN_HIDDEN_SIZE),
+                            ("first_dense_layers", limits.MAX_NUM_LAYERS), ("layer_freq", limits.MAX_NUM_LAYERS)):
+            limits.require_at_most(getattr(self, name), limit, name)
         require(self.top_k <= self.num_experts, "top_k",
                 f"top_k={self.top_k} exceeds num_experts={self.num_experts}; lower top_k")
         require((self.num_shared_experts == 0) == (self.shared_expert_ffn_hidden_size == 0),
@@ -85,6 +91,8 @@ class MLASpec:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             require_positive_int(getattr(self, name), name)
         require_non_negative_int(self.q_lora_rank, "q_lora_rank")
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_lora_rank"):
+            limits.require_at_most(getattr(self, name), limits.MAX_HIDDEN_SIZE, name)
 
     @property
     def qk_head_dim(self) -> int:
@@ -128,6 +136,11 @@ class ModelSpec:
             require_positive_int(getattr(self, name), name)
         for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers"):
             require_non_negative_int(getattr(self, name), name)
+        for name, limit in (("hidden_size", limits.MAX_HIDDEN_SIZE), ("num_layers", limits.MAX_NUM_LAYERS),
+                            ("num_attention_heads", limits.MAX_NUM_HEADS), ("num_kv_heads", limits.MAX_NUM_HEADS),
+                            ("head_dim", limits.MAX_HEAD_DIM), ("ffn_hidden_size", limits.MAX_FFN_HIDDEN_SIZE),
+                            ("vocab_size", limits.MAX_VOCAB_SIZE), ("num_mtp_layers", limits.MAX_NUM_LAYERS)):
+            limits.require_at_most(getattr(self, name), limit, name)
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
         if self.head_dim == 0:
@@ -206,6 +219,8 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         require_positive_int(self.seq_len, "seq_len")
         require_positive_int(self.global_batch_size, "global_batch_size")
+        limits.require_at_most(self.seq_len, limits.MAX_SEQ_LEN, "seq_len", " tokens")
+        limits.require_at_most(self.global_batch_size, limits.MAX_GLOBAL_BATCH, "global_batch_size", " sequences")
         if not isinstance(self.precision, Precision):
             try:
                 object.__setattr__(self, "precision", Precision(str(self.precision).lower()))
@@ -235,6 +250,9 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         require_positive_int(self.num_gpus, "num_gpus")
+        if isinstance(self.gpus_per_node, int):
+            limits.require_at_most(self.gpus_per_node, limits.MAX_NUM_GPUS, "gpus_per_node", " GPUs")
+        limits.require_at_most(self.num_gpus, limits.MAX_NUM_GPUS, "num_gpus", " GPUs")
         require_non_negative_int(self.gpus_per_node, "gpus_per_node")
         if self.gpus_per_node == 0:
             object.__setattr__(self, "gpus_per_node", min(self.profile.gpus_per_node, self.num_gpus))

@@ -1,7 +1,8 @@
 """`autopar calibrate` end to end under torchrun: 2 ranks, gloo on CPU, tiny sizes; then the profile is used.
 
-torch is in the `test` extra (CPU build), so CI runs these; they are skipped only on a developer machine without
-torch, never under CI (`CI` set), where a missing torch fails them instead.
+torch is not in the light `test` extra (on the public registry it is the CUDA build): .ci/run installs the CPU build
+where pip can find one, `pip install 'autopar[calibrate]'` installs it by hand; without it these tests skip, saying
+so.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from autopar.calibrate.profile_file import cpu_profile_name
 from costmodels.hardware import load_profile
 
 if importlib.util.find_spec("torch") is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("torch is missing: CI installs it through the `test` extra (pip install -e '.[test]')")
-    pytest.skip("torch not installed (pip install 'autopar[calibrate]')", allow_module_level=True)
+    pytest.skip("torch is not installed: the calibration tests need its CPU build (pip install 'autopar[calibrate]'; "
+                "the `test` extra leaves it out)", allow_module_level=True)
 
 TINY = ["--quick", "--max-bytes", "4M", "--warmup", "1", "--iters", "3"]
 CPU_PROFILE_NAME = cpu_profile_name(socket.gethostname())  # 'cpu-<this host>-calibrated'

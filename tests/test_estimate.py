@@ -312,7 +312,10 @@ def test_memory_table_uses_one_unit() -> None:
     text = autopar("estimate", "llama-3.1-70b", "--tp", "8", "--pp", "4", "--num-gpus", "64", "--seq-len",
                    "8192").stdout
     table = text[text.index("Memory per GPU"):text.index("Step time")]
-    assert "GiB (- = none)" in table
+    assert "GiB (- = none; * = the stage with the peak)" in table
+    headings = table.splitlines()[1:5]
+    assert any("stage 0 *" in line for line in headings) and any("20 layers" in line for line in headings)
+    assert not any(line.strip("│ ").startswith("layers") for line in table.splitlines())   # no row of layer counts
     assert "KiB" not in table and "MiB" not in table
     # embedding_activations: int64 token ids only (8 B · 8192 tokens · 4 microbatches in flight on stage 0 =
     # 256 KiB = 0.00024 GiB); Llama has no embedding dropout, and the embedding output is layer 0's input

@@ -4,6 +4,7 @@ points down, and no two files import each other, directly or through others.
 The layers, lowest first; a unit is `costmodels`, a subpackage or top-level module of `autopar`:
 
     costmodels                                    specs, cost terms, rules, scoring one plan (numpy and pyyaml only)
+    atomic_write                                  the one writer of every file autopar writes (temp, fsync, rename)
     errors, models, megatron_args, calibrate      inputs: error channels, model configs, launch commands, profiles
     results, remedies                             answers as plain typed data; the guide's memory remedies
     search                                        space, oracle, CP-SAT, Pareto front, explanations
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(units) for units in (
     {"costmodels"},
+    {"autopar.atomic_write"},
     {"autopar.errors", "autopar.models", "autopar.megatron_args", "autopar.calibrate"},
     {"autopar.results", "autopar.remedies"},
     {"autopar.search"},

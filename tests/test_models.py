@@ -18,7 +18,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autopar.errors import InputError
-from autopar.models import PRESETS_DIR, SUPPORTED_MODEL_TYPES, load_model, preset_names, spec_from_config
+from autopar.models import (
+    CONFIG_CLASS_DEFAULTS,
+    PRESETS_DIR,
+    SUPPORTED_MODEL_TYPES,
+    UnknownModelTypeWarning,
+    load_model,
+    preset_names,
+    spec_from_config,
+)
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding
 
 # one preset per supported model_type (gemma and phi3 have no preset; they are checked with small configs below)
@@ -214,11 +222,92 @@ def test_autoconfig_and_plain_json_agree_on_complete_configs(config: dict) -> No
     assert through_autoconfig == spec_from_config(config, name="random", source="x")
 
 
+# ---- the fast path (no transformers) reads every config as AutoConfig would ------------------------------------
+
+REQUIRED_KEYS = {"model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "vocab_size", "intermediate_size", "n_embd", "n_layer", "n_head", "num_experts_per_tok",
+                 "moe_intermediate_size", "num_local_experts", "num_experts", "n_routed_experts"}
+SMALL_CONFIGS = {  # the model types without a preset
+    "gemma": {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 16, "intermediate_size": 256, "vocab_size": 256},
+    "phi3": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 256},
+}
+
+
+def outcome(read) -> object:
+    """The spec, or the InputError's field (both paths must refuse the same configs)."""
+    try:
+        return dataclasses.replace(read(), name="x")
+    except InputError as error:
+        return ("InputError", error.field)
+
+
+def fast_and_autoconfig(tmp_path: Path, config: dict) -> tuple[object, object]:
+    from autopar.models import _autoconfig_dict, _require_fields, load_config_file
+
+    path = write_config(tmp_path / "m", config)
+
+    def through_autoconfig() -> ModelSpec:  # what load_config_file did before the fast path: raw checks, AutoConfig
+        _require_fields(config, config["model_type"], str(path))
+        return spec_from_config(_autoconfig_dict(path, allow_network=False), name="x", source="x", where=str(path))
+
+    fast = outcome(lambda: load_config_file(path, name="x"))
+    slow = outcome(through_autoconfig)
+    return fast, slow
+
+
+def base_configs() -> list[tuple[str, dict]]:
+    configs = [(preset, preset_json(preset)) for preset in PRESET_OF_MODEL_TYPE.values()]
+    return configs + [(name, config) for name, config in SMALL_CONFIGS.items()]
+
+
+def test_every_fast_path_type_is_checked() -> None:
+    assert {config["model_type"] for _, config in base_configs()} >= set(CONFIG_CLASS_DEFAULTS)
+    assert set(CONFIG_CLASS_DEFAULTS) <= set(SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("stripped", [False, True], ids=["whole", "required-keys-only"])
+@pytest.mark.parametrize("name,config", base_configs(), ids=[n for n, _ in base_configs()])
+def test_fast_path_reads_like_autoconfig(tmp_path: Path, name: str, config: dict, stripped: bool) -> None:
+    # without the optional keys, the model type's defaults (CONFIG_CLASS_DEFAULTS) must equal the config class's
+    if stripped:
+        config = {k: v for k, v in config.items() if k in REQUIRED_KEYS}
+    fast, slow = fast_and_autoconfig(tmp_path, config)
+    assert fast == slow
+
+
+@given(st.sampled_from(base_configs()), st.data())
+def test_fast_path_reads_like_autoconfig_with_random_keys_left_out(named: tuple[str, dict], data) -> None:
+    _, config = named
+    optional = sorted(k for k in config if k not in REQUIRED_KEYS)
+    dropped = data.draw(st.sets(st.sampled_from(optional))) if optional else set()
+    with tempfile.TemporaryDirectory() as folder:
+        fast, slow = fast_and_autoconfig(Path(folder), {k: v for k, v in config.items() if k not in dropped})
+    assert fast == slow
+
+
+def test_loading_a_config_file_does_not_import_transformers(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "llama", preset_json("llama-3.1-8b"))
+    code = (f"import sys; from autopar.models import load_model; load_model({str(path)!r}); "
+            "assert 'transformers' not in sys.modules and 'huggingface_hub' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_explicit_zero_kv_heads_or_head_dim_is_refused(tmp_path: Path) -> None:
+    for key in ("num_key_value_heads", "head_dim"):
+        write_config(tmp_path / key, dict(preset_json("llama-3.1-8b"), **{key: 0}))
+        message = load_error(str(tmp_path / key))
+        assert message.startswith(f"{key}: must be a positive integer, got 0")
+
+
 def test_unknown_model_type_falls_back_to_the_json(tmp_path: Path) -> None:
     # a model type transformers has never heard of, with Llama's keys: read as Llama
     config = dict(preset_json("llama-3.1-8b"), model_type="acme_llama", architectures=["AcmeLlamaForCausalLM"])
     write_config(tmp_path / "acme", config)
-    assert same_shape(load_model(str(tmp_path / "acme")), load_model("llama-3.1-8b"))
+    with pytest.warns(UnknownModelTypeWarning, match="'acme_llama' is unknown to transformers; read as a llama-like"):
+        model = load_model(str(tmp_path / "acme"))
+    assert same_shape(model, load_model("llama-3.1-8b"))
 
 
 # ---- the local Hugging Face cache ------------------------------------------------------------------------------

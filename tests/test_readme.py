@@ -2,7 +2,8 @@
 and .ci/run runs exactly README's test command.
 
 The first command's table is read back row by row and checked against `--json` of the same command (plan, step
-time, throughput, MFU, peak memory, worst stage, micro-batches, to the digits the table shows); every row fits its
+time, throughput, MFU, peak memory, worst stage, micro-batches, in the units its headers name, to the digits the
+table shows); every row fits its
 memory limit; the front is fastest first and each later plan needs less memory.
 """
 
@@ -25,9 +26,8 @@ GIB = 2**30
 
 SECONDS_PER = {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 RATE_PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9}
-ROW = re.compile(r"^│\s*(?P<rank>\d+) │ (?P<plan>.+?)\s+│\s+(?P<time>[\d.]+) (?P<time_unit>\S+) │"
-                 r"\s+(?P<rate>[\d.]+) (?P<rate_prefix>[kMG]?)tok/s │\s+(?P<mfu>[\d.]+)% │"
-                 r"\s+(?P<peak>[\d.]+) GiB / (?P<limit>[\d.]+) GiB │\s+(?P<stage>\d+) │\s+(?P<microbatches>\d+) │$")
+HEADER = re.compile(r"step time \((?P<time_unit>[^)]+)\).*throughput \((?P<rate_prefix>[kMG]?)tok/s\).*"
+                    r"peak memory \(GiB of (?P<limit>[\d.]+)\)")
 
 
 def readme_first_command() -> list[str]:
@@ -53,9 +53,23 @@ def first_command() -> tuple[str, dict]:
 
 
 def parse_front_table(text: str) -> list[dict]:
-    rows = [ROW.match(line) for line in text.splitlines() if line.startswith("│")]
-    assert rows and all(rows), [line for line in text.splitlines() if line.startswith("│")]
-    return [row.groupdict() for row in rows]
+    """The front table's rows; each column's unit comes from its header (one unit per column), a plan label that
+    wraps onto a second line is joined."""
+    header = next(HEADER.search(line) for line in text.splitlines() if HEADER.search(line))
+    units = header.groupdict()
+    rows: list[dict] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if not cells[0]:                                # the plan label's continuation line
+            rows[-1]["plan"] += " " + cells[1]
+            continue
+        rank, plan, time, rate, mfu, peak, stage, microbatches = cells
+        rows.append(dict(units, rank=rank, plan=plan, time=time, rate=rate, mfu=mfu.rstrip("%"), peak=peak,
+                         stage=stage, microbatches=microbatches.replace(",", "")))
+    assert rows, text
+    return rows
 
 
 def assert_shown(cell: str, value: float) -> None:

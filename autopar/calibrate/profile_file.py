@@ -22,12 +22,10 @@ half-written profile.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -273,7 +271,8 @@ def _dumper() -> type:
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:  # the reader refuses aliases (costmodels.hardware)
+            return True
 
     Dumper.add_representer(_FlowRow, lambda dumper, row: dumper.represent_mapping(
         "tag:yaml.org,2002:map", row.items(), flow_style=True))
@@ -294,38 +293,14 @@ def check_output_path(path: str | Path) -> Path:
         raise InputError("out", f"directory {str(directory)!r} is not writable; choose another --out")
     if target.is_dir():
         raise InputError("out", f"{str(target)!r} is a directory; give a file name")
-    return target
+    from autopar.atomic_write import check_writable
+
+    return check_writable(target)
 
 
 def write_atomically(path: str | Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    try:
-        _write_and_rename(target, directory, text)
-    except OSError as exc:
-        raise InputError("out", f"cannot write {str(target)!r} ({exc.strerror or exc.__class__.__name__}); "
-                                "choose another --out") from None
-    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every file system)
-        directory_descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(directory_descriptor)
-        finally:
-            os.close(directory_descriptor)
+    """Write `text` to `path` so that readers see the old file or the whole new one, never a part
+    (autopar.atomic_write, the one writer of every autopar file)."""
+    from autopar.atomic_write import write_text_atomically
 
-
-def _write_and_rename(target: Path, directory: Path, text: str) -> None:
-    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    write_text_atomically(path, text)

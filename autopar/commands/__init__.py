@@ -144,10 +144,19 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
 
 # ---- flags -> specs --------------------------------------------------------------------------------------------
 
-def model_from_args(args: argparse.Namespace) -> "ModelSpec":
-    from autopar.models import load_model  # transformers only loads for config files / HF ids
+def model_from_args(args: argparse.Namespace, stderr: "TextIO | None" = None) -> "ModelSpec":
+    """The model; the loader's warnings (an unknown model_type read as a known family) are printed as one
+    `autopar: warning:` line each on stderr."""
+    import warnings
 
-    return load_model(args.model, allow_network=getattr(args, "allow_network", False))
+    from autopar.models import load_model  # transformers only loads for model types without a fast path
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load_model(args.model, allow_network=getattr(args, "allow_network", False))
+    for warning in caught:
+        print(f"autopar: warning: {warning.message}", file=stderr if stderr is not None else sys.stderr)
+    return model
 
 
 def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -> "ClusterSpec":

@@ -60,7 +60,6 @@ def validate_output_arguments(args: argparse.Namespace) -> None:
     point of the front can only be known after solving (`chosen_point`).
     """
     import os
-    from pathlib import Path
 
     from costmodels.errors import InputError
 
@@ -69,19 +68,20 @@ def validate_output_arguments(args: argparse.Namespace) -> None:
         from autopar.export import framework_name
 
         args.emit = framework_name(framework)
+    seen: dict[str, str] = {}
     for path in getattr(args, "out", None) or []:
+        from autopar.atomic_write import check_writable
         from autopar.report import report_format
 
         report_format(path)
-        target = Path(path)
-        folder = target.parent if str(target.parent) else Path(".")
-        if target.is_dir():
-            raise InputError("out", f"{path!r} is a directory; give a file name such as {str(target / 'front')!r}"
-                                    f" with an extension")
-        if not folder.is_dir():
-            raise InputError("out", f"directory {str(folder)!r} of {path!r} does not exist; create it first")
-        if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        target = check_writable(path)             # a real probe: missing or read-only folders, special files, ...
+        if target.exists() and not os.access(target, os.W_OK):
             raise InputError("out", f"cannot write {path!r}: permission denied; choose another directory")
+        same = os.path.realpath(target)
+        if same in seen:
+            raise InputError("out", f"--out {path} is given twice (also as --out {seen[same]}); give each report "
+                                    "file once")
+        seen[same] = path
     pick = getattr(args, "pick", 0)
     if pick is not None and pick < 0:
         raise InputError("pick", f"--pick {pick}: must be >= 0 (0 = the fastest point)")

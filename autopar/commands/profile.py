@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_show(args: argparse.Namespace) -> int:
     from autopar.calibrate.compare import render_text, summarise
-    from costmodels.hardware import load_profile
+    from costmodels.hardware import load_profile, read_text_file, safe_yaml_load
 
     summary = summarise(load_profile(args.file), against=args.against)
     if args.json:
@@ -104,14 +104,12 @@ def _read_section(path: str) -> "CalibrationSection":
 
     from autopar.calibrate.calibration_section import calibration_section_from_dict, read_calibration_section
     from costmodels.errors import InputError
-    from costmodels.hardware import load_profile
+    from costmodels.hardware import load_profile, read_text_file, safe_yaml_load
 
-    file = Path(path)
-    if not file.is_file():
-        raise InputError("measurements", f"no file at {path!r}; check the path")
+    text = read_text_file(Path(path), "measurements")
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        data = safe_yaml_load(text, str(path), "measurements")
+    except yaml.YAMLError as exc:
         raise InputError("measurements", f"{path} is not readable YAML ({exc.__class__.__name__}); fix the "
                                          "syntax or calibrate again") from None
     if isinstance(data, dict) and "schema_version" in data:

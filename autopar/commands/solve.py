@@ -112,17 +112,20 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, training = specs_from_args(args)
     options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
                    solver=args.solver, framework=framework_name(args.framework) if args.framework else None)
+    bar = ProgressBar(sys.stderr)
     try:
         if gpu_range is not None:
-            front = solve_scaling(model, cluster, training, gpu_range, **options)
+            front = solve_scaling(model, cluster, training, gpu_range, progress=bar, **options)
         else:
-            front = solve(model, cluster, training, **options)
+            front = solve(model, cluster, training, progress=lambda fraction: bar(fraction, "plans"), **options)
     except Infeasible as infeasible:
         if args.json:  # one JSON document on stdout in every outcome; the explanation also goes to stderr
             print(json.dumps({"status": "infeasible", "message": infeasible.message,
                               "conflicting_rules": list(infeasible.rules), "details": list(infeasible.details)},
                              indent=2))
         raise
+    finally:
+        bar.close()
     if getattr(args, "layouts", False) and gpu_range is None:
         from autopar.search.refine import DEFAULT_BUDGET_S, refine_front
 
@@ -139,21 +142,66 @@ def run(args: argparse.Namespace) -> int:
 
         print(render(front, "json"), end="")
     else:
-        print_front(front, stream=report_stream(args))   # with --emit the table goes to stderr (one document on stdout)
+        print_front(front, stream=report_stream(args), gpu_range=gpu_range)  # --emit: the table goes to stderr
     from autopar.commands.output_flags import write_outputs
 
     write_outputs(args, front)
     return 0
 
 
-def print_front(front, stream=None) -> None:
-    """The inputs and assumptions, then the front as a table, fastest first."""
+class ProgressBar:
+    """A rich progress bar on stderr for a search that runs longer than `delay_s`; silent when stderr is not a
+    terminal (pipes, files, CI logs) and for quick searches. Called as `bar(fraction, label)`; `close()` clears it."""
+
+    def __init__(self, stream, delay_s: float = 1.0) -> None:
+        import time
+
+        self.enabled = hasattr(stream, "isatty") and stream.isatty()
+        self.stream = stream
+        self.delay_s = delay_s
+        self.started = time.monotonic()
+        self.progress = None
+        self.task = None
+
+    def __call__(self, fraction: float, label: str) -> None:
+        import time
+
+        if not self.enabled:
+            return
+        if self.progress is None:
+            if time.monotonic() - self.started < self.delay_s:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("searching {task.description}"), BarColumn(),
+                                     TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                                     console=Console(file=self.stream), transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task(label, total=1.0)
+        self.progress.update(self.task, completed=min(max(fraction, 0.0), 1.0), description=label)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def print_front(front, stream=None, gpu_range: "tuple[int, int] | None" = None) -> None:
+    """The inputs and assumptions, then the front as a table, fastest first. A scaling front (`gpu_range`) names
+    the range on the cluster line and has a GPUs column."""
     from rich.console import Console
 
-    from autopar.report.terminal import front_table, print_header_line, print_inputs
+    from autopar.report.header import inputs_header
+    from autopar.report.terminal import front_table, print_header_line
 
     console = Console(file=stream if stream is not None else sys.stdout, width=140, highlight=False)
-    print_inputs(console, front.model, front.cluster, front.training)
+    for label, text in inputs_header(front.model, front.cluster, front.training):
+        if label == "cluster" and gpu_range is not None:
+            per_gpu = text[text.index(", limit"):] if ", limit" in text else ""
+            text = (f"{gpu_range[0]:,}-{gpu_range[1]:,} GPUs (scaling front) of {front.cluster.profile.display_name}"
+                    f"{per_gpu}")
+        print_header_line(console, label, text)
     relaxed = f"; relaxed: {', '.join(front.relaxed_rules)}" if front.relaxed_rules else ""
     print_header_line(console, "rules", f"{', '.join(front.rules)}{relaxed}")
     print_header_line(console, "search", f"{front.search_space_size:,} candidate plans, solver {front.solver}, "
@@ -162,4 +210,5 @@ def print_front(front, stream=None) -> None:
     for note in front.notes:
         print_header_line(console, "note", note)
     count = len(front.points)
-    console.print(front_table(front, title=f"Pareto front: {count} plan{'s' if count != 1 else ''}, fastest first"))
+    console.print(front_table(front, title=f"Pareto front: {count} plan{'s' if count != 1 else ''}, fastest first",
+                              scaling=gpu_range is not None))

@@ -60,15 +60,12 @@ def render(front: "ParetoFront | Estimate", fmt: str) -> str:
 
 def write_report(front: "ParetoFront | Estimate", path: "str | Path") -> Path:
     """Write the report in the format of `path`'s extension; returns the path written."""
+    from autopar.atomic_write import check_writable, write_text_atomically
+
     target = Path(path)
     text = render(front, report_format(target))
-    try:
-        if target.parent and not target.parent.exists():
-            raise InputError("out", f"directory {str(target.parent)!r} does not exist; create it first")
-        target.write_text(text, encoding="utf-8", newline="")
-    except OSError as error:
-        raise InputError("out", f"cannot write {str(target)!r}: {error.strerror}") from None
-    return target
+    check_writable(target)
+    return write_text_atomically(target, text)
 
 
 def write_reports(front: "ParetoFront | Estimate", paths: Iterable["str | Path"]) -> list[Path]:

@@ -60,15 +60,16 @@ def _print_memory(console: Any, result: "Estimate", all_stages: bool) -> None:
 
     shown = _shown_stages(result, all_stages)
     hidden = len(result.stages) - len(shown)
-    title = "Memory per GPU by pipeline stage, GiB (- = none)" + (
+    title = "Memory per GPU by pipeline stage, GiB (- = none; * = the stage with the peak)" + (
         f" ({hidden} middle stages not shown; --all-stages)" if hidden else "")
     table = Table(title=title, title_justify="left")
     table.add_column("term")
-    for stage in shown:
-        table.add_column(f"stage {stage}" + (" *" if stage == result.worst_stage else ""), justify="right")
+    for stage in shown:                         # the stage's decoder-layer count is part of its heading, not a row
+        layers = result.stages[stage].layers
+        table.add_column(f"stage {stage}" + (" *" if stage == result.worst_stage else "")
+                         + f"\n{layers:g} layer{'s' if layers != 1 else ''}", justify="right")
     terms = list(dict.fromkeys(term for stage in result.stages for term in stage.terms_bytes))
     zero = [term for term in terms if not any(stage.terms_bytes.get(term, 0.0) for stage in result.stages)]
-    table.add_row("layers", *(f"{result.stages[s].layers:g}" for s in shown), style="dim")
     for term in terms:
         if term not in zero:
             table.add_row(term, *(format_gib_cell(result.stages[s].terms_bytes.get(term, 0.0)) for s in shown))
@@ -86,19 +87,21 @@ def _print_memory(console: Any, result: "Estimate", all_stages: bool) -> None:
 def _print_time(console: Any, result: "Estimate") -> None:
     from rich.table import Table
 
-    from autopar.report.units import format_percent, format_rate, format_seconds, format_tflops
+    from autopar.report.units import column_cells, format_percent, format_rate, format_tflops, seconds_unit
 
     step = result.step_time_s
+    unit, scale = seconds_unit([step])          # one unit for the column: the step time's
     table = Table(title="Step time", title_justify="left")
     table.add_column("term")
-    table.add_column("time", justify="right")
+    table.add_column(f"time ({unit})", justify="right")
     table.add_column("share", justify="right")
     zero = [term for term, seconds in result.time_terms_s.items() if not seconds]
-    for term, seconds in result.time_terms_s.items():
-        if term not in zero:
-            table.add_row(term, format_seconds(seconds), format_percent(seconds / step) if step else "-")
+    shown = [(term, seconds) for term, seconds in result.time_terms_s.items() if term not in zero]
+    cells = column_cells([seconds for _, seconds in shown] + [step], scale)
+    for (term, seconds), cell in zip(shown, cells):
+        table.add_row(term, cell, format_percent(seconds / step) if step else "-")
     table.add_section()
-    table.add_row("[bold]step time", f"[bold]{format_seconds(step)}", format_percent(1.0))
+    table.add_row("[bold]step time", f"[bold]{cells[-1]}", format_percent(1.0))
     console.print(table)
     if zero:
         console.print(f"[dim]not shown, zero: {', '.join(zero)}[/]")
@@ -135,19 +138,24 @@ def _print_remedies(console: Any, result: "Estimate", fixes: "tuple[Remedy, ...]
     from rich.markup import escape
     from rich.table import Table
 
-    from autopar.report.units import format_gib, format_seconds
+    from autopar.report.units import column_cells, format_gib, seconds_unit
 
+    applied = [fix for fix in fixes if fix.applied]
+    times = [result.step_time_s] + [fix.step_time_s for fix in applied]
+    unit, scale = seconds_unit(times)                # one unit per column, named in the header
+    time_cells = iter(column_cells(times, scale))
+    memory_cells = iter(column_cells([result.peak_memory_bytes] + [fix.peak_memory_bytes for fix in applied],
+                                     1024**3, digits=4))
     table = Table(title="Remedies (the guide's order, each applied on top of the ones before; stops once memory "
                         "fits)", title_justify="left")
-    for name, justify in (("#", "right"), ("remedy", "left"), ("change", "left"), ("peak memory", "right"),
-                          ("step time", "right"), ("fits", "left")):
+    for name, justify in (("#", "right"), ("remedy", "left"), ("change", "left"), ("peak memory (GiB)", "right"),
+                          (f"step time ({unit})", "right"), ("fits", "left")):
         table.add_column(name, justify=justify)
-    table.add_row("0", "[dim]your plan", result.plan.short(), format_gib(result.peak_memory_bytes, 2),
-                  format_seconds(result.step_time_s), "[red]no")
+    table.add_row("0", "[dim]your plan", result.plan.short(), next(memory_cells), next(time_cells), "[red]no")
     for index, fix in enumerate(fixes, start=1):
         if fix.applied:
-            table.add_row(str(index), escape(fix.title), fix.change, format_gib(fix.peak_memory_bytes, 2),
-                          format_seconds(fix.step_time_s), _remedy_verdict(fix))
+            table.add_row(str(index), escape(fix.title), fix.change, next(memory_cells), next(time_cells),
+                          _remedy_verdict(fix))
         else:
             table.add_row(str(index), f"[dim]{escape(fix.title)}", f"[dim]skipped: {escape(fix.skipped_because)}",
                           "", "", "")

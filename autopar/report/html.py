@@ -20,7 +20,8 @@ import math
 from typing import Any
 
 from autopar.report.csv_report import ordered_union, worst_stage_terms
-from autopar.report.units import format_bytes, format_count, format_percent, format_rate, format_seconds
+from autopar.report.units import (column_cells, format_bytes, format_count, format_percent, format_rate,
+                                  format_seconds, rate_unit, seconds_unit, whole_count)
 from costmodels.units import GIB
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
@@ -382,17 +383,28 @@ def _stacked_bars(document: dict[str, Any], kind: str) -> str:
 
 
 def _points_table(document: dict[str, Any]) -> str:
+    """The front, one unit per column (named in the header), enough decimals that neighbouring rows differ."""
+    points = document["points"]
+    times = [p["step_time_s"] if p["step_time_s"] is not None else math.nan for p in points]
+    rates = [p["tokens_per_s"] if p["tokens_per_s"] is not None else math.nan for p in points]
+    peaks = [p["peak_memory_bytes"] if p["peak_memory_bytes"] is not None else math.nan for p in points]
+    time_unit, time_scale = seconds_unit(times)
+    rate_label, rate_scale = rate_unit(rates)
+    time_cells, rate_cells = column_cells(times, time_scale), column_cells(rates, rate_scale)
+    peak_cells = column_cells(peaks, GIB)
     rows = []
-    for p in document["points"]:
+    for i, p in enumerate(points):
         rows.append(
             f'<tr data-index="{p["rank"]}"><td>{p["rank"]}</td><td><code>{esc(p["label"])}</code></td>'
-            f'<td class="num">{esc(format_seconds(p["step_time_s"] or 0))}</td>'
-            f'<td class="num">{esc(format_rate(p["tokens_per_s"] or 0))}</td>'
+            f'<td class="num">{esc(time_cells[i])}</td>'
+            f'<td class="num">{esc(rate_cells[i])}</td>'
             f'<td class="num">{esc(format_percent(p["mfu"] or 0))}</td>'
-            f'<td class="num">{esc(format_bytes(p["peak_memory_bytes"] or 0))}</td>'
-            f'<td class="num">{p["worst_stage"]}</td><td class="num">{esc(p["num_microbatches"])}</td></tr>')
-    header = ('<tr><th>#</th><th>plan</th><th class="num">step time</th><th class="num">throughput</th>'
-              '<th class="num">MFU</th><th class="num">peak memory</th><th class="num">worst stage</th>'
+            f'<td class="num">{esc(peak_cells[i])}</td>'
+            f'<td class="num">{p["worst_stage"]}</td>'
+            f'<td class="num">{esc(whole_count(p["num_microbatches"] or 0))}</td></tr>')
+    header = (f'<tr><th>#</th><th>plan</th><th class="num">step time ({esc(time_unit)})</th>'
+              f'<th class="num">throughput ({esc(rate_label)})</th>'
+              '<th class="num">MFU</th><th class="num">peak memory (GiB)</th><th class="num">peak stage</th>'
               '<th class="num">microbatches</th></tr>')
     return f'<table id="front-table">{header}{"".join(rows)}</table>'
 

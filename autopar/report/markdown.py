@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from autopar.report.csv_report import ordered_union, worst_stage_terms
-from autopar.report.units import format_bytes, format_count, format_percent, format_rate, format_seconds
+from autopar.report.units import (column_cells, format_bytes, format_count, format_gib_cell, format_percent,
+                                  format_seconds, rate_unit, seconds_unit, whole_count)
+
+GIB_BYTES = 1024**3
 
 _MARKDOWN_SPECIAL = "\\`*_{}[]<>()#+!|~"
 
@@ -24,6 +28,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def _number(value: Any, formatter) -> str:
     return "n/a" if value is None else formatter(value)
+
+
+def _in_unit(seconds: float, scale: float) -> str:
+    """A duration in the table's unit, 3 significant digits (tiny ones 2), no unit text (it is in the heading)."""
+    return column_cells([seconds], scale)[0]
 
 
 def render_markdown(document: dict[str, Any]) -> str:
@@ -52,24 +61,36 @@ def render_markdown(document: dict[str, Any]) -> str:
          + (f" (relaxed: {md_text(', '.join(document['relaxed_rules']))})" if document["relaxed_rules"] else "")],
     ])
     lines += ["", "## Front", ""]
-    lines += _table(["#", "plan", "step time", "tokens/s", "MFU", "peak memory", "worst stage", "microbatches"], [
-        [str(p["rank"]), f"`{p['label']}`", _number(p["step_time_s"], format_seconds),
-         _number(p["tokens_per_s"], format_rate), _number(p["mfu"], format_percent),
-         _number(p["peak_memory_bytes"], format_bytes), str(p["worst_stage"]),
-         _number(p["num_microbatches"], lambda v: f"{v:g}")] for p in points])
+    # one unit per column, named in the header; enough decimals that neighbouring rows differ
+    times = [p["step_time_s"] if p["step_time_s"] is not None else math.nan for p in points]
+    rates = [p["tokens_per_s"] if p["tokens_per_s"] is not None else math.nan for p in points]
+    peaks = [p["peak_memory_bytes"] if p["peak_memory_bytes"] is not None else math.nan for p in points]
+    time_unit, time_scale = seconds_unit(times)
+    rate_label, rate_scale = rate_unit(rates)
+    time_cells, rate_cells = column_cells(times, time_scale), column_cells(rates, rate_scale)
+    peak_cells = column_cells(peaks, GIB_BYTES)
+    lines += _table(["#", "plan", f"step time ({time_unit})", f"throughput ({rate_label})", "MFU",
+                     "peak memory (GiB)", "peak stage", "microbatches"], [
+        [str(p["rank"]), f"`{p['label']}`", time_cells[i], rate_cells[i], _number(p["mfu"], format_percent),
+         peak_cells[i], str(p["worst_stage"]), _number(p["num_microbatches"], whole_count)]
+        for i, p in enumerate(points)])
     if points:
-        lines += ["", "## Memory per GPU, worst stage", ""]
+        lines += ["", "## Memory per GPU, worst stage, GiB (- = none)", ""]
         terms = ordered_union([worst_stage_terms(p) for p in points])
         lines += _table(["term", *(f"#{p['rank']}" for p in points)],
-                        [[md_text(term), *(_number(worst_stage_terms(p).get(term), format_bytes) for p in points)]
+                        [[md_text(term), *(_number(worst_stage_terms(p).get(term), format_gib_cell) for p in points)]
                          for term in terms]
-                        + [["**total**", *(f"**{_number(p['peak_memory_bytes'], format_bytes)}**" for p in points)]])
-        lines += ["", "## Step time", ""]
+                        + [["**total**", *(f"**{_number(p['peak_memory_bytes'], format_gib_cell)}**"
+                                           for p in points)]])
+        step_unit, step_scale = seconds_unit(times)
+        lines += ["", f"## Step time, {step_unit}", ""]
         terms = ordered_union([p["time_terms_s"] for p in points])
-        lines += _table(["term", *(f"#{p['rank']}" for p in points)],
-                        [[md_text(term), *(_number(p["time_terms_s"].get(term), format_seconds) for p in points)]
-                         for term in terms]
-                        + [["**total**", *(f"**{_number(p['step_time_s'], format_seconds)}**" for p in points)]])
+        rows = [[md_text(term), *(p["time_terms_s"].get(term) for p in points)] for term in terms]
+        rows.append(["**total**", *(p["step_time_s"] for p in points)])
+        cells = [[row[0], *("n/a" if v is None else "-" if v == 0 else _in_unit(v, step_scale) for v in row[1:])]
+                 for row in rows]
+        cells[-1] = [cells[-1][0], *(f"**{cell}**" for cell in cells[-1][1:])]
+        lines += _table(["term", *(f"#{p['rank']}" for p in points)], cells)
         lines += ["", "## Megatron-LM flags of the fastest plan", "", "```", " ".join(points[0]["megatron_flags"]),
                   "```"]
     lines += ["", "## Assumptions", ""] + [f"- {md_text(a)}" for a in document["assumptions"]]

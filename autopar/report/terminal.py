@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autopar.report.units import format_bytes, format_percent, format_rate, format_seconds
+from autopar.report.units import format_percent
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,26 +37,74 @@ def print_inputs(console: "Console", model: "ModelSpec", cluster: "ClusterSpec",
         print_header_line(console, label, text)
 
 
-COLUMNS = ("#", "plan", "step time", "throughput", "MFU", "peak memory", "stage", "microbatches")
+def front_columns(front: "ParetoFront", scaling: bool = False) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the front table: one unit per column, named in its header, with enough decimals that
+    neighbouring rows never print the same number; a GPUs column on a scaling front (`scaling`, or points on
+    several GPU counts)."""
+    from autopar.report.units import column_cells, rate_unit, seconds_unit, whole_count
+
+    points = list(front.points)
+    scaling = scaling or len({p.cluster.num_gpus for p in points}) > 1
+    times = [p.step_time_s for p in points]
+    rates = [p.tokens_per_s for p in points]
+    peaks = [p.peak_memory_bytes for p in points]
+    time_unit, time_scale = seconds_unit(times)
+    rate_label, rate_scale = rate_unit(rates)
+    limits = sorted({p.memory_limit_bytes for p in points})
+    limit = f"of {limits[0] / 1024**3:.1f}" if len(limits) == 1 else "limit per row"
+    headers = (["#", "plan"] + (["GPUs"] if scaling else [])
+               + [f"step time ({time_unit})", f"throughput ({rate_label})", "MFU",
+                  f"peak memory (GiB {limit})", "peak stage", "microbatches"])
+    time_cells = column_cells(times, time_scale)
+    rate_cells = column_cells(rates, rate_scale)
+    peak_cells = column_cells(peaks, 1024**3, digits=3)
+    rows = []
+    for rank, point in enumerate(points):
+        memory = peak_cells[rank] if len(limits) == 1 else \
+            f"{peak_cells[rank]} / {point.memory_limit_bytes / 1024**3:.1f}"
+        rows.append([str(rank), point.plan.short()] + ([f"{point.cluster.num_gpus:,}"] if scaling else [])
+                    + [time_cells[rank], rate_cells[rank], format_percent(point.mfu), memory,
+                       str(point.worst_stage), whole_count(point.num_microbatches)])
+    return headers, rows
 
 
-def estimate_row(rank: int, estimate: "Estimate") -> list[str]:
-    return [str(rank), estimate.plan.short(), format_seconds(estimate.step_time_s),
-            format_rate(estimate.tokens_per_s), format_percent(estimate.mfu),
-            f"{format_bytes(estimate.peak_memory_bytes)} / {format_bytes(estimate.memory_limit_bytes)}",
-            str(estimate.worst_stage), f"{estimate.num_microbatches:g}"]
+LEGEND = (
+    ("split", "splitF/L = F layers on the first pipeline stage, L on the last (- = even share)"),
+    ("sel", "sel = selective recompute"),
+    ("full", "fullN = full recompute of N layers per stage"),
+    ("z", "zN = ZeRO-N (z1 = distributed optimizer)"),
+    ("sp", "sp = sequence parallel"),
+)
+"""What each plan-label token means, keyed by its prefix; a legend under a table lists those its labels use."""
 
 
-def front_table(front: "ParetoFront", title: str | None = None) -> "Table":
-    """The front, one row per point; a GPUs column when the points run on different GPU counts (scaling front)."""
+def plan_legend(labels: "list[str]") -> str:
+    """One line explaining the label tokens used in `labels` beyond tpN ppN vppN cpN epN etpN mbsN, and the peak
+    stage column."""
+    tokens = {token for label in labels for token in label.split()}
+    used = []
+    for prefix, text in LEGEND:
+        if prefix == "z":
+            hit = any(len(t) == 2 and t[0] == "z" and t[1].isdigit() for t in tokens)
+        elif prefix == "sp":
+            hit = "sp" in tokens
+        else:
+            hit = any(t.startswith(prefix) for t in tokens)
+        if hit:
+            used.append(text)
+    used.append("peak stage = stage with the most memory (0 = first)")
+    return "; ".join(used)
+
+
+def front_table(front: "ParetoFront", title: str | None = None, scaling: bool = False) -> "Table":
+    """The front, one row per point (`front_columns`), with the label legend as the caption."""
     from rich.table import Table
 
-    scaling = len({estimate.cluster.num_gpus for estimate in front.points}) > 1
-    table = Table(title=title, title_justify="left")
-    columns = COLUMNS[:2] + (("GPUs",) if scaling else ()) + COLUMNS[2:]
-    for index, name in enumerate(columns):
-        table.add_column(name, justify="left" if index == 1 else "right", no_wrap=index != 1)
-    for rank, estimate in enumerate(front.points):
-        row = estimate_row(rank, estimate)
-        table.add_row(*(row[:2] + ([str(estimate.cluster.num_gpus)] if scaling else []) + row[2:]))
+    headers, rows = front_columns(front, scaling)
+    table = Table(title=title, title_justify="left", caption=plan_legend([row[1] for row in rows]),
+                  caption_justify="left")
+    for index, name in enumerate(headers):
+        table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=name != "plan")
+    for row in rows:
+        table.add_row(*row)
     return table

@@ -118,3 +118,67 @@ def format_count(count: float, digits: int = 3) -> str:
         if abs(count) >= scale:
             return f"{_significant(count / scale, digits)}{suffix}"
     return f"{count:.0f}"
+
+
+# ---- one unit per column ---------------------------------------------------------------------------------------
+# A table column shows every value in one unit, named in its header, with as many decimals as it takes to tell
+# neighbouring rows apart (a Pareto front's rows all differ, so two rows must never print the same number).
+
+MAX_COLUMN_DECIMALS = 4
+"""Decimals a column may grow to while neighbours still print alike (4 decimals of GiB is 0.1 MiB)."""
+
+
+def seconds_unit(values: "list[float]") -> tuple[str, float]:
+    """(unit, seconds per unit) for a column of durations: what `format_seconds` picks for the largest value."""
+    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    if largest >= 3600:
+        return "h", 3600.0
+    if largest >= 120:
+        return "min", 60.0
+    for unit, scale in _SECOND_UNITS:
+        if largest >= scale:
+            return unit, scale
+    return "ns", 1e-9
+
+
+def rate_unit(values: "list[float]", unit: str = "tok/s") -> tuple[str, float]:
+    """(unit with decimal prefix, scale) for a column of rates: the prefix `format_rate` picks for the largest."""
+    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    for prefix, scale in _DECIMAL_PREFIXES:
+        if largest >= scale:
+            return prefix + unit, scale
+    return unit, 1.0
+
+
+def column_cells(values: "list[float]", scale: float, digits: int = 3) -> list[str]:
+    """`values / scale` as cells of one column: the largest with `digits` significant digits, every other with the
+    same decimals, more decimals (up to MAX_COLUMN_DECIMALS beyond) until neighbours that differ print differently;
+    a value too small for those decimals keeps 2 significant digits instead of printing 0."""
+    scaled = [v / scale for v in values]
+    finite = [abs(v) for v in scaled if math.isfinite(v) and v]
+    largest = max(finite, default=0.0)
+    decimals = max(0, digits - 1 - math.floor(math.log10(largest))) if largest else 0
+    start = decimals
+
+    def cell(value: float, places: int) -> str:
+        special = _not_finite(value)
+        if special is not None:
+            return special
+        if value and abs(value) < 0.5 * 10**-places:
+            return _significant(value, 2)
+        return f"{value:.{places}f}"
+
+    while True:
+        cells = [cell(v, decimals) for v in scaled]
+        alike = any(a == b and x != y for a, b, x, y in zip(cells, cells[1:], scaled, scaled[1:]))
+        if not alike or decimals >= start + MAX_COLUMN_DECIMALS:
+            return cells
+        decimals += 1
+
+
+def whole_count(value: float) -> str:
+    """A count in a column: digits grouped by thousands ('2,822,400'); a fractional count keeps 3 decimals."""
+    special = _not_finite(float(value))
+    if special is not None:
+        return special
+    return f"{int(round(value)):,}" if float(value).is_integer() else f"{value:,.3f}"

@@ -18,6 +18,13 @@ Tolerance (what "equal within rounding" means): a group is off by at most 0.5 µ
 pipeline factor by 2^-17 relative, so |time_units·1µs/S − step_time_s| <= n_groups·0.5 µs·(1 + bubble/m) +
 2^-17 × step time, and 0 <= memory_units·1 MiB − peak bytes < n_groups MiB. Every number shown to users comes
 from the float model (costmodels.evaluate); the integers only decide the front and its order.
+
+No silent overflow (int64): every conversion goes through float64 and saturates at a named cap instead of wrapping.
+- A memory group saturates at MEMORY_GROUP_UNITS_MAX (1 EiB), far above any GPU's memory (the profile's HBM is
+  bounded by costmodels.limits.MAX_HBM_GIB), so a saturated plan never fits: "fits" in units implies fits in bytes,
+  exactly as the float model (autopar.estimate) decides it.
+- A time group saturates at TIME_GROUP_UNITS_MAX µs (about 2.2 years) and a plan's total at TIME_UNITS_MAX; plans past
+  it rank as ties (autopar.search.solve notes when a front point's step time is beyond `TIME_RANKING_LIMIT_S`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,18 @@ from costmodels.structure import STRUCTURE_FIELDS, per_knobs, per_structure
 TIME_UNIT_S = 1e-6
 PIPELINE_FACTOR_SCALE = 2**16
 MEMORY_UNIT_BYTES = 2**20
+
+MEMORY_GROUP_UNITS_MAX = 2**40
+"""1 EiB in MiB units: a group past it is stored as this (and the plan cannot fit any GPU)."""
+TIME_GROUP_UNITS_MAX = 2**46
+"""About 2.2 years in µs: a time group past it is stored as this."""
+TIME_UNITS_MAX = 2**62
+"""A plan's total time units saturate here (int64 holds 2^63 - 1)."""
+PIPELINE_FACTOR_MAX = 2**40
+"""The pipeline factor saturates here (S · (1 + bubble/m) with bubble/m up to the layer count is far below)."""
+"""A plan's total time units saturate here (int64 holds 2^63 - 1)."""
+TIME_RANKING_LIMIT_S = min(TIME_GROUP_UNITS_MAX * TIME_UNIT_S, TIME_UNITS_MAX * TIME_UNIT_S / (2 * 2**16))
+"""Step times below this are ranked exactly (within the tolerance above); longer ones may rank as ties."""
 
 BUBBLE_TERM = "pp_bubble"
 PIPELINED_TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm")
@@ -116,21 +135,30 @@ def objective_structure(model: ModelSpec, cluster: ClusterSpec, training: Traini
 
 # ---- rounding (shared by the oracle and the CP-SAT tables) ---------------------------------------------------
 
+def saturating_int64(values: np.ndarray, cap: int) -> np.ndarray:
+    """float64 -> int64; values above `cap`, +inf and NaN (a term the model cannot evaluate) are stored as `cap`, so
+    such a plan never fits and never ranks ahead of a real one."""
+    values = np.asarray(values, dtype=float)
+    with np.errstate(invalid="ignore"):
+        clipped = np.where(np.isnan(values) | (values > cap), float(cap), values)
+    return clipped.astype(np.int64)
+
+
 def time_group_units(terms: Mapping[str, np.ndarray], group: TermGroup) -> np.ndarray:
     seconds = sum(np.asarray(terms[t], dtype=float) for t in group.terms)
-    return np.rint(seconds / TIME_UNIT_S).astype(np.int64)
+    return saturating_int64(np.rint(seconds / TIME_UNIT_S), TIME_GROUP_UNITS_MAX)
 
 
 def memory_group_units(terms: Mapping[str, np.ndarray], group: TermGroup) -> np.ndarray:
     total = sum(np.asarray(terms[t], dtype=float) for t in group.terms)
-    return np.ceil(total / MEMORY_UNIT_BYTES).astype(np.int64)
+    return saturating_int64(np.ceil(total / MEMORY_UNIT_BYTES), MEMORY_GROUP_UNITS_MAX)
 
 
 def pipeline_factor_units(cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     """round(S · (1 + bubble_microbatch_equivalents / num_microbatches))."""
     bubble = pipeline.bubble_microbatch_equivalents(plans)
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
-    return np.rint(PIPELINE_FACTOR_SCALE * (1.0 + bubble / microbatches)).astype(np.int64)
+    return saturating_int64(np.rint(PIPELINE_FACTOR_SCALE * (1.0 + bubble / microbatches)), PIPELINE_FACTOR_MAX)
 
 
 def memory_stage_roles(model: ModelSpec, plans: PlanArrays, num_roles: int) -> list[np.ndarray]:
@@ -149,11 +177,18 @@ def time_units(structure: ObjectiveStructure, cluster: ClusterSpec, training: Tr
                terms: Mapping[str, np.ndarray]) -> np.ndarray:
     scale = PIPELINE_FACTOR_SCALE
     others = sum((time_group_units(terms, g) for g in structure.other_time_groups), np.zeros(len(plans), np.int64))
-    if not structure.factored:
-        return scale * others
-    pipelined = sum((time_group_units(terms, g) for g in structure.pipelined_time_groups),
-                    np.zeros(len(plans), np.int64))
-    return pipeline_factor_units(cluster, training, plans) * pipelined + scale * others
+    if structure.factored:
+        pipelined = sum((time_group_units(terms, g) for g in structure.pipelined_time_groups),
+                        np.zeros(len(plans), np.int64))
+        factor = pipeline_factor_units(cluster, training, plans)
+    else:
+        pipelined = factor = np.zeros(len(plans), np.int64)
+    # The product can pass int64: decide in float64 which plans saturate, compute the others exactly in int64.
+    as_float = factor.astype(float) * pipelined.astype(float) + float(scale) * others.astype(float)
+    over = ~(as_float < TIME_UNITS_MAX)
+    with np.errstate(over="ignore"):
+        exact = np.where(over, 0, factor) * np.where(over, 0, pipelined) + scale * np.where(over, 0, others)
+    return np.where(over, TIME_UNITS_MAX, exact)
 
 
 def memory_units(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

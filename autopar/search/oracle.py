@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +87,9 @@ def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], en
 
 
 def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], *,
-                 time_budget_s: float | None = None, enforce_memory: bool = True) -> OracleResult:
+                 time_budget_s: float | None = None, enforce_memory: bool = True,
+                 progress: "Callable[[float], None] | None" = None) -> OracleResult:
+    """The exhaustive search. `progress(fraction)` is called after each chunk of structures (for a progress bar)."""
     start = time.perf_counter()
     structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
     base = structures(space, problem, rules, enforce_memory=enforce_memory)
@@ -112,6 +115,8 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
             complete = False
             break
         s1 = min(n_structures, s0 + structures_per_chunk)
+        if progress is not None:
+            progress(s0 / max(n_structures, 1))
         # the rules reading one detail factor and the structure, looked up per (structure, factor value), before
         # any plan is built
         mask = np.ones((s1 - s0, per_structure), dtype=bool)

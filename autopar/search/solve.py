@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from autopar.results import Estimate, ParetoFront
 from autopar.search.space import (
@@ -70,13 +70,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
           fix: Mapping[str, object] | Iterable[str] | None = None,
           bounds: Mapping[str, tuple[object, object]] | None = None,
           relax: Iterable[str] = (), time_limit_s: float | None = None, solver: str = "auto",
-          framework: str | None = None) -> ParetoFront:
+          framework: str | None = None, progress: Callable[[float], None] | None = None) -> ParetoFront:
     """Every Pareto-optimal layout, fastest first, each re-scored with the float cost model.
 
     fix: pin knobs ({"tp": 4} or ["tp=4"]); bounds: {"pp": (None, 8)} keeps pp <= 8; relax: guide rules to drop
     (see costmodels.rules.RULES); time_limit_s: stop the search there and return what was found, marked
     not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER); framework: search only the plans that
-    framework can run (its capability rules, autopar.export.capabilities, join the search's rules).
+    framework can run (its capability rules, autopar.export.capabilities, join the search's rules); progress: called
+    with the fraction of the oracle's search done, for a progress bar.
     Raises InputError for bad controls and Infeasible when no plan fits.
     """
     if solver not in SOLVERS:
@@ -113,10 +114,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     else:
         from autopar.search.oracle import solve_oracle
 
-        result = solve_oracle(space, problem, rules, time_budget_s=time_limit_s)
+        result = solve_oracle(space, problem, rules, time_budget_s=time_limit_s, progress=progress)
         plans, proven = result.plans, result.complete
-        notes.append(f"oracle: {result.plans_seen} plans enumerated, {result.valid_plans} pass the rules, "
-                     f"{result.fitting_plans} fit in memory")
+        notes.append(f"oracle: {result.plans_seen:,} plans enumerated, {result.valid_plans:,} pass the rules, "
+                     f"{result.fitting_plans:,} fit in memory")
     if not proven:
         notes.append("time limit reached: the front is the best found so far, not proven optimal")
     if len(plans) == 0:
@@ -138,9 +139,32 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                              + ("run without --framework to see the full front, or why nothing fits at all",))
         raise explain_infeasible(model, cluster, training, controls)
     points = rescore(model, cluster, training, plans)
+    points, checked_notes = checked_front(points)
+    notes.extend(checked_notes)
+    if not points:
+        from autopar.search.explain import explain_infeasible
+
+        raise explain_infeasible(model, cluster, training, controls)
     return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,
                        rules=tuple(r.id for r in rules), relaxed_rules=tuple(controls.relax), solver=chosen,
                        solve_time_s=time.perf_counter() - start, search_space_size=space.size, notes=tuple(notes))
+
+
+def checked_front(points: tuple[Estimate, ...]) -> tuple[tuple[Estimate, ...], list[str]]:
+    """The front as the float model (costmodels.scoring, the one definition of "fits") sees it: a point it says does not
+    fit is dropped and said so (the integer units round memory up, so this only happens if that invariant breaks), and
+    step times past the solver's exact integer range are noted (autopar.search.objective saturates them)."""
+    from autopar.search.objective import TIME_RANKING_LIMIT_S
+
+    kept = tuple(p for p in points if p.fits)
+    notes = []
+    if len(kept) < len(points):
+        notes.append(f"{len(points) - len(kept)} plan(s) the solver kept were dropped: the float model says they do "
+                     "not fit in memory")
+    if any(p.step_time_s >= TIME_RANKING_LIMIT_S for p in kept):
+        notes.append(f"step times over {TIME_RANKING_LIMIT_S:.3g} s are past the solver's integer range: plans "
+                     "beyond it rank as ties on step time")
+    return kept, notes
 
 
 def rescore(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -163,9 +187,10 @@ def scaling_gpu_counts(low: int, high: int, gpus_per_node: int) -> tuple[int, ..
 
 
 def solve_scaling(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpu_range: tuple[int, int],
-                  **options) -> ParetoFront:
+                  progress: Callable[[float, str], None] | None = None, **options) -> ParetoFront:
     """The front over (step time, peak memory, GPU count) for the GPU counts of `scaling_gpu_counts`; counts with
-    no feasible plan are skipped (noted). Points keep their own cluster (Estimate.cluster)."""
+    no feasible plan are skipped (noted). Points keep their own cluster (Estimate.cluster).
+    `progress(fraction, label)` is told how far the whole search is and which GPU count it is on."""
     import dataclasses
 
     from autopar.errors import Infeasible
@@ -176,16 +201,19 @@ def solve_scaling(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     points: list[Estimate] = []
     notes: list[str] = [f"scaling front over GPU counts {', '.join(map(str, counts))}"]
     proven, last_front, size = True, None, 0
-    for n in counts:
+    for index, n in enumerate(counts):
+        if progress is not None:
+            options["progress"] = (lambda fraction, index=index, n=n:
+                                   progress((index + fraction) / len(counts), f"{n:,} GPUs"))
         try:
             sub = dataclasses.replace(cluster, num_gpus=n, gpus_per_node=min(cluster.gpus_per_node, n))
         except InputError as exc:
-            notes.append(f"{n} GPUs skipped: {exc.message}")
+            notes.append(f"{_gpus(n)} skipped: {exc.message}")
             continue
         try:
             front = solve(model, sub, training, **options)
         except Infeasible as exc:
-            notes.append(f"{n} GPUs: {exc.message}")
+            notes.append(f"{_gpus(n)}: {exc.message}")
             continue
         last_front = front
         proven &= front.proven_optimal
@@ -200,6 +228,10 @@ def solve_scaling(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return dataclasses.replace(last_front, points=tuple(kept), proven_optimal=proven,
                                solve_time_s=time.perf_counter() - start, search_space_size=size,
                                notes=tuple(notes))
+
+
+def _gpus(count: int) -> str:
+    return f"on {count:,} GPU{'s' if count != 1 else ''}"
 
 
 __all__ = ["SOLVERS", "controls_from", "rescore", "solve", "solve_scaling"]
