@@ -129,7 +129,7 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
         structure_index = s0 + chunk_structure
         columns = {k: v[structure_index] for k, v in base.items()}
         columns.update(space.columns_from_factors(detail, [d[detail_row] for d in digits]))
-        plans = structure_link(plan_arrays(columns), base_plans, structure_index, shared)
+        plans = structure_link(_chunk_plans(columns), base_plans, structure_index, shared)
         if product_rules:
             keep = structural_mask(problem, plans, product_rules)
             if not keep.any():
@@ -177,13 +177,39 @@ def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[
         knobs = structure_knobs | set(_factor_knobs(name))
         mine = [r for r in rules if r.id != "memory" and _covered(r, knobs) and not _covered(r, structure_knobs)]
         used.update(r.id for r in mine)
-        rows = np.repeat(np.arange(n), len(values))
-        columns = {k: v[rows] for k, v in base.items()}
-        columns.update(space.columns_from_factors([(name, values)], [np.tile(np.arange(len(values)), n)]))
-        ok = structural_mask(problem, plan_arrays(columns), mine) if mine else np.ones(len(rows), dtype=bool)
-        tables.append(ok.reshape(n, len(values)))
+        if not mine or not n:
+            tables.append(np.ones((n, len(values)), dtype=bool))
+            continue
+        # evaluated once per distinct value of the structure knobs these rules read, then copied to every structure
+        read = [k for k in base if any(k in r.knobs or (k == "etp" and "tp" in r.knobs) for r in mine)]
+        first, inverse = _distinct_rows([base[k] for k in read], n)
+        rows = np.repeat(first, len(values))
+        columns = {k: base[k][rows] for k in read}
+        columns.update(space.columns_from_factors([(name, values)], [np.tile(np.arange(len(values)), len(first))]))
+        ok = structural_mask(problem, plan_arrays(columns), mine).reshape(len(first), len(values))
+        tables.append(ok[inverse])
     rest = [r for r in rules if r.id != "memory" and r.id not in used and not _covered(r, structure_knobs)]
     return tables, rest
+
+
+def _chunk_plans(columns: dict[str, np.ndarray]) -> PlanArrays:
+    """The chunk's columns as PlanArrays without copying them (they are fresh arrays); plan_arrays when some knob
+    is absent from the space and takes its default."""
+    if not set(PLAN_FIELDS) <= set(columns) or (columns["etp"] == 0).any():
+        return plan_arrays(columns)
+    return PlanArrays(**{k: np.asarray(columns[k], dtype=bool if k == "sp" else np.int64) for k in PLAN_FIELDS})
+
+
+def _distinct_rows(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the first row of each distinct combination of `columns`, each row's position among them)."""
+    code = np.zeros(n, dtype=np.int64)
+    for column in columns:
+        values, dense = np.unique(column, return_inverse=True)
+        code = code * len(values) + dense.reshape(-1)
+        _, code = np.unique(code, return_inverse=True)        # renumbered: stays small whatever the columns
+        code = code.reshape(-1)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 def _not_dominated_within(time_units: np.ndarray, memory_units: np.ndarray) -> np.ndarray:
