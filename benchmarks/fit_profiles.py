@@ -12,8 +12,14 @@ shared/reference/megatron_2104.04473_table1.csv (TFLOP/s) and the iteration time
 Levenberg–Marquardt in numpy (no scipy), parameters in log space. Both A100 profiles (40 GB and 80 GB) get the
 fitted values: same chip, same links. H100/H200/B200 keep their spec sheets and documented assumptions.
 
-    python benchmarks/fit_profiles.py            # fit and print residuals
-    python benchmarks/fit_profiles.py --write    # also write the values into costmodels/profiles/a100-*.yaml
+    python benchmarks/fit_profiles.py                                # the whole end-to-end fit, printed only
+    python benchmarks/fit_profiles.py --elementwise-only [--write]   # the one value still fitted end to end
+
+Since the bundled profiles' GEMM curves and collectives are fitted to component microbenchmarks
+(benchmarks/fit_microbench.py), those take precedence: `--elementwise-only` refits only
+traffic_per_activation_byte — the residual memory-bound work the cost model does not itemise yet (norms,
+activations, dropout, launches) — with everything else held at its microbenchmark fit, and `--write` then writes only
+that value (all five profiles: same kernels). It is the one value still fitted end to end.
 """
 
 from __future__ import annotations
@@ -37,10 +43,6 @@ from costmodels.hardware import HardwareProfile, LinkSpec, load_profile  # noqa:
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
 FITTED_PROFILES = ("a100-80gb", "a100-40gb")
 DERIVED_PROFILES = ("h100-80gb", "h200-141gb", "b200-180gb")
-FP8_FRACTION_OF_BF16 = 0.85
-"""Assumption: fp8 GEMMs reach 85% of the fraction of their (2×) peak that bf16 GEMMs reach, i.e. about 1.7× the
-bf16 GEMM rate on large shapes (NVIDIA reports 1.3–1.5× end-to-end for Transformer Engine fp8 on H100, with the
-attention core and elementwise work staying in bf16)."""
 PARAMETERS = ("peak_fraction", "half_saturation_dim", "traffic_per_activation_byte", "nvlink_bandwidth_efficiency")
 UPPER_BOUNDS = {"peak_fraction": 1.0, "nvlink_bandwidth_efficiency": 1.0}
 LOWER_BOUND = 1e-3
@@ -64,6 +66,13 @@ def with_parameters(profile: HardwareProfile, values: dict[str, float]) -> Hardw
                                * values["nvlink_bandwidth_efficiency"],
                                alpha_s=nvlink.alpha_s, nominal_bandwidth_bytes_per_s=nvlink.nominal_bandwidth_bytes_per_s)
     return replace(profile, gemm_efficiency=gemm, extra=extra, links=links)
+
+
+def link_level_nvlink(profile: HardwareProfile) -> HardwareProfile:
+    """The profile without its NVLink per-collective points, so that links.nvlink prices every NVLink collective:
+    what fitting `nvlink_bandwidth_efficiency` end to end needs (the points, fitted to NCCL microbenchmarks by
+    benchmarks/fit_microbench.py, would otherwise take precedence and the parameter would do nothing)."""
+    return replace(profile, collectives={link: kinds for link, kinds in profile.collectives.items() if link != "nvlink"})
 
 
 def current_parameters(profile: HardwareProfile) -> dict[str, float]:
@@ -124,25 +133,6 @@ def levenberg_marquardt(profile: HardwareProfile, start: dict[str, float], itera
     return values_of(x)
 
 
-def write_back(values: dict[str, float]) -> None:
-    """Rewrite the fitted lines of the A100 YAMLs in place (comments and the rest of the file kept)."""
-    provenance = f"fitted by benchmarks/fit_profiles.py to {FIT_ROWS}"
-    for name in FITTED_PROFILES:
-        path = PROFILES_DIR / f"{name}.yaml"
-        text = path.read_text(encoding="utf-8")
-        text = re.sub(r"(\n    peak_fraction: )[0-9.eE+-]+", rf"\g<1>{values['peak_fraction']:.4f}", text)
-        text = re.sub(r"(\n    half_saturation_dim: )[0-9.eE+-]+", rf"\g<1>{values['half_saturation_dim']:.1f}", text)
-        text = re.sub(r"(\n  traffic_per_activation_byte: )[0-9.eE+-]+",
-                      rf"\g<1>{values['traffic_per_activation_byte']:.3f}", text)
-        text = re.sub(r"(\n  nvlink:\n    bandwidth_gb_per_s: [0-9.]+\n    bandwidth_efficiency: )[0-9.eE+-]+",
-                      rf"\g<1>{values['nvlink_bandwidth_efficiency']:.4f}", text)
-        for key in ("compute.gemm_efficiency", "elementwise.traffic_per_activation_byte",
-                    "links.nvlink.bandwidth_efficiency"):
-            text = _set_provenance(text, key, provenance)
-        write_text_atomically(path, text)
-        print(f"wrote {path}")
-
-
 def _set(text: str, pattern: str, value: str) -> str:
     new, count = re.subn(pattern, rf"\g<1>{value}", text)
     assert count == 1, f"pattern {pattern!r} matched {count} times"
@@ -156,45 +146,22 @@ def _set_provenance(text: str, key: str, note: str) -> str:
     return text.replace("\nprovenance:\n", f"\nprovenance:\n  {key}: {note}\n", 1)
 
 
-def write_derived(values: dict[str, float]) -> None:
-    """H100/H200/B200: no published runs to fit, so derive from the A100 fit with documented rules:
-    - peak_fraction, traffic_per_activation_byte and the NVLink efficiency: the same as the A100 fit;
-    - half_saturation_dim scales with the machine balance peak_bf16 / HBM bandwidth (the roofline the curve
-      comes from: the GEMM side where operand traffic time equals FLOP time grows with FLOP/s per byte/s);
-    - fp8_peak_fraction = FP8_FRACTION_OF_BF16 × peak_fraction.
-    """
-    a100 = load_profile(FITTED_PROFILES[0])
-    a100_balance = a100.peak_flops_per_s["bf16"] / a100.hbm_bandwidth_bytes_per_s
-    for name in DERIVED_PROFILES:
+def write_elementwise(value: float) -> None:
+    """Write traffic_per_activation_byte into every bundled profile, with its provenance."""
+    note = (f"fitted by benchmarks/fit_profiles.py --elementwise-only to {FIT_ROWS}, the GEMM curve and collectives "
+            "held at their microbenchmark fit (benchmarks/fit_microbench.py): the one value still fitted end to end, "
+            "standing for memory-bound work not itemised yet")
+    for name in (*FITTED_PROFILES, *DERIVED_PROFILES):
         path = PROFILES_DIR / f"{name}.yaml"
-        profile = load_profile(name)
-        balance = profile.peak_flops_per_s["bf16"] / profile.hbm_bandwidth_bytes_per_s
-        text = path.read_text(encoding="utf-8")
-        text = _set(text, r"(\n    peak_fraction: )[0-9.eE+-]+", f"{values['peak_fraction']:.4f}")
-        text = _set(text, r"(\n    half_saturation_dim: )[0-9.eE+-]+",
-                    f"{values['half_saturation_dim'] * balance / a100_balance:.1f}")
-        fp8 = f"{FP8_FRACTION_OF_BF16 * values['peak_fraction']:.4f}"
-        if "fp8_peak_fraction:" in text:
-            text = _set(text, r"(\n    fp8_peak_fraction: )[0-9.eE+-]+", fp8)
-        elif profile.supports("fp8"):
-            text = text.replace("\n    half_saturation_dim:", f"\n    fp8_peak_fraction: {fp8}\n    half_saturation_dim:", 1)
-        text = _set(text, r"(\n  traffic_per_activation_byte: )[0-9.eE+-]+",
-                    f"{values['traffic_per_activation_byte']:.3f}")
-        text = _set(text, r"(\n  nvlink:\n    bandwidth_gb_per_s: [0-9.]+\n    bandwidth_efficiency: )[0-9.eE+-]+",
-                    f"{values['nvlink_bandwidth_efficiency']:.4f}")
-        source = "derived by benchmarks/fit_profiles.py from the a100-80gb fit"
-        text = _set_provenance(text, "compute.gemm_efficiency",
-                               f"{source}: peak_fraction as A100; half_saturation_dim × (peak/HBM bandwidth) "
-                               f"relative to A100 ({balance / a100_balance:.2f}×); fp8_peak_fraction = "
-                               f"{FP8_FRACTION_OF_BF16} × peak_fraction (assumption, see FP8_FRACTION_OF_BF16)")
-        text = _set_provenance(text, "elementwise.traffic_per_activation_byte", f"{source} (same kernels)")
-        text = _set_provenance(text, "links.nvlink.bandwidth_efficiency",
-                               f"{source} (same achieved fraction of the NVLink spec)")
+        text = _set(path.read_text(encoding="utf-8"), r"(\n  traffic_per_activation_byte: )[0-9.eE+-]+", f"{value:.3f}")
+        text = _set_provenance(text, "elementwise.traffic_per_activation_byte",
+                               note if name in FITTED_PROFILES else f"{note}; same kernels as A100")
         write_text_atomically(path, text)
         print(f"wrote {path}")
 
 
-def cross_validate(profile: HardwareProfile, start: dict[str, float]) -> list[tuple[str, float]]:
+def cross_validate(profile: HardwareProfile, start: dict[str, float],
+                   free: tuple[str, ...] = PARAMETERS) -> list[tuple[str, float]]:
     """Leave one published run out (a Table 1 row, or both Korthikanti rows of one model), refit on the rest,
     predict it: the out-of-sample error of the fitted profile."""
     rows = fit_rows(profile)
@@ -202,7 +169,7 @@ def cross_validate(profile: HardwareProfile, start: dict[str, float]) -> list[tu
     held_out = []
     for run in dict.fromkeys(runs):
         keep = np.array([name != run for name in runs])
-        fitted = levenberg_marquardt(profile, start, keep=keep)
+        fitted = levenberg_marquardt(profile, start, keep=keep, free=free)
         errors = residuals(profile, fitted)[~keep]
         for row, error in zip([r for r, name in zip(rows, runs) if name == run], errors):
             held_out.append((f"{row.source} {row.label}", 100.0 * (np.exp(error) - 1.0)))
@@ -214,10 +181,15 @@ def main(argv: "list[str] | None" = None) -> int:
     parser.add_argument("--write", action="store_true", help="write the fitted values into the A100 YAMLs")
     parser.add_argument("--cross-validate", action="store_true",
                         help="also refit leaving each published run out and print its out-of-sample error (slow)")
+    parser.add_argument("--elementwise-only", action="store_true",
+                        help="fit only traffic_per_activation_byte (GEMM and links stay at their microbenchmark fit)")
     args = parser.parse_args(argv)
     profile = load_profile(FITTED_PROFILES[0])
+    if not args.elementwise_only:
+        profile = link_level_nvlink(profile)
     start = current_parameters(profile)
-    fitted = levenberg_marquardt(profile, start)
+    free = ("traffic_per_activation_byte",) if args.elementwise_only else PARAMETERS
+    fitted = levenberg_marquardt(profile, start, free=free)
     before = residuals(profile, start)
     after = residuals(profile, fitted)
     print(f"{'parameter':<30} {'start':>10} {'fitted':>10}")
@@ -230,15 +202,19 @@ def main(argv: "list[str] | None" = None) -> int:
     print(f"rms log-residual: before {np.sqrt(np.mean(before ** 2)):.4f}, after {np.sqrt(np.mean(after ** 2)):.4f}"
           f" over {len(after)} rows")
     if args.cross_validate:
-        held_out = cross_validate(profile, fitted)
+        held_out = cross_validate(profile, fitted, free)
         print("\nleave-one-run-out (refit without the run, then predict it):")
         for label, error in held_out:
             print(f"{label:<58} {error:>+8.2f}")
         errors = np.abs([e for _, e in held_out])
         print(f"out-of-sample: mean_err={errors.mean():.2f}% max_err={errors.max():.2f}% rows={len(errors)}")
-    if args.write:
-        write_back(fitted)
-        write_derived(fitted)
+    if args.write and args.elementwise_only:
+        write_elementwise(fitted["traffic_per_activation_byte"])
+    elif args.write:  # the whole end-to-end fit would overwrite values fitted to component measurements
+        print("not written: the GEMM curve and the NVLink collectives are fitted to microbenchmarks "
+              "(python benchmarks/fit_microbench.py --write); write only the elementwise traffic with "
+              "--elementwise-only --write", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -17,7 +17,8 @@ Ends with `published-layouts: within_10pct=N/M max_gap=X%`.
 --nvlink-efficiency is a sensitivity check on the one split the A100 fit cannot pin down, TP collective time against
 GEMM and elementwise time (both grow with tp/h over the reference rows): NVLink's bandwidth efficiency is fixed at E,
 the other fitted parameters are refitted to the same published rows (benchmarks/fit_profiles.py), and the table is
-recomputed with that profile. The summary line then also gives E and the refit's error on the fitted rows.
+recomputed with that profile. NVLink collectives are then priced with that link-level value: the profile's
+per-collective points (fitted to NCCL microbenchmarks, benchmarks/fit_microbench.py) are set aside. The summary line then also gives E and the refit's error on the fitted rows.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def pinned_nvlink_profile(efficiency: float, iterations: int | None = None) -> P
     refitted to the published rows (at most `iterations` Levenberg-Marquardt steps; fit_profiles.ITERATIONS)."""
     from benchmarks import fit_profiles
 
-    base = load_profile("a100-80gb")
+    base = fit_profiles.link_level_nvlink(load_profile("a100-80gb"))
     start = {**fit_profiles.current_parameters(base), "nvlink_bandwidth_efficiency": efficiency}
     free = tuple(k for k in fit_profiles.PARAMETERS if k != "nvlink_bandwidth_efficiency")
     values = fit_profiles.levenberg_marquardt(base, start, free=free,

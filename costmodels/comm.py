@@ -11,10 +11,23 @@ MPICH" for the ring factors): time = alpha + bytes × factor / bandwidth, factor
 (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/recv. `bytes` is the full buffer: the all-reduced
 tensor, the gathered output, the reduce-scattered input, or the data one rank sends in an all-to-all.
 
+Per collective (`link_stage_s`): NCCL picks an algorithm (ring, tree, NVLS — the NVSwitch reduces — CollNet/SHARP)
+and a protocol (LL, LL128, Simple) per collective, size and group, so one link has no single alpha and bandwidth:
+measured all-reduce on 8 A100 takes ~45 µs at 32 KiB, ~100 µs from 1 to 4 MiB and runs at ~230 GB/s bus bandwidth
+from 256 MiB; NVLS all-reduce on H100/H200 reaches ~480 GB/s where all-gather stays near 360 GB/s
+(shared/reference/microbench/README.md). A profile's `collectives:` section therefore holds, per link and
+collective, (alpha, bus bandwidth) regimes by group size, fitted to nccl-tests measurements (`autopar profile fit`);
+a size is priced with its fastest regime, as NCCL's tuner does. A collective the section does not name uses the
+link's alpha and bandwidth (`links:`), which is all a link-level profile has.
+
 A group spanning N nodes with k members on each runs hierarchically, as NCCL does (its tree/ring crosses each node
 boundary once per channel and drives every NIC): the intra-node part on NVLink among the k local members, the
 inter-node part on InfiniBand among N nodes with the buffer split over the k local members, each driving its own NIC
-(one NIC per GPU, the profiles' ib bandwidth is per GPU). All-to-all: each rank's (n-k)/n off-node share goes over
+(one NIC per GPU, the profiles' ib bandwidth is per GPU). NCCL moves the buffer in chunks through both stages at
+once (a chunk crosses the NIC while the next one moves on NVLink; NCCL ring/tree "pipelining", doc
+`docs/.../env.html#nccl-algo` and Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019), so
+the time is both latencies plus the slower stage's transfer, not the sum of the two transfers: with the sum, the
+measured 12-node H100 all-reduce (nccl_allreduce_coreweave_gb200_h100_a100.csv) would need 280 GB/s per NIC. All-to-all: each rank's (n-k)/n off-node share goes over
 its own NIC while the (k-1)/n on-node share goes over NVLink at the same time.
 """
 
@@ -39,6 +52,81 @@ def algorithm_factor(kind: str, group_size: "np.ndarray | float") -> np.ndarray:
     if kind == "send_recv":
         return np.ones_like(n)
     raise ValueError(f"unknown collective kind {kind!r}; expected one of {COLLECTIVE_KINDS}")
+
+
+def link_stage_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.ndarray | float",
+                 group_size: "np.ndarray | float") -> tuple[np.ndarray, np.ndarray]:
+    """(latency_s, transfer_s) of one collective of `bytes_` on `link` among `group_size` ranks on that link (GPUs of
+    a node for nvlink, nodes for ib).
+
+    With the profile's points for (link, kind): at each measured group size, the fastest of its regimes (NCCL's
+    tuner picks the (algorithm, protocol) of least latency + size/bandwidth, `src/graph/tuning.cc`), its alpha the
+    latency and the rest the transfer; between two measured group sizes both are interpolated linearly in
+    log2(group size), outside them the nearest size holds. Without points: the link's alpha and bandwidth."""
+    n, b = np.broadcast_arrays(np.asarray(group_size, dtype=float), np.asarray(bytes_, dtype=float))
+    wire_bytes = b * algorithm_factor(kind, n)
+    points = profile.collectives.get(link, {}).get(kind, ())
+    if not points:
+        spec = profile.links[link]
+        return np.full(n.shape, spec.alpha_s), wire_bytes / spec.bandwidth_bytes_per_s
+    measured_x, alpha_table, inverse_bandwidth = _regime_tables(points)
+    wire = wire_bytes.ravel()
+
+    def fastest_at(size_index: int, at: "np.ndarray | slice") -> tuple[np.ndarray, np.ndarray]:
+        """(alpha, transfer) of the fastest regime of measured size `size_index` for the elements `at`."""
+        chosen_alpha, chosen_s = None, None
+        for alpha_s, inverse in zip(alpha_table[size_index], inverse_bandwidth[size_index]):
+            if not np.isfinite(alpha_s):
+                break                                                    # padding: no further regime here
+            regime_s = alpha_s + wire[at] * inverse
+            if chosen_s is None:
+                chosen_alpha, chosen_s = np.full(regime_s.shape, alpha_s), regime_s
+            else:
+                faster = regime_s < chosen_s
+                chosen_alpha, chosen_s = np.where(faster, alpha_s, chosen_alpha), np.minimum(regime_s, chosen_s)
+        return chosen_alpha, chosen_s - chosen_alpha
+
+    if measured_x.size == 1:
+        latency, transfer = fastest_at(0, slice(None))
+        return latency.reshape(n.shape), transfer.reshape(n.shape)
+    # piecewise-linear in log2(group size) between the measured sizes low and low + 1; the ends hold outside
+    x = np.log2(np.maximum(n, 2.0)).ravel()
+    low = np.clip(np.searchsorted(measured_x, x, side="right") - 1, 0, measured_x.size - 2)
+    upper = np.clip((x - measured_x[low]) / (measured_x[low + 1] - measured_x[low]), 0.0, 1.0)
+    latency, transfer = np.zeros(wire.shape), np.zeros(wire.shape)
+    present = np.flatnonzero(np.bincount(low, minlength=measured_x.size)
+                             + np.bincount(low + 1, weights=upper > 0, minlength=measured_x.size))
+    for size_index in present:
+        weight = np.where(low == size_index, 1.0 - upper, 0.0) + np.where(low + 1 == size_index, upper, 0.0)
+        at = np.flatnonzero(weight)
+        if at.size == 0:
+            continue
+        alpha_s, transfer_s = fastest_at(size_index, at)
+        latency[at] += weight[at] * alpha_s
+        transfer[at] += weight[at] * transfer_s
+    return latency.reshape(n.shape), transfer.reshape(n.shape)
+
+
+def _regime_tables(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """log2 of the measured group sizes, and per size its regimes' alphas and 1/bandwidths (rows padded with
+    never-fastest entries: infinite alpha)."""
+    sizes = sorted({p.group_size for p in points})
+    regimes = [[p for p in points if p.group_size == size] for size in sizes]
+    width = max(len(r) for r in regimes)
+    alpha = np.full((len(sizes), width), np.inf)
+    inverse_bandwidth = np.zeros((len(sizes), width))
+    for i, row in enumerate(regimes):
+        alpha[i, :len(row)] = [p.alpha_s for p in row]
+        inverse_bandwidth[i, :len(row)] = [1.0 / p.bus_bandwidth_bytes_per_s for p in row]
+    return np.log2(np.array(sizes, dtype=float)), alpha, inverse_bandwidth
+
+
+def link_collective_time_s(profile: HardwareProfile, link: str, kind: str, bytes_: "np.ndarray | float",
+                           group_size: "np.ndarray | float") -> np.ndarray:
+    """One collective on one link with the profile's per-collective regimes (link values without); 0 for one rank."""
+    n = np.asarray(group_size, dtype=float)
+    latency_s, transfer_s = link_stage_s(profile, link, kind, bytes_, n)
+    return np.where(n > 1, latency_s + transfer_s, 0.0)
 
 
 def collective_time_s(link: LinkSpec, kind: str, bytes_: "np.ndarray | float",
@@ -78,18 +166,23 @@ def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", gpus_per_n
 def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement, kind: str,
                             bytes_: "np.ndarray | float") -> np.ndarray:
     """One collective of `kind` on a placed group: NVLink inside a node, hierarchical NVLink + IB across nodes."""
-    nvlink, ib = profile.links["nvlink"], profile.links["ib"]
     n, k, nodes = placement.size, placement.members_per_node, placement.nodes
     bytes_ = np.asarray(bytes_, dtype=float)
-    inside = collective_time_s(nvlink, kind, bytes_, n)
+    inside = link_collective_time_s(profile, "nvlink", kind, bytes_, n)
     if kind == "send_recv":
-        across = collective_time_s(ib, kind, bytes_, n)
-    elif kind == "all_to_all":
-        on_node_s = nvlink.alpha_s + bytes_ * (k - 1.0) / n / nvlink.bandwidth_bytes_per_s
-        off_node_s = ib.alpha_s + bytes_ * (n - k) / n / ib.bandwidth_bytes_per_s
-        across = np.maximum(on_node_s, off_node_s)
+        across = link_collective_time_s(profile, "ib", kind, bytes_, nodes)
     else:
-        across = collective_time_s(nvlink, kind, bytes_, k) + collective_time_s(ib, kind, bytes_ / k, nodes)
+        if kind == "all_to_all":  # each rank's (k-1)/n share among its k node-mates, (n-k)/n to the other nodes
+            on_bytes, off_bytes = bytes_ * k / n, bytes_
+        else:                     # the k local ranks each drive the inter-node stage with 1/k of the buffer
+            on_bytes, off_bytes = bytes_, bytes_ / k
+        on_latency_s, on_transfer_s = link_stage_s(profile, "nvlink", kind, on_bytes, k)
+        off_latency_s, off_transfer_s = link_stage_s(profile, "ib", kind, off_bytes, nodes)
+        on_latency_s, on_transfer_s = np.where(k > 1, on_latency_s, 0.0), np.where(k > 1, on_transfer_s, 0.0)
+        if kind == "all_to_all":  # the two shares travel at the same time, each on its own link
+            across = np.maximum(on_latency_s + on_transfer_s, off_latency_s + off_transfer_s)
+        else:                     # the two stages pipeline chunk by chunk: both latencies, the slower transfer
+            across = on_latency_s + off_latency_s + np.maximum(on_transfer_s, off_transfer_s)
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
 
 

@@ -23,7 +23,9 @@ It is the roofline of one GEMM written as a sum of times: 2mnk FLOPs at peak_fra
 traffic 2(mk + kn + mn) bytes at HBM speed, whose ratio to the FLOPs is (1/m + 1/n + 1/k); `half_saturation_dim`
 absorbs HBM bandwidth, tile quantisation and kernel launch: a square GEMM of side `half_saturation_dim` runs at half
 of `peak_fraction`. It is symmetric in (m, n, k), so the forward GEMM and its two backward GEMMs (same three
-dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak (profiles without
+dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak and, where the
+profile has it, their own `fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the bytes,
+so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes) (profiles without
 fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
 attention in bf16), and uses the same curve with its (s/cp) × (s/cp) × head_dim shape.
 
@@ -56,14 +58,41 @@ def gemm_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.nd
                     k: "np.ndarray | float", precision: str = "bf16") -> np.ndarray:
     """Fraction of the dense peak (of `precision`) reached by an m×k·k×n GEMM; curve in the module docstring."""
     params = profile.gemm_efficiency
+    half_saturation_dim = params["half_saturation_dim"]
     if precision == Precision.FP8.value:
         if not profile.supports("fp8") or "fp8_peak_fraction" not in params:
             raise InputError("precision", f"{profile.name} has no fp8 GEMM rate in its profile; use bf16")
         peak_fraction = params["fp8_peak_fraction"]
+        half_saturation_dim = params.get("fp8_half_saturation_dim", half_saturation_dim)
     else:
         peak_fraction = params["peak_fraction"]
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
-    return peak_fraction / (1.0 + params["half_saturation_dim"] / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k))
+    return peak_fraction / (1.0 + half_saturation_dim / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k))
+
+
+ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_seq")
+"""The fused attention kernel's own curve, fitted to measured FlashAttention / cuDNN SDPA forward + backward rates; a
+profile without them prices the core with the GEMM curve."""
+
+
+def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
+                         k: "np.ndarray | float") -> np.ndarray:
+    """Fraction of the bf16 peak a fused attention kernel (FlashAttention, cuDNN SDPA) reaches over its forward and
+    backward, for m queries × n keys × head dim k:
+
+        attention_efficiency = attention_peak_fraction / (1 + attention_half_saturation_seq / n)
+
+    The kernel streams key/value blocks through on-chip memory (softmax on the special-function units, online
+    rescaling, the causal diagonal's partly masked blocks), so its rate rolls off with the keys each query block
+    sees far more steeply than a GEMM of the same shape: cuDNN SDPA on B200 runs at 9% of peak at 512 tokens and 58%
+    at 64K (shared/reference/microbench/attention_*.csv). Every measured kernel has head dim 128, so the head dim does
+    not enter (an MLA head of 192 is priced as 128). Without the profile's attention parameters: the GEMM curve."""
+    params = profile.gemm_efficiency
+    if not all(name in params for name in ATTENTION_PARAMETERS):
+        return gemm_efficiency(profile, m, n, k, "bf16")
+    keys = np.maximum(np.asarray(n, dtype=float), 1.0)
+    return np.broadcast_to(params["attention_peak_fraction"] / (1.0 + params["attention_half_saturation_seq"] / keys),
+                           np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(k))).astype(float)
 
 
 def gemm_time_s(profile: HardwareProfile, flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
@@ -244,8 +273,12 @@ def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[
     for gemm in gemms:
         if attention_core is not None and gemm.attention_core != attention_core:
             continue
-        total = total + gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
-                                    "bf16" if gemm.attention_core else precision)
+        if gemm.attention_core and training.flash_attention:  # fused kernel: its own measured curve
+            total = total + gemm.flops / (profile.peak_flops_per_s["bf16"]
+                                          * attention_efficiency(profile, gemm.m, gemm.n, gemm.k))
+        else:
+            total = total + gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
+                                        "bf16" if gemm.attention_core else precision)
     return total
 
 

@@ -2,7 +2,9 @@
 
 A profile is a physical description with few parameters: HBM capacity and bandwidth, peak FLOP/s per precision,
 a GEMM-efficiency curve, alpha (latency) and bandwidth per link type (NVLink inside a node, InfiniBand between),
-and the fixed memory overheads. Every number carries its provenance (spec sheet, or the fit that produced it).
+optionally a latency floor and bus bandwidth per collective and group size on each link (section `collectives:`,
+fitted from NCCL measurements; a collective or link it does not name falls back to the link's values), and the
+fixed memory overheads. Every number carries its provenance (spec sheet, or the fit that produced it).
 
 Units are converted exactly once, here, when the YAML is parsed: GiB → bytes, TFLOP/s → FLOP/s, GB/s and Gb/s →
 bytes/s, µs → s. Everything downstream works in base units.
@@ -24,6 +26,7 @@ from costmodels.units import GIB
 
 SCHEMA_VERSION = 1
 LINK_KINDS = ("nvlink", "ib")
+COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 OVERLAP_TERMS = ("tp_comm",)
 """The communications a profile's `overlap:` section may hide behind compute, each with the fraction hidden in
 [0, 1] (read by costmodels.steptime.overlap_fraction)."""
@@ -42,6 +45,21 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class CollectivePoint:
+    """One regime of one collective on one link at one group size: time = alpha_s + bytes × algorithm_factor / bus
+    bandwidth. Several regimes at one group size are NCCL's alternatives (LL / LL128 / Simple protocols, ring / tree
+    / NVLS algorithms); costmodels.comm prices each size with the fastest, as NCCL's tuner does.
+
+    `group_size` is the number of ranks the link joins: GPUs of one node for `nvlink`, nodes for `ib` (a group
+    spanning nodes runs hierarchically, costmodels.comm). `bus_bandwidth_bytes_per_s` is nccl-tests' busbw, so it may
+    exceed the link's line rate where the switch reduces (NVLS, SHARP)."""
+
+    group_size: int
+    alpha_s: float
+    bus_bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """Everything the cost model knows about one GPU type and its links."""
 
@@ -56,6 +74,9 @@ class HardwareProfile:
     links: Mapping[str, LinkSpec]
     memory_overheads_bytes: Mapping[str, float]
     """Fixed per-GPU memory terms by name (CUDA context, communication buffers, ...)."""
+    collectives: Mapping[str, Mapping[str, tuple[CollectivePoint, ...]]] = field(default_factory=dict)
+    """link -> collective -> regimes sorted by group size (section `collectives:`); empty where not measured, and
+    then costmodels.comm uses the link's alpha and bandwidth."""
     gpus_per_node: int = 8
     aliases: tuple[str, ...] = ()
     provenance: Mapping[str, str] = field(default_factory=dict)
@@ -217,7 +238,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         raise InputError("profile", f"{origin}: provenance must be a mapping of field -> source")
     _check_overlap(reader, data.get("overlap"))
     known_keys = {"schema_version", "name", "display_name", "aliases", "gpus_per_node", "memory", "compute", "links",
-                  "provenance"}
+                  "collectives", "provenance"}
     return HardwareProfile(
         name=reader.string("name"),
         display_name=str(data.get("display_name", data.get("name"))),
@@ -227,6 +248,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         gemm_efficiency={str(k): reader.number(f"compute.gemm_efficiency.{k}", allow_zero=True)
                          for k in reader.mapping("compute.gemm_efficiency")},
         links=links,
+        collectives=_collectives(reader, data.get("collectives")),
         memory_overheads_bytes={str(k): reader.number(f"memory.overheads_gib.{k}", allow_zero=True) * GIB
                                 for k in reader.mapping("memory.overheads_gib")},
         gpus_per_node=int(reader.number("gpus_per_node", upper=MAX_NUM_GPUS)),
@@ -235,6 +257,47 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         source_path=origin,
         extra={k: v for k, v in data.items() if k not in known_keys},
     )
+
+
+def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[CollectivePoint, ...]]]:
+    """The optional `collectives:` section: link -> collective -> list of {group_size, alpha_us, busbw_gb_per_s}."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise InputError("profile", f"{reader.origin}: field collectives must be a mapping of link -> collective -> "
+                                    "points")
+    out: dict[str, dict[str, tuple[CollectivePoint, ...]]] = {}
+    for link, kinds in section.items():
+        if link not in LINK_KINDS:
+            raise InputError("profile", f"{reader.origin}: field collectives.{link} is not a link; use one of "
+                                        f"{', '.join(LINK_KINDS)}")
+        if not isinstance(kinds, dict):
+            raise InputError("profile", f"{reader.origin}: field collectives.{link} must be a mapping of collective "
+                                        "-> points")
+        out[link] = {}
+        for kind, points in kinds.items():
+            where = f"collectives.{link}.{kind}"
+            if kind not in COLLECTIVE_NAMES:
+                raise InputError("profile", f"{reader.origin}: field {where} is not a collective; use one of "
+                                            f"{', '.join(COLLECTIVE_NAMES)}")
+            if not isinstance(points, list) or not points:
+                raise InputError("profile", f"{reader.origin}: field {where} must be a non-empty list of "
+                                            "{group_size, alpha_us, busbw_gb_per_s}")
+            parsed = []
+            for i, point in enumerate(points):
+                if not isinstance(point, dict):
+                    raise InputError("profile", f"{reader.origin}: field {where}[{i}] must be a mapping with "
+                                                "group_size, alpha_us, busbw_gb_per_s")
+                point_reader = _Reader(point, reader.origin, prefix=f"{where}[{i}].")
+                group = point_reader.number("group_size")
+                if group != int(group) or group < 2:
+                    raise InputError("profile", f"{reader.origin}: field {where}[{i}].group_size must be a whole "
+                                                f"number >= 2, got {point['group_size']!r}")
+                parsed.append(CollectivePoint(group_size=int(group),
+                                              alpha_s=point_reader.number("alpha_us", allow_zero=True) * 1e-6,
+                                              bus_bandwidth_bytes_per_s=point_reader.number("busbw_gb_per_s") * 1e9))
+            out[link][kind] = tuple(sorted(parsed, key=lambda p: (p.group_size, p.alpha_s)))
+    return out
 
 
 def _check_overlap(reader: _Reader, section: Any) -> None:
@@ -264,15 +327,17 @@ def _first_non_finite(node: Any, path: str) -> tuple[str, float] | None:
 class _Reader:
     """Typed access to dotted paths of the parsed YAML, with one-line errors naming file and field."""
 
-    def __init__(self, data: dict, origin: str) -> None:
+    def __init__(self, data: dict, origin: str, prefix: str = "") -> None:
         self.data = data
         self.origin = origin
+        self.prefix = prefix
+        """Printed before a field name in errors (the path of `data` inside the file)."""
 
     def _get(self, dotted: str) -> Any:
         node: Any = self.data
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
-                raise InputError("profile", f"{self.origin}: field {dotted} is missing; add it "
+                raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} is missing; add it "
                                             "(see costmodels/profiles/*.yaml for the format)")
             node = node[part]
         return node
@@ -280,12 +345,14 @@ class _Reader:
     def number(self, dotted: str, allow_zero: bool = False, upper: float | None = None) -> float:
         value = self._get(dotted)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InputError("profile", f"{self.origin}: field {dotted} must be a finite number, got {value!r}")
+            raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} must be a finite number, "
+                                        f"got {value!r}")
         if value < 0 or (value == 0 and not allow_zero):
-            raise InputError("profile", f"{self.origin}: field {dotted} must be "
+            raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} must be "
                                         f"{'>= 0' if allow_zero else '> 0'}, got {value!r}")
         if upper is not None and value > upper:
-            raise InputError("profile", f"{self.origin}: field {dotted} must be <= {upper}, got {value!r}")
+            raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} must be <= {upper}, "
+                                        f"got {value!r}")
         return float(value)
 
     def string(self, dotted: str) -> str:

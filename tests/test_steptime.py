@@ -127,10 +127,11 @@ def test_tp_traffic_on_nvlink_while_the_tp_group_fits_a_node():
     model, training = LLAMA_7B, TrainingSpec(seq_len=4096, global_batch_size=64)
     plans = [Plan(tp=4), Plan(tp=8), Plan(tp=16)]
     tp_s = terms(model, 16, plans, training)["tp_comm"]
-    nvlink = H100.links["nvlink"]
+    point = H100.collectives["nvlink"]["all_reduce"][-1]                # the profile's fitted 8-GPU all-reduce
+    assert point.group_size == 8
     # tp=8, no SP: per layer 4 all-reduces of b·s·h·2 = 32 MiB, per microbatch, on NVLink:
-    # 4 · 32 layers · (alpha + 2·7/8 · 33554432 / bw), × m = 64/(2·1) microbatches
-    one = nvlink.alpha_s + 2 * 7 / 8 * 4096 * 4096 * 2 / nvlink.bandwidth_bytes_per_s
+    # 4 · 32 layers · (alpha + 2·7/8 · 33554432 / busbw), × m = 64/(2·1) microbatches
+    one = point.alpha_s + 2 * 7 / 8 * 4096 * 4096 * 2 / point.bus_bandwidth_bytes_per_s
     assert tp_s[1] == pytest.approx(4 * 32 * one * 32)
     # across nodes the same collective is priced with an InfiniBand stage: tp=16 costs more per step
     assert tp_s[2] > tp_s[1]

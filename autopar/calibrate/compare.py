@@ -69,6 +69,7 @@ def summarise(profile: HardwareProfile, against: str | None = None) -> dict[str,
 
     summary["compute"] = _compute(profile, bundled, section, lines)
     summary["links"] = {link: _link(profile, bundled, link, link in measured_links, section, lines) for link in LINKS}
+    summary["collectives"] = _collectives(profile, bundled, lines)
     summary["memory_overheads"] = _memory(profile, bundled, section, lines)
     summary["notes"] = list(section.notes) if section else []
     summary["lines"] = lines
@@ -159,6 +160,35 @@ def _link(profile: HardwareProfile, bundled: HardwareProfile | None, link: str, 
             lines.append(f"    {kind}: alpha {per_kind.get('alpha_us', 0):.3g} µs, "
                          f"{per_kind.get('bandwidth_gb_per_s', 0):.3g} GB/s, rms residual "
                          f"{per_kind.get('rms_relative_residual', 0):.1%}")
+    return out
+
+
+REFERENCE_MESSAGES = ((1024**2, "1 MiB"), (64 * 1024**2, "64 MiB"), (1024**3, "1 GiB"))
+"""Message sizes at which `profile show` prices each measured collective."""
+
+
+def _collectives(profile: HardwareProfile, bundled: HardwareProfile | None, lines: list[str]) -> dict[str, Any]:
+    """Each per-collective entry (section `collectives:`) priced at REFERENCE_MESSAGES, against the bundled profile."""
+    from costmodels.comm import link_collective_time_s
+
+    out: dict[str, Any] = {}
+    for link, kinds in profile.collectives.items():
+        for kind, points in kinds.items():
+            for group in sorted({p.group_size for p in points}):
+                unit = "nodes" if link == "ib" else "GPUs"
+                entry = []
+                texts = []
+                for bytes_, label in REFERENCE_MESSAGES:
+                    time_s = float(link_collective_time_s(profile, link, kind, bytes_, group))
+                    reference = (float(link_collective_time_s(bundled, link, kind, bytes_, group))
+                                 if bundled is not None else None)
+                    entry.append({"bytes": bytes_, "time_s": time_s, "bundled_time_s": reference})
+                    texts.append(f"{label} {time_s * 1e6:.4g} µs"
+                                 + (f" (bundled {reference * 1e6:.4g})" if reference is not None else ""))
+                out.setdefault(link, {}).setdefault(kind, {})[group] = entry
+                regimes = sum(p.group_size == group for p in points)
+                lines.append(f"{LINK_DESCRIPTIONS[link]} ({link}) {kind} over {group} {unit} "
+                             f"({regimes} regime{'s' if regimes > 1 else ''}): " + ", ".join(texts))
     return out
 
 

@@ -11,7 +11,10 @@ minimises squared *log* ratios log(model / measured) — a relative error, symme
 and reports relative residuals model / measured − 1 (root-mean-square and worst).
 
 All fitted parameters are positive physical quantities (seconds, bytes/s, fractions, dimensions), so they are
-fitted in log space, which also keeps them positive. The solver is Levenberg–Marquardt (Marquardt 1963, SIAM J.
+fitted in log space, which also keeps them positive. Per-collective points (`fit_collective_points`): the
+same least squares through `costmodels.comm.group_collective_time_s`, one (alpha, bus bandwidth) pair per link,
+collective and group size, since NCCL switches algorithm (ring, tree, NVLS, SHARP) by collective and group. The
+solver is Levenberg–Marquardt (Marquardt 1963, SIAM J.
 Appl. Math. 11(2); scaling by the diagonal of JᵀJ) with a forward-difference Jacobian, started from each of a few
 initial guesses; the best end point wins. A parameter the data does not constrain (its Jacobian column is zero)
 keeps its initial value.
@@ -27,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement
-from costmodels.hardware import HardwareProfile, LinkSpec
+from costmodels.hardware import CollectivePoint, HardwareProfile, LinkSpec
 
 Predict = Callable[[Mapping[str, float]], np.ndarray]
 
@@ -201,6 +204,16 @@ FP8_PEAK_FRACTION = "fp8_peak_fraction"
 has been measured, so a calibration with fp8 measurements adds it."""
 
 
+ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_seq")
+"""costmodels.compute's fused-attention curve (compute.ATTENTION_PARAMETERS): fitted by fit_attention_efficiency only."""
+
+FP8_HALF_SATURATION = "fp8_half_saturation_dim"
+"""costmodels.compute's roll-off side for fp8 GEMMs (bf16's `half_saturation_dim` where absent)."""
+
+GEMM_BOUNDS = {"peak_fraction": (1e-6, 1.0), FP8_PEAK_FRACTION: (1e-6, 1.0)}
+"""A fraction of the dense peak is at most 1 (a shape the curve cannot follow must not push it above)."""
+
+
 def _default_gemm_efficiency() -> GemmEfficiency:
     from costmodels.compute import gemm_efficiency
 
@@ -213,24 +226,210 @@ def measured_gemm_efficiency(row: GemmMeasurement, profile: HardwareProfile) -> 
 
 
 def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
-                        gemm_efficiency: GemmEfficiency | None = None) -> FitResult:
+                        gemm_efficiency: GemmEfficiency | None = None, fixed: Sequence[str] = ()) -> FitResult:
     """The named parameters of the profile's GEMM-efficiency curve, fitted to measured efficiencies.
 
     The model is the cost model's `gemm_efficiency(profile, m, n, k, precision)` with the parameters replaced; the
     base profile's values are the first initial guess, the same values scaled down 10× and 1000× the others (a
-    CPU or a throttled GPU sits far below the bundled curve).
+    CPU or a throttled GPU sits far below the bundled curve). Parameters named in `fixed` keep the base's value
+    (e.g. the half-saturation side when every measured shape is large); they are returned with the fitted ones.
     """
     efficiency = gemm_efficiency or _default_gemm_efficiency()
     assert rows, "fit_gemm_efficiency needs measurements"
-    rows = [row for row in rows if row.precision in base.peak_flops_per_s]
+    rows = [row for row in rows if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
+
+    kept = {name: float(base.gemm_efficiency[name]) for name in (*fixed, *ATTENTION_PARAMETERS)
+            if name in base.gemm_efficiency}
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
-        profile = dataclasses.replace(base, gemm_efficiency=dict(params))
+        profile = dataclasses.replace(base, gemm_efficiency={**kept, **params})
         return np.array([float(efficiency(profile, row.m, row.n, row.k, row.precision)) for row in rows])
 
     observed = [measured_gemm_efficiency(row, base) for row in rows]
-    start = {name: float(value) if value > 0 else 1e-3 for name, value in base.gemm_efficiency.items()}
-    if any(row.precision == "fp8" for row in rows) and FP8_PEAK_FRACTION not in start:
+    start = {name: float(value) if value > 0 else 1e-3 for name, value in base.gemm_efficiency.items()
+             if name not in kept}
+    if any(row.precision == "fp8" for row in rows) and FP8_PEAK_FRACTION not in start and FP8_PEAK_FRACTION not in kept:
         start[FP8_PEAK_FRACTION] = start.get("peak_fraction", 0.5)  # the curve's fp8 parameter, first fitted here
+    if any(row.precision == "fp8" for row in rows) and FP8_HALF_SATURATION not in start \
+            and FP8_HALF_SATURATION not in kept and "half_saturation_dim" in {**start, **kept}:
+        start[FP8_HALF_SATURATION] = {**kept, **start}["half_saturation_dim"]  # fp8's own roll-off, first fitted here
+    if not any(row.precision == "fp8" for row in rows):
+        kept.update({name: start.pop(name) for name in (FP8_PEAK_FRACTION, FP8_HALF_SATURATION) if name in start})
+    if not any(row.precision != "fp8" for row in rows):
+        kept.update({name: start.pop(name) for name in ("peak_fraction",) if name in start})
+        if "half_saturation_dim" in start:
+            kept["half_saturation_dim"] = start.pop("half_saturation_dim")
     guesses = [start] + [{name: value * scale for name, value in start.items()} for scale in (0.1, 1e-3)]
-    return least_squares(predict, observed, guesses)
+    result = least_squares(predict, observed, guesses, bounds=GEMM_BOUNDS)
+    return dataclasses.replace(result, params={**kept, **result.params})
+
+
+def fit_attention_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile) -> FitResult:
+    """The fused-attention curve's two parameters (`costmodels.compute.attention_efficiency`), fitted to measured
+    attention kernels (rows of kind 'attention'); starts from the base's values, else from its GEMM curve."""
+    from costmodels.compute import attention_efficiency
+
+    rows = [row for row in rows if row.kind == "attention"]
+    assert rows, "fit_attention_efficiency needs attention rows"
+
+    def predict(params: Mapping[str, float]) -> np.ndarray:
+        profile = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **params})
+        return np.array([float(attention_efficiency(profile, row.m, row.n, row.k)) for row in rows])
+
+    observed = [measured_gemm_efficiency(row, base) for row in rows]
+    params = base.gemm_efficiency
+    start = {"attention_peak_fraction": float(params.get("attention_peak_fraction", max(observed))),
+             "attention_half_saturation_seq": float(params.get("attention_half_saturation_seq", 1024.0))}
+    guesses = [start, {"attention_peak_fraction": max(observed), "attention_half_saturation_seq": 256.0}]
+    return least_squares(predict, observed, guesses, bounds={"attention_peak_fraction": (1e-6, 1.0)})
+
+
+# ---- per-collective latency floor and bus bandwidth ------------------------------------------------------------------
+
+ALPHA_FROM_BYTES_BELOW = 16 * 1024**2
+"""Alpha is fitted only when some message is below 16 MiB; above, every run is bandwidth-bound (an 8-GPU NVLink
+all-reduce of 16 MiB takes ~150 µs against a ~10–90 µs floor) and alpha stays the base profile's."""
+BANDWIDTH_FROM_BYTES_ABOVE = 1024**2
+"""Bandwidth is fitted only when some message reaches 1 MiB; below, the runs measure latency only."""
+MAX_REGIMES = 3
+"""NCCL has three protocols (LL, LL128, Simple); a fit uses at most that many (alpha, bandwidth) regimes."""
+REGIME_GAIN = 0.7
+"""A further regime is kept only when it cuts the median |log residual| to 70% or less of the fit without it (the
+median, so that one noisy row — nccl-tests prints the odd 5× spike at a tiny size — does not decide)."""
+ROWS_PER_PARAMETER = 2
+"""And only when there are at least two measured sizes per fitted parameter."""
+
+
+def predict_collectives_s(profile: HardwareProfile, rows: Sequence[CollectiveMeasurement]) -> np.ndarray:
+    """The cost model's time for measured collectives: `costmodels.comm.group_collective_time_s` on the group each
+    row describes (all on one node for nvlink; `ranks_per_node` per node for ib, 1 = the inter-node link alone)."""
+    from costmodels.comm import GroupPlacement, group_collective_time_s
+
+    out = np.empty(len(rows))
+    by_kind: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_kind.setdefault(row.kind, []).append(i)
+    for kind, index in by_kind.items():
+        chosen = [rows[i] for i in index]
+        size = np.array([float(r.group_size) for r in chosen])
+        per_node = np.array([float(r.group_size if r.link == "nvlink" else r.ranks_per_node) for r in chosen])
+        placement = GroupPlacement(size=size, members_per_node=per_node)
+        out[index] = group_collective_time_s(profile, placement, kind, np.array([float(r.bytes) for r in chosen]))
+    return out
+
+
+def predict_collective_s(profile: HardwareProfile, row: CollectiveMeasurement) -> float:
+    """`predict_collectives_s` of one row."""
+    return float(predict_collectives_s(profile, [row])[0])
+
+
+def with_collective_regimes(profile: HardwareProfile, link: str, kind: str, group_size: int,
+                            regimes: Sequence[CollectivePoint]) -> HardwareProfile:
+    """A copy of `profile` whose (link, collective) regimes at `group_size` are `regimes` (the others kept)."""
+    collectives = {name: dict(kinds) for name, kinds in profile.collectives.items()}
+    kept = [p for p in collectives.setdefault(link, {}).get(kind, ()) if p.group_size != group_size]
+    collectives[link][kind] = tuple(sorted([*kept, *regimes], key=lambda p: (p.group_size, p.alpha_s)))
+    return dataclasses.replace(profile, collectives=collectives)
+
+
+@dataclass(frozen=True)
+class CollectivePointFit:
+    """The fitted regimes of one (link, collective, group size on the link) and the rows they came from."""
+
+    link: str
+    kind: str
+    group_size: int
+    regimes: tuple[CollectivePoint, ...]
+    result: FitResult
+    fitted: tuple[str, ...]
+    """'alpha' and/or 'bandwidth': what the rows determined; the rest is the base's value."""
+    rows: tuple[CollectiveMeasurement, ...]
+
+
+def fit_collective_points(rows: Sequence[CollectiveMeasurement], base: HardwareProfile) -> list[CollectivePointFit]:
+    """(alpha, bus bandwidth) regimes per link, collective and group size on the link, by least squares through
+    `predict_collectives_s`: one regime, then two and three while each cuts the residual enough (REGIME_GAIN) —
+    NCCL switches protocol with the message size. NVLink first: an ib row spanning nodes with several ranks each
+    includes the NVLink stage, priced with the NVLink regimes just fitted (or the base's link values)."""
+    from costmodels.comm import algorithm_factor, link_stage_s
+
+    groups: dict[tuple[str, str, int], list[CollectiveMeasurement]] = {}
+    for row in rows:
+        groups.setdefault((row.link, row.kind, row.group_size_on_link), []).append(row)
+    profile = base
+    fits = []
+    for link, kind, group in sorted(groups, key=lambda key: (key[0] != "nvlink", key[1], key[2])):
+        members = sorted(groups[(link, kind, group)], key=lambda row: row.bytes)
+        observed = np.array([row.timing.median_s for row in members])
+        latency, transfer = link_stage_s(base, link, kind, np.array([0.0, 2.0**30]), np.array([group, group]))
+        alpha0 = float(latency[0])
+        bandwidth0 = float(2.0**30 * algorithm_factor(kind, group) / transfer[1])
+        fitted = tuple(name for name, ok in (("alpha", members[0].bytes < ALPHA_FROM_BYTES_BELOW),
+                                             ("bandwidth", members[-1].bytes >= BANDWIDTH_FROM_BYTES_ABOVE)) if ok)
+        current = profile
+
+        def regimes_of(params: Mapping[str, float], count: int) -> list[CollectivePoint]:
+            return [CollectivePoint(group, params.get(f"alpha_s_{i}", alpha0),
+                                    params.get(f"bandwidth_{i}", bandwidth0)) for i in range(count)]
+
+        def predictor(count: int, current: HardwareProfile = current, link: str = link, kind: str = kind,
+                      group: int = group, members: list = members) -> Predict:
+            return lambda params: predict_collectives_s(
+                with_collective_regimes(current, link, kind, group, regimes_of(params, count)), members)
+
+        best: tuple[int, FitResult, float] | None = None
+        sizes = len({row.bytes for row in members})
+        for count in range(1, MAX_REGIMES + 1 if len(fitted) == 2 else 2):
+            if count > 1 and sizes < ROWS_PER_PARAMETER * 2 * count:
+                break
+            result = least_squares(predictor(count), observed, _regime_guesses(members, kind, count, fitted,
+                                                                               alpha0, bandwidth0),
+                                   bounds=_regime_bounds(count))
+            typical = float(np.median(np.abs(np.log1p(np.asarray(result.relative_residuals)))))
+            if best is None or typical <= REGIME_GAIN * best[2]:
+                best = (count, result, typical)
+            else:
+                break
+        count, result, _ = best
+        regimes = _used_regimes(regimes_of(result.params, count), members, kind)
+        profile = with_collective_regimes(profile, link, kind, group, regimes)
+        fits.append(CollectivePointFit(link, kind, group, tuple(regimes), result, fitted, tuple(members)))
+    return fits
+
+
+def _regime_guesses(members: Sequence[CollectiveMeasurement], kind: str, count: int, fitted: tuple[str, ...],
+                    alpha0: float, bandwidth0: float) -> list[dict[str, float]]:
+    """Start points: the base's values, and the rows split into `count` bands of message size, each band's regime
+    read off its smallest (alpha) and largest (bandwidth) message."""
+    from costmodels.comm import algorithm_factor
+
+    bands = np.array_split(np.arange(len(members)), count)
+    read_off: dict[str, float] = {}
+    for i, band in enumerate(bands):
+        small, large = members[band[0]], members[band[-1]]
+        read_off[f"alpha_s_{i}"] = small.timing.median_s * 0.8
+        read_off[f"bandwidth_{i}"] = float(large.bytes * algorithm_factor(kind, large.group_size)
+                                           / large.timing.median_s)
+    base = {**{f"alpha_s_{i}": alpha0 * (1 + i) for i in range(count)},
+            **{f"bandwidth_{i}": bandwidth0 * (0.5 + 0.5 * i) for i in range(count)}}
+    keep = [name for i in range(count) for name in (f"alpha_s_{i}", f"bandwidth_{i}")
+            if ("alpha" in fitted or not name.startswith("alpha")) and ("bandwidth" in fitted
+                                                                       or not name.startswith("bandwidth"))]
+    return [{name: guess[name] for name in keep} for guess in (read_off, base)]
+
+
+def _regime_bounds(count: int) -> dict[str, tuple[float, float]]:
+    return {**{f"alpha_s_{i}": LINK_BOUNDS["alpha_s"] for i in range(count)},
+            **{f"bandwidth_{i}": LINK_BOUNDS["bandwidth_bytes_per_s"] for i in range(count)}}
+
+
+def _used_regimes(regimes: list[CollectivePoint], members: Sequence[CollectiveMeasurement],
+                  kind: str) -> list[CollectivePoint]:
+    """The regimes that are the fastest for at least one measured size (a regime never chosen says nothing)."""
+    from costmodels.comm import algorithm_factor
+
+    used = set()
+    for row in members:
+        wire = row.bytes / row.ranks_per_node * float(algorithm_factor(kind, row.group_size_on_link))
+        used.add(min(range(len(regimes)), key=lambda i: regimes[i].alpha_s + wire / regimes[i].bus_bandwidth_bytes_per_s))
+    return [regimes[i] for i in sorted(used)]

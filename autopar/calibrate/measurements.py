@@ -64,6 +64,11 @@ class GemmMeasurement:
     timing: Timing
     label: str = ""
     """Which GEMM of a transformer layer the shape stands for ('qkv h=4096 tp=2', ...)."""
+    source: str = ""
+    """Where the row comes from when it was not measured by `autopar calibrate` (a reference table's file name)."""
+    kind: str = "gemm"
+    """'gemm', or 'attention': a fused attention kernel (m queries × n keys × head dim k) over its forward and
+    backward, timed as the equivalent GEMM of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve)."""
 
     @property
     def flops(self) -> float:
@@ -83,6 +88,17 @@ class CollectiveMeasurement:
     group_size: int
     bytes: int
     timing: Timing
+    ranks_per_node: int = 1
+    """For `ib` rows: ranks of the group on each node. 1 (what `autopar calibrate` measures: one rank per node, every
+    local rank's group running at once) times the inter-node link alone; more times the whole hierarchical
+    collective (NVLink inside each node + the link between nodes), as nccl-tests across nodes does."""
+    source: str = ""
+    """Where the row comes from when it was not measured by `autopar calibrate` (a reference table's file name)."""
+
+    @property
+    def group_size_on_link(self) -> int:
+        """Ranks the link itself joins: the group for nvlink, the nodes for ib."""
+        return self.group_size // self.ranks_per_node if self.link == "ib" else self.group_size
 
 
 @dataclass(frozen=True)
@@ -109,9 +125,13 @@ class Measurements:
         gib = 1024.0**3
         return {
             "gemm": [{"precision": g.precision, "m": g.m, "n": g.n, "k": g.k, **_timing_dict(g.timing),
-                      "tflops": round(g.achieved_flops_per_s / 1e12, 6), "label": g.label} for g in self.gemm],
+                      "tflops": round(g.achieved_flops_per_s / 1e12, 6), "label": g.label,
+                      **({"source": g.source} if g.source else {}),
+                      **({"kind": g.kind} if g.kind != "gemm" else {})} for g in self.gemm],
             "collectives": [{"link": c.link, "kind": c.kind, "group_size": c.group_size, "bytes": c.bytes,
-                             **_timing_dict(c.timing)} for c in self.collectives],
+                             **_timing_dict(c.timing),
+                             **({"ranks_per_node": c.ranks_per_node} if c.ranks_per_node != 1 else {}),
+                             **({"source": c.source} if c.source else {})} for c in self.collectives],
             "memory_overheads_gib": {name: value / gib for name, value in self.memory_overheads_bytes.items()},
         }
 
@@ -174,7 +194,20 @@ def _gemm_row(row: Any, where: str, origin: str) -> GemmMeasurement:
     return GemmMeasurement(precision=precision, m=_integer(row, "m", where, origin),
                            n=_integer(row, "n", where, origin), k=_integer(row, "k", where, origin),
                            timing=_timing(row, where, origin),
-                           label=label if isinstance(label, str) else str(label))
+                           label=label if isinstance(label, str) else str(label),
+                           source=str(row.get("source", "") or ""), kind=_gemm_kind(row, where, origin, precision))
+
+
+GEMM_KINDS = ("gemm", "attention")
+
+
+def _gemm_kind(row: dict, where: str, origin: str, precision: str) -> str:
+    kind = row.get("kind", "gemm")
+    if kind not in GEMM_KINDS:
+        _fail(origin, f"{where}.kind", f"must be one of {', '.join(GEMM_KINDS)}, got {kind!r}")
+    if kind == "attention" and precision != "bf16":
+        _fail(origin, f"{where}.precision", "must be bf16 for an attention row (the core runs in bf16)")
+    return kind
 
 
 def _collective_row(row: Any, where: str, origin: str) -> CollectiveMeasurement:
@@ -188,8 +221,13 @@ def _collective_row(row: Any, where: str, origin: str) -> CollectiveMeasurement:
     group_size = _integer(row, "group_size", where, origin)
     if group_size < 2:
         _fail(origin, f"{where}.group_size", f"a collective needs at least 2 ranks, got {group_size}")
+    ranks_per_node = _integer(row, "ranks_per_node", where, origin) if "ranks_per_node" in row else 1
+    if ranks_per_node != 1 and (link != "ib" or group_size % ranks_per_node or group_size // ranks_per_node < 2):
+        _fail(origin, f"{where}.ranks_per_node", f"must divide group_size {group_size} into two or more nodes on "
+                                                 f"link ib, got {ranks_per_node} on {link}")
     return CollectiveMeasurement(link=link, kind=kind, group_size=group_size,
-                                 bytes=_integer(row, "bytes", where, origin), timing=_timing(row, where, origin))
+                                 bytes=_integer(row, "bytes", where, origin), timing=_timing(row, where, origin),
+                                 ranks_per_node=ranks_per_node, source=str(row.get("source", "") or ""))
 
 
 def _number(row: dict, key: str, where: str, origin: str, allow_zero: bool = False) -> float:

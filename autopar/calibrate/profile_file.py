@@ -6,6 +6,7 @@ reads, so `solve` / `estimate --profile FILE` use it like a bundled one. What ca
     compute.gemm_efficiency          fitted parameters of the cost model's GEMM-efficiency curve
     links.<link>.alpha_us            fitted alpha of the alpha–beta model, per measured link
     links.<link>.bandwidth_efficiency  fitted bandwidth / the spec-sheet (nominal) bandwidth, capped at 1
+    collectives.<link>.<collective>  fitted (alpha, bus bandwidth) per group size measured (costmodels.comm)
     memory.overheads_gib.<name>      measured fixed memory terms (GPU runs)
 
 Everything else (HBM, peak FLOP/s, nominal bandwidths, the links and overheads not measured) is the base
@@ -31,7 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autopar.calibrate.calibration_section import CPU_DEVICE
-from autopar.calibrate.fit import FitResult, fit_gemm_efficiency, fit_link, fit_link_by_collective
+from autopar.calibrate.fit import (CollectivePointFit, FitResult, fit_attention_efficiency, fit_collective_points,
+                                   fit_gemm_efficiency, fit_link, fit_link_by_collective)
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, bundled_profile_names, load_profile, parse_profile
@@ -78,17 +80,29 @@ class CalibrationFit:
     gemm: FitResult | None
     links: Mapping[str, FitResult]
     links_by_collective: Mapping[str, Mapping[str, FitResult]]
+    collective_points: tuple[CollectivePointFit, ...] = ()
+    """Per link, collective and group size: the points of the profile's `collectives:` section."""
+    attention: FitResult | None = None
+    """The fused-attention curve, where attention kernels were measured."""
 
 
-def fit_measurements(measurements: Measurements, base: HardwareProfile) -> CalibrationFit:
-    """Fit the cost model's parameters to whatever was measured."""
-    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s]
-    gemm = fit_gemm_efficiency(gemm_rows, base) if gemm_rows else None
-    links = {link: fit_link(measurements.collectives_on(link), base.links[link])
-             for link in measurements.links_measured}
-    by_collective = {link: fit_link_by_collective(measurements.collectives_on(link), base.links[link])
-                     for link in measurements.links_measured}
-    return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective)
+def fit_measurements(measurements: Measurements, base: HardwareProfile,
+                     fixed_gemm: tuple[str, ...] = ()) -> CalibrationFit:
+    """Fit the cost model's parameters to whatever was measured (`fixed_gemm`: curve parameters kept at the base's
+    value, for measurements that do not determine them). The link-level fit (the fallback for collectives not
+    measured) takes the rows that time one link alone; every row feeds the per-collective points."""
+    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
+    gemm = fit_gemm_efficiency(gemm_rows, base, fixed=fixed_gemm) if gemm_rows else None
+    attention_rows = [row for row in measurements.gemm if row.kind == "attention"]
+    attention = fit_attention_efficiency(attention_rows, base) if attention_rows else None
+    single_link = {link: tuple(c for c in measurements.collectives_on(link) if c.ranks_per_node == 1)
+                   for link in measurements.links_measured}
+    links = {link: fit_link(rows, base.links[link]) for link, rows in single_link.items() if rows}
+    by_collective = {link: fit_link_by_collective(rows, base.links[link]) for link, rows in single_link.items()
+                     if rows}
+    points = tuple(fit_collective_points(measurements.collectives, base)) if measurements.collectives else ()
+    return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective, collective_points=points,
+                          attention=attention)
 
 
 # ---- the base profile -----------------------------------------------------------------------------------------------
@@ -133,53 +147,7 @@ def build_profile_text(base_name: str, base_reason: str, measurements: Measureme
         data["display_name"] = f"{base.display_name}, calibrated {run.measured_at_utc[:10]} on {_hosts(run)}"
     data["aliases"] = []
 
-    if fit.gemm is not None:
-        data["compute"]["gemm_efficiency"] = {name: _round(value) for name, value in fit.gemm.params.items()}
-        if fit.gemm.at_bound:
-            notes.append(f"GEMM fit: {', '.join(fit.gemm.at_bound)} ran to the edge of its range "
-                         "(the measured shapes do not pin it down)")
-        precisions = sorted({row.precision for row in measurements.gemm if row.precision in base.peak_flops_per_s})
-        provenance["compute.gemm_efficiency"] = (
-            f"{stamp}: least squares over {fit.gemm.points} GEMMs ({', '.join(precisions)}), "
-            f"rms residual {fit.gemm.rms_relative_residual:.1%}")
-    else:
-        notes.append(f"GEMMs not measured: compute.gemm_efficiency kept from base profile {base.name}")
-        provenance["compute.gemm_efficiency"] = f"base profile {base.name} (not measured)"
-
-    for link in LINKS:
-        where = f"links.{link}"
-        if link in fit.links:
-            result = fit.links[link]
-            described = f"{LINK_DESCRIPTIONS[link]} link ({link})"
-            group_sizes = sorted({c.group_size for c in measurements.collectives_on(link)})
-            text = (f"{stamp}: alpha-beta least squares over {result.points} collectives "
-                    f"(group sizes {', '.join(map(str, group_sizes))}), "
-                    f"rms residual {result.rms_relative_residual:.1%}")
-            if "bandwidth_bytes_per_s" in result.at_bound:
-                largest = max(c.bytes for c in measurements.collectives_on(link))
-                notes.append(f"{described}: bandwidth not determined — every message up to {largest} bytes took "
-                             "about alpha (raise --max-bytes); bandwidth_efficiency kept from the base profile")
-                provenance[f"{where}.bandwidth_efficiency"] = f"base profile {base.name} (measurement inconclusive)"
-            else:
-                nominal = base.links[link].nominal_bandwidth_bytes_per_s
-                efficiency = result.params["bandwidth_bytes_per_s"] / nominal
-                if efficiency > 1.0:
-                    notes.append(f"{described}: fitted bandwidth {result.params['bandwidth_bytes_per_s'] / 1e9:.1f} "
-                                 f"GB/s exceeds the spec {nominal / 1e9:.1f} GB/s of {base.name}; "
-                                 "bandwidth_efficiency capped at 1.0 (is --base-gpu right?)")
-                    efficiency = 1.0
-                data["links"][link]["bandwidth_efficiency"] = _round(efficiency)
-                provenance[f"{where}.bandwidth_efficiency"] = text
-            if "alpha_s" in result.at_bound and result.params["alpha_s"] > 1.0:
-                notes.append(f"{described}: alpha not determined (fit ran to its 10 s bound); kept from the base "
-                             "profile")
-                provenance[f"{where}.alpha_us"] = f"base profile {base.name} (measurement inconclusive)"
-            else:
-                data["links"][link]["alpha_us"] = _round(result.params["alpha_s"] * 1e6)
-                provenance[f"{where}.alpha_us"] = text
-        else:
-            provenance[f"{where}.bandwidth_efficiency"] = f"base profile {base.name} (not measured)"
-            provenance[f"{where}.alpha_us"] = f"base profile {base.name} (not measured)"
+    apply_fit(data, base, fit, measurements, stamp, provenance, notes)
 
     overheads = data["memory"]["overheads_gib"]
     for name, value_bytes in measurements.memory_overheads_bytes.items():
@@ -206,10 +174,119 @@ def build_profile_text(base_name: str, base_reason: str, measurements: Measureme
     header = (f"# Calibrated hardware profile written by `autopar calibrate` ({run.measured_at_utc}).\n"
               f"# Base: bundled profile {base.name}; fitted and measured fields say so in `provenance`.\n"
               "# Raw measurements and fit residuals are under `calibration` (refit: autopar profile fit FILE).\n")
-    text = header + yaml.dump(data, Dumper=_dumper(), sort_keys=False, width=120, allow_unicode=True)
+    text = header + yaml.dump(data, Dumper=profile_dumper(), sort_keys=False, width=120, allow_unicode=True)
     parse_profile(text, "calibrated profile")  # the reader must accept what we write: a failure here is a bug
     measurements_from_dict(yaml.safe_load(text)["calibration"]["measurements"], "calibrated profile")
     return text, fit, tuple(dict.fromkeys(notes))
+
+
+def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, measurements: Measurements,
+              stamp: str, provenance: dict[str, str], notes: list[str], fixed_gemm: tuple[str, ...] = ()) -> None:
+    """Write a fit into profile YAML data (compute.gemm_efficiency, links.*, collectives.*) with one provenance entry
+    per key naming what fed it (`stamp`, and the rows' source files when they carry one); notes for what the
+    measurements could not determine. Shared by `autopar calibrate` / `autopar profile fit` and the bundled
+    profiles' fit to the public microbenchmarks (benchmarks/fit_microbench.py)."""
+    gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
+    if fit.gemm is not None:
+        data["compute"]["gemm_efficiency"] = {**data["compute"]["gemm_efficiency"],
+                                              **{name: _round(value) for name, value in fit.gemm.params.items()}}
+        if fit.gemm.at_bound:
+            notes.append(f"GEMM fit: {', '.join(fit.gemm.at_bound)} ran to the edge of its range "
+                         "(the measured shapes do not pin it down)")
+        precisions = sorted({row.precision for row in measurements.gemm if row.precision in base.peak_flops_per_s})
+        provenance["compute.gemm_efficiency"] = (
+            f"{stamp}: least squares over {fit.gemm.points} GEMMs ({', '.join(precisions)}){_from(gemm_rows)}, "
+            f"rms residual {fit.gemm.rms_relative_residual:.1%}" + (f"; kept from {base.name}: "
+                                                                   f"{', '.join(fixed_gemm)}" if fixed_gemm else "")
+            + (f"; at the edge of its range (not pinned down by these shapes): {', '.join(fit.gemm.at_bound)}"
+               if fit.gemm.at_bound else ""))
+    else:
+        notes.append(f"GEMMs not measured: compute.gemm_efficiency kept from base profile {base.name}")
+        provenance["compute.gemm_efficiency"] = f"base profile {base.name} (not measured)"
+
+    if fit.attention is not None:
+        attention_rows = [row for row in measurements.gemm if row.kind == "attention"]
+        data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in fit.attention.params.items()})
+        provenance["compute.gemm_efficiency.attention"] = (
+            f"{stamp}: least squares over {fit.attention.points} fused-attention kernels{_from(attention_rows)}, "
+            f"rms residual {fit.attention.rms_relative_residual:.1%}")
+
+    for link in LINKS:
+        where = f"links.{link}"
+        if link in fit.links:
+            result = fit.links[link]
+            described = f"{LINK_DESCRIPTIONS[link]} link ({link})"
+            link_rows = [c for c in measurements.collectives_on(link) if c.ranks_per_node == 1]
+            group_sizes = sorted({c.group_size for c in link_rows})
+            kinds = sorted({c.kind for c in link_rows})
+            text = (f"{stamp}: alpha-beta least squares over {result.points} collectives "
+                    f"({', '.join(kinds)}; group sizes {', '.join(map(str, group_sizes))}){_from(link_rows)}, "
+                    f"rms residual {result.rms_relative_residual:.1%}")
+            if "bandwidth_bytes_per_s" in result.at_bound:
+                largest = max(c.bytes for c in link_rows)
+                notes.append(f"{described}: bandwidth not determined — every message up to {largest} bytes took "
+                             "about alpha (raise --max-bytes); bandwidth_efficiency kept from the base profile")
+                provenance[f"{where}.bandwidth_efficiency"] = f"base profile {base.name} (measurement inconclusive)"
+            else:
+                nominal = base.links[link].nominal_bandwidth_bytes_per_s
+                efficiency = result.params["bandwidth_bytes_per_s"] / nominal
+                if efficiency > 1.0:
+                    notes.append(f"{described}: fitted bandwidth {result.params['bandwidth_bytes_per_s'] / 1e9:.1f} "
+                                 f"GB/s exceeds the spec {nominal / 1e9:.1f} GB/s of {base.name}; "
+                                 "bandwidth_efficiency capped at 1.0 (is --base-gpu right?)")
+                    efficiency = 1.0
+                data["links"][link]["bandwidth_efficiency"] = _round(efficiency)
+                provenance[f"{where}.bandwidth_efficiency"] = text
+            if "alpha_s" in result.at_bound and result.params["alpha_s"] > 1.0:
+                notes.append(f"{described}: alpha not determined (fit ran to its 10 s bound); kept from the base "
+                             "profile")
+                provenance[f"{where}.alpha_us"] = f"base profile {base.name} (measurement inconclusive)"
+            else:
+                data["links"][link]["alpha_us"] = _round(result.params["alpha_s"] * 1e6)
+                provenance[f"{where}.alpha_us"] = text
+        else:
+            for key in (f"{where}.bandwidth_efficiency", f"{where}.alpha_us"):
+                earlier = provenance.get(key, "")
+                if not earlier.startswith("base profile"):  # say where the base's value came from, once
+                    provenance[key] = f"base profile {base.name} (not measured)" + (f": {earlier}" if earlier else "")
+
+    points_by_key: dict[tuple[str, str], list[CollectivePointFit]] = {}
+    for point_fit in fit.collective_points:
+        points_by_key.setdefault((point_fit.link, point_fit.kind), []).append(point_fit)
+    for (link, kind), point_fits in points_by_key.items():
+        section = data.setdefault("collectives", {}).setdefault(link, {})
+        regimes = {group: [p for p in section.get(kind, []) or [] if int(p["group_size"]) == group]
+                   for group in {int(p["group_size"]) for p in section.get(kind, []) or []}}
+        for point_fit in point_fits:
+            regimes[point_fit.group_size] = [{"group_size": p.group_size, "alpha_us": _round(p.alpha_s * 1e6, 4),
+                                              "busbw_gb_per_s": _round(p.bus_bandwidth_bytes_per_s / 1e9, 4)}
+                                             for p in point_fit.regimes]
+        section[kind] = [FlowRow(p) for group in sorted(regimes) for p in regimes[group]]
+        described = []
+        for point_fit in point_fits:
+            unit = "nodes" if link == "ib" else "GPUs"
+            kept = [name for name in ("alpha", "bandwidth") if name not in point_fit.fitted]
+            sizes = [r.bytes for r in point_fit.rows]
+            described.append(f"{point_fit.group_size} {unit}: {len(point_fit.regimes)} regime(s) over "
+                             f"{point_fit.result.points} sizes {_size(min(sizes))}..{_size(max(sizes))}"
+                             f"{_from(point_fit.rows)}, rms {point_fit.result.rms_relative_residual:.1%}, "
+                             f"max {point_fit.result.max_relative_residual:.1%}"
+                             + (f" ({' and '.join(kept)} not determined by these sizes: base value)" if kept else ""))
+        provenance[f"collectives.{link}.{kind}"] = (f"{stamp}: (alpha, bus bandwidth) least squares, fastest regime "
+                                                    "per size; " + "; ".join(described))
+
+
+def _from(rows) -> str:
+    """' from a.csv, b.csv' when rows carry their source, else ''."""
+    sources = list(dict.fromkeys(row.source for row in rows if row.source))
+    return f" from {', '.join(sources)}" if sources else ""
+
+
+def _size(bytes_: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if bytes_ >= scale:
+            return f"{bytes_ / scale:.3g} {unit}"
+    return f"{bytes_} B"
 
 
 def _fit_dict(fit: CalibrationFit) -> dict[str, Any]:
@@ -254,27 +331,27 @@ def _bundled_yaml(name: str) -> str:
     return (resources.files("costmodels") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
 
 
-class _FlowRow(dict):
-    """A measurement row: written on one line in YAML."""
+class FlowRow(dict):
+    """A measurement row or a collective regime: written on one line in YAML."""
 
 
 def _flow_rows(measurements: dict[str, Any]) -> dict[str, Any]:
     rounded = copy.deepcopy(measurements)
     for section in ("gemm", "collectives"):
-        rounded[section] = [_FlowRow({k: _round(v) if isinstance(v, float) else v for k, v in row.items()})
+        rounded[section] = [FlowRow({k: _round(v) if isinstance(v, float) else v for k, v in row.items()})
                             for row in rounded[section]]
     rounded["memory_overheads_gib"] = {k: _round(v) for k, v in rounded["memory_overheads_gib"].items()}
     return rounded
 
 
-def _dumper() -> type:
+def profile_dumper() -> type:
     import yaml
 
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:  # the reader refuses aliases (costmodels.hardware)
             return True
 
-    Dumper.add_representer(_FlowRow, lambda dumper, row: dumper.represent_mapping(
+    Dumper.add_representer(FlowRow, lambda dumper, row: dumper.represent_mapping(
         "tag:yaml.org,2002:map", row.items(), flow_style=True))
     return Dumper
 

@@ -93,6 +93,12 @@ def run_fit(args: argparse.Namespace) -> int:
         print(f"  {link}: alpha {result.params['alpha_s'] * 1e6:.3g} µs, "
               f"{result.params['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s (rms residual "
               f"{result.rms_relative_residual:.1%})")
+    for point_fit in fit.collective_points:
+        unit = "nodes" if point_fit.link == "ib" else "GPUs"
+        regimes = "; ".join(f"{p.alpha_s * 1e6:.3g} µs + {p.bus_bandwidth_bytes_per_s / 1e9:.3g} GB/s busbw"
+                            for p in point_fit.regimes)
+        print(f"  {point_fit.link} {point_fit.kind} {point_fit.group_size} {unit}: {regimes} "
+              f"(rms residual {point_fit.result.rms_relative_residual:.1%})")
     return 0
 
 

@@ -1,0 +1,199 @@
+"""Fit the bundled profiles' GEMM curve and collectives to the public microbenchmarks, through `autopar profile fit`'s path.
+
+For each bundled profile (a100-80gb, a100-40gb, h100-80gb, h200-141gb, b200-180gb) the rows of
+shared/reference/microbench/ that measured its GPU (benchmarks/microbench_tables.py) become one calibration's
+`Measurements`; `autopar.calibrate.profile_file.fit_measurements` fits them and `apply_fit` writes the fitted keys
+with provenance naming the files — exactly what `autopar profile fit` does with a user's `autopar calibrate` output.
+What the tables do not measure is extrapolated by the named rules below (EXTRAPOLATED), and provenance says from what.
+
+    python benchmarks/fit_microbench.py            # fit and print what each profile gets
+    python benchmarks/fit_microbench.py --write    # also write costmodels/profiles/*.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
+
+from benchmarks import microbench_tables as tables  # noqa: E402
+from autopar.atomic_write import write_text_atomically  # noqa: E402
+from autopar.calibrate.profile_file import FlowRow, apply_fit, fit_measurements, profile_dumper  # noqa: E402
+from costmodels.hardware import HardwareProfile, parse_profile  # noqa: E402
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
+ORDER = ("a100-80gb", "a100-40gb", "h200-141gb", "h100-80gb", "b200-180gb")
+"""H200 before H100: H100 takes H200's all-gather / reduce-scatter points (EXTRAPOLATED)."""
+STAMP = "fitted by benchmarks/fit_microbench.py (autopar.calibrate.profile_file.fit_measurements, as `autopar " \
+        "profile fit`)"
+
+RING_RULE = ("ring all-reduce is a reduce-scatter followed by an all-gather on the same ring (Thakur et al. 2005; "
+             "NCCL ring): each at the all-reduce's bus bandwidth with half its latency")
+EXTRAPOLATED: dict[str, dict[str, Any]] = {
+    # profile -> what is derived, from what, by which rule
+    "a100-80gb": {"ag_rs_from_all_reduce": None, "why": RING_RULE},
+    "a100-40gb": {"ag_rs_from_all_reduce": None, "why": RING_RULE},
+    "h100-80gb": {"ag_rs_from_profile": "h200-141gb",
+                  "why": "H100 and H200 nodes share NVLink4 and the NVSwitch; all_gather/reduce_scatter measured on "
+                         "H200 only (nccl_points_nvls_vs_ring_ml_engineering.csv)"},
+    "b200-180gb": {"ag_rs_from_all_reduce": (4, 5),
+                   "why": RING_RULE + "; B200 all-reduce is ring (NCCL's default) at 4 and 5 GPUs "
+                          "(nccl_points_nvls_vs_ring_ml_engineering.csv), NVLS from 6"},
+}
+
+
+PRIOR_NVLINK = {"alpha_us": 10.0, "bandwidth_efficiency": 0.8}
+"""Where the fit starts for the link-level NVLink values (and what stays when a held-out file was a profile's only
+NVLink source): NCCL intra-node latency of order 10 µs and 80% of the spec bandwidth, assumptions."""
+
+
+PRIOR_GEMM = {"peak_fraction": 0.8, "half_saturation_dim": 250.0}
+PRIOR_FP8_PEAK_FRACTION = 0.7
+"""Where the GEMM fit starts (and what stays where no table measured the GPU, e.g. with a file held out): 80% of the
+dense peak with a 250-wide half-saturation side, fp8 at 70% of its peak — assumptions of the order of the MAMF
+table's efficiencies, not fitted values."""
+
+
+def _strip_fitted(data: dict[str, Any]) -> dict[str, Any]:
+    """Start from the spec sheet and stated priors, never from an earlier fit of the same tables: drop the
+    collectives points, reset the link-level NVLink values and the GEMM curve to the priors and drop the attention
+    curve (a held-out file must not leak back through any of them)."""
+    data = dict(data)
+    data.pop("collectives", None)
+    data["links"] = {**data["links"], "nvlink": {**data["links"]["nvlink"], **PRIOR_NVLINK}}
+    gemm = dict(PRIOR_GEMM)
+    if "fp8" in data["compute"]["peak_tflops"]:
+        gemm["fp8_peak_fraction"] = PRIOR_FP8_PEAK_FRACTION
+    data["compute"] = {**data["compute"], "gemm_efficiency": gemm}
+    data["provenance"] = {key: value for key, value in (data.get("provenance") or {}).items()
+                          if not key.startswith("compute.gemm_efficiency.")}
+    return data
+
+
+def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: dict[str, HardwareProfile],
+                exclude: str | None = None) -> tuple[HardwareProfile, dict[str, Any], list[str]]:
+    """The profile fitted to every table but `exclude`: (profile, its YAML data, notes)."""
+    import yaml
+
+    text = (PROFILES_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+    data = _strip_fitted(yaml.safe_load(text))
+    base = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"bundled:{name}")
+    measurements = tables.measurements_for(name, rows_by_file, exclude=exclude)
+    rule = EXTRAPOLATED.get(name, {})
+    provenance: dict[str, str] = dict(data.get("provenance", {}))
+    notes: list[str] = []
+    fixed_gemm: list[str] = []
+    gemm_notes: list[str] = []
+    for precision, key, donor_name in (("bf16", "half_saturation_dim", "a100-80gb"),
+                                       ("fp8", "fp8_half_saturation_dim", "h100-80gb")):
+        shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision and g.kind == "gemm"}
+        if len(shapes) >= 3 or not base.supports(precision) or donor_name not in fitted or donor_name == name:
+            continue
+        # a best shape or two (MAMF) pins the peak fraction, not the roll-off: take the donor's fitted side, scaled
+        # by machine balance (peak / HBM bandwidth), the roofline the curve comes from
+        donor = fitted[donor_name]
+        if key not in donor.gemm_efficiency:
+            continue
+        balance = (base.peak_flops_per_s[precision] / base.hbm_bandwidth_bytes_per_s) / \
+            (donor.peak_flops_per_s[precision] / donor.hbm_bandwidth_bytes_per_s)
+        side = donor.gemm_efficiency[key] * balance
+        data["compute"]["gemm_efficiency"][key] = round(side, 1)
+        base = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, key: side})
+        fixed_gemm.append(key)
+        gemm_notes.append(f"{key} extrapolated from the {donor.name} fit × machine-balance ({precision} peak / HBM "
+                          f"bandwidth) ratio {balance:.2f}, {len(shapes)} {precision} shape(s) measured here")
+    fit = fit_measurements(measurements, base, fixed_gemm=tuple(fixed_gemm))
+    apply_fit(data, base, fit, measurements, STAMP, provenance, notes, fixed_gemm=tuple(fixed_gemm))
+    if gemm_notes:
+        provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
+    _extrapolate(name, data, provenance, fitted, rule)
+    data["provenance"] = provenance
+    profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
+    return profile, data, notes
+
+
+def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fitted: dict[str, HardwareProfile],
+                 rule: dict[str, Any]) -> None:
+    nvlink = data.setdefault("collectives", {}).setdefault("nvlink", {})
+    missing = [kind for kind in ("all_gather", "reduce_scatter") if kind not in nvlink]
+    if not missing:
+        return
+    if "ag_rs_from_profile" in rule and rule["ag_rs_from_profile"] in fitted:
+        donor = fitted[rule["ag_rs_from_profile"]]
+        for kind in missing:
+            points = donor.collectives.get("nvlink", {}).get(kind, ())
+            if points:
+                nvlink[kind] = [FlowRow({"group_size": p.group_size, "alpha_us": round(p.alpha_s * 1e6, 4),
+                                          "busbw_gb_per_s": round(p.bus_bandwidth_bytes_per_s / 1e9, 4)})
+                                for p in points]
+                provenance[f"collectives.nvlink.{kind}"] = (f"extrapolated: the {donor.name} fit "
+                                                             f"({rule['why']})")
+    elif "ag_rs_from_all_reduce" in rule and "all_reduce" in nvlink:
+        groups = rule["ag_rs_from_all_reduce"]
+        source = [p for p in nvlink["all_reduce"] if groups is None or p["group_size"] in groups]
+        for kind in missing if source else ():
+            nvlink[kind] = [FlowRow({"group_size": p["group_size"], "alpha_us": round(p["alpha_us"] / 2.0, 4),
+                                      "busbw_gb_per_s": p["busbw_gb_per_s"]}) for p in source]
+            provenance[f"collectives.nvlink.{kind}"] = (
+                f"extrapolated from this profile's fitted collectives.nvlink.all_reduce"
+                f"{'' if groups is None else ' at ' + ', '.join(map(str, groups)) + ' GPUs'} ({rule['why']})")
+
+
+def fit_all(rows_by_file: dict[str, list[tables.Row]], exclude: str | None = None
+            ) -> dict[str, tuple[HardwareProfile, dict[str, Any], list[str]]]:
+    out: dict[str, tuple[HardwareProfile, dict[str, Any], list[str]]] = {}
+    fitted: dict[str, HardwareProfile] = {}
+    for name in ORDER:
+        out[name] = fit_profile(name, rows_by_file, fitted, exclude)
+        fitted[name] = out[name][0]
+    return out
+
+
+def write(name: str, data: dict[str, Any]) -> None:
+    """Rewrite the bundled YAML: its leading comment lines kept, the data dumped in its key order."""
+    import yaml
+
+    path = PROFILES_DIR / f"{name}.yaml"
+    header = "".join(line + "\n" for line in path.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("#"))
+    header = header.split("\n# Collectives")[0].rstrip("\n") + "\n"
+    order = ["schema_version", "name", "display_name", "aliases", "gpus_per_node", "memory", "compute",
+             "elementwise", "overlap", "links", "collectives", "provenance"]
+    ordered = {key: data[key] for key in order if key in data}
+    ordered.update({key: value for key, value in data.items() if key not in ordered})
+    text = header + yaml.dump(ordered, Dumper=profile_dumper(), sort_keys=False, width=100_000, allow_unicode=True)
+    parse_profile(text, str(path))
+    write_text_atomically(path, text)
+    print(f"wrote {path}")
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write the fitted values into costmodels/profiles/")
+    args = parser.parse_args(argv)
+    rows_by_file = tables.all_rows()
+    results = fit_all(rows_by_file)
+    for name, (profile, data, notes) in results.items():
+        print(f"== {name}")
+        print("  gemm_efficiency: " + ", ".join(f"{k}={v:.4g}" for k, v in profile.gemm_efficiency.items()))
+        for link, kinds in profile.collectives.items():
+            for kind, points in kinds.items():
+                print(f"  {link} {kind}: " + "; ".join(f"{p.group_size}: {p.alpha_s * 1e6:.1f} µs "
+                                                        f"{p.bus_bandwidth_bytes_per_s / 1e9:.0f} GB/s"
+                                                        for p in points))
+        for link, spec in profile.links.items():
+            print(f"  links.{link}: alpha {spec.alpha_s * 1e6:.1f} µs, {spec.bandwidth_bytes_per_s / 1e9:.0f} GB/s")
+        for note in notes:
+            print(f"  note: {note}")
+        if args.write:
+            write(name, data)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,339 @@
+"""The public microbenchmark tables (shared/reference/microbench/) as calibration measurements, per bundled profile.
+
+Each reader turns one CSV into the rows `autopar calibrate` would have measured (`autopar.calibrate.measurements`:
+GemmMeasurement, CollectiveMeasurement, each naming its source file), for the bundled profiles whose GPU the table
+measured. A table has a role: `fit` (its rows feed the profile's fit) or `check` (its rows are predicted, not fitted:
+the hardware or kernel differs from what the bundled profile describes). Tables that give no time for a GEMM or a
+collective the cost model prices are listed in UNUSED with the reason.
+
+Conventions (README of the folder): sizes in bytes (2^k), GB/s = 1e9 B/s; all_reduce `size_bytes` is the per-rank
+buffer, time = size × 2(n-1)/n / busbw where only busbw is printed; nccl-tests rows use the out-of-place time (vTrain
+LUT: the second pair, as vTrain's predictor does). A published number is one median-like figure, so each row is a
+Timing with q1 = median = q3 and runs = 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement, Measurements, Timing
+from costmodels.comm import algorithm_factor
+
+A100 = ("a100-80gb", "a100-40gb")
+H100 = ("h100-80gb",)
+H200 = ("h200-141gb",)
+B200 = ("b200-180gb",)
+PROFILES = (*A100, *H100, *H200, *B200)
+
+MIN_GEMM_IDEAL_S = 50e-6
+"""GEMMs whose ideal time (2mnk at the dense peak) is below 50 µs are dominated by launch and tail effects — a 256³
+fp16 cuBLAS call on A100 takes ~11 µs for 0.1 µs of math (gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv), the
+per-op eager dispatch cost is ~11–18 µs (launch_overhead_small_gemm_dgxc_sample.csv), i.e. >= 10% of the time below
+~50 µs. The efficiency curve prices operand traffic, not launch latency (a per-kernel fixed cost is a separate
+term), so those rows are checked, not fitted."""
+
+PEAK_TFLOPS = {"bf16": {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0},
+               "fp8": {"H100": 1979.0, "H200": 1979.0, "B200": 4500.0}}
+"""Dense peaks of shared/reference/hardware.csv (the bundled profiles' compute.peak_tflops), for MIN_GEMM_IDEAL_S."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement for some bundled profiles."""
+
+    profiles: tuple[str, ...]
+    measurement: "GemmMeasurement | CollectiveMeasurement"
+    role: str = "fit"
+    """'fit' or 'check' (predicted only; `why` says why)."""
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    file: str
+    read: Callable[[Path], Iterator[Row]]
+    feeds: str
+    """The profile keys this file's fit rows feed."""
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8") as handle:
+        return list(csv.DictReader(line for line in handle if not line.startswith("#")))
+
+
+def _timing(seconds: float) -> Timing:
+    return Timing(median_s=seconds, q1_s=seconds, q3_s=seconds, runs=1)
+
+
+def _collective(path: Path, link: str, kind: str, n: int, size: int, seconds: float, per_node: int = 1
+                ) -> CollectiveMeasurement:
+    return CollectiveMeasurement(link=link, kind=kind, group_size=n, bytes=size, timing=_timing(seconds),
+                                 ranks_per_node=per_node if link == "ib" else 1, source=path.name)
+
+
+def _from_busbw(kind: str, n: int, size: int, busbw_gb_per_s: float) -> float:
+    """Seconds from nccl-tests bus bandwidth: size × factor / busbw (the README's convention)."""
+    return size * float(algorithm_factor(kind, n)) / (busbw_gb_per_s * 1e9)
+
+
+def _gemm(path: Path, precision: str, m: int, n: int, k: int, tflops: float, label: str) -> GemmMeasurement:
+    return GemmMeasurement(precision=precision, m=m, n=n, k=k, timing=_timing(2.0 * m * n * k / (tflops * 1e12)),
+                           label=label, source=path.name)
+
+
+def _gemm_role(gpu: str, precision: str, m: int, n: int, k: int) -> tuple[str, str]:
+    ideal_s = 2.0 * m * n * k / (PEAK_TFLOPS[precision][gpu] * 1e12)
+    if ideal_s < MIN_GEMM_IDEAL_S:
+        return "check", f"launch-bound (under {MIN_GEMM_IDEAL_S * 1e6:.0f} µs of math at the dense peak)"
+    return "fit", ""
+
+
+# ---- collectives ---------------------------------------------------------------------------------------------------
+
+def read_vtrain(path: Path) -> Iterator[Row]:
+    """A100 one node, all_reduce, n = 2..8, 1 MiB..1 GiB in 1 MiB steps; every 16th size (the curve is smooth)."""
+    for row in _csv(path):
+        size = int(row["size_bytes"])
+        if (size // 1024**2 - 1) % 16 and size != 1024**3:
+            continue
+        yield Row(A100, _collective(path, "nvlink", "all_reduce", int(row["n_gpus"]), size, float(row["t2_ns"]) * 1e-9))
+
+
+def read_ml_engineering_sweeps(path: Path) -> Iterator[Row]:
+    for row in _csv(path):
+        config, n, nodes, size = row["config"], int(row["n_ranks"]), int(row["nodes"]), int(row["size_bytes"])
+        seconds = (float(row["time_us"]) * 1e-6 if row["time_us"] else
+                   _from_busbw("all_reduce", n, size, float(row["busbw_GBps"])))
+        profiles = A100 if config.startswith("A100") else H200 if config.startswith("H200") else B200
+        link = "ib" if nodes > 1 else "nvlink"
+        yield Row(profiles, _collective(path, link, "all_reduce", n, size, seconds, n // nodes))
+
+
+def read_nvls_points(path: Path) -> Iterator[Row]:
+    """Single-size points: NCCL's default choice (NVLS or ring) on H200 / B200 nodes and 4 H200 nodes over EFA; the
+    NCCL_NVLS_ENABLE=0 / forced-algorithm rows measure a non-default setting and are checked only."""
+    for row in _csv(path):
+        system, setting = row["system"], row["setting"]
+        if not row["size_bytes"] or "MI300X" in system or not row["busbw_GBps"].replace(".", "").isdigit():
+            continue
+        profiles = H200 if "H200" in system else B200 if "B200" in system else ()
+        if not profiles:
+            continue
+        n, size, kind = int(row["n_gpus"]), int(row["size_bytes"]), row["collective"]
+        nodes = 4 if "4 nodes" in system else 1
+        measurement = _collective(path, "ib" if nodes > 1 else "nvlink", kind, n, size,
+                                  _from_busbw(kind, n, size, float(row["busbw_GBps"])), n // nodes)
+        default = setting.startswith("default") or "-b 16G" in row["tool"] and "NVLS_ENABLE=1" in setting \
+            or kind != "all_reduce"
+        yield Row(profiles, measurement, "fit" if default else "check",
+                  "" if default else f"non-default NCCL setting ({setting})")
+
+
+def read_dgxc_h100(path: Path) -> Iterator[Row]:
+    for row in _csv(path):
+        yield Row(H100, _collective(path, "nvlink", "all_reduce", 8, int(row["size_bytes"]),
+                                    float(row["oop_time_us"]) * 1e-6))
+
+
+def read_gcp_h100(path: Path) -> Iterator[Row]:
+    for row in _csv(path):
+        yield Row(H100, _collective(path, "ib", "all_reduce", 16, int(row["size_bytes"]),
+                                    float(row["oop_time_us"]) * 1e-6, 8), "check",
+                  "GCP GPUDirect-TCPXO fabric, not the InfiniBand of the bundled profile")
+
+
+def read_coreweave(path: Path) -> Iterator[Row]:
+    for row in _csv(path):
+        config = row["config"]
+        profiles = A100 if config.startswith("A100") else H100 if config.startswith("H100") else ()
+        if not profiles:
+            continue  # GB200 NVL72: no bundled GB200 profile
+        n, per_node = int(row["n_ranks"]), int(row["gpus_per_node"])
+        yield Row(profiles, _collective(path, "ib", "all_reduce", n, int(row["size_bytes"]),
+                                        float(row["oop_time_us"]) * 1e-6, per_node))
+
+
+def read_sendrecv_a100(path: Path) -> Iterator[Row]:
+    for row in _csv(path):
+        yield Row(A100, _collective(path, "nvlink", "send_recv", 2, int(row["size_bytes"]),
+                                    float(row["oop_time_us"]) * 1e-6))
+
+
+# ---- GEMMs ---------------------------------------------------------------------------------------------------------
+
+MAMF_GPUS = {"NVIDIA A100 SXM": ("A100", A100), "NVIDIA H100 SXM": ("H100", H100), "NVIDIA H200 SXM": ("H200", H200),
+             "NVIDIA B200 SXM": ("B200", B200)}
+
+
+def read_mamf(path: Path) -> Iterator[Row]:
+    for row in _csv(path):
+        if row["accelerator"] not in MAMF_GPUS or not row["mamf_tflops"]:
+            continue
+        gpu, profiles = MAMF_GPUS[row["accelerator"]]
+        precision = "fp8" if row["dtype"].startswith("fp8") else "bf16"
+        m, n, k = (int(x) for x in row["best_shape_MxNxK"].split("x"))
+        yield Row(profiles, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"MAMF {row['accelerator']}"))
+        if gpu == "H100" and precision == "bf16":  # the source: 'H200 is the same' (same GH100 compute die)
+            yield Row(H200, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), "MAMF H100 SXM (same die)"))
+
+
+def read_cublas_sweep(path: Path) -> Iterator[Row]:
+    """fp16 cuBLAS square sweeps (fp16 and bf16 run at the same tensor-core rate); the TMA tutorial rows time
+    Triton kernel variants at one size and are skipped (their cuBLAS column repeats per variant)."""
+    for row in _csv(path):
+        if "tutorial 03" not in row["script"] or not row["cublas_tflops"]:
+            continue
+        gpu = "A100" if row["gpu"].startswith("A100") else "H100"
+        m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+        role, why = _gemm_role(gpu, "bf16", m, n, k)
+        if gpu == "H100":  # 584 TFLOPS at 3072³ against MAMF's 794 on H100 SXM at a smaller shape: not an SXM part
+            role, why = "check", ("H100 variant not stated; 26% below the H100 SXM MAMF, as an H100 PCIe "
+                                  "(756 TFLOPS peak) would be")
+        measurement = _gemm(path, "bf16", m, n, k, float(row["cublas_tflops"]), f"cuBLAS fp16 {gpu} {m}^3")
+        profiles = A100 if gpu == "A100" else (*H100, *H200)
+        yield Row(profiles, measurement, role, why)
+
+
+def read_deepgemm(path: Path) -> Iterator[Row]:
+    """FP8 DeepGEMM on H800 (same dense FP8 rate as H100 SXM): per group an m×k·k×n GEMM (grouped layouts: m is the
+    rows per expert), the time of one group at the printed rate."""
+    for row in _csv(path):
+        m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+        role, why = _gemm_role("H100", "fp8", m * int(row["groups"]), n, k)
+        measurement = _gemm(path, "fp8", m, n, k, float(row["tflops"]),
+                            f"DeepGEMM {row['layout']} g{row['groups']}")
+        yield Row((*H100, *H200), measurement, role, why)
+
+
+def read_swiglu(path: Path) -> Iterator[Row]:
+    for row in _csv(path):
+        measurement = _gemm(path, "bf16", int(row["M"]), int(row["N"]), int(row["K"]), float(row["tflops"]),
+                            f"fp16 bmm d_ff={row['K']} ({row['row_kind']})")
+        yield Row(H100, measurement, "check", "shape-alignment penalty (d_ff not a multiple of 64): not in the curve")
+
+
+# ---- fused attention ------------------------------------------------------------------------------------------------
+
+ATTENTION_BACKWARD_FLOPS = 2.5
+"""The sources count the fused backward at 2.5× the forward FLOPs (cuDNN frontend and FlashAttention benchmarks:
+bwd = 2·(3·d_qk + 2·d_vo) per score element against fwd 2·(d_qk + d_vo)); the cost model prices the fused backward
+at the same multiple of the core's forward."""
+
+
+def _attention(path: Path, profiles: tuple[str, ...], seq: int, head_dim: int, forward_flops: float,
+               forward_s: float, backward_s: float, label: str) -> Row:
+    """One fused-attention measurement as the equivalent GEMM (m = n = seq, k = head_dim) timed at the kernel's rate
+    over forward + backward: (1 + 2.5) × forward FLOPs / (forward + backward seconds)."""
+    rate = (1.0 + ATTENTION_BACKWARD_FLOPS) * forward_flops / (forward_s + backward_s)
+    seconds = 2.0 * seq * seq * head_dim / rate
+    return Row(profiles, GemmMeasurement(precision="bf16", m=seq, n=seq, k=head_dim, timing=_timing(seconds),
+                                         label=label, source=path.name, kind="attention"))
+
+
+def read_cudnn_h200(path: Path) -> Iterator[Row]:
+    """cuDNN SDPA on one H200, Llama-3.1-70B attention shape (d = 128), bf16, causal and full; GB200 rows: no profile."""
+    pairs: dict[tuple, dict[str, dict[str, str]]] = {}
+    for row in _csv(path):
+        if row["gpu"] != "NVIDIA H200" or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1":
+            continue
+        pairs.setdefault((row["attn_mask"], int(row["q_seqlen"])), {})[row["pass"]] = row
+    for (mask, seq), passes in sorted(pairs.items()):
+        if set(passes) != {"fwd", "bwd"}:
+            continue
+        forward, backward = passes["fwd"], passes["bwd"]
+        forward_s, backward_s = float(forward["time_ms"]) * 1e-3, float(backward["time_ms"]) * 1e-3
+        yield _attention(path, H200, seq, int(forward["d_qk"]), float(forward["tflops"]) * 1e12 * forward_s,
+                         forward_s, backward_s, f"cuDNN SDPA H200 {mask} s={seq}")
+
+
+def read_fa3_h100(path: Path) -> Iterator[Row]:
+    """FlashAttention-3 on H100, B=4, 48 heads, d=128: non-causal rows give TFLOPS (fwd, bwd), causal rows times."""
+    rows = _csv(path)
+    for seq in sorted({int(r["q_seqlen"]) for r in rows}):
+        at = {(("causal" if r["mask"] == "causal" else "full"), r["pass"]): r for r in rows if int(r["q_seqlen"]) == seq}
+        batch, heads, head_dim = 4, 48, 128
+        full_flops = 4.0 * batch * heads * seq * seq * head_dim                # 2·B·H·S²·(d + d), no mask
+        if ("full", "fwd") in at and ("full", "bwd") in at:
+            forward_tflops, backward_tflops = float(at[("full", "fwd")]["tflops"]), float(at[("full", "bwd")]["tflops"])
+            forward_s = full_flops / (forward_tflops * 1e12)
+            backward_s = ATTENTION_BACKWARD_FLOPS * full_flops / (backward_tflops * 1e12)
+            yield _attention(path, H100, seq, head_dim, full_flops, forward_s, backward_s, f"FA3 H100 full s={seq}")
+        if ("causal", "fwd") in at and ("causal", "bwd") in at:
+            yield _attention(path, H100, seq, head_dim, 0.5 * full_flops, float(at[("causal", "fwd")]["time_us"]) * 1e-6,
+                             float(at[("causal", "bwd")]["time_us"]) * 1e-6, f"FA3 H100 causal s={seq}")
+
+
+def read_cudnn_b200(path: Path) -> Iterator[Row]:
+    """cuDNN frontend graph SDPA on one B200, bf16, causal GQA d=128 (the kernel Transformer Engine calls); the other
+    backends (PyTorch math / FA2) are not what Megatron-Core runs."""
+    for row in _csv(path):
+        if not row["backend"].startswith("cudnn (") or row["dtype"] != "bf16":
+            continue
+        forward_s, backward_s = float(row["fwd_time_ms"]) * 1e-3, float(row["bwd_time_ms"]) * 1e-3
+        seq = int(row["q_seqlen"])
+        yield _attention(path, B200, seq, int(row["head_dim"]), float(row["fwd_tflops"]) * 1e12 * forward_s,
+                         forward_s, backward_s, f"cuDNN SDPA B200 causal s={seq}")
+
+
+TABLES = (
+    Table("nccl_allreduce_a100_vtrain_lut.csv", read_vtrain, "collectives.nvlink.all_reduce (A100, n=2..8)"),
+    Table("nccl_allreduce_sweeps_ml_engineering.csv", read_ml_engineering_sweeps,
+          "collectives.nvlink.all_reduce (A100/H200/B200 n=8), collectives.ib.all_reduce (B200, 4 nodes)"),
+    Table("nccl_points_nvls_vs_ring_ml_engineering.csv", read_nvls_points,
+          "collectives.nvlink.all_reduce/all_gather/reduce_scatter (H200/B200 n=4..8), collectives.ib.all_reduce "
+          "(H200, 4 nodes)"),
+    Table("nccl_allreduce_h100_dgx_8gpu_dgxc.csv", read_dgxc_h100, "collectives.nvlink.all_reduce (H100 n=8)"),
+    Table("nccl_allreduce_h100_gcp_a3mega_2node_ztan.csv", read_gcp_h100, "check only (TCPXO fabric)"),
+    Table("nccl_allreduce_coreweave_gb200_h100_a100.csv", read_coreweave,
+          "collectives.ib.all_reduce (A100 4 nodes, H100 12 nodes; IB + SHARP)"),
+    Table("nccl_sendrecv_a100_8gpu_liplus.csv", read_sendrecv_a100, "collectives.nvlink.send_recv (A100)"),
+    Table("gemm_mamf_max_achievable_matmul_ml_engineering.csv", read_mamf,
+          "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, B200)"),
+    Table("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", read_cublas_sweep,
+          "compute.gemm_efficiency peak_fraction, half_saturation_dim (A100; H100 rows checked only)"),
+    Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim (H100, H200)"),
+    Table("gemm_fp16_swiglu_dff_alignment_h100_ml_engineering.csv", read_swiglu, "check only (alignment penalty)"),
+    Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200,
+          "compute.gemm_efficiency attention_* (H200; GB200 rows: no profile)"),
+    Table("attention_fa3_h100_tritonbench_prs.csv", read_fa3_h100, "compute.gemm_efficiency attention_* (H100)"),
+    Table("attention_sdpa_backends_b200_cudnn_frontend.csv", read_cudnn_b200, "compute.gemm_efficiency attention_* (B200)"),
+)
+
+UNUSED = {
+    "p2p_bandwidth_matrices_ml_engineering.csv": "link bandwidth without message sizes or times (no collective "
+                                                 "time to fit); consistent with the fitted send_recv bandwidth",
+    "moe_deepep_v1_dispatch_combine_h800.csv": "DeepEP kernels on H800 NVLink (~160 GB/s, not H100's 450); "
+                                               "the cost model prices NCCL all-to-all, not DeepEP",
+    "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
+    "gemm_tilelang_h800_8192x8192xK.csv": "TileLang kernels, not cuBLAS",
+    "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",
+}
+
+
+def microbench_dir() -> Path:
+    from benchmarks.reference import reference_dir
+
+    return reference_dir() / "microbench"
+
+
+def all_rows(folder: Path | None = None) -> dict[str, list[Row]]:
+    """file -> its rows."""
+    folder = folder or microbench_dir()
+    return {table.file: list(table.read(folder / table.file)) for table in TABLES}
+
+
+def measurements_for(profile: str, rows_by_file: dict[str, list[Row]], role: str = "fit",
+                     exclude: str | None = None) -> Measurements:
+    """The rows of one profile (and one role), every file but `exclude`, as one calibration's measurements."""
+    rows = [row.measurement for file, rows in rows_by_file.items() if file != exclude
+            for row in rows if profile in row.profiles and row.role == role]
+    return Measurements(gemm=tuple(r for r in rows if isinstance(r, GemmMeasurement)),
+                        collectives=tuple(r for r in rows if isinstance(r, CollectiveMeasurement)))
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return predicted / measured - 1.0 if measured > 0 and math.isfinite(predicted) else math.inf
