@@ -299,6 +299,7 @@ def hydra_overrides(text: str) -> list[str]:
 def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
     verl_config = _require("verl.trainer.config", "verl")
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     from verl.utils.config import validate_config
 
@@ -319,7 +320,8 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                              "virtual_pipeline_model_parallel_size", "context_parallel_size",
                                              "sequence_parallel", "expert_model_parallel_size",
                                              "expert_tensor_parallel_size")},
-        **{k: v for k, v in megatron.override_transformer_config.items() if k in _transformer_fields()}})
+        **{k: v for k, v in OmegaConf.to_container(megatron.override_transformer_config).items()
+           if k in _transformer_fields()}})
 
 
 # ---- Megatron-Core TransformerConfig (NeMo 2, Megatron-Bridge, verl) -------------------------------------------
@@ -340,7 +342,8 @@ def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[s
     model = estimate.model
     shape = dict(num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
                  num_attention_heads=model.num_attention_heads, num_query_groups=model.num_kv_heads,
-                 kv_channels=model.head_dim, add_bias_linear=model.linear_bias)
+                 kv_channels=model.head_dim, add_bias_linear=model.linear_bias,
+                 multi_latent_attention=model.mla is not None)
     if estimate.plan.pp > 1:   # every recipe sets the pipeline's dtype (NeMo 2: pipeline_dtype; Bridge recipes too)
         import torch
 
@@ -508,7 +511,8 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                                      "account_for_loss_in_pipeline_split",
                                                      "expert_model_parallel_size", "expert_tensor_parallel_size",
                                                      "recompute_granularity", "recompute_method",
-                                                     "recompute_num_layers"}}
+                                                     "recompute_num_layers", "recompute_modules",
+                                                     "moe_grouped_gemm"}}
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
             + _transformer_config(estimate, final))
 
@@ -518,6 +522,8 @@ def _plain(value: object) -> object:
 
 
 def _override_value(text: str) -> object:
+    if text.startswith("[") and text.endswith("]"):   # Hydra list syntax
+        return [_override_value(item.strip()) for item in text[1:-1].split(",") if item.strip()]
     lowered = text.lower()
     if lowered in ("null", "none"):
         return None
