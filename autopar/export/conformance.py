@@ -13,7 +13,7 @@ when one is missing, so tests skip with the reason. Each checker states what it 
   set to the cluster's (no process group here); then its batch triple, ZeRO stage and AutoTP size.
 * megatron (megatron-core 0.19.2, which ships Megatron-LM's megatron/training): Megatron-LM's own argument parser
   (`add_megatron_arguments`) on the emitted flags, `validate_args` under the emitted CUDA_DEVICE_MAX_CONNECTIONS on an
-  H100 (device arch 9), then `core_transformer_config_from_args` (TransformerConfig.__post_init__).
+  H100 (device arch 9, compute capability 9.0), then `core_transformer_config_from_args` (TransformerConfig.__post_init__).
 * torchtitan (torchtitan 0.3.0): the emitted file loaded by torchtitan's `ConfigManager.parse_args(["--module",
   "autopar_plan", "--config", "autopar_plan"])` (tyro), then `ParallelDims` on the cluster's world size and the
   pipeline schedule class / microbatch checks torchtitan's pipeline_llm makes.
@@ -201,7 +201,11 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     args = parser.parse_args(flags + ["--tokenizer-type", "NullTokenizer", "--vocab-size",
                                       str(estimate.model.vocab_size), "--lr", "1e-4", "--train-iters", "10"])
     args.world_size, args.rank = estimate.cluster.num_gpus, 0
+    import torch
+
+    # an H100: device arch 9 for the CUDA_DEVICE_MAX_CONNECTIONS rule, compute capability (9, 0) for GroupedGEMM
     with _environment(env), mock.patch.object(arguments, "get_device_arch_version", return_value=9), \
+            mock.patch.object(torch.cuda, "get_device_capability", return_value=(9, 0)), \
             contextlib.redirect_stdout(io.StringIO()):
         arguments.validate_args(args)
         args.apply_rope_fusion = False   # needs Transformer Engine, absent on this CPU machine (not a plan knob)
