@@ -413,6 +413,65 @@ def _model_fields(flags: dict[str, "str | bool"]) -> dict[str, int]:
     return {name: value for name, value in model.items() if value is not None}
 
 
+# ---- --pipeline-model-parallel-layout ----------------------------------------------------------------------------
+# Grammar (Megatron-Core megatron/core/transformer/pipeline_parallel_layer_layout.py, PipelineParallelLayerLayout):
+# virtual stages in model order separated by '|'; in each, E = embedding, t = a decoder layer, m = an MTP layer,
+# L = loss; 'x*n' repeats a character, '(...)*n' a group; commas are cosmetic. Stage i runs on pipeline rank i % pp.
+# It validates: E first, L last, each exactly once, decoder layers before MTP layers, MTP in a rank's last chunk.
+
+def format_megatron_layout(layout: "tuple[int, ...]", num_mtp_layers: int = 0) -> str:
+    """The layout string of `layout` (decoder layers per virtual stage): the embedding on the first stage, the MTP
+    layers and the loss on the last, runs of equal middle stages grouped, e.g. 'Et*4|(t*4|)*6,t*3mL'."""
+    def stage(count: int) -> str:
+        return "" if count == 0 else "t" if count == 1 else f"t*{count}"
+
+    words = [stage(n) for n in layout]
+    words[0] = "E" + words[0]
+    words[-1] = words[-1] + "m" * num_mtp_layers + "L"
+    out, i, last = [], 0, len(words) - 1
+    while i < last:
+        j = i
+        while j + 1 < last and words[j + 1] == words[i] and i > 0:
+            j += 1
+        run = j - i + 1
+        out.append(f"({words[i]}|)*{run}," if run >= 3 else "|".join(words[i:j + 1]) + "|")
+        i = j + 1
+    return "".join(out) + words[-1]
+
+
+def parse_megatron_layout(text: str, pp: int) -> "tuple[tuple[int, ...], int]":
+    """(decoder layers per virtual stage, MTP layers) of a layout string; an InputError for a string Megatron-LM
+    would refuse, or one autopar cannot represent (MTP layers anywhere but with the loss on the last stage)."""
+    flat = text.replace(",", "").replace(" ", "")
+    for _ in range(8):                                   # groups may nest once or twice
+        expanded = re.sub(r"\(([^()]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
+        if expanded == flat:
+            break
+        flat = expanded
+    flat = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
+    stages = flat.split("|")
+    bad = sorted(set(flat) - set("ELtm|"))
+    if bad:
+        raise InputError(INPUT_NAME, f"--pipeline-model-parallel-layout {text!r}: unknown layer character "
+                                     f"{bad[0]!r}; Megatron-LM knows E, L, t, m")
+    if len(stages) % pp:
+        raise InputError(INPUT_NAME, f"--pipeline-model-parallel-layout has {len(stages)} virtual stages, not a "
+                                     f"multiple of --pipeline-model-parallel-size {pp}")
+    joined = "".join(stages)
+    if not joined.startswith("E") or joined.count("E") != 1 or not joined.endswith("L") or joined.count("L") != 1:
+        raise InputError(INPUT_NAME, f"--pipeline-model-parallel-layout {text!r}: the embedding E must come first "
+                                     "and the loss L last, once each (Megatron-LM asserts so)")
+    mtp = joined.count("m")
+    if mtp and "t" in joined[joined.index("m"):]:
+        raise InputError(INPUT_NAME, f"--pipeline-model-parallel-layout {text!r}: decoder layers must come before "
+                                     "the MTP layers (Megatron-LM asserts so)")
+    if mtp and stages[-1].count("m") != mtp:
+        raise InputError(INPUT_NAME, f"--pipeline-model-parallel-layout {text!r}: MTP layers outside the last "
+                                     "virtual stage (a standalone MTP stage) are not supported: the cost model "
+                                     "places them with the loss; move the m's next to L")
+    return tuple(s.count("t") for s in stages), mtp
+
+
 def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" = None) -> MegatronRun:
     """Read a Megatron-LM command line or launch script.
 
@@ -425,9 +484,15 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         shown = " ".join(text.split())[:60]
         raise InputError(INPUT_NAME, f"no Megatron-LM flags in {shown!r}: give a Megatron-LM command line or the "
                                      "path of an existing launch script")
-    if "--pipeline-model-parallel-layout" in flags:
-        raise InputError(INPUT_NAME, "--pipeline-model-parallel-layout is not supported; describe the split with "
-                                     "--decoder-first/last-pipeline-num-layers")
+    layout_text = flags.get("--pipeline-model-parallel-layout")
+    if layout_text is not None:
+        for other in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                      "--virtual-pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
+                      "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
+                      "--account-for-loss-in-pipeline-split"):
+            if other in flags:
+                raise InputError(INPUT_NAME, f"--pipeline-model-parallel-layout cannot be combined with {other} "
+                                             "(Megatron-LM asserts so); keep the layout")
     notes: list[str] = []
     embedding_slot = bool(flags.get("--account-for-embedding-in-pipeline-split"))
     loss_slot = bool(flags.get("--account-for-loss-in-pipeline-split"))
@@ -445,7 +510,17 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         raise InputError(INPUT_NAME, "--account-for-embedding/loss-in-pipeline-split cannot be combined with "
                                      "--decoder-first/last-pipeline-num-layers (Megatron-LM asserts so); keep one")
     slots = int(embedding_slot) + int(loss_slot)
-    vpp = _virtual_stages(flags, pp, layer_count, uneven=bool(first or last), slots=slots)
+    layout: tuple[int, ...] = ()
+    if layout_text is not None:
+        layout, mtp = parse_megatron_layout(str(layout_text), pp)
+        vpp = len(layout) // pp
+        if "num_layers" in model and sum(layout) != model["num_layers"]:
+            raise InputError(INPUT_NAME, f"--pipeline-model-parallel-layout places {sum(layout)} decoder layers; "
+                                         f"--num-layers is {model['num_layers']}")
+        if mtp:
+            notes.append(f"--pipeline-model-parallel-layout: {mtp} MTP layer(s) on the last virtual stage")
+    else:
+        vpp = _virtual_stages(flags, pp, layer_count, uneven=bool(first or last), slots=slots)
     if slots and pp > 1:
         if pp == 2 and slots == 2 and vpp > 1:   # no middle stage to measure the lighter ends against
             raise InputError(INPUT_NAME, "--account-for-embedding-in-pipeline-split with "
@@ -465,7 +540,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
                   ep=_integer(flags, "--expert-model-parallel-size", 1),
                   etp=_integer(flags, "--expert-tensor-parallel-size", 0), mbs=mbs, sp=sp, recompute=recompute,
                   recompute_layers=recompute_layers, zero=_zero(flags), first_stage_layers=first,
-                  last_stage_layers=last)
+                  last_stage_layers=last, layout=layout)
     modules = flags.get("--recompute-modules")
     if isinstance(modules, str) and modules.strip():
         if recompute is Recompute.SELECTIVE:

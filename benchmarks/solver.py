@@ -1,6 +1,15 @@
 """Solver benchmark: the exhaustive oracle and the CP-SAT model on the issue's five scenarios.
 
     python benchmarks/solver.py [--oracle-budget 120] [--cpsat-budget 30] [--cpsat-max-rows 5000000] [S1 S3 ...]
+    python benchmarks/solver.py --commands [NAME ...] [--repeats 3]
+
+--commands times whole `autopar solve` commands instead (COMMANDS: dense S1, S2, S5; the MoE scenarios mixtral-8x7b
+on 256, qwen3-235b-a22b on 2,048 and deepseek-v3 on 2,048 H100; the llama-3.1-70b --gpus 64-4096 scaling front),
+each run --repeats times: best and median wall time, CPU time (the machine is shared: wall includes waiting for a
+core), the target, and a digest of the front (plans, step times, peaks) so fronts can be compared across commits.
+Ends with one line per command:
+
+    command: NAME wall_best_s=X wall_median_s=Y cpu_best_s=Z target_s=T front=DIGEST
 
 S1-S5 are the issue's scenarios (all knobs free). S0 is an illustration only: S1's model on 8 GPUs with zero, sp
 and cp pinned and mbs <= 2, vpp <= 2, pp <= 4, a space of ~2k plans on which the CP-SAT walk finishes.
@@ -115,6 +124,74 @@ def whole_command_s() -> float:
     return elapsed
 
 
+COMMANDS = {
+    # name: (arguments of `autopar solve`, target seconds for the whole command on 2 cores; None = no target)
+    "S1": (["llama-3.1-8b", "--gpus", "32", "--seq-len", "8192", "--global-batch", "256"], None),
+    "S2": (["llama-3.1-70b", "--gpus", "256", "--seq-len", "8192", "--global-batch", "1024"], None),
+    "S5": (["llama-3.1-405b", "--gpus", "16384", "--seq-len", "8192", "--global-batch", "2048"], None),
+    "MoE-mixtral": (["mixtral-8x7b", "--gpus", "256"], 3.0),
+    "MoE-qwen3": (["qwen3-235b-a22b", "--gpus", "2048"], 3.0),
+    "MoE-S4": (["deepseek-v3", "--gpus", "2048", "--seq-len", "4096", "--global-batch", "4096"], 3.0),
+    "scaling": (["llama-3.1-70b", "--gpus", "64-4096"], 10.0),
+}
+"""The whole `autopar solve` commands timed by --commands (start-up, search, re-scoring and output included)."""
+
+
+@dataclass
+class CommandTiming:
+    name: str
+    wall_s: list[float]
+    cpu_s: list[float]
+    front_digest: str
+    target_s: float | None
+
+
+def time_command(name: str, repeats: int) -> CommandTiming:
+    """Run the command `repeats` times; wall time and the CPU time of the child (user + system): on a shared
+    machine the wall time includes waiting for a core, the CPU time does not."""
+    import hashlib
+    import json
+    import resource
+
+    arguments, target = COMMANDS[name]
+    walls, cpus, digest = [], [], ""
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "autopar.cli", "solve", *arguments, "--json"],
+                              capture_output=True, text=True)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        assert done.returncode == 0, done.stderr
+        points = json.loads(done.stdout)["points"]
+        key = json.dumps([[p["plan"], p.get("step_time_s"), p.get("peak_memory_bytes")] for p in points],
+                         sort_keys=True)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return CommandTiming(name, walls, cpus, digest, target)
+
+
+def print_command_timings(console, timings: list[CommandTiming]) -> None:
+    import statistics
+
+    from rich.table import Table
+
+    table = Table(title="whole `autopar solve` commands (shared 2-core machine: best and median of the runs)")
+    for column in ("command", "runs", "wall best s", "wall median s", "cpu best s", "cpu median s", "target s",
+                   "front digest"):
+        table.add_column(column, justify="left" if column in ("command", "front digest") else "right")
+    for t in timings:
+        table.add_row(t.name + ": autopar solve " + " ".join(COMMANDS[t.name][0]), str(len(t.wall_s)),
+                      f"{min(t.wall_s):.2f}", f"{statistics.median(t.wall_s):.2f}", f"{min(t.cpu_s):.2f}",
+                      f"{statistics.median(t.cpu_s):.2f}", "-" if t.target_s is None else f"{t.target_s:g}",
+                      t.front_digest)
+    console.print(table)
+    for t in timings:
+        target = "-" if t.target_s is None else f"{t.target_s:g}"
+        print(f"command: {t.name} wall_best_s={min(t.wall_s):.2f} wall_median_s={statistics.median(t.wall_s):.2f} "
+              f"cpu_best_s={min(t.cpu_s):.2f} target_s={target} front={t.front_digest}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
@@ -122,11 +199,21 @@ def main(argv=None) -> int:
     parser.add_argument("--oracle-budget", type=float, default=120.0)
     parser.add_argument("--cpsat-budget", type=float, default=30.0)
     parser.add_argument("--cpsat-max-rows", type=int, default=5_000_000)
+    parser.add_argument("--commands", nargs="*", metavar="NAME",
+                        help=f"time only these whole commands ({', '.join(COMMANDS)}; none given: all) and exit")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per whole command (--commands)")
     args = parser.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=160)
+    if args.commands is not None:
+        names = args.commands or list(COMMANDS)
+        unknown = [n for n in names if n not in COMMANDS]
+        if unknown:
+            parser.error(f"unknown command {unknown[0]!r}; use {', '.join(COMMANDS)}")
+        print_command_timings(console, [time_command(n, args.repeats) for n in names])
+        return 0
     command_s = whole_command_s()
     console.print(f"`autopar solve llama-3.1-8b --gpus 32` (whole command, default solver): {command_s:.2f} s wall")
     results = []

@@ -32,6 +32,7 @@ backward pass are a few s·b·h and, like Korthikanti and Megatron, left out. Pr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,7 @@ from costmodels.errors import InputError
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
                              layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
+from costmodels.structure import stage_list
 
 BF16_BYTES = 2
 FP32_BYTES = 4
@@ -199,15 +201,16 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
 def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                 stage: "np.ndarray | int") -> StageShape:
     """The shape of pipeline rank `stage` (int, or one rank per plan) for every plan."""
+    rank = stage                 # as given: a candidate rank's identity lets costmodels.structure share its values
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
-    layers = layers_on_stage(model.num_layers, plans, stage)
-    moe_layers = params.moe_layers_on_stage(model, plans, stage)
+    layers = layers_on_stage(model.num_layers, plans, rank)
+    moe_layers = params.moe_layers_on_stage(model, plans, rank)
     # Megatron --recompute-method block --recompute-num-layers n: n layers of every virtual chunk are recomputed
     recompute_all = plans.recompute_layers == 0
     per_rank = np.minimum(plans.recompute_layers * plans.vpp, layers)
     recomputed = np.where(plans.recompute == Recompute.FULL, np.where(recompute_all, layers, per_rank), 0.0)
-    non_expert, expert = params.stage_params_per_gpu(model, plans, stage)
-    embedding = params.stage_embedding_params_per_gpu(model, plans, stage)
+    non_expert, expert = params.stage_params_per_gpu(model, plans, rank)
+    embedding = params.stage_embedding_params_per_gpu(model, plans, rank)
     tokens = training.seq_len * plans.mbs / plans.cp
     return StageShape(
         plans=plans, stage=stage, is_first=stage == 0, is_last=stage == plans.pp - 1,
@@ -649,52 +652,44 @@ def fixed_overheads_bytes(cluster: ClusterSpec, num_plans: int) -> dict[str, np.
 # ---- totals --------------------------------------------------------------------------------------------------------
 
 def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-                       stage: "np.ndarray | int") -> dict[str, np.ndarray]:
-    """Named memory terms (bytes per GPU) on pipeline rank `stage` of every plan; their sum is the rank's total."""
+                       stage: "np.ndarray | int", only: "Collection[str] | None" = None) -> dict[str, np.ndarray]:
+    """Named memory terms (bytes per GPU) on pipeline rank `stage` of every plan; their sum is the rank's total.
+    With `only`, just the terms named there (a solver summing one group of terms)."""
     shape = stage_shape(model, cluster, training, plans, stage)
-    terms = {
-        "weights": weights_bytes(shape),
-        "gradients": gradients_bytes(shape),
-        "optimizer_states": optimizer_states_bytes(shape),
-        "embedding_weights": embedding_weights_bytes(shape),
-        "embedding_gradients": embedding_gradients_bytes(shape),
-        "embedding_optimizer_states": embedding_optimizer_states_bytes(shape),
-    }
-    if model.moe is not None:
-        terms.update({
-            "expert_weights": expert_weights_bytes(shape),
-            "expert_gradients": expert_gradients_bytes(shape),
-            "expert_optimizer_states": expert_optimizer_states_bytes(shape),
-        })
-    terms.update({
-        "layer_activations": layer_activations_bytes(model, training, shape),
-        "recomputed_layer_inputs": recomputed_layer_inputs_bytes(model, shape),
-        "recompute_working_set": recompute_working_set_bytes(model, training, shape),
-    })
-    if model.moe is not None:
-        terms.update({
-            "moe_router_activations": moe_router_activations_bytes(model, shape),
-            "moe_dispatch_activations": moe_dispatch_activations_bytes(model, shape),
-            "expert_mlp_activations": expert_mlp_activations_bytes(model, training, shape),
-        })
-    terms.update({
-        "embedding_activations": embedding_activations_bytes(model, shape),
-        "output_layer_activations": output_layer_activations_bytes(model, shape),
-        "logits": logits_bytes(model, training, shape),
-        "cross_entropy_buffers": cross_entropy_buffers_bytes(model, training, shape),
-    })
-    if model.num_mtp_layers:
-        terms["mtp_activations"] = mtp_activations_bytes(model, training, shape)
-    terms.update({
-        "zero_gradient_buckets": zero_gradient_buckets_bytes(model, shape),
-        "zero3_prefetch_buffers": zero3_prefetch_buffers_bytes(model, shape),
-    })
+    moe = model.moe is not None
+    entries: list[tuple[str, bool, Callable[[], np.ndarray]]] = [
+        ("weights", True, lambda: weights_bytes(shape)),
+        ("gradients", True, lambda: gradients_bytes(shape)),
+        ("optimizer_states", True, lambda: optimizer_states_bytes(shape)),
+        ("embedding_weights", True, lambda: embedding_weights_bytes(shape)),
+        ("embedding_gradients", True, lambda: embedding_gradients_bytes(shape)),
+        ("embedding_optimizer_states", True, lambda: embedding_optimizer_states_bytes(shape)),
+        ("expert_weights", moe, lambda: expert_weights_bytes(shape)),
+        ("expert_gradients", moe, lambda: expert_gradients_bytes(shape)),
+        ("expert_optimizer_states", moe, lambda: expert_optimizer_states_bytes(shape)),
+        ("layer_activations", True, lambda: layer_activations_bytes(model, training, shape)),
+        ("recomputed_layer_inputs", True, lambda: recomputed_layer_inputs_bytes(model, shape)),
+        ("recompute_working_set", True, lambda: recompute_working_set_bytes(model, training, shape)),
+        ("moe_router_activations", moe, lambda: moe_router_activations_bytes(model, shape)),
+        ("moe_dispatch_activations", moe, lambda: moe_dispatch_activations_bytes(model, shape)),
+        ("expert_mlp_activations", moe, lambda: expert_mlp_activations_bytes(model, training, shape)),
+        ("embedding_activations", True, lambda: embedding_activations_bytes(model, shape)),
+        ("output_layer_activations", True, lambda: output_layer_activations_bytes(model, shape)),
+        ("logits", True, lambda: logits_bytes(model, training, shape)),
+        ("cross_entropy_buffers", True, lambda: cross_entropy_buffers_bytes(model, training, shape)),
+        ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
+        ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, shape)),
+        ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, shape)),
+    ]
+    terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}
+    modelled = {name for name, present, _ in entries if present}
     for name, value in fixed_overheads_bytes(cluster, len(plans)).items():
-        if name in terms:   # a profile's own overhead may not shadow a modelled term (the sum would count it twice)
+        if name in modelled:   # a profile's own overhead may not shadow a modelled term (the sum would count it twice)
             raise InputError("profile", f"{cluster.profile.source_path or cluster.profile.name}: "
                                         f"memory.overheads_gib key {name!r} is the name of a modelled memory term; "
                                         "rename it")
-        terms[name] = value
+        if only is None or name in only:
+            terms[name] = value
     return terms
 
 
@@ -716,6 +711,10 @@ def candidate_worst_stages(model: ModelSpec, plans: PlanArrays) -> list[np.ndarr
     micro-batches. The first rank (embedding, first_stage_layers) and the last (output layer, loss, MTP,
     last_stage_layers) are special and always candidates. For a dense model r_k = 1 and f = 1: ranks 0, 1, pp-1.
     """
+    return stage_list(plans, ("candidate_worst_stages", id(model)), lambda p: _candidate_worst_stages(model, p))
+
+
+def _candidate_worst_stages(model: ModelSpec, plans: PlanArrays) -> list[np.ndarray]:
     pp = plans.pp
     middle_layers = np.maximum(layers_per_middle_stage(model.num_layers, plans), 1e-9)
     first_layers = layers_on_stage(model.num_layers, plans, 0)

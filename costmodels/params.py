@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.plan import PlanArrays, first_layer_index, layers_on_stage
+from costmodels.plan import PlanArrays, StageContent, first_layer_index, layers_on_stage
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding
+from costmodels.structure import per_structure
 
 VOCAB_PAD_MULTIPLE = 128  # Megatron --make-vocab-size-divisible-by default
 
@@ -147,6 +148,15 @@ def moe_layers_before(model: ModelSpec, layer_index: np.ndarray) -> np.ndarray:
 
 
 def moe_layers_on_stage(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
+    """MoE layers among the decoder layers of pipeline rank `stage` (contiguous assignment, or as a
+    costmodels.plan.StageContent says)."""
+    if isinstance(stage, StageContent) and stage.moe_layers is not None:
+        return np.asarray(stage.moe_layers)
+    return per_structure(plans, ("moe_layers_on_stage", id(model)), lambda p, s: _moe_layers_on_stage(model, p, s),
+                         stage)
+
+
+def _moe_layers_on_stage(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     start = first_layer_index(model.num_layers, plans, stage)
     count = layers_on_stage(model.num_layers, plans, stage)
     return moe_layers_before(model, start + count) - moe_layers_before(model, start)
@@ -155,6 +165,11 @@ def moe_layers_on_stage(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray 
 def stage_embedding_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """Word embedding (vocab-parallel, /tp) and learned positions on the first rank; output layer and final norm on
     the last. A tied embedding is held once when pp = 1 and on both ends when pp > 1, as Megatron does."""
+    return per_structure(plans, ("stage_embedding_params_per_gpu", id(model)),
+                         lambda p, s: _stage_embedding_params_per_gpu(model, p, s), stage)
+
+
+def _stage_embedding_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
     word_embedding = padded_vocab_size(model, plans.tp) * model.hidden_size / plans.tp.astype(float)
     position = embedding_params(model, vocab_size=0)                                    # replicated table
@@ -173,10 +188,16 @@ def stage_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray
     on the first stage and the output layer and final norm on the last (both when pp = 1; a tied embedding is held
     once when pp = 1 and on both ends when pp > 1, as Megatron does). Expert: routed experts / (ep·etp).
     """
-    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
-    tp = plans.tp.astype(float)
+    return per_structure(plans, ("stage_params_per_gpu", id(model)),
+                         lambda p, s: _stage_params_per_gpu(model, p, s), stage)
+
+
+def _stage_params_per_gpu(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int"
+                          ) -> tuple[np.ndarray, np.ndarray]:
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
+    stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
+    tp = plans.tp.astype(float)
     dense_layers = layers - moe_layers
 
     attn_sharded, attn_replicated = attention_params_split(model)

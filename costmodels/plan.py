@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from costmodels.errors import InputError, require, require_non_negative_int, require_positive_int
+from costmodels.structure import StructureIndex, per_structure
 
 
 class Recompute(enum.IntEnum):
@@ -105,12 +106,13 @@ DEFAULT_RECOMPUTE_MODULES = int(RecomputeModule.CORE_ATTN)
 
 
 def knob(default: object, help: str, megatron_flag: str = "", *, metavar: str = "N", default_text: str = "",
-         aliases: tuple[str, ...] = ()) -> object:
+         aliases: tuple[str, ...] = (), column: bool = True) -> object:
     """A Plan field with what users see of it: the help text of its CLI flag (`--NAME`, underscores as dashes),
     the Megatron-LM flag it maps to, and the flag's other spellings. `autopar.commands` builds the plan flags from
     these; JSON, CSV, HTML and explain take the field order. The one list of knobs is `PLAN_FIELDS` below."""
     return field(default=default, metadata={"help": help, "megatron_flag": megatron_flag, "metavar": metavar,
-                                            "default_text": default_text or str(default), "aliases": aliases})
+                                            "default_text": default_text or str(default), "aliases": aliases,
+                                            "column": column})
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,12 @@ class Plan:
     last_stage_layers: int = knob(0, "decoder layers on the last pipeline stage",
                                   "--decoder-last-pipeline-num-layers", default_text="even split")
     """Decoder layers on the last pipeline rank; 0 = even split (--decoder-last-pipeline-num-layers)."""
+    layout: tuple[int, ...] = knob((), "decoder layers of each virtual pipeline stage in model order, e.g. 9,8,8,7",
+                                   "--pipeline-model-parallel-layout", metavar="N,N,...",
+                                   default_text="the first/last split", column=False)
+    """Decoder layers of every virtual pipeline stage in model order (stage i on rank i % pp, chunk i // pp;
+    embedding on the first, loss and MTP on the last: costmodels.layout); () = the split above. Not a search column:
+    `autopar solve --layouts` chooses it per structure (autopar.search.layouts)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "cp", "ep", "mbs"):
@@ -166,6 +174,18 @@ class Plan:
         # the default: core_attn alone is 0
         if self.recompute is not Recompute.SELECTIVE or self.recompute_modules == DEFAULT_RECOMPUTE_MODULES:
             object.__setattr__(self, "recompute_modules", 0)
+        layout = self.layout
+        if isinstance(layout, str):          # "9,8,8,7" or "9|8|8|7" (the CLI flag)
+            parts = [part.strip() for part in layout.replace("|", ",").split(",") if part.strip()]
+            require(all(part.isdigit() for part in parts), "layout",
+                    f"give whole numbers of decoder layers per virtual stage, e.g. 9,8,8,7; got {layout!r}")
+            layout = tuple(int(part) for part in parts)
+        layout = tuple(layout)
+        require(all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in layout),
+                "layout", f"must list whole numbers of decoder layers per virtual stage, got {self.layout!r}")
+        object.__setattr__(self, "layout", tuple(int(x) for x in layout))
+        require(not layout or len(layout) == self.pp * self.vpp, "layout",
+                f"has {len(layout)} virtual stages; pp·vpp = {self.pp}·{self.vpp} = {self.pp * self.vpp} needed")
 
     def dp(self, num_gpus: int) -> int:
         """Data-parallel size on `num_gpus` (0 when the model-parallel product does not divide it)."""
@@ -181,7 +201,7 @@ class Plan:
         parts = [f"tp{self.tp}", f"pp{self.pp}"]
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
-        if self.first_stage_layers or self.last_stage_layers:
+        if (self.first_stage_layers or self.last_stage_layers) and not self.layout:
             parts.append(f"split{self.first_stage_layers or '-'}/{self.last_stage_layers or '-'}")
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
@@ -199,11 +219,14 @@ class Plan:
                 parts[-1] += "(" + "+".join(RecomputeModule.short_names(self.recompute_modules)) + ")"
         if self.zero:
             parts.append(f"z{self.zero}")
+        if self.layout:
+            parts.append("layout " + "|".join(map(str, self.layout)))
         return " ".join(parts)
 
 
-PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan))
-"""The knobs of a plan, in DESIGN.md §1 order: the one list every flag set, table, document and solver reads."""
+PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Plan) if f.metadata.get("column", True))
+"""The knobs of a plan, in DESIGN.md §1 order: the one list every flag set, table, document and solver reads.
+`layout` is not among them: it is no single integer and no search column (autopar solve --layouts sets it)."""
 
 
 def recompute_module_names(plan: Plan) -> list[str]:
@@ -214,7 +237,8 @@ def recompute_module_names(plan: Plan) -> list[str]:
 
 
 def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
-    """A plan with its derived sizes (dp, edp after etp), in DESIGN.md §1 names; recompute by its label."""
+    """A plan with its derived sizes (dp, edp after etp), in DESIGN.md §1 names; recompute by its label; the
+    layout (decoder layers per virtual stage) when it has one."""
     out: dict[str, Any] = {}
     for name in PLAN_FIELDS:
         value = getattr(plan, name)
@@ -223,6 +247,8 @@ def plan_to_dict(plan: Plan, num_gpus: int) -> dict[str, Any]:
             out[name] = recompute_module_names(plan)
         if name == "etp":
             out["dp"], out["edp"] = plan.dp(num_gpus), plan.edp(num_gpus)
+    if plan.layout:
+        out["layout"] = list(plan.layout)
     return out
 
 
@@ -244,6 +270,9 @@ class PlanArrays:
     zero: np.ndarray
     first_stage_layers: np.ndarray
     last_stage_layers: np.ndarray
+    structure: "StructureIndex | None" = field(default=None, compare=False, repr=False)
+    """Optional: which row of a table of distinct structures each plan has (costmodels.structure); functions of
+    the structure knobs alone are then evaluated once per structure and gathered. Never changes a value."""
 
     def __post_init__(self) -> None:
         lengths = {len(getattr(self, name)) for name in PLAN_FIELDS}
@@ -273,7 +302,8 @@ class PlanArrays:
         return cls(**built)
 
     def take(self, index: "np.ndarray | Sequence[int] | slice") -> "PlanArrays":
-        return PlanArrays(**{name: getattr(self, name)[index] for name in PLAN_FIELDS})
+        structure = self.structure.take(index) if self.structure is not None else None
+        return PlanArrays(**{name: getattr(self, name)[index] for name in PLAN_FIELDS}, structure=structure)
 
     def plan(self, i: int) -> Plan:
         values = {name: getattr(self, name)[i].item() for name in PLAN_FIELDS}
@@ -299,6 +329,11 @@ def layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
 
     Float: the `layers` rule (costmodels.rules) rejects plans where it is not a whole number.
     """
+    return per_structure(plans, ("layers_per_middle_stage", num_layers),
+                         lambda p: _layers_per_middle_stage(num_layers, p))
+
+
+def _layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
     has_first = (plans.first_stage_layers > 0) & (plans.pp > 1)
     has_last = (plans.last_stage_layers > 0) & (plans.pp > 1)
     middle_stages = plans.pp - has_first - has_last
@@ -306,8 +341,37 @@ def layers_per_middle_stage(num_layers: int, plans: PlanArrays) -> np.ndarray:
     return rest_layers / np.maximum(middle_stages, 1)
 
 
+class StageContent(np.ndarray):
+    """Pipeline ranks (an int64 array, one rank per plan) that say themselves which decoder layers they hold:
+    `layers` and `moe_layers` per plan, overriding the plan's even/first/last split. costmodels.layout prices a
+    layout (any number of layers per virtual stage) through the ordinary per-stage cost functions this way: they
+    read a rank's layers only through layers_on_stage / params.moe_layers_on_stage, and its role (first rank:
+    embedding; last rank: output layer, loss, MTP; in-flight micro-batches) from the rank index itself."""
+
+    layers: np.ndarray
+    moe_layers: np.ndarray
+
+    @classmethod
+    def of(cls, ranks: np.ndarray, layers: np.ndarray, moe_layers: np.ndarray) -> "StageContent":
+        content = np.asarray(ranks, dtype=np.int64).view(cls)
+        content.layers = np.asarray(layers, dtype=float)
+        content.moe_layers = np.asarray(moe_layers, dtype=float)
+        return content
+
+    def __array_finalize__(self, obj) -> None:
+        self.layers = getattr(obj, "layers", None)
+        self.moe_layers = getattr(obj, "moe_layers", None)
+
+
 def layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """Decoder layers held by pipeline rank `stage` (all its virtual chunks together)."""
+    if isinstance(stage, StageContent) and stage.layers is not None:
+        return np.asarray(stage.layers)
+    return per_structure(plans, ("layers_on_stage", num_layers),
+                         lambda p, s: _layers_on_stage(num_layers, p, s), stage)
+
+
+def _layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
     middle = layers_per_middle_stage(num_layers, plans)
     is_first = (stage == 0) & (plans.first_stage_layers > 0) & (plans.pp > 1)
@@ -333,6 +397,11 @@ def embedding_loss_slots(num_layers: int, plans: "PlanArrays | Plan") -> tuple[n
 
 def first_layer_index(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """Index of the first decoder layer on pipeline rank `stage` (contiguous assignment, vpp ignored)."""
+    return per_structure(plans, ("first_layer_index", num_layers),
+                         lambda p, s: _first_layer_index(num_layers, p, s), stage)
+
+
+def _first_layer_index(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     stage = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
     first_stage = layers_on_stage(num_layers, plans, 0)
     middle = layers_per_middle_stage(num_layers, plans)

@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import numpy as np
+
 from costmodels.errors import InputError
 from costmodels.evaluate import throughput
 from costmodels.memory import memory_terms_bytes
@@ -171,8 +173,46 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     supported by the GPU); guide rules (unless relaxed) and `memory` come back in `Estimate.violations`.
     """
     require_precision_supported(cluster, training)
+    if plan.layout:
+        return layout_estimate(model, cluster, training, plan, relax)
     guide_rules_broken = require_buildable(model, cluster, training, plan, relax)
     return estimates(model, cluster, training, PlanArrays.from_plans([plan]), (tuple(guide_rules_broken),))[0]
+
+
+def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+                    relax: Iterable[str] = ()) -> Estimate:
+    """A plan with a pipeline layout, every rank priced stage by stage (costmodels.layout).
+
+    The per-stage model and the uniform one differ slightly even on the same layout (the uniform model takes each
+    term on its own worst stage, the per-stage model a rank's chunks summed), so a layout is compared with the plan
+    it refines within one model: its terms are the per-stage model's plus `uniform_model_gap`, the uniform model's
+    step time of the parent plan (same knobs, a valid first/last split) minus the per-stage time of the parent's own
+    layout. The parent's own layout thus gets exactly the parent's estimate, and any other layout differs from it by
+    exactly what the per-stage model says. Memory: every rank's own terms on its own layers."""
+    from costmodels.layout import GAP_TERM, layout_breakdown, parent_plan, uniform_layout
+
+    layout = plan.layout
+    if plan.pp < 2:
+        raise InputError("layout", "a pipeline layout needs pp > 1")
+    if sum(layout) != model.num_layers:
+        raise InputError("layout", f"places {sum(layout)} decoder layers; {model.name} has {model.num_layers}")
+    parent = parent_plan(model, cluster, training, plan)
+    base = estimate(model, cluster, training, parent, relax)
+    own = layout_breakdown(model, cluster, training, parent, uniform_layout(model, parent))
+    mine = layout_breakdown(model, cluster, training, parent, layout)
+    terms = dict(mine.time_terms_s)
+    terms[GAP_TERM] = base.step_time_s - own.step_time_s
+    stages = tuple(StageMemory(stage=rank, layers=float(sum(mine.rank_layers[rank])), terms_bytes=rank_terms)
+                   for rank, rank_terms in enumerate(mine.rank_memory_terms_bytes))
+    worst = max(range(len(stages)), key=lambda s: stages[s].total_bytes)
+    fits = stages[worst].total_bytes <= cluster.memory_limit_bytes
+    violations = tuple(v for v in base.violations if v != MEMORY_RULE) + (() if fits else (MEMORY_RULE,))
+    speedup = base.step_time_s / sum(terms.values())
+    return dataclasses.replace(
+        base, plan=dataclasses.replace(parent, layout=layout), stages=stages, worst_stage=worst, time_terms_s=terms,
+        tokens_per_s=base.tokens_per_s * speedup, model_tflops_per_gpu=base.model_tflops_per_gpu * speedup,
+        hardware_tflops_per_gpu=base.hardware_tflops_per_gpu * speedup, mfu=base.mfu * speedup,
+        violations=violations)
 
 
 def estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -186,9 +226,10 @@ def estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     rates = throughput(model, cluster, training, plans, sum(time_terms.values()))
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     rules_broken = list(rules_broken) if rules_broken is not None else [()] * len(plans)
+    every_stage = stage_memories(model, cluster, training, plans)
     results = []
     for i, plan in enumerate(plans):
-        stages = stage_memory(model, cluster, training, plans.take([i]))  # the peak is the fullest of these
+        stages = every_stage[i]  # the peak is the fullest of these
         point = Estimate(
             model=model, cluster=cluster, training=training, plan=plan,
             num_microbatches=float(microbatches[i]),
@@ -202,6 +243,23 @@ def estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         violations = tuple(rules_broken[i]) + (() if point.fits else (MEMORY_RULE,))
         results.append(dataclasses.replace(point, violations=violations))
     return tuple(results)
+
+
+def stage_memories(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                   plans: PlanArrays) -> list[tuple[StageMemory, ...]]:
+    """`stage_memory` of every plan, pipeline rank r of all plans evaluated together (the cost functions are
+    elementwise over plans, so each plan gets the same numbers as alone)."""
+    if len(plans) == 0:
+        return []
+    per_rank = []
+    for rank in range(int(plans.pp.max())):
+        stage = np.minimum(rank, plans.pp - 1)
+        per_rank.append((memory_terms_bytes(model, cluster, training, plans, stage),
+                         layers_on_stage(model.num_layers, plans, stage)))
+    return [tuple(StageMemory(stage=rank, layers=float(layers[i]),
+                              terms_bytes={term: float(values[i]) for term, values in terms.items()})
+                  for rank, (terms, layers) in enumerate(per_rank[:int(plans.pp[i])]))
+            for i in range(len(plans))]
 
 
 def stage_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

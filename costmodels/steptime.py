@@ -14,6 +14,7 @@ costmodels.compute (FLOPs, GEMM efficiency), costmodels.comm (placement, alphaâ€
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents,
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.structure import per_knobs, per_structure, stage_list
 
 GRAD_BYTES = 4
 """Gradients are accumulated and reduced in fp32 (Megatron sets accumulate_allreduce_grads_in_fp32 for bf16)."""
@@ -99,6 +101,10 @@ class StageMicrobatch:
 
 def candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
     """First, second, second-to-last and last rank: the stages that can differ (embedding, logits, uneven split)."""
+    return stage_list(plans, ("candidate_stages",), _candidate_stages)
+
+
+def _candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
     last = plans.pp - 1
     return [np.zeros_like(last), np.minimum(1, last), np.maximum(last - 1, 0), last]
 
@@ -247,6 +253,32 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 
 # ---- per-step terms -----------------------------------------------------------------------------------------------
 
+def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
+    traffic per step (see dp_comm_s for the collectives and their sources); reads the structure knobs only."""
+    profile = cluster.profile
+    dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
+    dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
+    expert_group = edp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
+    sharded = plans.zero >= 1
+
+    def traffic_s(dense, expert):
+        groups = ((dense_group, dense), (expert_group, expert))
+        reduce = sum(np.where(sharded,
+                              group_collective_time_s(profile, g, "reduce_scatter", p * GRAD_BYTES),
+                              group_collective_time_s(profile, g, "all_reduce", p * GRAD_BYTES))
+                     for g, p in groups)
+        gather = sum(np.where(sharded, group_collective_time_s(profile, g, "all_gather", p * PARAM_BYTES), 0.0)
+                     for g, p in groups)
+        return reduce, gather
+
+    reduce_s, gather_s = traffic_s(dense_params, expert_params)
+    bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
+    bucket_reduce_s, bucket_gather_s = traffic_s(np.minimum(bucket, dense_params), np.minimum(bucket, expert_params))
+    return reduce_s, gather_s, bucket_reduce_s, bucket_gather_s
+
+
 def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               stage: np.ndarray, microbatch: StageMicrobatch, microbatches: np.ndarray) -> np.ndarray:
     """Exposed data-parallel traffic of `stage` per step.
@@ -267,25 +299,9 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     - ZeRO-2/3 (FSDP, DeepSpeed) overlap by design (FSDP backward prefetch, DeepSpeed overlap_comm), whatever the
       Megatron switches say.
     """
-    profile = cluster.profile
-    dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
-    dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
-    expert_group = edp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
+    reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
+        plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage)
     sharded = plans.zero >= 1
-
-    def traffic_s(dense, expert):
-        groups = ((dense_group, dense), (expert_group, expert))
-        reduce = sum(np.where(sharded,
-                              group_collective_time_s(profile, g, "reduce_scatter", p * GRAD_BYTES),
-                              group_collective_time_s(profile, g, "all_reduce", p * GRAD_BYTES))
-                     for g, p in groups)
-        gather = sum(np.where(sharded, group_collective_time_s(profile, g, "all_gather", p * PARAM_BYTES), 0.0)
-                     for g, p in groups)
-        return reduce, gather
-
-    reduce_s, gather_s = traffic_s(dense_params, expert_params)
-    bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
-    bucket_reduce_s, bucket_gather_s = traffic_s(np.minimum(bucket, dense_params), np.minimum(bucket, expert_params))
     reduce_exposed = reduce_s
     if training.overlap_grad_reduce:
         reduce_exposed = np.maximum(reduce_s - microbatch.backward_s - microbatch.recompute_s, bucket_reduce_s)
@@ -304,6 +320,11 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
     """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter); the
     distributed optimizer / ZeRO shards it over dpÂ·cp (dense) and edp (experts)."""
+    return per_structure(plans, ("optimizer_s", id(model), id(cluster)),
+                         lambda p, s: _optimizer_s(model, cluster, p, s), stage)
+
+
+def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
     sharded = plans.zero >= 1
     dense_shards = np.where(sharded, cluster.num_gpus / (plans.tp * plans.pp), 1.0)
@@ -312,42 +333,61 @@ def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage
     return local * ADAM_BYTES_PER_PARAM / cluster.profile.hbm_bandwidth_bytes_per_s
 
 
+TERM_NAMES: tuple[str, ...] = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble", "pp_p2p", "dp_comm",
+                               "optimizer")
+PIPELINED_TERM_NAMES = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble")
+"""The terms that need every per-microbatch piece of a stage (compute and the TP/CP/EP collectives)."""
+
+
 def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                      plans: "PlanArrays") -> dict[str, np.ndarray]:
-    """Named step-time terms (seconds) for every plan; their sum is the step time."""
+                      plans: "PlanArrays", only: "Collection[str] | None" = None) -> dict[str, np.ndarray]:
+    """Named step-time terms (seconds) for every plan; their sum is the step time. With `only`, just the terms named
+    there (a solver summing one group of terms; each term's value is the same as in the full call)."""
     plans = as_plan_arrays(plans)
     profile = cluster.profile
     profile.require_precision(training.precision.value)
-    times = compute_model.layer_times_s(model, profile, training, plans)
+    names = [name for name in TERM_NAMES if only is None or name in only]
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     stages = candidate_stages(plans)
-    per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
+    per_stage: list[StageMicrobatch] = []
+    if any(name in PIPELINED_TERM_NAMES for name in names):
+        times = compute_model.layer_times_s(model, profile, training, plans)
+        per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
+    elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
+        def compute_pieces(sub: PlanArrays) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            sub_times = compute_model.layer_times_s(model, profile, training, sub)
+            return [stage_compute_s(model, training, sub, sub_times, s) for s in candidate_stages(sub)]
+
+        zero = np.zeros(len(plans))
+        pieces = per_knobs(plans, TERM_KNOBS["compute"], compute_pieces)
+        per_stage = [StageMicrobatch(*piece, tp_comm_s=zero, cp_comm_s=zero, ep_comm_s=zero) for piece in pieces]
 
     def worst(values):
         return np.max(np.stack(values), axis=0)
 
-    compute_mb = worst([s.compute_s for s in per_stage])
-    tp_mb = worst([s.tp_comm_s for s in per_stage])
-    cp_mb = worst([s.cp_comm_s for s in per_stage])
-    ep_mb = worst([s.ep_comm_s for s in per_stage])
-    dp = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
-                for stage, s in zip(stages, per_stage)])
-    optimizer = worst([optimizer_s(model, cluster, plans, stage) for stage in stages])
-    bubble = bubble_microbatch_equivalents(plans)
-    ep_step = microbatches * ep_mb
-    if training.moe_a2a_overlap:
-        ep_step = ep_overlap_exposed_s(ep_mb, compute_mb, microbatches)
-    return {
-        "compute": microbatches * compute_mb,
-        "tp_comm": microbatches * tp_mb,
-        "cp_comm": microbatches * cp_mb,
-        "ep_comm": ep_step,
-        "pp_bubble": bubble * (compute_mb + tp_mb + cp_mb + ep_mb),
-        "pp_p2p": p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.gpus_per_node,
-                             microbatches),
-        "dp_comm": dp,
-        "optimizer": optimizer,
-    }
+    terms: dict[str, np.ndarray] = {}
+    if any(name in PIPELINED_TERM_NAMES for name in names):
+        compute_mb = worst([s.compute_s for s in per_stage])
+        tp_mb = worst([s.tp_comm_s for s in per_stage])
+        cp_mb = worst([s.cp_comm_s for s in per_stage])
+        ep_mb = worst([s.ep_comm_s for s in per_stage])
+        terms.update({
+            "compute": microbatches * compute_mb,
+            "tp_comm": microbatches * tp_mb,
+            "cp_comm": microbatches * cp_mb,
+            "ep_comm": (ep_overlap_exposed_s(ep_mb, compute_mb, microbatches) if training.moe_a2a_overlap
+                        else microbatches * ep_mb),
+            "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
+        })
+    if "pp_p2p" in names:
+        terms["pp_p2p"] = p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.gpus_per_node,
+                                     microbatches)
+    if "dp_comm" in names:
+        terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
+                                  for stage, s in zip(stages, per_stage)])
+    if "optimizer" in names:
+        terms["optimizer"] = worst([optimizer_s(model, cluster, plans, stage) for stage in stages])
+    return {name: terms[name] for name in names}
 
 
 def step_time_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:

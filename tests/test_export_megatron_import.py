@@ -161,7 +161,7 @@ def test_shell_words_expand_variables_and_strings_of_flags():
 @pytest.mark.parametrize("text, message", [
     ("--tensor-model-parallel-size $TP", "shell variable the script does not set"),
     ("--tensor-model-parallel-size 0", "--tensor-model-parallel-size: must be a positive integer"),
-    ("--pipeline-model-parallel-layout 'Et|(tt|)*30L'", "not supported"),
+    ("--pipeline-model-parallel-layout 'Et*3|(tt|)*29,m|L'", "not supported"),
     ("--micro-batch-size", "last word of the command"),
     ("--recompute-granularity full --recompute-method block", "needs --recompute-num-layers"),
     ("--data-path 'unbalanced", "check its quotes"),

@@ -79,10 +79,18 @@ def run(args: argparse.Namespace) -> int:
     from autopar.search.explain import explain_plan
 
     explanation = explain_plan(model, cluster, training, plan, front, relax=tuple(args.relax), controls=controls)
+    layout_lines, layout_document = [], {}
+    if plan.pp > 1:   # where a per-stage layout would pay for this plan's structure (autopar.search.refine)
+        from autopar.search.refine import explain_layout
+
+        layout_lines, layout_document = explain_layout(model, cluster, training, plan)
     if args.json:
-        print(json.dumps(explanation.to_dict(), indent=2))
+        document = explanation.to_dict()
+        if layout_document:
+            document["layout"] = layout_document
+        print(json.dumps(document, indent=2))
     else:
         print(f"plan {plan.short()} on {cluster.num_gpus} × {cluster.profile.name}:")
-        for line in explanation.lines:
+        for line in list(explanation.lines) + layout_lines:
             print(f"  {line}")
     return 0

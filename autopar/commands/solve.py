@@ -51,6 +51,11 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top", type=int, default=None, metavar="K", help="show only the K fastest front points")
     group.add_argument("--solver", choices=("auto", "cpsat", "oracle"), default="auto",
                        help="CP-SAT model or exhaustive oracle; auto = the oracle (faster for this cost model); same front")
+    group.add_argument("--layouts", action="store_true",
+                       help="refine the front with per-stage pipeline layouts (layers per virtual stage, searched "
+                            "exactly: chain DP / CP-SAT) and recompute it")
+    group.add_argument("--layouts-budget", type=float, default=None, metavar="SECONDS",
+                       help="time the layout refinement may take (default 4 s)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -122,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         bar.close()
+    if getattr(args, "layouts", False) and gpu_range is None:
+        from autopar.search.refine import DEFAULT_BUDGET_S, refine_front
+
+        budget = args.layouts_budget if args.layouts_budget is not None else DEFAULT_BUDGET_S
+        if not budget > 0:
+            raise InputError("layouts_budget", f"must be a positive number of seconds, got {budget!r}")
+        front, _ = refine_front(front, budget_s=budget)
     if args.top is not None:
         import dataclasses
 

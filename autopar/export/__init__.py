@@ -23,8 +23,34 @@ if TYPE_CHECKING:
 from autopar.export.names import ALIASES, FRAMEWORKS, framework_name  # noqa: F401 - the package's face
 
 
+LAYOUT_FRAMEWORKS = ("megatron", "nemo", "bridge", "torchtitan")
+"""Frameworks that take a per-stage pipeline layout (Plan.layout): Megatron-LM --pipeline-model-parallel-layout,
+NeMo 2's MegatronStrategy and Megatron-Bridge's model provider pipeline_model_parallel_layout (Megatron-Core's
+TransformerConfig field), torchtitan's per-stage module lists. verl and DeepSpeed get the nearest split they can
+express, and say so (`layout_fallback`)."""
+
+
+def layout_fallback(estimate: "Estimate") -> "Estimate":
+    """The plan without its layout, with the first/last split nearest to it (costmodels.layout.parent_plan)."""
+    from costmodels.layout import parent_plan
+    from costmodels.scoring import estimate as score
+
+    parent = parent_plan(estimate.model, estimate.cluster, estimate.training, estimate.plan)
+    return score(estimate.model, estimate.cluster, estimate.training, parent)
+
+
 def launch_config(estimate: "Estimate", framework: str) -> "LaunchConfig":
     name = framework_name(framework)
+    if estimate.plan.layout and name not in LAYOUT_FRAMEWORKS:
+        import dataclasses
+
+        fallback = layout_fallback(estimate)
+        config = launch_config(fallback, name)
+        note = (f"{name} cannot express a per-stage pipeline layout ({'|'.join(map(str, estimate.plan.layout))}): "
+                f"written with the nearest split it can run, {fallback.plan.short()} (predicted "
+                f"{fallback.step_time_s:.3g} s per step instead of {estimate.step_time_s:.3g} s)")
+        text = config.text if config.text.lstrip().startswith("{") else f"# {note}\n{config.text}"
+        return dataclasses.replace(config, text=text, unexpressed=config.unexpressed + (note,))
     if name == "megatron":
         from autopar.export.megatron import launch_config as build
     elif name == "nemo":

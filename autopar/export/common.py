@@ -39,6 +39,8 @@ def stage_layers(num_layers: int, plan: Plan) -> list[int]:
     """
     if plan.pp == 1:
         return [num_layers]
+    if plan.layout:
+        return [sum(plan.layout[rank::plan.pp]) for rank in range(plan.pp)]
     first = plan.first_stage_layers
     last = plan.last_stage_layers
     middle_count = plan.pp - (1 if first else 0) - (1 if last else 0)
@@ -62,6 +64,8 @@ def chunk_layers_in_model_order(num_layers: int, plan: Plan) -> list[int]:
     over its `vpp` chunks; the slot takes a layer's place in the first chunk of rank 0 or the last chunk of rank
     pp-1) and torchtitan's looped schedules' stage-to-rank mapping (stage i on rank i % pp).
     """
+    if plan.layout:
+        return list(plan.layout)
     per_rank = stage_layers(num_layers, plan)
     embedding, loss = pipeline_slots(num_layers, plan)
     slots = [0] * plan.pp
@@ -77,7 +81,7 @@ def chunk_layers_in_model_order(num_layers: int, plan: Plan) -> list[int]:
 
 
 def is_uneven(plan: Plan) -> bool:
-    return plan.pp > 1 and bool(plan.first_stage_layers or plan.last_stage_layers)
+    return plan.pp > 1 and bool(plan.first_stage_layers or plan.last_stage_layers) and not plan.layout
 
 
 def gradient_accumulation_steps(estimate: Estimate) -> int:
@@ -85,14 +89,16 @@ def gradient_accumulation_steps(estimate: Estimate) -> int:
     return int(round(estimate.num_microbatches))
 
 
-def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True) -> dict[str, object]:
+def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True, num_mtp_layers: int = 0
+                          ) -> dict[str, object]:
     """The plan in Megatron-Core config field names (None = leave the framework default).
 
     expert_*: only for MoE models (`moe`) or when the plan sets them.
     virtual_pipeline_model_parallel_size: None for plain 1F1B (Megatron stores None, not 1).
     num_layers_in_first/last_pipeline_stage: Megatron-Core TransformerConfig (uneven pipeline split);
     account_for_embedding/loss_in_pipeline_split (True, else None) instead, for a plan whose end stages count the
-    embedding or loss as a layer (`pipeline_slots`).
+    embedding or loss as a layer (`pipeline_slots`); pipeline_model_parallel_layout (its string) instead of all of
+    them for a plan with a layout.
     recompute_*: TransformerConfig; full recompute of every layer is method 'uniform' with 1 layer per unit,
     partial full recompute (recompute_layers = k) is method 'block' with k layers per (virtual) stage.
     """
@@ -112,6 +118,12 @@ def mcore_parallel_fields(plan: Plan, num_layers: int, moe: bool = True) -> dict
                   account_for_loss_in_pipeline_split=loss or None)
     if embedding or loss:   # the slot split excludes explicit end stages (Megatron-Core asserts so)
         fields.update(num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None)
+    if plan.layout:         # pipeline_model_parallel_layout replaces every other split field (TransformerConfig)
+        from autopar.megatron_args import format_megatron_layout
+
+        fields.update(num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
+                      account_for_embedding_in_pipeline_split=None, account_for_loss_in_pipeline_split=None,
+                      pipeline_model_parallel_layout=format_megatron_layout(plan.layout, num_mtp_layers))
     if not moe and plan.ep == 1 and plan.etp == plan.tp:
         del fields["expert_model_parallel_size"], fields["expert_tensor_parallel_size"]
     fields.update(mcore_recompute_fields(plan))

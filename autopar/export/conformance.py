@@ -230,6 +230,10 @@ def _megatron_layers_per_rank(core, estimate: Estimate) -> list[int]:
     plan, num_layers = estimate.plan, estimate.model.num_layers
     if plan.pp == 1:
         return [num_layers]
+    layout = getattr(core, "pipeline_model_parallel_layout", None)
+    if layout is not None:   # PipelineParallelLayerLayout (parsed and validated by TransformerConfig): [pp][vpp]
+        return [sum(sum(getattr(kind, "name", str(kind)) == "decoder" for kind in chunk) for chunk in rank)
+                for rank in layout.layout]
     first, last = core.num_layers_in_first_pipeline_stage, core.num_layers_in_last_pipeline_stage
     if first is None and last is None:
         slots = int(bool(core.account_for_embedding_in_pipeline_split)) + int(

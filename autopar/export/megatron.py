@@ -43,7 +43,11 @@ def parallelism_flags(estimate: Estimate) -> list[Flag]:
     flags: list[Flag] = [("--tensor-model-parallel-size", str(plan.tp)),
                          ("--pipeline-model-parallel-size", str(plan.pp))]
     embedding_slot, loss_slot = pipeline_slots(model.num_layers, plan)
-    if embedding_slot or loss_slot:   # Megatron asserts these exclude --decoder-first/last-pipeline-num-layers
+    if plan.layout:   # excludes every other split and virtual-pipeline flag (arguments.py validate_args asserts so)
+        from autopar.megatron_args import format_megatron_layout
+
+        flags.append(("--pipeline-model-parallel-layout", format_megatron_layout(plan.layout, model.num_mtp_layers)))
+    elif embedding_slot or loss_slot:   # Megatron asserts these exclude --decoder-first/last-pipeline-num-layers
         if embedding_slot:
             flags.append(("--account-for-embedding-in-pipeline-split", None))
         if loss_slot:
@@ -53,7 +57,7 @@ def parallelism_flags(estimate: Estimate) -> list[Flag]:
             flags.append(("--decoder-first-pipeline-num-layers", str(plan.first_stage_layers)))
         if plan.last_stage_layers:
             flags.append(("--decoder-last-pipeline-num-layers", str(plan.last_stage_layers)))
-    if plan.vpp > 1:
+    if plan.vpp > 1 and not plan.layout:        # with a layout, the layout's stage count gives vpp
         flags.append(_virtual_pipeline_flag(model, estimate))
     if plan.sp:
         flags.append(("--sequence-parallel", None))

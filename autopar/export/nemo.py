@@ -55,7 +55,7 @@ def split_overrides(fields: dict[str, object]) -> dict[str, object]:
     pipeline_model_parallel_layout null (the plan's split is given by the fields above)."""
     explicit: dict[str, object] = {name: fields[name] for name in SPLIT_FIELDS[:2]}
     explicit.update({name: bool(fields[name]) for name in SPLIT_FIELDS[2:]})
-    explicit["pipeline_model_parallel_layout"] = None
+    explicit["pipeline_model_parallel_layout"] = fields.get("pipeline_model_parallel_layout")
     return explicit
 
 
@@ -67,12 +67,16 @@ def _value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, list):
         return "[" + ",".join(str(v) for v in value) + "]"
-    return str(value)
+    text = str(value)
+    if isinstance(value, str) and any(c in text for c in "|*(),= '"):   # a layout string: a quoted Hydra string
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
 
 
 def nemo2_config(estimate: Estimate) -> LaunchConfig:
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
-    fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
+    fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
+                                   num_mtp_layers=estimate.model.num_mtp_layers)
     overrides = [f"trainer.num_nodes={cluster.num_nodes}",
                  f"trainer.devices={min(cluster.gpus_per_node, cluster.num_gpus)}"]
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
@@ -97,7 +101,8 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
     plan, training = estimate.plan, estimate.training
-    fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
+    fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
+                                   num_mtp_layers=estimate.model.num_mtp_layers)
     split = split_overrides(fields)
     overrides = [f"model.{name}={_value(value)}" for name, value in fields.items() if name not in split]
     overrides += [f"model.{name}={_value(value)}" for name, value in mcore_moe_fields(estimate).items()]

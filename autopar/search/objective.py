@@ -37,6 +37,7 @@ import numpy as np
 from costmodels import memory, pipeline, steptime
 from costmodels.plan import PLAN_FIELDS, PlanArrays, num_microbatches
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.structure import STRUCTURE_FIELDS, per_knobs, per_structure
 
 TIME_UNIT_S = 1e-6
 PIPELINE_FACTOR_SCALE = 2**16
@@ -206,6 +207,60 @@ def memory_units(structure: ObjectiveStructure, model: ModelSpec, cluster: Clust
         if shared is None:
             shared = sum((memory_group_units(terms, g) for g in shared_groups), np.zeros(len(plans), np.int64))
         per_stage = sum((memory_group_units(terms, g) for g in stage_groups), np.zeros(len(plans), np.int64))
+        best = per_stage if best is None else np.maximum(best, per_stage)
+    return best + shared
+
+
+# ---- group by group, each group once per distinct value of its knobs (the oracle) -------------------------------
+
+STAGE_KNOBS = ("pp", "first_stage_layers", "last_stage_layers")
+"""What the candidate ranks (costmodels.memory.candidate_worst_stages, costmodels.steptime.candidate_stages) read."""
+
+
+def time_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
+                        training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """time_units, each group's terms evaluated once per distinct value of the group's knobs when `plans` carries a
+    structure index (costmodels.structure.per_knobs); the same integers as `time_units` on the full terms."""
+    def term_values(names: tuple[str, ...], knobs: Iterable[str]) -> dict[str, np.ndarray]:
+        return per_knobs(plans, ordered(set(knobs) | set(STAGE_KNOBS)),
+                         lambda sub: steptime.step_time_terms_s(model, cluster, training, sub, only=names))
+
+    def group_units(group: TermGroup) -> np.ndarray:
+        if set(group.terms) & set(steptime.PIPELINED_TERM_NAMES):    # these share one per-stage evaluation
+            return time_group_units(term_values(group.terms, group.knobs), group)
+        terms = {}
+        for name in group.terms:
+            terms.update(term_values((name,), steptime.TERM_KNOBS.get(name, PLAN_FIELDS)))
+        return time_group_units(terms, group)
+
+    scale = PIPELINE_FACTOR_SCALE
+    others = sum((group_units(g) for g in structure.other_time_groups), np.zeros(len(plans), np.int64))
+    if not structure.factored:
+        return scale * others
+    pipelined = sum((group_units(g) for g in structure.pipelined_time_groups), np.zeros(len(plans), np.int64))
+    return pipeline_factor_units(cluster, training, plans) * pipelined + scale * others
+
+
+def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
+                          training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """memory_units, each group evaluated once per structure (groups of structure knobs alone) or once per distinct
+    value of its knobs (costmodels.structure); the same integers as `memory_units`."""
+    candidates = memory.candidate_worst_stages(model, plans)
+
+    def group_units(group: TermGroup, j: int) -> np.ndarray:
+        def evaluate(sub: PlanArrays, stage) -> np.ndarray:
+            return memory_group_units(memory.memory_terms_bytes(model, cluster, training, sub, stage,
+                                                                only=group.terms), group)
+        if set(group.knobs) <= set(STRUCTURE_FIELDS):
+            key = ("memory_group_units", id(model), id(cluster), id(training), group.terms)
+            return per_structure(plans, key, evaluate, candidates[j])
+        return per_knobs(plans, ordered(set(group.knobs) | set(STAGE_KNOBS)),
+                         lambda sub: evaluate(sub, memory.candidate_worst_stages(model, sub)[j]))
+
+    shared = sum((group_units(g, 0) for g in structure.shared_memory_groups), np.zeros(len(plans), np.int64))
+    best = None
+    for j in range(len(candidates)):
+        per_stage = sum((group_units(g, j) for g in structure.stage_memory_groups), np.zeros(len(plans), np.int64))
         best = per_stage if best is None else np.maximum(best, per_stage)
     return best + shared
 

@@ -20,9 +20,9 @@ import numpy as np
 from autopar.search import objective
 from autopar.search.pareto import front_indices
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
-from costmodels import steptime
 from costmodels.plan import PLAN_FIELDS, PlanArrays
 from costmodels.rules import Problem, Rule, structural_mask
+from costmodels.structure import link as structure_link
 
 CHUNK_PLANS = 100_000
 """Plans evaluated at once (bounds the oracle's memory to a few hundred MB)."""
@@ -59,13 +59,23 @@ def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], en
                ) -> dict[str, np.ndarray]:
     """Columns of every structure (split, tp, cp, vpp, ep, etp, zero) that passes the rules reading only those
     knobs and, with `enforce_memory`, the memory lower bound of the groups that read only those knobs."""
-    factors = space.factors(_level_knobs(space, STRUCTURE_KNOBS))
-    digits = mixed_radix([len(t) for _, t in factors], 0, math.prod(len(t) for _, t in factors))
-    columns = space.columns_from_factors(factors, digits)
+    # the product is built one factor at a time (earlier factors the major digits, as a mixed-radix count), each
+    # rule applied as soon as the knobs it reads are present, so no structure a rule rejects is expanded further
+    columns: dict[str, np.ndarray] = {}
+    count = 1
+    pending = [r for r in rules if r.id != "memory"]
+    for name, table in space.factors(_level_knobs(space, STRUCTURE_KNOBS)):
+        rows = np.repeat(np.arange(count), len(table))
+        columns = {k: v[rows] for k, v in columns.items()}
+        columns.update(space.columns_from_factors([(name, table)], [np.tile(np.arange(len(table)), count)]))
+        count = len(rows)
+        ready = [r for r in pending if _covered(r, set(columns))]
+        pending = [r for r in pending if r not in ready]
+        if ready and count:
+            mask = structural_mask(problem, plan_arrays(columns), ready)
+            columns = {k: v[mask] for k, v in columns.items()}
+            count = int(mask.sum())
     knobs = set(columns)
-    plans = plan_arrays(columns)
-    mask = structural_mask(problem, plans, [r for r in rules if r.id != "memory" and _covered(r, knobs)])
-    columns = {k: v[mask] for k, v in columns.items()}
     if enforce_memory and any(r.id == "memory" for r in rules) and len(columns["tp"]):
         structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -90,12 +100,16 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
     limit_units = objective.memory_limit_units(problem.cluster.memory_limit_bytes)
     use_memory = enforce_memory and any(r.id == "memory" for r in rules)
 
+    base_plans = plan_arrays(base) if n_structures else None
+    shared: dict = {}      # values of the structure-only cost functions, per structure (costmodels.structure)
+    tables, product_rules = detail_tables(space, base, detail, problem, rules)
     best_columns: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS}
     best_time = np.zeros(0, dtype=np.int64)
     best_memory = np.zeros(0, dtype=np.int64)
     valid = fitting = seen = 0
     complete = True
     structures_per_chunk = max(1, CHUNK_PLANS // max(per_structure, 1))
+    digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
     for s0 in range(0, n_structures, structures_per_chunk):
         if time_budget_s is not None and seen and time.perf_counter() - start > time_budget_s:
             complete = False
@@ -103,32 +117,39 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
         s1 = min(n_structures, s0 + structures_per_chunk)
         if progress is not None:
             progress(s0 / max(n_structures, 1))
-        count = (s1 - s0) * per_structure
-        flat = np.arange(count, dtype=np.int64)
-        structure_index = s0 + flat // per_structure
-        digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
-        columns = {k: v[structure_index] for k, v in base.items()}
-        columns.update(space.columns_from_factors(detail, [np.tile(d, s1 - s0) for d in digits]))
-        plans = plan_arrays(columns)
-        seen += len(plans)
-        mask = structural_mask(problem, plans, rules)
-        if not mask.any():
+        # the rules reading one detail factor and the structure, looked up per (structure, factor value), before
+        # any plan is built
+        mask = np.ones((s1 - s0, per_structure), dtype=bool)
+        for table, digit in zip(tables, digits):
+            mask &= table[s0:s1][:, digit]
+        seen += mask.size
+        chunk_structure, detail_row = np.nonzero(mask)
+        if not len(chunk_structure):
             continue
-        plans = plans.take(np.flatnonzero(mask))
+        structure_index = s0 + chunk_structure
+        columns = {k: v[structure_index] for k, v in base.items()}
+        columns.update(space.columns_from_factors(detail, [d[detail_row] for d in digits]))
+        plans = structure_link(_chunk_plans(columns), base_plans, structure_index, shared)
+        if product_rules:
+            keep = structural_mask(problem, plans, product_rules)
+            if not keep.any():
+                continue
+            plans = plans.take(np.flatnonzero(keep))
         valid += len(plans)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            m_units = objective.memory_units(structure, problem.model, problem.cluster, problem.training, plans)
+            m_units = objective.memory_units_by_group(structure, problem.model, problem.cluster, problem.training, plans)
         keep = m_units <= limit_units if use_memory else np.ones(len(plans), dtype=bool)
         fitting += int(keep.sum())
         if not keep.any():
             continue
         plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            terms = steptime.step_time_terms_s(problem.model, problem.cluster, problem.training, plans)
-            t_units = objective.time_units(structure, problem.cluster, problem.training, plans, terms)
-        merged = {k: np.concatenate([best_columns[k], getattr(plans, k).astype(np.int64)]) for k in PLAN_FIELDS}
-        merged_time = np.concatenate([best_time, t_units])
-        merged_memory = np.concatenate([best_memory, m_units])
+            t_units = objective.time_units_by_group(structure, problem.model, problem.cluster, problem.training, plans)
+        chunk = _not_dominated_within(t_units, m_units)
+        merged = {k: np.concatenate([best_columns[k], getattr(plans, k)[chunk].astype(np.int64)])
+                  for k in PLAN_FIELDS}
+        merged_time = np.concatenate([best_time, t_units[chunk]])
+        merged_memory = np.concatenate([best_memory, m_units[chunk]])
         idx = front_indices(merged_time, merged_memory, merged)
         best_columns = {k: v[idx] for k, v in merged.items()}
         best_time, best_memory = merged_time[idx], merged_memory[idx]
@@ -137,6 +158,73 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
                         time_units=best_time, memory_units=best_memory, space_size=space.size, valid_plans=valid,
                         fitting_plans=fitting, complete=complete, elapsed_s=time.perf_counter() - start,
                         plans_seen=seen)
+
+
+def _factor_knobs(name: str) -> tuple[str, ...]:
+    return ("recompute", "recompute_layers") if name == "recompute" else (name,)
+
+
+def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[tuple[str, np.ndarray]], problem: Problem,
+                  rules: tuple[Rule, ...]) -> tuple[list[np.ndarray], list[Rule]]:
+    """For each detail factor, a (structures × factor values) table of the rules that read the structure knobs and
+    that factor only; and the rules left to check plan by plan (reading several detail factors). The rules reading
+    the structure knobs alone were applied by `structures`."""
+    structure_knobs = set(base)
+    n = len(next(iter(base.values()))) if base else 0
+    used: set[str] = set()
+    tables = []
+    for name, values in detail:
+        knobs = structure_knobs | set(_factor_knobs(name))
+        mine = [r for r in rules if r.id != "memory" and _covered(r, knobs) and not _covered(r, structure_knobs)]
+        used.update(r.id for r in mine)
+        if not mine or not n:
+            tables.append(np.ones((n, len(values)), dtype=bool))
+            continue
+        # evaluated once per distinct value of the structure knobs these rules read, then copied to every structure
+        read = [k for k in base if any(k in r.knobs or (k == "etp" and "tp" in r.knobs) for r in mine)]
+        first, inverse = _distinct_rows([base[k] for k in read], n)
+        rows = np.repeat(first, len(values))
+        columns = {k: base[k][rows] for k in read}
+        columns.update(space.columns_from_factors([(name, values)], [np.tile(np.arange(len(values)), len(first))]))
+        ok = structural_mask(problem, plan_arrays(columns), mine).reshape(len(first), len(values))
+        tables.append(ok[inverse])
+    rest = [r for r in rules if r.id != "memory" and r.id not in used and not _covered(r, structure_knobs)]
+    return tables, rest
+
+
+def _chunk_plans(columns: dict[str, np.ndarray]) -> PlanArrays:
+    """The chunk's columns as PlanArrays without copying them (they are fresh arrays); plan_arrays when some knob
+    is absent from the space and takes its default."""
+    if not set(PLAN_FIELDS) <= set(columns) or (columns["etp"] == 0).any():
+        return plan_arrays(columns)
+    return PlanArrays(**{k: np.asarray(columns[k], dtype=bool if k == "sp" else np.int64) for k in PLAN_FIELDS})
+
+
+def _distinct_rows(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the first row of each distinct combination of `columns`, each row's position among them)."""
+    code = np.zeros(n, dtype=np.int64)
+    for column in columns:
+        values, dense = np.unique(column, return_inverse=True)
+        code = code * len(values) + dense.reshape(-1)
+        _, code = np.unique(code, return_inverse=True)        # renumbered: stays small whatever the columns
+        code = code.reshape(-1)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def _not_dominated_within(time_units: np.ndarray, memory_units: np.ndarray) -> np.ndarray:
+    """Indices of the plans no other plan of the same batch strictly dominates: a superset of the batch's front
+    (every plan dropped has another that is faster-or-equal and strictly smaller, or faster and equal), so merging
+    only these into the running front gives the same front."""
+    span = int(memory_units.max(initial=0)) + 1
+    if len(time_units) and int(time_units.max()) < np.iinfo(np.int64).max // span and time_units.min() >= 0 \
+            and memory_units.min() >= 0:
+        order = np.argsort(time_units * span + memory_units, kind="stable")   # (time, memory) as one integer
+    else:
+        order = np.lexsort((memory_units, time_units))
+    memory_sorted = memory_units[order]
+    best_before = np.concatenate(([np.iinfo(np.int64).max], np.minimum.accumulate(memory_sorted)[:-1]))
+    return np.sort(order[memory_sorted <= best_before])
 
 
 def _empty_plans() -> PlanArrays:

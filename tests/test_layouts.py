@@ -1,0 +1,252 @@
+"""Pipeline layouts (costmodels.layout, autopar.search.layouts): the exact engines against brute force, and the
+pricing against the uniform cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import autopar
+from autopar.search.layouts import best_layout, brute_force, chain_dp, compositions, cpsat_layout, objectives_of
+from costmodels.layout import LayoutTables, layout_tables, price_layout, uniform_layout
+from costmodels.plan import Plan
+from costmodels.specs import TrainingSpec
+
+
+@st.composite
+def instances(draw):
+    """Random integer tables (any values: the engines must be exact whatever the cost model says) on small
+    instances: <= 20 layers, pp·vpp <= 6, with or without a MoE pattern (first dense layers, layer frequency)."""
+    pp = draw(st.integers(2, 6))
+    vpp = draw(st.integers(1, 6 // pp))
+    layers = draw(st.integers(1, 20))
+    moe = draw(st.booleans())
+    first_dense = draw(st.integers(0, layers)) if moe else 0
+    freq = draw(st.integers(1, 3)) if moe else 1
+    seed = draw(st.integers(0, 2**31 - 1))
+    microbatches = draw(st.integers(1, 16))
+    rng = np.random.default_rng(seed)
+    probe = LayoutTables(plan=Plan(pp=pp, vpp=vpp), num_layers=layers, num_moe_layers=0, moe_first_dense=first_dense,
+                         moe_freq=freq, microbatches=microbatches, stage_time_ns=np.zeros((3, 1, 1), np.int64),
+                         sync_ns=np.zeros((pp, 1, 1), np.int64), memory_mib=np.zeros((pp, 1, 1), np.int64),
+                         p2p_ns=0, memory_limit_mib=0)
+    num_moe = int(dataclasses.replace(probe, num_moe_layers=layers).moe_before(layers)) if moe else 0
+    shape = (layers - num_moe + 1, num_moe + 1)
+    dense, moe_cells = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
+    # costs grow with the layers (as real ones do) plus noise, so the optimum is not trivially uniform
+    per_dense, per_moe = rng.integers(50, 150, size=2)
+    stage = (rng.integers(0, 300, size=(3, 1, 1)) + per_dense * dense + per_moe * moe_cells
+             + rng.integers(0, 60, size=(3,) + shape))
+    sync = rng.integers(0, 200, size=(pp, 1, 1)) + rng.integers(0, 40, size=(pp,) + shape)
+    memory = rng.integers(0, 50, size=(pp, 1, 1)) + 7 * (dense + moe_cells) + rng.integers(0, 5, size=(pp,) + shape)
+    limit = int(rng.integers(int(memory.min()), int(memory.max()) + 2))
+    return dataclasses.replace(probe, num_moe_layers=num_moe, stage_time_ns=stage.astype(np.int64),
+                               sync_ns=sync.astype(np.int64), memory_mib=memory.astype(np.int64),
+                               p2p_ns=int(rng.integers(0, 100)), memory_limit_mib=limit)
+
+
+def _objective(result):
+    return None if result.best is None else result.best.objective_ns
+
+
+@pytest.mark.slow
+@given(instances())
+def test_cpsat_and_dp_equal_brute_force(tables):
+    """CI: the 'ci' profile's examples; `pytest --slow`: 300 instances (tests/conftest.py)."""
+    truth = brute_force(tables)
+    cpsat = cpsat_layout(tables, time_limit_s=None)
+    assert cpsat.proven_optimal
+    assert _objective(cpsat) == _objective(truth)
+    if truth.best is not None:
+        assert cpsat.best.fits and price_layout(tables, cpsat.best.layout).objective_ns == truth.best.objective_ns
+    if tables.vpp == 1:   # the DP is exact when it finishes; past its solve cap best_layout hands over to CP-SAT
+        dp = chain_dp(tables)
+        if dp.proven_optimal:
+            assert _objective(dp) == _objective(truth)
+    assert _objective(best_layout(tables, time_limit_s=None)) == _objective(truth)
+
+
+def test_compositions_are_all_and_only_the_compositions():
+    rows = compositions(5, 3)
+    assert len(rows) == math.comb(7, 2) and (rows.sum(axis=1) == 5).all() and (rows >= 0).all()
+    assert len({tuple(r) for r in rows}) == len(rows)
+
+
+def test_vectorised_objectives_equal_price_layout():
+    model = autopar.load_model("deepseek-v2-lite")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
+    tables = layout_tables(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256),
+                           Plan(tp=2, pp=4, vpp=1, ep=8, mbs=1, zero=1, first_stage_layers=6))
+    rows = np.array([uniform_layout(model, tables.plan), (7, 7, 7, 6), (9, 9, 8, 1)])
+    objective, fits = objectives_of(tables, rows)
+    for row, value, fit in zip(rows, objective, fits):
+        cost = price_layout(tables, tuple(row))
+        assert cost.objective_ns == value and cost.fits == fit
+
+
+@pytest.mark.parametrize("name,gpus,plan", [
+    ("llama-3.1-8b", 32, Plan(tp=2, pp=4, mbs=1, zero=1)),
+    ("llama-3.1-8b", 32, Plan(tp=2, pp=4, vpp=2, mbs=1, zero=1)),
+    ("deepseek-v2-lite", 48, Plan(tp=1, pp=3, ep=8, mbs=1, zero=1, first_stage_layers=8, last_stage_layers=9)),
+])
+def test_uniform_layout_priced_like_the_uniform_model(name, gpus, plan):
+    """Equal stages: the layout formula is the uniform model's (m + (p-1)/v)·T; memory per rank the same terms."""
+    model = autopar.load_model(name)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    tables = layout_tables(model, cluster, training, plan)
+    cost = price_layout(tables, uniform_layout(model, plan))
+    estimate = autopar.estimate(model, cluster, training, plan)
+    assert sum(uniform_layout(model, plan)) == model.num_layers
+    # memory: the same per-rank terms (whole MiB, rounded up)
+    for rank, stage in enumerate(estimate.stages):
+        assert cost.rank_memory_mib[rank] == math.ceil(stage.total_bytes / 2**20)
+    # time: never above the uniform model (which takes each term on its own worst stage), equal when stages match
+    assert cost.step_time_s <= estimate.step_time_s * (1 + 1e-9)
+    if plan.first_stage_layers == 0 and plan.last_stage_layers == 0 and model.vocab_size < 50_000:
+        assert cost.step_time_s == pytest.approx(estimate.step_time_s, rel=2e-3)
+
+
+def test_piling_a_rank_into_one_chunk_loses_the_interleaving_gain():
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    plan = Plan(tp=2, pp=4, vpp=2, mbs=1, zero=1)
+    tables = layout_tables(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256), plan)
+    even = price_layout(tables, uniform_layout(model, plan))
+    piled = price_layout(tables, (8, 8, 8, 8, 0, 0, 0, 0))
+    assert piled.step_time_s > even.step_time_s
+
+
+# ---- in and out --------------------------------------------------------------------------------------------------
+
+def _deepseek_layout_estimate():
+    model = autopar.load_model("deepseek-v3")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=2048)
+    training = TrainingSpec(seq_len=4096, global_batch_size=4096)
+    plan = Plan(tp=2, pp=16, cp=2, ep=8, etp=1, mbs=1, sp=True, zero=1, layout=(5,) + (4,) * 14 + (0,))
+    return model, autopar.estimate(model, cluster, training, plan)
+
+
+def test_megatron_layout_round_trip():
+    from autopar.export import launch_config
+    from autopar.megatron_args import parse_megatron_args
+
+    model, estimate = _deepseek_layout_estimate()
+    text = launch_config(estimate, "megatron").text
+    assert "--pipeline-model-parallel-layout 'Et*5|(t*4|)*14,mL'" in text
+    for flag in ("--decoder-first-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank",
+                 "--account-for-embedding-in-pipeline-split"):
+        assert flag not in text
+    assert parse_megatron_args(text, model.num_layers).plan.layout == estimate.plan.layout
+
+
+@pytest.mark.parametrize("layout", [(3, 4, 4, 2), (0, 5, 5, 3, 4, 0), (1, 0, 0, 12), (7, 6)])
+def test_layout_strings_round_trip(layout):
+    from autopar.megatron_args import format_megatron_layout, parse_megatron_layout
+
+    pp = 2
+    for mtp in (0, 1):
+        assert parse_megatron_layout(format_megatron_layout(layout, mtp), pp) == (layout, mtp)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tEt|tL", "embedding E must come first"),
+    ("Et|t|tL", "not a multiple"),
+    ("Et|tX|tL|L", "unknown layer character"),
+    ("Em|tL", "before the MTP layers"),
+])
+def test_bad_layout_strings_are_refused_with_the_reason(text, message):
+    from autopar.megatron_args import parse_megatron_layout
+    from costmodels.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        parse_megatron_layout(text, 2)
+
+
+def test_frameworks_without_layouts_fall_back_to_the_nearest_split_and_say_so():
+    from autopar.export import launch_config
+
+    _, estimate = _deepseek_layout_estimate()
+    config = launch_config(estimate, "verl")
+    assert any("cannot express a per-stage pipeline layout" in note for note in config.unexpressed)
+    assert "split-/1" in config.unexpressed[-1]           # the layout's ends: 5 layers first, none last -> 4 / 1
+    bridge = launch_config(estimate, "bridge").text
+    assert "model.pipeline_model_parallel_layout='Et*5|(t*4|)*14,mL'" in bridge
+    nemo = launch_config(estimate, "nemo").text
+    assert "trainer.strategy.pipeline_model_parallel_layout='Et*5|(t*4|)*14,mL'" in nemo
+
+
+def test_torchtitan_module_lists_follow_the_layout():
+    from autopar.export.torchtitan import module_fqns_per_model_part
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    estimate = autopar.estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256),
+                                Plan(tp=2, pp=4, mbs=1, layout=(9, 8, 8, 7)))
+    parts = module_fqns_per_model_part(model.num_layers, estimate)
+    assert [sum(name.startswith("layers.") for name in part) for part in parts] == [9, 8, 8, 7]
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+
+
+def test_a_layout_plan_estimate_is_its_parent_less_the_per_stage_gain():
+    from costmodels.layout import parent_plan
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    even = Plan(tp=2, pp=4, mbs=1, zero=1)
+    # a layout that is a first/last split gets exactly that split's estimate
+    as_split = autopar.estimate(model, cluster, training, dataclasses.replace(even, layout=(9, 8, 8, 7)))
+    split = autopar.estimate(model, cluster, training, dataclasses.replace(even, first_stage_layers=9,
+                                                                           last_stage_layers=7))
+    assert as_split.step_time_s == pytest.approx(split.step_time_s, rel=1e-12)
+    # any other: its parent's estimate less the per-stage model's gain between the parent's layout and it
+    plan = dataclasses.replace(even, layout=(9, 9, 7, 7))
+    parent = parent_plan(model, cluster, training, plan)
+    tables = layout_tables(model, cluster, training, parent)
+    gain_s = (price_layout(tables, uniform_layout(model, parent)).step_time_s
+              - price_layout(tables, plan.layout).step_time_s)
+    got = autopar.estimate(model, cluster, training, plan)
+    want = autopar.estimate(model, cluster, training, parent).step_time_s - gain_s
+    assert got.step_time_s == pytest.approx(want, rel=1e-6)
+    assert [stage.layers for stage in got.stages] == [9, 9, 7, 7]
+
+
+# ---- solve --layouts and explain ---------------------------------------------------------------------------------
+
+def test_explain_layout_shows_each_rank_before_and_after():
+    from autopar.search.refine import explain_layout
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    lines, document = explain_layout(model, cluster, training, Plan(tp=2, pp=4, mbs=1))
+    assert lines[0].startswith("layout: 8|8|8|8") and "faster step" in lines[0]
+    assert document["gain"] > 0 and sum(document["best_layout"]) == model.num_layers
+    assert len(document["rank_time_s"]["best_layout"]) == 4 and len(lines) == 3 + 4
+    # the 128K-vocabulary output layer makes the last rank the slowest under the even split
+    assert max(document["rank_time_s"]["layout"]) == document["rank_time_s"]["layout"][-1]
+    assert max(document["rank_time_s"]["best_layout"]) < max(document["rank_time_s"]["layout"])
+
+
+def test_solve_with_layouts_refines_the_front():
+    from autopar.search.refine import refine_front
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    front = autopar.solve(model, cluster, training, fix={"pp": 4, "tp": 2, "vpp": 2})
+    refined, refinements = refine_front(front, budget_s=60)
+    assert refinements and any(p.plan.layout for p in refined.points)
+    assert refined.points[0].step_time_s <= front.points[0].step_time_s
+    assert any(note.startswith("layouts:") for note in refined.notes)
+    for point in refined.points:       # still a front: sorted, nothing dominated
+        assert not any(q.step_time_s <= point.step_time_s and q.peak_memory_bytes < point.peak_memory_bytes
+                       for q in refined.points)
+    for r in refinements:
+        assert r.best_ns <= r.uniform_ns
