@@ -146,6 +146,13 @@ def mcore_recompute_fields(plan: Plan) -> dict[str, object]:
     return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None, **none}
 
 
+def mcore_moe_fields(estimate: Estimate) -> dict[str, object]:
+    """Megatron-Core MoE fields every MoE plan gets: moe_grouped_gemm, the grouped expert GEMM Megatron's MoE recipes
+    use, and which Megatron-Core requires for recompute_modules 'moe_act' (TransformerConfig.__post_init__: 'moe_act
+    in recompute_modules is only supported with moe_grouped_gemm')."""
+    return {"moe_grouped_gemm": True} if estimate.model.is_moe else {}
+
+
 def data_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
     """Megatron-Core DistributedDataParallelConfig switches as the user set them for the step time
     (TrainingSpec.overlap_grad_reduce / overlap_param_gather; costmodels/steptime.py dp_comm_s). Both are off by

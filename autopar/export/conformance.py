@@ -13,7 +13,7 @@ when one is missing, so tests skip with the reason. Each checker states what it 
   set to the cluster's (no process group here); then its batch triple, ZeRO stage and AutoTP size.
 * megatron (megatron-core 0.19.2, which ships Megatron-LM's megatron/training): Megatron-LM's own argument parser
   (`add_megatron_arguments`) on the emitted flags, `validate_args` under the emitted CUDA_DEVICE_MAX_CONNECTIONS on an
-  H100 (device arch 9), then `core_transformer_config_from_args` (TransformerConfig.__post_init__).
+  H100 (device arch 9, compute capability 9.0), then `core_transformer_config_from_args` (TransformerConfig.__post_init__).
 * torchtitan (torchtitan 0.3.0): the emitted file loaded by torchtitan's `ConfigManager.parse_args(["--module",
   "autopar_plan", "--config", "autopar_plan"])` (tyro), then `ParallelDims` on the cluster's world size and the
   pipeline schedule class / microbatch checks torchtitan's pipeline_llm makes.
@@ -201,7 +201,11 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     args = parser.parse_args(flags + ["--tokenizer-type", "NullTokenizer", "--vocab-size",
                                       str(estimate.model.vocab_size), "--lr", "1e-4", "--train-iters", "10"])
     args.world_size, args.rank = estimate.cluster.num_gpus, 0
+    import torch
+
+    # an H100: device arch 9 for the CUDA_DEVICE_MAX_CONNECTIONS rule, compute capability (9, 0) for GroupedGEMM
     with _environment(env), mock.patch.object(arguments, "get_device_arch_version", return_value=9), \
+            mock.patch.object(torch.cuda, "get_device_capability", return_value=(9, 0)), \
             contextlib.redirect_stdout(io.StringIO()):
         arguments.validate_args(args)
         args.apply_rope_fusion = False   # needs Transformer Engine, absent on this CPU machine (not a plan knob)
@@ -303,6 +307,7 @@ def hydra_overrides(text: str) -> list[str]:
 def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
     verl_config = _require("verl.trainer.config", "verl")
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     from verl.utils.config import validate_config
 
@@ -323,7 +328,8 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                              "virtual_pipeline_model_parallel_size", "context_parallel_size",
                                              "sequence_parallel", "expert_model_parallel_size",
                                              "expert_tensor_parallel_size")},
-        **{k: v for k, v in megatron.override_transformer_config.items() if k in _transformer_fields()}})
+        **{k: v for k, v in OmegaConf.to_container(megatron.override_transformer_config).items()
+           if k in _transformer_fields()}})
 
 
 # ---- Megatron-Core TransformerConfig (NeMo 2, Megatron-Bridge, verl) -------------------------------------------
@@ -344,7 +350,8 @@ def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[s
     model = estimate.model
     shape = dict(num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
                  num_attention_heads=model.num_attention_heads, num_query_groups=model.num_kv_heads,
-                 kv_channels=model.head_dim, add_bias_linear=model.linear_bias)
+                 kv_channels=model.head_dim, add_bias_linear=model.linear_bias,
+                 multi_latent_attention=model.mla is not None)
     if estimate.plan.pp > 1:   # every recipe sets the pipeline's dtype (NeMo 2: pipeline_dtype; Bridge recipes too)
         import torch
 
@@ -512,7 +519,8 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                                      "account_for_loss_in_pipeline_split",
                                                      "expert_model_parallel_size", "expert_tensor_parallel_size",
                                                      "recompute_granularity", "recompute_method",
-                                                     "recompute_num_layers"}}
+                                                     "recompute_num_layers", "recompute_modules",
+                                                     "moe_grouped_gemm"}}
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
             + _transformer_config(estimate, final))
 
@@ -522,6 +530,8 @@ def _plain(value: object) -> object:
 
 
 def _override_value(text: str) -> object:
+    if text.startswith("[") and text.endswith("]"):   # Hydra list syntax
+        return [_override_value(item.strip()) for item in text[1:-1].split(",") if item.strip()]
     lowered = text.lower()
     if lowered in ("null", "none"):
         return None

@@ -150,7 +150,8 @@ def model_flags(model: ModelSpec) -> list[Flag]:
     if model.moe is not None:
         moe = model.moe
         flags += [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
-                  ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size))]
+                  ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
+                  ("--moe-grouped-gemm", None)]   # export.common.mcore_moe_fields
         if moe.num_shared_experts:
             flags.append(("--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)))
         pattern = _moe_layer_pattern(model)
