@@ -20,8 +20,15 @@ import math
 from typing import Any
 
 from autopar.report.csv_report import ordered_union, worst_stage_terms
-from autopar.report.units import (column_cells, format_bytes, format_count, format_percent, format_rate,
-                                  format_seconds, rate_unit, seconds_unit, whole_count)
+from autopar.report.units import (
+    format_bytes,
+    format_count,
+    format_percent,
+    format_rate,
+    format_seconds,
+    front_columns,
+    whole_count,
+)
 from costmodels.units import GIB
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
@@ -385,13 +392,9 @@ def _stacked_bars(document: dict[str, Any], kind: str) -> str:
 def _points_table(document: dict[str, Any]) -> str:
     """The front, one unit per column (named in the header), enough decimals that neighbouring rows differ."""
     points = document["points"]
-    times = [p["step_time_s"] if p["step_time_s"] is not None else math.nan for p in points]
-    rates = [p["tokens_per_s"] if p["tokens_per_s"] is not None else math.nan for p in points]
-    peaks = [p["peak_memory_bytes"] if p["peak_memory_bytes"] is not None else math.nan for p in points]
-    time_unit, time_scale = seconds_unit(times)
-    rate_label, rate_scale = rate_unit(rates)
-    time_cells, rate_cells = column_cells(times, time_scale), column_cells(rates, rate_scale)
-    peak_cells = column_cells(peaks, GIB)
+    cells = front_columns(points)
+    time_unit, rate_label = cells["time_unit"], cells["rate_unit"]
+    time_cells, rate_cells, peak_cells = cells["time"], cells["rate"], cells["peak_gib"]
     rows = []
     for i, p in enumerate(points):
         rows.append(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from autopar.report.csv_report import ordered_union, worst_stage_terms
-from autopar.report.units import (column_cells, format_bytes, format_count, format_gib_cell, format_percent,
-                                  format_seconds, rate_unit, seconds_unit, whole_count)
-
-GIB_BYTES = 1024**3
+from autopar.report.units import (
+    column_cells,
+    format_bytes,
+    format_count,
+    format_gib_cell,
+    format_percent,
+    format_seconds,
+    front_columns,
+    whole_count,
+)
 
 _MARKDOWN_SPECIAL = "\\`*_{}[]<>()#+!|~"
 
@@ -62,13 +67,9 @@ def render_markdown(document: dict[str, Any]) -> str:
     ])
     lines += ["", "## Front", ""]
     # one unit per column, named in the header; enough decimals that neighbouring rows differ
-    times = [p["step_time_s"] if p["step_time_s"] is not None else math.nan for p in points]
-    rates = [p["tokens_per_s"] if p["tokens_per_s"] is not None else math.nan for p in points]
-    peaks = [p["peak_memory_bytes"] if p["peak_memory_bytes"] is not None else math.nan for p in points]
-    time_unit, time_scale = seconds_unit(times)
-    rate_label, rate_scale = rate_unit(rates)
-    time_cells, rate_cells = column_cells(times, time_scale), column_cells(rates, rate_scale)
-    peak_cells = column_cells(peaks, GIB_BYTES)
+    cells = front_columns(points)
+    time_unit, rate_label = cells["time_unit"], cells["rate_unit"]
+    time_cells, rate_cells, peak_cells = cells["time"], cells["rate"], cells["peak_gib"]
     lines += _table(["#", "plan", f"step time ({time_unit})", f"throughput ({rate_label})", "MFU",
                      "peak memory (GiB)", "peak stage", "microbatches"], [
         [str(p["rank"]), f"`{p['label']}`", time_cells[i], rate_cells[i], _number(p["mfu"], format_percent),
@@ -82,8 +83,8 @@ def render_markdown(document: dict[str, Any]) -> str:
                          for term in terms]
                         + [["**total**", *(f"**{_number(p['peak_memory_bytes'], format_gib_cell)}**"
                                            for p in points)]])
-        step_unit, step_scale = seconds_unit(times)
-        lines += ["", f"## Step time, {step_unit}", ""]
+        step_scale = cells["time_scale"]   # the front table's unit
+        lines += ["", f"## Step time, {time_unit}", ""]
         terms = ordered_union([p["time_terms_s"] for p in points])
         rows = [[md_text(term), *(p["time_terms_s"].get(term) for p in points)] for term in terms]
         rows.append(["**total**", *(p["step_time_s"] for p in points)])

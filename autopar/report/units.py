@@ -182,3 +182,15 @@ def whole_count(value: float) -> str:
     if special is not None:
         return special
     return f"{int(round(value)):,}" if float(value).is_integer() else f"{value:,.3f}"
+
+
+def front_columns(points: "list[dict]") -> dict[str, "str | list[str]"]:
+    """The front table's step time, throughput and peak memory columns of the document's points, one unit each:
+    {'time_unit', 'time_scale', 'rate_unit', 'time', 'rate', 'peak_gib'} (cells as strings; nulls print as n/a)."""
+    def column(key: str) -> list[float]:
+        return [p[key] if p[key] is not None else math.nan for p in points]
+
+    times, rates = column("step_time_s"), column("tokens_per_s")
+    (time_unit, time_scale), (rate_label, rate_scale) = seconds_unit(times), rate_unit(rates)
+    return {"time_unit": time_unit, "time_scale": time_scale, "rate_unit": rate_label, "time": column_cells(times, time_scale),
+            "rate": column_cells(rates, rate_scale), "peak_gib": column_cells(column("peak_memory_bytes"), GIB)}
