@@ -266,9 +266,4 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  plans: PlanArrays) -> tuple[StageMemory, ...]:
     """Named memory terms on every pipeline rank of the single plan in `plans`."""
     assert len(plans) == 1, "stage_memory describes one plan"
-    stages = []
-    for stage in range(int(plans.pp[0])):
-        terms = memory_terms_bytes(model, cluster, training, plans, stage)
-        stages.append(StageMemory(stage=stage, layers=float(layers_on_stage(model.num_layers, plans, stage)[0]),
-                                  terms_bytes={term: float(values[0]) for term, values in terms.items()}))
-    return tuple(stages)
+    return stage_memories(model, cluster, training, plans)[0]

@@ -51,7 +51,6 @@ TIME_UNITS_MAX = 2**62
 """A plan's total time units saturate here (int64 holds 2^63 - 1)."""
 PIPELINE_FACTOR_MAX = 2**40
 """The pipeline factor saturates here (S · (1 + bubble/m) with bubble/m up to the layer count is far below)."""
-"""A plan's total time units saturate here (int64 holds 2^63 - 1)."""
 TIME_RANKING_LIMIT_S = min(TIME_GROUP_UNITS_MAX * TIME_UNIT_S, TIME_UNITS_MAX * TIME_UNIT_S / (2 * 2**16))
 """Step times below this are ranked exactly (within the tolerance above); longer ones may rank as ties."""
 
