@@ -345,6 +345,52 @@ class LayerTimes:
     """Per dense layer: the forward of the modules selective recompute re-runs (see selective_recompute_s)."""
     selective_moe_fwd_s: "np.ndarray | None" = None
     """Per MoE layer: the same."""
+    tp_overlap: "TpOverlapGemms | None" = None
+    """The GEMMs the SP collectives are fused with under --tp-comm-overlap (see tp_overlap_gemms_s)."""
+
+
+@dataclass(frozen=True)
+class TpOverlapGemms:
+    """Forward seconds per microbatch of the GEMMs that Transformer Engine's userbuffers fuse with the sequence-
+    parallel collectives of one layer (--tp-comm-overlap). Each TP block all-gathers its input before its input GEMM
+    and reduce-scatters its output after its output GEMM; a dgrad GEMM has its forward's FLOPs and shape."""
+
+    attention_in_s: np.ndarray
+    """QKV projection (MLA: all the projections before the core, which read the gathered input)."""
+    attention_out_s: np.ndarray
+    """Output projection."""
+    mlp_in_s: np.ndarray
+    """Dense MLP up (and gate) projection."""
+    mlp_out_s: np.ndarray
+    """Dense MLP down projection."""
+    shared_in_s: np.ndarray
+    """Shared-expert MLP up projection of an MoE layer (zero without shared experts)."""
+    shared_out_s: np.ndarray
+    """Shared-expert MLP down projection."""
+
+
+def tp_overlap_gemms_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
+                       plans: PlanArrays) -> TpOverlapGemms:
+    """The GEMM partner of each SP collective (TransformerEngine `module/base.py` initialize_ub: qkv_fprop and
+    fc1_fprop all-gather + GEMM by ring exchange, proj_fprop and fc2_fprop GEMM + reduce-scatter pipelined; in the
+    backward proj_dgrad / fc2_dgrad all-gather + GEMM, qkv / fc1 dgrad and wgrad bulk-overlapped)."""
+    tokens = _tokens(training, plans)
+    tp = plans.tp.astype(float)
+    projections = [g for g in attention_gemms(model, training, plans) if not g.attention_core]
+    output = projections[2] if model.mla is not None else projections[-1]   # attention_gemms' order (MLA: kv, output, q)
+    inputs = [g for g in projections if g is not output]
+
+    def time(gemms: list[Gemm]) -> np.ndarray:
+        return _gemms_time_s(profile, training, gemms)
+
+    up, down = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+    zero = np.zeros(len(plans))
+    shared_in_s = shared_out_s = zero
+    if model.moe is not None and model.moe.num_shared_experts:
+        shared_up, shared_down = mlp_gemms(model, tokens, model.moe.shared_expert_ffn_hidden_size, tp)
+        shared_in_s, shared_out_s = time([shared_up]), time([shared_down])
+    return TpOverlapGemms(attention_in_s=time(inputs), attention_out_s=time([output]), mlp_in_s=time([up]),
+                          mlp_out_s=time([down]), shared_in_s=shared_in_s, shared_out_s=shared_out_s)
 
 
 def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
@@ -377,7 +423,8 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         module_s = (moe_s if model.is_moe else dense_s) + \
             _gemms_time_s(profile, training, mtp_extra_gemms(model, training, plans))
         mtp_s = model.num_mtp_layers * module_s
-    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel)
+    tp_overlap = tp_overlap_gemms_s(model, profile, training, plans) if training.tp_comm_overlap else None
+    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel, tp_overlap)
 
 
 def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,

@@ -131,15 +131,16 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
 
 
 def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray, linear_s: "np.ndarray | float" = 0.0) -> np.ndarray:
+              stage: np.ndarray, overlap: "compute_model.TpOverlapGemms | None" = None) -> np.ndarray:
     """Exposed TP/SP collectives per microbatch on `stage`.
 
     Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
     and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
     volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
     MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group.
-    With `training.tp_comm_overlap` (and SP) the collectives are hidden behind `linear_s`, see `tp_overlap_exposed_s`;
-    the profile's `overlap.tp_comm` fraction (default 0) applies on top, for calibrated profiles that measured it.
+    With `training.tp_comm_overlap` (and SP) each collective of a TP block hides behind the one GEMM it is fused with
+    (`overlap`, see `tp_block_overlapped_s`); the routed experts' etp collectives are not userbuffer-fused and stay
+    exposed. The profile's `overlap.tp_comm` fraction (default 0) applies on top, for calibrated profiles.
     """
     profile = cluster.profile
     layers = layers_on_stage(model.num_layers, plans, stage)
@@ -154,26 +155,50 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
             group_collective_time_s(profile, placement, "reduce_scatter", bytes_)
         return np.where(plans.sp, split_s, reduce_s)
 
-    tp_block = block_s(tp_group(plans, cluster.gpus_per_node), activation_bytes)
+    tp_placement = tp_group(plans, cluster.gpus_per_node)
+    tp_block = block_s(tp_placement, activation_bytes)
     # attention blocks, dense-MLP blocks, and the shared-expert MLP of MoE layers: Megatron-Core's SharedExpertMLP is
     # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
-    shared_expert_blocks = moe_layers if (model.moe is not None and model.moe.num_shared_experts) else 0.0
+    has_shared = model.moe is not None and bool(model.moe.num_shared_experts)
+    shared_expert_blocks = moe_layers if has_shared else 0.0
     total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
+    if training.tp_comm_overlap and overlap is not None:
+        gather_s = group_collective_time_s(profile, tp_placement, "all_gather", activation_bytes)
+        scatter_s = group_collective_time_s(profile, tp_placement, "reduce_scatter", activation_bytes)
+
+        def block(in_s, out_s):
+            return tp_block_overlapped_s(gather_s, scatter_s, in_s, out_s, plans.tp, recomputed)
+
+        hidden = (layers * block(overlap.attention_in_s, overlap.attention_out_s)
+                  + (layers - moe_layers) * block(overlap.mlp_in_s, overlap.mlp_out_s)
+                  + (moe_layers * block(overlap.shared_in_s, overlap.shared_out_s) if has_shared else 0.0))
+        total = np.where(plans.sp & (plans.tp > 1), hidden, total)
     if model.moe is not None:
         expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
         total = total + per_block * moe_layers * block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
-    if training.tp_comm_overlap:
-        total = np.where(plans.sp & (plans.tp > 1), tp_overlap_exposed_s(total, linear_s, plans.tp), total)
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total
 
 
-def tp_overlap_exposed_s(comm_s: np.ndarray, linear_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:
-    """Exposed part of the SP collectives under --tp-comm-overlap (Megatron-Core / Transformer Engine userbuffers:
-    each all-gather / reduce-scatter is split into tp ring steps, step i sent while the GEMM of chunk i-1 runs;
-    Wang et al., "Overlap communication with dependent computation via decomposition", ASPLOS 2023): the first
-    chunk of each collective cannot hide (comm/tp), the rest hides behind the linear GEMMs' time as far as it lasts."""
+def tp_block_overlapped_s(gather_s: np.ndarray, scatter_s: np.ndarray, in_gemm_s: np.ndarray,
+                          out_gemm_s: np.ndarray, tp: np.ndarray, recomputed: np.ndarray) -> np.ndarray:
+    """Exposed SP collectives of one TP block per microbatch under --tp-comm-overlap (Transformer Engine
+    userbuffers, `module/base.py` initialize_ub). Forward (and a recomputed forward): the input all-gather is fused
+    with the input GEMM (ring exchange), the output reduce-scatter with the output GEMM (pipelined). Backward: the
+    gradient's all-gather with the output GEMM's dgrad (proj_dgrad / fc2_dgrad ring exchange), the input gradient's
+    reduce-scatter with the input GEMM's wgrad (bulk overlap: no ring steps, the whole collective runs beside the
+    GEMM; the input GEMM's dgrad hides the re-gather of the saved input, which is not counted here either)."""
+    forward = tp_overlap_exposed_s(gather_s, in_gemm_s, tp) + tp_overlap_exposed_s(scatter_s, out_gemm_s, tp)
+    backward = tp_overlap_exposed_s(gather_s, out_gemm_s, tp) + np.maximum(0.0, scatter_s - in_gemm_s)
+    return (1.0 + recomputed) * forward + backward
+
+
+def tp_overlap_exposed_s(comm_s: np.ndarray, gemm_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:
+    """Exposed part of one SP collective fused with a GEMM (userbuffers: the collective is split into tp ring steps,
+    step i sent while the GEMM of chunk i-1 runs; Wang et al., "Overlap communication with dependent computation via
+    decomposition", ASPLOS 2023): the first chunk cannot hide (comm/tp), the rest hides behind that GEMM as far as it
+    lasts."""
     first_chunk = comm_s / tp
-    return first_chunk + np.maximum(0.0, comm_s - first_chunk - linear_s)
+    return first_chunk + np.maximum(0.0, comm_s - first_chunk - gemm_s)
 
 
 def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -238,14 +263,9 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                      times: compute_model.LayerTimes, stage: np.ndarray) -> StageMicrobatch:
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
-    layers = layers_on_stage(model.num_layers, plans, stage)
-    core_recomputed = (plans.recompute == Recompute.FULL) | recomputes_module(plans, RecomputeModule.CORE_ATTN)
-    core_s = layers * times.attention_core_fwd_s * (1.0 + compute_model.attention_core_backward_to_forward(training)
-                                                     + core_recomputed)
-    linear_s = np.maximum(forward + backward + recompute - core_s, 0.0)    # what TP overlap can hide behind
     return StageMicrobatch(
         forward_s=forward, backward_s=backward, recompute_s=recompute,
-        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, linear_s),
+        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, times.tp_overlap),
         cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s),
         ep_comm_s=ep_comm_s(model, cluster, training, plans, stage),
     )

@@ -284,6 +284,32 @@ def test_tp_overlap_needs_sequence_parallelism_and_keeps_the_first_chunk():
     assert steptime.tp_overlap_exposed_s(comm_s, np.array([0.0]), tp)[0] == pytest.approx(8.0)
 
 
+def test_tp_overlap_hides_each_collective_behind_its_own_gemm_only():
+    # a long output GEMM cannot hide the input all-gather: each collective pairs with the GEMM it is fused with
+    gather, scatter, tp, none = np.array([4.0]), np.array([4.0]), np.array([4]), np.array([0.0])
+    short_in = steptime.tp_block_overlapped_s(gather, scatter, np.array([0.0]), np.array([100.0]), tp, none)
+    # forward: gather fully exposed (4) + scatter's first chunk (1); backward: gather behind the output dgrad (1)
+    # + the bulk scatter beside the input wgrad, fully exposed (4)
+    assert short_in[0] == pytest.approx(4.0 + 1.0 + 1.0 + 4.0)
+    both_long = steptime.tp_block_overlapped_s(gather, scatter, np.array([100.0]), np.array([100.0]), tp, none)
+    assert both_long[0] == pytest.approx(1.0 + 1.0 + 1.0 + 0.0)
+    # a recomputed forward repeats the forward's collectives
+    recomputed = steptime.tp_block_overlapped_s(gather, scatter, np.array([100.0]), np.array([100.0]), tp,
+                                                np.array([1.0]))
+    assert recomputed[0] == pytest.approx(both_long[0] + 2.0)
+
+
+def test_tp_overlap_exposes_more_for_a_narrow_model_than_the_whole_layer_window_would():
+    # a 7B model at tp 8: the SP collectives are longer than the QKV and output projections they are fused with,
+    # so part of them stays exposed even though the layer's total GEMM time exceeds the total communication
+    training = TrainingSpec(seq_len=8192, global_batch_size=64, tp_comm_overlap=True)
+    plans = PlanArrays.from_plans([Plan(tp=8, sp=True)])
+    overlapped = terms(LLAMA_7B, 8, plans, training)["tp_comm"][0]
+    exposed = terms(LLAMA_7B, 8, plans, dataclasses.replace(training, tp_comm_overlap=False))["tp_comm"][0]
+    first_chunks_only = exposed / 8
+    assert first_chunks_only < overlapped < exposed
+
+
 def test_a2a_overlap_leaves_the_first_microbatch_exposed():
     a2a, compute_s = np.array([2.0]), np.array([10.0])
     assert steptime.ep_overlap_exposed_s(a2a, compute_s, np.array([4.0]))[0] == pytest.approx(2.0)
