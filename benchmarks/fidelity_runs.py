@@ -157,9 +157,10 @@ def gpu_profile(gpu: str) -> "tuple[HardwareProfile | None, str, str]":
         return _profile(key), f"no {key} profile bundled (NVLink cut to 400 GB/s)", ""
     if "96gb" in text or "500w" in text:
         return _profile("h100-96gb"), "no profile for H100 96GB HBM2e at 500 W (Grand Teton)", ""
+    if "b200" in text and "power" in text:   # the same reason as the 500 W H100 rows: not the part a profile describes
+        return None, "B200 power-limited, the cap not stated: no profile for a capped B200", ""
     if "b200" in text:
-        note = "B200 power-limited in the source; b200-180gb profile at full power" if "power" in text else ""
-        return _profile("b200-180gb"), "no b200 profile", note
+        return _profile("b200-180gb"), "no b200 profile", ""
     if "h200" in text:
         return _profile("h200-141gb"), "no h200 profile", ""
     if "h100" in text:
@@ -781,7 +782,8 @@ def run(verbose: bool = False) -> dict:
     regret_mean = statistics.fmean(x[3] for x in all_groups) if all_groups else float("nan")
     print()
     print("fidelity-runs-categories: " + " ".join(
-        f"{name.replace(' ', '_')}={s.mape:.1f}%" for name, s in per_category.items()))
+        f"{name.replace(' ', '_')}=" + (f"{s.mape:.1f}%" if s.rows else "none(0 rows)")
+        for name, s in per_category.items()))
     print(f"fidelity-runs: mape={overall.mape:.1f}% max={overall.max_err:.1f}% rows={overall.rows} "
           f"spearman_median={rho_median:.2f} regret_mean={regret_mean:.1f}%")
     return dict(results=results, refused=refused, overall=overall, per_category=per_category,
