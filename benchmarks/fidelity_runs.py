@@ -268,8 +268,9 @@ def llm_foundry() -> "list[Case | Unexpressed]":
         seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
         model = mpt(r["model"], _int(r, "hidden"), _int(r, "layers"), _int(r, "heads"), _int(r, "ffn"),
                     _int(r, "vocab"), seq)
+        # the loss is PyTorch's eager cross entropy on the logits (MPT in llm-foundry): no fused kernel
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]))
+                                precision=_precision(r["precision"]), fused_cross_entropy=False)
         zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
         recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
         fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=_int(r, "micro_batch"), zero=zero, recompute=recompute)
@@ -294,9 +295,9 @@ def megatron_readme() -> "list[Case | Unexpressed]":
         seq, gpus, layers = 4096, _int(r, "num_gpus"), _int(r, "layers")
         model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), _int(r, "vocab"), seq)
         # README: "overlap of DP (--overlap-grad-reduce --overlap-param-gather), TP (--tp-comm-overlap) and PP
-        # communication enabled"
+        # communication enabled"; the switches it does not list (--cross-entropy-loss-fusion) at Megatron's default
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), overlap_grad_reduce=True,
-                                overlap_param_gather=True, tp_comm_overlap=True)
+                                overlap_param_gather=True, tp_comm_overlap=True, fused_cross_entropy=False)
         tp, pp = _int(r, "tp"), _int(r, "pp")
         fixed = dict(tp=tp, pp=pp, cp=1, ep=1, sp=tp > 1)
         free = dict(mbs=(1, 2, 4), vpp=_vpp_choices(layers, pp), zero=(0, 1),
@@ -335,7 +336,8 @@ def megascale() -> "list[Case | Unexpressed]":
         # The baseline runs without DP/TP overlap: "3D-parallel communication overlap" is one of the things MegaScale
         # adds to Megatron-LM (the file's header; arXiv 2402.15627, "Communication overlapping in 3D parallelism"),
         # so the overlap switches stay off here.
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"))
+        # (nor a fused cross entropy: Megatron-LM had none in 2023)
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), fused_cross_entropy=False)
         tp, pp, vpp = _int(r, "tp"), _int(r, "pp"), _int(r, "vpp", 1)
         fixed = dict(tp=tp, pp=pp, vpp=vpp, cp=1, ep=1)
         free = dict(mbs=(1, 2, 4), sp=(False, True), zero=(0, 1),
@@ -388,7 +390,7 @@ def zero_bubble() -> "list[Case | Unexpressed]":
             continue
         seq = _int(r, "seq_len")
         model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), 50257, seq)
-        training = TrainingSpec(seq_len=seq, global_batch_size=mbs * m)
+        training = TrainingSpec(seq_len=seq, global_batch_size=mbs * m, fused_cross_entropy=False)   # 2023 Megatron
         fixed = dict(tp=1, pp=pp, cp=1, ep=1, mbs=mbs, recompute=Recompute.NONE, zero=0)
         # the layers do not split evenly (22 over 8, 30 over 8, ...): as in the paper's Megatron-LM, the embedding
         # and the loss each take one layer slot, so the first and last stage hold one layer fewer
@@ -446,7 +448,9 @@ def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note:
     mbs = _int(r, "micro_batch")
     dp = gpus // (tp * pp * cp)
     gbs = _int(r, "global_batch_seqs") or mbs * dp
-    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=_precision(r["precision"]))
+    # torchtitan's loss: PyTorch's cross entropy on the logits, outside the compiled blocks (no fused kernel)
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=_precision(r["precision"]),
+                            fused_cross_entropy=False)
     recompute = Recompute.FULL if "full" in r["recompute"] else (
         Recompute.SELECTIVE if "selective" in r["recompute"] else Recompute.NONE)
     fixed = dict(tp=tp, pp=pp, cp=cp, ep=1, mbs=mbs, zero=3, recompute=recompute, sp=tp > 1)
@@ -761,7 +765,8 @@ def run(verbose: bool = False) -> dict:
     for name in CATEGORIES:
         s = summarise([r for r in results if r.case.category == name])
         per_category[name] = s
-        print(f"{name:<22} {s.rows:>5} {s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}")
+        figures = f"{s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}" if s.rows else f"{'-':>8} {'-':>8} {'-':>8}"
+        print(f"{name:<22} {s.rows:>5} {figures}")
     print()
     print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
     for key, n, rho, regret in all_groups:

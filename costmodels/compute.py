@@ -234,6 +234,35 @@ def logits_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) ->
     return [_linear(_tokens(training, plans), model.hidden_size, vocab / plans.tp)]
 
 
+# HBM bytes per logit that the softmax cross-entropy moves, (forward, backward), per megatron-core 0.19:
+# - unfused (tensor_parallel/cross_entropy.py, VocabParallelCrossEntropy, one kernel per op): forward .float() (read
+#   2, write 4), max (read 4), subtract the max in place (read 4, write 4), exp (read 4, write 4), sum (read 4),
+#   divide by the sum in place, the softmax kept for backward (read 4, write 4) = 38; backward scales the softmax in
+#   place by the loss gradient (read 4, write 4) and autograd casts it back to the bf16 logits (read 4, write 2) = 14.
+# - fused (--cross-entropy-loss-fusion; fusions/fused_cross_entropy.py, each step a jit_fuser kernel): the cast and
+#   max (read 2, write the fp32 logits 4), subtract + exp + sum (read 4, write 4), divide (read 4, write 4) = 22;
+#   backward one kernel, softmax × gradient cast to bf16 (read 4, write 2) = 6.
+# (PyTorch eager F.cross_entropy under autocast moves about 40 in all: between the two.)
+LOSS_BYTES_PER_LOGIT = {False: (38.0, 14.0), True: (22.0, 6.0)}
+
+
+def loss_logits(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Logits one GPU's cross entropy reads per microbatch: its tokens × its V_padded/tp slice of the vocabulary."""
+    vocab = padded_vocab_size(model, plans.tp).astype(float)
+    return _tokens(training, plans) * vocab / plans.tp
+
+
+def loss_times_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
+                 plans: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of the softmax cross-entropy on the last stage: memory-bound kernels over the
+    logits at HBM bandwidth (LOSS_BYTES_PER_LOGIT; `training.fused_cross_entropy` picks the fused kernels). MTP
+    modules each add their own loss over the same logits shape."""
+    forward_bytes, backward_bytes = LOSS_BYTES_PER_LOGIT[training.fused_cross_entropy]
+    logits = loss_logits(model, training, plans) * (1 + model.num_mtp_layers)
+    return (logits * forward_bytes / profile.hbm_bandwidth_bytes_per_s,
+            logits * backward_bytes / profile.hbm_bandwidth_bytes_per_s)
+
+
 def mtp_extra_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> list[Gemm]:
     """Per MTP module, besides its decoder layer: the eh_proj 2h→h and the shared output head again."""
     tokens = _tokens(training, plans)
@@ -345,6 +374,10 @@ class LayerTimes:
     """Per dense layer: the forward of the modules selective recompute re-runs (see selective_recompute_s)."""
     selective_moe_fwd_s: "np.ndarray | None" = None
     """Per MoE layer: the same."""
+    loss_fwd_s: "np.ndarray | float" = 0.0
+    """The softmax cross-entropy's forward on the last stage (memory-bound; see loss_times_s)."""
+    loss_bwd_s: "np.ndarray | float" = 0.0
+    """Its backward (not 2× the forward: see LOSS_BYTES_PER_LOGIT)."""
     tp_overlap: "TpOverlapGemms | None" = None
     """The GEMMs the SP collectives are fused with under --tp-comm-overlap (see tp_overlap_gemms_s)."""
 
@@ -424,7 +457,8 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
             _gemms_time_s(profile, training, mtp_extra_gemms(model, training, plans))
         mtp_s = model.num_mtp_layers * module_s
     tp_overlap = tp_overlap_gemms_s(model, profile, training, plans) if training.tp_comm_overlap else None
-    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel, tp_overlap)
+    loss_fwd_s, loss_bwd_s = loss_times_s(model, profile, training, plans)
+    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel, loss_fwd_s, loss_bwd_s, tp_overlap)
 
 
 def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,

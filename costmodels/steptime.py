@@ -112,7 +112,7 @@ def _candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
 def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, times: compute_model.LayerTimes,
                     stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward, backward, recompute) seconds per microbatch on `stage`: layer GEMM times × layers on the stage,
-    logits and MTP on the last; backward = 2 × forward (arXiv 2104.04473 appendix), 2.5 × for a fused attention
+    logits, loss and MTP on the last; backward = 2 × forward (arXiv 2104.04473 appendix), 2.5 × for a fused attention
     core (compute.FLASH_CORE_BACKWARD_TO_FORWARD); recompute per
     arXiv 2205.05198 §4 (selective: attention core forward; full: whole layer forward)."""
     layers = layers_on_stage(model.num_layers, plans, stage)
@@ -124,6 +124,9 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     # the attention core's backward is heavier than 2x with a fused kernel (compute.FLASH_CORE_BACKWARD_TO_FORWARD)
     core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
     backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s
+    # the cross entropy's memory-bound kernels, forward and backward each from its own byte count
+    forward = forward + np.where(is_last, times.loss_fwd_s, 0.0)
+    backward = backward + np.where(is_last, times.loss_bwd_s, 0.0)
     full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
     selective = dense_layers * times.selective_dense_fwd_s + moe_layers * times.selective_moe_fwd_s
     recompute = np.where(plans.recompute == Recompute.SELECTIVE, selective, full_fraction * layer_forward)

@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 from costmodels import comm, compute, pipeline, steptime
 from costmodels.errors import InputError
 from costmodels.hardware import LinkSpec, load_profile
+from costmodels.params import padded_vocab_size
 from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute
 from costmodels.specs import ClusterSpec, MlpKind, MoESpec, ModelSpec, NormKind, PositionEmbedding, Precision, \
     TrainingSpec
@@ -314,3 +315,23 @@ def test_a2a_overlap_leaves_the_first_microbatch_exposed():
     a2a, compute_s = np.array([2.0]), np.array([10.0])
     assert steptime.ep_overlap_exposed_s(a2a, compute_s, np.array([4.0]))[0] == pytest.approx(2.0)
     assert steptime.ep_overlap_exposed_s(a2a, np.array([0.5]), np.array([4.0]))[0] == pytest.approx(2.0 + 3 * 1.5)
+
+
+def test_cross_entropy_moves_its_bytes_per_logit_on_the_last_stage_only():
+    # hand arithmetic: 4096 tokens × 32000/1 logits, unfused 38 + 14 bytes each at the H100's HBM bandwidth
+    training = TrainingSpec(seq_len=4096, global_batch_size=8, fused_cross_entropy=False)
+    plans = PlanArrays.from_plans([Plan(tp=1, mbs=1)])
+    forward_s, backward_s = compute.loss_times_s(LLAMA_7B, H100, training, plans)
+    logits = 4096 * padded_vocab_size(LLAMA_7B, np.array([1]))[0]
+    assert forward_s[0] == pytest.approx(logits * 38 / H100.hbm_bandwidth_bytes_per_s)
+    assert backward_s[0] == pytest.approx(logits * 14 / H100.hbm_bandwidth_bytes_per_s)
+    fused_s = compute.loss_times_s(LLAMA_7B, H100, dataclasses.replace(training, fused_cross_entropy=True), plans)
+    assert sum(f[0] for f in fused_s) < forward_s[0] + backward_s[0]
+    # on a pipeline only the last stage pays it: the stage split is even, so the first and last stages differ by
+    # the embedding-free logits GEMM and the loss
+    times = compute.layer_times_s(LLAMA_7B, H100, training, PlanArrays.from_plans([Plan(pp=2)]))
+    pp2 = PlanArrays.from_plans([Plan(pp=2)])
+    first = steptime.stage_compute_s(LLAMA_7B, training, pp2, times, np.array([0]))
+    last = steptime.stage_compute_s(LLAMA_7B, training, pp2, times, np.array([1]))
+    assert last[0][0] - first[0][0] == pytest.approx(times.logits_fwd_s[0] + times.loss_fwd_s[0])
+    assert last[1][0] - first[1][0] == pytest.approx(2 * times.logits_fwd_s[0] + times.loss_bwd_s[0])

@@ -180,6 +180,14 @@ def model_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
             "overlap_moe_expert_parallel_comm": training.moe_a2a_overlap and estimate.model.is_moe and plan.ep > 1}
 
 
+def loss_fusion(estimate: Estimate) -> dict[str, bool]:
+    """ModelParallelConfig.cross_entropy_loss_fusion as the step time priced the loss (TrainingSpec.
+    fused_cross_entropy, costmodels.compute.LOSS_BYTES_PER_LOGIT): Megatron-LM leaves it off unless asked
+    (--cross-entropy-loss-fusion), Megatron-Bridge's GPTModelProvider and NeMo 2's GPTConfig turn it on; written
+    either way so the launched job runs the kernels the estimate assumed."""
+    return {"cross_entropy_loss_fusion": estimate.training.fused_cross_entropy}
+
+
 def plan_caption(estimate: Estimate) -> str:
     """One line naming the model, the cluster and the plan, for the first comment of every config."""
     cluster = estimate.cluster

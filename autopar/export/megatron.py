@@ -23,7 +23,7 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, mcore_recompute_fields,
+from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, loss_fusion, mcore_recompute_fields,
                                    model_parallel_overlap, one_line, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
@@ -81,7 +81,7 @@ def _virtual_pipeline_flag(model: ModelSpec, estimate: Estimate) -> Flag:
 def overlap_flags(estimate: Estimate) -> list[Flag]:
     """The overlap switches the step time assumed (TrainingSpec options), where they apply to the plan: the launched
     job then overlaps what the estimate hid (Megatron-LM leaves all of them off unless asked)."""
-    switches = {**data_parallel_overlap(estimate), **model_parallel_overlap(estimate)}
+    switches = {**data_parallel_overlap(estimate), **model_parallel_overlap(estimate), **loss_fusion(estimate)}
     return [("--" + name.replace("_", "-"), None) for name, on in switches.items() if on]
 
 

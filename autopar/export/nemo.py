@@ -24,8 +24,8 @@ data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_g
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, mcore_moe_fields, mcore_parallel_fields,
-                                   plan_caption)
+from autopar.export.common import (LaunchConfig, data_parallel_overlap, loss_fusion, mcore_moe_fields,
+                                   mcore_parallel_fields, plan_caption)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -85,6 +85,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
                   for name in ("recompute_granularity", "recompute_method", "recompute_num_layers",
                                "recompute_modules")]
     overrides += [f"model.config.{name}={_value(value)}" for name, value in mcore_moe_fields(estimate).items()]
+    overrides += [f"model.config.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
                   f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}"]
@@ -107,6 +108,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     overrides = [f"model.{name}={_value(value)}" for name, value in fields.items() if name not in split]
     overrides += [f"model.{name}={_value(value)}" for name, value in mcore_moe_fields(estimate).items()]
     overrides += [f"model.{name}={_value(value)}" for name, value in split.items()]
+    overrides += [f"model.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
     overrides += [f"train.micro_batch_size={plan.mbs}", f"train.global_batch_size={training.global_batch_size}",
                   f"model.seq_length={training.seq_len}", f"dataset.seq_length={training.seq_len}",
                   f"ddp.use_distributed_optimizer={_value(plan.zero >= 1)}",
