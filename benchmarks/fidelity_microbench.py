@@ -30,9 +30,15 @@ from autopar.calibrate.fit import predict_collective_s  # noqa: E402
 from autopar.calibrate.measurements import GemmMeasurement  # noqa: E402
 from costmodels.compute import attention_efficiency, gemm_efficiency  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
+from costmodels.moe_kernels import grouped_gemm_time_s, has_grouped_curve  # noqa: E402
 
 
 def predict_s(profile: HardwareProfile, measurement) -> float:
+    if isinstance(measurement, GemmMeasurement) and measurement.kind == "grouped_gemm":
+        if not has_grouped_curve(profile, measurement.precision):
+            return float("inf")
+        return float(grouped_gemm_time_s(profile, np.array(measurement.flops), np.array(measurement.m),
+                                         np.array(measurement.n), np.array(measurement.k), measurement.precision))
     if isinstance(measurement, GemmMeasurement):
         efficiency = (attention_efficiency if measurement.kind == "attention" else
                       lambda p, m, n, k: gemm_efficiency(p, m, n, k, measurement.precision))

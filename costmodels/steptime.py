@@ -123,7 +123,8 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     forward = layer_forward + np.where(is_last, times.logits_fwd_s + times.mtp_fwd_s, 0.0)
     # the attention core's backward is heavier than 2x with a fused kernel (compute.FLASH_CORE_BACKWARD_TO_FORWARD)
     core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
-    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s
+    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s \
+        + moe_layers * times.moe_layer_bwd_extra_s      # grouped experts' wgrad accumulation, one-pass dispatch copies
     full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
     selective = dense_layers * times.selective_dense_fwd_s + moe_layers * times.selective_moe_fwd_s
     recompute = np.where(plans.recompute == Recompute.SELECTIVE, selective, full_fraction * layer_forward)
