@@ -316,7 +316,12 @@ UNUSED = {
     "p2p_bandwidth_matrices_ml_engineering.csv": "link bandwidth without message sizes or times (no collective "
                                                  "time to fit); consistent with the fitted send_recv bandwidth",
     "moe_deepep_v1_dispatch_combine_h800.csv": "DeepEP kernels on H800 NVLink (~160 GB/s, not H100's 450); "
-                                               "the cost model prices NCCL all-to-all, not DeepEP",
+                                               "the cost model prices the alltoall dispatcher's NCCL all-to-all "
+                                               "(top_k copies per token), while DeepEP sends a token once per "
+                                               "destination node; as fractions of the link: intranode 153-158 of "
+                                               "~160 GB/s (0.96, against the 0.90 NVLink efficiency fitted to "
+                                               "all-reduce), internode 43-58 of the 50 GB/s NIC (0.86-1.0, against "
+                                               "the 0.80 assumed): for a DeepEP dispatcher option, not fed to NCCL",
     "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
     "gemm_tilelang_h800_8192x8192xK.csv": "TileLang kernels, not cuBLAS",
     "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",
