@@ -164,6 +164,25 @@ def read_sendrecv_a100(path: Path) -> Iterator[Row]:
                                     float(row["oop_time_us"]) * 1e-6))
 
 
+def read_deepep_internode(path: Path) -> Iterator[Row]:
+    """DeepEP (V1) normal-kernel dispatch and combine across nodes, EP 16/32/64 = 2/4/8 nodes of 8 H800, one CX7
+    400 Gb/s NIC per GPU: the same ConnectX-7 NIC as a DGX H100, so the NIC-bound rate carries to H100 as it is (the
+    intranode rows run on H800's ~160 GB/s NVLink, not H100's 450: not fed). The README's 'bottleneck bandwidth' is
+    the bytes over RDMA over the time. As an all-to-all of the cost model (costmodels.comm: each rank's off-node
+    share (N-1)/N of its buffer over its own NIC, N nodes): a buffer of the dispatched tokens × top-k × hidden
+    (FP8 dispatch 1 byte, BF16 combine 2) whose off-node share crosses at that bandwidth. DeepEP sends a token once
+    per destination node and the alltoall dispatcher top_k times; the NIC's achieved rate is what is taken here."""
+    for row in _csv(path):
+        if row["kernel"] != "normal (high-throughput)" or row["scope"] != "internode":
+            continue
+        ranks, nodes = int(row["ep_ranks"]), int(row["ep_ranks"]) // 8
+        tokens = int(row["tokens_per_rank"]) * int(row["topk"]) * int(row["hidden"])
+        for element_bytes, column in ((1, "dispatch_bw_GBps"), (2, "combine_bw_GBps")):
+            size = tokens * element_bytes
+            seconds = size * (nodes - 1) / nodes / (float(row[column]) * 1e9)
+            yield Row(H100, _collective(path, "ib", "all_to_all", ranks, size, seconds, 8))
+
+
 # ---- GEMMs ---------------------------------------------------------------------------------------------------------
 
 MAMF_GPUS = {"NVIDIA A100 SXM": ("A100", A100), "NVIDIA H100 SXM": ("H100", H100), "NVIDIA H200 SXM": ("H200", H200),
@@ -299,6 +318,8 @@ TABLES = (
     Table("nccl_allreduce_coreweave_gb200_h100_a100.csv", read_coreweave,
           "collectives.ib.all_reduce (A100 4 nodes, H100 12 nodes; IB + SHARP)"),
     Table("nccl_sendrecv_a100_8gpu_liplus.csv", read_sendrecv_a100, "collectives.nvlink.send_recv (A100)"),
+    Table("moe_deepep_v1_dispatch_combine_h800.csv", read_deepep_internode,
+          "collectives.ib.all_to_all (H100: same CX7 400 Gb/s NIC; internode normal kernels only)"),
     Table("gemm_mamf_max_achievable_matmul_ml_engineering.csv", read_mamf,
           "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, B200)"),
     Table("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", read_cublas_sweep,
@@ -315,13 +336,6 @@ TABLES = (
 UNUSED = {
     "p2p_bandwidth_matrices_ml_engineering.csv": "link bandwidth without message sizes or times (no collective "
                                                  "time to fit); consistent with the fitted send_recv bandwidth",
-    "moe_deepep_v1_dispatch_combine_h800.csv": "DeepEP kernels on H800 NVLink (~160 GB/s, not H100's 450); "
-                                               "the cost model prices the alltoall dispatcher's NCCL all-to-all "
-                                               "(top_k copies per token), while DeepEP sends a token once per "
-                                               "destination node; as fractions of the link: intranode 153-158 of "
-                                               "~160 GB/s (0.96, against the 0.90 NVLink efficiency fitted to "
-                                               "all-reduce), internode 43-58 of the 50 GB/s NIC (0.86-1.0, against "
-                                               "the 0.80 assumed): for a DeepEP dispatcher option, not fed to NCCL",
     "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
     "gemm_tilelang_h800_8192x8192xK.csv": "TileLang kernels, not cuBLAS",
     "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",
