@@ -29,6 +29,10 @@ so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes) (p
 fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
 attention in bf16), and uses the same curve with its (s/cp) × (s/cp) × head_dim shape.
 
+Routed experts (`Gemm.grouped`) run as one grouped GEMM per MoE layer and are priced with the grouped-GEMM roofline
+of `costmodels.moe_kernels` (fitted to DeepGEMM's grouped tables) where the profile has it, with the fp32
+weight-gradient accumulation in the backward and the dispatcher's permutation and router passes at HBM bandwidth.
+
 Memory-bound work (layernorm, bias, GELU/SwiGLU, dropout, residual adds, softmax when not fused) is priced as HBM
 traffic: `traffic_per_activation_byte` (profile section `elementwise:`) × the activation bytes Korthikanti et al.
 itemise per layer / HBM bandwidth (see `elementwise_bytes_per_layer`). A layer's forward time is the sum of its GEMM
