@@ -123,7 +123,8 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     forward = layer_forward + np.where(is_last, times.logits_fwd_s + times.mtp_fwd_s, 0.0)
     # the attention core's backward is heavier than 2x with a fused kernel (compute.FLASH_CORE_BACKWARD_TO_FORWARD)
     core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
-    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s
+    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s \
+        + moe_layers * times.moe_layer_bwd_extra_s      # grouped experts' wgrad accumulation, one-pass dispatch copies
     # the cross entropy's memory-bound kernels, forward and backward each from its own byte count
     forward = forward + np.where(is_last, times.loss_fwd_s, 0.0)
     backward = backward + np.where(is_last, times.loss_bwd_s, 0.0)
@@ -177,9 +178,21 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                   + (moe_layers * block(overlap.shared_in_s, overlap.shared_out_s) if has_shared else 0.0))
         total = np.where(plans.sp & (plans.tp > 1), hidden, total)
     if model.moe is not None:
-        expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
-        total = total + per_block * moe_layers * block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
+        total = total + per_block * moe_layers * expert_tp_block_s(model, cluster, training, plans, block_s,
+                                                                   activation_bytes)
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total
+
+
+def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays, block_s,
+                      activation_bytes: np.ndarray) -> np.ndarray:
+    """One routed-expert block's collectives on the etp group: Megatron-Core's alltoall dispatcher gathers the
+    received tokens over the expert-TP group after the EP all-to-all and reduce-scatters them before the combine
+    (`moe/token_dispatcher.py` MoEAlltoAllTokenDispatcher: "permute->A2A(EP)->AG(TP)->sort_chunk"), top_k copies of
+    the GPU's tokens at the busiest rank's load. They are plain collectives of the dispatcher, outside Transformer
+    Engine's userbuffers (which wrap the qkv/proj/fc1/fc2 linear layers), so --tp-comm-overlap does not hide them."""
+    assert model.moe is not None
+    expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
+    return block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
 
 
 def tp_block_overlapped_s(gather_s: np.ndarray, scatter_s: np.ndarray, in_gemm_s: np.ndarray,
