@@ -35,6 +35,7 @@ import time
 import autopar
 from autopar.search.layouts import best_layout, brute_force, cpsat_layout
 from autopar.search.refine import refine_front
+from autopar.search.solve import controls_from
 from costmodels.layout import layout_space_log10, layout_tables, uniform_layout
 from costmodels.specs import TrainingSpec
 
@@ -77,15 +78,40 @@ def reduced_check(model, cluster, training, plan) -> str:
     return "yes" if same else "no"
 
 
-def run(name: str, budget_s: float, cpsat_limit_s: float, commands: bool) -> dict:
+def scenario_specs(name: str):
+    """(model, cluster, training, fixed knobs) of a scenario."""
     model_name, gpu, gpus, seq, gbs, fix = SCENARIOS[name]
-    model = autopar.load_model(model_name)
-    cluster = autopar.make_cluster(gpu=gpu, num_gpus=gpus)
-    training = TrainingSpec(seq_len=seq, global_batch_size=gbs)
+    return (autopar.load_model(model_name), autopar.make_cluster(gpu=gpu, num_gpus=gpus),
+            TrainingSpec(seq_len=seq, global_batch_size=gbs), fix)
+
+
+def scenario_fronts(name: str, budget_s: float):
+    """The scenario's uniform front, the front refined with layouts, the refinements, and the uniform solve's time."""
+    model, cluster, training, fix = scenario_specs(name)
     start = time.perf_counter()
     front = autopar.solve(model, cluster, training, fix=fix or None)
     solve_s = time.perf_counter() - start
-    refined, refinements = refine_front(front, budget_s=budget_s)
+    refined, refinements = refine_front(front, budget_s=budget_s, controls=controls_from(fix or None))
+    return front, refined, refinements, solve_s
+
+
+def layout_plans(name: str, budget_s: float) -> list:
+    """The best layout of every structure the refinement searched for the scenario (its own uniform layout, written
+    as a layout, where nothing beats it), as estimates of plans with that layout."""
+    from costmodels.scoring import estimate
+
+    front, refined, refinements, _ = scenario_fronts(name, budget_s)
+    found = {p.plan: p for p in refined.points if p.plan.layout}
+    for r in refinements:
+        plan = dataclasses.replace(r.parent.plan, layout=r.best_layout)
+        found.setdefault(plan, estimate(front.model, front.cluster, front.training, plan))
+    return list(found.values())
+
+
+def run(name: str, budget_s: float, cpsat_limit_s: float, commands: bool) -> dict:
+    model_name, gpu, gpus, seq, gbs, fix = SCENARIOS[name]
+    front, refined, refinements, solve_s = scenario_fronts(name, budget_s)
+    model, cluster, training = front.model, front.cluster, front.training
     uniform_best, layout_best = front.points[0], refined.points[0]
     top = max(refinements, key=lambda r: r.gain) if refinements else None
     # CP-SAT time, space and the brute-force check on the winning structure; when the fastest plan has no pipeline,
