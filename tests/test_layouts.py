@@ -250,3 +250,64 @@ def test_solve_with_layouts_refines_the_front():
                        for q in refined.points)
     for r in refinements:
         assert r.best_ns <= r.uniform_ns
+
+
+@given(instances())
+def test_the_layout_time_lower_bound_holds_for_every_layout(tables):
+    """The near-front filter's bound (autopar.search.refine.layout_time_lower_bound_ns) is below every layout's step
+    time, fitting or not, on any non-negative tables."""
+    from autopar.search.refine import layout_gain_bound, layout_time_lower_bound_ns
+
+    lower = layout_time_lower_bound_ns(tables)
+    objective, _ = objectives_of(tables, compositions(tables.num_layers, tables.pp * tables.vpp))
+    assert int(objective.min()) >= lower
+    some_layout = int(objective[0])
+    assert layout_gain_bound(tables, some_layout) >= some_layout - int(objective.min())
+
+
+def test_the_gain_bound_is_not_vacuous_on_a_real_structure():
+    """On llama-3.1-8b at pp 4 the bound leaves room for the real gain (the 128K-vocabulary loss on the last rank)
+    and rules out more than half of the uniform step time."""
+    from autopar.search.refine import layout_gain_bound
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    plan = Plan(tp=2, pp=4, mbs=1)
+    tables = layout_tables(model, cluster, training, plan)
+    uniform = price_layout(tables, uniform_layout(model, plan)).objective_ns
+    best = best_layout(tables, time_limit_s=None).best.objective_ns
+    bound = layout_gain_bound(tables, uniform)
+    assert uniform - best <= bound < uniform / 2
+
+
+def test_near_front_structures_that_could_overtake_are_refined_and_can_enter_the_front():
+    """llama-3.1-8b on 32 H100 with pp 2 and tp 1 pinned: structures one knob step off the front (other vpp, mbs,
+    recompute, zero) put layout plans on the front that refining the front's own structures does not; every one
+    refined passed the gain-bound filter and stays within the pins."""
+    from autopar.search.refine import front_time_at, layout_gain_bound, refine_front, structure_key
+    from autopar.search.solve import controls_from
+    from costmodels.layout import TIME_UNIT_S
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=512)
+    fix = {"pp": 2, "tp": 1}
+    front = autopar.solve(model, cluster, training, fix=fix)
+    on_front = {structure_key(p.plan) for p in front.points}
+    near, near_refinements = refine_front(front, budget_s=120, controls=controls_from(fix))
+    alone, _ = refine_front(front, budget_s=120, near_front=False)
+    entered = [p for p in near.points if p.plan.layout and structure_key(p.plan) not in on_front]
+    assert entered, near.notes[-1]
+    for point in alone.points:   # refining near-front structures too never loses a point
+        assert any(q.step_time_s <= point.step_time_s and q.peak_memory_bytes <= point.peak_memory_bytes
+                   for q in near.points)
+    refined_near = [r for r in near_refinements if r.near_front]
+    assert refined_near and "near-front candidates" in near.notes[-1]
+    for r in refined_near:
+        parent = r.parent
+        assert structure_key(parent.plan) not in on_front and parent.plan.pp == 2 and parent.plan.tp == 1
+        tables = layout_tables(model, cluster, training, parent.plan)
+        bound_ns = layout_gain_bound(tables, r.uniform_ns)
+        assert r.uniform_ns - r.best_ns <= bound_ns
+        assert parent.step_time_s - bound_ns * TIME_UNIT_S < front_time_at(front.points, parent.peak_memory_bytes)

@@ -65,22 +65,28 @@ def structure_key(plan) -> object:
     return dataclasses.replace(plan, first_stage_layers=0, last_stage_layers=0, layout=())
 
 
-def layout_gain_bound(tables, uniform_ns: int) -> int:
-    """An upper bound, in ns, on how much faster than `uniform_ns` any layout of the structure can be (see the module
-    docstring): uniform_ns minus a lower bound on every layout's step time, from the integer tables alone."""
+def layout_time_lower_bound_ns(tables) -> int:
+    """A lower bound, in ns, on the step time of every layout of the structure (fitting or not), from its integer
+    tables alone (the module docstring says why each term holds): m · ⌈W / pp⌉ + max_r min sync_r + p2p, with W the
+    virtual stages' empty costs plus each decoder layer at the cheapest one-layer increment of its kind (dense, MoE)
+    in any role's table. Needs non-negative stage times (the fill/drain term is then >= 0)."""
     import numpy as np
 
     t = tables.stage_time_ns
     stages = tables.pp * tables.vpp
-    empty_ns = int(t[0, 0, 0] + t[2, 0, 0] + (stages - 2) * t[1, 0, 0])
+    empty_ns = int(t[0, 0, 0] + t[2, 0, 0] + (stages - 2) * t[1, 0, 0]) if stages > 1 else int(t[0, 0, 0])
     dense_step = int(np.diff(t, axis=1).min()) if t.shape[1] > 1 else 0
     moe_step = int(np.diff(t, axis=2).min()) if t.shape[2] > 1 else 0
     dense_layers = tables.num_layers - tables.num_moe_layers
     work_ns = empty_ns + dense_layers * dense_step + tables.num_moe_layers * moe_step
     slowest_rank_ns = -(-work_ns // tables.pp)
     sync_ns = int(tables.sync_ns.reshape(tables.pp, -1).min(axis=1).max())
-    lower_ns = tables.microbatches * slowest_rank_ns + sync_ns + tables.p2p_ns
-    return max(0, uniform_ns - lower_ns)
+    return tables.microbatches * slowest_rank_ns + sync_ns + tables.p2p_ns
+
+
+def layout_gain_bound(tables, uniform_ns: int) -> int:
+    """An upper bound, in ns, on how much faster than `uniform_ns` any layout of the structure can be."""
+    return max(0, uniform_ns - layout_time_lower_bound_ns(tables))
 
 
 def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S,
