@@ -36,6 +36,8 @@ def gpu_count_or_range(text: str) -> int | tuple[int, int]:
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    from autopar.search.refine import DEFAULT_CPSAT_SEARCHES, DEFAULT_FRONT_STRUCTURES, DEFAULT_NEAR_STRUCTURES
+
     group = parser.add_argument_group("search")
     group.add_argument("--fix", action="append", default=[], metavar="KNOB=V",
                        help="pin a knob (tp, pp, vpp, cp, ep, etp, mbs, sp, recompute, recompute_layers, zero, "
@@ -57,7 +59,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
                             "could overtake it, within --layouts-budget, and recompute it (default on; "
                             "--no-layouts: the uniform front only)")
     group.add_argument("--layouts-budget", type=float, default=None, metavar="SECONDS",
-                       help="time the layout refinement may take (default 0.5 s)")
+                       help="wall-clock time the layout refinement may take; default: a fixed amount of work (the "
+                            f"{DEFAULT_FRONT_STRUCTURES} fastest front structures and {DEFAULT_NEAR_STRUCTURES} "
+                            f"near-front ones, at most {DEFAULT_CPSAT_SEARCHES} interleaved (CP-SAT), about "
+                            "half a second; the same front on every run)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -154,7 +159,7 @@ def refine_with_layouts(args: argparse.Namespace, front, gpu_range):
     import dataclasses
 
     from autopar.export.capabilities import framework_rules
-    from autopar.search.refine import DEFAULT_BUDGET_S, refine_front
+    from autopar.search.refine import refine_front
 
     if not getattr(args, "layouts", True):
         return dataclasses.replace(front, notes=tuple(front.notes) + ("layouts: not searched (--no-layouts)",))
@@ -162,8 +167,8 @@ def refine_with_layouts(args: argparse.Namespace, front, gpu_range):
         return dataclasses.replace(front, notes=tuple(front.notes) + (
             "layouts: not searched on a scaling front (solve one GPU count to refine it with layouts)",))
     controls, _ = controls_from_args(args)
-    return refine_front(front, budget_s=args.layouts_budget if args.layouts_budget is not None else DEFAULT_BUDGET_S,
-                        controls=controls, extra_rules=framework_rules(args.framework) if args.framework else ())[0]
+    return refine_front(front, budget_s=args.layouts_budget, controls=controls,
+                        extra_rules=framework_rules(args.framework) if args.framework else ())[0]
 
 
 class ProgressBar:

@@ -18,8 +18,9 @@ same bound skips front structures that no layout can improve. Not counted: a lay
 peak memory could enter the front at a lower memory than the uniform one; and structures two or more knob steps from
 the front are not candidates.
 
-Everything runs within a time budget (front structures fastest first, then the candidates fastest first); the notes
-say how many structures were searched, how many were near-front, and what was found.
+Everything runs within a budget (front structures fastest first, then the candidates fastest first): by default a
+fixed amount of work, so the front is the same on every run (DEFAULT_FRONT_STRUCTURES); with `budget_s` a wall-clock
+budget. The notes say how many structures were searched, how many were near-front, and what was found.
 """
 
 from __future__ import annotations
@@ -30,12 +31,23 @@ from dataclasses import dataclass
 
 from autopar.results import Estimate, ParetoFront
 
-DEFAULT_BUDGET_S = 0.5
-"""Time the refinement may take by default (candidates, tables, searches and estimates together), so that `autopar
-solve` with layouts on stays within about half a second of the uniform search (the issue's MoE target is 3 s for the
-whole command); `--layouts-budget` raises it (benchmarks/layouts.py uses 60 s)."""
+DEFAULT_FRONT_STRUCTURES = 8
+DEFAULT_NEAR_STRUCTURES = 4
+DEFAULT_CPSAT_SEARCHES = 1
+DEFAULT_CPSAT_WORK = 0.2
+DEFAULT_NEAR_SEEDS = 4
+"""The default refinement is a fixed amount of work, so that `autopar solve` prints the same front on every run and
+machine: the fastest DEFAULT_FRONT_STRUCTURES pipelined structures of the front and DEFAULT_NEAR_STRUCTURES near-front
+candidates get their tables and gain bound, and those it does not rule out their search: the chain DP (milliseconds)
+for every one without interleaving, CP-SAT (about 0.3-1 s on a shared 2-core machine) for the first
+DEFAULT_CPSAT_SEARCHES with interleaving, each stopped at DEFAULT_CPSAT_WORK of CP-SAT's deterministic time (one
+worker; its best layout so far is used). Near-front candidates are then the neighbours of the front's
+DEFAULT_NEAR_SEEDS fastest plans, at the even split only. Sized to add about half a second to `autopar solve` on this project's 2-core
+machine for dense and MoE fronts (the issue's MoE target is 3 s for the whole command). `budget_s`
+(`--layouts-budget`) replaces it with a wall-clock budget and no counts."""
 PER_STRUCTURE_LIMIT_S = 2.0
-"""CP-SAT time limit for one structure (its best layout so far is used, marked not proven, when it runs out)."""
+"""CP-SAT wall-clock limit for one structure under a wall-clock budget (its best layout so far is used, marked not
+proven, when it runs out)."""
 BUDGET_SHARE = 0.5
 """At most this share of the budget left goes to one structure's CP-SAT search, so one slow search cannot take it all."""
 NEIGHBOUR_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "zero", "sp", "recompute")
@@ -90,7 +102,7 @@ def layout_gain_bound(tables, uniform_ns: int) -> int:
 
 
 def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S,
-                     tables=None) -> Refinement | None:
+                     tables=None, deterministic_limit: float | None = None) -> Refinement | None:
     from autopar.search.layouts import best_layout
     from costmodels.layout import layout_space_log10, layout_tables, price_layout, uniform_layout
 
@@ -101,7 +113,7 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
     tables = tables if tables is not None else layout_tables(model, cluster, training, plan)
     uniform = uniform_layout(model, plan)
     own = price_layout(tables, uniform)
-    result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform)
+    result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform, deterministic_limit=deterministic_limit)
     best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
     return Refinement(parent=point, uniform_layout=uniform, best_layout=best.layout, uniform_ns=own.objective_ns,
                       best_ns=best.objective_ns, engine=result.engine, search_s=time.perf_counter() - start,
@@ -111,13 +123,14 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
 
 def neighbour_plans(space, plans) -> list:
     """Every plan one knob step (NEIGHBOUR_KNOBS) from one of `plans`, within the search space `space` (so within
-    the user's pins and bounds); pipelined, without a first/last split or layout, each structure once."""
+    the user's pins and bounds); pipelined, without a layout, with the plan's own first/last split where pp stays
+    (else the even split), each structure once."""
     from costmodels.errors import InputError
     from costmodels.plan import Recompute
 
     seen, out = set(), []
     for plan in plans:
-        base = structure_key(plan)
+        base = dataclasses.replace(plan, layout=())
         for knob in NEIGHBOUR_KNOBS:
             if knob == "recompute":
                 steps = [dict(recompute=Recompute(r), recompute_layers=n, recompute_modules=m)
@@ -133,19 +146,24 @@ def neighbour_plans(space, plans) -> list:
                 if knob == "tp" and space.etp_follows_tp:
                     steps = [dict(step, etp=step["tp"]) for step in steps]
             for change in steps:
+                if "pp" in change:
+                    change = dict(change, first_stage_layers=0, last_stage_layers=0)
                 try:
                     candidate = dataclasses.replace(base, **change)
                 except (InputError, ValueError):
                     continue
-                if candidate.pp < 2 or candidate in seen:
+                if candidate.pp < 2 or structure_key(candidate) in seen:
                     continue
-                seen.add(candidate)
+                seen.add(structure_key(candidate))
                 out.append(candidate)
     return out
 
 
-def near_front_candidates(front: ParetoFront, controls, extra_rules, exclude: set) -> list[Estimate]:
-    """Estimates of the neighbour structures of the front that pass every rule in force and fit, fastest first."""
+def near_front_candidates(front: ParetoFront, controls, extra_rules, exclude: set, seeds: int | None = None,
+                          resplit: bool = True) -> list[Estimate]:
+    """Estimates of the neighbour structures of the front that pass every rule in force and fit, fastest first.
+    `seeds`: neighbours of the front's first `seeds` plans only (None: all); `resplit`: a pp or vpp the even split
+    does not divide gets the nearest first/last split Megatron accepts (costmodels.layout.parent_plan)."""
     from autopar.search.space import Controls, build_space
     from costmodels.layout import parent_plan
     from costmodels.plan import PlanArrays
@@ -155,7 +173,7 @@ def near_front_candidates(front: ParetoFront, controls, extra_rules, exclude: se
     model, cluster, training = front.model, front.cluster, front.training
     controls = controls if controls is not None else Controls(relax=tuple(front.relaxed_rules))
     space = build_space(model, cluster, training, controls)
-    plans = [p for p in neighbour_plans(space, [q.plan for q in front.points])
+    plans = [p for p in neighbour_plans(space, [q.plan for q in front.points[:seeds]])
              if structure_key(p) not in exclude]
     if not plans:
         return []
@@ -163,7 +181,7 @@ def near_front_candidates(front: ParetoFront, controls, extra_rules, exclude: se
     rules = [r for r in active_rules(controls.relax) + tuple(extra_rules) if r.id != "memory"]
     keep = structural_mask(problem, PlanArrays.from_plans(plans), rules)
     # a pp or vpp the even split does not divide: the nearest first/last split Megatron accepts, if any
-    split = [parent_plan(model, cluster, training, p) for p, ok in zip(plans, keep) if not ok]
+    split = [parent_plan(model, cluster, training, p) for p, ok in zip(plans, keep) if not ok and resplit]
     split = [p for p in split if p.first_stage_layers or p.last_stage_layers]
     split_ok = structural_mask(problem, PlanArrays.from_plans(split), rules) if split else []
     kept = [p for p, ok in zip(plans, keep) if ok] + [p for p, ok in zip(split, split_ok) if ok]
@@ -178,10 +196,11 @@ def front_time_at(points, memory_bytes: float) -> float:
     return min((p.step_time_s for p in points if p.peak_memory_bytes <= memory_bytes), default=float("inf"))
 
 
-def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S, controls=None, extra_rules=(),
+def refine_front(front: ParetoFront, budget_s: float | None = None, controls=None, extra_rules=(),
                  near_front: bool = True) -> tuple[ParetoFront, list[Refinement]]:
     """The front with the best layout of each front structure, and of each near-front structure that could
-    overtake it, added, and recomputed. `controls` (autopar.search.space.Controls) and `extra_rules` are the
+    overtake it, added, and recomputed. `budget_s` None: the default fixed amount of work (DEFAULT_FRONT_STRUCTURES,
+    repeatable); else a wall-clock budget. `controls` (autopar.search.space.Controls) and `extra_rules` are the
     search's own, so near-front candidates stay within them."""
     from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, uniform_layout
     from costmodels.scoring import estimate
@@ -191,16 +210,20 @@ def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S, control
     refinements: list[Refinement] = []
     seen: set = set()
     skipped = {False: 0, True: 0}     # structures the budget left unsearched: on the front, near it
+    considered = {False: 0, True: 0}
+    cpsat_searches = 0
+    caps = {False: DEFAULT_FRONT_STRUCTURES, True: DEFAULT_NEAR_STRUCTURES}
     bounded_out = 0
 
     def left_s() -> float:
-        return budget_s - (time.perf_counter() - start)
+        return float("inf") if budget_s is None else budget_s - (time.perf_counter() - start)
 
     def consider(point: Estimate, is_near: bool) -> None:
-        nonlocal bounded_out
-        if left_s() <= 0:
+        nonlocal bounded_out, cpsat_searches
+        if left_s() <= 0 or (budget_s is None and considered[is_near] >= caps[is_near]):
             skipped[is_near] += 1
             return
+        considered[is_near] += 1
         tables = layout_tables(model, cluster, training, point.plan)
         uniform_ns = price_layout(tables, uniform_layout(model, point.plan)).objective_ns
         bound_ns = layout_gain_bound(tables, uniform_ns)
@@ -209,8 +232,17 @@ def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S, control
         if not could:
             bounded_out += 1
             return
-        found = refine_structure(model, cluster, training, point, tables=tables,
-                                 time_limit_s=max(min(PER_STRUCTURE_LIMIT_S, BUDGET_SHARE * left_s()), 0.05))
+        if budget_s is None and point.plan.vpp > 1:
+            if cpsat_searches >= DEFAULT_CPSAT_SEARCHES:
+                skipped[is_near] += 1
+                return
+            cpsat_searches += 1
+        if budget_s is None:
+            found = refine_structure(model, cluster, training, point, tables=tables, time_limit_s=None,
+                                     deterministic_limit=DEFAULT_CPSAT_WORK)
+        else:
+            found = refine_structure(model, cluster, training, point, tables=tables,
+                                     time_limit_s=max(min(PER_STRUCTURE_LIMIT_S, BUDGET_SHARE * left_s()), 0.05))
         if found is not None:
             refinements.append(dataclasses.replace(found, near_front=is_near))
 
@@ -222,8 +254,10 @@ def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S, control
         consider(point, is_near=False)
     front_structures = len(seen)
     candidates = []
-    if near_front and left_s() > 0:
-        candidates = near_front_candidates(front, controls, extra_rules, exclude=seen)
+    if near_front and left_s() > 0 and (budget_s is not None or DEFAULT_NEAR_STRUCTURES > 0):
+        candidates = (near_front_candidates(front, controls, extra_rules, exclude=seen) if budget_s is not None else
+                      near_front_candidates(front, controls, extra_rules, exclude=seen,
+                                            seeds=DEFAULT_NEAR_SEEDS, resplit=False))
         for point in candidates:
             consider(point, is_near=True)
     added = []
@@ -240,8 +274,11 @@ def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S, control
     improved = [r for r in refinements if r.best_layout != r.uniform_layout]
     near = [r for r in refinements if r.near_front]
     on_front = sum(1 for p in kept if p.plan.layout)
+    limit = (f"budget {budget_s:g} s" if budget_s is not None else
+             f"default work: up to {DEFAULT_FRONT_STRUCTURES} front and {DEFAULT_NEAR_STRUCTURES} near-front "
+             f"structures, {DEFAULT_CPSAT_SEARCHES} with interleaving (CP-SAT)")
     note = (f"layouts: searched {len(refinements)} pipelined structures in {time.perf_counter() - start:.1f} s "
-            f"(budget {budget_s:g} s; {len(refinements) - len(near)} of {front_structures} on the front, "
+            f"({limit}; {len(refinements) - len(near)} of {front_structures} on the front, "
             f"{len(near)} of {len(candidates)} near-front candidates; {bounded_out} skipped: their gain bound "
             f"rules a gain or an overtake out); {len(improved)} with a better layout, {on_front} layout plan"
             f"{'s' if on_front != 1 else ''} on the front")
@@ -251,8 +288,8 @@ def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S, control
     if any(not r.proven_optimal for r in refinements):
         note += "; some searches hit their time limit (best found used)"
     if skipped[False] or skipped[True]:
-        note += (f"; left unsearched by the time budget: {skipped[False]} front and {skipped[True]} near-front "
-                 "structures (raise --layouts-budget)")
+        note += (f"; left unsearched: {skipped[False]} front and {skipped[True]} near-front structures "
+                 f"({'raise' if budget_s is not None else 'set'} --layouts-budget SECONDS to search more)")
     # proven_optimal stays the uniform search's: a layout can only add points, and the note says what was left
     return dataclasses.replace(front, points=tuple(kept), notes=tuple(front.notes) + (note,)), refinements
 
