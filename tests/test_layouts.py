@@ -311,3 +311,30 @@ def test_near_front_structures_that_could_overtake_are_refined_and_can_enter_the
         bound_ns = layout_gain_bound(tables, r.uniform_ns)
         assert r.uniform_ns - r.best_ns <= bound_ns
         assert parent.step_time_s - bound_ns * TIME_UNIT_S < front_time_at(front.points, parent.peak_memory_bytes)
+
+
+def test_solve_searches_layouts_by_default_repeatably_and_says_so():
+    """`autopar solve` refines with layouts unless --no-layouts, says so in its notes, and (without a wall-clock
+    --layouts-budget) prints the same front on every run; a bad budget is one line, exit 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def solve(*extra: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+        return subprocess.run([sys.executable, "-m", "autopar", "solve", "llama-3.1-8b", "--gpus", "32",
+                               "--fix", "pp=4", "--fix", "vpp=2", "--json", *extra],
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    first, second, off = solve(), solve(), solve("--no-layouts")
+    documents = [json.loads(r.stdout) for r in (first, second, off)]
+    notes = [" ".join(d["notes"]) for d in documents]
+    assert "layouts: searched" in notes[0] and "near-front" in notes[0] and "default work" in notes[0]
+    assert "layouts: not searched (--no-layouts)" in notes[2]
+    points = [[(p["label"], p["step_time_s"], p["peak_memory_bytes"]) for p in d["points"]] for d in documents]
+    assert points[0] == points[1]
+    assert any(p["plan"].get("layout") and p["pipeline_model_parallel_layout"] for p in documents[0]["points"])
+    assert not any(p["plan"].get("layout") for p in documents[2]["points"])
+    bad = solve("--layouts-budget", "0")
+    assert bad.returncode == 2 and "layouts_budget" in bad.stderr and "Traceback" not in bad.stderr
