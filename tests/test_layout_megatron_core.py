@@ -1,15 +1,15 @@
 """Megatron-Core's own TransformerConfig accepts every per-stage layout autopar emits, and builds the layers planned.
 
-For the best layout of every structure the layout search refines on the scenarios of benchmarks/layouts.py (S2 llama-3.1-70b
-on 256 H100, S4 deepseek-v3 with its MTP layer on 2,048 H100, S5 llama-3.1-405b on 16,384 H100, Q8 qwen3-8b at pp 8;
-their definitions and search are the benchmark's own functions) and for generated layouts (empty stages, MTP,
-interleaving), the Megatron-LM command `--emit megatron` writes is read back flag by flag, and megatron-core's
-`TransformerConfig` is built from its --num-layers, --pipeline-model-parallel-size,
+For the best layout of every structure the layout search refines on the scenarios of benchmarks/layouts.py (S2
+llama-3.1-70b on 256 H100, S4 deepseek-v3 with its MTP layer on 2,048 H100, S5 llama-3.1-405b on 16,384 H100, Q8
+qwen3-8b at pp 8; their definitions and search are the benchmark's own functions) and for generated layouts (empty
+stages, MTP, interleaving), the Megatron-LM command `--emit megatron` writes is read back flag by flag, and
+megatron-core's `TransformerConfig` is built from its --num-layers, --pipeline-model-parallel-size,
 --pipeline-model-parallel-layout and --mtp-num-layers (its __post_init__ parses the string into a
-`PipelineParallelLayerLayout` and runs `validate_layer_layout`: embedding first, loss last, every decoder and MTP layer
-once, MTP after the decoder layers on a rank's last chunk). Then Megatron-Core's own `get_layer_id_list` says which
-decoder layers each (pipeline rank, virtual stage) builds, and that must be exactly the layers autopar planned there:
-virtual stage i = vp_stage · pp + rank holds layers [Σ_{j<i} layout_j, Σ_{j≤i} layout_j).
+`PipelineParallelLayerLayout` and runs `validate_layer_layout`: embedding first, loss last, every decoder and MTP
+layer once, MTP after the decoder layers on a rank's last chunk). Then Megatron-Core's own `get_layer_id_list` says
+which decoder layers each (pipeline rank, virtual stage) builds, and that must be exactly the layers autopar planned
+there: virtual stage i = vp_stage · pp + rank holds layers [Σ_{j<i} layout_j, Σ_{j≤i} layout_j).
 
 megatron-core comes from the package registry: the `megatron-layout` extra pins 0.16.1, the newest release that
 installs on Python 3.11 with its dependencies (torch, numpy, packaging) and whose pipeline_parallel_layer_layout.py is

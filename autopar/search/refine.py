@@ -7,16 +7,16 @@ added, priced by autopar.layout_estimate (the parent's estimate less exactly the
 Pareto front over step time and peak memory is recomputed.
 
 Near-front structures. A structure off the front can overtake a front point once its layout is balanced. Candidates
-are the pipelined structures one knob step from a front plan's structure (pp = 1 plans included: their pp step up) (each of tp, pp, vpp, cp, ep, etp, mbs, zero, sp, recompute
-moved to the next or previous value of the search space, which keeps the user's --fix/--min/--max), that pass every
-rule in force and fit. Each is refined only if it could overtake: its uniform step time less an upper bound on its
-layout gain beats the front at its own (uniform) peak memory. The bound comes from the structure's per-stage tables
-(`layout_gain_bound`): a rank carries at least 1/pp of the pipeline's per-micro-batch work, and that work is at least
-every virtual stage's empty cost plus, per decoder layer, the cheapest one-layer increment anywhere in the tables;
-the fill/drain term is at least 0 and the data-parallel sync at least the largest of the ranks' smallest entries. The
-same bound skips front structures that no layout can improve. Not counted: a layout that also lowers a structure's
-peak memory could enter the front at a lower memory than the uniform one; and structures two or more knob steps from
-the front are not candidates.
+are the pipelined structures one knob step from a front plan (pp = 1 plans included: their step up in pp), each of
+tp, pp, vpp, cp, ep, etp, mbs, zero, sp, recompute moved to the next or previous value of the search space (which
+keeps the user's --fix/--min/--max), that pass every rule in force and fit. Each is refined only if it could
+overtake: its uniform step time less an upper bound on its layout gain beats the front at its own (uniform) peak
+memory. The bound comes from the structure's per-stage tables (`layout_gain_bound`): a rank carries at least 1/pp of
+the pipeline's per-micro-batch work, and that work is at least every virtual stage's empty cost plus, per decoder
+layer, the cheapest one-layer increment anywhere in the tables; the fill/drain term is at least 0 and the
+data-parallel sync at least the largest of the ranks' smallest entries. The same bound skips front structures that
+no layout can improve. Not counted: a layout that also lowers a structure's peak memory could enter the front at a
+lower memory than the uniform one; and structures two or more knob steps from the front are not candidates.
 
 Everything runs within a budget (front structures fastest first, then the candidates fastest first): by default a
 fixed amount of work, so the front is the same on every run (DEFAULT_FRONT_STRUCTURES); with `budget_s` a wall-clock
@@ -37,19 +37,20 @@ DEFAULT_CPSAT_SEARCHES = 1
 DEFAULT_CPSAT_WORK = 0.2
 DEFAULT_NEAR_SEEDS = 4
 """The default refinement is a fixed amount of work, so that `autopar solve` prints the same front on every run and
-machine: the fastest DEFAULT_FRONT_STRUCTURES pipelined structures of the front and DEFAULT_NEAR_STRUCTURES near-front
-candidates get their tables and gain bound, and those it does not rule out their search: the chain DP (milliseconds)
-for every one without interleaving, CP-SAT (about 0.3-1 s on a shared 2-core machine) for the first
-DEFAULT_CPSAT_SEARCHES with interleaving, each stopped at DEFAULT_CPSAT_WORK of CP-SAT's deterministic time (one
-worker; its best layout so far is used). Near-front candidates are then the neighbours of the front's
-DEFAULT_NEAR_SEEDS fastest plans, at the even split only. Sized to add about half a second to `autopar solve` on this project's 2-core
-machine for dense and MoE fronts (the issue's MoE target is 3 s for the whole command). `budget_s`
-(`--layouts-budget`) replaces it with a wall-clock budget and no counts."""
+machine: the fastest DEFAULT_FRONT_STRUCTURES pipelined structures of the front and DEFAULT_NEAR_STRUCTURES
+near-front candidates get their tables and gain bound, and those it does not rule out their search: the chain DP
+(milliseconds) for every one without interleaving, CP-SAT (about 0.3-1 s on a shared 2-core machine) for the
+first DEFAULT_CPSAT_SEARCHES with interleaving, each stopped at DEFAULT_CPSAT_WORK of CP-SAT's deterministic time
+(one worker; its best layout so far is used). Near-front candidates are then the neighbours of the front's
+DEFAULT_NEAR_SEEDS fastest plans, at the even split only. Sized to add about half a second to `autopar solve` on
+this project's 2-core machine for dense and MoE fronts (the issue's MoE target is 3 s for the whole command).
+`budget_s` (`--layouts-budget`) replaces it with a wall-clock budget and no counts."""
 PER_STRUCTURE_LIMIT_S = 2.0
 """CP-SAT wall-clock limit for one structure under a wall-clock budget (its best layout so far is used, marked not
 proven, when it runs out)."""
 BUDGET_SHARE = 0.5
-"""At most this share of the budget left goes to one structure's CP-SAT search, so one slow search cannot take it all."""
+"""At most this share of the budget left goes to one structure's CP-SAT search, so one slow search cannot take
+it all."""
 NEIGHBOUR_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "zero", "sp", "recompute")
 """Knobs a near-front candidate moves one step from a front structure."""
 
