@@ -4,7 +4,8 @@
 
 Scenarios: S2 llama-3.1-70b on 256 H100, S4 deepseek-v3 (with its MTP layer) on 2,048 H100, S5 llama-3.1-405b on
 16,384 H100, Q8 qwen3-8b (151K vocabulary) on 64 H100 with pp fixed to 8. For each: the uniform front (oracle), then
-every pipelined structure on it refined with the exact layout search (autopar.search.refine: chain DP without
+every pipelined structure on it, and every near-front structure whose gain bound says it could overtake the front,
+refined with the exact layout search within --budget seconds (autopar.search.refine: chain DP without
 interleaving, CP-SAT with it), and:
 
 - the best uniform plan (the front's fastest) and the best plan once layouts are allowed, their step times and the
@@ -15,8 +16,9 @@ interleaving, CP-SAT with it), and:
   (compositions of the layers into pp·vpp virtual stages);
 - a brute-force check on a reduced instance (12 layers of the same model, the winning structure with pp <= 3 and
   vpp <= 2): the exact engine's optimum equals the brute force optimum ("yes"/"no");
-- unless --no-commands, the whole `autopar solve ... --layouts` command's wall and CPU time (target <= 10 s on S4
-  and S5; the machine is shared, so the CPU time is the figure to compare).
+- unless --no-commands, the whole `autopar solve ... --layouts` command's wall and CPU time, layouts at their
+  default amount of work (target <= 10 s on S4 and S5; the machine is shared, so the CPU time is the figure to
+  compare).
 
 Ends with one line per scenario:
 
