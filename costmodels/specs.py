@@ -270,9 +270,23 @@ class TrainingSpec:
         return self.seq_len * self.global_batch_size
 
 
+def job_nvlink_domain_gpus(num_gpus: int, gpus_per_node: int, profile_domain: int) -> int:
+    """GPUs of a job in one NVLink domain when the user does not say: a node where NVLink stops at the node; on a
+    multi-node NVLink system (GB200 NVL72, a domain of 72 GPUs on trays of 4) the largest whole number of nodes,
+    at most one domain, that splits the job evenly — the job fills every domain it uses alike, as rank order
+    (Megatron-Core's parallel_state: consecutive ranks, tp innermost) only keeps power-of-two groups inside a domain
+    when each domain holds the same count (256 GPUs on NVL72 racks: 64 per rack, not 72 + 72 + 72 + 40)."""
+    if profile_domain <= gpus_per_node or num_gpus <= gpus_per_node:
+        return gpus_per_node
+    if num_gpus <= profile_domain:
+        return num_gpus
+    return max(d for d in range(gpus_per_node, profile_domain + 1, gpus_per_node) if num_gpus % d == 0)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """GPUs of one type, `gpus_per_node` to a node (NVLink inside, InfiniBand between)."""
+    """GPUs of one type, `gpus_per_node` to a node, `nvlink_domain_gpus` to one NVLink fabric (a node, or more on a
+    multi-node NVLink system); NVLink inside a domain, InfiniBand between domains."""
 
     profile: HardwareProfile
     num_gpus: int
@@ -280,6 +294,10 @@ class ClusterSpec:
     """0 means the profile's default (8 for every bundled GPU)."""
     headroom: float = 0.2
     """Fraction of HBM kept free for fragmentation and framework overhead (the guide's 20%)."""
+    nvlink_domain_gpus: int = 0
+    """GPUs of this job on one NVLink fabric: where collectives switch from NVLink to InfiniBand (costmodels.comm).
+    0 means: one node where the profile's NVLink stops at the node; on a multi-node NVLink system (GB200 NVL72) the
+    job's share of one domain by the rule of `job_nvlink_domain_gpus`."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.num_gpus, "num_gpus")
@@ -293,6 +311,22 @@ class ClusterSpec:
         require(self.num_gpus <= self.gpus_per_node or self.num_gpus % self.gpus_per_node == 0, "num_gpus",
                 f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}; "
                 "use whole nodes or set --gpus-per-node")
+        require_non_negative_int(self.nvlink_domain_gpus, "nvlink_domain_gpus")
+        if self.nvlink_domain_gpus == 0:
+            object.__setattr__(self, "nvlink_domain_gpus", job_nvlink_domain_gpus(
+                self.num_gpus, self.gpus_per_node, self.profile.nvlink_domain_size))
+        domain = self.nvlink_domain_gpus
+        require(domain % self.gpus_per_node == 0 and self.gpus_per_node <= domain
+                <= max(self.profile.nvlink_domain_size, self.gpus_per_node), "nvlink_domain_gpus",
+                f"nvlink_domain_gpus={domain} must be whole nodes of {self.gpus_per_node} GPUs within one NVLink "
+                f"domain of {max(self.profile.nvlink_domain_size, self.gpus_per_node)} ({self.profile.name})")
+        require(self.num_gpus <= domain or self.num_gpus % domain == 0, "nvlink_domain_gpus",
+                f"num_gpus={self.num_gpus} is not a multiple of nvlink_domain_gpus={domain}; give the same number "
+                "of GPUs in every NVLink domain")
+
+    @property
+    def num_nvlink_domains(self) -> int:
+        return max(1, self.num_gpus // self.nvlink_domain_gpus)
 
     @property
     def num_nodes(self) -> int:
