@@ -149,10 +149,11 @@ def _hold_undetermined_link_alpha(data: dict[str, Any], base: HardwareProfile, m
         data["links"][link]["alpha_us"] = round(spec.alpha_s * 1e6, 4)
         data["links"][link]["bandwidth_efficiency"] = round(efficiency, 6)
         smallest = min(c.bytes for c in rows) / 2**20
+        files = ", ".join(sorted({c.source for c in rows if c.source}))
         provenance[f"links.{link}.alpha_us"] = (
-            f"base profile {base.name} (not determined: the smallest single-link message measured is "
-            f"{smallest:.0f} MiB, at or above the {ALPHA_FROM_BYTES_BELOW // 2**20} MiB below which a fit reads "
-            f"latency): {PRIOR_NVLINK['alpha_us'] if link == 'nvlink' else spec.alpha_s * 1e6:g} us")
+            f"base profile {base.name}, {spec.alpha_s * 1e6:g} us: not determined by {files} (the smallest "
+            f"single-link message there is {smallest:.0f} MiB, at or above the {ALPHA_FROM_BYTES_BELOW // 2**20} MiB "
+            "below which a fit reads latency)")
         provenance[f"links.{link}.bandwidth_efficiency"] += (
             f"; refitted with alpha held at the base value (not determined), rms residual "
             f"{result.rms_relative_residual:.1%}")
