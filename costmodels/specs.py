@@ -312,14 +312,18 @@ class ClusterSpec:
                 f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}; "
                 "use whole nodes or set --gpus-per-node")
         require_non_negative_int(self.nvlink_domain_gpus, "nvlink_domain_gpus")
+        # NVLink reaches beyond the node only where the profile says so (GB200 NVL72); elsewhere the node is the
+        # domain, whatever --gpus-per-node says
+        profile = self.profile
+        largest = max(profile.nvlink_domain_size if profile.nvlink_domain_size > profile.gpus_per_node else 0,
+                      self.gpus_per_node)
         if self.nvlink_domain_gpus == 0:
             object.__setattr__(self, "nvlink_domain_gpus", job_nvlink_domain_gpus(
-                self.num_gpus, self.gpus_per_node, self.profile.nvlink_domain_size))
+                self.num_gpus, self.gpus_per_node, largest))
         domain = self.nvlink_domain_gpus
-        require(domain % self.gpus_per_node == 0 and self.gpus_per_node <= domain
-                <= max(self.profile.nvlink_domain_size, self.gpus_per_node), "nvlink_domain_gpus",
+        require(domain % self.gpus_per_node == 0 and self.gpus_per_node <= domain <= largest, "nvlink_domain_gpus",
                 f"nvlink_domain_gpus={domain} must be whole nodes of {self.gpus_per_node} GPUs within one NVLink "
-                f"domain of {max(self.profile.nvlink_domain_size, self.gpus_per_node)} ({self.profile.name})")
+                f"domain of {largest} ({profile.name})")
         require(self.num_gpus <= domain or self.num_gpus % domain == 0, "nvlink_domain_gpus",
                 f"num_gpus={self.num_gpus} is not a multiple of nvlink_domain_gpus={domain}; give the same number "
                 "of GPUs in every NVLink domain")
