@@ -202,3 +202,13 @@ def test_modelzoo_gb200_rows_count_trays_of_four_and_gb300_stays_refused():
     h100 = rows["1"]
     flops = runs.megatron_flops_per_step(h100.model, h100.training, causal=True)
     assert flops / (245e12 * 256) == pytest.approx(h100.measured_step_s, rel=0.02)
+
+
+@pytest.mark.parametrize("device_name, memory_gib, expected", [
+    ("NVIDIA GB200", 184.0, "gb200-186gb"),
+    ("NVIDIA H800 80GB HBM3", 79.6, "h800-80gb"),
+    ("NVIDIA H100 80GB HBM3", 79.2, "h100-80gb"),
+])
+def test_calibrate_picks_the_new_profiles_as_base(device_name, memory_gib, expected):
+    from autopar.calibrate.profile_file import base_profile_for_device
+    assert base_profile_for_device(device_name, memory_gib) == expected
