@@ -24,4 +24,4 @@ def make_cluster(gpu: str = "h100-80gb", num_gpus: int = 8, gpus_per_node: int =
 
         hardware = check_profile_calibration(load_profile(profile), allow_cpu=allow_cpu_profile)
     return ClusterSpec(profile=hardware, num_gpus=num_gpus, gpus_per_node=gpus_per_node, headroom=headroom,
-                       nvlink_domain_gpus=nvlink_domain_gpus)
+                       nvlink_domain=nvlink_domain_gpus)

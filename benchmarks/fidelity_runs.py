@@ -653,7 +653,7 @@ def dsv3_gb200() -> "list[Case | Unexpressed]":
                      recompute_modules=modules or 0, zero=1, layout=layout)
         # 'Every 32 GB200 GPUs (8 nodes) are in the same NVL domain' (the source's header)
         cluster = ClusterSpec(profile=profile, num_gpus=gpus, gpus_per_node=_int(r, "gpus_per_node"),
-                              headroom=MEMORY_HEADROOM, nvlink_domain_gpus=32)
+                              headroom=MEMORY_HEADROOM, nvlink_domain=32)
         step = megatron_flops_per_step(model, training, causal=True) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
         out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, {},
                         "TFLOP/s/GPU (MCore causal)", step, "MoE", (source, "deepseek-v3", profile.name, gpus, seq),

@@ -294,10 +294,8 @@ class ClusterSpec:
     """0 means the profile's default (8 for every bundled GPU)."""
     headroom: float = 0.2
     """Fraction of HBM kept free for fragmentation and framework overhead (the guide's 20%)."""
-    nvlink_domain_gpus: int = 0
-    """GPUs of this job on one NVLink fabric: where collectives switch from NVLink to InfiniBand (costmodels.comm).
-    0 means: one node where the profile's NVLink stops at the node; on a multi-node NVLink system (GB200 NVL72) the
-    job's share of one domain by the rule of `job_nvlink_domain_gpus`."""
+    nvlink_domain: int = 0
+    """GPUs of this job on one NVLink fabric as stated (--nvlink-domain-gpus); 0 = by rule (`nvlink_domain_gpus`)."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.num_gpus, "num_gpus")
@@ -311,22 +309,30 @@ class ClusterSpec:
         require(self.num_gpus <= self.gpus_per_node or self.num_gpus % self.gpus_per_node == 0, "num_gpus",
                 f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}; "
                 "use whole nodes or set --gpus-per-node")
-        require_non_negative_int(self.nvlink_domain_gpus, "nvlink_domain_gpus")
-        # NVLink reaches beyond the node only where the profile says so (GB200 NVL72); elsewhere the node is the
-        # domain, whatever --gpus-per-node says
-        profile = self.profile
-        largest = max(profile.nvlink_domain_size if profile.nvlink_domain_size > profile.gpus_per_node else 0,
-                      self.gpus_per_node)
-        if self.nvlink_domain_gpus == 0:
-            object.__setattr__(self, "nvlink_domain_gpus", job_nvlink_domain_gpus(
-                self.num_gpus, self.gpus_per_node, largest))
-        domain = self.nvlink_domain_gpus
+        require_non_negative_int(self.nvlink_domain, "nvlink_domain_gpus")
+        domain, largest = self.nvlink_domain_gpus, self._largest_nvlink_domain
         require(domain % self.gpus_per_node == 0 and self.gpus_per_node <= domain <= largest, "nvlink_domain_gpus",
                 f"nvlink_domain_gpus={domain} must be whole nodes of {self.gpus_per_node} GPUs within one NVLink "
-                f"domain of {largest} ({profile.name})")
+                f"domain of {largest} ({self.profile.name})")
         require(self.num_gpus <= domain or self.num_gpus % domain == 0, "nvlink_domain_gpus",
                 f"num_gpus={self.num_gpus} is not a multiple of nvlink_domain_gpus={domain}; give the same number "
                 "of GPUs in every NVLink domain")
+
+    @property
+    def _largest_nvlink_domain(self) -> int:
+        """NVLink reaches beyond the node only where the profile says so (GB200 NVL72); elsewhere the node is the
+        domain, whatever --gpus-per-node says."""
+        profile = self.profile
+        spans = profile.nvlink_domain_size > profile.gpus_per_node
+        return max(profile.nvlink_domain_size if spans else 0, self.gpus_per_node)
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs of this job on one NVLink fabric: where collectives switch from NVLink to InfiniBand
+        (costmodels.comm). As stated, else one node where NVLink stops at the node, or on a multi-node NVLink system
+        (GB200 NVL72) the job's share of one domain by the rule of `job_nvlink_domain_gpus`."""
+        return self.nvlink_domain or job_nvlink_domain_gpus(self.num_gpus, self.gpus_per_node,
+                                                             self._largest_nvlink_domain)
 
     @property
     def num_nvlink_domains(self) -> int:

@@ -75,6 +75,17 @@ def test_a_job_fills_every_rack_alike(num_gpus, expected):
     assert cluster.nvlink_domain_gpus == expected and cluster.gpus_per_node == min(4, num_gpus)
 
 
+def test_a_cluster_resized_rederives_its_domain_unless_stated():
+    import dataclasses
+
+    gb200 = load_profile("gb200")
+    assert dataclasses.replace(ClusterSpec(profile=gb200, num_gpus=256), num_gpus=128).nvlink_domain_gpus == 64
+    stated = ClusterSpec(profile=gb200, num_gpus=256, nvlink_domain=32)
+    assert dataclasses.replace(stated, num_gpus=64).nvlink_domain_gpus == 32
+    h100 = ClusterSpec(profile=load_profile("h100"), num_gpus=16)
+    assert dataclasses.replace(h100, num_gpus=4, gpus_per_node=4).nvlink_domain_gpus == 4   # scaling fronts
+
+
 def test_one_node_systems_keep_the_node_as_the_domain():
     assert ClusterSpec(profile=load_profile("h100"), num_gpus=64).nvlink_domain_gpus == 8
     assert ClusterSpec(profile=load_profile("h100"), num_gpus=64, gpus_per_node=4).nvlink_domain_gpus == 4
@@ -84,7 +95,7 @@ def test_one_node_systems_keep_the_node_as_the_domain():
                                              (6, "whole nodes of 4"), (128, "within one NVLink domain of 72")])
 def test_a_stated_domain_is_checked(domain, message):
     with pytest.raises(InputError, match=message):
-        ClusterSpec(profile=load_profile("gb200"), num_gpus=256, nvlink_domain_gpus=domain)
+        ClusterSpec(profile=load_profile("gb200"), num_gpus=256, nvlink_domain=domain)
 
 
 def test_a_group_inside_the_rack_is_priced_on_nvlink_and_across_racks_on_ib():

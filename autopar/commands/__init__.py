@@ -199,7 +199,7 @@ def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -
         raise InputError("nvlink_domain_gpus", f"must be a positive whole number, got {domain}; leave "
                                                "--nvlink-domain-gpus out for the profile's")
     return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node or 0,
-                       headroom=args.headroom, nvlink_domain_gpus=domain or 0)
+                       headroom=args.headroom, nvlink_domain=domain or 0)
 
 
 def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
