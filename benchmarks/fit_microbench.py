@@ -47,7 +47,12 @@ EXTRAPOLATED: dict[str, dict[str, Any]] = {
     "gb200-186gb": {"ag_rs_from_profile": "b200-180gb",
                     "why": "GB200 and B200 share the Blackwell GPU, NVLink 5 (900 GB/s per direction) and its switch "
                            "generation; all_gather/reduce_scatter are measured on neither GB200 file (the GB200 "
-                           "all-reduce rows are NVLS/MNNVL at 72 GPUs, not a ring)"},
+                           "all-reduce rows are NVLS/MNNVL at 72 GPUs, not a ring)",
+                    "notes": {"collectives.ib.all_reduce": (
+                        "group sizes count NVL72 racks (NVLink domains), not 4-GPU trays; an effective per-GPU bus "
+                        "bandwidth of the inter-rack stage under costmodels.comm's pipelined hierarchical model: the "
+                        "20-rack all-reduce runs at half the one-rack bus bandwidth, which the model can only put "
+                        "on that stage; the 2-rack rows run at the rack's own rate, so they bound it from below")}},
 }
 
 
@@ -117,6 +122,9 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     if gemm_notes:
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
     _extrapolate(name, data, provenance, fitted, rule)
+    for key, note in rule.get("notes", {}).items():
+        if key in provenance:
+            provenance[key] += f" ({note})"
     data["provenance"] = provenance
     profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
     return profile, data, notes
