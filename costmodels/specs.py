@@ -335,10 +335,6 @@ class ClusterSpec:
                                                              self._largest_nvlink_domain)
 
     @property
-    def num_nvlink_domains(self) -> int:
-        return max(1, self.num_gpus // self.nvlink_domain_gpus)
-
-    @property
     def num_nodes(self) -> int:
         return max(1, self.num_gpus // self.gpus_per_node)
 
