@@ -259,9 +259,8 @@ def _precision(text: str) -> Precision:
 
 def llm_foundry() -> "list[Case | Unexpressed]":
     """mosaicml/llm-foundry MPT benchmarks: FSDP only (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), micro-batch
-    per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU. Attention: FlashAttention-2 (the
-    MPT yamls set `attn_impl: flash`, the flash_attn package; setup.py at 495218376 pins its gpu extra to
-    flash-attn==2.5.0)."""
+    per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU. Attention: see
+    llm_foundry_attention (priced as FlashAttention-2 throughout)."""
     source, out = "llm-foundry", []
     for r in _read("llm_foundry_mpt_benchmarks.csv"):
         profile, why, _ = gpu_profile(r["gpu"])
@@ -280,9 +279,25 @@ def llm_foundry() -> "list[Case | Unexpressed]":
         step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
                         "tokens/s/GPU", step, category(profile, False),
-                        (source, r["model"], profile.name, gpus, seq),
-                        ("attention FlashAttention-2 (MPT yaml attn_impl: flash; flash-attn==2.5.0)",)))
+                        (source, r["model"], profile.name, gpus, seq), (llm_foundry_attention(r),)))
     return out
+
+
+LLM_FOUNDRY_FLASH_MODELS = ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")
+
+
+def llm_foundry_attention(r: dict) -> str:
+    """The attention kernel of an llm-foundry table row, as the benchmark scripts that produced the tables set it.
+
+    The 'Large Scale' H100 table (added in 5e85bd62d, 2024-01) comes from benchmarking/sweep.py, which passes
+    `--attn_impl flash` for 1b/3b/7b/70b (flash_attn 2.4.2, the gpu-flash2 extra) and `--attn_impl triton` for
+    13b/30b; every other table comes from sweep.sh (b2a43a147, 2023-10, and earlier for A100), which leaves
+    submit_benchmarks.py's default `--attn_impl triton`: MPT's own Triton FlashAttention kernel (flash_attn_triton,
+    FA1-era). No microbenchmark of that kernel exists in shared/reference/microbench/, so it is priced as
+    FlashAttention-2, an upper bound on its speed: these rows run slower than predicted at long sequences."""
+    if r["source_table"].startswith("H100 80GB BF16 (Large Scale") and r["model"] in LLM_FOUNDRY_FLASH_MODELS:
+        return "attention FlashAttention-2 (sweep.py --attn_impl flash, flash-attn 2.4.2)"
+    return "attention MPT Triton kernel (--attn_impl triton, submit_benchmarks default): priced as FA2, unmeasured"
 
 
 def megatron_readme() -> "list[Case | Unexpressed]":

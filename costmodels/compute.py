@@ -125,6 +125,14 @@ def resolve_attention_kernel(profile: HardwareProfile, training: TrainingSpec) -
     return kernel
 
 
+def attention_kernel_runs(profile: HardwareProfile, training: TrainingSpec) -> str:
+    """What the cost model prices the attention core as, for headers and documents: the resolved kernel, 'unfused'
+    without flash attention, 'fused' for a profile without per-kernel curves."""
+    if not training.flash_attention:
+        return "unfused"
+    return resolve_attention_kernel(profile, training) or "fused"
+
+
 def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
                          k: "np.ndarray | float", kernel: str = "", attention_pass: str = "fwd") -> np.ndarray:
     """Fraction of the bf16 peak a fused attention kernel reaches in one pass (`attention_pass` fwd or bwd), for
