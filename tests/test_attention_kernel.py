@@ -13,6 +13,7 @@ import pytest
 from autopar.calibrate.measurements import GemmMeasurement, Measurements, Timing, measurements_from_dict
 from autopar.calibrate.profile_file import apply_fit, fit_measurements
 from autopar.export import emit
+from autopar.megatron_args import parse_megatron_args
 from costmodels import compute
 from costmodels.errors import InputError
 from costmodels.hardware import load_profile
@@ -116,6 +117,19 @@ def test_megatron_and_verl_exports_write_the_attention_backend(kernel, flash, ba
     else:
         assert f"--attention-backend {backend}" in megatron and verl[key] == backend
     assert ("FlashAttention-" in megatron) == (kernel in ("fa2", "fa3"))
+
+
+def test_the_megatron_importer_reads_back_what_the_export_wrote():
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, attention_kernel="cudnn")
+    estimate = synthetic_estimate(dense_model(), cluster(64), training, Plan(tp=2, pp=2, mbs=1, zero=1))
+    run = parse_megatron_args(emit(estimate, "megatron"))
+    assert run.training_spec(TrainingSpec()).attention_kernel is AttentionKernel.CUDNN
+    unfused = parse_megatron_args("pretrain_gpt.py --bf16 --attention-backend local")
+    assert run.training_spec(TrainingSpec()).flash_attention and not unfused.training_spec(TrainingSpec()).flash_attention
+    flash = parse_megatron_args("pretrain_gpt.py --bf16 --attention-backend flash")
+    assert flash.training["attention_kernel"] == "fa2" and any("FlashAttention-3" in n for n in flash.notes)
+    with pytest.raises(InputError, match="--attention-backend 'cudnn': expected one of auto, fused"):
+        parse_megatron_args("pretrain_gpt.py --bf16 --attention-backend cudnn")
 
 
 # ---- the fit -----------------------------------------------------------------------------------------------------

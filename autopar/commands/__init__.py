@@ -244,6 +244,9 @@ def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpe
     if imported is not None:
         training = imported.training_spec(training)
     require_precision_supported(cluster, training)
+    from costmodels.compute import attention_kernel_runs
+
+    attention_kernel_runs(cluster.profile, training)  # InputError now for a kernel this GPU has no curve for
     model = load_model() if load_model is not None else model_from_args(args)
     for warning in input_warnings(model, training):
         print(f"autopar: warning: {warning}", file=stderr if stderr is not None else sys.stderr)
