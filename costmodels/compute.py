@@ -27,7 +27,9 @@ dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction`
 profile has it, their own `fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the bytes,
 so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes) (profiles without
 fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
-attention in bf16), and uses the same curve with its (s/cp) × (s/cp) × head_dim shape.
+attention in bf16). Unfused, it uses the GEMM curve with its (s/cp) × (s/cp) × head_dim shape; a fused kernel
+(TrainingSpec.attention_kernel: FlashAttention-2, FlashAttention-3 or cuDNN) has its own measured curve per pass
+(attention_efficiency), the backward's 2.5× FLOPs priced at the backward's own rate.
 
 Memory-bound work (layernorm, bias, GELU/SwiGLU, dropout, residual adds, softmax when not fused) is priced as HBM
 traffic: `traffic_per_activation_byte` (profile section `elementwise:`) × the activation bytes Korthikanti et al.
