@@ -124,7 +124,8 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     # the attention core's backward is its own kernel's (compute.attention_core_backward_s: 2.5x the forward FLOPs
     # at the backward's measured rate for a fused kernel), not 2x its forward
     core_extra_s = times.core_backward_s(training) - compute_model.BACKWARD_TO_FORWARD * times.attention_core_fwd_s
-    backward = compute_model.BACKWARD_TO_FORWARD * forward + layers * core_extra_s
+    backward = compute_model.BACKWARD_TO_FORWARD * forward + layers * core_extra_s \
+        + moe_layers * times.moe_layer_bwd_extra_s      # grouped experts' wgrad accumulation, one-pass dispatch copies
     full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
     selective = dense_layers * times.selective_dense_fwd_s + moe_layers * times.selective_moe_fwd_s
     recompute = np.where(plans.recompute == Recompute.SELECTIVE, selective, full_fraction * layer_forward)
@@ -160,12 +161,24 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
     shared_expert_blocks = moe_layers if (model.moe is not None and model.moe.num_shared_experts) else 0.0
     total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
-    if model.moe is not None:
-        expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
-        total = total + per_block * moe_layers * block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
     if training.tp_comm_overlap:
         total = np.where(plans.sp & (plans.tp > 1), tp_overlap_exposed_s(total, linear_s, plans.tp), total)
+    if model.moe is not None:
+        total = total + per_block * moe_layers * expert_tp_block_s(model, cluster, training, plans, block_s,
+                                                                   activation_bytes)
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total
+
+
+def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays, block_s,
+                      activation_bytes: np.ndarray) -> np.ndarray:
+    """One routed-expert block's collectives on the etp group: Megatron-Core's alltoall dispatcher gathers the
+    received tokens over the expert-TP group after the EP all-to-all and reduce-scatters them before the combine
+    (`moe/token_dispatcher.py` MoEAlltoAllTokenDispatcher: "permute->A2A(EP)->AG(TP)->sort_chunk"), top_k copies of
+    the GPU's tokens at the busiest rank's load. They are plain collectives of the dispatcher, outside Transformer
+    Engine's userbuffers (which wrap the qkv/proj/fc1/fc2 linear layers), so --tp-comm-overlap does not hide them."""
+    assert model.moe is not None
+    expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
+    return block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
 
 
 def tp_overlap_exposed_s(comm_s: np.ndarray, linear_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:

@@ -67,8 +67,10 @@ class GemmMeasurement:
     source: str = ""
     """Where the row comes from when it was not measured by `autopar calibrate` (a reference table's file name)."""
     kind: str = "gemm"
-    """'gemm', or 'attention': a fused attention kernel (m queries × n keys × head dim k), timed as the equivalent GEMM
-    of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve of its kernel and pass)."""
+    """'gemm'; 'attention': a fused attention kernel (m queries × n keys × head dim k), timed as the equivalent GEMM
+    of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve of its kernel and pass); or 'grouped_gemm': one
+    group (expert) of a grouped GEMM, the kernel's time over its groups (fits the grouped-GEMM roofline,
+    costmodels.moe_kernels)."""
     attention_kernel: str = ""
     """For an attention row: the kernel (costmodels.compute.ATTENTION_KERNELS); '' = not named (the row then times
     forward + backward together and fits the kernel-less curve)."""
@@ -207,7 +209,7 @@ def _gemm_row(row: Any, where: str, origin: str) -> GemmMeasurement:
                            **_attention_kernel_and_pass(row, where, origin))
 
 
-GEMM_KINDS = ("gemm", "attention")
+GEMM_KINDS = ("gemm", "attention", "grouped_gemm")
 
 
 def _gemm_kind(row: dict, where: str, origin: str, precision: str) -> str:

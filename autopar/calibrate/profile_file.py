@@ -24,6 +24,7 @@ half-written profile.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import re
@@ -33,7 +34,8 @@ from typing import Any, Mapping
 
 from autopar.calibrate.calibration_section import CPU_DEVICE
 from autopar.calibrate.fit import (CollectivePointFit, FitResult, attention_curves_measured, fit_attention_efficiency,
-                                   fit_collective_points, fit_gemm_efficiency, fit_link, fit_link_by_collective)
+                                   fit_collective_points, fit_gemm_efficiency, fit_grouped_gemm, fit_link,
+                                   fit_link_by_collective)
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, bundled_profile_names, load_profile, parse_profile
@@ -86,6 +88,8 @@ class CalibrationFit:
     """The kernel-less fused-attention curve, where attention rows without a kernel were measured."""
     attention_curves: Mapping[tuple[str, str], FitResult] = field(default_factory=dict)
     """(kernel, pass) -> that kernel's curve in that pass, where rows of it were measured."""
+    grouped: FitResult | None = None
+    """The grouped expert-GEMM roofline, where grouped GEMMs were measured."""
 
 
 def fit_measurements(measurements: Measurements, base: HardwareProfile,
@@ -99,6 +103,11 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
     curves = {key: fit_attention_efficiency(attention_rows, base, *key)
               for key in attention_curves_measured(attention_rows)}
     attention = curves.pop(("", ""), None)
+    grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
+    grouped = None
+    if grouped_rows:  # on the GEMM curve just fitted: bf16 grouped GEMMs take its peak_fraction
+        curve = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **gemm.params}) if gemm else base
+        grouped = fit_grouped_gemm(grouped_rows, curve)
     single_link = {link: tuple(c for c in measurements.collectives_on(link) if c.ranks_per_node == 1)
                    for link in measurements.links_measured}
     links = {link: fit_link(rows, base.links[link]) for link, rows in single_link.items() if rows}
@@ -106,7 +115,7 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
                      if rows}
     points = tuple(fit_collective_points(measurements.collectives, base)) if measurements.collectives else ()
     return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective, collective_points=points,
-                          attention=attention, attention_curves=curves)
+                          attention=attention, attention_curves=curves, grouped=grouped)
 
 
 # ---- the base profile -----------------------------------------------------------------------------------------------
@@ -221,6 +230,13 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         provenance[f"compute.gemm_efficiency.attention_{kernel}_{attention_pass}"] = (
             f"{stamp}: least squares over {result.points} {kernel} {attention_pass} attention kernels"
             f"{_from(curve_rows)}, rms residual {result.rms_relative_residual:.1%}")
+
+    if fit.grouped is not None:
+        grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
+        data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in fit.grouped.params.items()})
+        provenance["compute.gemm_efficiency.grouped"] = (
+            f"{stamp}: least squares over {fit.grouped.points} grouped expert GEMMs{_from(grouped_rows)}, "
+            f"roofline of costmodels.moe_kernels, rms residual {fit.grouped.rms_relative_residual:.1%}")
 
     for link in LINKS:
         where = f"links.{link}"
