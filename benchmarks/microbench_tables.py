@@ -28,7 +28,9 @@ A100 = ("a100-80gb", "a100-40gb")
 H100 = ("h100-80gb",)
 H200 = ("h200-141gb",)
 B200 = ("b200-180gb",)
-PROFILES = (*A100, *H100, *H200, *B200)
+GB200 = ("gb200-186gb",)
+H800 = ("h800-80gb",)
+PROFILES = (*A100, *H100, *H200, *B200, *GB200, *H800)
 
 MIN_GEMM_IDEAL_S = 50e-6
 """GEMMs whose ideal time (2mnk at the dense peak) is below 50 µs are dominated by launch and tail effects — a 256³
@@ -37,9 +39,10 @@ per-op eager dispatch cost is ~11–18 µs (launch_overhead_small_gemm_dgxc_samp
 ~50 µs. The efficiency curve prices operand traffic, not launch latency (a per-kernel fixed cost is a separate
 term), so those rows are checked, not fitted."""
 
-PEAK_TFLOPS = {"bf16": {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0},
-               "fp8": {"H100": 1979.0, "H200": 1979.0, "B200": 4500.0}}
-"""Dense peaks of shared/reference/hardware.csv (the bundled profiles' compute.peak_tflops), for MIN_GEMM_IDEAL_S."""
+PEAK_TFLOPS = {"bf16": {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "H800": 989.0},
+               "fp8": {"H100": 1979.0, "H200": 1979.0, "B200": 4500.0, "GB200": 5000.0, "H800": 1979.0}}
+"""Dense peaks of shared/reference/hardware.csv (the bundled profiles' compute.peak_tflops; GB200 and H800 as their
+profiles state), for MIN_GEMM_IDEAL_S."""
 
 
 @dataclass(frozen=True)
@@ -149,13 +152,31 @@ def read_gcp_h100(path: Path) -> Iterator[Row]:
                   "GCP GPUDirect-TCPXO fabric, not the InfiniBand of the bundled profile")
 
 
+GB200_RACK_GPUS = 72
+"""GPUs of one GB200 NVL72 rack: one NVLink domain (the profile's nvlink_domain_size)."""
+
+
 def read_coreweave(path: Path) -> Iterator[Row]:
+    """IB + SHARP all-reduce on A100 (4 nodes) and H100 (12 nodes); GB200 NVL72: one rack (72 ranks) is an NVLink
+    collective (MNNVL), 2 and 20 racks span NVLink domains over IB, so the 'node' of the hierarchical model is the
+    rack's share of ranks (costmodels.comm): 72 per rack on 20 racks, 128 / 2 = 64 on 2 racks (ranks spread evenly
+    over the racks, assumed: the file gives 32 trays, not their split)."""
     for row in _csv(path):
         config = row["config"]
+        n = int(row["n_ranks"])
+        if config.startswith("GB200"):
+            racks = math.ceil(n / GB200_RACK_GPUS)
+            if racks == 1:
+                yield Row(GB200, _collective(path, "nvlink", "all_reduce", n, int(row["size_bytes"]),
+                                             float(row["oop_time_us"]) * 1e-6))
+            else:
+                yield Row(GB200, _collective(path, "ib", "all_reduce", n, int(row["size_bytes"]),
+                                             float(row["oop_time_us"]) * 1e-6, n // racks))
+            continue
         profiles = A100 if config.startswith("A100") else H100 if config.startswith("H100") else ()
         if not profiles:
-            continue  # GB200 NVL72: no bundled GB200 profile
-        n, per_node = int(row["n_ranks"]), int(row["gpus_per_node"])
+            continue
+        per_node = int(row["gpus_per_node"])
         yield Row(profiles, _collective(path, "ib", "all_reduce", n, int(row["size_bytes"]),
                                         float(row["oop_time_us"]) * 1e-6, per_node))
 
@@ -188,7 +209,7 @@ def read_deepep_internode(path: Path) -> Iterator[Row]:
 # ---- GEMMs ---------------------------------------------------------------------------------------------------------
 
 MAMF_GPUS = {"NVIDIA A100 SXM": ("A100", A100), "NVIDIA H100 SXM": ("H100", H100), "NVIDIA H200 SXM": ("H200", H200),
-             "NVIDIA B200 SXM": ("B200", B200)}
+             "NVIDIA B200 SXM": ("B200", B200), "NVIDIA GB200 SXM": ("GB200", GB200)}
 
 
 def read_mamf(path: Path) -> Iterator[Row]:
@@ -201,6 +222,8 @@ def read_mamf(path: Path) -> Iterator[Row]:
         yield Row(profiles, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"MAMF {row['accelerator']}"))
         if gpu == "H100" and precision == "bf16":  # the source: 'H200 is the same' (same GH100 compute die)
             yield Row(H200, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), "MAMF H100 SXM (same die)"))
+        if gpu == "H100":  # H800: the H100 SXM die and tensor-core rates, NVLink cut (microbench README 'H800 vs H100')
+            yield Row(H800, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), "MAMF H100 SXM (same die)"))
 
 
 def read_cublas_sweep(path: Path) -> Iterator[Row]:
@@ -231,11 +254,12 @@ def read_deepgemm(path: Path) -> Iterator[Row]:
         role, why = _gemm_role("H100", "fp8", m * int(row["groups"]), n, k)
         label = f"DeepGEMM {row['layout']} g{row['groups']}"
         measurement = _gemm(path, "fp8", m, n, k, float(row["tflops"]), label)
-        yield Row((*H100, *H200), measurement, role, why)
+        yield Row((*H100, *H200, *H800), measurement, role, why)
         if row["layout"].startswith("grouped"):
-            # H100 only: the roofline's memory part is a fraction of HBM bandwidth, and H800's HBM3 is H100's
-            # (3.35 TB/s), not H200's 4.8 TB/s; other GPUs take the fractions over (fit_microbench)
-            yield Row(H100, dataclasses.replace(measurement, kind="grouped_gemm"))
+            # H100 (and H800, the GPU measured): the roofline's memory part is a fraction of HBM bandwidth, and
+            # H800's HBM3 is H100's (3.35 TB/s), not H200's 4.8 TB/s; other GPUs take the fractions over
+            # (fit_microbench)
+            yield Row((*H100, *H800), dataclasses.replace(measurement, kind="grouped_gemm"))
 
 
 def read_swiglu(path: Path) -> Iterator[Row]:
@@ -243,6 +267,75 @@ def read_swiglu(path: Path) -> Iterator[Row]:
         measurement = _gemm(path, "bf16", int(row["M"]), int(row["N"]), int(row["K"]), float(row["tflops"]),
                             f"fp16 bmm d_ff={row['K']} ({row['row_kind']})")
         yield Row(H100, measurement, "check", "shape-alignment penalty (d_ff not a multiple of 64): not in the curve")
+
+
+def read_tilelang_h800(path: Path) -> Iterator[Row]:
+    """TileLang autotuned GEMMs on one H800 SXM, M = N = 8192, K = 256..16384, fp16 (the bf16 tensor-core rate) and
+    fp8: the only K sweep measured on H800. Not cuBLAS (what Megatron-Core calls), but within 4% of the H100 SXM MAMF
+    (cuBLAS) at large K, so it feeds H800's curve; the H100/H200 curves keep their cuBLAS/DeepGEMM sources."""
+    for row in _csv(path):
+        precision = "fp8" if row["dtype"].startswith("fp8") else "bf16"
+        m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+        role, why = _gemm_role("H800", precision, m, n, k)
+        yield Row(H800, _gemm(path, precision, m, n, k, float(row["tflops"]), f"TileLang {row['dtype']} K={k}"),
+                  role, why)
+
+
+P2P_TIMED_BYTES = 5 * 10_000_000 * 4
+"""cuda-samples p2pBandwidthLatencyTest `outputBandwidthMatrix`: numElems = 10,000,000 ints per cudaMemcpyPeerAsync,
+repeat = 5 back to back in one stream between two events; bandwidth = 40 MB x 5 / elapsed, so the timed span moves
+200 MB at the printed rate (one transfer's latency, not five)."""
+
+
+def read_p2p_matrices(path: Path) -> Iterator[Row]:
+    """Unidirectional P2P write between two GPUs (off-diagonal entries) as a 2-rank send_recv of the 200 MB timed.
+    GB200 tray: fitted (no NCCL send/recv or all-to-all measured on GB200; NVLink 5 is the same inside the tray and
+    across the rack). A100 / H100: checked only — their NVLink values are fitted to NCCL tables of the same nodes,
+    and a copy-engine write is not an NCCL kernel. H200 nvbandwidth and EFA rows: no size per copy, not used."""
+    for row in _csv(path):
+        if "p2pBandwidthLatencyTest" not in row["tool"] or row["src_gpu"] == row["dst_gpu"]:
+            continue
+        system = row["system"]
+        profiles = GB200 if system.startswith("GB200") else A100 if system.startswith("A100") else H100
+        seconds = _from_busbw("send_recv", 2, P2P_TIMED_BYTES, float(row["value_GBps"]))
+        measurement = _collective(path, "nvlink", "send_recv", 2, P2P_TIMED_BYTES, seconds)
+        if profiles is GB200:
+            yield Row(profiles, measurement)
+        else:
+            yield Row(profiles, measurement, "check", "copy-engine P2P write, not NCCL; this node's NVLink values "
+                                                      "are fitted to its NCCL tables")
+
+
+DEEPEP_DTYPE_BYTES = {"FP8": 1, "BF16": 2}
+
+
+def read_deepep_v1(path: Path) -> Iterator[Row]:
+    """The H100 rows (read_deepep_internode) and the H800 rows (read_deepep_h800) of the DeepEP V1 table."""
+    yield from read_deepep_internode(path)
+    yield from read_deepep_h800(path)
+
+
+def read_deepep_h800(path: Path) -> Iterator[Row]:
+    """DeepEP V1 normal (training) kernels on H800 as all-to-all: one rank's dispatch (FP8) or combine (BF16) buffer
+    of tokens x hidden x top-k elements (what costmodels.steptime passes as all-to-all bytes), timed at the printed
+    bottleneck bandwidth: t = buffer x (n-1)/n / bw on NVLink (EP 8, one node), t = buffer x (N-1)/N / bw over RDMA
+    (EP 16/32/64 on N = 2/4/8 nodes of 8: the off-node share on each GPU's NIC, costmodels.comm). The buffer size
+    only places the row in the bandwidth regime (alpha is not determined). The current (docs/legacy.md) figures are
+    fitted; the initial README's are checked only (superseded kernels), and so are the low-latency kernels
+    (128-token inference decoding, not what a training step runs)."""
+    for row in _csv(path):
+        ep, tokens, hidden, topk = (int(row[key]) for key in ("ep_ranks", "tokens_per_rank", "hidden", "topk"))
+        nodes = max(1, ep // 8)
+        link = "nvlink" if nodes == 1 else "ib"
+        low_latency = row["kernel"].startswith("low-latency")
+        role, why = ("fit", "") if row["readme_version"].startswith("current") and not low_latency else (
+            "check", "low-latency inference kernels (128 tokens)" if low_latency else
+            "initial README figures, superseded by the current kernels")
+        for phase, dtype in (("dispatch", row["dispatch_dtype"]), ("combine", row["combine_dtype"])):
+            buffer = tokens * hidden * topk * DEEPEP_DTYPE_BYTES[dtype]
+            group = ep if link == "nvlink" else nodes
+            seconds = buffer * float(algorithm_factor("all_to_all", group)) / (float(row[f"{phase}_bw_GBps"]) * 1e9)
+            yield Row(H800, _collective(path, link, "all_to_all", ep, buffer, seconds, 8), role, why)
 
 
 # ---- fused attention ------------------------------------------------------------------------------------------------
@@ -254,7 +347,8 @@ at the unmasked half of the score matrix (cudnn-frontend: 4·B·S²·H·d/2 on B
 H200/GB200, ≈ S²/2); the cost model counts the fused core the same way (costmodels.compute.attention_gemms: half the
 matrix with a fused kernel; FLASH_CORE_BACKWARD_TO_FORWARD = 2.5), so a measured rate is a rate on our FLOPs."""
 
-NATIVE_BF16_FLOP_PER_CLOCK_PER_SM = {"A100": 2048.0, "H100": 4096.0, "H200": 4096.0, "B200": 8192.0}
+NATIVE_BF16_FLOP_PER_CLOCK_PER_SM = {"A100": 2048.0, "H100": 4096.0, "H200": 4096.0, "H800": 4096.0, "B200": 8192.0,
+                                     "GB200": 8192.0}
 """Dense bf16 tensor-core FLOP per clock per SM with each generation's native MMA instruction: A100 1024 FMA (NVIDIA
 A100 Tensor Core GPU Architecture whitepaper), Hopper twice Ampere clock for clock with wgmma (NVIDIA H100 Tensor Core
 GPU Architecture whitepaper), Blackwell twice Hopper with tcgen05. With the datasheet dense peak (hardware.csv) it
@@ -263,8 +357,8 @@ gives SMs × clock = peak / this (A100 108 SMs × 1.41 GHz; H100 132 × 1.83; B2
 FA2_RULE = ("FlashAttention-2 issues Ampere's mma.sync on every GPU (no wgmma/tcgen05; FA3 paper, arXiv 2407.08608: "
             "'FlashAttention-2 achieving only 35% utilization on the H100'), so its rate per SM per clock carries over: "
             "the measured B200 rate (flash_attn 2.7.4) scaled by SMs × clock (peak / native FLOP per clock per SM)")
-SAME_DIE_RULE = ("H100 SXM and H200 are the same GH100 die (132 SMs, the same clocks and dense peak); a compute-bound "
-                 "kernel runs at the same rate on both")
+SAME_DIE_RULE = ("H100 SXM, H200 and H800 are the same GH100 die (132 SMs, the same clocks and dense peak; H800 cuts "
+                 "NVLink only); a compute-bound kernel runs at the same rate on all three")
 
 
 def sm_clock_ratio(target: str, source: str) -> float:
@@ -288,20 +382,24 @@ def _attention(path: Path, profiles: tuple[str, ...], kernel: str, attention_pas
 NON_CAUSAL_WHY = "non-causal (no mask): the cost model's core is causal; a full-matrix rate is not the causal one"
 
 
-def read_cudnn_h200(path: Path) -> Iterator[Row]:
-    """cuDNN SDPA on one H200, Llama-3.1-70B attention shape (d = 128), bf16: the causal rows fit the cudnn curve of
-    H200 and (same die) H100, each pass on its own; the full-mask rows are checked; GB200 rows: no profile."""
+def read_cudnn_h200_gb200(path: Path) -> Iterator[Row]:
+    """cuDNN SDPA, Llama-3.1-70B attention shape (d = 128), bf16, on one H200 (batch 1) and one GB200 GPU (batch 2):
+    the causal rows fit the cudnn curve of H200 and GB200 (and, same die as H200, of H100 and H800), each pass on its
+    own; the full-mask rows are checked; GB200's deterministic backward (another kernel; Transformer Engine's default
+    is the non-deterministic one) is left out."""
     for row in _csv(path):
-        if row["gpu"] != "NVIDIA H200" or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1":
+        gpu = {"NVIDIA H200": "H200", "NVIDIA GB200": "GB200"}.get(row["gpu"])
+        if gpu is None or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1" \
+                or row["deterministic_bwd"] == "True":
             continue
         seconds, seq, causal = float(row["time_ms"]) * 1e-3, int(row["q_seqlen"]), row["attn_mask"] == "top_left"
         flops = float(row["tflops"]) * 1e12 * seconds
-        label = f"cuDNN SDPA H200 {row['attn_mask']} {row['pass']} s={seq}"
-        yield _attention(path, H200, "cudnn", row["pass"], seq, int(row["d_qk"]), flops, seconds, label,
-                         *(("fit", "") if causal else ("check", NON_CAUSAL_WHY)))
-        if causal:
-            yield _attention(path, H100, "cudnn", row["pass"], seq, int(row["d_qk"]), flops, seconds,
-                             label + " (as H100)", extrapolated=SAME_DIE_RULE)
+        label = f"cuDNN SDPA {gpu} {row['attn_mask']} {row['pass']} s={seq}"
+        yield _attention(path, H200 if gpu == "H200" else GB200, "cudnn", row["pass"], seq, int(row["d_qk"]), flops,
+                         seconds, label, *(("fit", "") if causal else ("check", NON_CAUSAL_WHY)))
+        if causal and gpu == "H200":
+            yield _attention(path, (*H100, *H800), "cudnn", row["pass"], seq, int(row["d_qk"]), flops, seconds,
+                             label + " (as H100/H800)", extrapolated=SAME_DIE_RULE)
 
 
 def read_fa3_h100(path: Path) -> Iterator[Row]:
@@ -316,8 +414,8 @@ def read_fa3_h100(path: Path) -> Iterator[Row]:
             flops, seconds = 0.5 * full_flops * multiple, float(row["time_us"]) * 1e-6
             label = f"FA3 H100 causal {attention_pass} s={seq}"
             yield _attention(path, H100, "fa3", attention_pass, seq, head_dim, flops, seconds, label)
-            yield _attention(path, H200, "fa3", attention_pass, seq, head_dim, flops, seconds, label + " (as H200)",
-                             extrapolated=SAME_DIE_RULE)
+            yield _attention(path, (*H200, *H800), "fa3", attention_pass, seq, head_dim, flops, seconds,
+                             label + " (as H200/H800)", extrapolated=SAME_DIE_RULE)
         else:
             flops = full_flops * multiple
             yield _attention(path, H100, "fa3", attention_pass, seq, head_dim, flops,
@@ -349,7 +447,7 @@ def read_sdpa_b200(path: Path) -> Iterator[Row]:
             yield _attention(path, B200, kernel, attention_pass, seq, head_dim, flops, seconds, label, role, why)
             if row["backend"] != "flash_attention":
                 continue
-            for gpu, profiles in (("A100", A100), ("H100", H100), ("H200", H200)):
+            for gpu, profiles in (("A100", A100), ("H100", H100), ("H200", H200), ("H800", H800), ("GB200", GB200)):
                 ratio = sm_clock_ratio(gpu, "B200")
                 yield _attention(path, profiles, kernel, attention_pass, seq, head_dim, flops, seconds / ratio,
                                  f"{label} (as {gpu}, x{ratio:.3f})",
@@ -366,30 +464,33 @@ TABLES = (
     Table("nccl_allreduce_h100_dgx_8gpu_dgxc.csv", read_dgxc_h100, "collectives.nvlink.all_reduce (H100 n=8)"),
     Table("nccl_allreduce_h100_gcp_a3mega_2node_ztan.csv", read_gcp_h100, "check only (TCPXO fabric)"),
     Table("nccl_allreduce_coreweave_gb200_h100_a100.csv", read_coreweave,
-          "collectives.ib.all_reduce (A100 4 nodes, H100 12 nodes; IB + SHARP)"),
+          "collectives.ib.all_reduce (A100 4 nodes, H100 12 nodes; IB + SHARP; GB200 2 and 20 racks), "
+          "collectives.nvlink.all_reduce (GB200 NVL72 rack, 72 GPUs)"),
     Table("nccl_sendrecv_a100_8gpu_liplus.csv", read_sendrecv_a100, "collectives.nvlink.send_recv (A100)"),
-    Table("moe_deepep_v1_dispatch_combine_h800.csv", read_deepep_internode,
-          "collectives.ib.all_to_all (H100: same CX7 400 Gb/s NIC; internode normal kernels only)"),
+    Table("moe_deepep_v1_dispatch_combine_h800.csv", read_deepep_v1,
+          "collectives.ib.all_to_all (H100: same CX7 400 Gb/s NIC; internode normal kernels only); H800: "
+          "collectives.nvlink.all_to_all (EP 8), collectives.ib.all_to_all (EP 16/32/64)"),
     Table("gemm_mamf_max_achievable_matmul_ml_engineering.csv", read_mamf,
-          "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, B200)"),
+          "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, H800, B200, GB200)"),
     Table("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", read_cublas_sweep,
           "compute.gemm_efficiency peak_fraction, half_saturation_dim (A100; H100 rows checked only)"),
     Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim, "
-          "grouped_peak_fraction, grouped_hbm_efficiency (H100, H200)"),
+          "grouped_peak_fraction, grouped_hbm_efficiency (H100, H200; H800 too)"),
+    Table("gemm_tilelang_h800_8192x8192xK.csv", read_tilelang_h800, "compute.gemm_efficiency (H800, bf16 and fp8)"),
     Table("gemm_fp16_swiglu_dff_alignment_h100_ml_engineering.csv", read_swiglu, "check only (alignment penalty)"),
-    Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200,
-          "compute.gemm_efficiency attention_cudnn_fwd/bwd_* (H200; H100 extrapolated, same die; GB200: no profile)"),
+    Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200_gb200,
+          "compute.gemm_efficiency attention_cudnn_fwd/bwd_* (H200, GB200; H100 and H800 extrapolated, same die)"),
     Table("attention_fa3_h100_tritonbench_prs.csv", read_fa3_h100,
-          "compute.gemm_efficiency attention_fa3_fwd/bwd_* (H100; H200 extrapolated, same die)"),
+          "compute.gemm_efficiency attention_fa3_fwd/bwd_* (H100; H200 and H800 extrapolated, same die)"),
     Table("attention_sdpa_backends_b200_cudnn_frontend.csv", read_sdpa_b200,
-          "compute.gemm_efficiency attention_cudnn_*, attention_fa2_* (B200; fa2 of A100/H100/H200 extrapolated)"),
+          "compute.gemm_efficiency attention_cudnn_*, attention_fa2_* (B200; fa2 of A100/H100/H200/H800/GB200 "
+          "extrapolated)"),
+    Table("p2p_bandwidth_matrices_ml_engineering.csv", read_p2p_matrices,
+          "collectives.nvlink.send_recv (GB200 tray; A100/H100 checked only)"),
 )
 
 UNUSED = {
-    "p2p_bandwidth_matrices_ml_engineering.csv": "link bandwidth without message sizes or times (no collective "
-                                                 "time to fit); consistent with the fitted send_recv bandwidth",
     "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
-    "gemm_tilelang_h800_8192x8192xK.csv": "TileLang kernels, not cuBLAS",
     "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",
 }
 

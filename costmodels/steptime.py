@@ -156,7 +156,7 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
             group_collective_time_s(profile, placement, "reduce_scatter", bytes_)
         return np.where(plans.sp, split_s, reduce_s)
 
-    tp_block = block_s(tp_group(plans, cluster.gpus_per_node), activation_bytes)
+    tp_block = block_s(tp_group(plans, cluster.nvlink_domain_gpus), activation_bytes)
     # attention blocks, dense-MLP blocks, and the shared-expert MLP of MoE layers: Megatron-Core's SharedExpertMLP is
     # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
     shared_expert_blocks = moe_layers if (model.moe is not None and model.moe.num_shared_experts) else 0.0
@@ -178,7 +178,7 @@ def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     Engine's userbuffers (which wrap the qkv/proj/fc1/fc2 linear layers), so --tp-comm-overlap does not hide them."""
     assert model.moe is not None
     expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
-    return block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
+    return block_s(etp_group(plans, cluster.nvlink_domain_gpus), expert_bytes)
 
 
 def tp_overlap_exposed_s(comm_s: np.ndarray, linear_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:
@@ -204,7 +204,7 @@ def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     else:
         kv_width = np.maximum(2.0 * model.kv_size / plans.tp, 2.0 * model.head_dim)  # kv heads replicate past tp
     kv_bytes = plans.mbs * (training.seq_len / plans.cp) * kv_width * ACTIVATION_BYTES
-    placement = cp_group(plans, cluster.gpus_per_node)
+    placement = cp_group(plans, cluster.nvlink_domain_gpus)
     steps = plans.cp - 1.0
     core_step_s = attention_core_fwd_s / plans.cp
     forward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", kv_bytes)
@@ -246,7 +246,7 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     recomputed = compute_model.recomputed_layer_fraction(plans, layers)
     tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
-    one = group_collective_time_s(cluster.profile, ep_group(plans, cluster.gpus_per_node), "all_to_all", bytes_)
+    one = group_collective_time_s(cluster.profile, ep_group(plans, cluster.nvlink_domain_gpus), "all_to_all", bytes_)
     # module `moe` of selective recompute re-runs the dispatch and combine of every stored MoE layer
     moe_module = recomputes_module(plans, RecomputeModule.MOE)
     return moe_layers * (4.0 + 2.0 * recomputed + 2.0 * moe_module) * one
@@ -276,8 +276,8 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     traffic per step (see dp_comm_s for the collectives and their sources); reads the structure knobs only."""
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
-    dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
-    expert_group = edp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
+    dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
+    expert_group = edp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     sharded = plans.zero >= 1
 
     def traffic_s(dense, expert):
@@ -397,7 +397,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:
-        terms["pp_p2p"] = p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.gpus_per_node,
+        terms["pp_p2p"] = p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.nvlink_domain_gpus,
                                      microbatches)
     if "dp_comm" in names:
         terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
