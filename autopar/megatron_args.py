@@ -52,7 +52,7 @@ VALUE_FLAGS = frozenset({
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
     "--fp8-format", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-    "--vocab-size",
+    "--vocab-size", "--attention-backend",
 })
 LIST_FLAGS = frozenset({"--recompute-modules"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -391,6 +391,24 @@ def _zero(flags: dict[str, "str | bool"]) -> int:
     return 1 if flags.get("--use-distributed-optimizer") else 0
 
 
+ATTENTION_OF_BACKEND = {"auto": {}, "fused": {"attention_kernel": "cudnn"}, "flash": {"attention_kernel": "fa2"},
+                        "unfused": {"flash_attention": False}, "local": {"flash_attention": False}}
+"""Megatron-Core's --attention-backend (AttnBackend: flash, fused, unfused, local, auto) -> TrainingSpec fields."""
+
+
+def _attention(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, Any]:
+    backend = flags.get("--attention-backend")
+    if backend is None:
+        return {}
+    if backend not in ATTENTION_OF_BACKEND:
+        raise InputError(INPUT_NAME, f"--attention-backend {backend!r}: expected one of "
+                                     f"{', '.join(ATTENTION_OF_BACKEND)}")
+    if backend == "flash":
+        notes.append("--attention-backend flash read as FlashAttention-2 (Transformer Engine runs FlashAttention-3 "
+                     "on Hopper when flash_attn_3 is installed: give --attention-kernel fa3 for that)")
+    return dict(ATTENTION_OF_BACKEND[str(backend)])
+
+
 def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
     if flags.get("--fp8-format"):
         return "fp8"
@@ -559,6 +577,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         num_gpus = None
     training: dict[str, Any] = {"precision": _precision(flags, notes)}
     training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
+    training.update(_attention(flags, notes))
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")
     if seq_len is not None:
         training["seq_len"] = seq_len

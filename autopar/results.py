@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from costmodels import params
+from costmodels import compute, params
 from costmodels.scoring import Estimate
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 from costmodels.units import whole_bytes
@@ -55,6 +55,8 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     "profile_provenance": dict(profile.provenance)},
         "training": {"seq_len": training.seq_len, "global_batch_size": training.global_batch_size,
                      "precision": training.precision.value, "flash_attention": training.flash_attention,
+                     "attention_kernel": training.attention_kernel.value,
+                     "attention_kernel_runs": compute.attention_kernel_runs(profile, training),
                      "fused_cross_entropy": training.fused_cross_entropy,
                      "moe_capacity_factor": training.moe_capacity_factor,
                      "tokens_per_step": training.tokens_per_step,

@@ -39,8 +39,11 @@ def predict_s(profile: HardwareProfile, measurement) -> float:
         return float(grouped_gemm_time_s(profile, np.array(measurement.flops), np.array(measurement.m),
                                          np.array(measurement.n), np.array(measurement.k), measurement.precision))
     if isinstance(measurement, GemmMeasurement):
-        efficiency = (attention_efficiency if measurement.kind == "attention" else
-                      lambda p, m, n, k: gemm_efficiency(p, m, n, k, measurement.precision))
+        def efficiency(p, m, n, k):
+            if measurement.kind == "attention":
+                return attention_efficiency(p, m, n, k, measurement.attention_kernel,
+                                            measurement.attention_pass or "fwd")
+            return gemm_efficiency(p, m, n, k, measurement.precision)
         rate = profile.peak_flops_per_s[measurement.precision] * float(
             efficiency(profile, measurement.m, measurement.n, measurement.k))
         return measurement.flops / rate

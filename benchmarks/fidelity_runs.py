@@ -52,7 +52,7 @@ from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import peak_memory  # noqa: E402
 from costmodels.plan import Plan, PlanArrays, Recompute  # noqa: E402
-from costmodels.specs import (ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding,  # noqa: E402
+from costmodels.specs import (AttentionKernel, ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding,  # noqa: E402
                               Precision, TrainingSpec)
 from costmodels.steptime import step_time_s  # noqa: E402
 
@@ -253,6 +253,9 @@ TUNED_OVERLAP = dict(overlap_grad_reduce=True, overlap_param_gather=True, tp_com
 """Megatron runs whose source does not state the DP/TP overlap switches: a tuned production run turns them on
 (NeMo's and Megatron-Bridge's recipes do by default), like the other unstated knobs autopar chooses."""
 OVERLAP_NOTE = "DP/TP overlap unstated: on (tuned run)"
+# Attention kernel of the Megatron-LM / Megatron-Core / NeMo sources: TrainingSpec's default `auto`, what
+# --attention-backend auto gets from Transformer Engine (cuDNN fused attention on Hopper+, FlashAttention-2 on
+# Ampere; costmodels.compute.resolve_attention_kernel); none of them states another backend.
 
 
 def _precision(text: str) -> Precision:
@@ -262,7 +265,8 @@ def _precision(text: str) -> Precision:
 
 def llm_foundry() -> "list[Case | Unexpressed]":
     """mosaicml/llm-foundry MPT benchmarks: FSDP only (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), micro-batch
-    per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU."""
+    per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU. Attention: see
+    llm_foundry_attention (priced as FlashAttention-2 throughout)."""
     source, out = "llm-foundry", []
     for r in _read("llm_foundry_mpt_benchmarks.csv"):
         profile, why, _ = gpu_profile(r["gpu"])
@@ -275,15 +279,33 @@ def llm_foundry() -> "list[Case | Unexpressed]":
                     _int(r, "vocab"), seq)
         # the loss is PyTorch's eager cross entropy on the logits (MPT in llm-foundry): no fused kernel
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]), fused_cross_entropy=False)
+                                precision=_precision(r["precision"]), attention_kernel=AttentionKernel.FA2,
+                                fused_cross_entropy=False)
         zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
         recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
         fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=_int(r, "micro_batch"), zero=zero, recompute=recompute)
         step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
                         "tokens/s/GPU", step, category(profile, False),
-                        (source, r["model"], profile.name, gpus, seq)))
+                        (source, r["model"], profile.name, gpus, seq), (llm_foundry_attention(r),)))
     return out
+
+
+LLM_FOUNDRY_FLASH_MODELS = ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")
+
+
+def llm_foundry_attention(r: dict) -> str:
+    """The attention kernel of an llm-foundry table row, as the benchmark scripts that produced the tables set it.
+
+    The 'Large Scale' H100 table (added in 5e85bd62d, 2024-01) comes from benchmarking/sweep.py, which passes
+    `--attn_impl flash` for 1b/3b/7b/70b (flash_attn 2.4.2, the gpu-flash2 extra) and `--attn_impl triton` for
+    13b/30b; every other table comes from sweep.sh (b2a43a147, 2023-10, and earlier for A100), which leaves
+    submit_benchmarks.py's default `--attn_impl triton`: MPT's own Triton FlashAttention kernel (flash_attn_triton,
+    FA1-era). No microbenchmark of that kernel exists in shared/reference/microbench/, so it is priced as
+    FlashAttention-2, an upper bound on its speed: these rows run slower than predicted at long sequences."""
+    if r["source_table"].startswith("H100 80GB BF16 (Large Scale") and r["model"] in LLM_FOUNDRY_FLASH_MODELS:
+        return "attention FlashAttention-2 (sweep.py --attn_impl flash, flash-attn 2.4.2)"
+    return "attention MPT Triton kernel (--attn_impl triton, submit_benchmarks default): priced as FA2, unmeasured"
 
 
 def megatron_readme() -> "list[Case | Unexpressed]":
@@ -443,7 +465,10 @@ def torchao() -> "list[Case | Unexpressed]":
 
 
 def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note: str) -> "Case | Unexpressed":
-    """A torchtitan-style run: FSDP2 over dp (ZeRO-3), optional TP/PP/CP; per-op selective AC = selective."""
+    """A torchtitan-style run: FSDP2 over dp (ZeRO-3), optional TP/PP/CP; per-op selective AC = selective.
+    Attention: PyTorch SDPA with torchtitan's backend priority (torchtitan/models/attention.py
+    ScaledDotProductAttention._init_backend at e7c0cae and 6fc499f: FLASH_ATTENTION first, CUDNN_ATTENTION put ahead
+    of it on compute capability 10.0), i.e. PyTorch's FlashAttention-2 on Hopper, cuDNN on B200."""
     model = llama(r["model"])
     seq = _int(r, "seq_len")
     if model is None or seq is None:
@@ -454,8 +479,9 @@ def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note:
     dp = gpus // (tp * pp * cp)
     gbs = _int(r, "global_batch_seqs") or mbs * dp
     # torchtitan's loss: PyTorch's cross entropy on the logits, outside the compiled blocks (no fused kernel)
+    kernel = AttentionKernel.CUDNN if profile.name.startswith("b200") else AttentionKernel.FA2
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=_precision(r["precision"]),
-                            fused_cross_entropy=False)
+                            attention_kernel=kernel, fused_cross_entropy=False)
     recompute = Recompute.FULL if "full" in r["recompute"] else (
         Recompute.SELECTIVE if "selective" in r["recompute"] else Recompute.NONE)
     fixed = dict(tp=tp, pp=pp, cp=cp, ep=1, mbs=mbs, zero=3, recompute=recompute, sp=tp > 1)
@@ -464,7 +490,8 @@ def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note:
     moe = model.is_moe
     return Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free, "tokens/s/GPU",
                 step, category(profile, moe), (source, r["model"], profile.name, gpus, seq),
-                tuple(n for n in (note, "torchtitan per-op SAC priced as selective recompute") if n))
+                tuple(n for n in (note, "torchtitan per-op SAC priced as selective recompute",
+                                  f"attention SDPA {kernel.value} (torchtitan backend priority)") if n))
 
 
 def mixtral_readme() -> "list[Case | Unexpressed]":

@@ -122,6 +122,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     if gemm_notes:
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
     _extrapolate(name, data, provenance, fitted, rule)
+    _mark_extrapolated_attention(name, rows_by_file, provenance, exclude)
     for key, note in rule.get("notes", {}).items():
         if key in provenance:
             provenance[key] += f" ({note})"
@@ -192,6 +193,22 @@ def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fi
             provenance[f"collectives.nvlink.{kind}"] = (
                 f"extrapolated from this profile's fitted collectives.nvlink.all_reduce"
                 f"{'' if groups is None else ' at ' + ', '.join(map(str, groups)) + ' GPUs'} ({rule['why']})")
+
+
+def _mark_extrapolated_attention(name: str, rows_by_file: dict[str, list[tables.Row]], provenance: dict[str, str],
+                                 exclude: str | None) -> None:
+    """An attention curve fitted to rows carried over from another GPU (microbench_tables: FA2_RULE, SAME_DIE_RULE)
+    says so first in its provenance, with the rule."""
+    for file, rows in rows_by_file.items():
+        if file == exclude:
+            continue
+        for row in rows:
+            if name not in row.profiles or row.role != "fit" or not row.extrapolated:
+                continue
+            key = f"compute.gemm_efficiency.attention_{row.measurement.attention_kernel}_" \
+                  f"{row.measurement.attention_pass}"
+            if key in provenance and not provenance[key].startswith("extrapolated"):
+                provenance[key] = f"extrapolated ({row.extrapolated}); {provenance[key]}"
 
 
 def fit_all(rows_by_file: dict[str, list[tables.Row]], exclude: str | None = None

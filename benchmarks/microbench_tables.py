@@ -54,6 +54,8 @@ class Row:
     role: str = "fit"
     """'fit' or 'check' (predicted only; `why` says why)."""
     why: str = ""
+    extrapolated: str = ""
+    """For a row carried over from another GPU's measurement: the rule (the profile's provenance says so)."""
 
 
 @dataclass(frozen=True)
@@ -343,82 +345,116 @@ def read_deepep_h800(path: Path) -> Iterator[Row]:
 
 ATTENTION_BACKWARD_FLOPS = 2.5
 """The sources count the fused backward at 2.5× the forward FLOPs (cuDNN frontend and FlashAttention benchmarks:
-bwd = 2·(3·d_qk + 2·d_vo) per score element against fwd 2·(d_qk + d_vo)); the cost model prices the fused backward
-at the same multiple of the core's forward."""
+bwd = 2·(3·d_qk + 2·d_vo) per score element against fwd 2·(d_qk + d_vo); tritonbench the same), and causal attention
+at the unmasked half of the score matrix (cudnn-frontend: 4·B·S²·H·d/2 on B200, the exact unmasked count on
+H200/GB200, ≈ S²/2); the cost model counts the fused core the same way (costmodels.compute.attention_gemms: half the
+matrix with a fused kernel; FLASH_CORE_BACKWARD_TO_FORWARD = 2.5), so a measured rate is a rate on our FLOPs."""
+
+NATIVE_BF16_FLOP_PER_CLOCK_PER_SM = {"A100": 2048.0, "H100": 4096.0, "H200": 4096.0, "H800": 4096.0, "B200": 8192.0,
+                                     "GB200": 8192.0}
+"""Dense bf16 tensor-core FLOP per clock per SM with each generation's native MMA instruction: A100 1024 FMA (NVIDIA
+A100 Tensor Core GPU Architecture whitepaper), Hopper twice Ampere clock for clock with wgmma (NVIDIA H100 Tensor Core
+GPU Architecture whitepaper), Blackwell twice Hopper with tcgen05. With the datasheet dense peak (hardware.csv) it
+gives SMs × clock = peak / this (A100 108 SMs × 1.41 GHz; H100 132 × 1.83; B200 148 × 1.86)."""
+
+FA2_RULE = ("FlashAttention-2 issues Ampere's mma.sync on every GPU (no wgmma/tcgen05; FA3 paper, arXiv 2407.08608: "
+            "'FlashAttention-2 achieving only 35% utilization on the H100'), so its rate per SM per clock carries over: "
+            "the measured B200 rate (flash_attn 2.7.4) scaled by SMs × clock (peak / native FLOP per clock per SM)")
+SAME_DIE_RULE = ("H100 SXM, H200 and H800 are the same GH100 die (132 SMs, the same clocks and dense peak; H800 cuts "
+                 "NVLink only); a compute-bound kernel runs at the same rate on all three")
 
 
-def _attention(path: Path, profiles: tuple[str, ...], seq: int, head_dim: int, forward_flops: float,
-               forward_s: float, backward_s: float, label: str) -> Row:
-    """One fused-attention measurement as the equivalent GEMM (m = n = seq, k = head_dim) timed at the kernel's rate
-    over forward + backward: (1 + 2.5) × forward FLOPs / (forward + backward seconds)."""
-    rate = (1.0 + ATTENTION_BACKWARD_FLOPS) * forward_flops / (forward_s + backward_s)
-    seconds = 2.0 * seq * seq * head_dim / rate
-    return Row(profiles, GemmMeasurement(precision="bf16", m=seq, n=seq, k=head_dim, timing=_timing(seconds),
-                                         label=label, source=path.name, kind="attention"))
+def sm_clock_ratio(target: str, source: str) -> float:
+    """(SMs × clock) of `target` over `source`: peak / native FLOP per clock per SM (NATIVE_BF16_...)."""
+    def sm_clock(gpu: str) -> float:
+        return PEAK_TFLOPS["bf16"][gpu] / NATIVE_BF16_FLOP_PER_CLOCK_PER_SM[gpu]
+    return sm_clock(target) / sm_clock(source)
 
 
-def read_cudnn_h200(path: Path) -> Iterator[Row]:
-    """cuDNN SDPA on one H200, Llama-3.1-70B attention shape (d = 128), bf16, causal and full; GB200 rows: no profile."""
-    pairs: dict[tuple, dict[str, dict[str, str]]] = {}
-    for row in _csv(path):
-        if row["gpu"] != "NVIDIA H200" or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1":
-            continue
-        pairs.setdefault((row["attn_mask"], int(row["q_seqlen"])), {})[row["pass"]] = row
-    for (mask, seq), passes in sorted(pairs.items()):
-        if set(passes) != {"fwd", "bwd"}:
-            continue
-        forward, backward = passes["fwd"], passes["bwd"]
-        forward_s, backward_s = float(forward["time_ms"]) * 1e-3, float(backward["time_ms"]) * 1e-3
-        yield _attention(path, H200, seq, int(forward["d_qk"]), float(forward["tflops"]) * 1e12 * forward_s,
-                         forward_s, backward_s, f"cuDNN SDPA H200 {mask} s={seq}")
+def _attention(path: Path, profiles: tuple[str, ...], kernel: str, attention_pass: str, seq: int, head_dim: int,
+               flops: float, seconds: float, label: str, role: str = "fit", why: str = "",
+               extrapolated: str = "") -> Row:
+    """One pass of a fused-attention measurement as the equivalent GEMM (m = n = seq, k = head_dim) timed at the
+    kernel's measured rate in that pass: 2·seq²·head_dim FLOPs at `flops` / `seconds`."""
+    seconds_equivalent = 2.0 * seq * seq * head_dim / (flops / seconds)
+    return Row(profiles, GemmMeasurement(precision="bf16", m=seq, n=seq, k=head_dim, timing=_timing(seconds_equivalent),
+                                         label=label, source=path.name, kind="attention", attention_kernel=kernel,
+                                         attention_pass=attention_pass), role, why, extrapolated)
 
 
-def read_fa3_h100(path: Path) -> Iterator[Row]:
-    """FlashAttention-3 on H100, B=4, 48 heads, d=128: non-causal rows give TFLOPS (fwd, bwd), causal rows times."""
-    rows = _csv(path)
-    for seq in sorted({int(r["q_seqlen"]) for r in rows}):
-        at = {(("causal" if r["mask"] == "causal" else "full"), r["pass"]): r for r in rows if int(r["q_seqlen"]) == seq}
-        batch, heads, head_dim = 4, 48, 128
-        full_flops = 4.0 * batch * heads * seq * seq * head_dim                # 2·B·H·S²·(d + d), no mask
-        if ("full", "fwd") in at and ("full", "bwd") in at:
-            forward_tflops, backward_tflops = float(at[("full", "fwd")]["tflops"]), float(at[("full", "bwd")]["tflops"])
-            forward_s = full_flops / (forward_tflops * 1e12)
-            backward_s = ATTENTION_BACKWARD_FLOPS * full_flops / (backward_tflops * 1e12)
-            yield _attention(path, H100, seq, head_dim, full_flops, forward_s, backward_s, f"FA3 H100 full s={seq}")
-        if ("causal", "fwd") in at and ("causal", "bwd") in at:
-            yield _attention(path, H100, seq, head_dim, 0.5 * full_flops, float(at[("causal", "fwd")]["time_us"]) * 1e-6,
-                             float(at[("causal", "bwd")]["time_us"]) * 1e-6, f"FA3 H100 causal s={seq}")
+NON_CAUSAL_WHY = "non-causal (no mask): the cost model's core is causal; a full-matrix rate is not the causal one"
 
 
 def read_cudnn_h200_gb200(path: Path) -> Iterator[Row]:
-    """The H200 rows (read_cudnn_h200) and the GB200 rows: same shapes and mask, bf16, one GB200 GPU, batch 2, the
-    non-deterministic backward (Transformer Engine's default; the deterministic rows are another kernel)."""
-    yield from read_cudnn_h200(path)
-    pairs: dict[tuple, dict[str, dict[str, str]]] = {}
+    """cuDNN SDPA, Llama-3.1-70B attention shape (d = 128), bf16, on one H200 (batch 1) and one GB200 GPU (batch 2):
+    the causal rows fit the cudnn curve of H200 and GB200 (and, same die as H200, of H100 and H800), each pass on its
+    own; the full-mask rows are checked; GB200's deterministic backward (another kernel; Transformer Engine's default
+    is the non-deterministic one) is left out."""
     for row in _csv(path):
-        if (row["gpu"] != "NVIDIA GB200" or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1"
-                or row["deterministic_bwd"] == "True"):
+        gpu = {"NVIDIA H200": "H200", "NVIDIA GB200": "GB200"}.get(row["gpu"])
+        if gpu is None or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1" \
+                or row["deterministic_bwd"] == "True":
             continue
-        pairs.setdefault((row["attn_mask"], int(row["q_seqlen"])), {})[row["pass"]] = row
-    for (mask, seq), passes in sorted(pairs.items()):
-        if set(passes) != {"fwd", "bwd"}:
-            continue
-        forward, backward = passes["fwd"], passes["bwd"]
-        forward_s, backward_s = float(forward["time_ms"]) * 1e-3, float(backward["time_ms"]) * 1e-3
-        yield _attention(path, GB200, seq, int(forward["d_qk"]), float(forward["tflops"]) * 1e12 * forward_s,
-                         forward_s, backward_s, f"cuDNN SDPA GB200 {mask} s={seq}")
+        seconds, seq, causal = float(row["time_ms"]) * 1e-3, int(row["q_seqlen"]), row["attn_mask"] == "top_left"
+        flops = float(row["tflops"]) * 1e12 * seconds
+        label = f"cuDNN SDPA {gpu} {row['attn_mask']} {row['pass']} s={seq}"
+        yield _attention(path, H200 if gpu == "H200" else GB200, "cudnn", row["pass"], seq, int(row["d_qk"]), flops,
+                         seconds, label, *(("fit", "") if causal else ("check", NON_CAUSAL_WHY)))
+        if causal and gpu == "H200":
+            yield _attention(path, (*H100, *H800), "cudnn", row["pass"], seq, int(row["d_qk"]), flops, seconds,
+                             label + " (as H100/H800)", extrapolated=SAME_DIE_RULE)
 
 
-def read_cudnn_b200(path: Path) -> Iterator[Row]:
-    """cuDNN frontend graph SDPA on one B200, bf16, causal GQA d=128 (the kernel Transformer Engine calls); the other
-    backends (PyTorch math / FA2) are not what Megatron-Core runs."""
+def read_fa3_h100(path: Path) -> Iterator[Row]:
+    """FlashAttention-3 on H100, B=4, 48 heads, d=128: the causal rows (times) fit the fa3 curve of H100 and (same die)
+    H200, each pass on its own; the non-causal rows (TFLOPS) are checked."""
+    batch, heads, head_dim = 4, 48, 128
     for row in _csv(path):
-        if not row["backend"].startswith("cudnn (") or row["dtype"] != "bf16":
+        seq, attention_pass = int(row["q_seqlen"]), row["pass"]
+        full_flops = 4.0 * batch * heads * seq * seq * head_dim                # 2·B·H·S²·(d + d), no mask
+        multiple = ATTENTION_BACKWARD_FLOPS if attention_pass == "bwd" else 1.0
+        if row["mask"] == "causal":
+            flops, seconds = 0.5 * full_flops * multiple, float(row["time_us"]) * 1e-6
+            label = f"FA3 H100 causal {attention_pass} s={seq}"
+            yield _attention(path, H100, "fa3", attention_pass, seq, head_dim, flops, seconds, label)
+            yield _attention(path, (*H200, *H800), "fa3", attention_pass, seq, head_dim, flops, seconds,
+                             label + " (as H200/H800)", extrapolated=SAME_DIE_RULE)
+        else:
+            flops = full_flops * multiple
+            yield _attention(path, H100, "fa3", attention_pass, seq, head_dim, flops,
+                             flops / (float(row["tflops"]) * 1e12), f"FA3 H100 full {attention_pass} s={seq}",
+                             "check", NON_CAUSAL_WHY)
+
+
+B200_BACKENDS = {"cudnn (cudnn-frontend graph)": ("cudnn", "fit", ""),
+                 "flash_attention": ("fa2", "fit", ""),
+                 "pyt_cudnn": ("cudnn", "check", "PyTorch SDPA's cuDNN backend (framework overhead at short "
+                                                 "sequences); Transformer Engine calls the cuDNN graph directly"),
+                 "pyt_flash_attention": ("fa2", "check", "PyTorch SDPA's bundled FlashAttention-2 build; the fa2 "
+                                                         "curve is fitted to flash_attn 2.7.4")}
+"""B200 backends -> (kernel curve, role, why); pyt_math (unfused, runs out of memory from 16K) is not a fused kernel."""
+
+
+def read_sdpa_b200(path: Path) -> Iterator[Row]:
+    """One B200, bf16, causal GQA d=128: the cuDNN graph rows fit B200's cudnn curve, flash_attn 2.7.4 its fa2 curve
+    and, scaled by FA2_RULE, the fa2 curve of A100, H100 and H200; the PyTorch SDPA backends are checked."""
+    for row in _csv(path):
+        if row["dtype"] != "bf16" or row["backend"] not in B200_BACKENDS:
             continue
-        forward_s, backward_s = float(row["fwd_time_ms"]) * 1e-3, float(row["bwd_time_ms"]) * 1e-3
-        seq = int(row["q_seqlen"])
-        yield _attention(path, B200, seq, int(row["head_dim"]), float(row["fwd_tflops"]) * 1e12 * forward_s,
-                         forward_s, backward_s, f"cuDNN SDPA B200 causal s={seq}")
+        kernel, role, why = B200_BACKENDS[row["backend"]]
+        seq, head_dim = int(row["q_seqlen"]), int(row["head_dim"])
+        for attention_pass in ("fwd", "bwd"):
+            seconds = float(row[f"{attention_pass}_time_ms"]) * 1e-3
+            flops = float(row[f"{attention_pass}_tflops"]) * 1e12 * seconds
+            label = f"{row['backend']} B200 causal {attention_pass} s={seq}"
+            yield _attention(path, B200, kernel, attention_pass, seq, head_dim, flops, seconds, label, role, why)
+            if row["backend"] != "flash_attention":
+                continue
+            for gpu, profiles in (("A100", A100), ("H100", H100), ("H200", H200), ("H800", H800), ("GB200", GB200)):
+                ratio = sm_clock_ratio(gpu, "B200")
+                yield _attention(path, profiles, kernel, attention_pass, seq, head_dim, flops, seconds / ratio,
+                                 f"{label} (as {gpu}, x{ratio:.3f})",
+                                 extrapolated=f"{FA2_RULE}: x{ratio:.3f} for {gpu}")
 
 
 TABLES = (
@@ -446,9 +482,12 @@ TABLES = (
     Table("gemm_tilelang_h800_8192x8192xK.csv", read_tilelang_h800, "compute.gemm_efficiency (H800, bf16 and fp8)"),
     Table("gemm_fp16_swiglu_dff_alignment_h100_ml_engineering.csv", read_swiglu, "check only (alignment penalty)"),
     Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200_gb200,
-          "compute.gemm_efficiency attention_* (H200, GB200)"),
-    Table("attention_fa3_h100_tritonbench_prs.csv", read_fa3_h100, "compute.gemm_efficiency attention_* (H100)"),
-    Table("attention_sdpa_backends_b200_cudnn_frontend.csv", read_cudnn_b200, "compute.gemm_efficiency attention_* (B200)"),
+          "compute.gemm_efficiency attention_cudnn_fwd/bwd_* (H200, GB200; H100 and H800 extrapolated, same die)"),
+    Table("attention_fa3_h100_tritonbench_prs.csv", read_fa3_h100,
+          "compute.gemm_efficiency attention_fa3_fwd/bwd_* (H100; H200 and H800 extrapolated, same die)"),
+    Table("attention_sdpa_backends_b200_cudnn_frontend.csv", read_sdpa_b200,
+          "compute.gemm_efficiency attention_cudnn_*, attention_fa2_* (B200; fa2 of A100/H100/H200/H800/GB200 "
+          "extrapolated)"),
     Table("p2p_bandwidth_matrices_ml_engineering.csv", read_p2p_matrices,
           "collectives.nvlink.send_recv (GB200 tray; A100/H100 checked only)"),
 )

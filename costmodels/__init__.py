@@ -7,11 +7,11 @@ Depends on numpy and pyyaml only. `costmodels.evaluate.evaluate` is the single e
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, LinkSpec, bundled_profile_names, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
-from costmodels.specs import (ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
+from costmodels.specs import (AttentionKernel, ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
                               Precision, TrainingSpec)
 
 __all__ = [
-    "ClusterSpec", "HardwareProfile", "InputError", "LinkSpec", "MLASpec", "MlpKind", "ModelSpec", "MoESpec",
+    "AttentionKernel", "ClusterSpec", "HardwareProfile", "InputError", "LinkSpec", "MLASpec", "MlpKind", "ModelSpec", "MoESpec",
     "NormKind", "Plan", "PlanArrays", "PositionEmbedding", "Precision", "Recompute", "TrainingSpec",
     "bundled_profile_names", "load_profile",
 ]

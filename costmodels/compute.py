@@ -27,7 +27,9 @@ dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction`
 profile has it, their own `fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the bytes,
 so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes) (profiles without
 fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
-attention in bf16), and uses the same curve with its (s/cp) × (s/cp) × head_dim shape.
+attention in bf16). Unfused, it uses the GEMM curve with its (s/cp) × (s/cp) × head_dim shape; a fused kernel
+(TrainingSpec.attention_kernel: FlashAttention-2, FlashAttention-3 or cuDNN) has its own measured curve per pass
+(attention_efficiency), the backward's 2.5× FLOPs priced at the backward's own rate.
 
 Routed experts (`Gemm.grouped`) run as one grouped GEMM per MoE layer and are priced with the grouped-GEMM roofline
 of `costmodels.moe_kernels` (fitted to DeepGEMM's grouped tables) where the profile has it, with the fp32
@@ -84,27 +86,83 @@ def gemm_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.nd
 
 
 ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_seq")
-"""The fused attention kernel's own curve, fitted to measured FlashAttention / cuDNN SDPA forward + backward rates; a
-profile without them prices the core with the GEMM curve."""
+"""A fused attention curve over forward + backward with no kernel named (profiles calibrated before the kernels were
+told apart, a user's `autopar calibrate` rows without a kernel); the bundled profiles have one curve per kernel and
+pass instead (attention_curve_parameters). A profile with neither prices the core with the GEMM curve."""
+
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+"""Fused attention kernels with their own measured curves: FlashAttention-2 (Dao, arXiv 2307.08691; the flash_attn
+package and PyTorch SDPA's flash backend), FlashAttention-3 (Shah et al., arXiv 2407.08608; Hopper only) and cuDNN
+fused attention (Transformer Engine's FusedAttention, PyTorch SDPA's cuDNN backend)."""
+ATTENTION_PASSES = ("fwd", "bwd")
+
+
+def attention_curve_parameters(kernel: str, attention_pass: str) -> tuple[str, str]:
+    """Profile keys (compute.gemm_efficiency) of one kernel's curve in one pass."""
+    return (f"attention_{kernel}_{attention_pass}_peak_fraction",
+            f"attention_{kernel}_{attention_pass}_half_saturation_seq")
+
+
+def attention_kernels_of(profile: HardwareProfile) -> tuple[str, ...]:
+    """The kernels whose forward and backward curves the profile holds."""
+    return tuple(kernel for kernel in ATTENTION_KERNELS
+                 if all(name in profile.gemm_efficiency for attention_pass in ATTENTION_PASSES
+                        for name in attention_curve_parameters(kernel, attention_pass)))
+
+
+def resolve_attention_kernel(profile: HardwareProfile, training: TrainingSpec) -> str:
+    """The kernel the core runs on this GPU: the one named, or for `auto` the one Transformer Engine picks
+    (Megatron-Core's default --attention-backend auto lets TE choose): FusedAttention (cuDNN) on Hopper and later
+    ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons",
+    TE `pytorch/attention/dot_product_attention/utils.py::get_attention_backend`), FlashAttention-2 on Ampere, where
+    that preference does not apply. A profile says which it is by the curves it has: cuDNN where measured or
+    extrapolated (H100, H200, B200), FlashAttention-2 only on A100. '' = the profile has no per-kernel curves
+    (the kernel-less curve or the GEMM curve prices the core). InputError for a kernel the profile has no curve for
+    (FlashAttention-3 runs on sm90 only: TE "Disabling FlashAttention 3 for compute capability != sm90")."""
+    available = attention_kernels_of(profile)
+    kernel = training.attention_kernel.value
+    if not available:
+        return ""
+    if kernel == "auto":
+        return "cudnn" if "cudnn" in available else available[0]
+    if kernel not in available:
+        raise InputError("attention_kernel", f"{profile.display_name} has no {kernel} attention curve (measured or "
+                                             f"extrapolated); use one of {', '.join(('auto', *available))}")
+    return kernel
+
+
+def attention_kernel_runs(profile: HardwareProfile, training: TrainingSpec) -> str:
+    """What the cost model prices the attention core as, for headers and documents: the resolved kernel, 'unfused'
+    without flash attention, 'fused' for a profile without per-kernel curves."""
+    if not training.flash_attention:
+        return "unfused"
+    return resolve_attention_kernel(profile, training) or "fused"
 
 
 def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
-                         k: "np.ndarray | float") -> np.ndarray:
-    """Fraction of the bf16 peak a fused attention kernel (FlashAttention, cuDNN SDPA) reaches over its forward and
-    backward, for m queries × n keys × head dim k:
+                         k: "np.ndarray | float", kernel: str = "", attention_pass: str = "fwd") -> np.ndarray:
+    """Fraction of the bf16 peak a fused attention kernel reaches in one pass (`attention_pass` fwd or bwd), for
+    m queries × n keys × head dim k, FLOPs counted as the kernels' benchmarks count them (causal: the unmasked half;
+    backward 2.5× the forward, see FLASH_CORE_BACKWARD_TO_FORWARD):
 
-        attention_efficiency = attention_peak_fraction / (1 + attention_half_saturation_seq / n)
+        attention_efficiency = peak_fraction / (1 + half_saturation_seq / n)
 
-    The kernel streams key/value blocks through on-chip memory (softmax on the special-function units, online
-    rescaling, the causal diagonal's partly masked blocks), so its rate rolls off with the keys each query block
-    sees far more steeply than a GEMM of the same shape: cuDNN SDPA on B200 runs at 9% of peak at 512 tokens and 58%
-    at 64K (shared/reference/microbench/attention_*.csv). Every measured kernel has head dim 128, so the head dim does
-    not enter (an MLA head of 192 is priced as 128). Without the profile's attention parameters: the GEMM curve."""
+    with the kernel's own pair for that pass (attention_curve_parameters). The kernel streams key/value blocks
+    through on-chip memory (softmax on the special-function units, online rescaling, the causal diagonal's partly
+    masked blocks), so its rate rolls off with the keys each query block sees far more steeply than a GEMM of the
+    same shape: cuDNN SDPA on B200 runs at 9% of peak at 512 tokens and 58% at 64K (shared/reference/microbench/
+    attention_*.csv); the backward (five matmuls, dS and the atomics of dQ) runs well below the forward (FA3 on H100:
+    ~540 against ~630 TFLOPS non-causal at 8K). Every measured kernel has head dim 128, so the head dim does not enter
+    (an MLA head of 192 is priced as 128). `kernel` '' or a profile without that kernel's curve: the kernel-less
+    curve (ATTENTION_PARAMETERS, both passes) where the profile has it, else the GEMM curve."""
     params = profile.gemm_efficiency
-    if not all(name in params for name in ATTENTION_PARAMETERS):
+    names = attention_curve_parameters(kernel, attention_pass) if kernel else ATTENTION_PARAMETERS
+    if not all(name in params for name in names):
+        names = ATTENTION_PARAMETERS
+    if not all(name in params for name in names):
         return gemm_efficiency(profile, m, n, k, "bf16")
     keys = np.maximum(np.asarray(n, dtype=float), 1.0)
-    return np.broadcast_to(params["attention_peak_fraction"] / (1.0 + params["attention_half_saturation_seq"] / keys),
+    return np.broadcast_to(params[names[0]] / (1.0 + params[names[1]] / keys),
                            np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(k))).astype(float)
 
 
@@ -355,13 +413,30 @@ def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[
         if attention_core is not None and gemm.attention_core != attention_core:
             continue
         if gemm.attention_core and training.flash_attention:  # fused kernel: its own measured curve
-            total = total + gemm.flops / (profile.peak_flops_per_s["bf16"]
-                                          * attention_efficiency(profile, gemm.m, gemm.n, gemm.k))
+            total = total + gemm.flops / (profile.peak_flops_per_s["bf16"] * attention_efficiency(
+                profile, gemm.m, gemm.n, gemm.k, resolve_attention_kernel(profile, training), "fwd"))
         elif gemm.grouped and moe_kernels.has_grouped_curve(profile, precision):  # routed experts: grouped-GEMM roofline
             total = total + moe_kernels.grouped_gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, precision)
         else:
             total = total + gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
                                         "bf16" if gemm.attention_core else precision)
+    return total
+
+
+def attention_core_backward_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[Gemm]) -> np.ndarray:
+    """Seconds of the attention core's backward GEMMs: a fused kernel runs FLASH_CORE_BACKWARD_TO_FORWARD × the
+    forward FLOPs at its measured backward rate (its own curve, attention_efficiency(..., 'bwd')); the unfused path
+    runs BACKWARD_TO_FORWARD × its forward GEMMs on the GEMM curve."""
+    total = np.zeros(len(gemms[0].flops)) if gemms else 0.0
+    for gemm in gemms:
+        if not gemm.attention_core:
+            continue
+        if training.flash_attention:
+            total = total + FLASH_CORE_BACKWARD_TO_FORWARD * gemm.flops / (
+                profile.peak_flops_per_s["bf16"] * attention_efficiency(
+                    profile, gemm.m, gemm.n, gemm.k, resolve_attention_kernel(profile, training), "bwd"))
+        else:
+            total = total + BACKWARD_TO_FORWARD * gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, "bf16")
     return total
 
 
@@ -387,6 +462,14 @@ class LayerTimes:
     """Its backward (not 2× the forward: see LOSS_BYTES_PER_LOGIT)."""
     tp_overlap: "TpOverlapGemms | None" = None
     """The GEMMs the SP collectives are fused with under --tp-comm-overlap (see tp_overlap_gemms_s)."""
+    attention_core_bwd_s: "np.ndarray | None" = None
+    """The attention core's backward per layer (its own kernel rate; see attention_core_backward_s); None: the
+    core's forward × attention_core_backward_to_forward."""
+
+    def core_backward_s(self, training: TrainingSpec) -> np.ndarray:
+        if self.attention_core_bwd_s is not None:
+            return self.attention_core_bwd_s
+        return attention_core_backward_to_forward(training) * self.attention_core_fwd_s
 
 
 @dataclass(frozen=True)
@@ -442,6 +525,8 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     cast_s_per_byte = 1.0 / profile.hbm_bandwidth_bytes_per_s
     dense_bytes, score_bytes = elementwise_bytes_per_layer(model, training, plans, moe_layer=False)
     core_s = _gemms_time_s(profile, training, attention, attention_core=True) + score_bytes * seconds_per_byte
+    core_bwd_s = attention_core_backward_s(profile, training, attention) \
+        + BACKWARD_TO_FORWARD * score_bytes * seconds_per_byte
     attention_s = _gemms_time_s(profile, training, attention, attention_core=False) + core_s \
         + fp8_cast_bytes(attention, training) * cast_s_per_byte
     dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
@@ -470,7 +555,7 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     tp_overlap = tp_overlap_gemms_s(model, profile, training, plans) if training.tp_comm_overlap else None
     loss_fwd_s, loss_bwd_s = loss_times_s(model, profile, training, plans)
     return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel, moe_bwd_extra, loss_fwd_s,
-                      loss_bwd_s, tp_overlap)
+                      loss_bwd_s, tp_overlap, core_bwd_s)
 
 
 def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:

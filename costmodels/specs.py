@@ -213,6 +213,21 @@ class Precision(str, enum.Enum):
     """fp8 GEMMs via Transformer Engine (H100 and later); master weights and optimizer as for bf16."""
 
 
+class AttentionKernel(str, enum.Enum):
+    """The fused attention kernel the core runs (costmodels.compute.attention_efficiency prices each with its own
+    measured curve); ignored without flash attention."""
+
+    AUTO = "auto"
+    """What Megatron-Core's default (--attention-backend auto) gets from Transformer Engine: cuDNN fused attention on
+    Hopper and later, FlashAttention-2 on Ampere (compute.resolve_attention_kernel)."""
+    FA2 = "fa2"
+    """FlashAttention-2 (flash_attn 2.x, PyTorch SDPA's flash backend; mma.sync on every GPU since Ampere)."""
+    FA3 = "fa3"
+    """FlashAttention-3 (flash_attn_3 / hopper; wgmma + TMA, sm90 only)."""
+    CUDNN = "cudnn"
+    """cuDNN fused attention (TE FusedAttention = --attention-backend fused, PyTorch SDPA's cuDNN backend)."""
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """The run: sequence length, global batch, precision and training-side switches."""
@@ -223,6 +238,8 @@ class TrainingSpec:
     precision: Precision = Precision.BF16
     flash_attention: bool = True
     """Fused attention never materialises the a·s² score matrix (FlashAttention, TE fused attention)."""
+    attention_kernel: AttentionKernel = AttentionKernel.AUTO
+    """Which fused kernel (with flash_attention): auto (Megatron-Core / TE's choice), fa2, fa3, cudnn."""
     fused_cross_entropy: bool = True
     """Fused vocab-parallel loss: no fp32 copy of the logits is kept."""
     moe_capacity_factor: float | None = None
@@ -254,6 +271,12 @@ class TrainingSpec:
                 object.__setattr__(self, "precision", Precision(str(self.precision).lower()))
             except ValueError:
                 raise InputError("precision", f"unknown precision {self.precision!r}; use bf16 or fp8") from None
+        if not isinstance(self.attention_kernel, AttentionKernel):
+            try:
+                object.__setattr__(self, "attention_kernel", AttentionKernel(str(self.attention_kernel).lower()))
+            except ValueError:
+                raise InputError("attention_kernel", f"unknown attention kernel {self.attention_kernel!r}; use "
+                                                     f"{', '.join(k.value for k in AttentionKernel)}") from None
         if self.moe_capacity_factor is not None:
             require(self.moe_capacity_factor > 0, "moe_capacity_factor",
                     f"must be > 0, got {self.moe_capacity_factor}")

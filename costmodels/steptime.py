@@ -121,9 +121,10 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     layer_forward = dense_layers * times.dense_layer_fwd_s + moe_layers * times.moe_layer_fwd_s
     is_last = stage == plans.pp - 1
     forward = layer_forward + np.where(is_last, times.logits_fwd_s + times.mtp_fwd_s, 0.0)
-    # the attention core's backward is heavier than 2x with a fused kernel (compute.FLASH_CORE_BACKWARD_TO_FORWARD)
-    core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
-    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s \
+    # the attention core's backward is its own kernel's (compute.attention_core_backward_s: 2.5x the forward FLOPs
+    # at the backward's measured rate for a fused kernel), not 2x its forward
+    core_extra_s = times.core_backward_s(training) - compute_model.BACKWARD_TO_FORWARD * times.attention_core_fwd_s
+    backward = compute_model.BACKWARD_TO_FORWARD * forward + layers * core_extra_s \
         + moe_layers * times.moe_layer_bwd_extra_s      # grouped experts' wgrad accumulation, one-pass dispatch copies
     # the cross entropy's memory-bound kernels, forward and backward each from its own byte count
     forward = forward + np.where(is_last, times.loss_fwd_s, 0.0)
@@ -218,7 +219,8 @@ def tp_overlap_exposed_s(comm_s: np.ndarray, gemm_s: "np.ndarray | float", tp: n
 
 
 def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray, attention_core_fwd_s: np.ndarray) -> np.ndarray:
+              stage: np.ndarray, attention_core_fwd_s: np.ndarray,
+              attention_core_bwd_s: "np.ndarray | None" = None) -> np.ndarray:
     """Exposed CP ring exchange per microbatch on `stage` (ring attention, Liu et al. arXiv 2310.01889; Megatron-Core
     `transformer/dot_product_attention` CP via TE): cp-1 steps per layer, each sending the local K and V chunk
     (b·(s/cp)·2·g·d/tp, bf16) forward and K, V plus their gradients backward, each step overlapped with one
@@ -235,8 +237,10 @@ def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     core_step_s = attention_core_fwd_s / plans.cp
     forward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", kv_bytes)
                                  - core_step_s)
+    core_bwd_step_s = (compute_model.BACKWARD_TO_FORWARD * attention_core_fwd_s if attention_core_bwd_s is None
+                       else attention_core_bwd_s) / plans.cp
     backward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", 2.0 * kv_bytes)
-                                  - compute_model.BACKWARD_TO_FORWARD * core_step_s)
+                                  - core_bwd_step_s)
     passes_forward = 1.0 + compute_model.recomputed_layer_fraction(plans, layers)
     return layers * (passes_forward * forward + backward)
 
@@ -282,7 +286,8 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     return StageMicrobatch(
         forward_s=forward, backward_s=backward, recompute_s=recompute,
         tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, times.tp_overlap),
-        cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s),
+        cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s,
+                            times.core_backward_s(training)),
         ep_comm_s=ep_comm_s(model, cluster, training, plans, stage),
     )
 

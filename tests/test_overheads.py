@@ -60,13 +60,24 @@ def test_fp8_casts_cost_hbm_traffic(monkeypatch):
     assert with_casts < compute.layer_times_s(LLAMA_8B, H100, bf16, plans).dense_layer_fwd_s[0]
 
 
-def test_flash_attention_backward_is_two_and_a_half_forward_for_the_core():
+def test_flash_attention_backward_is_two_and_a_half_forward_flops_at_the_backward_rate():
     plans = PlanArrays.from_plans([Plan(tp=1, mbs=1, zero=1)])
     flash = TrainingSpec(seq_len=8192, global_batch_size=8)
     times = compute.layer_times_s(LLAMA_8B, H100, flash, plans)
     forward, backward, _ = steptime.stage_compute_s(LLAMA_8B, flash, plans, times, np.array([0]))
-    extra = 0.5 * LLAMA_8B.num_layers * times.attention_core_fwd_s[0]
+    core_bwd = times.attention_core_bwd_s[0]
     # (one stage: it also holds the loss, whose backward has its own byte count, compute.LOSS_BYTES_PER_LOGIT)
     gemm_forward = forward[0] - times.loss_fwd_s[0]
-    assert backward[0] == pytest.approx(2.0 * gemm_forward + extra + times.loss_bwd_s[0])
-    assert compute.attention_core_backward_to_forward(dataclasses.replace(flash, flash_attention=False)) == 2.0
+    assert backward[0] == pytest.approx(2.0 * gemm_forward + times.loss_bwd_s[0] + LLAMA_8B.num_layers
+                                        * (core_bwd - 2.0 * times.attention_core_fwd_s[0]))
+    core = [g for g in compute.attention_gemms(LLAMA_8B, flash, plans) if g.attention_core][0]
+    kernel = compute.resolve_attention_kernel(H100, flash)
+    bwd_rate = H100.peak_flops_per_s["bf16"] * compute.attention_efficiency(H100, 8192, 8192, 128, kernel, "bwd")
+    fwd_rate = H100.peak_flops_per_s["bf16"] * compute.attention_efficiency(H100, 8192, 8192, 128, kernel, "fwd")
+    assert core_bwd == pytest.approx(2.5 * core.flops[0] / bwd_rate)
+    assert times.attention_core_fwd_s[0] == pytest.approx(core.flops[0] / fwd_rate)
+    assert bwd_rate < fwd_rate  # every measured fused backward runs below its forward
+    unfused = dataclasses.replace(flash, flash_attention=False)
+    plain = compute.layer_times_s(LLAMA_8B, H100, unfused, plans)
+    assert plain.attention_core_bwd_s[0] == pytest.approx(2.0 * plain.attention_core_fwd_s[0])
+    assert compute.attention_core_backward_to_forward(unfused) == 2.0

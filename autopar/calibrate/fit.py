@@ -238,8 +238,8 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
     assert rows, "fit_gemm_efficiency needs measurements"
     rows = [row for row in rows if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
 
-    kept = {name: float(base.gemm_efficiency[name]) for name in (*fixed, *ATTENTION_PARAMETERS)
-            if name in base.gemm_efficiency}
+    kept = {name: float(value) for name, value in base.gemm_efficiency.items()
+            if name in (*fixed, *ATTENTION_PARAMETERS) or name.startswith("attention_")}
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
         profile = dataclasses.replace(base, gemm_efficiency={**kept, **params})
@@ -264,24 +264,33 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
     return dataclasses.replace(result, params={**kept, **result.params})
 
 
-def fit_attention_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile) -> FitResult:
-    """The fused-attention curve's two parameters (`costmodels.compute.attention_efficiency`), fitted to measured
-    attention kernels (rows of kind 'attention'); starts from the base's values, else from its GEMM curve."""
-    from costmodels.compute import attention_efficiency
+def fit_attention_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile, kernel: str = "",
+                             attention_pass: str = "") -> FitResult:
+    """One fused-attention curve's two parameters (`costmodels.compute.attention_efficiency`), fitted to the measured
+    attention rows of `kernel` in `attention_pass` (fwd or bwd; both '' = the kernel-less curve over forward +
+    backward, compute.ATTENTION_PARAMETERS); starts from the base's values, else from the measured maximum."""
+    from costmodels.compute import ATTENTION_PARAMETERS as LEGACY, attention_curve_parameters, attention_efficiency
 
-    rows = [row for row in rows if row.kind == "attention"]
+    rows = [row for row in rows if row.kind == "attention" and row.attention_kernel == kernel
+            and row.attention_pass == attention_pass]
     assert rows, "fit_attention_efficiency needs attention rows"
+    peak_name, side_name = attention_curve_parameters(kernel, attention_pass) if kernel else LEGACY
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
         profile = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **params})
-        return np.array([float(attention_efficiency(profile, row.m, row.n, row.k)) for row in rows])
+        return np.array([float(attention_efficiency(profile, row.m, row.n, row.k, kernel, attention_pass or "fwd"))
+                         for row in rows])
 
     observed = [measured_gemm_efficiency(row, base) for row in rows]
     params = base.gemm_efficiency
-    start = {"attention_peak_fraction": float(params.get("attention_peak_fraction", max(observed))),
-             "attention_half_saturation_seq": float(params.get("attention_half_saturation_seq", 1024.0))}
-    guesses = [start, {"attention_peak_fraction": max(observed), "attention_half_saturation_seq": 256.0}]
-    return least_squares(predict, observed, guesses, bounds={"attention_peak_fraction": (1e-6, 1.0)})
+    start = {peak_name: float(params.get(peak_name, max(observed))), side_name: float(params.get(side_name, 1024.0))}
+    guesses = [start, {peak_name: max(observed), side_name: 256.0}]
+    return least_squares(predict, observed, guesses, bounds={peak_name: (1e-6, 1.0)})
+
+
+def attention_curves_measured(rows: Sequence[GemmMeasurement]) -> list[tuple[str, str]]:
+    """The (kernel, pass) curves that attention rows measured, in a stable order ('', '' = the kernel-less one)."""
+    return sorted({(row.attention_kernel, row.attention_pass) for row in rows if row.kind == "attention"})
 
 
 def fit_grouped_gemm(rows: Sequence[GemmMeasurement], base: HardwareProfile) -> FitResult:

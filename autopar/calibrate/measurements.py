@@ -67,10 +67,16 @@ class GemmMeasurement:
     source: str = ""
     """Where the row comes from when it was not measured by `autopar calibrate` (a reference table's file name)."""
     kind: str = "gemm"
-    """'gemm', or 'attention': a fused attention kernel (m queries × n keys × head dim k) over its forward and
-    backward, timed as the equivalent GEMM of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve); or
-    'grouped_gemm': one group (expert) of a grouped GEMM, the kernel's time over its groups (fits the grouped-GEMM
-    roofline, costmodels.moe_kernels)."""
+    """'gemm'; 'attention': a fused attention kernel (m queries × n keys × head dim k), timed as the equivalent GEMM
+    of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve of its kernel and pass); or 'grouped_gemm': one
+    group (expert) of a grouped GEMM, the kernel's time over its groups (fits the grouped-GEMM roofline,
+    costmodels.moe_kernels)."""
+    attention_kernel: str = ""
+    """For an attention row: the kernel (costmodels.compute.ATTENTION_KERNELS); '' = not named (the row then times
+    forward + backward together and fits the kernel-less curve)."""
+    attention_pass: str = ""
+    """For an attention row with a kernel: 'fwd' or 'bwd' (the rate in that pass, FLOPs as the kernels' benchmarks
+    count them: causal = the unmasked half, backward = 2.5× the forward)."""
 
     @property
     def flops(self) -> float:
@@ -129,7 +135,9 @@ class Measurements:
             "gemm": [{"precision": g.precision, "m": g.m, "n": g.n, "k": g.k, **_timing_dict(g.timing),
                       "tflops": round(g.achieved_flops_per_s / 1e12, 6), "label": g.label,
                       **({"source": g.source} if g.source else {}),
-                      **({"kind": g.kind} if g.kind != "gemm" else {})} for g in self.gemm],
+                      **({"kind": g.kind} if g.kind != "gemm" else {}),
+                      **({"attention_kernel": g.attention_kernel, "attention_pass": g.attention_pass}
+                         if g.attention_kernel else {})} for g in self.gemm],
             "collectives": [{"link": c.link, "kind": c.kind, "group_size": c.group_size, "bytes": c.bytes,
                              **_timing_dict(c.timing),
                              **({"ranks_per_node": c.ranks_per_node} if c.ranks_per_node != 1 else {}),
@@ -197,7 +205,8 @@ def _gemm_row(row: Any, where: str, origin: str) -> GemmMeasurement:
                            n=_integer(row, "n", where, origin), k=_integer(row, "k", where, origin),
                            timing=_timing(row, where, origin),
                            label=label if isinstance(label, str) else str(label),
-                           source=str(row.get("source", "") or ""), kind=_gemm_kind(row, where, origin, precision))
+                           source=str(row.get("source", "") or ""), kind=_gemm_kind(row, where, origin, precision),
+                           **_attention_kernel_and_pass(row, where, origin))
 
 
 GEMM_KINDS = ("gemm", "attention", "grouped_gemm")
@@ -210,6 +219,22 @@ def _gemm_kind(row: dict, where: str, origin: str, precision: str) -> str:
     if kind == "attention" and precision != "bf16":
         _fail(origin, f"{where}.precision", "must be bf16 for an attention row (the core runs in bf16)")
     return kind
+
+
+def _attention_kernel_and_pass(row: dict, where: str, origin: str) -> dict[str, str]:
+    from costmodels.compute import ATTENTION_KERNELS, ATTENTION_PASSES
+
+    kernel, attention_pass = row.get("attention_kernel", ""), row.get("attention_pass", "")
+    if not kernel and not attention_pass:
+        return {}
+    if row.get("kind") != "attention":
+        _fail(origin, f"{where}.attention_kernel", "belongs to an attention row (kind: attention)")
+    if kernel not in ATTENTION_KERNELS:
+        _fail(origin, f"{where}.attention_kernel", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {kernel!r}")
+    if attention_pass not in ATTENTION_PASSES:
+        _fail(origin, f"{where}.attention_pass", f"must be one of {', '.join(ATTENTION_PASSES)}, got "
+                                                 f"{attention_pass!r}")
+    return {"attention_kernel": kernel, "attention_pass": attention_pass}
 
 
 def _collective_row(row: Any, where: str, origin: str) -> CollectiveMeasurement:

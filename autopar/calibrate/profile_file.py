@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autopar.calibrate.calibration_section import CPU_DEVICE
-from autopar.calibrate.fit import (CollectivePointFit, FitResult, fit_attention_efficiency, fit_collective_points,
-                                    fit_grouped_gemm,
-                                   fit_gemm_efficiency, fit_link, fit_link_by_collective)
+from autopar.calibrate.fit import (CollectivePointFit, FitResult, attention_curves_measured, fit_attention_efficiency,
+                                   fit_collective_points, fit_gemm_efficiency, fit_grouped_gemm, fit_link,
+                                   fit_link_by_collective)
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, bundled_profile_names, load_profile, parse_profile
@@ -85,7 +85,9 @@ class CalibrationFit:
     collective_points: tuple[CollectivePointFit, ...] = ()
     """Per link, collective and group size: the points of the profile's `collectives:` section."""
     attention: FitResult | None = None
-    """The fused-attention curve, where attention kernels were measured."""
+    """The kernel-less fused-attention curve, where attention rows without a kernel were measured."""
+    attention_curves: Mapping[tuple[str, str], FitResult] = field(default_factory=dict)
+    """(kernel, pass) -> that kernel's curve in that pass, where rows of it were measured."""
     grouped: FitResult | None = None
     """The grouped expert-GEMM roofline, where grouped GEMMs were measured."""
 
@@ -98,7 +100,9 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
     gemm_rows = [row for row in measurements.gemm if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
     gemm = fit_gemm_efficiency(gemm_rows, base, fixed=fixed_gemm) if gemm_rows else None
     attention_rows = [row for row in measurements.gemm if row.kind == "attention"]
-    attention = fit_attention_efficiency(attention_rows, base) if attention_rows else None
+    curves = {key: fit_attention_efficiency(attention_rows, base, *key)
+              for key in attention_curves_measured(attention_rows)}
+    attention = curves.pop(("", ""), None)
     grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
     grouped = None
     if grouped_rows:  # on the GEMM curve just fitted: bf16 grouped GEMMs take its peak_fraction
@@ -111,7 +115,7 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
                      if rows}
     points = tuple(fit_collective_points(measurements.collectives, base)) if measurements.collectives else ()
     return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective, collective_points=points,
-                          attention=attention, grouped=grouped)
+                          attention=attention, attention_curves=curves, grouped=grouped)
 
 
 # ---- the base profile -----------------------------------------------------------------------------------------------
@@ -214,11 +218,18 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         provenance["compute.gemm_efficiency"] = f"base profile {base.name} (not measured)"
 
     if fit.attention is not None:
-        attention_rows = [row for row in measurements.gemm if row.kind == "attention"]
+        attention_rows = [row for row in measurements.gemm if row.kind == "attention" and not row.attention_kernel]
         data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in fit.attention.params.items()})
         provenance["compute.gemm_efficiency.attention"] = (
             f"{stamp}: least squares over {fit.attention.points} fused-attention kernels{_from(attention_rows)}, "
             f"rms residual {fit.attention.rms_relative_residual:.1%}")
+    for (kernel, attention_pass), result in fit.attention_curves.items():
+        curve_rows = [row for row in measurements.gemm if row.kind == "attention"
+                      and (row.attention_kernel, row.attention_pass) == (kernel, attention_pass)]
+        data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in result.params.items()})
+        provenance[f"compute.gemm_efficiency.attention_{kernel}_{attention_pass}"] = (
+            f"{stamp}: least squares over {result.points} {kernel} {attention_pass} attention kernels"
+            f"{_from(curve_rows)}, rms residual {result.rms_relative_residual:.1%}")
 
     if fit.grouped is not None:
         grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]

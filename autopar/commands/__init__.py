@@ -86,6 +86,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="GEMM precision; default bf16 (fp8 needs H100 or later)")
     group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                        help="attention stores the a·s² score matrix (no FlashAttention / fused attention)")
+    group.add_argument("--attention-kernel", default="auto", metavar="{auto,fa2,fa3,cudnn}",
+                       help="fused attention kernel the core runs: auto (what Megatron-Core's --attention-backend "
+                            "auto gets from Transformer Engine: cuDNN on Hopper and later, FlashAttention-2 on "
+                            "Ampere), fa2, fa3 (Hopper only) or cudnn; default auto")
     group.add_argument("--no-fused-cross-entropy", dest="fused_cross_entropy", action="store_false",
                        help="the loss keeps an fp32 copy of the logits (no fused vocab-parallel cross entropy)")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
@@ -206,7 +210,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     from costmodels.specs import TrainingSpec
 
     return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
-                        flash_attention=args.flash_attention, fused_cross_entropy=args.fused_cross_entropy,
+                        flash_attention=args.flash_attention, attention_kernel=args.attention_kernel,
+                        fused_cross_entropy=args.fused_cross_entropy,
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
@@ -246,6 +251,9 @@ def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpe
     if imported is not None:
         training = imported.training_spec(training)
     require_precision_supported(cluster, training)
+    from costmodels.compute import attention_kernel_runs
+
+    attention_kernel_runs(cluster.profile, training)  # InputError now for a kernel this GPU has no curve for
     model = load_model() if load_model is not None else model_from_args(args)
     for warning in input_warnings(model, training):
         print(f"autopar: warning: {warning}", file=stderr if stderr is not None else sys.stderr)

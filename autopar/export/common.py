@@ -188,6 +188,31 @@ def loss_fusion(estimate: Estimate) -> dict[str, bool]:
     return {"cross_entropy_loss_fusion": estimate.training.fused_cross_entropy}
 
 
+ATTENTION_BACKEND_OF_KERNEL = {"fa2": "flash", "fa3": "flash", "cudnn": "fused"}
+"""TrainingSpec.attention_kernel -> Megatron-Core's AttnBackend (megatron/core/transformer/enums.py: flash, fused,
+unfused, local, auto; TransformerConfig.attention_backend, --attention-backend): `flash` is TE's FlashAttention
+(the FlashAttention version installed), `fused` TE's cuDNN FusedAttention."""
+
+
+def megatron_attention_backend(estimate: Estimate) -> str | None:
+    """The --attention-backend value the step time assumed; None for `auto` (Megatron-Core's default, nothing to
+    write); `unfused` without flash attention (TE's UnfusedDotProductAttention keeps the score matrix)."""
+    training = estimate.training
+    if not training.flash_attention:
+        return "unfused"
+    return ATTENTION_BACKEND_OF_KERNEL.get(training.attention_kernel.value)
+
+
+def flash_version_note(estimate: Estimate) -> list[str]:
+    """--attention-backend flash does not say which FlashAttention: TE takes FlashAttention-3 on sm90 when
+    flash_attn_3 is installed, else FlashAttention-2 (TE dot_product_attention/utils.py get_attention_backend)."""
+    kernel = estimate.training.attention_kernel.value
+    if not estimate.training.flash_attention or kernel not in ("fa2", "fa3"):
+        return []
+    return [f"attention_kernel {kernel}: install {'flash_attn_3 (Hopper)' if kernel == 'fa3' else 'flash-attn 2 only'}"
+            f" so Transformer Engine's flash backend runs FlashAttention-{kernel[-1]}"]
+
+
 def plan_caption(estimate: Estimate) -> str:
     """One line naming the model, the cluster and the plan, for the first comment of every config."""
     cluster = estimate.cluster

@@ -23,8 +23,9 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, is_uneven, loss_fusion, mcore_recompute_fields,
-                                   model_parallel_overlap, one_line, pipeline_slots, plan_caption)
+from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, is_uneven, loss_fusion,
+                                   mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
+                                   one_line, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
@@ -82,7 +83,11 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
     """The overlap switches the step time assumed (TrainingSpec options), where they apply to the plan: the launched
     job then overlaps what the estimate hid (Megatron-LM leaves all of them off unless asked)."""
     switches = {**data_parallel_overlap(estimate), **model_parallel_overlap(estimate), **loss_fusion(estimate)}
-    return [("--" + name.replace("_", "-"), None) for name, on in switches.items() if on]
+    flags: list[Flag] = [("--" + name.replace("_", "-"), None) for name, on in switches.items() if on]
+    backend = megatron_attention_backend(estimate)
+    if backend is not None:  # the attention kernel the step time priced (auto: Megatron-Core's default, not written)
+        flags.append(("--attention-backend", backend))
+    return flags
 
 
 def batch_flags(estimate: Estimate) -> list[Flag]:
@@ -185,7 +190,7 @@ def _moe_layer_pattern(model: ModelSpec) -> str | None:
 
 def unexpressed(estimate: Estimate) -> list[str]:
     """Everything a plan holds is a Megatron-LM flag; only remarks about approximations are listed."""
-    notes = []
+    notes = flash_version_note(estimate)
     if estimate.plan.zero >= 2:
         notes.append(f"zero={estimate.plan.zero} uses Megatron-FSDP; check that your Megatron-LM version supports "
                      "it together with the other parallelisms of this plan")

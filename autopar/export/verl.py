@@ -24,8 +24,8 @@ the global batch with rollout.n = 1, one optimizer step per training step.
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, mcore_moe_fields, mcore_parallel_fields,
-                                   one_line, plan_caption)
+from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, mcore_moe_fields,
+                                   mcore_parallel_fields, megatron_attention_backend, one_line, plan_caption)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -97,6 +97,10 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                   or (name in DEFAULT_KEYS["override_transformer_config"] and name != "recompute_modules")]
     overrides += [_override("override_transformer_config", name, value)
                   for name, value in mcore_moe_fields(estimate).items()]
+    backend = megatron_attention_backend(estimate)
+    if backend is not None:
+        overrides.append(_override("override_transformer_config", "attention_backend", backend))
+    notes += flash_version_note(estimate)
     lines = [f"# {TARGET_VERSIONS['verl']}: {plan_caption(estimate)}",
              "# python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer <these overrides>",
              f"# key names: {'; '.join(SOURCES)}",

@@ -32,7 +32,7 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                     f"[{c['profile_source']}]")
     training_text = (f"seq_len {t['seq_len']}, global batch {t['global_batch_size']} "
                      f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}, "
-                     f"flash attention {'on' if t['flash_attention'] else 'off'}, "
+                     f"flash attention {_attention_text(t)}, "
                      f"fused cross entropy {'on' if t['fused_cross_entropy'] else 'off'}")
     if model.moe is not None:
         routing = ("dropless" if training.moe_capacity_factor is None
@@ -40,6 +40,14 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         training_text += f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}"
     training_text += f"; overlap: {overlap_summary(training)}"
     return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
+
+
+def _attention_text(t: dict) -> str:
+    """'on (cudnn, auto)' / 'on (fa2)' / 'off': the kernel the core is priced as and what was asked for."""
+    if not t["flash_attention"]:
+        return "off"
+    runs, asked = t.get("attention_kernel_runs", "fused"), t.get("attention_kernel", "auto")
+    return f"on ({runs}{', auto' if asked == 'auto' else ''})"
 
 
 def overlap_summary(training: TrainingSpec) -> str:

@@ -439,6 +439,7 @@ def _inputs(document: dict[str, Any]) -> str:
     training_rows = [("sequence length", training["seq_len"]), ("global batch", training["global_batch_size"]),
                      ("precision", training["precision"]),
                      ("flash attention", training.get("flash_attention")),
+                     ("attention kernel", training.get("attention_kernel_runs")),
                      ("fused cross entropy", training.get("fused_cross_entropy"))]
     status = {"optimal": "proven optimal", "time_limit": "not proven optimal (stopped by the time limit)",
               "not_searched": "one estimated plan (no search)"}[solver["status"]]
