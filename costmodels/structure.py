@@ -108,24 +108,9 @@ def _stage_on_base(plans: "PlanArrays", stage: Any) -> tuple[Any, Any] | None:
     return (list_key, j), plans.structure.cache[list_key][j]
 
 
-@dataclass
-class _Memo:
-    """Values of one function on a grid of cells (the structures of a search, or the combinations of a few knobs),
-    each evaluated the first time a plan needs it; `done` marks those. Lives in StructureIndex.cache: one search."""
-
-    done: np.ndarray
-    values: Any = None
-    structure_code: "np.ndarray | None" = None
-    """(per_knobs) Per base row: the dense code of its values of the function's structure knobs."""
-    detail_code: "np.ndarray | None" = None
-    """(per_knobs) Per detail row: the dense code of its values of the function's detail knobs."""
-    detail_count: int = 1
-
-
 def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage: Any = None) -> Any:
     """fn(plans) (or fn(plans, stage)) for a function of the structure knobs alone, shared across plans of equal
-    structure when `plans` carries a StructureIndex: evaluated once per structure of the search, when a plan first
-    needs it. `key` names the function and its non-plan arguments."""
+    structure when `plans` carries a StructureIndex. `key` names the function and its non-plan arguments."""
     call = (lambda p, s: fn(p)) if stage is None else fn
     if getattr(plans, "structure", None) is None:      # also a single Plan
 
@@ -134,19 +119,11 @@ def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage
     if on_base is None:
         return call(plans, stage)
     stage_key, base_stage = on_base
-    link = plans.structure
     full_key = key + stage_key
-    if full_key not in link.cache:
-        link.cache[full_key] = _Memo(done=np.zeros(len(link.base), dtype=bool))
-    memo = link.cache[full_key]
-    # the structures no earlier call needed are evaluated now (a search that drops plans early never prices some)
-    new = ~memo.done[link.index]
-    if new.any():
-        rows = np.unique(link.index[new])
-        at = base_stage if base_stage is None or np.ndim(base_stage) == 0 else base_stage[rows]
-        memo.values = _scatter(memo.values, call(link.base.take(rows), at), rows, len(memo.done))
-        memo.done[rows] = True
-    return _gather(memo.values, link.index)
+    cache = plans.structure.cache
+    if full_key not in cache:
+        cache[full_key] = call(plans.structure.base, base_stage)
+    return _gather(cache[full_key], plans.structure.index)
 
 
 def stage_list(plans: "PlanArrays", key: tuple, fn: Callable[["PlanArrays"], list]) -> list:
@@ -245,6 +222,20 @@ MEMO_MAX_CELLS = 1 << 20
 beyond it, it deduplicates within each batch only."""
 
 
+@dataclass
+class _Memo:
+    """Values of one function on the grid (structure code × detail code) of its knobs, each cell evaluated the first
+    time a plan needs it; `done` marks those. Lives in StructureIndex.cache: one search."""
+
+    structure_code: np.ndarray
+    """Per base row: the dense code of its values of the function's structure knobs."""
+    detail_code: np.ndarray
+    """Per detail row: the dense code of its values of the function's detail knobs."""
+    detail_count: int
+    done: np.ndarray
+    values: Any = None
+
+
 def _grid_codes(link: StructureIndex, knobs: tuple[str, ...]) -> "tuple[np.ndarray, np.ndarray, int] | None":
     """(per base row, the dense code of its `knobs` among the structure fields; per detail row, the dense code of its
     other `knobs`; the number of those), kept for the search; None without detail rows or when a knob is in
@@ -276,8 +267,8 @@ def _memo(plans: "PlanArrays", key: tuple, knobs: tuple[str, ...]) -> "_Memo | N
             structure_code, detail_code, detail_count = codes
             cells = (int(structure_code.max(initial=0)) + 1) * detail_count
             if cells <= MEMO_MAX_CELLS:
-                memo = _Memo(done=np.zeros(cells, dtype=bool), structure_code=structure_code,
-                             detail_code=detail_code, detail_count=detail_count)
+                memo = _Memo(structure_code=structure_code, detail_code=detail_code, detail_count=detail_count,
+                             done=np.zeros(cells, dtype=bool))
         link.cache[cache_key] = memo
     return link.cache[cache_key]
 
