@@ -168,7 +168,8 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
 
 
 def _factor_knobs(name: str) -> tuple[str, ...]:
-    return ("recompute", "recompute_layers") if name == "recompute" else (name,)
+    """The Plan fields one detail factor sets (space.columns_from_factors)."""
+    return ("recompute", "recompute_layers", "recompute_modules") if name == "recompute" else (name,)
 
 
 def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[tuple[str, np.ndarray]], problem: Problem,
