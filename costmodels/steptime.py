@@ -373,7 +373,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       Megatron switches say.
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
-        plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage)
+        plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage,
+        knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     reduce_exposed = reduce_s
     if training.overlap_grad_reduce:
@@ -394,7 +395,7 @@ def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage
     """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter); the
     distributed optimizer / ZeRO shards it over dp·cp (dense) and edp (experts)."""
     return per_structure(plans, ("optimizer_s", id(model), id(cluster)),
-                         lambda p, s: _optimizer_s(model, cluster, p, s), stage)
+                         lambda p, s: _optimizer_s(model, cluster, p, s), stage, knobs=TERM_KNOBS["optimizer"])
 
 
 def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:

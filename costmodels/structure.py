@@ -108,9 +108,12 @@ def _stage_on_base(plans: "PlanArrays", stage: Any) -> tuple[Any, Any] | None:
     return (list_key, j), plans.structure.cache[list_key][j]
 
 
-def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage: Any = None) -> Any:
+def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage: Any = None,
+                  knobs: tuple[str, ...] | None = None) -> Any:
     """fn(plans) (or fn(plans, stage)) for a function of the structure knobs alone, shared across plans of equal
-    structure when `plans` carries a StructureIndex. `key` names the function and its non-plan arguments."""
+    structure when `plans` carries a StructureIndex. `key` names the function and its non-plan arguments. With
+    `knobs` (the structure fields fn and the rank read), it is evaluated once per distinct combination of those
+    among the structures (e.g. not once per vpp for a function that does not read vpp)."""
     call = (lambda p, s: fn(p)) if stage is None else fn
     if getattr(plans, "structure", None) is None:      # also a single Plan
 
@@ -120,10 +123,16 @@ def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage
         return call(plans, stage)
     stage_key, base_stage = on_base
     full_key = key + stage_key
-    cache = plans.structure.cache
-    if full_key not in cache:
-        cache[full_key] = call(plans.structure.base, base_stage)
-    return _gather(cache[full_key], plans.structure.index)
+    link = plans.structure
+    if full_key not in link.cache:
+        if knobs is None:
+            link.cache[full_key] = call(link.base, base_stage)
+        else:
+            code = _structure_codes(link, tuple(k for k in STRUCTURE_FIELDS if k in knobs))
+            first, inverse = _first_and_inverse(code, int(code.max(initial=-1)) + 1)
+            at = base_stage if base_stage is None or np.ndim(base_stage) == 0 else base_stage[first]
+            link.cache[full_key] = _gather(call(link.base.take(first), at), inverse)
+    return _gather(link.cache[full_key], link.index)
 
 
 def stage_list(plans: "PlanArrays", key: tuple, fn: Callable[["PlanArrays"], list]) -> list:

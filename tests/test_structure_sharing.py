@@ -112,8 +112,9 @@ def _perturbed(plans: PlanArrays, knobs: tuple[str, ...], rng) -> PlanArrays:
 
 
 def test_declared_knobs_are_all_the_shared_functions_read():
-    """A function shared by its knobs (steptime.LAYER_KNOBS, MICROBATCH_KNOBS, the pp_p2p term's) gives the same
-    values when every other knob changes: nothing else it reads would be copied wrongly between plans."""
+    """A function shared by its knobs (steptime.LAYER_KNOBS, MICROBATCH_KNOBS, the pp_p2p and optimizer terms'; the
+    gradient sync's traffic is shared by the optimizer's) gives the same values when every other knob changes:
+    nothing else it reads would be copied wrongly between plans."""
     from costmodels import pipeline
     from costmodels.plan import num_microbatches
 
@@ -134,8 +135,15 @@ def test_declared_knobs_are_all_the_shared_functions_read():
             return [pipeline.p2p_time_s(model, cluster.profile, training, p, cluster.num_gpus, cluster.gpus_per_node,
                                         num_microbatches(p, cluster.num_gpus, training.global_batch_size))]
 
+        def gradient_sync(p):
+            return [v for stage in steptime.candidate_stages(p) for v in steptime.dp_traffic_s(model, cluster, p, stage)]
+
+        def optimizer(p):
+            return [steptime.optimizer_s(model, cluster, p, stage) for stage in steptime.candidate_stages(p)]
+
         for fn, knobs in ((layer, steptime.LAYER_KNOBS), (microbatch, steptime.MICROBATCH_KNOBS),
-                          (p2p, steptime.TERM_KNOBS["pp_p2p"])):
+                          (p2p, steptime.TERM_KNOBS["pp_p2p"]), (gradient_sync, steptime.TERM_KNOBS["optimizer"]),
+                          (optimizer, steptime.TERM_KNOBS["optimizer"])):
             with np.errstate(all="ignore"):
                 want, got = fn(plain), fn(_perturbed(plain, knobs, rng))
             for w, g in zip(want, got):

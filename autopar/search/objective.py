@@ -273,7 +273,8 @@ def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, clust
         """The group's units on the first `ranks` candidate ranks."""
         if set(group.knobs) <= set(STRUCTURE_FIELDS):
             key = ("memory_group_units", id(model), id(cluster), id(training), group.terms)
-            return [per_structure(plans, key, lambda p, s: evaluate(p, group, s), stage)
+            knobs = ordered(set(group.knobs) | set(STAGE_KNOBS))
+            return [per_structure(plans, key, lambda p, s: evaluate(p, group, s), stage, knobs=knobs)
                     for stage in candidates[:ranks]]
         # the candidate ranks read only STAGE_KNOBS, which the dedup keeps: `sub` has as many of them as `plans`
         return per_knobs(plans, ordered(set(group.knobs) | set(STAGE_KNOBS)),
