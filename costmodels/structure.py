@@ -165,13 +165,15 @@ def _table_codes(columns: list[np.ndarray], rows: int) -> tuple[np.ndarray, int]
     """Per row, a dense code (0..k-1) equal exactly for rows that agree on every column, and k."""
     row_code, bound = np.zeros(rows, dtype=np.int64), 1
     for column in columns:            # mixed radix over each column's distinct values: one int64 per row
-        values, dense = np.unique(column, return_inverse=True)
-        if bound * len(values) > 2**62:  # renumber the rows seen so far before the code could overflow
-            _, row_code = np.unique(row_code, return_inverse=True)
-            row_code, bound = row_code.reshape(-1).astype(np.int64), rows
-        row_code, bound = row_code * len(values) + dense.reshape(-1), bound * len(values)
-    uniques, inverse = np.unique(row_code, return_inverse=True)
-    return inverse.reshape(-1).astype(np.int64), len(uniques)
+        if len(column) and 0 <= column.min() and column.max() <= MAX_CODE_TABLE:
+            dense, count = _dense(column)
+        else:
+            values, dense = np.unique(column, return_inverse=True)
+            dense, count = dense.reshape(-1), len(values)
+        if bound * count > MAX_CODE_TABLE:    # renumber the rows seen so far: the code stays a small table index
+            row_code, bound = _dense(row_code)
+        row_code, bound = row_code * count + dense, bound * count
+    return _dense(row_code) if rows else (row_code, 0)
 
 
 def _structure_codes(link: StructureIndex, structural: tuple[str, ...]) -> np.ndarray:
