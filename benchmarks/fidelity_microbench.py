@@ -30,9 +30,14 @@ from autopar.calibrate.fit import predict_collective_s  # noqa: E402
 from autopar.calibrate.measurements import GemmMeasurement  # noqa: E402
 from costmodels.compute import attention_efficiency, gemm_efficiency  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
+from costmodels.moe_kernels import grouped_gemm_time_s, has_grouped_curve  # noqa: E402
 
 
 def predict_s(profile: HardwareProfile, measurement) -> float:
+    if isinstance(measurement, GemmMeasurement) and measurement.kind == "grouped_gemm" \
+            and has_grouped_curve(profile, measurement.precision):  # without the curve: the dense one, as the model
+        return float(grouped_gemm_time_s(profile, np.array(measurement.flops), np.array(measurement.m),
+                                         np.array(measurement.n), np.array(measurement.k), measurement.precision))
     if isinstance(measurement, GemmMeasurement):
         efficiency = (attention_efficiency if measurement.kind == "attention" else
                       lambda p, m, n, k: gemm_efficiency(p, m, n, k, measurement.precision))
@@ -75,6 +80,11 @@ def main(argv: "list[str] | None" = None) -> int:
         fitted_all.append(fit_errors)
         files += bool(fit_errors.size)
         print(f"{file:<56} {_stats(fit_errors):>24}   {_stats(check_errors):>26}   {feeds[file]}")
+        grouped = [row for row in rows if getattr(row.measurement, "kind", "") == "grouped_gemm"]
+        if grouped:  # the same file's grouped rows against the grouped-GEMM roofline (costmodels.moe_kernels)
+            print(f"{'  of which grouped_gemm rows (grouped roofline)':<56} "
+                  f"{_stats(errors(grouped, profiles, 'fit')):>24}   {'':>26}   grouped_peak_fraction, "
+                  "grouped_hbm_efficiency (H100)")
         reasons = sorted({row.why for row in rows if row.role == "check"})
         for reason in reasons:
             print(f"{'':<8}check only: {reason}")

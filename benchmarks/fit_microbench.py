@@ -151,7 +151,34 @@ def fit_all(rows_by_file: dict[str, list[tables.Row]], exclude: str | None = Non
     for name in ORDER:
         out[name] = fit_profile(name, rows_by_file, fitted, exclude)
         fitted[name] = out[name][0]
+    _extrapolate_grouped(out)
     return out
+
+
+GROUPED_DONOR = "h100-80gb"
+"""The only GPU with grouped expert-GEMM measurements (DeepGEMM on H800 = H100 SXM compute and HBM3)."""
+
+
+def _extrapolate_grouped(out: dict[str, tuple[HardwareProfile, dict[str, Any], list[str]]]) -> None:
+    """Profiles without grouped-GEMM rows take the donor's two fitted fractions (of HBM bandwidth, and of the fp8
+    peak where the GPU has fp8): the roofline's parts scale with each GPU's own bandwidth and peak."""
+    import yaml
+
+    from costmodels.moe_kernels import GROUPED_PARAMETERS
+
+    donor = out.get(GROUPED_DONOR)
+    if donor is None or not all(key in donor[0].gemm_efficiency for key in GROUPED_PARAMETERS):
+        return
+    for name, (profile, data, notes) in list(out.items()):
+        if all(key in profile.gemm_efficiency for key in GROUPED_PARAMETERS):
+            continue
+        keys = [key for key in GROUPED_PARAMETERS if key != "grouped_peak_fraction" or profile.supports("fp8")]
+        data["compute"]["gemm_efficiency"].update({key: donor[0].gemm_efficiency[key] for key in keys})
+        data["provenance"]["compute.gemm_efficiency.grouped"] = (
+            f"extrapolated: the {GROUPED_DONOR} fit ({', '.join(keys)}: fractions of this GPU's own HBM bandwidth"
+            f"{' and fp8 peak' if len(keys) > 1 else ''}; no grouped GEMM measured on it)")
+        out[name] = (parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}"),
+                     data, notes)
 
 
 def write(name: str, data: dict[str, Any]) -> None:

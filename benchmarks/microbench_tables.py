@@ -15,6 +15,7 @@ Timing with q1 = median = q3 and runs = 1.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +164,25 @@ def read_sendrecv_a100(path: Path) -> Iterator[Row]:
                                     float(row["oop_time_us"]) * 1e-6))
 
 
+def read_deepep_internode(path: Path) -> Iterator[Row]:
+    """DeepEP (V1) normal-kernel dispatch and combine across nodes, EP 16/32/64 = 2/4/8 nodes of 8 H800, one CX7
+    400 Gb/s NIC per GPU: the same ConnectX-7 NIC as a DGX H100, so the NIC-bound rate carries to H100 as it is (the
+    intranode rows run on H800's ~160 GB/s NVLink, not H100's 450: not fed). The README's 'bottleneck bandwidth' is
+    the bytes over RDMA over the time. As an all-to-all of the cost model (costmodels.comm: each rank's off-node
+    share (N-1)/N of its buffer over its own NIC, N nodes): a buffer of the dispatched tokens × top-k × hidden
+    (FP8 dispatch 1 byte, BF16 combine 2) whose off-node share crosses at that bandwidth. DeepEP sends a token once
+    per destination node and the alltoall dispatcher top_k times; the NIC's achieved rate is what is taken here."""
+    for row in _csv(path):
+        if row["kernel"] != "normal (high-throughput)" or row["scope"] != "internode":
+            continue
+        ranks, nodes = int(row["ep_ranks"]), int(row["ep_ranks"]) // 8
+        tokens = int(row["tokens_per_rank"]) * int(row["topk"]) * int(row["hidden"])
+        for element_bytes, column in ((1, "dispatch_bw_GBps"), (2, "combine_bw_GBps")):
+            size = tokens * element_bytes
+            seconds = size * (nodes - 1) / nodes / (float(row[column]) * 1e9)
+            yield Row(H100, _collective(path, "ib", "all_to_all", ranks, size, seconds, 8))
+
+
 # ---- GEMMs ---------------------------------------------------------------------------------------------------------
 
 MAMF_GPUS = {"NVIDIA A100 SXM": ("A100", A100), "NVIDIA H100 SXM": ("H100", H100), "NVIDIA H200 SXM": ("H200", H200),
@@ -200,13 +220,20 @@ def read_cublas_sweep(path: Path) -> Iterator[Row]:
 
 def read_deepgemm(path: Path) -> Iterator[Row]:
     """FP8 DeepGEMM on H800 (same dense FP8 rate as H100 SXM): per group an m×k·k×n GEMM (grouped layouts: m is the
-    rows per expert), the time of one group at the printed rate."""
+    rows per expert), the time of one group at the printed rate. Each grouped-layout row is read twice: as a GEMM of
+    the dense curve (as before), and as a grouped expert GEMM (kind 'grouped_gemm') fitting the grouped roofline of
+    costmodels.moe_kernels. The grouped rows all feed that fit: DeepGEMM times with kineto (kernel time only), so
+    the host launch cost that makes short cuBLAS calls unrepresentative (MIN_GEMM_IDEAL_S) is not in them."""
     for row in _csv(path):
         m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
         role, why = _gemm_role("H100", "fp8", m * int(row["groups"]), n, k)
-        measurement = _gemm(path, "fp8", m, n, k, float(row["tflops"]),
-                            f"DeepGEMM {row['layout']} g{row['groups']}")
+        label = f"DeepGEMM {row['layout']} g{row['groups']}"
+        measurement = _gemm(path, "fp8", m, n, k, float(row["tflops"]), label)
         yield Row((*H100, *H200), measurement, role, why)
+        if row["layout"].startswith("grouped"):
+            # H100 only: the roofline's memory part is a fraction of HBM bandwidth, and H800's HBM3 is H100's
+            # (3.35 TB/s), not H200's 4.8 TB/s; other GPUs take the fractions over (fit_microbench)
+            yield Row(H100, dataclasses.replace(measurement, kind="grouped_gemm"))
 
 
 def read_swiglu(path: Path) -> Iterator[Row]:
@@ -291,11 +318,14 @@ TABLES = (
     Table("nccl_allreduce_coreweave_gb200_h100_a100.csv", read_coreweave,
           "collectives.ib.all_reduce (A100 4 nodes, H100 12 nodes; IB + SHARP)"),
     Table("nccl_sendrecv_a100_8gpu_liplus.csv", read_sendrecv_a100, "collectives.nvlink.send_recv (A100)"),
+    Table("moe_deepep_v1_dispatch_combine_h800.csv", read_deepep_internode,
+          "collectives.ib.all_to_all (H100: same CX7 400 Gb/s NIC; internode normal kernels only)"),
     Table("gemm_mamf_max_achievable_matmul_ml_engineering.csv", read_mamf,
           "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, B200)"),
     Table("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", read_cublas_sweep,
           "compute.gemm_efficiency peak_fraction, half_saturation_dim (A100; H100 rows checked only)"),
-    Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim (H100, H200)"),
+    Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim, "
+          "grouped_peak_fraction, grouped_hbm_efficiency (H100, H200)"),
     Table("gemm_fp16_swiglu_dff_alignment_h100_ml_engineering.csv", read_swiglu, "check only (alignment penalty)"),
     Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200,
           "compute.gemm_efficiency attention_* (H200; GB200 rows: no profile)"),
@@ -306,8 +336,6 @@ TABLES = (
 UNUSED = {
     "p2p_bandwidth_matrices_ml_engineering.csv": "link bandwidth without message sizes or times (no collective "
                                                  "time to fit); consistent with the fitted send_recv bandwidth",
-    "moe_deepep_v1_dispatch_combine_h800.csv": "DeepEP kernels on H800 NVLink (~160 GB/s, not H100's 450); "
-                                               "the cost model prices NCCL all-to-all, not DeepEP",
     "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
     "gemm_tilelang_h800_8192x8192xK.csv": "TileLang kernels, not cuBLAS",
     "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",

@@ -29,6 +29,10 @@ so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes) (p
 fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
 attention in bf16), and uses the same curve with its (s/cp) × (s/cp) × head_dim shape.
 
+Routed experts (`Gemm.grouped`) run as one grouped GEMM per MoE layer and are priced with the grouped-GEMM roofline
+of `costmodels.moe_kernels` (fitted to DeepGEMM's grouped tables) where the profile has it, with the fp32
+weight-gradient accumulation in the backward and the dispatcher's permutation and router passes at HBM bandwidth.
+
 Memory-bound work (layernorm, bias, GELU/SwiGLU, dropout, residual adds, softmax when not fused) is priced as HBM
 traffic: `traffic_per_activation_byte` (profile section `elementwise:`) × the activation bytes Korthikanti et al.
 itemise per layer / HBM bandwidth (see `elementwise_bytes_per_layer`). A layer's forward time is the sum of its GEMM
@@ -42,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodels import overheads
+from costmodels import moe_kernels, overheads
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
@@ -123,6 +127,8 @@ class Gemm:
     k: np.ndarray
     attention_core: bool = False
     """Attention scores/values: bf16 always, recomputed by selective recompute."""
+    grouped: bool = False
+    """Routed experts: flops / 2mnk GEMMs of one grouped kernel (costmodels.moe_kernels.grouped_gemm_time_s)."""
 
 
 def _tokens(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -222,7 +228,7 @@ def moe_mlp_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
     expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training)
     local_experts = moe.num_experts / plans.ep
     for gemm in mlp_gemms(model, expert_tokens, moe.expert_ffn_hidden_size, plans.etp.astype(float)):
-        gemms.append(Gemm(flops=gemm.flops * local_experts, m=gemm.m, n=gemm.n, k=gemm.k))
+        gemms.append(Gemm(flops=gemm.flops * local_experts, m=gemm.m, n=gemm.n, k=gemm.k, grouped=True))
     if moe.num_shared_experts:
         gemms += mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
     return gemms
@@ -274,11 +280,8 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
         mlp_split = expert_tokens * per_column * moe.expert_ffn_hidden_size / plans.etp
         if moe.num_shared_experts:
             mlp_split = mlp_split + tokens * per_column * moe.shared_expert_ffn_hidden_size / tp
-        # token permutation around the all-to-all (Megatron-Core moe/moe_utils.py `permute` / `unpermute`): the
-        # GPU's tokens are copied top_k times into expert order before dispatch and gathered back after combine,
-        # 2 bytes per value each way
-        local_tokens = tokens / np.where(plans.sp, tp, 1.0)
-        mlp_split = mlp_split + 2.0 * 2.0 * local_tokens * moe.top_k * h * moe_load_factor(training)
+        # the token permutation around the all-to-all and the router's softmax/top-k are priced on their own bytes
+        # (moe_dispatch_bytes, costmodels.moe_kernels)
     else:
         mlp_split = tokens * per_column * model.ffn_hidden_size / tp
     layer_bytes = replicated + attention_split + mlp_split
@@ -325,6 +328,8 @@ def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[
         if gemm.attention_core and training.flash_attention:  # fused kernel: its own measured curve
             total = total + gemm.flops / (profile.peak_flops_per_s["bf16"]
                                           * attention_efficiency(profile, gemm.m, gemm.n, gemm.k))
+        elif gemm.grouped and moe_kernels.has_grouped_curve(profile, precision):  # routed experts: grouped-GEMM roofline
+            total = total + moe_kernels.grouped_gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, precision)
         else:
             total = total + gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
                                         "bf16" if gemm.attention_core else precision)
@@ -345,6 +350,8 @@ class LayerTimes:
     """Per dense layer: the forward of the modules selective recompute re-runs (see selective_recompute_s)."""
     selective_moe_fwd_s: "np.ndarray | None" = None
     """Per MoE layer: the same."""
+    moe_layer_bwd_extra_s: "np.ndarray | float" = 0.0
+    """Per MoE layer: backward seconds beyond BACKWARD_TO_FORWARD × the forward (see moe_backward_extra_s)."""
 
 
 def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
@@ -367,9 +374,13 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     if model.moe is not None:
         moe_bytes, _ = elementwise_bytes_per_layer(model, training, plans, moe_layer=True)
         moe_mlp = moe_mlp_gemms(model, training, plans)
+        dispatch_s = moe_dispatch_bytes(model, training, plans) / profile.hbm_bandwidth_bytes_per_s
         moe_s = attention_s + _gemms_time_s(profile, training, moe_mlp) + moe_bytes * seconds_per_byte \
-            + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte
+            + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte + dispatch_s
         moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
+        moe_bwd_extra = moe_backward_extra_s(profile, moe_mlp, dispatch_s, training.precision.value)
+    else:
+        moe_bwd_extra = 0.0
     dense_sel, moe_sel = selective_recompute_s(model, profile, training, plans, core_s)
     logits_s = _gemms_time_s(profile, training, logits_gemms(model, training, plans))
     mtp_s = np.zeros(len(plans))
@@ -377,7 +388,38 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         module_s = (moe_s if model.is_moe else dense_s) + \
             _gemms_time_s(profile, training, mtp_extra_gemms(model, training, plans))
         mtp_s = model.num_mtp_layers * module_s
-    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel)
+    return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel, moe_bwd_extra)
+
+
+def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Forward HBM bytes of one MoE layer's router softmax/top-k/aux loss and token permutation on one GPU
+    (costmodels.moe_kernels): the GPU routes its mbs·s/(cp·tp) sequence-parallel tokens (all mbs·s/cp without SP),
+    sends top_k copies of each, and holds the busiest rank's received copies (moe_tokens_per_local_expert × local
+    experts × load) for its experts."""
+    assert model.moe is not None
+    moe = model.moe
+    local_tokens = _tokens(training, plans) / np.where(plans.sp, plans.tp.astype(float), 1.0)
+    load = moe_load_factor(training)
+    local_experts = moe.num_experts / plans.ep
+    received = moe_tokens_per_local_expert(model, training, plans) * load * local_experts
+    sorts_local_chunks = (plans.ep > 1) & (local_experts > 1)
+    return moe_kernels.token_permutation_bytes(local_tokens * moe.top_k * load, received, model.hidden_size,
+                                               sorts_local_chunks) \
+        + moe_kernels.router_bytes(local_tokens, moe.num_experts)
+
+
+def moe_backward_extra_s(profile: HardwareProfile, moe_mlp: list[Gemm], dispatch_s: np.ndarray,
+                         precision: str) -> np.ndarray:
+    """MoE-layer backward seconds the uniform 2 × forward rule misses: the routed experts' fp32 weight-gradient
+    accumulation (moe_kernels.grouped_wgrad_accumulation_bytes, with the grouped curve), less one forward of the
+    dispatch copies and router passes, whose backward is a single transposed copy (moe_kernels module docstring)."""
+    extra = -dispatch_s
+    if moe_kernels.has_grouped_curve(profile, precision):
+        for gemm in moe_mlp:
+            if gemm.grouped:
+                extra = extra + moe_kernels.grouped_wgrad_accumulation_bytes(gemm.flops, gemm.m, gemm.n, gemm.k) \
+                    / moe_kernels.grouped_hbm_bytes_per_s(profile)
+    return extra
 
 
 def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
@@ -419,8 +461,7 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
         routed_gemms = moe_mlp_gemms(model, training, plans)
         shared_count = 2 if spec.num_shared_experts else 0
         routed = _gemms_time_s(profile, training, routed_gemms[:len(routed_gemms) - shared_count])
-        local_tokens = tokens / np.where(plans.sp, tp, 1.0)
-        permute = 2.0 * 2.0 * local_tokens * spec.top_k * model.hidden_size * moe_load_factor(training) * per_byte
+        permute = moe_dispatch_bytes(model, training, plans) * per_byte
         shared = _gemms_time_s(profile, training, routed_gemms[len(routed_gemms) - shared_count:]) \
             if shared_count else np.zeros(n)
         moe = common + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,

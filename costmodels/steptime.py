@@ -165,7 +165,8 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     forward = layer_forward + np.where(is_last, times.logits_fwd_s + times.mtp_fwd_s, 0.0)
     # the attention core's backward is heavier than 2x with a fused kernel (compute.FLASH_CORE_BACKWARD_TO_FORWARD)
     core_extra = compute_model.attention_core_backward_to_forward(training) - compute_model.BACKWARD_TO_FORWARD
-    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s
+    backward = compute_model.BACKWARD_TO_FORWARD * forward + core_extra * layers * times.attention_core_fwd_s \
+        + moe_layers * times.moe_layer_bwd_extra_s      # grouped experts' wgrad accumulation, one-pass dispatch copies
     full_fraction = compute_model.recomputed_layer_fraction(plans, layers)
     selective = dense_layers * times.selective_dense_fwd_s + moe_layers * times.selective_moe_fwd_s
     recompute = np.where(plans.recompute == Recompute.SELECTIVE, selective, full_fraction * layer_forward)
@@ -189,8 +190,7 @@ def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     tp_block = block_s(tp_group(plans, cluster.gpus_per_node), activation_bytes)
     etp_block = np.zeros(len(plans))
     if model.moe is not None:
-        expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
-        etp_block = block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
+        etp_block = expert_tp_block_s(model, cluster, training, plans, block_s, activation_bytes)
     return tp_block, etp_block
 
 
@@ -215,11 +215,23 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
     shared_expert_blocks = moe_layers if (model.moe is not None and model.moe.num_shared_experts) else 0.0
     total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * comm.tp_block_s
-    if model.moe is not None:
-        total = total + per_block * moe_layers * comm.etp_block_s
     if training.tp_comm_overlap:
         total = np.where(plans.sp & (plans.tp > 1), tp_overlap_exposed_s(total, linear_s, plans.tp), total)
+    if model.moe is not None:
+        total = total + per_block * moe_layers * comm.etp_block_s
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total
+
+
+def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays, block_s,
+                      activation_bytes: np.ndarray) -> np.ndarray:
+    """One routed-expert block's collectives on the etp group: Megatron-Core's alltoall dispatcher gathers the
+    received tokens over the expert-TP group after the EP all-to-all and reduce-scatters them before the combine
+    (`moe/token_dispatcher.py` MoEAlltoAllTokenDispatcher: "permute->A2A(EP)->AG(TP)->sort_chunk"), top_k copies of
+    the GPU's tokens at the busiest rank's load. They are plain collectives of the dispatcher, outside Transformer
+    Engine's userbuffers (which wrap the qkv/proj/fc1/fc2 linear layers), so --tp-comm-overlap does not hide them."""
+    assert model.moe is not None
+    expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
+    return block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
 
 
 def tp_overlap_exposed_s(comm_s: np.ndarray, linear_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:

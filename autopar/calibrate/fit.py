@@ -284,6 +284,32 @@ def fit_attention_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProf
     return least_squares(predict, observed, guesses, bounds={"attention_peak_fraction": (1e-6, 1.0)})
 
 
+def fit_grouped_gemm(rows: Sequence[GemmMeasurement], base: HardwareProfile) -> FitResult:
+    """The grouped-GEMM roofline's parameters (`costmodels.moe_kernels.grouped_gemm_time_s`), fitted to measured
+    grouped expert GEMMs (rows of kind 'grouped_gemm', each the time of one group of m×k·k×n): the compute-bound
+    fraction of the fp8 peak (fp8 rows only; bf16 grouped GEMMs take the bf16 curve's `peak_fraction`) and the
+    achieved fraction of HBM bandwidth."""
+    from costmodels.moe_kernels import GROUPED_PARAMETERS, grouped_gemm_time_s
+
+    rows = [row for row in rows if row.kind == "grouped_gemm" and row.precision in base.peak_flops_per_s]
+    assert rows, "fit_grouped_gemm needs grouped_gemm rows"
+    peak_name, memory_name = GROUPED_PARAMETERS
+    params = base.gemm_efficiency
+    start = {memory_name: float(params.get(memory_name, 0.8))}
+    if any(row.precision == "fp8" for row in rows):
+        start[peak_name] = float(params.get(peak_name, params.get(FP8_PEAK_FRACTION, params["peak_fraction"])))
+
+    def predict(fitted: Mapping[str, float]) -> np.ndarray:
+        profile = dataclasses.replace(base, gemm_efficiency={**params, **fitted})
+        return np.array([row.flops / float(grouped_gemm_time_s(profile, np.array(row.flops), np.array(row.m),
+                                                               np.array(row.n), np.array(row.k), row.precision))
+                         / profile.peak_flops_per_s[row.precision] for row in rows])
+
+    observed = [measured_gemm_efficiency(row, base) for row in rows]
+    guesses = [start, {name: value * 0.5 for name, value in start.items()}]
+    return least_squares(predict, observed, guesses, bounds={peak_name: (1e-6, 1.0), memory_name: (1e-6, 1.0)})
+
+
 # ---- per-collective latency floor and bus bandwidth ------------------------------------------------------------------
 
 ALPHA_FROM_BYTES_BELOW = 16 * 1024**2

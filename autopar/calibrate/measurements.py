@@ -68,7 +68,9 @@ class GemmMeasurement:
     """Where the row comes from when it was not measured by `autopar calibrate` (a reference table's file name)."""
     kind: str = "gemm"
     """'gemm', or 'attention': a fused attention kernel (m queries × n keys × head dim k) over its forward and
-    backward, timed as the equivalent GEMM of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve)."""
+    backward, timed as the equivalent GEMM of 2·m·n·k FLOPs at the kernel's rate (fits the attention curve); or
+    'grouped_gemm': one group (expert) of a grouped GEMM, the kernel's time over its groups (fits the grouped-GEMM
+    roofline, costmodels.moe_kernels)."""
 
     @property
     def flops(self) -> float:
@@ -198,7 +200,7 @@ def _gemm_row(row: Any, where: str, origin: str) -> GemmMeasurement:
                            source=str(row.get("source", "") or ""), kind=_gemm_kind(row, where, origin, precision))
 
 
-GEMM_KINDS = ("gemm", "attention")
+GEMM_KINDS = ("gemm", "attention", "grouped_gemm")
 
 
 def _gemm_kind(row: dict, where: str, origin: str, precision: str) -> str:

@@ -24,6 +24,7 @@ half-written profile.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import re
@@ -33,6 +34,7 @@ from typing import Any, Mapping
 
 from autopar.calibrate.calibration_section import CPU_DEVICE
 from autopar.calibrate.fit import (CollectivePointFit, FitResult, fit_attention_efficiency, fit_collective_points,
+                                    fit_grouped_gemm,
                                    fit_gemm_efficiency, fit_link, fit_link_by_collective)
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
 from costmodels.errors import InputError
@@ -84,6 +86,8 @@ class CalibrationFit:
     """Per link, collective and group size: the points of the profile's `collectives:` section."""
     attention: FitResult | None = None
     """The fused-attention curve, where attention kernels were measured."""
+    grouped: FitResult | None = None
+    """The grouped expert-GEMM roofline, where grouped GEMMs were measured."""
 
 
 def fit_measurements(measurements: Measurements, base: HardwareProfile,
@@ -95,6 +99,11 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
     gemm = fit_gemm_efficiency(gemm_rows, base, fixed=fixed_gemm) if gemm_rows else None
     attention_rows = [row for row in measurements.gemm if row.kind == "attention"]
     attention = fit_attention_efficiency(attention_rows, base) if attention_rows else None
+    grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
+    grouped = None
+    if grouped_rows:  # on the GEMM curve just fitted: bf16 grouped GEMMs take its peak_fraction
+        curve = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **gemm.params}) if gemm else base
+        grouped = fit_grouped_gemm(grouped_rows, curve)
     single_link = {link: tuple(c for c in measurements.collectives_on(link) if c.ranks_per_node == 1)
                    for link in measurements.links_measured}
     links = {link: fit_link(rows, base.links[link]) for link, rows in single_link.items() if rows}
@@ -102,7 +111,7 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
                      if rows}
     points = tuple(fit_collective_points(measurements.collectives, base)) if measurements.collectives else ()
     return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective, collective_points=points,
-                          attention=attention)
+                          attention=attention, grouped=grouped)
 
 
 # ---- the base profile -----------------------------------------------------------------------------------------------
@@ -210,6 +219,13 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         provenance["compute.gemm_efficiency.attention"] = (
             f"{stamp}: least squares over {fit.attention.points} fused-attention kernels{_from(attention_rows)}, "
             f"rms residual {fit.attention.rms_relative_residual:.1%}")
+
+    if fit.grouped is not None:
+        grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
+        data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in fit.grouped.params.items()})
+        provenance["compute.gemm_efficiency.grouped"] = (
+            f"{stamp}: least squares over {fit.grouped.points} grouped expert GEMMs{_from(grouped_rows)}, "
+            f"roofline of costmodels.moe_kernels, rms residual {fit.grouped.rms_relative_residual:.1%}")
 
     for link in LINKS:
         where = f"links.{link}"

@@ -1,0 +1,126 @@
+"""What an MoE layer spends besides dense GEMMs: grouped expert GEMMs, token permutation, the router's elementwise work.
+
+Each function is one cost term; `costmodels.compute` calls them for the routed experts of an MoE layer.
+
+Grouped expert GEMM (`grouped_gemm_time_s`). Megatron-Core runs the local experts' fc1 / fc2 as one grouped GEMM
+(`moe/experts.py` TEGroupedMLP → Transformer Engine `GroupedLinear`, or GroupedMLP → the cutlass `grouped_gemm`
+package): G experts, each an m×k·k×n GEMM with m = the tokens routed to it. At small m every expert's weight matrix
+is streamed from HBM for few FLOPs, so the kernel is bound by operand traffic, not by the tensor cores. Priced as a
+roofline written as a sum of times, with the bytes itemised per group (DeepGEMM's own accounting,
+`tests/test_core.py`: inputs m·k + k·n, output m·n):
+
+    t = flops / (peak × peak_fraction) + G·(m·k + k·n + m·n)·element_bytes / (HBM bandwidth × grouped_hbm_efficiency)
+
+Fitted (`grouped_peak_fraction`, `grouped_hbm_efficiency` in the profile's `compute.gemm_efficiency`) to DeepGEMM's
+grouped contiguous and masked FP8 tables (shared/reference/microbench/gemm_fp8_deepgemm_h800.csv; H800 has the
+H100 SXM tensor rate and HBM3): per-expert m from 256 to 8192. Carried to bf16 as follows: the memory-bound part
+scales with the bytes (2-byte operands and output, at the same fraction of HBM bandwidth), the compute-bound part
+with the bf16 curve's own measured limit (`peak_fraction`, cuBLAS / MAMF). The ratio of the two parts is then the
+same in both precisions (twice the rate on half the bytes), so fp8 measurements say how far a bf16 grouped GEMM of
+the same shape falls below its compute limit. The dense curve (`compute.gemm_efficiency`) stays what it was for
+every other GEMM; a profile without the two keys prices experts with it, as before.
+
+Weight-gradient accumulation (`grouped_wgrad_accumulation_bytes`): with Megatron's gradient-accumulation fusion
+(default on; TE `GroupedLinear(fuse_wgrad_accumulation=True)`, cuBLAS beta = 1 into the fp32 `main_grad`), each
+expert's weight-gradient GEMM reads and writes its fp32 gradient, 4 + 4 bytes per weight element, where the sum
+above counted a 2-byte output: 6 more bytes per weight element per microbatch in the backward.
+
+Token permutation (`token_permutation_bytes`): Megatron-Core's alltoall dispatcher (`moe/token_dispatcher.py`
+MoEAlltoAllTokenDispatcher, `moe/moe_utils.py` permute / unpermute / sort_chunks_by_idxs) copies each token top_k
+times into expert order before the dispatch (`permute`: index_select, read + write of every copy), weights and sums
+the copies back after the combine (`unpermute`: multiply by the routing probability, read + write, and
+`scatter_add`, a read), and, with several local experts behind an EP > 1 all-to-all, regroups the received tokens
+by local expert after the dispatch and back before the combine (`sort_chunks_by_idxs`, read + write each way).
+The backward runs the transposed copies (a gather's gradient is a scatter of the same bytes), once.
+
+Router elementwise work (`router_bytes`): the h×E gating GEMM is a GEMM (compute.moe_mlp_gemms); after it the
+fp32 logits (Megatron-Core `moe/router.py`, `moe_router_dtype` fp32) go through softmax (read + write), top-k (read),
+and the load-balancing loss (`moe_utils.switch_load_balancing_loss_func`: a second softmax, read + write, and a
+sum, read): 6 passes over T×E fp32 values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.hardware import HardwareProfile
+from costmodels.specs import Precision
+
+GROUPED_PARAMETERS = ("grouped_peak_fraction", "grouped_hbm_efficiency")
+"""The profile keys of the grouped-GEMM roofline (in `compute.gemm_efficiency`)."""
+
+ELEMENT_BYTES = {Precision.BF16.value: 2.0, Precision.FP8.value: 1.0}
+"""Operand bytes per element of a GEMM of that precision."""
+OUTPUT_BYTES = 2.0
+"""GEMM outputs are bf16 in both precisions (Transformer Engine FP8 GEMMs write bf16; DeepGEMM likewise)."""
+WGRAD_ACCUMULATION_EXTRA_BYTES = 6.0
+"""fp32 main_grad read (4) + write (4) in place of a bf16 output (2), per weight element."""
+ACTIVATION_BYTES = 2.0
+"""bf16 hidden states."""
+ROUTER_PASSES = 6.0
+"""softmax read + write, top-k read, aux-loss softmax read + write, its sum read (module docstring)."""
+ROUTER_LOGIT_BYTES = 4.0
+"""fp32 router logits."""
+
+
+def has_grouped_curve(profile: HardwareProfile, precision: str = Precision.BF16.value) -> bool:
+    """Whether the profile prices `precision` grouped GEMMs with the roofline (bf16 needs the HBM fraction only, fp8
+    also its compute fraction); otherwise experts take the dense curve."""
+    needed = GROUPED_PARAMETERS if precision == Precision.FP8.value else ("grouped_hbm_efficiency",)
+    return all(name in profile.gemm_efficiency for name in needed)
+
+
+def grouped_compute_fraction(profile: HardwareProfile, precision: str) -> float:
+    """Fraction of the `precision` peak a grouped GEMM reaches when compute-bound: the fitted fp8 value, and for bf16
+    the bf16 curve's measured limit (module docstring)."""
+    params = profile.gemm_efficiency
+    if precision == Precision.FP8.value:
+        return float(params["grouped_peak_fraction"])
+    return float(params["peak_fraction"])
+
+
+def grouped_gemm_bytes(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
+                       precision: str) -> np.ndarray:
+    """HBM bytes of a grouped GEMM: per group m·k + k·n operand and m·n output elements; groups = flops / 2mnk."""
+    m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
+    groups = np.asarray(flops, dtype=float) / (2.0 * m * n * k)
+    return groups * ((m * k + k * n) * ELEMENT_BYTES[precision] + m * n * OUTPUT_BYTES)
+
+
+def grouped_gemm_time_s(profile: HardwareProfile, flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
+                        precision: str) -> np.ndarray:
+    """Seconds of a grouped GEMM of `flops` in total over groups of shape (m, n, k): compute at the grouped compute
+    fraction of the peak plus the itemised bytes at `grouped_hbm_efficiency` × HBM bandwidth."""
+    compute_s = np.asarray(flops, dtype=float) / (profile.peak_flops_per_s[precision]
+                                                  * grouped_compute_fraction(profile, precision))
+    memory_s = grouped_gemm_bytes(flops, m, n, k, precision) / grouped_hbm_bytes_per_s(profile)
+    return compute_s + memory_s
+
+
+def grouped_hbm_bytes_per_s(profile: HardwareProfile) -> float:
+    return profile.hbm_bandwidth_bytes_per_s * float(profile.gemm_efficiency["grouped_hbm_efficiency"])
+
+
+def grouped_wgrad_accumulation_bytes(flops: np.ndarray, m: np.ndarray, n: np.ndarray,
+                                     k: np.ndarray) -> np.ndarray:
+    """Extra backward bytes of accumulating a grouped GEMM's weight gradient into fp32 main_grad: 6 per weight."""
+    m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
+    groups = np.asarray(flops, dtype=float) / (2.0 * m * n * k)
+    return groups * k * n * WGRAD_ACCUMULATION_EXTRA_BYTES
+
+
+def token_permutation_bytes(sent_copies: np.ndarray, received_copies: np.ndarray, hidden_size: int,
+                            sorts_local_chunks: np.ndarray) -> np.ndarray:
+    """Forward HBM bytes of the dispatcher's copies on one GPU: permute (read + write) and unpermute (multiply read +
+    write, scatter_add read) of the `sent_copies` = tokens × top_k rows it sends, and, where `sorts_local_chunks`
+    (EP > 1 with several local experts), sort_chunks_by_idxs after the dispatch and before the combine (read + write
+    each) of the `received_copies` rows it holds; h bf16 values per row."""
+    row_bytes = hidden_size * ACTIVATION_BYTES
+    sent = (2.0 + 3.0) * sent_copies * row_bytes
+    regrouped = np.where(sorts_local_chunks, 2.0 * 2.0 * received_copies * row_bytes, 0.0)
+    return sent + regrouped
+
+
+def router_bytes(tokens: np.ndarray, num_experts: int) -> np.ndarray:
+    """Forward HBM bytes of the router's softmax, top-k and load-balancing loss over T×E fp32 logits."""
+    return ROUTER_PASSES * ROUTER_LOGIT_BYTES * np.asarray(tokens, dtype=float) * num_experts

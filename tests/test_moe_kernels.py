@@ -1,0 +1,215 @@
+"""MoE-layer cost terms (costmodels/moe_kernels.py): the grouped expert-GEMM roofline and its fit to DeepGEMM, the fp32
+weight-gradient accumulation, token permutation and router bytes, each against hand math or its source."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from costmodels import compute, moe_kernels
+from costmodels.hardware import load_profile
+from costmodels.plan import Plan, PlanArrays
+from costmodels.specs import MlpKind, ModelSpec, MoESpec, TrainingSpec
+
+H100 = load_profile("h100-80gb")
+A100 = load_profile("a100-80gb")
+# Mixtral-8x22B shapes
+MIXTRAL = ModelSpec(name="mixtral-like", hidden_size=6144, num_layers=8, num_attention_heads=48, num_kv_heads=8,
+                    ffn_hidden_size=16384, vocab_size=32000, mlp=MlpKind.GATED,
+                    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=16384))
+
+
+def test_every_bundled_profile_has_the_grouped_curve():
+    for name in ("a100-80gb", "a100-40gb", "h100-80gb", "h200-141gb", "b200-180gb"):
+        profile = load_profile(name)
+        assert moe_kernels.has_grouped_curve(profile), name
+        assert moe_kernels.has_grouped_curve(profile, "fp8") == profile.supports("fp8"), name
+        assert 0.0 < profile.gemm_efficiency["grouped_hbm_efficiency"] <= 1.0
+        assert "compute.gemm_efficiency.grouped" in profile.provenance
+
+
+def test_grouped_bytes_hand_computed():
+    # 4 experts of 256×7168·7168×4096 in fp8: DeepGEMM's own count 4·(m·k + k·n + 2·m·n)
+    m, n, k = 256.0, 4096.0, 7168.0
+    flops = 4 * 2 * m * n * k
+    assert moe_kernels.grouped_gemm_bytes(flops, m, n, k, "fp8") == pytest.approx(4 * (m * k + k * n + 2 * m * n))
+    assert moe_kernels.grouped_gemm_bytes(flops, m, n, k, "bf16") == pytest.approx(4 * 2 * (m * k + k * n + m * n))
+
+
+def test_grouped_time_is_compute_plus_traffic():
+    m, n, k, groups = 512.0, 3072.0, 4096.0, 16
+    flops = groups * 2 * m * n * k
+    params = H100.gemm_efficiency
+    expected = flops / (989e12 * params["peak_fraction"]) \
+        + groups * 2 * (m * k + k * n + m * n) / (3.35e12 * params["grouped_hbm_efficiency"])
+    assert moe_kernels.grouped_gemm_time_s(H100, flops, m, n, k, "bf16") == pytest.approx(expected, rel=1e-6)
+
+
+def test_grouped_efficiency_rises_with_tokens_per_expert():
+    # same total FLOPs spread over fewer, fuller experts: every expert's weights are read once, so fewer is faster
+    n, k, total_tokens = 3072.0, 4096.0, 8192.0
+    times = []
+    for groups in (64, 32, 16, 8, 4, 1):
+        m = total_tokens / groups
+        times.append(float(moe_kernels.grouped_gemm_time_s(H100, groups * 2 * m * n * k, m, n, k, "bf16")))
+    assert all(a > b for a, b in zip(times, times[1:]))
+    # at small m the grouped roofline is slower than the dense curve; at large m it stays within ~15%
+    small = moe_kernels.grouped_gemm_time_s(H100, 2 * 128 * n * k, 128.0, n, k, "bf16")
+    dense_small = compute.gemm_time_s(H100, np.array(2 * 128 * n * k), 128.0, n, k, "bf16")
+    assert small > 2.0 * dense_small
+    large = moe_kernels.grouped_gemm_time_s(H100, 2 * 8192 * n * k, 8192.0, n, k, "bf16")
+    dense_large = compute.gemm_time_s(H100, np.array(2 * 8192 * n * k), 8192.0, n, k, "bf16")
+    assert dense_large < large < 1.15 * dense_large
+
+
+def test_grouped_fit_reproduces_the_deepgemm_tables():
+    """The fitted roofline against every grouped row of DeepGEMM (H800 = H100 compute and HBM): within 25%."""
+    try:
+        from benchmarks import microbench_tables as tables
+        rows = tables.all_rows()["gemm_fp8_deepgemm_h800.csv"]
+    except (ImportError, FileNotFoundError):
+        pytest.skip("shared/reference is not next to this checkout")
+    grouped = [row.measurement for row in rows if row.measurement.kind == "grouped_gemm"]
+    assert len(grouped) >= 8
+    for row in grouped:
+        predicted = float(moe_kernels.grouped_gemm_time_s(H100, np.array(row.flops), row.m, row.n, row.k, "fp8"))
+        assert predicted == pytest.approx(row.timing.median_s, rel=0.25), row.label
+
+
+def test_fit_grouped_gemm_recovers_known_parameters():
+    from autopar.calibrate.fit import fit_grouped_gemm
+    from autopar.calibrate.measurements import GemmMeasurement, Timing
+
+    truth = dataclasses.replace(H100, gemm_efficiency={**H100.gemm_efficiency, "grouped_peak_fraction": 0.7,
+                                                       "grouped_hbm_efficiency": 0.6})
+    rows = []
+    for m in (128, 256, 512, 1024, 4096):
+        for n, k in ((4096, 7168), (7168, 2048)):
+            seconds = float(moe_kernels.grouped_gemm_time_s(truth, np.array(2.0 * m * n * k), m, n, k, "fp8"))
+            rows.append(GemmMeasurement("fp8", m, n, k, Timing(seconds, seconds, seconds, 1), kind="grouped_gemm"))
+    fit = fit_grouped_gemm(rows, H100)
+    assert fit.params["grouped_peak_fraction"] == pytest.approx(0.7, rel=1e-3)
+    assert fit.params["grouped_hbm_efficiency"] == pytest.approx(0.6, rel=1e-3)
+
+
+def test_wgrad_accumulation_bytes_hand_computed():
+    # 8 experts, fc1 6144 -> 4096: 8 · 6144 · 4096 weights, 6 extra bytes each (fp32 read + write vs a bf16 write)
+    m, n, k = 1024.0, 4096.0, 6144.0
+    flops = 8 * 2 * m * n * k
+    assert moe_kernels.grouped_wgrad_accumulation_bytes(flops, m, n, k) == pytest.approx(8 * 6144 * 4096 * 6)
+
+
+def test_token_permutation_bytes_hand_computed():
+    # 2048 tokens × top-2 sent, 4096 copies received, h = 6144 bf16: permute 2 + unpermute 3 passes over the sent
+    # copies, and sort_chunks 2 × 2 over the received ones when the GPU holds several experts behind EP > 1
+    sent, received, h = 4096.0, 4096.0, 6144
+    row = h * 2.0
+    both = moe_kernels.token_permutation_bytes(np.array([sent]), np.array([received]), h, np.array([True]))
+    assert both[0] == pytest.approx(5 * sent * row + 4 * received * row)
+    alone = moe_kernels.token_permutation_bytes(np.array([sent]), np.array([received]), h, np.array([False]))
+    assert alone[0] == pytest.approx(5 * sent * row)
+
+
+def test_router_bytes_hand_computed():
+    assert moe_kernels.router_bytes(np.array([1000.0]), 128)[0] == pytest.approx(6 * 4 * 1000 * 128)
+
+
+def test_dispatch_bytes_follow_the_plan():
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    fine = dataclasses.replace(MIXTRAL, moe=MoESpec(num_experts=64, top_k=8, expert_ffn_hidden_size=2048))
+    plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=1, sp=True), Plan(tp=2, ep=1, etp=1, sp=True)])
+    local, h = 4096 / 2, 6144                       # sequence-parallel tokens of one GPU
+    row = h * 2.0
+    # 8 experts on EP 8: one local expert, no sort_chunks; EP 1: no all-to-all, no sort_chunks
+    got = compute.moe_dispatch_bytes(MIXTRAL, training, plans)
+    single = 5 * local * 2 * row + 6 * 4 * local * 8
+    assert got[0] == pytest.approx(single)
+    assert got[1] == pytest.approx(single)
+    # 64 experts on EP 8: 8 local experts, the received copies are regrouped after dispatch and back before combine
+    got = compute.moe_dispatch_bytes(fine, training, plans)
+    received = float(compute.moe_tokens_per_local_expert(fine, training, plans)[0]) * 8
+    assert received == pytest.approx(local * 8)     # balanced routing: a GPU receives what it sends
+    assert got[0] == pytest.approx(5 * local * 8 * row + 4 * received * row + 6 * 4 * local * 64)
+    assert got[1] == pytest.approx(5 * local * 8 * row + 6 * 4 * local * 64)
+
+
+def test_moe_layer_prices_grouped_experts_and_wgrad_accumulation():
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=1, sp=True)])
+    with_curve = compute.layer_times_s(MIXTRAL, H100, training, plans)
+    params = {k: v for k, v in H100.gemm_efficiency.items() if k not in moe_kernels.GROUPED_PARAMETERS}
+    assert not moe_kernels.has_grouped_curve(dataclasses.replace(H100, gemm_efficiency=params))
+    dense_curve = dataclasses.replace(H100, gemm_efficiency=params)
+    without = compute.layer_times_s(MIXTRAL, dense_curve, training, plans)
+    assert with_curve.moe_layer_fwd_s[0] > without.moe_layer_fwd_s[0]      # operand traffic of the experts
+    assert with_curve.dense_layer_fwd_s[0] == pytest.approx(without.dense_layer_fwd_s[0])
+    assert np.all(with_curve.moe_layer_bwd_extra_s > without.moe_layer_bwd_extra_s)   # fp32 main_grad traffic
+    # the extra backward is the accumulation less one forward of the dispatch copies
+    gemms = compute.moe_mlp_gemms(MIXTRAL, training, plans)
+    accumulation = sum(moe_kernels.grouped_wgrad_accumulation_bytes(g.flops, g.m, g.n, g.k) for g in gemms
+                       if g.grouped) / moe_kernels.grouped_hbm_bytes_per_s(H100)
+    dispatch = compute.moe_dispatch_bytes(MIXTRAL, training, plans) / H100.hbm_bandwidth_bytes_per_s
+    assert with_curve.moe_layer_bwd_extra_s[0] == pytest.approx(float(accumulation[0] - dispatch[0]))
+
+
+def test_smaller_expert_batches_cost_more_per_flop():
+    # Qwen3-235B-like experts: the same tokens on EP 32 (4 experts a GPU) vs EP 8 (16): per FLOP, EP 8 is dearer
+    model = ModelSpec(name="qwen3-like", hidden_size=4096, num_layers=4, num_attention_heads=64, num_kv_heads=4,
+                      ffn_hidden_size=12288, vocab_size=151936, mlp=MlpKind.GATED,
+                      moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=1536))
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    plans = PlanArrays.from_plans([Plan(tp=2, ep=32, etp=1, sp=True), Plan(tp=2, ep=8, etp=1, sp=True)])
+    gemms = [g for g in compute.moe_mlp_gemms(model, training, plans) if g.grouped]
+    seconds = sum(moe_kernels.grouped_gemm_time_s(H100, g.flops, g.m, g.n, g.k, "bf16") for g in gemms)
+    flops = sum(g.flops for g in gemms)
+    per_flop = seconds / flops
+    assert per_flop[1] > 1.1 * per_flop[0]
+
+
+def test_expert_tp_collectives_are_not_hidden_by_tp_comm_overlap():
+    """The dispatcher's all-gather / reduce-scatter over the expert-TP group are plain NCCL calls: --tp-comm-overlap
+    hides the dense blocks' SP collectives behind the GEMMs (userbuffers), never these."""
+    from costmodels import steptime
+    from costmodels.specs import ClusterSpec
+
+    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    overlap = TrainingSpec(seq_len=4096, global_batch_size=256, tp_comm_overlap=True)
+    plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=2, sp=True, pp=1)])
+    stage = np.zeros(1, dtype=int)
+    hidden = steptime.tp_comm_s(MIXTRAL, cluster, overlap, plans, stage, linear_s=np.array([1e9]))
+    exposed = steptime.tp_comm_s(MIXTRAL, cluster, dataclasses.replace(overlap, tp_comm_overlap=False), plans, stage)
+    layers = MIXTRAL.num_layers
+    activation_bytes = 4096 * 6144 * 2.0
+    placement = steptime.tp_group(plans, 8)
+
+    def block_s(group, bytes_):
+        return steptime.group_collective_time_s(H100, group, "all_gather", bytes_) \
+            + steptime.group_collective_time_s(H100, group, "reduce_scatter", bytes_)
+
+    dense = 2.0 * layers * block_s(placement, activation_bytes)                 # attention blocks (MoE every layer)
+    expert = 2.0 * layers * steptime.expert_tp_block_s(MIXTRAL, cluster, overlap, plans, block_s, activation_bytes)
+    assert exposed[0] == pytest.approx(float(dense[0] + expert[0]))
+    # with overlap and endless GEMM time: the dense blocks' first chunk (1/tp) only, the expert blocks in full
+    assert hidden[0] == pytest.approx(float(dense[0] / 2.0 + expert[0]))
+
+
+def test_deepep_internode_rows_give_the_ib_all_to_all_points():
+    """DeepEP's internode dispatch/combine bandwidths (same CX7 NIC as DGX H100) reproduced by the fitted points."""
+    try:
+        from benchmarks import microbench_tables as tables
+        rows = tables.all_rows()["moe_deepep_v1_dispatch_combine_h800.csv"]
+    except (ImportError, FileNotFoundError):
+        pytest.skip("shared/reference is not next to this checkout")
+    from autopar.calibrate.fit import predict_collective_s
+
+    assert len(rows) == 12                          # 2 README versions × EP 16/32/64 × dispatch, combine
+    for row in rows:
+        m = row.measurement
+        assert (m.link, m.kind, m.ranks_per_node) == ("ib", "all_to_all", 8)
+        assert predict_collective_s(H100, m) == pytest.approx(m.timing.median_s, rel=0.15)
+    points = {p.group_size: p for p in H100.collectives["ib"]["all_to_all"]}
+    assert set(points) == {2, 4, 8}
+    for point in points.values():                   # 0.86-1.03 of the 50 GB/s NIC, as the README's figures
+        assert 0.85 * 50e9 <= point.bus_bandwidth_bytes_per_s <= 1.05 * 50e9
