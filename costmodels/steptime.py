@@ -195,18 +195,21 @@ def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
 
 
 def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray, comm: LayerComm, linear_s: "np.ndarray | float" = 0.0) -> np.ndarray:
+              stage: np.ndarray, linear_s: "np.ndarray | float" = 0.0, comm: "LayerComm | None" = None
+              ) -> np.ndarray:
     """Exposed TP/SP collectives per microbatch on `stage`.
 
     Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
     and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
     volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
     MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group.
-    One block of each is `tp_block_s` (in `comm`).
+    One block of each is `tp_block_s` (`comm` when given).
     With `training.tp_comm_overlap` (and SP) the collectives are hidden behind `linear_s`, see `tp_overlap_exposed_s`;
     the profile's `overlap.tp_comm` fraction (default 0) applies on top, for calibrated profiles that measured it.
     """
     profile = cluster.profile
+    tp_block, etp_block = ((comm.tp_block_s, comm.etp_block_s) if comm is not None
+                           else tp_block_s(model, cluster, training, plans))
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
     recomputed = compute_model.recomputed_layer_fraction(plans, layers)
@@ -214,11 +217,11 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # attention blocks, dense-MLP blocks, and the shared-expert MLP of MoE layers: Megatron-Core's SharedExpertMLP is
     # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
     shared_expert_blocks = moe_layers if (model.moe is not None and model.moe.num_shared_experts) else 0.0
-    total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * comm.tp_block_s
+    total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
     if training.tp_comm_overlap:
         total = np.where(plans.sp & (plans.tp > 1), tp_overlap_exposed_s(total, linear_s, plans.tp), total)
     if model.moe is not None:
-        total = total + per_block * moe_layers * comm.etp_block_s
+        total = total + per_block * moe_layers * etp_block
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total
 
 
@@ -262,20 +265,24 @@ def cp_exchange_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return forward, backward
 
 
-def cp_comm_s(model: ModelSpec, plans: PlanArrays, stage: np.ndarray, comm: LayerComm) -> np.ndarray:
+def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray, attention_core_fwd_s: np.ndarray, comm: "LayerComm | None" = None) -> np.ndarray:
     """Exposed CP ring exchange per microbatch on `stage` (ring attention, Liu et al. arXiv 2310.01889; Megatron-Core
     `transformer/dot_product_attention` CP via TE): cp-1 steps per layer, each sending the local K and V chunk
     (b·(s/cp)·2·g·d/tp, bf16) forward and K, V plus their gradients backward, each step overlapped with one
     chunk of attention core compute: exposed (cp-1)·max(0, t_send - t_core/cp) per pass (one layer's passes:
-    `cp_exchange_s`, in `comm`); recomputed layers repeat the forward pass."""
+    `cp_exchange_s`, `comm` when given); recomputed layers repeat the forward pass."""
+    forward, backward = ((comm.cp_forward_s, comm.cp_backward_s) if comm is not None
+                         else cp_exchange_s(model, cluster, training, plans, attention_core_fwd_s))
     layers = layers_on_stage(model.num_layers, plans, stage)
     passes_forward = 1.0 + compute_model.recomputed_layer_fraction(plans, layers)
-    return layers * (passes_forward * comm.cp_forward_s + comm.cp_backward_s)
+    return layers * (passes_forward * forward + backward)
 
 
-def ep_comm_s(model: ModelSpec, plans: PlanArrays, stage: np.ndarray, comm: LayerComm) -> np.ndarray:
+def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray, comm: "LayerComm | None" = None) -> np.ndarray:
     """All EP all-to-all time per microbatch on `stage` (before any overlap); see `ep_all_to_all_s`."""
-    return ep_all_to_all_s(model, plans, stage, comm)
+    return ep_all_to_all_s(model, cluster, training, plans, stage, comm)
 
 
 def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
@@ -297,19 +304,20 @@ def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
     return group_collective_time_s(cluster.profile, ep_group(plans, cluster.gpus_per_node), "all_to_all", bytes_)
 
 
-def ep_all_to_all_s(model: ModelSpec, plans: PlanArrays, stage: np.ndarray, comm: LayerComm) -> np.ndarray:
+def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                    stage: np.ndarray, comm: "LayerComm | None" = None) -> np.ndarray:
     """EP all-to-all per microbatch on `stage` (GShard, Lepikhin et al. arXiv 2006.16668; Megatron-Core
     `moe/token_dispatcher.py` alltoall): dispatch + combine, forward + backward (4 per MoE layer, +2 for a
     recomputed layer); each GPU sends its own mbs·s/(tp·cp) tokens × top_k copies of h bf16 values (the expert-TP
     all-gather happens after the all-to-all, on the etp group, and is priced in tp_comm_s); the busiest rank receives
     `moe_load_factor` × the average. Overlap (--overlap-moe-expert-parallel-comm) is applied per step in
-    `step_time_terms_s`, see `ep_overlap_exposed_s`. One all-to-all is `ep_all_to_all_one_s` (in `comm`)."""
+    `step_time_terms_s`, see `ep_overlap_exposed_s`. One all-to-all is `ep_all_to_all_one_s` (`comm` when given)."""
     if model.moe is None:
         return np.zeros(len(plans))
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
     recomputed = compute_model.recomputed_layer_fraction(plans, layers)
-    one = comm.ep_all_to_all_s
+    one = comm.ep_all_to_all_s if comm is not None else ep_all_to_all_one_s(model, cluster, training, plans)
     # module `moe` of selective recompute re-runs the dispatch and combine of every stored MoE layer
     moe_module = recomputes_module(plans, RecomputeModule.MOE)
     return moe_layers * (4.0 + 2.0 * recomputed + 2.0 * moe_module) * one
@@ -330,9 +338,9 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     linear_s = np.maximum(forward + backward + recompute - core_s, 0.0)    # what TP overlap can hide behind
     return StageMicrobatch(
         forward_s=forward, backward_s=backward, recompute_s=recompute,
-        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, comm, linear_s),
-        cp_comm_s=cp_comm_s(model, plans, stage, comm),
-        ep_comm_s=ep_comm_s(model, plans, stage, comm),
+        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, linear_s, comm),
+        cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s, comm),
+        ep_comm_s=ep_comm_s(model, cluster, training, plans, stage, comm),
     )
 
 
