@@ -136,7 +136,8 @@ def test_declared_knobs_are_all_the_shared_functions_read():
                                         num_microbatches(p, cluster.num_gpus, training.global_batch_size))]
 
         def gradient_sync(p):
-            return [v for stage in steptime.candidate_stages(p) for v in steptime.dp_traffic_s(model, cluster, p, stage)]
+            return [v for stage in steptime.candidate_stages(p)
+                    for v in steptime.dp_traffic_s(model, cluster, p, stage)]
 
         def optimizer(p):
             return [steptime.optimizer_s(model, cluster, p, stage) for stage in steptime.candidate_stages(p)]

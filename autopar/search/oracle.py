@@ -6,6 +6,13 @@ that read only those and by memory: the memory groups that depend on these knobs
 optimizer states, ZeRO buffers, fixed overheads) are a lower bound on the peak, so a structure whose bound is over
 the limit cannot fit whatever the rest. Then, chunk by chunk, each surviving structure times (mbs, sp, recompute),
 all rules applied, the cost model evaluated on what remains, and a running front kept.
+
+What makes it fast without changing a number (costmodels.structure): a function of the structure knobs is evaluated
+once per structure of the search, a function of a few knobs (one layer's times and collectives) once per distinct
+combination of them in the search, the per-stage pieces once per distinct plan in a chunk (plans differing only in
+zero share them). And the time is priced in two steps: the pipelined part first, a lower bound on the whole; a plan
+the running front already strictly dominates on that bound can be on no front, so the rest of its time (gradient
+sync, p2p, optimizer) is never priced.
 """
 
 from __future__ import annotations
@@ -233,9 +240,9 @@ def _not_dominated_by(front_time: np.ndarray, front_memory: np.ndarray, time_uni
     """Mask of the plans no point of a front (fastest first: time increasing, memory decreasing) strictly
     dominates. Dropping the others changes no front: a strictly dominated plan is never on one, whatever the ties.
     The front points at least as fast as a plan are the first k; the last of them has the least memory."""
-    k = np.searchsorted(front_time, time_units, side="right")
     if not len(front_time):
         return np.ones(len(time_units), dtype=bool)
+    k = np.searchsorted(front_time, time_units, side="right")
     at = np.maximum(k - 1, 0)
     nearest_time, nearest_memory = front_time[at], front_memory[at]
     dominated = (k > 0) & ((nearest_memory < memory_units)
