@@ -228,9 +228,10 @@ def _first_and_inverse(code: np.ndarray, bound: int) -> tuple[np.ndarray, np.nda
     return first, position[first_of]
 
 
-MEMO_MAX_CELLS = 1 << 20
-"""Largest grid `per_knobs` keeps values on for a whole search (per function; a few MB for a handful of arrays);
-beyond it, it deduplicates within each batch only."""
+MEMO_MAX_CELLS = 1 << 18
+"""Largest grid `per_knobs` keeps values on for a whole search (2 MB per float64 array of the function's result;
+a layer's times and collectives on the largest MoE spaces fill ~70k cells); beyond it, it deduplicates within each
+batch only."""
 
 
 @dataclass
