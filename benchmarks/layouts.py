@@ -4,7 +4,8 @@
 
 Scenarios: S2 llama-3.1-70b on 256 H100, S4 deepseek-v3 (with its MTP layer) on 2,048 H100, S5 llama-3.1-405b on
 16,384 H100, Q8 qwen3-8b (151K vocabulary) on 64 H100 with pp fixed to 8. For each: the uniform front (oracle), then
-every pipelined structure on it refined with the exact layout search (autopar.search.refine: chain DP without
+every pipelined structure on it, and every near-front structure whose gain bound says it could overtake the front,
+refined with the exact layout search within --budget seconds (autopar.search.refine: chain DP without
 interleaving, CP-SAT with it), and:
 
 - the best uniform plan (the front's fastest) and the best plan once layouts are allowed, their step times and the
@@ -15,8 +16,9 @@ interleaving, CP-SAT with it), and:
   (compositions of the layers into pp·vpp virtual stages);
 - a brute-force check on a reduced instance (12 layers of the same model, the winning structure with pp <= 3 and
   vpp <= 2): the exact engine's optimum equals the brute force optimum ("yes"/"no");
-- unless --no-commands, the whole `autopar solve ... --layouts` command's wall and CPU time (target <= 10 s on S4
-  and S5; the machine is shared, so the CPU time is the figure to compare).
+- unless --no-commands, the whole `autopar solve ... --layouts` command's wall and CPU time, layouts at their
+  default amount of work (target <= 10 s on S4 and S5; the machine is shared, so the CPU time is the figure to
+  compare).
 
 Ends with one line per scenario:
 
@@ -35,6 +37,7 @@ import time
 import autopar
 from autopar.search.layouts import best_layout, brute_force, cpsat_layout
 from autopar.search.refine import refine_front
+from autopar.search.solve import controls_from
 from costmodels.layout import layout_space_log10, layout_tables, uniform_layout
 from costmodels.specs import TrainingSpec
 
@@ -77,15 +80,40 @@ def reduced_check(model, cluster, training, plan) -> str:
     return "yes" if same else "no"
 
 
-def run(name: str, budget_s: float, cpsat_limit_s: float, commands: bool) -> dict:
+def scenario_specs(name: str):
+    """(model, cluster, training, fixed knobs) of a scenario."""
     model_name, gpu, gpus, seq, gbs, fix = SCENARIOS[name]
-    model = autopar.load_model(model_name)
-    cluster = autopar.make_cluster(gpu=gpu, num_gpus=gpus)
-    training = TrainingSpec(seq_len=seq, global_batch_size=gbs)
+    return (autopar.load_model(model_name), autopar.make_cluster(gpu=gpu, num_gpus=gpus),
+            TrainingSpec(seq_len=seq, global_batch_size=gbs), fix)
+
+
+def scenario_fronts(name: str, budget_s: float):
+    """The scenario's uniform front, the front refined with layouts, the refinements, and the uniform solve's time."""
+    model, cluster, training, fix = scenario_specs(name)
     start = time.perf_counter()
     front = autopar.solve(model, cluster, training, fix=fix or None)
     solve_s = time.perf_counter() - start
-    refined, refinements = refine_front(front, budget_s=budget_s)
+    refined, refinements = refine_front(front, budget_s=budget_s, controls=controls_from(fix or None))
+    return front, refined, refinements, solve_s
+
+
+def layout_plans(name: str, budget_s: float) -> list:
+    """The best layout of every structure the refinement searched for the scenario (its own uniform layout, written
+    as a layout, where nothing beats it), as estimates of plans with that layout."""
+    from costmodels.scoring import estimate
+
+    front, refined, refinements, _ = scenario_fronts(name, budget_s)
+    found = {p.plan: p for p in refined.points if p.plan.layout}
+    for r in refinements:
+        plan = dataclasses.replace(r.parent.plan, layout=r.best_layout)
+        found.setdefault(plan, estimate(front.model, front.cluster, front.training, plan))
+    return list(found.values())
+
+
+def run(name: str, budget_s: float, cpsat_limit_s: float, commands: bool) -> dict:
+    model_name, gpu, gpus, seq, gbs, fix = SCENARIOS[name]
+    front, refined, refinements, solve_s = scenario_fronts(name, budget_s)
+    model, cluster, training = front.model, front.cluster, front.training
     uniform_best, layout_best = front.points[0], refined.points[0]
     top = max(refinements, key=lambda r: r.gain) if refinements else None
     # CP-SAT time, space and the brute-force check on the winning structure; when the fastest plan has no pipeline,

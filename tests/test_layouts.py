@@ -250,3 +250,91 @@ def test_solve_with_layouts_refines_the_front():
                        for q in refined.points)
     for r in refinements:
         assert r.best_ns <= r.uniform_ns
+
+
+@given(instances())
+def test_the_layout_time_lower_bound_holds_for_every_layout(tables):
+    """The near-front filter's bound (autopar.search.refine.layout_time_lower_bound_ns) is below every layout's step
+    time, fitting or not, on any non-negative tables."""
+    from autopar.search.refine import layout_gain_bound, layout_time_lower_bound_ns
+
+    lower = layout_time_lower_bound_ns(tables)
+    objective, _ = objectives_of(tables, compositions(tables.num_layers, tables.pp * tables.vpp))
+    assert int(objective.min()) >= lower
+    some_layout = int(objective[0])
+    assert layout_gain_bound(tables, some_layout) >= some_layout - int(objective.min())
+
+
+def test_the_gain_bound_is_not_vacuous_on_a_real_structure():
+    """On llama-3.1-8b at pp 4 the bound leaves room for the real gain (the 128K-vocabulary loss on the last rank)
+    and rules out more than half of the uniform step time."""
+    from autopar.search.refine import layout_gain_bound
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    plan = Plan(tp=2, pp=4, mbs=1)
+    tables = layout_tables(model, cluster, training, plan)
+    uniform = price_layout(tables, uniform_layout(model, plan)).objective_ns
+    best = best_layout(tables, time_limit_s=None).best.objective_ns
+    bound = layout_gain_bound(tables, uniform)
+    assert uniform - best <= bound < uniform / 2
+
+
+def test_near_front_structures_that_could_overtake_are_refined_and_can_enter_the_front():
+    """llama-3.1-8b on 32 H100 with pp 2 and tp 1 pinned: structures one knob step off the front (other vpp, mbs,
+    recompute, zero) put layout plans on the front that refining the front's own structures does not; every one
+    refined passed the gain-bound filter and stays within the pins."""
+    from autopar.search.refine import front_time_at, layout_gain_bound, refine_front, structure_key
+    from autopar.search.solve import controls_from
+    from costmodels.layout import TIME_UNIT_S
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=512)
+    fix = {"pp": 2, "tp": 1}
+    front = autopar.solve(model, cluster, training, fix=fix)
+    on_front = {structure_key(p.plan) for p in front.points}
+    near, near_refinements = refine_front(front, budget_s=120, controls=controls_from(fix))
+    alone, _ = refine_front(front, budget_s=120, near_front=False)
+    entered = [p for p in near.points if p.plan.layout and structure_key(p.plan) not in on_front]
+    assert entered, near.notes[-1]
+    for point in alone.points:   # refining near-front structures too never loses a point
+        assert any(q.step_time_s <= point.step_time_s and q.peak_memory_bytes <= point.peak_memory_bytes
+                   for q in near.points)
+    refined_near = [r for r in near_refinements if r.near_front]
+    assert refined_near and "near-front candidates" in near.notes[-1]
+    for r in refined_near:
+        parent = r.parent
+        assert structure_key(parent.plan) not in on_front and parent.plan.pp == 2 and parent.plan.tp == 1
+        tables = layout_tables(model, cluster, training, parent.plan)
+        bound_ns = layout_gain_bound(tables, r.uniform_ns)
+        assert r.uniform_ns - r.best_ns <= bound_ns
+        assert parent.step_time_s - bound_ns * TIME_UNIT_S < front_time_at(front.points, parent.peak_memory_bytes)
+
+
+def test_solve_searches_layouts_by_default_repeatably_and_says_so():
+    """`autopar solve` refines with layouts unless --no-layouts, says so in its notes, and (without a wall-clock
+    --layouts-budget) prints the same front on every run; a bad budget is one line, exit 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def solve(*extra: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+        return subprocess.run([sys.executable, "-m", "autopar", "solve", "llama-3.1-8b", "--gpus", "32",
+                               "--fix", "pp=4", "--fix", "vpp=2", "--json", *extra],
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    first, second, off = solve(), solve(), solve("--no-layouts")
+    documents = [json.loads(r.stdout) for r in (first, second, off)]
+    notes = [" ".join(d["notes"]) for d in documents]
+    assert "layouts: searched" in notes[0] and "near-front" in notes[0] and "default work" in notes[0]
+    assert "layouts: not searched (--no-layouts)" in notes[2]
+    points = [[(p["label"], p["step_time_s"], p["peak_memory_bytes"]) for p in d["points"]] for d in documents]
+    assert points[0] == points[1]
+    assert any(p["plan"].get("layout") and p["pipeline_model_parallel_layout"] for p in documents[0]["points"])
+    assert not any(p["plan"].get("layout") for p in documents[2]["points"])
+    bad = solve("--layouts-budget", "0")
+    assert bad.returncode == 2 and "layouts_budget" in bad.stderr and "Traceback" not in bad.stderr

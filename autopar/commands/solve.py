@@ -36,6 +36,8 @@ def gpu_count_or_range(text: str) -> int | tuple[int, int]:
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    from autopar.search.refine import DEFAULT_CPSAT_SEARCHES, DEFAULT_FRONT_STRUCTURES, DEFAULT_NEAR_STRUCTURES
+
     group = parser.add_argument_group("search")
     group.add_argument("--fix", action="append", default=[], metavar="KNOB=V",
                        help="pin a knob (tp, pp, vpp, cp, ep, etp, mbs, sp, recompute, recompute_layers, zero, "
@@ -51,11 +53,16 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top", type=int, default=None, metavar="K", help="show only the K fastest front points")
     group.add_argument("--solver", choices=("auto", "cpsat", "oracle"), default="auto",
                        help="CP-SAT model or exhaustive oracle; auto = the oracle (faster for this cost model); same front")
-    group.add_argument("--layouts", action="store_true",
+    group.add_argument("--layouts", action=argparse.BooleanOptionalAction, default=True,
                        help="refine the front with per-stage pipeline layouts (layers per virtual stage, searched "
-                            "exactly: chain DP / CP-SAT) and recompute it")
+                            "exactly: chain DP / CP-SAT) for its pipelined structures and the near-front ones that "
+                            "could overtake it, within --layouts-budget, and recompute it (default on; "
+                            "--no-layouts: the uniform front only)")
     group.add_argument("--layouts-budget", type=float, default=None, metavar="SECONDS",
-                       help="time the layout refinement may take (default 4 s)")
+                       help="wall-clock time the layout refinement may take; default: a fixed amount of work (the "
+                            f"{DEFAULT_FRONT_STRUCTURES} fastest front structures and {DEFAULT_NEAR_STRUCTURES} "
+                            f"near-front ones, at most {DEFAULT_CPSAT_SEARCHES} interleaved (CP-SAT), about "
+                            "half a second; the same front on every run)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -107,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     active_rules(args.relax)
     if args.top is not None and args.top < 1:
         raise InputError("top", f"must be >= 1, got {args.top}")
+    if args.layouts_budget is not None and not (args.layouts_budget > 0 and args.layouts_budget < float("inf")):
+        raise InputError("layouts_budget", f"must be a positive number of seconds, got {args.layouts_budget!r}")
     gpu_range = args.num_gpus if isinstance(args.num_gpus, tuple) else None
     if gpu_range is not None:
         args.num_gpus = gpu_range[1]
@@ -127,13 +136,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         bar.close()
-    if getattr(args, "layouts", False) and gpu_range is None:
-        from autopar.search.refine import DEFAULT_BUDGET_S, refine_front
-
-        budget = args.layouts_budget if args.layouts_budget is not None else DEFAULT_BUDGET_S
-        if not budget > 0:
-            raise InputError("layouts_budget", f"must be a positive number of seconds, got {budget!r}")
-        front, _ = refine_front(front, budget_s=budget)
+    front = refine_with_layouts(args, front, gpu_range)
     if args.top is not None:
         import dataclasses
 
@@ -148,6 +151,24 @@ def run(args: argparse.Namespace) -> int:
 
     write_outputs(args, front)
     return 0
+
+
+def refine_with_layouts(args: argparse.Namespace, front, gpu_range):
+    """The front refined with per-stage layouts (autopar.search.refine), unless --no-layouts or a scaling front;
+    the front's notes say which."""
+    import dataclasses
+
+    from autopar.export.capabilities import framework_rules
+    from autopar.search.refine import refine_front
+
+    if not getattr(args, "layouts", True):
+        return dataclasses.replace(front, notes=tuple(front.notes) + ("layouts: not searched (--no-layouts)",))
+    if gpu_range is not None:
+        return dataclasses.replace(front, notes=tuple(front.notes) + (
+            "layouts: not searched on a scaling front (solve one GPU count to refine it with layouts)",))
+    controls, _ = controls_from_args(args)
+    return refine_front(front, budget_s=args.layouts_budget, controls=controls,
+                        extra_rules=framework_rules(args.framework) if args.framework else ())[0]
 
 
 class ProgressBar:

@@ -10,7 +10,8 @@ field changes meaning or disappears, and say so in the schema's description). Ad
 - `assumptions`: the modelling assumptions in plain sentences;
 - `solver.status`: 'optimal' (front proven complete), 'time_limit' (best found) or 'not_searched' (one
   estimated plan);
-- per point: `rank` (0 = fastest) and `megatron_flags`, the Megatron-LM flags of the plan.
+- per point: `rank` (0 = fastest) and `megatron_flags`, the Megatron-LM flags of the plan;
+  `pipeline_model_parallel_layout`, the layout string of a plan with a per-stage layout (else null).
 
 Non-finite numbers (a cost term that came out infinite) become null, so the file stays valid JSON.
 """
@@ -84,6 +85,16 @@ def megatron_flags(estimate: Estimate) -> list[str]:
     return words
 
 
+def layout_string(estimate: Estimate) -> str | None:
+    """The plan's per-stage layout as Megatron-Core writes it (--pipeline-model-parallel-layout; NeMo 2 and
+    Megatron-Bridge take the same string), None for a plan without one."""
+    if not estimate.plan.layout:
+        return None
+    from autopar.megatron_args import format_megatron_layout
+
+    return format_megatron_layout(estimate.plan.layout, estimate.model.num_mtp_layers)
+
+
 def finite_or_none(value: Any) -> Any:
     """Recursively replace NaN and ±inf by None (JSON has no such numbers)."""
     if isinstance(value, float):
@@ -102,7 +113,8 @@ def report_document(front: ParetoFront) -> dict[str, Any]:
     base = front.to_dict()
     points = []
     for rank, (estimate, point) in enumerate(zip(front.points, base["points"])):
-        points.append({"rank": rank, **point, "megatron_flags": megatron_flags(estimate)})
+        points.append({"rank": rank, **point, "megatron_flags": megatron_flags(estimate),
+                       "pipeline_model_parallel_layout": layout_string(estimate)})
     solver = dict(base["solver"])
     solver["status"] = ("optimal" if front.proven_optimal
                         else "not_searched" if front.solver == "estimate" else "time_limit")

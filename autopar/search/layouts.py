@@ -174,7 +174,10 @@ def chain_dp(tables: LayoutTables) -> LayoutResult:
 # ---- CP-SAT ------------------------------------------------------------------------------------------------------
 
 def cpsat_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: tuple[int, ...] | None = None,
-                 workers: int = 1) -> LayoutResult:
+                 workers: int = 1, deterministic_limit: float | None = None) -> LayoutResult:
+    """The fastest layout that fits, by CP-SAT. `deterministic_limit`: CP-SAT's max_deterministic_time (its own
+    work units, about seconds), which with one worker stops at the same point on every run and machine, so the
+    layout found is repeatable even when the search is cut short."""
     from ortools.sat.python import cp_model
 
     start = time.perf_counter()
@@ -249,6 +252,8 @@ def cpsat_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: 
     solver.parameters.num_workers = workers
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = time_limit_s
+    if deterministic_limit is not None:
+        solver.parameters.max_deterministic_time = deterministic_limit
     status = solver.Solve(model)
     elapsed = time.perf_counter() - start
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -260,12 +265,12 @@ def cpsat_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: 
     return LayoutResult(cost, "CP-SAT", elapsed, status == cp_model.OPTIMAL)
 
 
-def best_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: tuple[int, ...] | None = None
-                ) -> LayoutResult:
+def best_layout(tables: LayoutTables, time_limit_s: float | None = 10.0, hint: tuple[int, ...] | None = None,
+                deterministic_limit: float | None = None) -> LayoutResult:
     """The fastest layout that fits: the chain DP without interleaving (CP-SAT if the DP stops early), CP-SAT
-    with it."""
+    with it (limits: cpsat_layout)."""
     if tables.vpp == 1:
         result = chain_dp(tables)
         if result.proven_optimal:
             return result
-    return cpsat_layout(tables, time_limit_s=time_limit_s, hint=hint)
+    return cpsat_layout(tables, time_limit_s=time_limit_s, hint=hint, deterministic_limit=deterministic_limit)

@@ -1,11 +1,26 @@
-"""`autopar solve --layouts`: refine a front with per-stage pipeline layouts, and recompute it.
+"""`autopar solve` (layouts on by default): refine a front with per-stage pipeline layouts, and recompute it.
 
 For every pipelined structure on the front (its knobs without the first/last split, which a layout subsumes), the
 exact layout search (autopar.search.layouts: the chain DP without interleaving, CP-SAT with it) finds the fastest
 layout that fits. Where it beats the structure's own (uniform) layout under the per-stage model, the layout plan is
 added, priced by autopar.layout_estimate (the parent's estimate less exactly the per-stage model's gain); then the
-Pareto front over step time and peak memory is recomputed. Structures are refined fastest first until the time
-budget is spent; the notes say how many were refined and what was found.
+Pareto front over step time and peak memory is recomputed.
+
+Near-front structures. A structure off the front can overtake a front point once its layout is balanced. Candidates
+are the pipelined structures one knob step from a front plan (pp = 1 plans included: their step up in pp), each of
+tp, pp, vpp, cp, ep, etp, mbs, zero, sp, recompute moved to the next or previous value of the search space (which
+keeps the user's --fix/--min/--max), that pass every rule in force and fit. Each is refined only if it could
+overtake: its uniform step time less an upper bound on its layout gain beats the front at its own (uniform) peak
+memory. The bound comes from the structure's per-stage tables (`layout_gain_bound`): a rank carries at least 1/pp of
+the pipeline's per-micro-batch work, and that work is at least every virtual stage's empty cost plus, per decoder
+layer, the cheapest one-layer increment anywhere in the tables; the fill/drain term is at least 0 and the
+data-parallel sync at least the largest of the ranks' smallest entries. The same bound skips front structures that
+no layout can improve. Not counted: a layout that also lowers a structure's peak memory could enter the front at a
+lower memory than the uniform one; and structures two or more knob steps from the front are not candidates.
+
+Everything runs within a budget (front structures fastest first, then the candidates fastest first): by default a
+fixed amount of work, so the front is the same on every run (DEFAULT_FRONT_STRUCTURES); with `budget_s` a wall-clock
+budget. The notes say how many structures were searched, how many were near-front, and what was found.
 """
 
 from __future__ import annotations
@@ -16,10 +31,28 @@ from dataclasses import dataclass
 
 from autopar.results import Estimate, ParetoFront
 
-DEFAULT_BUDGET_S = 4.0
-"""Time the refinement may take by default (tables, searches and estimates together)."""
+DEFAULT_FRONT_STRUCTURES = 8
+DEFAULT_NEAR_STRUCTURES = 4
+DEFAULT_CPSAT_SEARCHES = 1
+DEFAULT_CPSAT_WORK = 0.2
+DEFAULT_NEAR_SEEDS = 4
+"""The default refinement is a fixed amount of work, so that `autopar solve` prints the same front on every run and
+machine: the fastest DEFAULT_FRONT_STRUCTURES pipelined structures of the front and DEFAULT_NEAR_STRUCTURES
+near-front candidates get their tables and gain bound, and those it does not rule out their search: the chain DP
+(milliseconds) for every one without interleaving, CP-SAT (about 0.3-1 s on a shared 2-core machine) for the
+first DEFAULT_CPSAT_SEARCHES with interleaving, each stopped at DEFAULT_CPSAT_WORK of CP-SAT's deterministic time
+(one worker; its best layout so far is used). Near-front candidates are then the neighbours of the front's
+DEFAULT_NEAR_SEEDS fastest plans, at the even split only. Sized to add about half a second to `autopar solve` on
+this project's 2-core machine for dense and MoE fronts (the issue's MoE target is 3 s for the whole command).
+`budget_s` (`--layouts-budget`) replaces it with a wall-clock budget and no counts."""
 PER_STRUCTURE_LIMIT_S = 2.0
-"""CP-SAT time limit for one structure (its best layout so far is used, marked not proven, when it runs out)."""
+"""CP-SAT wall-clock limit for one structure under a wall-clock budget (its best layout so far is used, marked not
+proven, when it runs out)."""
+BUDGET_SHARE = 0.5
+"""At most this share of the budget left goes to one structure's CP-SAT search, so one slow search cannot take
+it all."""
+NEIGHBOUR_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "zero", "sp", "recompute")
+"""Knobs a near-front candidate moves one step from a front structure."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +66,8 @@ class Refinement:
     search_s: float
     proven_optimal: bool
     space_log10: float
+    near_front: bool = False
+    """True for a structure off the front that its gain bound said could overtake it."""
 
     @property
     def gain(self) -> float:
@@ -43,8 +78,32 @@ def structure_key(plan) -> object:
     return dataclasses.replace(plan, first_stage_layers=0, last_stage_layers=0, layout=())
 
 
-def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S
-                     ) -> Refinement | None:
+def layout_time_lower_bound_ns(tables) -> int:
+    """A lower bound, in ns, on the step time of every layout of the structure (fitting or not), from its integer
+    tables alone (the module docstring says why each term holds): m · ⌈W / pp⌉ + max_r min sync_r + p2p, with W the
+    virtual stages' empty costs plus each decoder layer at the cheapest one-layer increment of its kind (dense, MoE)
+    in any role's table. Needs non-negative stage times (the fill/drain term is then >= 0)."""
+    import numpy as np
+
+    t = tables.stage_time_ns
+    stages = tables.pp * tables.vpp
+    empty_ns = int(t[0, 0, 0] + t[2, 0, 0] + (stages - 2) * t[1, 0, 0]) if stages > 1 else int(t[0, 0, 0])
+    dense_step = int(np.diff(t, axis=1).min()) if t.shape[1] > 1 else 0
+    moe_step = int(np.diff(t, axis=2).min()) if t.shape[2] > 1 else 0
+    dense_layers = tables.num_layers - tables.num_moe_layers
+    work_ns = empty_ns + dense_layers * dense_step + tables.num_moe_layers * moe_step
+    slowest_rank_ns = -(-work_ns // tables.pp)
+    sync_ns = int(tables.sync_ns.reshape(tables.pp, -1).min(axis=1).max())
+    return tables.microbatches * slowest_rank_ns + sync_ns + tables.p2p_ns
+
+
+def layout_gain_bound(tables, uniform_ns: int) -> int:
+    """An upper bound, in ns, on how much faster than `uniform_ns` any layout of the structure can be."""
+    return max(0, uniform_ns - layout_time_lower_bound_ns(tables))
+
+
+def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S,
+                     tables=None, deterministic_limit: float | None = None) -> Refinement | None:
     from autopar.search.layouts import best_layout
     from costmodels.layout import layout_space_log10, layout_tables, price_layout, uniform_layout
 
@@ -52,10 +111,10 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
     if plan.pp < 2 or plan.layout:
         return None
     start = time.perf_counter()
-    tables = layout_tables(model, cluster, training, plan)
+    tables = tables if tables is not None else layout_tables(model, cluster, training, plan)
     uniform = uniform_layout(model, plan)
     own = price_layout(tables, uniform)
-    result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform)
+    result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform, deterministic_limit=deterministic_limit)
     best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
     return Refinement(parent=point, uniform_layout=uniform, best_layout=best.layout, uniform_ns=own.objective_ns,
                       best_ns=best.objective_ns, engine=result.engine, search_s=time.perf_counter() - start,
@@ -63,26 +122,145 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
                       space_log10=layout_space_log10(model.num_layers, plan.pp * plan.vpp))
 
 
-def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S) -> tuple[ParetoFront, list[Refinement]]:
+def neighbour_plans(space, plans) -> list:
+    """Every plan one knob step (NEIGHBOUR_KNOBS) from one of `plans`, within the search space `space` (so within
+    the user's pins and bounds); pipelined, without a layout, with the plan's own first/last split where pp stays
+    (else the even split), each structure once."""
+    from costmodels.errors import InputError
+    from costmodels.plan import Recompute
+
+    seen, out = set(), []
+    for plan in plans:
+        base = dataclasses.replace(plan, layout=())
+        for knob in NEIGHBOUR_KNOBS:
+            if knob == "recompute":
+                steps = [dict(recompute=Recompute(r), recompute_layers=n, recompute_modules=m)
+                         for r, n, m in space.recomputes]
+            elif knob == "etp" and space.etp_follows_tp:
+                continue                                  # dense models: etp moves with tp
+            else:
+                values = space.domain(knob) if knob == "pp" or knob in space.domains else ()
+                current = getattr(base, knob)
+                below = [v for v in values if v < current]
+                above = [v for v in values if v > current]
+                steps = [{knob: bool(v) if knob == "sp" else v} for v in (below[-1:] + above[:1])]
+                if knob == "tp" and space.etp_follows_tp:
+                    steps = [dict(step, etp=step["tp"]) for step in steps]
+            for change in steps:
+                if "pp" in change:
+                    change = dict(change, first_stage_layers=0, last_stage_layers=0)
+                try:
+                    candidate = dataclasses.replace(base, **change)
+                except (InputError, ValueError):
+                    continue
+                if candidate.pp < 2 or structure_key(candidate) in seen:
+                    continue
+                seen.add(structure_key(candidate))
+                out.append(candidate)
+    return out
+
+
+def near_front_candidates(front: ParetoFront, controls, extra_rules, exclude: set, seeds: int | None = None,
+                          resplit: bool = True) -> list[Estimate]:
+    """Estimates of the neighbour structures of the front that pass every rule in force and fit, fastest first.
+    `seeds`: neighbours of the front's first `seeds` plans only (None: all); `resplit`: a pp or vpp the even split
+    does not divide gets the nearest first/last split Megatron accepts (costmodels.layout.parent_plan)."""
+    from autopar.search.space import Controls, build_space
+    from costmodels.layout import parent_plan
+    from costmodels.plan import PlanArrays
+    from costmodels.rules import Problem, active_rules, structural_mask
+    from costmodels.scoring import estimates
+
+    model, cluster, training = front.model, front.cluster, front.training
+    controls = controls if controls is not None else Controls(relax=tuple(front.relaxed_rules))
+    space = build_space(model, cluster, training, controls)
+    plans = [p for p in neighbour_plans(space, [q.plan for q in front.points[:seeds]])
+             if structure_key(p) not in exclude]
+    if not plans:
+        return []
+    problem = Problem(model, cluster, training)
+    rules = [r for r in active_rules(controls.relax) + tuple(extra_rules) if r.id != "memory"]
+    keep = structural_mask(problem, PlanArrays.from_plans(plans), rules)
+    # a pp or vpp the even split does not divide: the nearest first/last split Megatron accepts, if any
+    split = [parent_plan(model, cluster, training, p) for p, ok in zip(plans, keep) if not ok and resplit]
+    split = [p for p in split if p.first_stage_layers or p.last_stage_layers]
+    split_ok = structural_mask(problem, PlanArrays.from_plans(split), rules) if split else []
+    kept = [p for p, ok in zip(plans, keep) if ok] + [p for p, ok in zip(split, split_ok) if ok]
+    if not kept:
+        return []
+    scored = [e for e in estimates(model, cluster, training, PlanArrays.from_plans(kept)) if e.fits]
+    return sorted(scored, key=lambda e: (e.step_time_s, e.peak_memory_bytes))
+
+
+def front_time_at(points, memory_bytes: float) -> float:
+    """The front's fastest step time among points using at most `memory_bytes` (inf where none does)."""
+    return min((p.step_time_s for p in points if p.peak_memory_bytes <= memory_bytes), default=float("inf"))
+
+
+def refine_front(front: ParetoFront, budget_s: float | None = None, controls=None, extra_rules=(),
+                 near_front: bool = True) -> tuple[ParetoFront, list[Refinement]]:
+    """The front with the best layout of each front structure, and of each near-front structure that could
+    overtake it, added, and recomputed. `budget_s` None: the default fixed amount of work (DEFAULT_FRONT_STRUCTURES,
+    repeatable); else a wall-clock budget. `controls` (autopar.search.space.Controls) and `extra_rules` are the
+    search's own, so near-front candidates stay within them."""
+    from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, uniform_layout
     from costmodels.scoring import estimate
 
     start = time.perf_counter()
     model, cluster, training = front.model, front.cluster, front.training
     refinements: list[Refinement] = []
     seen: set = set()
-    skipped = 0
+    skipped = {False: 0, True: 0}     # structures the budget left unsearched: on the front, near it
+    considered = {False: 0, True: 0}
+    cpsat_searches = 0
+    caps = {False: DEFAULT_FRONT_STRUCTURES, True: DEFAULT_NEAR_STRUCTURES}
+    bounded_out = 0
+
+    def left_s() -> float:
+        return float("inf") if budget_s is None else budget_s - (time.perf_counter() - start)
+
+    def consider(point: Estimate, is_near: bool) -> None:
+        nonlocal bounded_out, cpsat_searches
+        if left_s() <= 0 or (budget_s is None and considered[is_near] >= caps[is_near]):
+            skipped[is_near] += 1
+            return
+        considered[is_near] += 1
+        tables = layout_tables(model, cluster, training, point.plan)
+        uniform_ns = price_layout(tables, uniform_layout(model, point.plan)).objective_ns
+        bound_ns = layout_gain_bound(tables, uniform_ns)
+        could = bound_ns > 0 and (not is_near or point.step_time_s - bound_ns * TIME_UNIT_S
+                                  < front_time_at(front.points, point.peak_memory_bytes))
+        if not could:
+            bounded_out += 1
+            return
+        if budget_s is None and point.plan.vpp > 1:
+            if cpsat_searches >= DEFAULT_CPSAT_SEARCHES:
+                skipped[is_near] += 1
+                return
+            cpsat_searches += 1
+        if budget_s is None:
+            found = refine_structure(model, cluster, training, point, tables=tables, time_limit_s=None,
+                                     deterministic_limit=DEFAULT_CPSAT_WORK)
+        else:
+            found = refine_structure(model, cluster, training, point, tables=tables,
+                                     time_limit_s=max(min(PER_STRUCTURE_LIMIT_S, BUDGET_SHARE * left_s()), 0.05))
+        if found is not None:
+            refinements.append(dataclasses.replace(found, near_front=is_near))
+
     for point in front.points:
         key = structure_key(point.plan)
         if point.plan.pp < 2 or key in seen:
             continue
         seen.add(key)
-        left = budget_s - (time.perf_counter() - start)
-        if left <= 0:
-            skipped += 1
-            continue
-        found = refine_structure(model, cluster, training, point, time_limit_s=min(PER_STRUCTURE_LIMIT_S, left))
-        if found is not None:
-            refinements.append(found)
+        consider(point, is_near=False)
+    front_structures = len(seen)
+    candidates = []
+    if near_front and left_s() > 0 and (budget_s is not None or DEFAULT_NEAR_STRUCTURES > 0):
+        candidates = (near_front_candidates(front, controls, extra_rules, exclude=seen) if budget_s is not None else
+                      near_front_candidates(front, controls, extra_rules, exclude=seen,
+                                            seeds=DEFAULT_NEAR_SEEDS, resplit=False))
+        for point in candidates:
+            consider(point, is_near=True)
     added = []
     for r in refinements:
         if r.best_layout != r.uniform_layout:
@@ -95,17 +273,26 @@ def refine_front(front: ParetoFront, budget_s: float = DEFAULT_BUDGET_S) -> tupl
                        for q in points)]
     kept.sort(key=lambda p: (p.step_time_s, p.peak_memory_bytes))
     improved = [r for r in refinements if r.best_layout != r.uniform_layout]
-    note = (f"layouts: {len(refinements)} pipelined front structures searched in {time.perf_counter() - start:.1f} s"
-            f" (chain DP without interleaving, CP-SAT with it), {len(improved)} with a better layout")
+    near = [r for r in refinements if r.near_front]
+    on_front = sum(1 for p in kept if p.plan.layout)
+    limit = (f"budget {budget_s:g} s" if budget_s is not None else
+             f"default work: up to {DEFAULT_FRONT_STRUCTURES} front and {DEFAULT_NEAR_STRUCTURES} near-front "
+             f"structures, {DEFAULT_CPSAT_SEARCHES} with interleaving (CP-SAT)")
+    note = (f"layouts: searched {len(refinements)} pipelined structures in {time.perf_counter() - start:.1f} s "
+            f"({limit}; {len(refinements) - len(near)} of {front_structures} on the front, "
+            f"{len(near)} of {len(candidates)} near-front candidates; {bounded_out} skipped: their gain bound "
+            f"rules a gain or an overtake out); {len(improved)} with a better layout, {on_front} layout plan"
+            f"{'s' if on_front != 1 else ''} on the front")
     if improved:
         top = max(improved, key=lambda r: r.gain)
         note += f"; largest gain {100 * top.gain:.1f}% on {top.parent.plan.short()}"
     if any(not r.proven_optimal for r in refinements):
         note += "; some searches hit their time limit (best found used)"
-    if skipped:
-        note += f"; {skipped} structures left unrefined (time budget {budget_s:g} s)"
-    return dataclasses.replace(front, points=tuple(kept), notes=tuple(front.notes) + (note,),
-                               proven_optimal=front.proven_optimal and not skipped), refinements
+    if skipped[False] or skipped[True]:
+        note += (f"; left unsearched: {skipped[False]} front and {skipped[True]} near-front structures "
+                 f"({'raise' if budget_s is not None else 'set'} --layouts-budget SECONDS to search more)")
+    # proven_optimal stays the uniform search's: a layout can only add points, and the note says what was left
+    return dataclasses.replace(front, points=tuple(kept), notes=tuple(front.notes) + (note,)), refinements
 
 
 def explain_layout(model, cluster, training, plan, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S
