@@ -170,7 +170,7 @@ def _table_codes(columns: list[np.ndarray], rows: int) -> tuple[np.ndarray, int]
         else:
             values, dense = np.unique(column, return_inverse=True)
             dense, count = dense.reshape(-1), len(values)
-        if bound * count > MAX_CODE_TABLE:    # renumber the rows seen so far: the code stays a small table index
+        if bound * count > 4 * rows:      # renumber the rows seen so far: the code stays a small table index
             row_code, bound = _dense(row_code)
         row_code, bound = row_code * count + dense, bound * count
     return _dense(row_code) if rows else (row_code, 0)
