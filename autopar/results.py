@@ -50,7 +50,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         "model": model_info,
         "cluster": {"gpu": profile.name, "gpu_display_name": profile.display_name, "num_gpus": cluster.num_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "num_nodes": cluster.num_nodes,
-                    "hbm_bytes": whole_bytes(profile.hbm_bytes), "headroom": cluster.headroom,
+                    "nvlink_domain_gpus": cluster.nvlink_domain_gpus, "hbm_bytes": whole_bytes(profile.hbm_bytes), "headroom": cluster.headroom,
                     "memory_limit_bytes": whole_bytes(cluster.memory_limit_bytes), "profile_source": profile.source_path,
                     "profile_provenance": dict(profile.provenance)},
         "training": {"seq_len": training.seq_len, "global_batch_size": training.global_batch_size,

@@ -298,7 +298,7 @@ def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
     profile = cluster.profile
     layer_fwd_s = layer_times_s(model, profile, training, plans).dense_layer_fwd_s
     activation_bytes = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES
-    group = tp_group(plans, cluster.gpus_per_node)
+    group = tp_group(plans, cluster.nvlink_domain_gpus)
     all_reduce_s = group_collective_time_s(profile, group, "all_reduce", activation_bytes)
     gather_scatter_s = (group_collective_time_s(profile, group, "all_gather", activation_bytes)
                         + group_collective_time_s(profile, group, "reduce_scatter", activation_bytes))
@@ -348,9 +348,9 @@ def p2p_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     plans = _plans(grid)
     profile = cluster.profile
     shard_bytes = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES / plans.tp
-    send_s = group_collective_time_s(profile, pp_group(plans, cluster.num_gpus, cluster.gpus_per_node),
+    send_s = group_collective_time_s(profile, pp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus),
                                      "send_recv", shard_bytes)
-    regather_s = group_collective_time_s(profile, tp_group(plans, cluster.gpus_per_node), "all_gather",
+    regather_s = group_collective_time_s(profile, tp_group(plans, cluster.nvlink_domain_gpus), "all_gather",
                                          shard_bytes * plans.tp)
     transfer_s = np.where(plans.pp > 1, send_s + np.where(plans.sp, 0.0, regather_s), 0.0)
     return FactorTable.of(knobs, np.rint(transfer_s.reshape(grid["tp"].shape) / TIME_UNIT_S), True)
@@ -374,7 +374,7 @@ def data_parallel_tables(model: ModelSpec, cluster: ClusterSpec, domains: dict[s
     zero = plans.zero
     static_bytes = params * (2 / np.where(zero >= 3, shards, 1) + 4 / np.where(zero >= 2, shards, 1)
                              + 12 / np.where(zero >= 1, shards, 1))
-    group = dp_cp_group(plans, num_gpus, cluster.gpus_per_node)
+    group = dp_cp_group(plans, num_gpus, cluster.nvlink_domain_gpus)
     traffic_s = np.where(zero >= 1,
                          group_collective_time_s(profile, group, "reduce_scatter", params * GRADIENT_BYTES)
                          + group_collective_time_s(profile, group, "all_gather", params * PARAMETER_BYTES),

@@ -148,15 +148,19 @@ def _profile(name: str) -> "HardwareProfile | None":
 def gpu_profile(gpu: str) -> "tuple[HardwareProfile | None, str, str]":
     """(profile or None, reason when None, assumption note) for a source's GPU string."""
     text = gpu.lower()
-    if "gb200" in text or "gb300" in text:
-        key = "gb300" if "gb300" in text else "gb200"
-        profile = _profile(key)
-        return profile, f"no {key} profile bundled", ""
+    if "gb300" in text:
+        return _profile("gb300"), ("no gb300 profile: shared/reference has no GB300 spec row or measurement (MAMF "
+                                   "measured B300 HGX only; GB300's memory and clocks are not stated)"), ""
+    if "gb200" in text:
+        return _profile("gb200"), "no gb200 profile", ""
     if "h800" in text or "a800" in text:
         key = "h800" if "h800" in text else "a800"
         return _profile(key), f"no {key} profile bundled (NVLink cut to 400 GB/s)", ""
     if "96gb" in text or "500w" in text:
-        return _profile("h100-96gb"), "no profile for H100 96GB HBM2e at 500 W (Grand Teton)", ""
+        return _profile("h100-96gb"), ("no profile for H100 96GB HBM2e at 500 W (Grand Teton): the source states "
+                                       "HBM (96 GB, 2.4 TB/s) but says the peak TFLOP/s at the 500 W cap is unknown, "
+                                       "and no microbenchmark measured the part: no stated fact scales H100 SXM "
+                                       "compute to it"), ""
     if "b200" in text:
         note = "B200 power-limited in the source; b200-180gb profile at full power" if "power" in text else ""
         return _profile("b200-180gb"), "no b200 profile", note
@@ -536,19 +540,49 @@ def _folding_model(name: str) -> "ModelSpec | str":
     return f"{name}: top-k / shapes not stated"
 
 
+GB200_NODE_NOTE = ("GB200 node = one NVL72 compute tray of 4 GPUs (the profile's gpus_per_node; not stated by the "
+                   "source, which gives nodes)")
+
+
+def _modelzoo_gpus(r: dict, profile: HardwareProfile) -> "tuple[int | None, tuple[str, ...]]":
+    """GPU count: as stated, or (GB200 rows give nodes only) nodes × the NVL72 tray's 4 GPUs."""
+    if _num(r, "num_gpus") is not None:
+        return _int(r, "num_gpus"), ()
+    if _num(r, "num_nodes") is not None and profile.name.startswith("gb200"):
+        return _int(r, "num_nodes") * profile.gpus_per_node, (GB200_NODE_NOTE,)
+    return None, ()
+
+
+def _modelzoo_recompute(text: str) -> "tuple[Recompute, str]":
+    """(recompute, --recompute-modules) of the source's recompute cell: 'full', 'none in command', the H100 table's
+    abbreviations ('norm, act' = layernorm moe_act, its header) or 'selective: a, b[; other techniques]'."""
+    text = text.strip()
+    if text == "full":
+        return Recompute.FULL, ""
+    if not text or text.startswith("none"):
+        return Recompute.NONE, ""
+    words = text.split(";")[0].removeprefix("selective:").split(",")
+    return Recompute.SELECTIVE, " ".join({"norm": "layernorm", "act": "moe_act"}.get(w.strip(), w.strip())
+                                         for w in words)
+
+
 def modelzoo() -> "list[Case | Unexpressed]":
-    """Megatron MoE ModelZoo, Qwen3 best practice: measured step time; GB200/GB300 rows give nodes, not GPUs."""
+    """Megatron MoE ModelZoo, Qwen3 best practice: measured step time (H100 tables); the GB200 table gives TFLOP/s
+    and the global batch, so the step is Megatron-Core's model FLOPs (causal attention: the ModelZoo's H100 rows,
+    which state both, agree with that formula within 1%) over TFLOP/s × GPUs; GB200/GB300 rows give nodes, not GPUs."""
     source, out = "mcore-moe-modelzoo", []
     for r in _read("megatron_moe_modelzoo_qwen3.csv"):
-        label = f"{r['model']} {r['gpu']} x{r['num_gpus'] or '?'} {r['notes'][:20]}"
+        label = f"{r['model']} {r['gpu']} x{r['num_gpus'] or r['num_nodes'] + 'n'} {r['notes'][:20]}"
         profile, why, _ = gpu_profile(r["gpu"])
         if not r["model"].startswith("Qwen3-235B"):
             out.append(Unexpressed(source, r["row_id"], label, f"{r['model']}: hybrid linear attention, no preset"))
             continue
-        if profile is None or _num(r, "num_gpus") is None:
+        gpus, notes = _modelzoo_gpus(r, profile) if profile is not None else (None, ())
+        if profile is None or gpus is None:
             out.append(Unexpressed(source, r["row_id"], label, why if profile is None else "GPU count not stated"))
             continue
-        if _num(r, "step_time_s") is None:
+        if _num(r, "step_time_s") is None and (_num(r, "tflops_per_gpu") is None
+                                               or _num(r, "global_batch_seqs") is None):
             out.append(Unexpressed(source, r["row_id"], label, "no step time (TFLOP/s only, batch not stated)"))
             continue
         if "FSDP" in (r["sharding"] or ""):
@@ -556,23 +590,76 @@ def modelzoo() -> "list[Case | Unexpressed]":
                                                                "expert sharding over edp not expressible"))
             continue
         model = preset("qwen3-235b-a22b")
-        seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
+        seq = _int(r, "seq_len")
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                precision=_precision(r["precision"]),
                                 moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""), **TUNED_OVERLAP)
-        # 'norm, act' = --recompute-modules layernorm moe_act (the source's abbreviation, see its header)
-        text = r["recompute"].strip()
-        recompute = Recompute.FULL if text == "full" else Recompute.SELECTIVE
-        modules = "" if text == "full" else " ".join(
-            {"norm": "layernorm", "act": "moe_act"}.get(w.strip(), w.strip()) for w in text.split(","))
+        recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
                      ep=_int(r, "ep"), etp=_int(r, "etp", 1), mbs=_int(r, "micro_batch"), recompute=recompute,
                      recompute_modules=modules or 0, sp=_int(r, "tp") > 1, zero=1)
-        notes = ()
         fixed, split_note = slot_split(model.num_layers, fixed)
         notes += split_note
-        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
-                        "step s", _num(r, "step_time_s"), "MoE",
+        if _num(r, "step_time_s") is not None:
+            metric, step = "step s", _num(r, "step_time_s")
+        else:
+            metric = "TFLOP/s/GPU (MCore causal)"
+            step = megatron_flops_per_step(model, training, causal=True) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
+        if "mxfp8" in r["precision"]:
+            notes += (MXFP8_NOTE,)
+        if "offloading" in r["recompute"]:
+            notes += ("fine-grained activation offloading (expert_fc1, moe_act) not modelled: its memory saving "
+                      "and its transfers are left out",)
+        cluster = _cluster(profile, gpus)
+        if profile.nvlink_domain_size > profile.gpus_per_node:
+            notes += (f"NVLink domain size 72 (source): {cluster.nvlink_domain_gpus} GPUs of the job per domain "
+                      "(the job split evenly over NVL72 racks, costmodels.specs.job_nvlink_domain_gpus)",)
+        out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, {}, metric, step, "MoE",
                         (source, r["model"], profile.name, gpus, seq), notes))
+    return out
+
+
+MXFP8_NOTE = ("MXFP8 priced as autopar's fp8 (FP8 GEMMs at the fp8 peak, casts and the bf16 remainder as for "
+              "FP8; MXFP8's 1x32 block scales are not modelled apart)")
+
+
+def dsv3_gb200() -> "list[Case | Unexpressed]":
+    """Megatron-LM's DeepSeek-V3 on 256 GB200 optimization history: one layout (TP1 PP8 VPP4 EP32, MBS1 GBS2048,
+    seq 4096, layout 'Et|(tt|)*30L', MXFP8, distributed optimizer), each row adding a software optimization. The
+    cost model prices one software stack, so the final row (the doc's optimized stack; the runs README: 'use the
+    final row') is compared; the earlier rows are listed. TFLOP/s by Megatron-Core's formula (2025, causal)."""
+    from autopar.megatron_args import parse_megatron_layout
+
+    source, out = "mcore-dsv3-gb200", []
+    rows = _read("megatron_dsv3_gb200_optimization.csv")
+    final = rows[-1]["row_id"]
+    profile = load_profile("gb200")
+    # the guide's model: DeepSeek-V3 without MTP ('No MTP flag in the guide')
+    model = dataclasses.replace(preset("deepseek-v3"), num_mtp_layers=0)
+    for r in rows:
+        label = f"DeepSeek-V3 x{r['num_gpus']} {r['method'].split('step: ')[-1][:30]}"
+        if r["row_id"] != final:
+            out.append(Unexpressed(source, r["row_id"], label, "earlier step of the doc's optimization ladder (same "
+                                                               "layout as the final row; kernels, fusions, CUDA "
+                                                               "graphs and dispatcher are not inputs)"))
+            continue
+        gpus, seq, pp = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "pp")
+        layout, mtp = parse_megatron_layout("Et|(tt|)*30L", pp)
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                precision=_precision(r["precision"]), **TUNED_OVERLAP)
+        recompute, modules = _modelzoo_recompute(r["recompute"])
+        fixed = dict(tp=_int(r, "tp"), pp=pp, vpp=_int(r, "vpp"), cp=_int(r, "cp"), ep=_int(r, "ep"),
+                     etp=_int(r, "etp"), mbs=_int(r, "micro_batch"), recompute=recompute,
+                     recompute_modules=modules or 0, zero=1, layout=layout)
+        # 'Every 32 GB200 GPUs (8 nodes) are in the same NVL domain' (the source's header)
+        cluster = ClusterSpec(profile=profile, num_gpus=gpus, gpus_per_node=_int(r, "gpus_per_node"),
+                              headroom=MEMORY_HEADROOM, nvlink_domain=32)
+        step = megatron_flops_per_step(model, training, causal=True) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
+        out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, {},
+                        "TFLOP/s/GPU (MCore causal)", step, "MoE", (source, "deepseek-v3", profile.name, gpus, seq),
+                        (MXFP8_NOTE, "bf16 Adam moments priced as fp32 (memory only)",
+                         "HybridEP dispatcher priced as all-to-all; forced load balancing = no imbalance",
+                         "no MTP layer (the guide passes no MTP flag)", OVERLAP_NOTE)))
     return out
 
 
@@ -606,10 +693,10 @@ def all_rows() -> "list[Case | Unexpressed]":
     rows += refused_file("opt175b_2205.01068.csv", "opt-175b", "TP degree not stated; 'up to' peak figure")
     rows += refused_file("skywork_moe_2406.06563.csv", "skywork-moe", "model shapes, sequence length and batch "
                                                                       "not stated")
-    rows += refused_file("deepseek_v3_2412.19437.csv", "deepseek-v3", "H800 profile missing; DualPipe schedule; "
-                                                                      "run average over a batch ramp")
-    rows += refused_file("megatron_dsv3_gb200_optimization.csv", "mcore-dsv3-gb200",
-                         "no gb200 profile; pipeline layout string (Et|(tt|)*30L) not expressible")
+    rows += refused_file("deepseek_v3_2412.19437.csv", "deepseek-v3",
+                         "DualPipe schedule not modelled (bidirectional pipeline overlapping forward and backward "
+                         "chunks); run average over a batch ramp 3072 -> 15360; micro-batch not stated")
+    rows += dsv3_gb200()
     return rows
 
 
@@ -639,7 +726,7 @@ def _buildable(case: Case, plan: Plan) -> bool:
         return False
     if case.training.global_batch_size % (dp * plan.mbs):
         return False
-    if plan.pp > 1 and not plan.first_stage_layers and model.num_layers % (plan.pp * plan.vpp):
+    if plan.pp > 1 and not plan.first_stage_layers and not plan.layout and model.num_layers % (plan.pp * plan.vpp):
         return False
     if plan.vpp > 1 and plan.pp == 1:
         return False

@@ -27,8 +27,8 @@ from autopar.calibrate.profile_file import FlowRow, apply_fit, fit_measurements,
 from costmodels.hardware import HardwareProfile, parse_profile  # noqa: E402
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
-ORDER = ("a100-80gb", "a100-40gb", "h200-141gb", "h100-80gb", "b200-180gb")
-"""H200 before H100: H100 takes H200's all-gather / reduce-scatter points (EXTRAPOLATED)."""
+ORDER = ("a100-80gb", "a100-40gb", "h200-141gb", "h100-80gb", "b200-180gb", "h800-80gb", "gb200-186gb")
+"""H200 before H100: H100 takes H200's all-gather / reduce-scatter points (EXTRAPOLATED); B200 before GB200 likewise."""
 STAMP = "fitted by benchmarks/fit_microbench.py (autopar.calibrate.profile_file.fit_measurements, as `autopar " \
         "profile fit`)"
 
@@ -44,6 +44,15 @@ EXTRAPOLATED: dict[str, dict[str, Any]] = {
     "b200-180gb": {"ag_rs_from_all_reduce": (4, 5),
                    "why": RING_RULE + "; B200 all-reduce is ring (NCCL's default) at 4 and 5 GPUs "
                           "(nccl_points_nvls_vs_ring_ml_engineering.csv), NVLS from 6"},
+    "gb200-186gb": {"ag_rs_from_profile": "b200-180gb",
+                    "why": "GB200 and B200 share the Blackwell GPU, NVLink 5 (900 GB/s per direction) and its switch "
+                           "generation; all_gather/reduce_scatter are measured on neither GB200 file (the GB200 "
+                           "all-reduce rows are NVLS/MNNVL at 72 GPUs, not a ring)",
+                    "notes": {"collectives.ib.all_reduce": (
+                        "group sizes count NVL72 racks (NVLink domains), not 4-GPU trays; an effective per-GPU bus "
+                        "bandwidth of the inter-rack stage under costmodels.comm's pipelined hierarchical model: the "
+                        "20-rack all-reduce runs at half the one-rack bus bandwidth, which the model can only put "
+                        "on that stage; the 2-rack rows run at the rack's own rate, so they bound it from below")}},
 }
 
 
@@ -109,12 +118,53 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
                           f"bandwidth) ratio {balance:.2f}, {len(shapes)} {precision} shape(s) measured here")
     fit = fit_measurements(measurements, base, fixed_gemm=tuple(fixed_gemm))
     apply_fit(data, base, fit, measurements, STAMP, provenance, notes, fixed_gemm=tuple(fixed_gemm))
+    _hold_undetermined_link_alpha(data, base, measurements, provenance)
     if gemm_notes:
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
     _extrapolate(name, data, provenance, fitted, rule)
+    for key, note in rule.get("notes", {}).items():
+        if key in provenance:
+            provenance[key] += f" ({note})"
     data["provenance"] = provenance
     profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
     return profile, data, notes
+
+
+def _hold_undetermined_link_alpha(data: dict[str, Any], base: HardwareProfile, measurements, provenance: dict[str, str]
+                                  ) -> None:
+    """A link-level alpha fitted without a single message below ALPHA_FROM_BYTES_BELOW (every row in the bandwidth
+    regime, e.g. GB200's 512 MiB..8 GiB all-reduce and 200 MB copies, H800's DeepEP buffers) is not determined — the
+    per-collective fit's own rule (autopar.calibrate.fit): the base's alpha is kept and the bandwidth refitted with
+    it held (the same least squares through costmodels.comm.collective_time_s)."""
+    from autopar.calibrate.fit import ALPHA_FROM_BYTES_BELOW, LINK_BOUNDS, least_squares
+    from costmodels.comm import collective_time_s
+    from costmodels.hardware import LinkSpec
+
+    for link, spec in base.links.items():
+        rows = [c for c in measurements.collectives_on(link) if c.ranks_per_node == 1]
+        if not rows or min(c.bytes for c in rows) < ALPHA_FROM_BYTES_BELOW:
+            continue
+
+        def predict(params, spec=spec, rows=rows):
+            held = LinkSpec(bandwidth_bytes_per_s=params["bandwidth_bytes_per_s"], alpha_s=spec.alpha_s,
+                            nominal_bandwidth_bytes_per_s=spec.nominal_bandwidth_bytes_per_s)
+            return [float(collective_time_s(held, c.kind, c.bytes, c.group_size)) for c in rows]
+
+        result = least_squares(predict, [c.timing.median_s for c in rows],
+                               [{"bandwidth_bytes_per_s": spec.bandwidth_bytes_per_s}],
+                               bounds={"bandwidth_bytes_per_s": LINK_BOUNDS["bandwidth_bytes_per_s"]})
+        efficiency = min(1.0, result.params["bandwidth_bytes_per_s"] / spec.nominal_bandwidth_bytes_per_s)
+        data["links"][link]["alpha_us"] = round(spec.alpha_s * 1e6, 4)
+        data["links"][link]["bandwidth_efficiency"] = round(efficiency, 6)
+        smallest = min(c.bytes for c in rows) / 2**20
+        files = ", ".join(sorted({c.source for c in rows if c.source}))
+        provenance[f"links.{link}.alpha_us"] = (
+            f"base profile {base.name}, {spec.alpha_s * 1e6:g} us: not determined by {files} (the smallest "
+            f"single-link message there is {smallest:.0f} MiB, at or above the {ALPHA_FROM_BYTES_BELOW // 2**20} MiB "
+            "below which a fit reads latency)")
+        provenance[f"links.{link}.bandwidth_efficiency"] += (
+            f"; refitted with alpha held at the base value (not determined), rms residual "
+            f"{result.rms_relative_residual:.1%}")
 
 
 def _extrapolate(name: str, data: dict[str, Any], provenance: dict[str, str], fitted: dict[str, HardwareProfile],
@@ -189,7 +239,7 @@ def write(name: str, data: dict[str, Any]) -> None:
     header = "".join(line + "\n" for line in path.read_text(encoding="utf-8").splitlines()
                      if line.startswith("#"))
     header = header.split("\n# Collectives")[0].rstrip("\n") + "\n"
-    order = ["schema_version", "name", "display_name", "aliases", "gpus_per_node", "memory", "compute",
+    order = ["schema_version", "name", "display_name", "aliases", "gpus_per_node", "nvlink_domain_size", "memory", "compute",
              "elementwise", "overlap", "links", "collectives", "provenance"]
     ordered = {key: data[key] for key in order if key in data}
     ordered.update({key: value for key, value in data.items() if key not in ordered})

@@ -28,7 +28,9 @@ A100 = ("a100-80gb", "a100-40gb")
 H100 = ("h100-80gb",)
 H200 = ("h200-141gb",)
 B200 = ("b200-180gb",)
-PROFILES = (*A100, *H100, *H200, *B200)
+GB200 = ("gb200-186gb",)
+H800 = ("h800-80gb",)
+PROFILES = (*A100, *H100, *H200, *B200, *GB200, *H800)
 
 MIN_GEMM_IDEAL_S = 50e-6
 """GEMMs whose ideal time (2mnk at the dense peak) is below 50 µs are dominated by launch and tail effects — a 256³
@@ -37,9 +39,10 @@ per-op eager dispatch cost is ~11–18 µs (launch_overhead_small_gemm_dgxc_samp
 ~50 µs. The efficiency curve prices operand traffic, not launch latency (a per-kernel fixed cost is a separate
 term), so those rows are checked, not fitted."""
 
-PEAK_TFLOPS = {"bf16": {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0},
-               "fp8": {"H100": 1979.0, "H200": 1979.0, "B200": 4500.0}}
-"""Dense peaks of shared/reference/hardware.csv (the bundled profiles' compute.peak_tflops), for MIN_GEMM_IDEAL_S."""
+PEAK_TFLOPS = {"bf16": {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "H800": 989.0},
+               "fp8": {"H100": 1979.0, "H200": 1979.0, "B200": 4500.0, "GB200": 5000.0, "H800": 1979.0}}
+"""Dense peaks of shared/reference/hardware.csv (the bundled profiles' compute.peak_tflops; GB200 and H800 as their
+profiles state), for MIN_GEMM_IDEAL_S."""
 
 
 @dataclass(frozen=True)
@@ -147,13 +150,31 @@ def read_gcp_h100(path: Path) -> Iterator[Row]:
                   "GCP GPUDirect-TCPXO fabric, not the InfiniBand of the bundled profile")
 
 
+GB200_RACK_GPUS = 72
+"""GPUs of one GB200 NVL72 rack: one NVLink domain (the profile's nvlink_domain_size)."""
+
+
 def read_coreweave(path: Path) -> Iterator[Row]:
+    """IB + SHARP all-reduce on A100 (4 nodes) and H100 (12 nodes); GB200 NVL72: one rack (72 ranks) is an NVLink
+    collective (MNNVL), 2 and 20 racks span NVLink domains over IB, so the 'node' of the hierarchical model is the
+    rack's share of ranks (costmodels.comm): 72 per rack on 20 racks, 128 / 2 = 64 on 2 racks (ranks spread evenly
+    over the racks, assumed: the file gives 32 trays, not their split)."""
     for row in _csv(path):
         config = row["config"]
+        n = int(row["n_ranks"])
+        if config.startswith("GB200"):
+            racks = math.ceil(n / GB200_RACK_GPUS)
+            if racks == 1:
+                yield Row(GB200, _collective(path, "nvlink", "all_reduce", n, int(row["size_bytes"]),
+                                             float(row["oop_time_us"]) * 1e-6))
+            else:
+                yield Row(GB200, _collective(path, "ib", "all_reduce", n, int(row["size_bytes"]),
+                                             float(row["oop_time_us"]) * 1e-6, n // racks))
+            continue
         profiles = A100 if config.startswith("A100") else H100 if config.startswith("H100") else ()
         if not profiles:
-            continue  # GB200 NVL72: no bundled GB200 profile
-        n, per_node = int(row["n_ranks"]), int(row["gpus_per_node"])
+            continue
+        per_node = int(row["gpus_per_node"])
         yield Row(profiles, _collective(path, "ib", "all_reduce", n, int(row["size_bytes"]),
                                         float(row["oop_time_us"]) * 1e-6, per_node))
 
@@ -186,7 +207,7 @@ def read_deepep_internode(path: Path) -> Iterator[Row]:
 # ---- GEMMs ---------------------------------------------------------------------------------------------------------
 
 MAMF_GPUS = {"NVIDIA A100 SXM": ("A100", A100), "NVIDIA H100 SXM": ("H100", H100), "NVIDIA H200 SXM": ("H200", H200),
-             "NVIDIA B200 SXM": ("B200", B200)}
+             "NVIDIA B200 SXM": ("B200", B200), "NVIDIA GB200 SXM": ("GB200", GB200)}
 
 
 def read_mamf(path: Path) -> Iterator[Row]:
@@ -199,6 +220,8 @@ def read_mamf(path: Path) -> Iterator[Row]:
         yield Row(profiles, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"MAMF {row['accelerator']}"))
         if gpu == "H100" and precision == "bf16":  # the source: 'H200 is the same' (same GH100 compute die)
             yield Row(H200, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), "MAMF H100 SXM (same die)"))
+        if gpu == "H100":  # H800: the H100 SXM die and tensor-core rates, NVLink cut (microbench README 'H800 vs H100')
+            yield Row(H800, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), "MAMF H100 SXM (same die)"))
 
 
 def read_cublas_sweep(path: Path) -> Iterator[Row]:
@@ -229,11 +252,12 @@ def read_deepgemm(path: Path) -> Iterator[Row]:
         role, why = _gemm_role("H100", "fp8", m * int(row["groups"]), n, k)
         label = f"DeepGEMM {row['layout']} g{row['groups']}"
         measurement = _gemm(path, "fp8", m, n, k, float(row["tflops"]), label)
-        yield Row((*H100, *H200), measurement, role, why)
+        yield Row((*H100, *H200, *H800), measurement, role, why)
         if row["layout"].startswith("grouped"):
-            # H100 only: the roofline's memory part is a fraction of HBM bandwidth, and H800's HBM3 is H100's
-            # (3.35 TB/s), not H200's 4.8 TB/s; other GPUs take the fractions over (fit_microbench)
-            yield Row(H100, dataclasses.replace(measurement, kind="grouped_gemm"))
+            # H100 (and H800, the GPU measured): the roofline's memory part is a fraction of HBM bandwidth, and
+            # H800's HBM3 is H100's (3.35 TB/s), not H200's 4.8 TB/s; other GPUs take the fractions over
+            # (fit_microbench)
+            yield Row((*H100, *H800), dataclasses.replace(measurement, kind="grouped_gemm"))
 
 
 def read_swiglu(path: Path) -> Iterator[Row]:
@@ -241,6 +265,75 @@ def read_swiglu(path: Path) -> Iterator[Row]:
         measurement = _gemm(path, "bf16", int(row["M"]), int(row["N"]), int(row["K"]), float(row["tflops"]),
                             f"fp16 bmm d_ff={row['K']} ({row['row_kind']})")
         yield Row(H100, measurement, "check", "shape-alignment penalty (d_ff not a multiple of 64): not in the curve")
+
+
+def read_tilelang_h800(path: Path) -> Iterator[Row]:
+    """TileLang autotuned GEMMs on one H800 SXM, M = N = 8192, K = 256..16384, fp16 (the bf16 tensor-core rate) and
+    fp8: the only K sweep measured on H800. Not cuBLAS (what Megatron-Core calls), but within 4% of the H100 SXM MAMF
+    (cuBLAS) at large K, so it feeds H800's curve; the H100/H200 curves keep their cuBLAS/DeepGEMM sources."""
+    for row in _csv(path):
+        precision = "fp8" if row["dtype"].startswith("fp8") else "bf16"
+        m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+        role, why = _gemm_role("H800", precision, m, n, k)
+        yield Row(H800, _gemm(path, precision, m, n, k, float(row["tflops"]), f"TileLang {row['dtype']} K={k}"),
+                  role, why)
+
+
+P2P_TIMED_BYTES = 5 * 10_000_000 * 4
+"""cuda-samples p2pBandwidthLatencyTest `outputBandwidthMatrix`: numElems = 10,000,000 ints per cudaMemcpyPeerAsync,
+repeat = 5 back to back in one stream between two events; bandwidth = 40 MB x 5 / elapsed, so the timed span moves
+200 MB at the printed rate (one transfer's latency, not five)."""
+
+
+def read_p2p_matrices(path: Path) -> Iterator[Row]:
+    """Unidirectional P2P write between two GPUs (off-diagonal entries) as a 2-rank send_recv of the 200 MB timed.
+    GB200 tray: fitted (no NCCL send/recv or all-to-all measured on GB200; NVLink 5 is the same inside the tray and
+    across the rack). A100 / H100: checked only — their NVLink values are fitted to NCCL tables of the same nodes,
+    and a copy-engine write is not an NCCL kernel. H200 nvbandwidth and EFA rows: no size per copy, not used."""
+    for row in _csv(path):
+        if "p2pBandwidthLatencyTest" not in row["tool"] or row["src_gpu"] == row["dst_gpu"]:
+            continue
+        system = row["system"]
+        profiles = GB200 if system.startswith("GB200") else A100 if system.startswith("A100") else H100
+        seconds = _from_busbw("send_recv", 2, P2P_TIMED_BYTES, float(row["value_GBps"]))
+        measurement = _collective(path, "nvlink", "send_recv", 2, P2P_TIMED_BYTES, seconds)
+        if profiles is GB200:
+            yield Row(profiles, measurement)
+        else:
+            yield Row(profiles, measurement, "check", "copy-engine P2P write, not NCCL; this node's NVLink values "
+                                                      "are fitted to its NCCL tables")
+
+
+DEEPEP_DTYPE_BYTES = {"FP8": 1, "BF16": 2}
+
+
+def read_deepep_v1(path: Path) -> Iterator[Row]:
+    """The H100 rows (read_deepep_internode) and the H800 rows (read_deepep_h800) of the DeepEP V1 table."""
+    yield from read_deepep_internode(path)
+    yield from read_deepep_h800(path)
+
+
+def read_deepep_h800(path: Path) -> Iterator[Row]:
+    """DeepEP V1 normal (training) kernels on H800 as all-to-all: one rank's dispatch (FP8) or combine (BF16) buffer
+    of tokens x hidden x top-k elements (what costmodels.steptime passes as all-to-all bytes), timed at the printed
+    bottleneck bandwidth: t = buffer x (n-1)/n / bw on NVLink (EP 8, one node), t = buffer x (N-1)/N / bw over RDMA
+    (EP 16/32/64 on N = 2/4/8 nodes of 8: the off-node share on each GPU's NIC, costmodels.comm). The buffer size
+    only places the row in the bandwidth regime (alpha is not determined). The current (docs/legacy.md) figures are
+    fitted; the initial README's are checked only (superseded kernels), and so are the low-latency kernels
+    (128-token inference decoding, not what a training step runs)."""
+    for row in _csv(path):
+        ep, tokens, hidden, topk = (int(row[key]) for key in ("ep_ranks", "tokens_per_rank", "hidden", "topk"))
+        nodes = max(1, ep // 8)
+        link = "nvlink" if nodes == 1 else "ib"
+        low_latency = row["kernel"].startswith("low-latency")
+        role, why = ("fit", "") if row["readme_version"].startswith("current") and not low_latency else (
+            "check", "low-latency inference kernels (128 tokens)" if low_latency else
+            "initial README figures, superseded by the current kernels")
+        for phase, dtype in (("dispatch", row["dispatch_dtype"]), ("combine", row["combine_dtype"])):
+            buffer = tokens * hidden * topk * DEEPEP_DTYPE_BYTES[dtype]
+            group = ep if link == "nvlink" else nodes
+            seconds = buffer * float(algorithm_factor("all_to_all", group)) / (float(row[f"{phase}_bw_GBps"]) * 1e9)
+            yield Row(H800, _collective(path, link, "all_to_all", ep, buffer, seconds, 8), role, why)
 
 
 # ---- fused attention ------------------------------------------------------------------------------------------------
@@ -294,6 +387,25 @@ def read_fa3_h100(path: Path) -> Iterator[Row]:
                              float(at[("causal", "bwd")]["time_us"]) * 1e-6, f"FA3 H100 causal s={seq}")
 
 
+def read_cudnn_h200_gb200(path: Path) -> Iterator[Row]:
+    """The H200 rows (read_cudnn_h200) and the GB200 rows: same shapes and mask, bf16, one GB200 GPU, batch 2, the
+    non-deterministic backward (Transformer Engine's default; the deterministic rows are another kernel)."""
+    yield from read_cudnn_h200(path)
+    pairs: dict[tuple, dict[str, dict[str, str]]] = {}
+    for row in _csv(path):
+        if (row["gpu"] != "NVIDIA GB200" or row["dtype"] != "bfloat16" or row["model_preset"] != "llama3.1"
+                or row["deterministic_bwd"] == "True"):
+            continue
+        pairs.setdefault((row["attn_mask"], int(row["q_seqlen"])), {})[row["pass"]] = row
+    for (mask, seq), passes in sorted(pairs.items()):
+        if set(passes) != {"fwd", "bwd"}:
+            continue
+        forward, backward = passes["fwd"], passes["bwd"]
+        forward_s, backward_s = float(forward["time_ms"]) * 1e-3, float(backward["time_ms"]) * 1e-3
+        yield _attention(path, GB200, seq, int(forward["d_qk"]), float(forward["tflops"]) * 1e12 * forward_s,
+                         forward_s, backward_s, f"cuDNN SDPA GB200 {mask} s={seq}")
+
+
 def read_cudnn_b200(path: Path) -> Iterator[Row]:
     """cuDNN frontend graph SDPA on one B200, bf16, causal GQA d=128 (the kernel Transformer Engine calls); the other
     backends (PyTorch math / FA2) are not what Megatron-Core runs."""
@@ -316,28 +428,30 @@ TABLES = (
     Table("nccl_allreduce_h100_dgx_8gpu_dgxc.csv", read_dgxc_h100, "collectives.nvlink.all_reduce (H100 n=8)"),
     Table("nccl_allreduce_h100_gcp_a3mega_2node_ztan.csv", read_gcp_h100, "check only (TCPXO fabric)"),
     Table("nccl_allreduce_coreweave_gb200_h100_a100.csv", read_coreweave,
-          "collectives.ib.all_reduce (A100 4 nodes, H100 12 nodes; IB + SHARP)"),
+          "collectives.ib.all_reduce (A100 4 nodes, H100 12 nodes; IB + SHARP; GB200 2 and 20 racks), "
+          "collectives.nvlink.all_reduce (GB200 NVL72 rack, 72 GPUs)"),
     Table("nccl_sendrecv_a100_8gpu_liplus.csv", read_sendrecv_a100, "collectives.nvlink.send_recv (A100)"),
-    Table("moe_deepep_v1_dispatch_combine_h800.csv", read_deepep_internode,
-          "collectives.ib.all_to_all (H100: same CX7 400 Gb/s NIC; internode normal kernels only)"),
+    Table("moe_deepep_v1_dispatch_combine_h800.csv", read_deepep_v1,
+          "collectives.ib.all_to_all (H100: same CX7 400 Gb/s NIC; internode normal kernels only); H800: "
+          "collectives.nvlink.all_to_all (EP 8), collectives.ib.all_to_all (EP 16/32/64)"),
     Table("gemm_mamf_max_achievable_matmul_ml_engineering.csv", read_mamf,
-          "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, B200)"),
+          "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, H800, B200, GB200)"),
     Table("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", read_cublas_sweep,
           "compute.gemm_efficiency peak_fraction, half_saturation_dim (A100; H100 rows checked only)"),
     Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim, "
-          "grouped_peak_fraction, grouped_hbm_efficiency (H100, H200)"),
+          "grouped_peak_fraction, grouped_hbm_efficiency (H100, H200; H800 too)"),
+    Table("gemm_tilelang_h800_8192x8192xK.csv", read_tilelang_h800, "compute.gemm_efficiency (H800, bf16 and fp8)"),
     Table("gemm_fp16_swiglu_dff_alignment_h100_ml_engineering.csv", read_swiglu, "check only (alignment penalty)"),
-    Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200,
-          "compute.gemm_efficiency attention_* (H200; GB200 rows: no profile)"),
+    Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200_gb200,
+          "compute.gemm_efficiency attention_* (H200, GB200)"),
     Table("attention_fa3_h100_tritonbench_prs.csv", read_fa3_h100, "compute.gemm_efficiency attention_* (H100)"),
     Table("attention_sdpa_backends_b200_cudnn_frontend.csv", read_cudnn_b200, "compute.gemm_efficiency attention_* (B200)"),
+    Table("p2p_bandwidth_matrices_ml_engineering.csv", read_p2p_matrices,
+          "collectives.nvlink.send_recv (GB200 tray; A100/H100 checked only)"),
 )
 
 UNUSED = {
-    "p2p_bandwidth_matrices_ml_engineering.csv": "link bandwidth without message sizes or times (no collective "
-                                                 "time to fit); consistent with the fitted send_recv bandwidth",
     "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
-    "gemm_tilelang_h800_8192x8192xK.csv": "TileLang kernels, not cuBLAS",
     "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",
 }
 

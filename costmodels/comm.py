@@ -4,7 +4,10 @@ Placement follows Megatron-Core's rank order (`megatron/core/parallel_state.py`,
 numbered innermost first, tp, then cp, then dp, then pp for the dense layers; etp, ep, edp, pp for the expert layers.
 A group of `size` ranks spaced `stride` apart on nodes of G GPUs has min(size, G // stride) members on each node
 (1 when stride ≥ G). Nothing here says "TP inside a node": a group stays on NVLink only because of where its ranks
-fall, and is priced on InfiniBand when it spans nodes.
+fall, and is priced on InfiniBand when it spans nodes. "Node" here is an NVLink domain: one server on HGX/DGX
+systems, the job's share of a rack on GB200 NVL72 (72 GPUs on compute trays of 4 joined by NVLink switch trays;
+NCCL's MNNVL, `NCCL_MNNVL_ENABLE`), so G is `ClusterSpec.nvlink_domain_gpus`, and the `ib` group size of a
+profile's collectives counts domains.
 
 Link model (alpha–beta, DESIGN.md §4; Thakur et al. 2005 "Optimization of collective communication operations in
 MPICH" for the ring factors): time = alpha + bytes × factor / bandwidth, factor 2(n-1)/n for all-reduce,
@@ -155,11 +158,13 @@ class GroupPlacement:
         return self.nodes > 1
 
 
-def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", gpus_per_node: int) -> GroupPlacement:
-    """Group of `size` ranks spaced `stride` apart: min(size, G // stride) members per node, at least 1."""
+def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", domain_gpus: int) -> GroupPlacement:
+    """Group of `size` ranks spaced `stride` apart on NVLink domains of G = `domain_gpus` GPUs (a node, or the job's
+    share of a multi-node NVLink domain, ClusterSpec.nvlink_domain_gpus): min(size, G // stride) members per domain,
+    at least 1."""
     size = np.asarray(size, dtype=float)
     stride = np.maximum(np.asarray(stride, dtype=float), 1.0)
-    per_node = np.clip(np.floor(gpus_per_node / stride), 1.0, np.maximum(size, 1.0))
+    per_node = np.clip(np.floor(domain_gpus / stride), 1.0, np.maximum(size, 1.0))
     return GroupPlacement(size=np.broadcast_to(size, per_node.shape).astype(float), members_per_node=per_node)
 
 
@@ -188,37 +193,37 @@ def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement,
 
 # ---- the groups of a plan (Megatron rank order) ------------------------------------------------------------------
 
-def tp_group(plans, gpus_per_node: int) -> GroupPlacement:
+def tp_group(plans, domain_gpus: int) -> GroupPlacement:
     """Tensor parallel: innermost, consecutive ranks."""
-    return place_group(plans.tp, 1, gpus_per_node)
+    return place_group(plans.tp, 1, domain_gpus)
 
 
-def cp_group(plans, gpus_per_node: int) -> GroupPlacement:
+def cp_group(plans, domain_gpus: int) -> GroupPlacement:
     """Context parallel: stride tp."""
-    return place_group(plans.cp, plans.tp, gpus_per_node)
+    return place_group(plans.cp, plans.tp, domain_gpus)
 
 
-def dp_cp_group(plans, num_gpus: int, gpus_per_node: int) -> GroupPlacement:
+def dp_cp_group(plans, num_gpus: int, domain_gpus: int) -> GroupPlacement:
     """Gradient reduction of dense parameters: data parallel × context parallel (Megatron reduces over both),
     stride tp, size dp·cp = num_gpus / (tp·pp)."""
-    return place_group(num_gpus / (plans.tp * plans.pp), plans.tp, gpus_per_node)
+    return place_group(num_gpus / (plans.tp * plans.pp), plans.tp, domain_gpus)
 
 
-def etp_group(plans, gpus_per_node: int) -> GroupPlacement:
+def etp_group(plans, domain_gpus: int) -> GroupPlacement:
     """Expert tensor parallel: innermost of the expert-layer order."""
-    return place_group(plans.etp, 1, gpus_per_node)
+    return place_group(plans.etp, 1, domain_gpus)
 
 
-def ep_group(plans, gpus_per_node: int) -> GroupPlacement:
+def ep_group(plans, domain_gpus: int) -> GroupPlacement:
     """Expert parallel: stride etp."""
-    return place_group(plans.ep, plans.etp, gpus_per_node)
+    return place_group(plans.ep, plans.etp, domain_gpus)
 
 
-def edp_group(plans, num_gpus: int, gpus_per_node: int) -> GroupPlacement:
+def edp_group(plans, num_gpus: int, domain_gpus: int) -> GroupPlacement:
     """Expert data parallel: stride etp·ep, size num_gpus / (etp·ep·pp)."""
-    return place_group(num_gpus / (plans.etp * plans.ep * plans.pp), plans.etp * plans.ep, gpus_per_node)
+    return place_group(num_gpus / (plans.etp * plans.ep * plans.pp), plans.etp * plans.ep, domain_gpus)
 
 
-def pp_group(plans, num_gpus: int, gpus_per_node: int) -> GroupPlacement:
+def pp_group(plans, num_gpus: int, domain_gpus: int) -> GroupPlacement:
     """Pipeline: outermost, stride num_gpus / pp."""
-    return place_group(plans.pp, num_gpus / plans.pp, gpus_per_node)
+    return place_group(plans.pp, num_gpus / plans.pp, domain_gpus)

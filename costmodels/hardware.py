@@ -78,12 +78,21 @@ class HardwareProfile:
     """link -> collective -> regimes sorted by group size (section `collectives:`); empty where not measured, and
     then costmodels.comm uses the link's alpha and bandwidth."""
     gpus_per_node: int = 8
+    nvlink_domain_size: int = 0
+    """GPUs joined by one NVLink fabric (YAML `nvlink_domain_size`, optional; absent or 0: `gpus_per_node`, NVLink
+    stops at the node), more where an NVLink switch tray joins nodes — GB200 NVL72: 72 GPUs on 18
+    compute trays of 4 (Multi-Node NVLink). costmodels.comm prices a group inside one domain on NVLink, a group
+    spanning domains on NVLink inside each domain and InfiniBand between them (ClusterSpec.nvlink_domain_gpus)."""
     aliases: tuple[str, ...] = ()
     provenance: Mapping[str, str] = field(default_factory=dict)
     """For each field (dotted path as in the YAML): where its value comes from."""
     source_path: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Anything else the file holds (raw calibration measurements, fit residuals): kept, not interpreted."""
+
+    def __post_init__(self) -> None:
+        if not self.nvlink_domain_size:  # built in code without one: NVLink stops at the node
+            object.__setattr__(self, "nvlink_domain_size", self.gpus_per_node)
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_flops_per_s
@@ -237,8 +246,10 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     if not isinstance(provenance, dict):
         raise InputError("profile", f"{origin}: provenance must be a mapping of field -> source")
     _check_overlap(reader, data.get("overlap"))
-    known_keys = {"schema_version", "name", "display_name", "aliases", "gpus_per_node", "memory", "compute", "links",
-                  "collectives", "provenance"}
+    known_keys = {"schema_version", "name", "display_name", "aliases", "gpus_per_node", "nvlink_domain_size", "memory",
+                  "compute", "links", "collectives", "provenance"}
+    gpus_per_node = int(reader.number("gpus_per_node", upper=MAX_NUM_GPUS))
+    nvlink_domain_size = _nvlink_domain_size(reader, data, gpus_per_node)
     return HardwareProfile(
         name=reader.string("name"),
         display_name=str(data.get("display_name", data.get("name"))),
@@ -251,12 +262,25 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         collectives=_collectives(reader, data.get("collectives")),
         memory_overheads_bytes={str(k): reader.number(f"memory.overheads_gib.{k}", allow_zero=True) * GIB
                                 for k in reader.mapping("memory.overheads_gib")},
-        gpus_per_node=int(reader.number("gpus_per_node", upper=MAX_NUM_GPUS)),
+        gpus_per_node=gpus_per_node,
+        nvlink_domain_size=nvlink_domain_size,
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
         source_path=origin,
         extra={k: v for k, v in data.items() if k not in known_keys},
     )
+
+
+def _nvlink_domain_size(reader: "_Reader", data: dict, gpus_per_node: int) -> int:
+    """The optional `nvlink_domain_size`: whole nodes (a multiple of gpus_per_node); absent = one node."""
+    if "nvlink_domain_size" not in data:
+        return gpus_per_node
+    size = reader.number("nvlink_domain_size", upper=MAX_NUM_GPUS)
+    if size != int(size) or int(size) % gpus_per_node:
+        raise InputError("profile", f"{reader.origin}: field nvlink_domain_size must be a whole multiple of "
+                                    f"gpus_per_node={gpus_per_node} (an NVLink domain is whole nodes), got "
+                                    f"{data['nvlink_domain_size']!r}")
+    return int(size)
 
 
 def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[CollectivePoint, ...]]]:

@@ -154,7 +154,7 @@ def layout_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   + steptime.optimizer_s(model, cluster, plans, stage))
         memory_bytes = memory.total_bytes(memory.memory_terms_bytes(model, cluster, training, plans, stage))
         one = plans.take([0])
-        p2p_s = float(p2p_time_s(model, cluster.profile, training, one, cluster.num_gpus, cluster.gpus_per_node,
+        p2p_s = float(p2p_time_s(model, cluster.profile, training, one, cluster.num_gpus, cluster.nvlink_domain_gpus,
                                  microbatches[:1])[0])
     return LayoutTables(
         plan=plan, num_layers=model.num_layers, num_moe_layers=num_moe,
@@ -273,7 +273,7 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         optimizer_s = steptime.optimizer_s(model, cluster, rank_plans, rank_stage)
         memory_terms = memory.memory_terms_bytes(model, cluster, training, rank_plans, rank_stage)
         p2p_s = float(p2p_time_s(model, cluster.profile, training, rank_plans.take([0]), cluster.num_gpus,
-                                 cluster.gpus_per_node, microbatches[:1])[0])
+                                 cluster.nvlink_domain_gpus, microbatches[:1])[0])
     stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + piece.ep_comm_s
     rank_s = np.array([stage_s[r::pp].sum() for r in range(pp)])
     largest = np.array([stage_s[r::pp].max() for r in range(pp)])

@@ -40,16 +40,17 @@ def p2p_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np
 
 
 def p2p_time_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
-               num_gpus: int, gpus_per_node: int, microbatches: np.ndarray) -> np.ndarray:
+               num_gpus: int, nvlink_domain_gpus: int, microbatches: np.ndarray) -> np.ndarray:
     """Transfers on the critical path of a step: each rank sends forward and backward once per chunk per
     microbatch (2·v·m, arXiv 2104.04473 §2.2.2: interleaving multiplies communication by v) plus the 2(p-1)
     of the pipeline's fill and drain; on InfiniBand as soon as the pipeline spans nodes (the slowest boundary
     sets the pace), else NVLink. Without SP each transfer is followed by the TP all-gather of the scatter/gather
     optimisation (§4.1). Megatron's 1F1B blocks on these transfers, so they are not hidden."""
-    placement = pp_group(plans, num_gpus, gpus_per_node)
+    placement = pp_group(plans, num_gpus, nvlink_domain_gpus)
     shard_bytes = p2p_bytes(model, training, plans)
     one = group_collective_time_s(profile, placement, "send_recv", shard_bytes)
-    regather = group_collective_time_s(profile, tp_group(plans, gpus_per_node), "all_gather", shard_bytes * plans.tp)
+    regather = group_collective_time_s(profile, tp_group(plans, nvlink_domain_gpus), "all_gather",
+                                       shard_bytes * plans.tp)
     one = one + np.where(plans.sp, 0.0, regather)
     transfers = 2.0 * (plans.vpp * microbatches + plans.pp - 1)
     return np.where(plans.pp > 1, transfers * one, 0.0)

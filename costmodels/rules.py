@@ -164,16 +164,18 @@ def _explain_experts(problem: Problem, plan: Plan) -> str:
 
 
 def _tp_node(problem: Problem, p: PlanArrays) -> np.ndarray:
-    node = problem.cluster.gpus_per_node
+    node = problem.cluster.nvlink_domain_gpus  # a node, or the job's share of a multi-node NVLink domain (NVL72)
     return (p.tp <= node) & (node % p.tp == 0) & (p.etp <= node) & (node % p.etp == 0)
 
 
 def _explain_tp_node(problem: Problem, plan: Plan) -> str:
-    node = problem.cluster.gpus_per_node
+    node = problem.cluster.nvlink_domain_gpus
+    what = (f"gpus_per_node={node}" if node == problem.cluster.gpus_per_node else
+            f"the job's NVLink domain of {node} GPUs")
     if plan.tp > node or node % plan.tp:
-        return (f"tp={plan.tp} must divide gpus_per_node={node} (TP stays inside a node's NVLink domain; "
+        return (f"tp={plan.tp} must divide {what} (TP stays inside a node's NVLink domain; "
                 "the guide: beyond 8 use PP)")
-    return (f"etp={plan.etp} must divide gpus_per_node={node} (expert TP stays inside a node's NVLink domain; "
+    return (f"etp={plan.etp} must divide {what} (expert TP stays inside a node's NVLink domain; "
             "use EP across nodes)")
 
 

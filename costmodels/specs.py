@@ -270,9 +270,23 @@ class TrainingSpec:
         return self.seq_len * self.global_batch_size
 
 
+def job_nvlink_domain_gpus(num_gpus: int, gpus_per_node: int, profile_domain: int) -> int:
+    """GPUs of a job in one NVLink domain when the user does not say: a node where NVLink stops at the node; on a
+    multi-node NVLink system (GB200 NVL72, a domain of 72 GPUs on trays of 4) the largest whole number of nodes,
+    at most one domain, that splits the job evenly — the job fills every domain it uses alike, as rank order
+    (Megatron-Core's parallel_state: consecutive ranks, tp innermost) only keeps power-of-two groups inside a domain
+    when each domain holds the same count (256 GPUs on NVL72 racks: 64 per rack, not 72 + 72 + 72 + 40)."""
+    if profile_domain <= gpus_per_node or num_gpus <= gpus_per_node:
+        return gpus_per_node
+    if num_gpus <= profile_domain:
+        return num_gpus
+    return max(d for d in range(gpus_per_node, profile_domain + 1, gpus_per_node) if num_gpus % d == 0)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """GPUs of one type, `gpus_per_node` to a node (NVLink inside, InfiniBand between)."""
+    """GPUs of one type, `gpus_per_node` to a node, `nvlink_domain_gpus` to one NVLink fabric (a node, or more on a
+    multi-node NVLink system); NVLink inside a domain, InfiniBand between domains."""
 
     profile: HardwareProfile
     num_gpus: int
@@ -280,6 +294,8 @@ class ClusterSpec:
     """0 means the profile's default (8 for every bundled GPU)."""
     headroom: float = 0.2
     """Fraction of HBM kept free for fragmentation and framework overhead (the guide's 20%)."""
+    nvlink_domain: int = 0
+    """GPUs of this job on one NVLink fabric as stated (--nvlink-domain-gpus); 0 = by rule (`nvlink_domain_gpus`)."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.num_gpus, "num_gpus")
@@ -293,6 +309,30 @@ class ClusterSpec:
         require(self.num_gpus <= self.gpus_per_node or self.num_gpus % self.gpus_per_node == 0, "num_gpus",
                 f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}; "
                 "use whole nodes or set --gpus-per-node")
+        require_non_negative_int(self.nvlink_domain, "nvlink_domain_gpus")
+        domain, largest = self.nvlink_domain_gpus, self._largest_nvlink_domain
+        require(domain % self.gpus_per_node == 0 and self.gpus_per_node <= domain <= largest, "nvlink_domain_gpus",
+                f"nvlink_domain_gpus={domain} must be whole nodes of {self.gpus_per_node} GPUs within one NVLink "
+                f"domain of {largest} ({self.profile.name})")
+        require(self.num_gpus <= domain or self.num_gpus % domain == 0, "nvlink_domain_gpus",
+                f"num_gpus={self.num_gpus} is not a multiple of nvlink_domain_gpus={domain}; give the same number "
+                "of GPUs in every NVLink domain")
+
+    @property
+    def _largest_nvlink_domain(self) -> int:
+        """NVLink reaches beyond the node only where the profile says so (GB200 NVL72); elsewhere the node is the
+        domain, whatever --gpus-per-node says."""
+        profile = self.profile
+        spans = profile.nvlink_domain_size > profile.gpus_per_node
+        return max(profile.nvlink_domain_size if spans else 0, self.gpus_per_node)
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs of this job on one NVLink fabric: where collectives switch from NVLink to InfiniBand
+        (costmodels.comm). As stated, else one node where NVLink stops at the node, or on a multi-node NVLink system
+        (GB200 NVL72) the job's share of one domain by the rule of `job_nvlink_domain_gpus`."""
+        return self.nvlink_domain or job_nvlink_domain_gpus(self.num_gpus, self.gpus_per_node,
+                                                             self._largest_nvlink_domain)
 
     @property
     def num_nodes(self) -> int:

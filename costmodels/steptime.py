@@ -187,7 +187,7 @@ def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
             group_collective_time_s(profile, placement, "reduce_scatter", bytes_)
         return np.where(plans.sp, split_s, reduce_s)
 
-    tp_block = block_s(tp_group(plans, cluster.gpus_per_node), activation_bytes)
+    tp_block = block_s(tp_group(plans, cluster.nvlink_domain_gpus), activation_bytes)
     etp_block = np.zeros(len(plans))
     if model.moe is not None:
         etp_block = expert_tp_block_s(model, cluster, training, plans, block_s, activation_bytes)
@@ -234,7 +234,7 @@ def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     Engine's userbuffers (which wrap the qkv/proj/fc1/fc2 linear layers), so --tp-comm-overlap does not hide them."""
     assert model.moe is not None
     expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
-    return block_s(etp_group(plans, cluster.gpus_per_node), expert_bytes)
+    return block_s(etp_group(plans, cluster.nvlink_domain_gpus), expert_bytes)
 
 
 def tp_overlap_exposed_s(comm_s: np.ndarray, linear_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:
@@ -255,7 +255,7 @@ def cp_exchange_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     else:
         kv_width = np.maximum(2.0 * model.kv_size / plans.tp, 2.0 * model.head_dim)  # kv heads replicate past tp
     kv_bytes = plans.mbs * (training.seq_len / plans.cp) * kv_width * ACTIVATION_BYTES
-    placement = cp_group(plans, cluster.gpus_per_node)
+    placement = cp_group(plans, cluster.nvlink_domain_gpus)
     steps = plans.cp - 1.0
     core_step_s = attention_core_fwd_s / plans.cp
     forward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", kv_bytes)
@@ -301,7 +301,7 @@ def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
         return np.zeros(len(plans))
     tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
-    return group_collective_time_s(cluster.profile, ep_group(plans, cluster.gpus_per_node), "all_to_all", bytes_)
+    return group_collective_time_s(cluster.profile, ep_group(plans, cluster.nvlink_domain_gpus), "all_to_all", bytes_)
 
 
 def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -352,8 +352,8 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     traffic per step (see dp_comm_s for the collectives and their sources); reads the structure knobs only."""
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
-    dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
-    expert_group = edp_group(plans, cluster.num_gpus, cluster.gpus_per_node)
+    dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
+    expert_group = edp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     sharded = plans.zero >= 1
 
     def traffic_s(dense, expert):
@@ -483,7 +483,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
         })
     if "pp_p2p" in names:
         terms["pp_p2p"] = per_knobs(plans, TERM_KNOBS["pp_p2p"], lambda sub: p2p_time_s(
-            model, profile, training, sub, cluster.num_gpus, cluster.gpus_per_node,
+            model, profile, training, sub, cluster.num_gpus, cluster.nvlink_domain_gpus,
             num_microbatches(sub, cluster.num_gpus, training.global_batch_size)),
             key=("pp_p2p", id(model), id(cluster), id(training)))
     if "dp_comm" in names:

@@ -285,6 +285,8 @@ def test_bundled_profiles_reproduce_the_tables_they_were_fitted_to(file, median_
     tables = _tables()
     from benchmarks.fidelity_microbench import errors
     rows = list(next(t for t in tables.TABLES if t.file == file).read(tables.microbench_dir() / file))
+    # the GB200 / H800 rows of shared files have their own limits (tests/test_gb200_h800_profiles.py)
+    rows = [row for row in rows if row.profiles[0] not in (*tables.GB200, *tables.H800)]
     found = errors(rows, {name: load_profile(name) for name in tables.PROFILES}, "fit")
     assert found.size > 0
     assert np.median(found) <= median_limit and np.max(found) <= max_limit, (np.median(found), np.max(found))

@@ -132,7 +132,8 @@ def test_declared_knobs_are_all_the_shared_functions_read():
                     for v in vars(steptime.stage_microbatch(model, cluster, training, p, times, stage, comm)).values()]
 
         def p2p(p):
-            return [pipeline.p2p_time_s(model, cluster.profile, training, p, cluster.num_gpus, cluster.gpus_per_node,
+            return [pipeline.p2p_time_s(model, cluster.profile, training, p, cluster.num_gpus,
+                                        cluster.nvlink_domain_gpus,
                                         num_microbatches(p, cluster.num_gpus, training.global_batch_size))]
 
         def gradient_sync(p):

@@ -434,8 +434,10 @@ def _regime_guesses(members: Sequence[CollectiveMeasurement], kind: str, count: 
     for i, band in enumerate(bands):
         small, large = members[band[0]], members[band[-1]]
         read_off[f"alpha_s_{i}"] = small.timing.median_s * 0.8
-        read_off[f"bandwidth_{i}"] = float(large.bytes * algorithm_factor(kind, large.group_size)
-                                           / large.timing.median_s)
+        # the bytes this link's stage moves (an ib row spanning nodes: each local rank's share among the nodes,
+        # costmodels.comm), so the start point is this link's bus bandwidth, not the whole group's
+        wire = large.bytes / large.ranks_per_node * algorithm_factor(kind, large.group_size_on_link)
+        read_off[f"bandwidth_{i}"] = float(wire / large.timing.median_s)
     base = {**{f"alpha_s_{i}": alpha0 * (1 + i) for i in range(count)},
             **{f"bandwidth_{i}": bandwidth0 * (0.5 + 0.5 * i) for i in range(count)}}
     keep = [name for i in range(count) for name in (f"alpha_s_{i}", f"bandwidth_{i}")

@@ -63,7 +63,10 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpus", "--num-gpus", dest="num_gpus", type=integer, default=None, metavar="N",
                        help="number of GPUs; default one node (the profile's GPUs per node)")
     group.add_argument("--gpus-per-node", type=integer, default=None, metavar="N",
-                       help="GPUs per node (NVLink domain), >= 1; default from the profile (8)")
+                       help="GPUs per node, >= 1; default from the profile (8; 4 on GB200)")
+    group.add_argument("--nvlink-domain-gpus", type=integer, default=None, metavar="N",
+                       help="GPUs of the job on one NVLink fabric, whole nodes; default: one node, or on GB200 NVL72 "
+                            "the largest even share of a 72-GPU rack (64 of 256 GPUs)")
     group.add_argument("--headroom", type=number, default=0.2, metavar="FRACTION",
                        help="fraction of GPU memory kept free, in [0, 1); default 0.2 (the guide's 20%%)")
     group.add_argument("--profile", default=None, metavar="FILE",
@@ -191,8 +194,12 @@ def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -
         num_gpus = args.num_gpus
     elif num_gpus is None:
         num_gpus = gpus_per_node or profile.gpus_per_node
+    domain = getattr(args, "nvlink_domain_gpus", None)
+    if domain is not None and domain < 1:
+        raise InputError("nvlink_domain_gpus", f"must be a positive whole number, got {domain}; leave "
+                                               "--nvlink-domain-gpus out for the profile's")
     return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node or 0,
-                       headroom=args.headroom)
+                       headroom=args.headroom, nvlink_domain=domain or 0)
 
 
 def training_from_args(args: argparse.Namespace) -> "TrainingSpec":

@@ -31,11 +31,18 @@ def profile_rows() -> list[dict[str, Any]]:
             "name": profile.name, "display_name": profile.display_name, "aliases": list(profile.aliases),
             "hbm_bytes": profile.hbm_bytes, "hbm_bandwidth_bytes_per_s": profile.hbm_bandwidth_bytes_per_s,
             "peak_flops_per_s": dict(profile.peak_flops_per_s), "gpus_per_node": profile.gpus_per_node,
+            "nvlink_domain_size": profile.nvlink_domain_size,
             "links": {kind: {"nominal_bandwidth_bytes_per_s": link.nominal_bandwidth_bytes_per_s,
                              "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "alpha_s": link.alpha_s}
                       for kind, link in profile.links.items()},
         })
     return rows
+
+
+def _node_cell(row: dict[str, Any]) -> str:
+    """GPUs per node, and the NVLink domain where it spans nodes (GB200 NVL72: '4, NVLink 72')."""
+    node, domain = row["gpus_per_node"], row["nvlink_domain_size"]
+    return str(node) if domain == node else f"{node}, NVLink {domain}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
                       f"{peak['bf16'] / 1e12:g}", f"{peak['fp8'] / 1e12:g}" if "fp8" in peak else "-",
                       f"{row['links']['nvlink']['nominal_bandwidth_bytes_per_s'] / 1e9:g}",
                       f"{row['links']['ib']['nominal_bandwidth_bytes_per_s'] * 8 / 1e9:g}",
-                      str(row["gpus_per_node"]), ", ".join(row["aliases"]))
+                      _node_cell(row), ", ".join(row["aliases"]))
     Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(table)
     return 0

@@ -25,6 +25,8 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     if "moe" in m:
         shape += f", {m['moe']['num_experts']} experts top-{m['moe']['top_k']}"
     nodes = f"{c['num_nodes']} node{'s' if c['num_nodes'] > 1 else ''} of {c['gpus_per_node']}"
+    if c.get("nvlink_domain_gpus", c["gpus_per_node"]) != c["gpus_per_node"]:   # GB200 NVL72: NVLink spans nodes
+        nodes += f", NVLink domains of {c['nvlink_domain_gpus']}"
     cluster_text = (f"{c['num_gpus']} × {c['gpu_display_name']} ({nodes}), limit {format_gib(c['memory_limit_bytes'])} "
                     f"per GPU ({1 - c['headroom']:.0%} of {format_gib(c['hbm_bytes'], 0)} HBM) "
                     f"[{c['profile_source']}]")

@@ -7,13 +7,13 @@ model), and values the search bounds on purpose; every bound below is documented
 
 | knob | candidates |
 |---|---|
-| tp | divisors of num_gpus that divide the attention and KV heads; with the `tp_node` rule on, also divide gpus_per_node |
+| tp | divisors of num_gpus that divide the attention and KV heads; with the `tp_node` rule on, also divide the NVLink domain (a node; more on GB200 NVL72) |
 | pp | divisors of num_gpus, at most num_layers |
 | first/last_stage_layers | per pp, see `layer_splits` (0 = same as the middle stages) |
 | vpp | 1..8 (default bound `vpp <= 8`) |
 | cp | powers of two dividing num_gpus with seq_len % (2·cp) == 0 and at least 128 tokens per rank |
 | ep | divisors of num_experts that divide num_gpus (1 for dense models) |
-| etp | MoE: divisors of gpus_per_node that divide num_gpus; dense: always equal to tp (no expert layers) |
+| etp | MoE: divisors of the NVLink domain that divide num_gpus; dense: always equal to tp (no expert layers) |
 | mbs | divisors of the global batch, at most 16 (default bound `mbs <= 16`) |
 | sp | off, on |
 | recompute, recompute_layers, recompute_modules | none; selective with the module sets of `selective_module_sets` (Megatron-Core --recompute-modules); full of all layers (0); full of the first r layers of each chunk (Megatron's block method) for r in 1,2,3,4,6,8,12,16,24,32,48,64 below the largest chunk |
@@ -287,7 +287,7 @@ def _within(values: Sequence[int], knob: str, controls: Controls) -> tuple[int, 
 def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 controls: Controls = Controls()) -> SearchSpace:
     n = cluster.num_gpus
-    node = cluster.gpus_per_node
+    node = cluster.nvlink_domain_gpus  # tp_node: a node, or the job's share of a multi-node NVLink domain
     relaxed = set(controls.relax)
     gpu_divisors = divisors(n)
 
