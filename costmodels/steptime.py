@@ -109,6 +109,54 @@ def _candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
     return [np.zeros_like(last), np.minimum(1, last), np.maximum(last - 1, 0), last]
 
 
+LAYER_KNOBS: tuple[str, ...] = ("tp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_modules")
+"""What one layer's times (compute.layer_times_s) and collectives (`layer_comm_s`) read: not the pipeline (pp, vpp,
+the split), ZeRO or recompute_layers, which enter only through the stage functions that scale them by the stage's
+layer counts. A search evaluates them once per distinct combination (costmodels.structure.per_knobs)."""
+
+
+@dataclass(frozen=True)
+class LayerComm:
+    """Seconds per microbatch of one decoder layer's collectives, before the stage functions scale them by the
+    stage's layers and recompute passes (tp_comm_s, cp_comm_s, ep_all_to_all_s cite the sources)."""
+
+    tp_block_s: np.ndarray
+    """One TP block's collectives (2 all-reduces, or with SP an all-gather + reduce-scatter) on the tp group."""
+    etp_block_s: np.ndarray
+    """The same for a routed-expert block on the etp group (0 for a dense model)."""
+    tp_gather_s: np.ndarray
+    """One SP all-gather on the tp group (with --tp-comm-overlap each hides behind its own GEMM)."""
+    tp_scatter_s: np.ndarray
+    """One SP reduce-scatter on the tp group."""
+    cp_forward_s: np.ndarray
+    """Exposed CP ring exchange of one layer's forward pass."""
+    cp_backward_s: np.ndarray
+    """... and of its backward pass."""
+    ep_all_to_all_s: np.ndarray
+    """One EP all-to-all (a dispatch or a combine) of one MoE layer (0 for a dense model)."""
+
+
+def layer_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                 times: compute_model.LayerTimes) -> LayerComm:
+    tp_block, etp_block, gather, scatter = tp_block_s(model, cluster, training, plans)
+    cp_forward, cp_backward = cp_exchange_s(model, cluster, training, plans, times.attention_core_fwd_s,
+                                            times.core_backward_s(training))
+    return LayerComm(tp_block_s=tp_block, etp_block_s=etp_block, tp_gather_s=gather, tp_scatter_s=scatter,
+                     cp_forward_s=cp_forward, cp_backward_s=cp_backward,
+                     ep_all_to_all_s=ep_all_to_all_one_s(model, cluster, training, plans))
+
+
+def layer_pieces(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
+                 ) -> tuple[compute_model.LayerTimes, LayerComm]:
+    """One layer's times and collectives, per plan: evaluated once per distinct LAYER_KNOBS combination of a search
+    (costmodels.structure.per_knobs), or directly."""
+    def evaluate(sub: PlanArrays) -> tuple[compute_model.LayerTimes, LayerComm]:
+        times = compute_model.layer_times_s(model, cluster.profile, training, sub)
+        return times, layer_comm_s(model, cluster, training, sub, times)
+
+    return per_knobs(plans, LAYER_KNOBS, evaluate, key=("layer_pieces", id(model), id(cluster), id(training)))
+
+
 def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, times: compute_model.LayerTimes,
                     stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward, backward, recompute) seconds per microbatch on `stage`: layer GEMM times × layers on the stage,
@@ -135,23 +183,13 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     return forward, backward, recompute
 
 
-def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray, overlap: "compute_model.TpOverlapGemms | None" = None) -> np.ndarray:
-    """Exposed TP/SP collectives per microbatch on `stage`.
-
-    Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
-    and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
-    volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
-    MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group.
-    With `training.tp_comm_overlap` (and SP) each collective of a TP block hides behind the one GEMM it is fused with
-    (`overlap`, see `tp_block_overlapped_s`); the routed experts' etp collectives are not userbuffer-fused and stay
-    exposed. The profile's `overlap.tp_comm` fraction (default 0) applies on top, for calibrated profiles.
-    """
+def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tp block, etp block, tp all-gather, tp reduce-scatter) seconds of one TP block's collectives (see tp_comm_s):
+    2 all-reduces of the b·(s/cp)·h activation, or with SP an all-gather + reduce-scatter of the same volume (each
+    also returned alone, for --tp-comm-overlap); a routed-expert block moves top_k·etp/tp of it (× the load factor)
+    on the etp group (0 for a dense model)."""
     profile = cluster.profile
-    layers = layers_on_stage(model.num_layers, plans, stage)
-    moe_layers = moe_layers_on_stage(model, plans, stage)
-    recomputed = compute_model.recomputed_layer_fraction(plans, layers)
-    per_block = 2.0 + recomputed                               # fwd + bwd (+ recomputed fwd) per TP block
     activation_bytes = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES
 
     def block_s(placement, bytes_):
@@ -162,15 +200,42 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     tp_placement = tp_group(plans, cluster.nvlink_domain_gpus)
     tp_block = block_s(tp_placement, activation_bytes)
+    gather_s = group_collective_time_s(profile, tp_placement, "all_gather", activation_bytes)
+    scatter_s = group_collective_time_s(profile, tp_placement, "reduce_scatter", activation_bytes)
+    etp_block = np.zeros(len(plans))
+    if model.moe is not None:
+        etp_block = expert_tp_block_s(model, cluster, training, plans, block_s, activation_bytes)
+    return tp_block, etp_block, gather_s, scatter_s
+
+
+def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray, overlap: "compute_model.TpOverlapGemms | None" = None,
+              comm: "LayerComm | None" = None) -> np.ndarray:
+    """Exposed TP/SP collectives per microbatch on `stage`.
+
+    Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
+    and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
+    volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
+    MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group.
+    One block of each is `tp_block_s` (`comm` when given).
+    With `training.tp_comm_overlap` (and SP) each collective of a TP block hides behind the one GEMM it is fused with
+    (`overlap`, see `tp_block_overlapped_s`); the routed experts' etp collectives are not userbuffer-fused and stay
+    exposed. The profile's `overlap.tp_comm` fraction (default 0) applies on top, for calibrated profiles.
+    """
+    profile = cluster.profile
+    tp_block, etp_block, gather_s, scatter_s = (
+        (comm.tp_block_s, comm.etp_block_s, comm.tp_gather_s, comm.tp_scatter_s) if comm is not None
+        else tp_block_s(model, cluster, training, plans))
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    moe_layers = moe_layers_on_stage(model, plans, stage)
+    recomputed = compute_model.recomputed_layer_fraction(plans, layers)
+    per_block = 2.0 + recomputed                               # fwd + bwd (+ recomputed fwd) per TP block
     # attention blocks, dense-MLP blocks, and the shared-expert MLP of MoE layers: Megatron-Core's SharedExpertMLP is
     # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
     has_shared = model.moe is not None and bool(model.moe.num_shared_experts)
     shared_expert_blocks = moe_layers if has_shared else 0.0
     total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
     if training.tp_comm_overlap and overlap is not None:
-        gather_s = group_collective_time_s(profile, tp_placement, "all_gather", activation_bytes)
-        scatter_s = group_collective_time_s(profile, tp_placement, "reduce_scatter", activation_bytes)
-
         def block(in_s, out_s):
             return tp_block_overlapped_s(gather_s, scatter_s, in_s, out_s, plans.tp, recomputed)
 
@@ -179,8 +244,7 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                   + (moe_layers * block(overlap.shared_in_s, overlap.shared_out_s) if has_shared else 0.0))
         total = np.where(plans.sp & (plans.tp > 1), hidden, total)
     if model.moe is not None:
-        total = total + per_block * moe_layers * expert_tp_block_s(model, cluster, training, plans, block_s,
-                                                                   activation_bytes)
+        total = total + per_block * moe_layers * etp_block
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total
 
 
@@ -218,15 +282,12 @@ def tp_overlap_exposed_s(comm_s: np.ndarray, gemm_s: "np.ndarray | float", tp: n
     return first_chunk + np.maximum(0.0, comm_s - first_chunk - gemm_s)
 
 
-def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray, attention_core_fwd_s: np.ndarray,
-              attention_core_bwd_s: "np.ndarray | None" = None) -> np.ndarray:
-    """Exposed CP ring exchange per microbatch on `stage` (ring attention, Liu et al. arXiv 2310.01889; Megatron-Core
-    `transformer/dot_product_attention` CP via TE): cp-1 steps per layer, each sending the local K and V chunk
-    (b·(s/cp)·2·g·d/tp, bf16) forward and K, V plus their gradients backward, each step overlapped with one
-    chunk of attention core compute: exposed (cp-1)·max(0, t_send - t_core/cp) per pass."""
+def cp_exchange_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                  attention_core_fwd_s: np.ndarray, attention_core_bwd_s: "np.ndarray | None" = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) exposed CP ring exchange of one layer per microbatch (see cp_comm_s); the backward steps
+    hide behind the core's backward (its own kernel rate where given, else 2 × the forward)."""
     profile = cluster.profile
-    layers = layers_on_stage(model.num_layers, plans, stage)
     if model.mla is not None:
         kv_width = model.num_attention_heads * (model.mla.qk_head_dim + model.mla.v_head_dim) / plans.tp
     else:
@@ -241,14 +302,29 @@ def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                        else attention_core_bwd_s) / plans.cp
     backward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", 2.0 * kv_bytes)
                                   - core_bwd_step_s)
+    return forward, backward
+
+
+def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              stage: np.ndarray, attention_core_fwd_s: np.ndarray, attention_core_bwd_s: "np.ndarray | None" = None,
+              comm: "LayerComm | None" = None) -> np.ndarray:
+    """Exposed CP ring exchange per microbatch on `stage` (ring attention, Liu et al. arXiv 2310.01889; Megatron-Core
+    `transformer/dot_product_attention` CP via TE): cp-1 steps per layer, each sending the local K and V chunk
+    (b·(s/cp)·2·g·d/tp, bf16) forward and K, V plus their gradients backward, each step overlapped with one
+    chunk of attention core compute: exposed (cp-1)·max(0, t_send - t_core/cp) per pass (one layer's passes:
+    `cp_exchange_s`, `comm` when given); recomputed layers repeat the forward pass."""
+    forward, backward = ((comm.cp_forward_s, comm.cp_backward_s) if comm is not None
+                         else cp_exchange_s(model, cluster, training, plans, attention_core_fwd_s,
+                                            attention_core_bwd_s))
+    layers = layers_on_stage(model.num_layers, plans, stage)
     passes_forward = 1.0 + compute_model.recomputed_layer_fraction(plans, layers)
     return layers * (passes_forward * forward + backward)
 
 
 def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              stage: np.ndarray) -> np.ndarray:
+              stage: np.ndarray, comm: "LayerComm | None" = None) -> np.ndarray:
     """All EP all-to-all time per microbatch on `stage` (before any overlap); see `ep_all_to_all_s`."""
-    return ep_all_to_all_s(model, cluster, training, plans, stage)
+    return ep_all_to_all_s(model, cluster, training, plans, stage, comm)
 
 
 def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
@@ -259,36 +335,50 @@ def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches:
     return a2a_s + (microbatches - 1.0) * np.maximum(0.0, a2a_s - compute_s)
 
 
+def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
+                        ) -> np.ndarray:
+    """One all-to-all (a dispatch or a combine) of one MoE layer per microbatch (see ep_all_to_all_s); 0 for a dense
+    model."""
+    if model.moe is None:
+        return np.zeros(len(plans))
+    tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
+    bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
+    return group_collective_time_s(cluster.profile, ep_group(plans, cluster.nvlink_domain_gpus), "all_to_all", bytes_)
+
+
 def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-                    stage: np.ndarray) -> np.ndarray:
+                    stage: np.ndarray, comm: "LayerComm | None" = None) -> np.ndarray:
     """EP all-to-all per microbatch on `stage` (GShard, Lepikhin et al. arXiv 2006.16668; Megatron-Core
     `moe/token_dispatcher.py` alltoall): dispatch + combine, forward + backward (4 per MoE layer, +2 for a
     recomputed layer); each GPU sends its own mbs·s/(tp·cp) tokens × top_k copies of h bf16 values (the expert-TP
     all-gather happens after the all-to-all, on the etp group, and is priced in tp_comm_s); the busiest rank receives
     `moe_load_factor` × the average. Overlap (--overlap-moe-expert-parallel-comm) is applied per step in
-    `step_time_terms_s`, see `ep_overlap_exposed_s`."""
+    `step_time_terms_s`, see `ep_overlap_exposed_s`. One all-to-all is `ep_all_to_all_one_s` (`comm` when given)."""
     if model.moe is None:
         return np.zeros(len(plans))
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
     recomputed = compute_model.recomputed_layer_fraction(plans, layers)
-    tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
-    bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
-    one = group_collective_time_s(cluster.profile, ep_group(plans, cluster.nvlink_domain_gpus), "all_to_all", bytes_)
+    one = comm.ep_all_to_all_s if comm is not None else ep_all_to_all_one_s(model, cluster, training, plans)
     # module `moe` of selective recompute re-runs the dispatch and combine of every stored MoE layer
     moe_module = recomputes_module(plans, RecomputeModule.MOE)
     return moe_layers * (4.0 + 2.0 * recomputed + 2.0 * moe_module) * one
 
 
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-                     times: compute_model.LayerTimes, stage: np.ndarray) -> StageMicrobatch:
+                     times: compute_model.LayerTimes, stage: np.ndarray, comm: LayerComm | None = None
+                     ) -> StageMicrobatch:
+    """Every per-microbatch piece of `stage`: one layer's times (and collectives, `layer_comm_s` when not given)
+    scaled by the stage's layers."""
+    if comm is None:
+        comm = layer_comm_s(model, cluster, training, plans, times)
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
     return StageMicrobatch(
         forward_s=forward, backward_s=backward, recompute_s=recompute,
-        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, times.tp_overlap),
+        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, times.tp_overlap, comm),
         cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s,
-                            times.core_backward_s(training)),
-        ep_comm_s=ep_comm_s(model, cluster, training, plans, stage),
+                            times.core_backward_s(training), comm),
+        ep_comm_s=ep_comm_s(model, cluster, training, plans, stage, comm),
     )
 
 
@@ -341,7 +431,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       Megatron switches say.
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
-        plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage)
+        plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage,
+        knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     reduce_exposed = reduce_s
     if training.overlap_grad_reduce:
@@ -362,7 +453,7 @@ def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage
     """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter); the
     distributed optimizer / ZeRO shards it over dp·cp (dense) and edp (experts)."""
     return per_structure(plans, ("optimizer_s", id(model), id(cluster)),
-                         lambda p, s: _optimizer_s(model, cluster, p, s), stage)
+                         lambda p, s: _optimizer_s(model, cluster, p, s), stage, knobs=TERM_KNOBS["optimizer"])
 
 
 def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
@@ -378,6 +469,11 @@ TERM_NAMES: tuple[str, ...] = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_b
                                "optimizer")
 PIPELINED_TERM_NAMES = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble")
 """The terms that need every per-microbatch piece of a stage (compute and the TP/CP/EP collectives)."""
+MICROBATCH_KNOBS: tuple[str, ...] = tuple(dict.fromkeys(
+    knob for term in ("compute", "tp_comm", "cp_comm", "ep_comm") for knob in TERM_KNOBS[term]))
+"""What `stage_microbatch` reads on the candidate stages: every knob but zero. A search evaluates it once per
+distinct combination in each batch (costmodels.structure.per_knobs) and copies it to the plans differing only in
+zero."""
 
 
 def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -392,11 +488,14 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     stages = candidate_stages(plans)
     per_stage: list[StageMicrobatch] = []
     if any(name in PIPELINED_TERM_NAMES for name in names):
-        times = compute_model.layer_times_s(model, profile, training, plans)
-        per_stage = [stage_microbatch(model, cluster, training, plans, times, s) for s in stages]
+        def stage_pieces(sub: PlanArrays) -> list[StageMicrobatch]:
+            times, comm = layer_pieces(model, cluster, training, sub)
+            return [stage_microbatch(model, cluster, training, sub, times, s, comm) for s in candidate_stages(sub)]
+
+        per_stage = per_knobs(plans, MICROBATCH_KNOBS, stage_pieces)
     elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
         def compute_pieces(sub: PlanArrays) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-            sub_times = compute_model.layer_times_s(model, profile, training, sub)
+            sub_times, _ = layer_pieces(model, cluster, training, sub)
             return [stage_compute_s(model, training, sub, sub_times, s) for s in candidate_stages(sub)]
 
         zero = np.zeros(len(plans))
@@ -421,8 +520,10 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:
-        terms["pp_p2p"] = p2p_time_s(model, profile, training, plans, cluster.num_gpus, cluster.nvlink_domain_gpus,
-                                     microbatches)
+        terms["pp_p2p"] = per_knobs(plans, TERM_KNOBS["pp_p2p"], lambda sub: p2p_time_s(
+            model, profile, training, sub, cluster.num_gpus, cluster.nvlink_domain_gpus,
+            num_microbatches(sub, cluster.num_gpus, training.global_batch_size)),
+            key=("pp_p2p", id(model), id(cluster), id(training)))
     if "dp_comm" in names:
         terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
                                   for stage, s in zip(stages, per_stage)])

@@ -59,3 +59,125 @@ def test_vectorised_stage_memory_equals_plan_by_plan():
     together = stage_memories(model, cluster, training, plans)
     for i in range(len(plans)):
         assert together[i] == stage_memory(model, cluster, training, plans.take([i]))
+
+
+# ---- values kept for a whole search (per_knobs with a key) and the oracle's early pruning ------------------------
+
+def _search_batches(name: str, gpus: int, batches: int):
+    """A search's plans as the oracle links them (structure rows × detail rows, detail index included), cut into
+    `batches` batches that share one cache; and the same plans unlinked."""
+    from autopar.search.space import mixed_radix
+
+    model = autopar.load_model(name)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    space = build_space(model, cluster, training, Controls())
+    base = oracle.structures(space, Problem(model, cluster, training), active_rules())
+    detail = space.factors(oracle._level_knobs(space, oracle.DETAIL_KNOBS))
+    sizes = [len(t) for _, t in detail]
+    digits = mixed_radix(sizes, 0, int(np.prod(sizes)))
+    table = oracle._detail_table(space, detail, digits)
+    rng = np.random.default_rng(1)
+    structure_row = rng.integers(0, len(base["tp"]), size=4000)
+    detail_row = rng.integers(0, len(digits[0]), size=4000)
+    columns = {k: v[structure_row] for k, v in base.items()}
+    columns.update(space.columns_from_factors(detail, [d[detail_row] for d in digits]))
+    plain = PlanArrays.from_columns(**columns)
+    cache: dict = {}
+    linked = [link(plain.take(rows), PlanArrays.from_columns(**base), structure_row[rows], cache, table,
+                   detail_row[rows]) for rows in np.array_split(np.arange(4000), batches)]
+    return model, cluster, training, plain, linked, cache
+
+
+@pytest.mark.parametrize("name,gpus", [("deepseek-v2-lite", 64), ("llama-3.1-8b", 32)])
+def test_values_kept_for_the_search_equal_direct_evaluation(name, gpus):
+    """Batch after batch, the layer pieces kept on their knob grid (steptime.layer_pieces) and the per-stage pieces
+    evaluated once per distinct knob combination give every term bit for bit as evaluated plan by plan."""
+    model, cluster, training, plain, linked, cache = _search_batches(name, gpus, batches=4)
+    with np.errstate(all="ignore"):
+        want = steptime.step_time_terms_s(model, cluster, training, plain)
+        got = [steptime.step_time_terms_s(model, cluster, training, batch) for batch in linked]
+    for term in want:
+        np.testing.assert_array_equal(np.concatenate([g[term] for g in got]), want[term], err_msg=term)
+    memos = [v for k, v in cache.items() if k[0] == "per_knobs_memo" and v is not None]
+    assert memos and all(m.done.sum() < len(plain) for m in memos), "the layer pieces were not kept on their grid"
+
+
+def _perturbed(plans: PlanArrays, knobs: tuple[str, ...], rng) -> PlanArrays:
+    """`plans` with every knob outside `knobs` replaced by another plan's value."""
+    from costmodels.plan import PLAN_FIELDS
+
+    columns = {k: getattr(plans, k) if k in knobs else rng.permutation(getattr(plans, k)) for k in PLAN_FIELDS}
+    return PlanArrays(**columns)
+
+
+def test_declared_knobs_are_all_the_shared_functions_read():
+    """A function shared by its knobs (steptime.LAYER_KNOBS, MICROBATCH_KNOBS, the pp_p2p and optimizer terms'; the
+    gradient sync's traffic is shared by the optimizer's) gives the same values when every other knob changes:
+    nothing else it reads would be copied wrongly between plans."""
+    from costmodels import pipeline
+    from costmodels.plan import num_microbatches
+
+    rng = np.random.default_rng(2)
+    for name, gpus in (("deepseek-v2-lite", 64), ("mixtral-8x7b", 64), ("llama-3.1-8b", 32)):
+        model, cluster, training, plain, _, _ = _search_batches(name, gpus, batches=1)
+
+        def layer(p):
+            times, comm = steptime.layer_pieces(model, cluster, training, p)
+            return [*vars(times).values(), *vars(comm).values()]
+
+        def microbatch(p):
+            times, comm = steptime.layer_pieces(model, cluster, training, p)
+            return [v for stage in steptime.candidate_stages(p)
+                    for v in vars(steptime.stage_microbatch(model, cluster, training, p, times, stage, comm)).values()]
+
+        def p2p(p):
+            return [pipeline.p2p_time_s(model, cluster.profile, training, p, cluster.num_gpus,
+                                        cluster.nvlink_domain_gpus,
+                                        num_microbatches(p, cluster.num_gpus, training.global_batch_size))]
+
+        def gradient_sync(p):
+            return [v for stage in steptime.candidate_stages(p)
+                    for v in steptime.dp_traffic_s(model, cluster, p, stage)]
+
+        def optimizer(p):
+            return [steptime.optimizer_s(model, cluster, p, stage) for stage in steptime.candidate_stages(p)]
+
+        for fn, knobs in ((layer, steptime.LAYER_KNOBS), (microbatch, steptime.MICROBATCH_KNOBS),
+                          (p2p, steptime.TERM_KNOBS["pp_p2p"]), (gradient_sync, steptime.TERM_KNOBS["optimizer"]),
+                          (optimizer, steptime.TERM_KNOBS["optimizer"])):
+            with np.errstate(all="ignore"):
+                want, got = fn(plain), fn(_perturbed(plain, knobs, rng))
+            for w, g in zip(want, got):
+                if w is not None:
+                    np.testing.assert_array_equal(np.broadcast_to(g, np.shape(w)), w, err_msg=f"{name} {fn.__name__}")
+
+
+@pytest.mark.parametrize("name,gpus", [("deepseek-v2-lite", 64), ("mixtral-8x7b", 32)])
+def test_pruning_against_the_running_front_keeps_the_front(name, gpus, monkeypatch):
+    """The oracle drops plans the running front dominates on a lower bound of their time before pricing the rest:
+    in many small batches (much pruning) the front is the same, plan for plan, as in one batch (none)."""
+    model = autopar.load_model(name)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    space = build_space(model, cluster, training, Controls(maximum={"vpp": 2, "mbs": 2, "cp": 2}))
+    problem, rules = Problem(model, cluster, training), active_rules()
+    priced = []
+    by_group = oracle.objective.time_units_by_group
+
+    def counted(*args, **kwargs):
+        rows, units = by_group(*args, **kwargs)
+        priced.append((len(args[4]), len(rows)))
+        return rows, units
+
+    monkeypatch.setattr(oracle.objective, "time_units_by_group", counted)
+    monkeypatch.setattr(oracle, "CHUNK_PLANS", 10**9)
+    whole = oracle.solve_oracle(space, problem, rules)
+    monkeypatch.setattr(oracle, "CHUNK_PLANS", 3000)
+    priced.clear()
+    batched = oracle.solve_oracle(space, problem, rules)
+    assert len(priced) > 5 and sum(r for _, r in priced) < sum(n for n, _ in priced) / 2, "little was pruned"
+    assert batched.plans_seen == whole.plans_seen and batched.fitting_plans == whole.fitting_plans
+    np.testing.assert_array_equal(batched.time_units, whole.time_units)
+    np.testing.assert_array_equal(batched.memory_units, whole.memory_units)
+    assert list(batched.plans) == list(whole.plans)

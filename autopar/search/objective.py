@@ -29,7 +29,7 @@ No silent overflow (int64): every conversion goes through float64 and saturates 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,7 +174,6 @@ def memory_stage_roles(model: ModelSpec, plans: PlanArrays, num_roles: int) -> l
 
 def time_units(structure: ObjectiveStructure, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                terms: Mapping[str, np.ndarray]) -> np.ndarray:
-    scale = PIPELINE_FACTOR_SCALE
     others = sum((time_group_units(terms, g) for g in structure.other_time_groups), np.zeros(len(plans), np.int64))
     if structure.factored:
         pipelined = sum((time_group_units(terms, g) for g in structure.pipelined_time_groups),
@@ -182,6 +181,12 @@ def time_units(structure: ObjectiveStructure, cluster: ClusterSpec, training: Tr
         factor = pipeline_factor_units(cluster, training, plans)
     else:
         pipelined = factor = np.zeros(len(plans), np.int64)
+    return combined_time_units(factor, pipelined, others)
+
+
+def combined_time_units(factor: np.ndarray, pipelined: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """F · Σ pipelined + S · Σ others, saturating at TIME_UNITS_MAX. Non-decreasing in each argument (all >= 0)."""
+    scale = PIPELINE_FACTOR_SCALE
     # The product can pass int64: decide in float64 which plans saturate, compute the others exactly in int64.
     as_float = factor.astype(float) * pipelined.astype(float) + float(scale) * others.astype(float)
     over = ~(as_float < TIME_UNITS_MAX)
@@ -198,11 +203,12 @@ def memory_units(structure: ObjectiveStructure, model: ModelSpec, cluster: Clust
         return [g for g in groups if only_knobs is None or set(g.knobs) <= only_knobs]
 
     stage_groups, shared_groups = counted(structure.stage_memory_groups), counted(structure.shared_memory_groups)
+    names = {t for g in stage_groups + shared_groups for t in g.terms}
     candidates = memory.candidate_worst_stages(model, plans)
     best = None
     shared = None
     for stage in candidates:
-        terms = memory.memory_terms_bytes(model, cluster, training, plans, stage)
+        terms = memory.memory_terms_bytes(model, cluster, training, plans, stage, only=names)
         if shared is None:
             shared = sum((memory_group_units(terms, g) for g in shared_groups), np.zeros(len(plans), np.int64))
         per_stage = sum((memory_group_units(terms, g) for g in stage_groups), np.zeros(len(plans), np.int64))
@@ -217,50 +223,70 @@ STAGE_KNOBS = ("pp", "first_stage_layers", "last_stage_layers")
 
 
 def time_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
-                        training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    """time_units, each group's terms evaluated once per distinct value of the group's knobs when `plans` carries a
-    structure index (costmodels.structure.per_knobs); the same integers as `time_units` on the full terms."""
-    def term_values(names: tuple[str, ...], knobs: Iterable[str]) -> dict[str, np.ndarray]:
-        return per_knobs(plans, ordered(set(knobs) | set(STAGE_KNOBS)),
-                         lambda sub: steptime.step_time_terms_s(model, cluster, training, sub, only=names))
+                        training: TrainingSpec, plans: PlanArrays,
+                        worth_pricing: "Callable[[np.ndarray], np.ndarray] | None" = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, their time_units): the same integers as `time_units` on the full terms, for the plans of `rows`.
 
-    def group_units(group: TermGroup) -> np.ndarray:
-        if set(group.terms) & set(steptime.PIPELINED_TERM_NAMES):    # these share one per-stage evaluation
-            return time_group_units(term_values(group.terms, group.knobs), group)
-        terms = {}
-        for name in group.terms:
-            terms.update(term_values((name,), steptime.TERM_KNOBS.get(name, PLAN_FIELDS)))
-        return time_group_units(terms, group)
+    In two steps, so a search can drop plans before the second: first the pipelined groups (per-stage compute and
+    the TP/CP/EP collectives, every knob but zero), once per distinct combination of their knobs when `plans`
+    carries a structure index (costmodels.structure), which gives F · Σ pipelined, a lower bound on time_units (every
+    group is >= 0); `worth_pricing(lower bound)` returns the mask of the plans to keep (all when None); then the
+    other groups (gradient sync, p2p, optimizer) of those."""
+    rows = np.arange(len(plans))
+    zeros = np.zeros(len(plans), np.int64)
+    pipelined = factor = zeros
+    if structure.factored:
+        pipelined_groups = structure.pipelined_time_groups
+        names = tuple(t for g in pipelined_groups for t in g.terms)
 
-    scale = PIPELINE_FACTOR_SCALE
-    others = sum((group_units(g) for g in structure.other_time_groups), np.zeros(len(plans), np.int64))
-    if not structure.factored:
-        return scale * others
-    pipelined = sum((group_units(g) for g in structure.pipelined_time_groups), np.zeros(len(plans), np.int64))
-    return pipeline_factor_units(cluster, training, plans) * pipelined + scale * others
+        def pipelined_units(sub: PlanArrays) -> np.ndarray:
+            terms = steptime.step_time_terms_s(model, cluster, training, sub, only=names)
+            return sum((time_group_units(terms, g) for g in pipelined_groups), np.zeros(len(sub), np.int64))
+
+        knobs = ordered({k for g in pipelined_groups for k in g.knobs} | set(STAGE_KNOBS))
+        pipelined = per_knobs(plans, knobs, pipelined_units)
+        factor = pipeline_factor_units(cluster, training, plans)
+        if worth_pricing is not None:
+            rows = np.flatnonzero(worth_pricing(combined_time_units(factor, pipelined, zeros)))
+            plans, pipelined, factor = plans.take(rows), pipelined[rows], factor[rows]
+    others = np.zeros(len(plans), np.int64)
+    names = tuple(t for g in structure.other_time_groups for t in g.terms)
+    if names and len(plans):
+        terms = steptime.step_time_terms_s(model, cluster, training, plans, only=names)
+        others = sum((time_group_units(terms, g) for g in structure.other_time_groups), others)
+    return rows, combined_time_units(factor, pipelined, others)
 
 
 def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
                           training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     """memory_units, each group evaluated once per structure (groups of structure knobs alone) or once per distinct
-    value of its knobs (costmodels.structure); the same integers as `memory_units`."""
+    value of its knobs on every candidate rank at once (costmodels.structure); the same integers as
+    `memory_units`."""
     candidates = memory.candidate_worst_stages(model, plans)
 
-    def group_units(group: TermGroup, j: int) -> np.ndarray:
-        def evaluate(sub: PlanArrays, stage) -> np.ndarray:
-            return memory_group_units(memory.memory_terms_bytes(model, cluster, training, sub, stage,
-                                                                only=group.terms), group)
+    def evaluate(sub: PlanArrays, group: TermGroup, stage) -> np.ndarray:
+        return memory_group_units(memory.memory_terms_bytes(model, cluster, training, sub, stage, only=group.terms),
+                                  group)
+
+    def group_units(group: TermGroup, ranks: int) -> list[np.ndarray]:
+        """The group's units on the first `ranks` candidate ranks."""
         if set(group.knobs) <= set(STRUCTURE_FIELDS):
             key = ("memory_group_units", id(model), id(cluster), id(training), group.terms)
-            return per_structure(plans, key, evaluate, candidates[j])
+            knobs = ordered(set(group.knobs) | set(STAGE_KNOBS))
+            return [per_structure(plans, key, lambda p, s: evaluate(p, group, s), stage, knobs=knobs)
+                    for stage in candidates[:ranks]]
+        # the candidate ranks read only STAGE_KNOBS, which the dedup keeps: `sub` has as many of them as `plans`
         return per_knobs(plans, ordered(set(group.knobs) | set(STAGE_KNOBS)),
-                         lambda sub: evaluate(sub, memory.candidate_worst_stages(model, sub)[j]))
+                         lambda sub: [evaluate(sub, group, stage)
+                                      for stage in memory.candidate_worst_stages(model, sub)[:ranks]])
 
-    shared = sum((group_units(g, 0) for g in structure.shared_memory_groups), np.zeros(len(plans), np.int64))
+    shared = sum((group_units(g, 1)[0] for g in structure.shared_memory_groups), np.zeros(len(plans), np.int64))
+    per_stage = [group_units(g, len(candidates)) for g in structure.stage_memory_groups]
     best = None
     for j in range(len(candidates)):
-        per_stage = sum((group_units(g, j) for g in structure.stage_memory_groups), np.zeros(len(plans), np.int64))
-        best = per_stage if best is None else np.maximum(best, per_stage)
+        on_stage = sum((units[j] for units in per_stage), np.zeros(len(plans), np.int64))
+        best = on_stage if best is None else np.maximum(best, on_stage)
     return best + shared
 
 

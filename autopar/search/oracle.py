@@ -6,6 +6,13 @@ that read only those and by memory: the memory groups that depend on these knobs
 optimizer states, ZeRO buffers, fixed overheads) are a lower bound on the peak, so a structure whose bound is over
 the limit cannot fit whatever the rest. Then, chunk by chunk, each surviving structure times (mbs, sp, recompute),
 all rules applied, the cost model evaluated on what remains, and a running front kept.
+
+What makes it fast without changing a number (costmodels.structure): a function of the structure knobs is evaluated
+once per structure of the search, a function of a few knobs (one layer's times and collectives) once per distinct
+combination of them in the search, the per-stage pieces once per distinct plan in a chunk (plans differing only in
+zero share them). And the time is priced in two steps: the pipelined part first, a lower bound on the whole; a plan
+the running front already strictly dominates on that bound can be on no front, so the rest of its time (gradient
+sync, p2p, optimizer) is never priced.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from autopar.search.pareto import front_indices
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
 from costmodels.plan import PLAN_FIELDS, PlanArrays
 from costmodels.rules import Problem, Rule, structural_mask
-from costmodels.structure import link as structure_link
+from costmodels.structure import STRUCTURE_FIELDS, link as structure_link
 
-CHUNK_PLANS = 100_000
+CHUNK_PLANS = 250_000
 """Plans evaluated at once (bounds the oracle's memory to a few hundred MB)."""
 
 STRUCTURE_KNOBS = ("split", "tp", "cp", "vpp", "ep", "etp", "zero")
@@ -110,6 +117,7 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
     complete = True
     structures_per_chunk = max(1, CHUNK_PLANS // max(per_structure, 1))
     digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
+    detail_table = _detail_table(space, detail, digits) if per_structure else None
     for s0 in range(0, n_structures, structures_per_chunk):
         if time_budget_s is not None and seen and time.perf_counter() - start > time_budget_s:
             complete = False
@@ -129,7 +137,7 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
         structure_index = s0 + chunk_structure
         columns = {k: v[structure_index] for k, v in base.items()}
         columns.update(space.columns_from_factors(detail, [d[detail_row] for d in digits]))
-        plans = structure_link(_chunk_plans(columns), base_plans, structure_index, shared)
+        plans = structure_link(_chunk_plans(columns), base_plans, structure_index, shared, detail_table, detail_row)
         if product_rules:
             keep = structural_mask(problem, plans, product_rules)
             if not keep.any():
@@ -143,13 +151,19 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
         if not keep.any():
             continue
         plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
+        # a plan the running front strictly dominates on a lower bound of its time (it can be on no front) is
+        # dropped before the rest of its time is priced, and the others once priced
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            t_units = objective.time_units_by_group(structure, problem.model, problem.cluster, problem.training, plans)
-        chunk = _not_dominated_within(t_units, m_units)
-        merged = {k: np.concatenate([best_columns[k], getattr(plans, k)[chunk].astype(np.int64)])
+            priced, t_units = objective.time_units_by_group(
+                structure, problem.model, problem.cluster, problem.training, plans,
+                worth_pricing=lambda bound: _not_dominated_by(best_time, best_memory, bound, m_units))
+        m_units = m_units[priced]
+        survivors = np.flatnonzero(_not_dominated_by(best_time, best_memory, t_units, m_units))
+        kept = survivors[_not_dominated_within(t_units[survivors], m_units[survivors])]
+        merged = {k: np.concatenate([best_columns[k], getattr(plans, k)[priced[kept]].astype(np.int64)])
                   for k in PLAN_FIELDS}
-        merged_time = np.concatenate([best_time, t_units[chunk]])
-        merged_memory = np.concatenate([best_memory, m_units[chunk]])
+        merged_time = np.concatenate([best_time, t_units[kept]])
+        merged_memory = np.concatenate([best_memory, m_units[kept]])
         idx = front_indices(merged_time, merged_memory, merged)
         best_columns = {k: v[idx] for k, v in merged.items()}
         best_time, best_memory = merged_time[idx], merged_memory[idx]
@@ -161,7 +175,8 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
 
 
 def _factor_knobs(name: str) -> tuple[str, ...]:
-    return ("recompute", "recompute_layers") if name == "recompute" else (name,)
+    """The Plan fields one detail factor sets (space.columns_from_factors)."""
+    return ("recompute", "recompute_layers", "recompute_modules") if name == "recompute" else (name,)
 
 
 def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[tuple[str, np.ndarray]], problem: Problem,
@@ -192,6 +207,14 @@ def detail_tables(space: SearchSpace, base: dict[str, np.ndarray], detail: list[
     return tables, rest
 
 
+def _detail_table(space: SearchSpace, detail: list[tuple[str, np.ndarray]], digits: list[np.ndarray]
+                  ) -> dict[str, np.ndarray]:
+    """The detail knobs (those outside the structure) of every detail row, absent knobs at Plan's defaults as in
+    the chunks' plans: what lets costmodels.structure keep a function of a few knobs for the whole search."""
+    rows = plan_arrays(space.columns_from_factors(detail, digits), length=len(digits[0]) if digits else 1)
+    return {k: getattr(rows, k) for k in PLAN_FIELDS if k not in STRUCTURE_FIELDS}
+
+
 def _chunk_plans(columns: dict[str, np.ndarray]) -> PlanArrays:
     """The chunk's columns as PlanArrays without copying them (they are fresh arrays); plan_arrays when some knob
     is absent from the space and takes its default."""
@@ -210,6 +233,21 @@ def _distinct_rows(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, np.nd
         code = code.reshape(-1)
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     return first, inverse.reshape(-1)
+
+
+def _not_dominated_by(front_time: np.ndarray, front_memory: np.ndarray, time_units: np.ndarray,
+                      memory_units: np.ndarray) -> np.ndarray:
+    """Mask of the plans no point of a front (fastest first: time increasing, memory decreasing) strictly
+    dominates. Dropping the others changes no front: a strictly dominated plan is never on one, whatever the ties.
+    The front points at least as fast as a plan are the first k; the last of them has the least memory."""
+    if not len(front_time):
+        return np.ones(len(time_units), dtype=bool)
+    k = np.searchsorted(front_time, time_units, side="right")
+    at = np.maximum(k - 1, 0)
+    nearest_time, nearest_memory = front_time[at], front_memory[at]
+    dominated = (k > 0) & ((nearest_memory < memory_units)
+                           | ((nearest_memory == memory_units) & (nearest_time < time_units)))
+    return ~dominated
 
 
 def _not_dominated_within(time_units: np.ndarray, memory_units: np.ndarray) -> np.ndarray:
