@@ -24,3 +24,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile("slow" if config.getoption("--slow") else "ci")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+
+
+@pytest.fixture
+def microbench_tables():
+    """benchmarks.microbench_tables, or a skip where shared/reference/microbench is not next to the repository."""
+    from benchmarks import microbench_tables
+    try:
+        microbench_tables.microbench_dir()
+    except FileNotFoundError:
+        pytest.skip("shared/reference/microbench not next to the repository")
+    return microbench_tables

@@ -143,15 +143,6 @@ def test_gpus_lists_the_new_profiles():
 
 # ---- the microbenchmarks these profiles were fitted to ---------------------------------------------------------
 
-def _tables():
-    from benchmarks import microbench_tables
-    try:
-        microbench_tables.microbench_dir()
-    except FileNotFoundError:
-        pytest.skip("shared/reference/microbench not next to the repository")
-    return microbench_tables
-
-
 @pytest.mark.parametrize("file, profile, median_limit, max_limit", [
     # rack (NVLS over MNNVL, 512 MiB..8 GiB: alpha not determined) and 2 / 20 racks over IB
     ("nccl_allreduce_coreweave_gb200_h100_a100.csv", "gb200-186gb", 0.15, 0.50),
@@ -162,8 +153,9 @@ def _tables():
     ("gemm_tilelang_h800_8192x8192xK.csv", "h800-80gb", 0.05, 0.12),
     ("gemm_fp8_deepgemm_h800.csv", "h800-80gb", 0.10, 0.25),
 ])
-def test_new_profiles_reproduce_the_tables_they_were_fitted_to(file, profile, median_limit, max_limit):
-    tables = _tables()
+def test_new_profiles_reproduce_the_tables_they_were_fitted_to(file, profile, median_limit, max_limit,
+                                                                microbench_tables):
+    tables = microbench_tables
     from benchmarks.fidelity_microbench import predict_s
 
     rows = [row for row in next(t for t in tables.TABLES if t.file == file).read(tables.microbench_dir() / file)

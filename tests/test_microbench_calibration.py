@@ -258,15 +258,6 @@ def test_every_fitted_key_of_the_bundled_profiles_names_its_source():
             assert ".csv" in profile.provenance[key], (name, key)
 
 
-def _tables():
-    from benchmarks import microbench_tables
-    try:
-        microbench_tables.microbench_dir()
-    except FileNotFoundError:
-        pytest.skip("shared/reference/microbench not next to the repository")
-    return microbench_tables
-
-
 @pytest.mark.parametrize("file, median_limit, max_limit", [
     ("nccl_allreduce_a100_vtrain_lut.csv", 0.02, 0.08),
     ("nccl_allreduce_coreweave_gb200_h100_a100.csv", 0.03, 0.05),
@@ -280,8 +271,8 @@ def _tables():
     ("attention_fa3_h100_tritonbench_prs.csv", 0.12, 0.30),
     ("attention_sdpa_backends_b200_cudnn_frontend.csv", 0.08, 0.25),  # FA2 at 512 tokens: 22% off its curve
 ])
-def test_bundled_profiles_reproduce_the_tables_they_were_fitted_to(file, median_limit, max_limit):
-    tables = _tables()
+def test_bundled_profiles_reproduce_the_tables_they_were_fitted_to(file, median_limit, max_limit, microbench_tables):
+    tables = microbench_tables
     from benchmarks.fidelity_microbench import errors
     rows = list(next(t for t in tables.TABLES if t.file == file).read(tables.microbench_dir() / file))
     # the GB200 / H800 rows of shared files have their own limits (tests/test_gb200_h800_profiles.py)
@@ -291,11 +282,11 @@ def test_bundled_profiles_reproduce_the_tables_they_were_fitted_to(file, median_
     assert np.median(found) <= median_limit and np.max(found) <= max_limit, (np.median(found), np.max(found))
 
 
-def test_bundled_gemm_curves_stay_under_the_max_achievable_matmul_rates():
+def test_bundled_gemm_curves_stay_under_the_max_achievable_matmul_rates(microbench_tables):
     """MAMF (ml-engineering) is the best rate over a sweep of shapes, a maximum: a curve fitted to it and to cuBLAS
     sweeps at training-like shapes (A100, H100) must not promise more than that maximum at its shape, and stays
     within 30% under it."""
-    tables = _tables()
+    tables = microbench_tables
     from benchmarks.fidelity_microbench import predict_s
     file = "gemm_mamf_max_achievable_matmul_ml_engineering.csv"
     rows = [r for r in next(t for t in tables.TABLES if t.file == file).read(tables.microbench_dir() / file)
