@@ -199,9 +199,10 @@ def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
         return np.where(plans.sp, split_s, reduce_s)
 
     tp_placement = tp_group(plans, cluster.nvlink_domain_gpus)
-    tp_block = block_s(tp_placement, activation_bytes)
     gather_s = group_collective_time_s(profile, tp_placement, "all_gather", activation_bytes)
     scatter_s = group_collective_time_s(profile, tp_placement, "reduce_scatter", activation_bytes)
+    tp_block = np.where(plans.sp, gather_s + scatter_s,
+                        group_collective_time_s(profile, tp_placement, "all_reduce", activation_bytes))
     etp_block = np.zeros(len(plans))
     if model.moe is not None:
         etp_block = expert_tp_block_s(model, cluster, training, plans, block_s, activation_bytes)
