@@ -63,7 +63,8 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
                                  "overlap_param_gather": training.overlap_param_gather,
                                  "tp_comm_overlap": training.tp_comm_overlap,
-                                 "moe_a2a_overlap": training.moe_a2a_overlap}},
+                                 "moe_a2a_overlap": training.moe_a2a_overlap,
+                                 "nccl_ctas": training.nccl_ctas}},
     }
 
 

@@ -83,6 +83,10 @@ class HardwareProfile:
     stops at the node), more where an NVLink switch tray joins nodes — GB200 NVL72: 72 GPUs on 18
     compute trays of 4 (Multi-Node NVLink). costmodels.comm prices a group inside one domain on NVLink, a group
     spanning domains on NVLink inside each domain and InfiniBand between them (ClusterSpec.nvlink_domain_gpus)."""
+    streaming_multiprocessors: int = 0
+    """SMs of the GPU (YAML `compute.streaming_multiprocessors`, optional; 0 = not stated): a communication kernel
+    running beside a compute kernel holds some of them (costmodels.steptime.overlap_contention_s); unknown, that
+    contention is not priced."""
     aliases: tuple[str, ...] = ()
     provenance: Mapping[str, str] = field(default_factory=dict)
     """For each field (dotted path as in the YAML): where its value comes from."""
@@ -264,6 +268,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
                                 for k in reader.mapping("memory.overheads_gib")},
         gpus_per_node=gpus_per_node,
         nvlink_domain_size=nvlink_domain_size,
+        streaming_multiprocessors=_streaming_multiprocessors(reader, data),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
         source_path=origin,
@@ -281,6 +286,22 @@ def _nvlink_domain_size(reader: "_Reader", data: dict, gpus_per_node: int) -> in
                                     f"gpus_per_node={gpus_per_node} (an NVLink domain is whole nodes), got "
                                     f"{data['nvlink_domain_size']!r}")
     return int(size)
+
+
+MAX_STREAMING_MULTIPROCESSORS = 1024
+"""Far above any GPU's SM count (B200: 148); a larger value is a typo."""
+
+
+def _streaming_multiprocessors(reader: "_Reader", data: dict) -> int:
+    """The optional `compute.streaming_multiprocessors`: a whole number of SMs; absent = 0 (not stated)."""
+    compute = data.get("compute")
+    if not isinstance(compute, dict) or "streaming_multiprocessors" not in compute:
+        return 0
+    count = reader.number("compute.streaming_multiprocessors", upper=MAX_STREAMING_MULTIPROCESSORS)
+    if count != int(count):
+        raise InputError("profile", f"{reader.origin}: field compute.streaming_multiprocessors must be a whole "
+                                    f"number, got {compute['streaming_multiprocessors']!r}")
+    return int(count)
 
 
 def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[CollectivePoint, ...]]]:

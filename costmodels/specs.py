@@ -228,6 +228,10 @@ class AttentionKernel(str, enum.Enum):
     """cuDNN fused attention (TE FusedAttention = --attention-backend fused, PyTorch SDPA's cuDNN backend)."""
 
 
+MAX_NCCL_CTAS = 64
+"""NCCL_MAX_CTAS accepts 1..64 (NCCL env.rst: 'up to 64 (32 prior to 2.25)'; src/include/device.h MAXCHANNELS)."""
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """The run: sequence length, global batch, precision and training-side switches."""
@@ -260,6 +264,12 @@ class TrainingSpec:
     moe_a2a_overlap: bool = False
     """Overlap the expert-parallel all-to-all of one micro-batch with the computation of another
     (--overlap-moe-expert-parallel-comm)."""
+    nccl_ctas: int = 16
+    """SMs one NCCL collective holds while it runs beside compute: NCCL launches one CTA (thread block, one SM)
+    per channel, and an overlapped collective's CTAs take those SMs from the kernels beside it (NCCL env.rst,
+    NCCL_MAX_CTAS: 'Increasing the number of CTAs will consume more GPU resources'). NCCL_DEBUG=INFO prints the
+    count per communicator ('N coll channels'): 16 to 32 on 8-GPU H100 nodes; 16, the low end, is the default.
+    NCCL_MAX_CTAS / NCCL_MIN_CTAS set it; 0 prices overlap as free."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.seq_len, "seq_len")
@@ -284,6 +294,10 @@ class TrainingSpec:
                 f"must be >= 1, got {self.moe_imbalance_factor}")
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        require(isinstance(self.nccl_ctas, int) and not isinstance(self.nccl_ctas, bool)
+                and 0 <= self.nccl_ctas <= MAX_NCCL_CTAS, "nccl_ctas",
+                f"must be a whole number of SMs from 0 to {MAX_NCCL_CTAS} (NCCL_MAX_CTAS's range), got "
+                f"{self.nccl_ctas!r}")
         require(self.overlap_grad_reduce or not self.overlap_param_gather, "overlap_param_gather",
                 "overlap_param_gather needs overlap_grad_reduce (Megatron-LM validate_args: 'Must use "
                 "--overlap-param-gather with --overlap-grad-reduce'); turn both on")

@@ -81,6 +81,38 @@ def overlap_fraction(profile: HardwareProfile, name: str) -> float:
     return float(section.get(name, 0.0))
 
 
+TE_USERBUFFERS_SM_MARGIN = 16
+"""SMs Transformer Engine's userbuffers hold beside the GEMMs they overlap with the 'pipeline' and 'bulk' methods:
+TE `pytorch/module/base.py` initialize_ub, get_default_config: num_sm = 16 and set_sm_margin = True for both, so
+the GEMM itself is launched on the other SMs (proj_fprop / fc2_fprop: pipeline; qkv_/fc1_ dgrad and wgrad: bulk);
+the 'ring_exchange' method (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) uses one SM and the copy engines."""
+
+
+def overlap_contention_share(profile: HardwareProfile, comm_sms: int) -> float:
+    """Fraction of the GPU's SMs a communication kernel of `comm_sms` CTAs holds while it runs (0 where the profile
+    does not state its SM count). A CTA of a large GEMM needs a whole SM (its shared memory and registers), so the
+    compute beside the collective runs on the other SMs."""
+    sms = profile.streaming_multiprocessors
+    return min(comm_sms, sms) / sms if sms else 0.0
+
+
+def overlap_contention_s(share: float, hidden_comm_s: np.ndarray) -> np.ndarray:
+    """Compute time lost to a collective hidden behind it: over the `hidden_comm_s` the two run together the
+    compute advances at (1 − share) of its rate, so it ends share × hidden later (compute W ≥ hidden: the step is
+    W + share·hidden instead of W). Proportional to the SMs taken: a lower bound, as a GEMM whose grid fills the
+    whole GPU can lose a wave more."""
+    return share * hidden_comm_s
+
+
+def sm_margin_s(profile: HardwareProfile, margin_sms: int, gemm_s: np.ndarray) -> np.ndarray:
+    """Extra time of GEMMs launched on all SMs but `margin_sms` (Transformer Engine's set_sm_margin): they run at
+    (SMs − margin)/SMs of their rate for their whole length. 0 where the profile does not state its SM count."""
+    sms = profile.streaming_multiprocessors
+    if not sms or margin_sms >= sms:
+        return np.zeros_like(gemm_s)
+    return gemm_s * margin_sms / (sms - margin_sms)
+
+
 # ---- per-stage, per-microbatch pieces ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -238,7 +270,8 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
     if training.tp_comm_overlap and overlap is not None:
         def block(in_s, out_s):
-            return tp_block_overlapped_s(gather_s, scatter_s, in_s, out_s, plans.tp, recomputed)
+            return tp_block_overlapped_s(gather_s, scatter_s, in_s, out_s, plans.tp, recomputed) \
+                + tp_overlap_sm_margin_s(profile, in_s, out_s, recomputed)
 
         hidden = (layers * block(overlap.attention_in_s, overlap.attention_out_s)
                   + (layers - moe_layers) * block(overlap.mlp_in_s, overlap.mlp_out_s)
@@ -274,6 +307,16 @@ def tp_block_overlapped_s(gather_s: np.ndarray, scatter_s: np.ndarray, in_gemm_s
     return (1.0 + recomputed) * forward + backward
 
 
+def tp_overlap_sm_margin_s(profile: HardwareProfile, in_gemm_s: np.ndarray, out_gemm_s: np.ndarray,
+                           recomputed: np.ndarray) -> np.ndarray:
+    """What --tp-comm-overlap costs the GEMMs of one TP block per microbatch: the output GEMM's forward (pipelined
+    reduce-scatter, again when recomputed) and the input GEMM's dgrad and wgrad (bulk overlap) run beside
+    TE_USERBUFFERS_SM_MARGIN userbuffer SMs for their whole length (`sm_margin_s`); the ring-exchange GEMMs use
+    one SM and the copy engines, priced free."""
+    margin_gemm_s = (1.0 + recomputed) * out_gemm_s + 2.0 * in_gemm_s
+    return sm_margin_s(profile, TE_USERBUFFERS_SM_MARGIN, margin_gemm_s)
+
+
 def tp_overlap_exposed_s(comm_s: np.ndarray, gemm_s: "np.ndarray | float", tp: np.ndarray) -> np.ndarray:
     """Exposed part of one SP collective fused with a GEMM (userbuffers: the collective is split into tp ring steps,
     step i sent while the GEMM of chunk i-1 runs; Wang et al., "Overlap communication with dependent computation via
@@ -287,7 +330,8 @@ def cp_exchange_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   attention_core_fwd_s: np.ndarray, attention_core_bwd_s: "np.ndarray | None" = None
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) exposed CP ring exchange of one layer per microbatch (see cp_comm_s); the backward steps
-    hide behind the core's backward (its own kernel rate where given, else 2 × the forward)."""
+    hide behind the core's backward (its own kernel rate where given, else 2 × the forward); the hidden sends slow
+    the core beside them (`overlap_contention_s`, NCCL's CTAs)."""
     profile = cluster.profile
     if model.mla is not None:
         kv_width = model.num_attention_heads * (model.mla.qk_head_dim + model.mla.v_head_dim) / plans.tp
@@ -296,13 +340,16 @@ def cp_exchange_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     kv_bytes = plans.mbs * (training.seq_len / plans.cp) * kv_width * ACTIVATION_BYTES
     placement = cp_group(plans, cluster.nvlink_domain_gpus)
     steps = plans.cp - 1.0
+    share = overlap_contention_share(profile, training.nccl_ctas)
     core_step_s = attention_core_fwd_s / plans.cp
-    forward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", kv_bytes)
-                                 - core_step_s)
     core_bwd_step_s = (compute_model.BACKWARD_TO_FORWARD * attention_core_fwd_s if attention_core_bwd_s is None
                        else attention_core_bwd_s) / plans.cp
-    backward = steps * np.maximum(0.0, group_collective_time_s(profile, placement, "send_recv", 2.0 * kv_bytes)
-                                  - core_bwd_step_s)
+
+    def exposed_s(send_s, core_s):           # each step's send beside one chunk of core, and what it slows there
+        return steps * (np.maximum(0.0, send_s - core_s) + overlap_contention_s(share, np.minimum(send_s, core_s)))
+
+    forward = exposed_s(group_collective_time_s(profile, placement, "send_recv", kv_bytes), core_step_s)
+    backward = exposed_s(group_collective_time_s(profile, placement, "send_recv", 2.0 * kv_bytes), core_bwd_step_s)
     return forward, backward
 
 
@@ -328,12 +375,16 @@ def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     return ep_all_to_all_s(model, cluster, training, plans, stage, comm)
 
 
-def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray,
+                         contention_share: float = 0.0) -> np.ndarray:
     """Exposed EP all-to-all per step under --overlap-moe-expert-parallel-comm: Megatron-Core runs the forward of
     micro-batch i+1 and the backward of micro-batch i as one merged schedule (`combined_1f1b`), so a micro-batch's
     dispatch/combine hides behind the other's computation; the first micro-batch has no partner and stays exposed
-    (Megatron-Core `pipeline_parallel/combined_1f1b.py`; MoE README "EP A2A overlap")."""
-    return a2a_s + (microbatches - 1.0) * np.maximum(0.0, a2a_s - compute_s)
+    (Megatron-Core `pipeline_parallel/combined_1f1b.py`; MoE README "EP A2A overlap"). The hidden all-to-alls
+    slow the compute beside them by `contention_share` of their length (`overlap_contention_s`)."""
+    hidden = (microbatches - 1.0) * np.minimum(a2a_s, compute_s)
+    return a2a_s + (microbatches - 1.0) * np.maximum(0.0, a2a_s - compute_s) \
+        + overlap_contention_s(contention_share, hidden)
 
 
 def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
@@ -435,19 +486,32 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
+    backward_s = microbatch.backward_s + microbatch.recompute_s
     reduce_exposed = reduce_s
     if training.overlap_grad_reduce:
-        reduce_exposed = np.maximum(reduce_s - microbatch.backward_s - microbatch.recompute_s, bucket_reduce_s)
+        reduce_exposed = np.maximum(reduce_s - backward_s, bucket_reduce_s)
     gather_exposed = gather_s
     if training.overlap_param_gather:
         gather_exposed = np.maximum(gather_s - microbatch.forward_s, bucket_gather_s)
     exposed = reduce_exposed + np.where(sharded, gather_exposed, 0.0)
+    hidden = exposed_complement(reduce_s, reduce_exposed) + np.where(sharded, exposed_complement(gather_s,
+                                                                                                 gather_exposed), 0.0)
     # ZeRO-2: the other microbatches' reduce-scatters, each behind its own backward (the last one is in `exposed`)
-    zero2_extra = (microbatches - 1.0) * np.maximum(0.0, reduce_s - microbatch.backward_s - microbatch.recompute_s)
+    zero2_extra = (microbatches - 1.0) * np.maximum(0.0, reduce_s - backward_s)
+    zero2_hidden = hidden + (microbatches - 1.0) * np.minimum(reduce_s, backward_s)
     # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, behind its compute; the last
     # bucket's reduce-scatter stays exposed
-    zero3 = microbatches * np.maximum(0.0, 2.0 * gather_s + reduce_s - microbatch.compute_s) + bucket_reduce_s
-    return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
+    zero3_traffic = 2.0 * gather_s + reduce_s
+    zero3 = microbatches * np.maximum(0.0, zero3_traffic - microbatch.compute_s) + bucket_reduce_s
+    zero3_hidden = microbatches * np.minimum(zero3_traffic, microbatch.compute_s)
+    hidden = np.where(plans.zero >= 3, zero3_hidden, np.where(plans.zero == 2, zero2_hidden, hidden))
+    contention = overlap_contention_s(overlap_contention_share(cluster.profile, training.nccl_ctas), hidden)
+    return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0)) + contention
+
+
+def exposed_complement(traffic_s: np.ndarray, exposed_s: np.ndarray) -> np.ndarray:
+    """The part of a collective's `traffic_s` that ran hidden behind compute."""
+    return np.maximum(0.0, traffic_s - exposed_s)
 
 
 def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
@@ -516,7 +580,9 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "compute": microbatches * compute_mb,
             "tp_comm": microbatches * tp_mb,
             "cp_comm": microbatches * cp_mb,
-            "ep_comm": (ep_overlap_exposed_s(ep_mb, compute_mb, microbatches) if training.moe_a2a_overlap
+            "ep_comm": (ep_overlap_exposed_s(ep_mb, compute_mb, microbatches,
+                                             overlap_contention_share(profile, training.nccl_ctas))
+                        if training.moe_a2a_overlap
                         else microbatches * ep_mb),
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
         })

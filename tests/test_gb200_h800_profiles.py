@@ -215,3 +215,20 @@ def test_modelzoo_gb200_rows_count_trays_of_four_and_gb300_stays_refused():
 def test_calibrate_picks_the_new_profiles_as_base(device_name, memory_gib, expected):
     from autopar.calibrate.profile_file import base_profile_for_device
     assert base_profile_for_device(device_name, memory_gib) == expected
+
+
+def test_every_bundled_profile_states_its_sm_count_and_a_bad_one_is_refused():
+    expected = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "h800-80gb": 132,
+                "b200-180gb": 148, "gb200-186gb": 148}
+    for name, sms in expected.items():
+        profile = load_profile(name)
+        assert profile.streaming_multiprocessors == sms
+        assert profile.provenance["compute.streaming_multiprocessors"]
+    text = GB200_YAML.read_text(encoding="utf-8")
+    assert "  streaming_multiprocessors: 148\n" in text
+    for bad in ("12.5", "-3", "2000", "many"):
+        with pytest.raises(InputError, match="compute.streaming_multiprocessors"):
+            parse_profile(text.replace("  streaming_multiprocessors: 148\n",
+                                       f"  streaming_multiprocessors: {bad}\n"), "mine.yaml")
+    absent = parse_profile(text.replace("  streaming_multiprocessors: 148\n", ""), "mine.yaml")
+    assert absent.streaming_multiprocessors == 0                          # not stated: contention not priced

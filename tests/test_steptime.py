@@ -156,12 +156,14 @@ def test_ep_all_to_all_slows_down_when_the_ep_group_crosses_nodes():
 def test_cp_ring_is_hidden_behind_long_attention_and_exposed_across_nodes_at_short_sequences():
     plan = [Plan(tp=8, cp=2, sp=True)]                    # cp stride 8: the two CP ranks sit on different nodes
 
-    def cp_s(seq, gpus_per_node):
-        return terms(LLAMA_7B, 16, plan, TrainingSpec(seq_len=seq, global_batch_size=16),
+    def cp_s(seq, gpus_per_node, nccl_ctas=16):
+        return terms(LLAMA_7B, 16, plan, TrainingSpec(seq_len=seq, global_batch_size=16, nccl_ctas=nccl_ctas),
                      gpus_per_node=gpus_per_node)["cp_comm"][0]
 
     assert cp_s(4096, 8) > cp_s(4096, 16) > 0             # InfiniBand ring vs NVLink ring
-    assert cp_s(131072, 8) == 0.0                         # attention (∝ s²) hides the K/V exchange (∝ s)
+    assert cp_s(131072, 8, nccl_ctas=0) == 0.0            # attention (∝ s²) hides the K/V exchange (∝ s) ...
+    # ... and what is left is the SMs the hidden sends take from the attention beside them: 16/132 of their length
+    assert 0.0 < cp_s(131072, 8) == pytest.approx(2 * cp_s(131072, 8, nccl_ctas=8))
 
 
 def test_imbalance_slows_experts_and_capacity_caps_it():
@@ -335,3 +337,49 @@ def test_cross_entropy_moves_its_bytes_per_logit_on_the_last_stage_only():
     last = steptime.stage_compute_s(LLAMA_7B, training, pp2, times, np.array([1]))
     assert last[0][0] - first[0][0] == pytest.approx(times.logits_fwd_s[0] + times.loss_fwd_s[0])
     assert last[1][0] - first[1][0] == pytest.approx(2 * times.logits_fwd_s[0] + times.loss_bwd_s[0])
+
+
+# ---- overlapped communication holds SMs ----------------------------------------------------------------------
+
+def test_an_overlapped_collective_takes_its_ctas_share_of_the_sms_from_the_compute_beside_it():
+    # hand arithmetic: the H100's 132 SMs, NCCL's default 16 CTAs; a collective of 2 s hidden behind 10 s of
+    # compute delays it by 16/132 × 2 s; none hidden (comm-bound), nothing is added beyond the exposed part
+    share = steptime.overlap_contention_share(H100, 16)
+    assert share == pytest.approx(16 / 132)
+    assert steptime.ep_overlap_exposed_s(np.array([2.0]), np.array([10.0]), np.array([4.0]), share)[0] == \
+        pytest.approx(2.0 + 3 * share * 2.0)
+    # a profile that does not state its SM count prices overlap as before
+    unknown = dataclasses.replace(H100, streaming_multiprocessors=0)
+    assert steptime.overlap_contention_share(unknown, 16) == 0.0
+
+
+def test_overlapped_data_parallel_traffic_costs_its_share_and_zero_ctas_is_free_overlap():
+    plans = PlanArrays.from_plans([Plan(tp=2, sp=True, zero=1), Plan(tp=1, zero=3, mbs=2)])
+    overlapped = TrainingSpec(seq_len=4096, global_batch_size=256, overlap_grad_reduce=True,
+                              overlap_param_gather=True)
+    with_ctas = terms(LLAMA_7B, 64, plans, overlapped)["dp_comm"]
+    free = terms(LLAMA_7B, 64, plans, dataclasses.replace(overlapped, nccl_ctas=0))["dp_comm"]
+    more = terms(LLAMA_7B, 64, plans, dataclasses.replace(overlapped, nccl_ctas=32))["dp_comm"]
+    assert np.all(free < with_ctas) and np.all(with_ctas < more)
+    # the added time is linear in the CTAs: 32 CTAs add twice what 16 add
+    np.testing.assert_allclose(more - free, 2 * (with_ctas - free), rtol=1e-9)
+    # without overlap nothing is hidden, so the CTAs change nothing (ZeRO-1)
+    exposed = dataclasses.replace(overlapped, overlap_grad_reduce=False, overlap_param_gather=False)
+    zero1 = PlanArrays.from_plans([Plan(tp=2, sp=True, zero=1)])
+    assert terms(LLAMA_7B, 64, zero1, exposed)["dp_comm"][0] == \
+        terms(LLAMA_7B, 64, zero1, dataclasses.replace(exposed, nccl_ctas=64))["dp_comm"][0]
+
+
+def test_tp_comm_overlap_runs_the_pipelined_and_bulk_gemms_beside_te_userbuffer_sms():
+    # TE's set_sm_margin: the output GEMM forward and the input GEMM's dgrad + wgrad run on 132 - 16 SMs
+    in_s, out_s, none = np.array([3.0]), np.array([5.0]), np.array([0.0])
+    margin = steptime.tp_overlap_sm_margin_s(H100, in_s, out_s, none)
+    assert margin[0] == pytest.approx((5.0 + 2 * 3.0) * 16 / (132 - 16))
+    recomputed = steptime.tp_overlap_sm_margin_s(H100, in_s, out_s, np.array([1.0]))
+    assert recomputed[0] == pytest.approx((2 * 5.0 + 2 * 3.0) * 16 / (132 - 16))
+
+
+def test_nccl_ctas_is_validated():
+    for bad in (-1, 65, 1.5, True, "16"):
+        with pytest.raises(InputError, match="nccl_ctas"):
+            TrainingSpec(nccl_ctas=bad)

@@ -108,6 +108,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                               "(Transformer Engine userbuffers; plans with SP)")
     overlap.add_argument("--overlap-moe-expert-parallel-comm", dest="moe_a2a_overlap", action="store_true",
                          help="overlap the expert-parallel all-to-all of one micro-batch with another's compute")
+    overlap.add_argument("--nccl-ctas", type=int, default=16, metavar="N",
+                         help="SMs an NCCL collective holds while it overlaps compute (one CTA per channel; "
+                              "NCCL_DEBUG=INFO prints 'N coll channels', NCCL_MAX_CTAS caps it); the overlapped "
+                              "compute runs on the other SMs; 0 prices overlap as free; default 16")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -215,7 +219,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
-                        tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap)
+                        tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
+                        nccl_ctas=args.nccl_ctas)
 
 
 def plan_from_args(args: argparse.Namespace) -> "Plan":

@@ -55,4 +55,6 @@ def overlap_summary(training: TrainingSpec) -> str:
     switches = (("grad reduce", training.overlap_grad_reduce), ("param gather", training.overlap_param_gather),
                 ("TP comm", training.tp_comm_overlap), ("EP all-to-all", training.moe_a2a_overlap))
     on = [name for name, value in switches if value]
-    return ", ".join(on) + " (others off)" if on else "none (Megatron-Core defaults; see --overlap-grad-reduce ...)"
+    if not on:
+        return "none (Megatron-Core defaults; see --overlap-grad-reduce ...)"
+    return ", ".join(on) + f" (others off; NCCL holds {training.nccl_ctas} SMs beside overlapped compute)"

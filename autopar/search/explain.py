@@ -231,7 +231,7 @@ TERM_CAUSES = {
     "tp_comm": "TP communication on every layer (guide: 'Too much TP')",
     "cp_comm": "CP ring exchange of K/V",
     "ep_comm": "EP all-to-all dispatch and combine",
-    "dp_comm": "data-parallel gradient synchronisation",
+    "dp_comm": "data-parallel gradient synchronisation (exposed, plus the SMs its overlapped part takes)",
     "optimizer": "optimizer step",
 }
 
