@@ -405,21 +405,34 @@ def fp8_cast_bytes(gemms: list[Gemm], training: TrainingSpec) -> np.ndarray:
 
 # ---- seconds -------------------------------------------------------------------------------------------------
 
+def sustained_compute_s(profile: HardwareProfile, burst_s: "np.ndarray | float") -> "np.ndarray | float":
+    """Seconds of a compute-bound kernel inside a training step, from its microbenchmarked (burst) time: the
+    microbenchmarks time short bursts at boost clock, while a step keeps the tensor cores busy long enough for
+    the board's power limit to pull the SM clock down (profile `sustained_clock_fraction`, with its sources:
+    DeepGEMM issue #120, H800 1980 -> 1575 MHz; flashinfer PR #2899, B200 1965 -> ~1580 MHz after ~30 back-to-back
+    iterations); tensor throughput is proportional to the SM clock."""
+    return burst_s / profile.sustained_clock_fraction
+
+
 def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[Gemm],
                   attention_core: "bool | None" = None) -> np.ndarray:
+    """Seconds of `gemms` (or only the attention core's / only the others', with `attention_core`) in a training
+    step: each on its fitted curve, at the sustained clock (`sustained_compute_s`)."""
     precision = training.precision.value
     total = np.zeros(len(gemms[0].flops)) if gemms else 0.0
     for gemm in gemms:
         if attention_core is not None and gemm.attention_core != attention_core:
             continue
         if gemm.attention_core and training.flash_attention:  # fused kernel: its own measured curve
-            total = total + gemm.flops / (profile.peak_flops_per_s["bf16"] * attention_efficiency(
-                profile, gemm.m, gemm.n, gemm.k, resolve_attention_kernel(profile, training), "fwd"))
+            total = total + sustained_compute_s(profile, gemm.flops / (
+                profile.peak_flops_per_s["bf16"] * attention_efficiency(
+                    profile, gemm.m, gemm.n, gemm.k, resolve_attention_kernel(profile, training), "fwd")))
         elif gemm.grouped and moe_kernels.has_grouped_curve(profile, precision):  # routed experts: grouped-GEMM roofline
-            total = total + moe_kernels.grouped_gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, precision)
+            total = total + moe_kernels.grouped_gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, precision,
+                                                            profile.sustained_clock_fraction)
         else:
-            total = total + gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
-                                        "bf16" if gemm.attention_core else precision)
+            total = total + sustained_compute_s(profile, gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
+                                                                     "bf16" if gemm.attention_core else precision))
     return total
 
 
@@ -437,7 +450,7 @@ def attention_core_backward_s(profile: HardwareProfile, training: TrainingSpec, 
                     profile, gemm.m, gemm.n, gemm.k, resolve_attention_kernel(profile, training), "bwd"))
         else:
             total = total + BACKWARD_TO_FORWARD * gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, "bf16")
-    return total
+    return sustained_compute_s(profile, total)
 
 
 @dataclass(frozen=True)

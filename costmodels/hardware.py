@@ -87,6 +87,11 @@ class HardwareProfile:
     """SMs of the GPU (YAML `compute.streaming_multiprocessors`, optional; 0 = not stated): a communication kernel
     running beside a compute kernel holds some of them (costmodels.steptime.overlap_contention_s); unknown, that
     contention is not priced."""
+    sustained_clock_fraction: float = 1.0
+    """SM clock a training step sustains at the board's power limit over the clock the compute microbenchmarks
+    ran at (YAML `compute.sustained_clock_fraction`, optional; absent = 1, no throttling). Tensor-core throughput
+    is SMs × FLOP per clock × clock, so the step's compute-bound kernels run at their fitted (burst) rate × this;
+    memory-bound kernels keep theirs (costmodels.compute.sustained_compute_s)."""
     aliases: tuple[str, ...] = ()
     provenance: Mapping[str, str] = field(default_factory=dict)
     """For each field (dotted path as in the YAML): where its value comes from."""
@@ -269,6 +274,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         gpus_per_node=gpus_per_node,
         nvlink_domain_size=nvlink_domain_size,
         streaming_multiprocessors=_streaming_multiprocessors(reader, data),
+        sustained_clock_fraction=_sustained_clock_fraction(reader, data),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
         source_path=origin,
@@ -302,6 +308,14 @@ def _streaming_multiprocessors(reader: "_Reader", data: dict) -> int:
         raise InputError("profile", f"{reader.origin}: field compute.streaming_multiprocessors must be a whole "
                                     f"number, got {compute['streaming_multiprocessors']!r}")
     return int(count)
+
+
+def _sustained_clock_fraction(reader: "_Reader", data: dict) -> float:
+    """The optional `compute.sustained_clock_fraction`, in (0, 1]; absent = 1."""
+    compute = data.get("compute")
+    if not isinstance(compute, dict) or "sustained_clock_fraction" not in compute:
+        return 1.0
+    return reader.number("compute.sustained_clock_fraction", upper=1.0)
 
 
 def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[CollectivePoint, ...]]]:

@@ -88,10 +88,11 @@ def grouped_gemm_bytes(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.nd
 
 
 def grouped_gemm_time_s(profile: HardwareProfile, flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
-                        precision: str) -> np.ndarray:
+                        precision: str, clock_fraction: float = 1.0) -> np.ndarray:
     """Seconds of a grouped GEMM of `flops` in total over groups of shape (m, n, k): compute at the grouped compute
-    fraction of the peak plus the itemised bytes at `grouped_hbm_efficiency` × HBM bandwidth."""
-    compute_s = np.asarray(flops, dtype=float) / (profile.peak_flops_per_s[precision]
+    fraction of the peak (× `clock_fraction`, the sustained clock of a training step; 1 as the microbenchmarks
+    measured it) plus the itemised bytes at `grouped_hbm_efficiency` × HBM bandwidth."""
+    compute_s = np.asarray(flops, dtype=float) / (profile.peak_flops_per_s[precision] * clock_fraction
                                                   * grouped_compute_fraction(profile, precision))
     memory_s = grouped_gemm_bytes(flops, m, n, k, precision) / grouped_hbm_bytes_per_s(profile)
     return compute_s + memory_s

@@ -232,3 +232,14 @@ def test_every_bundled_profile_states_its_sm_count_and_a_bad_one_is_refused():
                                        f"  streaming_multiprocessors: {bad}\n"), "mine.yaml")
     absent = parse_profile(text.replace("  streaming_multiprocessors: 148\n", ""), "mine.yaml")
     assert absent.streaming_multiprocessors == 0                          # not stated: contention not priced
+
+
+def test_sustained_clock_fraction_is_optional_and_at_most_one():
+    text = GB200_YAML.read_text(encoding="utf-8")
+    assert "  sustained_clock_fraction: 0.804\n" in text
+    for bad in ("0", "1.2", "-0.5", "fast"):
+        with pytest.raises(InputError, match="compute.sustained_clock_fraction"):
+            parse_profile(text.replace("  sustained_clock_fraction: 0.804\n",
+                                       f"  sustained_clock_fraction: {bad}\n"), "mine.yaml")
+    assert parse_profile(text.replace("  sustained_clock_fraction: 0.804\n", ""),
+                         "mine.yaml").sustained_clock_fraction == 1.0   # absent: the burst rate

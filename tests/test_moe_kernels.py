@@ -143,10 +143,12 @@ def test_moe_layer_prices_grouped_experts_and_wgrad_accumulation():
     assert not moe_kernels.has_grouped_curve(dataclasses.replace(H100, gemm_efficiency=params))
     dense_curve = dataclasses.replace(H100, gemm_efficiency=params)
     without = compute.layer_times_s(MIXTRAL, dense_curve, training, plans)
-    # the routed experts' GEMMs, and only they, move from the dense curve to the grouped roofline
+    # the routed experts' GEMMs, and only they, move from the dense curve to the grouped roofline (both at the
+    # step's sustained clock)
     gemms = compute.moe_mlp_gemms(MIXTRAL, training, plans)
-    moved_s = sum(moe_kernels.grouped_gemm_time_s(H100, g.flops, g.m, g.n, g.k, "bf16")
-                  - compute.gemm_time_s(H100, g.flops, g.m, g.n, g.k, "bf16") for g in gemms if g.grouped)
+    moved_s = sum(moe_kernels.grouped_gemm_time_s(H100, g.flops, g.m, g.n, g.k, "bf16", H100.sustained_clock_fraction)
+                  - compute.sustained_compute_s(H100, compute.gemm_time_s(H100, g.flops, g.m, g.n, g.k, "bf16"))
+                  for g in gemms if g.grouped)
     assert with_curve.moe_layer_fwd_s[0] - without.moe_layer_fwd_s[0] == pytest.approx(float(moved_s[0]))
     assert float(moved_s[0]) != 0.0
     assert with_curve.dense_layer_fwd_s[0] == pytest.approx(without.dense_layer_fwd_s[0])

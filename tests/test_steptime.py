@@ -383,3 +383,32 @@ def test_nccl_ctas_is_validated():
     for bad in (-1, 65, 1.5, True, "16"):
         with pytest.raises(InputError, match="nccl_ctas"):
             TrainingSpec(nccl_ctas=bad)
+
+
+# ---- sustained clock -----------------------------------------------------------------------------------------
+
+def test_a_training_step_runs_compute_bound_kernels_at_the_sustained_clock_and_memory_bound_ones_unchanged():
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    plans = PlanArrays.from_plans([Plan(tp=2, sp=True, mbs=2)])
+    burst = dataclasses.replace(H100, sustained_clock_fraction=1.0)
+    half = dataclasses.replace(H100, sustained_clock_fraction=0.5)
+    fast, slow = compute.layer_times_s(LLAMA_7B, burst, training, plans), \
+        compute.layer_times_s(LLAMA_7B, half, training, plans)
+    gemms = compute.attention_gemms(LLAMA_7B, training, plans) + \
+        compute.mlp_gemms(LLAMA_7B, compute._tokens(training, plans), LLAMA_7B.ffn_hidden_size, plans.tp.astype(float))
+    gemm_s = compute._gemms_time_s(burst, training, gemms)
+    # halving the clock doubles the GEMMs and the attention core, and leaves the elementwise bytes alone
+    np.testing.assert_allclose(slow.dense_layer_fwd_s - fast.dense_layer_fwd_s, gemm_s, rtol=1e-9)
+    np.testing.assert_allclose(slow.core_backward_s(training), 2 * fast.core_backward_s(training), rtol=1e-9)
+    np.testing.assert_allclose(slow.loss_fwd_s, fast.loss_fwd_s, rtol=1e-12)
+    # the fitted (burst) curve itself is untouched: calibration fits it to microbenchmarks as measured
+    assert compute.gemm_time_s(half, np.array([1e12]), 8192, 8192, 8192, "bf16")[0] == \
+        compute.gemm_time_s(burst, np.array([1e12]), 8192, 8192, 8192, "bf16")[0]
+
+
+def test_bundled_profiles_throttle_hopper_and_blackwell_but_not_a100():
+    for name, fraction in (("a100-80gb", 1.0), ("h100-80gb", 0.795), ("h200-141gb", 0.795), ("h800-80gb", 0.795),
+                           ("b200-180gb", 0.804), ("gb200-186gb", 0.804)):
+        profile = load_profile(name)
+        assert profile.sustained_clock_fraction == pytest.approx(fraction)
+        assert "MHz" in profile.provenance["compute.sustained_clock_fraction"] or fraction == 1.0
