@@ -52,6 +52,8 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     "gpus_per_node": cluster.gpus_per_node, "num_nodes": cluster.num_nodes,
                     "nvlink_domain_gpus": cluster.nvlink_domain_gpus, "hbm_bytes": whole_bytes(profile.hbm_bytes), "headroom": cluster.headroom,
                     "memory_limit_bytes": whole_bytes(cluster.memory_limit_bytes), "profile_source": profile.source_path,
+                    "sustained_clock_fraction": profile.sustained_clock_fraction,
+                    "streaming_multiprocessors": profile.streaming_multiprocessors,
                     "profile_provenance": dict(profile.provenance)},
         "training": {"seq_len": training.seq_len, "global_batch_size": training.global_batch_size,
                      "precision": training.precision.value, "flash_attention": training.flash_attention,

@@ -28,8 +28,8 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     if c.get("nvlink_domain_gpus", c["gpus_per_node"]) != c["gpus_per_node"]:   # GB200 NVL72: NVLink spans nodes
         nodes += f", NVLink domains of {c['nvlink_domain_gpus']}"
     cluster_text = (f"{c['num_gpus']} × {c['gpu_display_name']} ({nodes}), limit {format_gib(c['memory_limit_bytes'])} "
-                    f"per GPU ({1 - c['headroom']:.0%} of {format_gib(c['hbm_bytes'], 0)} HBM) "
-                    f"[{c['profile_source']}]")
+                    f"per GPU ({1 - c['headroom']:.0%} of {format_gib(c['hbm_bytes'], 0)} HBM)"
+                    f"{_sustained_clock_text(c)} [{c['profile_source']}]")
     training_text = (f"seq_len {t['seq_len']}, global batch {t['global_batch_size']} "
                      f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}, "
                      f"flash attention {_attention_text(t)}, "
@@ -40,6 +40,12 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         training_text += f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}"
     training_text += f"; overlap: {overlap_summary(training)}"
     return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
+
+
+def _sustained_clock_text(c: dict) -> str:
+    """', GEMMs at the sustained clock (0.80 × burst)' where the profile throttles compute, else ''."""
+    fraction = c.get("sustained_clock_fraction", 1.0)
+    return f", GEMMs at the sustained clock ({fraction:.2f} × burst)" if fraction < 1.0 else ""
 
 
 def _attention_text(t: dict) -> str:
