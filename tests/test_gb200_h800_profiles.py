@@ -217,29 +217,24 @@ def test_calibrate_picks_the_new_profiles_as_base(device_name, memory_gib, expec
     assert base_profile_for_device(device_name, memory_gib) == expected
 
 
-def test_every_bundled_profile_states_its_sm_count_and_a_bad_one_is_refused():
+def test_every_bundled_profile_states_its_sm_count():
     expected = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "h800-80gb": 132,
                 "b200-180gb": 148, "gb200-186gb": 148}
     for name, sms in expected.items():
         profile = load_profile(name)
         assert profile.streaming_multiprocessors == sms
         assert profile.provenance["compute.streaming_multiprocessors"]
-    text = GB200_YAML.read_text(encoding="utf-8")
-    assert "  streaming_multiprocessors: 148\n" in text
-    for bad in ("12.5", "-3", "2000", "many"):
-        with pytest.raises(InputError, match="compute.streaming_multiprocessors"):
-            parse_profile(text.replace("  streaming_multiprocessors: 148\n",
-                                       f"  streaming_multiprocessors: {bad}\n"), "mine.yaml")
-    absent = parse_profile(text.replace("  streaming_multiprocessors: 148\n", ""), "mine.yaml")
-    assert absent.streaming_multiprocessors == 0                          # not stated: contention not priced
 
 
-def test_sustained_clock_fraction_is_optional_and_at_most_one():
+@pytest.mark.parametrize("field, value, bad_values, absent", [
+    ("streaming_multiprocessors", "148", ("12.5", "-3", "2000", "many"), 0),     # not stated: contention not priced
+    ("sustained_clock_fraction", "0.804", ("0", "1.2", "-0.5", "fast"), 1.0),    # not stated: the burst rate
+])
+def test_optional_compute_fields_are_checked_and_default_when_absent(field, value, bad_values, absent):
     text = GB200_YAML.read_text(encoding="utf-8")
-    assert "  sustained_clock_fraction: 0.804\n" in text
-    for bad in ("0", "1.2", "-0.5", "fast"):
-        with pytest.raises(InputError, match="compute.sustained_clock_fraction"):
-            parse_profile(text.replace("  sustained_clock_fraction: 0.804\n",
-                                       f"  sustained_clock_fraction: {bad}\n"), "mine.yaml")
-    assert parse_profile(text.replace("  sustained_clock_fraction: 0.804\n", ""),
-                         "mine.yaml").sustained_clock_fraction == 1.0   # absent: the burst rate
+    line = f"  {field}: {value}\n"
+    assert line in text
+    for bad in bad_values:
+        with pytest.raises(InputError, match=f"compute.{field}"):
+            parse_profile(text.replace(line, f"  {field}: {bad}\n"), "mine.yaml")
+    assert getattr(parse_profile(text.replace(line, ""), "mine.yaml"), field) == absent
