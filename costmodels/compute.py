@@ -410,7 +410,9 @@ def sustained_compute_s(profile: HardwareProfile, burst_s: "np.ndarray | float")
     microbenchmarks time short bursts at boost clock, while a step keeps the tensor cores busy long enough for
     the board's power limit to pull the SM clock down (profile `sustained_clock_fraction`, with its sources:
     DeepGEMM issue #120, H800 1980 -> 1575 MHz; flashinfer PR #2899, B200 1965 -> ~1580 MHz after ~30 back-to-back
-    iterations); tensor throughput is proportional to the SM clock."""
+    iterations); tensor throughput is proportional to the SM clock. The whole time of a GEMM on the fitted curve
+    scales, the curve's small-shape roll-off too (launch and memory time that does not slow with the clock): a
+    slight over-charge for the smallest GEMMs."""
     return burst_s / profile.sustained_clock_fraction
 
 

@@ -84,7 +84,8 @@ class HardwareProfile:
     compute trays of 4 (Multi-Node NVLink). costmodels.comm prices a group inside one domain on NVLink, a group
     spanning domains on NVLink inside each domain and InfiniBand between them (ClusterSpec.nvlink_domain_gpus)."""
     streaming_multiprocessors: int = 0
-    """SMs of the GPU (YAML `compute.streaming_multiprocessors`, optional; 0 = not stated): a communication kernel
+    """SMs of the GPU (YAML `compute.streaming_multiprocessors`, optional, a whole number > 0; absent: 0, not
+    stated): a communication kernel
     running beside a compute kernel holds some of them (costmodels.steptime.overlap_contention_s); unknown, that
     contention is not priced."""
     sustained_clock_fraction: float = 1.0
@@ -310,12 +311,22 @@ def _streaming_multiprocessors(reader: "_Reader", data: dict) -> int:
     return int(count)
 
 
+MIN_SUSTAINED_CLOCK_FRACTION = 0.25
+"""Power-limited GPUs hold ~0.8 of their boost clock (the bundled profiles' sources); a quarter or less is a
+misconfigured or broken part, not a power limit, and would price every kernel 4× slower."""
+
+
 def _sustained_clock_fraction(reader: "_Reader", data: dict) -> float:
-    """The optional `compute.sustained_clock_fraction`, in (0, 1]; absent = 1."""
+    """The optional `compute.sustained_clock_fraction`, in [MIN_SUSTAINED_CLOCK_FRACTION, 1]; absent = 1."""
     compute = data.get("compute")
     if not isinstance(compute, dict) or "sustained_clock_fraction" not in compute:
         return 1.0
-    return reader.number("compute.sustained_clock_fraction", upper=1.0)
+    fraction = reader.number("compute.sustained_clock_fraction", upper=1.0)
+    if fraction < MIN_SUSTAINED_CLOCK_FRACTION:
+        raise InputError("profile", f"{reader.origin}: field compute.sustained_clock_fraction must be >= "
+                                    f"{MIN_SUSTAINED_CLOCK_FRACTION} (the sustained over the boost SM clock, ~0.8 "
+                                    f"on power-limited GPUs), got {fraction!r}")
+    return fraction
 
 
 def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[CollectivePoint, ...]]]:

@@ -96,12 +96,13 @@ def overlap_contention_share(profile: HardwareProfile, comm_sms: int) -> float:
     return min(comm_sms, sms) / sms if sms else 0.0
 
 
-def overlap_contention_s(share: float, hidden_comm_s: np.ndarray) -> np.ndarray:
-    """Compute time lost to a collective hidden behind it: over the `hidden_comm_s` the two run together the
-    compute advances at (1 − share) of its rate, so it ends share × hidden later (compute W ≥ hidden: the step is
-    W + share·hidden instead of W). Proportional to the SMs taken: a lower bound, as a GEMM whose grid fills the
-    whole GPU can lose a wave more."""
-    return share * hidden_comm_s
+def overlapped_exposed_s(comm_s: "np.ndarray | float", window_s: "np.ndarray | float", share: float) -> np.ndarray:
+    """What a collective of `comm_s` run beside `window_s` of compute adds to the step, its CTAs holding `share` of
+    the SMs: while both run the compute advances at (1 − share) of its rate, so the pair ends at
+    max(comm, window + share·comm) — the collective's excess when it is the longer, else share × its length.
+    A lower bound on the contention: a GEMM whose grid fills the whole GPU can lose a wave more."""
+    comm_s = np.asarray(comm_s, dtype=float)
+    return np.maximum(comm_s - window_s, share * comm_s)
 
 
 def sm_margin_s(profile: HardwareProfile, margin_sms: int, gemm_s: np.ndarray) -> np.ndarray:
@@ -253,7 +254,8 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     One block of each is `tp_block_s` (`comm` when given).
     With `training.tp_comm_overlap` (and SP) each collective of a TP block hides behind the one GEMM it is fused with
     (`overlap`, see `tp_block_overlapped_s`); the routed experts' etp collectives are not userbuffer-fused and stay
-    exposed. The profile's `overlap.tp_comm` fraction (default 0) applies on top, for calibrated profiles.
+    exposed; the GEMMs Transformer Engine runs beside its userbuffer SMs pay `tp_overlap_sm_margin_s`. The
+    profile's `overlap.tp_comm` fraction (default 0) applies on top of the collectives, for calibrated profiles.
     """
     profile = cluster.profile
     tp_block, etp_block, gather_s, scatter_s = (
@@ -269,17 +271,22 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     shared_expert_blocks = moe_layers if has_shared else 0.0
     total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
     if training.tp_comm_overlap and overlap is not None:
-        def block(in_s, out_s):
-            return tp_block_overlapped_s(gather_s, scatter_s, in_s, out_s, plans.tp, recomputed) \
-                + tp_overlap_sm_margin_s(profile, in_s, out_s, recomputed)
+        def blocks(block):
+            return (layers * block(overlap.attention_in_s, overlap.attention_out_s)
+                    + (layers - moe_layers) * block(overlap.mlp_in_s, overlap.mlp_out_s)
+                    + (moe_layers * block(overlap.shared_in_s, overlap.shared_out_s) if has_shared else 0.0))
 
-        hidden = (layers * block(overlap.attention_in_s, overlap.attention_out_s)
-                  + (layers - moe_layers) * block(overlap.mlp_in_s, overlap.mlp_out_s)
-                  + (moe_layers * block(overlap.shared_in_s, overlap.shared_out_s) if has_shared else 0.0))
-        total = np.where(plans.sp & (plans.tp > 1), hidden, total)
+        overlapped = plans.sp & (plans.tp > 1)
+        total = np.where(overlapped, blocks(lambda in_s, out_s: tp_block_overlapped_s(
+            gather_s, scatter_s, in_s, out_s, plans.tp, recomputed)), total)
+        # the userbuffer SMs slow GEMMs, not collectives: outside the calibrated overlap fraction below
+        margin = np.where(overlapped, blocks(lambda in_s, out_s: tp_overlap_sm_margin_s(profile, in_s, out_s,
+                                                                                           recomputed)), 0.0)
+    else:
+        margin = 0.0
     if model.moe is not None:
         total = total + per_block * moe_layers * etp_block
-    return (1.0 - overlap_fraction(profile, "tp_comm")) * total
+    return (1.0 - overlap_fraction(profile, "tp_comm")) * total + margin
 
 
 def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays, block_s,
@@ -331,7 +338,7 @@ def cp_exchange_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) exposed CP ring exchange of one layer per microbatch (see cp_comm_s); the backward steps
     hide behind the core's backward (its own kernel rate where given, else 2 × the forward); the hidden sends slow
-    the core beside them (`overlap_contention_s`, NCCL's CTAs)."""
+    the core beside them (`overlapped_exposed_s`, NCCL's CTAs)."""
     profile = cluster.profile
     if model.mla is not None:
         kv_width = model.num_attention_heads * (model.mla.qk_head_dim + model.mla.v_head_dim) / plans.tp
@@ -345,8 +352,8 @@ def cp_exchange_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     core_bwd_step_s = (compute_model.BACKWARD_TO_FORWARD * attention_core_fwd_s if attention_core_bwd_s is None
                        else attention_core_bwd_s) / plans.cp
 
-    def exposed_s(send_s, core_s):           # each step's send beside one chunk of core, and what it slows there
-        return steps * (np.maximum(0.0, send_s - core_s) + overlap_contention_s(share, np.minimum(send_s, core_s)))
+    def exposed_s(send_s, core_s):           # each step's send beside one chunk of the core
+        return steps * overlapped_exposed_s(send_s, core_s, share)
 
     forward = exposed_s(group_collective_time_s(profile, placement, "send_recv", kv_bytes), core_step_s)
     backward = exposed_s(group_collective_time_s(profile, placement, "send_recv", 2.0 * kv_bytes), core_bwd_step_s)
@@ -381,10 +388,8 @@ def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches:
     micro-batch i+1 and the backward of micro-batch i as one merged schedule (`combined_1f1b`), so a micro-batch's
     dispatch/combine hides behind the other's computation; the first micro-batch has no partner and stays exposed
     (Megatron-Core `pipeline_parallel/combined_1f1b.py`; MoE README "EP A2A overlap"). The hidden all-to-alls
-    slow the compute beside them by `contention_share` of their length (`overlap_contention_s`)."""
-    hidden = (microbatches - 1.0) * np.minimum(a2a_s, compute_s)
-    return a2a_s + (microbatches - 1.0) * np.maximum(0.0, a2a_s - compute_s) \
-        + overlap_contention_s(contention_share, hidden)
+    slow the compute beside them by `contention_share` of their length (`overlapped_exposed_s`)."""
+    return a2a_s + (microbatches - 1.0) * overlapped_exposed_s(a2a_s, compute_s, contention_share)
 
 
 def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
@@ -477,41 +482,34 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     - Dense gradients reduce over dp·cp (stride tp); expert gradients over edp (stride etp·ep).
     - ZeRO-0/1 (Megatron DDP / distributed optimizer): with `training.overlap_grad_reduce` the reduce overlaps the
       last microbatch's backward, with `overlap_param_gather` the gather the next forward, bucket by bucket:
-      exposed = max(traffic - window, last bucket), the bucket max(40M, 1M·dp) parameters. Off (Megatron-Core's
-      default), each runs after the backward / after the optimizer step, fully exposed.
+      exposed = the last bucket + what the rest adds beside the window, the bucket max(40M, 1M·dp) parameters.
+      Off (Megatron-Core's default), each runs after the backward / after the optimizer step, fully exposed.
     - ZeRO-2/3 (FSDP, DeepSpeed) overlap by design (FSDP backward prefetch, DeepSpeed overlap_comm), whatever the
       Megatron switches say.
+    - What a collective adds beside compute is `overlapped_exposed_s`: its excess over the window, or, when the
+      window is the longer, the share of the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length.
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
         plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
+    share = overlap_contention_share(cluster.profile, training.nccl_ctas)
     backward_s = microbatch.backward_s + microbatch.recompute_s
     reduce_exposed = reduce_s
-    if training.overlap_grad_reduce:
-        reduce_exposed = np.maximum(reduce_s - backward_s, bucket_reduce_s)
+    if training.overlap_grad_reduce:   # the last bucket after the backward, the rest beside it
+        reduce_exposed = bucket_reduce_s + overlapped_exposed_s(reduce_s - bucket_reduce_s, backward_s, share)
     gather_exposed = gather_s
-    if training.overlap_param_gather:
-        gather_exposed = np.maximum(gather_s - microbatch.forward_s, bucket_gather_s)
+    if training.overlap_param_gather:  # the first bucket before the forward, the rest beside it
+        gather_exposed = bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s,
+                                                                share)
     exposed = reduce_exposed + np.where(sharded, gather_exposed, 0.0)
-    hidden = exposed_complement(reduce_s, reduce_exposed) + np.where(sharded, exposed_complement(gather_s,
-                                                                                                 gather_exposed), 0.0)
-    # ZeRO-2: the other microbatches' reduce-scatters, each behind its own backward (the last one is in `exposed`)
-    zero2_extra = (microbatches - 1.0) * np.maximum(0.0, reduce_s - backward_s)
-    zero2_hidden = hidden + (microbatches - 1.0) * np.minimum(reduce_s, backward_s)
-    # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, behind its compute; the last
+    # ZeRO-2: the other microbatches' reduce-scatters, each beside its own backward (the last one is in `exposed`)
+    zero2_extra = (microbatches - 1.0) * overlapped_exposed_s(reduce_s, backward_s, share)
+    # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, beside its compute; the last
     # bucket's reduce-scatter stays exposed
-    zero3_traffic = 2.0 * gather_s + reduce_s
-    zero3 = microbatches * np.maximum(0.0, zero3_traffic - microbatch.compute_s) + bucket_reduce_s
-    zero3_hidden = microbatches * np.minimum(zero3_traffic, microbatch.compute_s)
-    hidden = np.where(plans.zero >= 3, zero3_hidden, np.where(plans.zero == 2, zero2_hidden, hidden))
-    contention = overlap_contention_s(overlap_contention_share(cluster.profile, training.nccl_ctas), hidden)
-    return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0)) + contention
-
-
-def exposed_complement(traffic_s: np.ndarray, exposed_s: np.ndarray) -> np.ndarray:
-    """The part of a collective's `traffic_s` that ran hidden behind compute."""
-    return np.maximum(0.0, traffic_s - exposed_s)
+    zero3 = microbatches * overlapped_exposed_s(2.0 * gather_s + reduce_s, microbatch.compute_s, share) \
+        + bucket_reduce_s
+    return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
 
 
 def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:

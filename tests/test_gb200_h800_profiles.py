@@ -228,7 +228,7 @@ def test_every_bundled_profile_states_its_sm_count():
 
 @pytest.mark.parametrize("field, value, bad_values, absent", [
     ("streaming_multiprocessors", "148", ("12.5", "-3", "2000", "many"), 0),     # not stated: contention not priced
-    ("sustained_clock_fraction", "0.804", ("0", "1.2", "-0.5", "fast"), 1.0),    # not stated: the burst rate
+    ("sustained_clock_fraction", "0.804", ("0", "0.1", "1.2", "-0.5", "fast"), 1.0),  # not stated: burst rate
 ])
 def test_optional_compute_fields_are_checked_and_default_when_absent(field, value, bad_values, absent):
     text = GB200_YAML.read_text(encoding="utf-8")

@@ -180,7 +180,9 @@ def test_expert_tp_collectives_are_not_hidden_by_tp_comm_overlap():
     from costmodels import steptime
     from costmodels.specs import ClusterSpec
 
-    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    # a profile without an SM count: Transformer Engine's userbuffer SM margin (steptime.tp_overlap_sm_margin_s,
+    # tested on its own) would swamp these collectives next to the endless GEMMs below
+    cluster = ClusterSpec(profile=dataclasses.replace(H100, streaming_multiprocessors=0), num_gpus=64)
     overlap = TrainingSpec(seq_len=4096, global_batch_size=256, tp_comm_overlap=True)
     plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=2, sp=True, pp=1)])
     stage = np.zeros(1, dtype=int)
@@ -201,12 +203,10 @@ def test_expert_tp_collectives_are_not_hidden_by_tp_comm_overlap():
     assert exposed[0] == pytest.approx(float(dense[0] + expert[0]))
     # with overlap and endless GEMM time: of the attention blocks only the ring-exchanged collectives' first chunk
     # (1/tp: the forward's gather and scatter, the backward's gather; the bulk scatter hides whole), the expert
-    # blocks in full; the attention blocks' pipelined and bulk GEMMs also run beside Transformer Engine's
-    # userbuffer SMs (steptime.tp_overlap_sm_margin_s)
+    # blocks in full
     gather = steptime.group_collective_time_s(H100, placement, "all_gather", activation_bytes)
     first_chunks = layers * (block_s(placement, activation_bytes) + gather) / 2.0
-    margin = layers * steptime.tp_overlap_sm_margin_s(H100, endless, endless, np.zeros(1))
-    assert hidden[0] == pytest.approx(float(first_chunks[0] + expert[0] + margin[0]))
+    assert hidden[0] == pytest.approx(float(first_chunks[0] + expert[0]))
 
 
 def test_deepep_internode_rows_give_the_ib_all_to_all_points():

@@ -348,6 +348,14 @@ def test_an_overlapped_collective_takes_its_ctas_share_of_the_sms_from_the_compu
     assert share == pytest.approx(16 / 132)
     assert steptime.ep_overlap_exposed_s(np.array([2.0]), np.array([10.0]), np.array([4.0]), share)[0] == \
         pytest.approx(2.0 + 3 * share * 2.0)
+    # communication-bound: the compute (2 s at 1 - share of its rate) ends inside the all-to-all (10 s), which
+    # alone sets the pace: 8 s exposed per hidden pair, nothing more
+    assert steptime.ep_overlap_exposed_s(np.array([10.0]), np.array([2.0]), np.array([4.0]), share)[0] == \
+        pytest.approx(10.0 + 3 * 8.0)
+    # at the crossover (comm = window / (1 - share)) both regimes agree
+    window = np.array([10.0]); comm = window / (1 - share)
+    assert steptime.overlapped_exposed_s(comm, window, share)[0] == pytest.approx(share * comm[0])
+    assert steptime.overlapped_exposed_s(comm, window, share)[0] == pytest.approx(comm[0] - window[0])
     # a profile that does not state its SM count prices overlap as before
     unknown = dataclasses.replace(H100, streaming_multiprocessors=0)
     assert steptime.overlap_contention_share(unknown, 16) == 0.0
@@ -377,6 +385,32 @@ def test_tp_comm_overlap_runs_the_pipelined_and_bulk_gemms_beside_te_userbuffer_
     assert margin[0] == pytest.approx((5.0 + 2 * 3.0) * 16 / (132 - 16))
     recomputed = steptime.tp_overlap_sm_margin_s(H100, in_s, out_s, np.array([1.0]))
     assert recomputed[0] == pytest.approx((2 * 5.0 + 2 * 3.0) * 16 / (132 - 16))
+
+
+def test_a_communication_bound_zero3_step_pays_its_traffic_and_no_contention_on_top():
+    # Mixtral's 47B parameters gathered twice and reduce-scattered per micro-batch of 512 tokens: the traffic is
+    # several times the compute, so the compute ends inside it and the CTAs it holds cost nothing extra
+    plans = PlanArrays.from_plans([Plan(tp=1, zero=3, mbs=1)])
+    training = TrainingSpec(seq_len=512, global_batch_size=64)
+    busy = terms(MIXTRAL, 64, plans, training)
+    assert busy["dp_comm"][0] > 2 * busy["compute"][0]
+    assert busy["dp_comm"][0] == terms(MIXTRAL, 64, plans, dataclasses.replace(training, nccl_ctas=0))["dp_comm"][0]
+
+
+def test_tp_comm_overlap_charges_the_userbuffer_margin_once_per_overlapped_block():
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, tp_comm_overlap=True)
+    plans = PlanArrays.from_plans([Plan(tp=4, sp=True, mbs=1)])
+    cluster = ClusterSpec(profile=H100, num_gpus=8)
+    no_sms = ClusterSpec(profile=dataclasses.replace(H100, streaming_multiprocessors=0), num_gpus=8)
+    times = compute.layer_times_s(LLAMA_7B, H100, training, plans)
+    stage = np.zeros(1, dtype=int)
+    with_margin = steptime.tp_comm_s(LLAMA_7B, cluster, training, plans, stage, times.tp_overlap)
+    without = steptime.tp_comm_s(LLAMA_7B, no_sms, training, plans, stage, times.tp_overlap)
+    gemms = times.tp_overlap
+    per_layer = steptime.tp_overlap_sm_margin_s(H100, gemms.attention_in_s, gemms.attention_out_s, np.zeros(1)) \
+        + steptime.tp_overlap_sm_margin_s(H100, gemms.mlp_in_s, gemms.mlp_out_s, np.zeros(1))
+    assert with_margin[0] - without[0] == pytest.approx(LLAMA_7B.num_layers * per_layer[0])
+    assert per_layer[0] > 0
 
 
 def test_nccl_ctas_is_validated():

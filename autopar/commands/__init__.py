@@ -111,7 +111,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     overlap.add_argument("--nccl-ctas", type=int, default=16, metavar="N",
                          help="SMs an NCCL collective holds while it overlaps compute (one CTA per channel; "
                               "NCCL_DEBUG=INFO prints 'N coll channels', NCCL_MAX_CTAS caps it); the overlapped "
-                              "compute runs on the other SMs; 0 prices overlap as free; default 16")
+                              "compute runs on the other SMs; 0 prices NCCL overlap as free (Transformer Engine's "
+                              "16 userbuffer SMs under --tp-comm-overlap stay); default 16")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

@@ -43,9 +43,9 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 
 
 def _sustained_clock_text(c: dict) -> str:
-    """', GEMMs at the sustained clock (0.80 × burst)' where the profile throttles compute, else ''."""
+    """', compute at the sustained clock (0.80 × burst)' where the profile throttles compute, else ''."""
     fraction = c.get("sustained_clock_fraction", 1.0)
-    return f", GEMMs at the sustained clock ({fraction:.2f} × burst)" if fraction < 1.0 else ""
+    return f", compute at the sustained clock ({fraction:.2f} × burst)" if fraction < 1.0 else ""
 
 
 def _attention_text(t: dict) -> str:
@@ -61,6 +61,8 @@ def overlap_summary(training: TrainingSpec) -> str:
     switches = (("grad reduce", training.overlap_grad_reduce), ("param gather", training.overlap_param_gather),
                 ("TP comm", training.tp_comm_overlap), ("EP all-to-all", training.moe_a2a_overlap))
     on = [name for name, value in switches if value]
-    if not on:
-        return "none (Megatron-Core defaults; see --overlap-grad-reduce ...)"
-    return ", ".join(on) + f" (others off; NCCL holds {training.nccl_ctas} SMs beside overlapped compute)"
+    text = ", ".join(on) + " (others off)" if on else "none (Megatron-Core defaults; see --overlap-grad-reduce ...)"
+    # ZeRO-2/3 and the CP ring overlap whatever the switches say, so the CTA count always applies
+    ctas = (f"an overlapped NCCL collective holds {training.nccl_ctas} SMs" if training.nccl_ctas
+            else "overlapped NCCL collectives priced free (--nccl-ctas 0)")
+    return f"{text}; {ctas}"
