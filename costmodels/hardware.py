@@ -86,7 +86,8 @@ class HardwareProfile:
     streaming_multiprocessors: int = 0
     """SMs of the GPU (YAML `compute.streaming_multiprocessors`, optional, a whole number > 0; absent: 0, not
     stated): a communication kernel
-    running beside a compute kernel holds some of them (costmodels.steptime.overlap_contention_s); unknown, that
+    running beside a compute kernel holds some of them (costmodels.steptime.overlap_contention_share,
+    overlapped_exposed_s); unknown, that
     contention is not priced."""
     sustained_clock_fraction: float = 1.0
     """SM clock a training step sustains at the board's power limit over the clock the compute microbenchmarks

@@ -269,7 +269,8 @@ class TrainingSpec:
     per channel, and an overlapped collective's CTAs take those SMs from the kernels beside it (NCCL env.rst,
     NCCL_MAX_CTAS: 'Increasing the number of CTAs will consume more GPU resources'). NCCL_DEBUG=INFO prints the
     count per communicator ('N coll channels'): 16 to 32 on 8-GPU H100 nodes; 16, the low end, is the default.
-    NCCL_MAX_CTAS / NCCL_MIN_CTAS set it; 0 prices overlap as free."""
+    NCCL_MAX_CTAS / NCCL_MIN_CTAS set it; 0 prices NCCL overlap as free (Transformer Engine's 16 userbuffer SMs
+    under tp_comm_overlap stay, costmodels.steptime.TE_USERBUFFERS_SM_MARGIN)."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.seq_len, "seq_len")

@@ -99,7 +99,7 @@ def overlap_contention_share(profile: HardwareProfile, comm_sms: int) -> float:
 def overlapped_exposed_s(comm_s: "np.ndarray | float", window_s: "np.ndarray | float", share: float) -> np.ndarray:
     """What a collective of `comm_s` run beside `window_s` of compute adds to the step, its CTAs holding `share` of
     the SMs: while both run the compute advances at (1 − share) of its rate, so the pair ends at
-    max(comm, window + share·comm) — the collective's excess when it is the longer, else share × its length.
+    max(comm, window + share·comm): its excess over the window or share × its length, whichever is larger.
     A lower bound on the contention: a GEMM whose grid fills the whole GPU can lose a wave more."""
     comm_s = np.asarray(comm_s, dtype=float)
     return np.maximum(comm_s - window_s, share * comm_s)
@@ -486,8 +486,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       Off (Megatron-Core's default), each runs after the backward / after the optimizer step, fully exposed.
     - ZeRO-2/3 (FSDP, DeepSpeed) overlap by design (FSDP backward prefetch, DeepSpeed overlap_comm), whatever the
       Megatron switches say.
-    - What a collective adds beside compute is `overlapped_exposed_s`: its excess over the window, or, when the
-      window is the longer, the share of the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length.
+    - What a collective adds beside compute is `overlapped_exposed_s`: its excess over the window or the share of
+      the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length, whichever is larger.
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
         plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage,
@@ -506,9 +506,10 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ZeRO-2: the other microbatches' reduce-scatters, each beside its own backward (the last one is in `exposed`)
     zero2_extra = (microbatches - 1.0) * overlapped_exposed_s(reduce_s, backward_s, share)
     # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, beside its compute; the last
-    # bucket's reduce-scatter stays exposed
-    zero3 = microbatches * overlapped_exposed_s(2.0 * gather_s + reduce_s, microbatch.compute_s, share) \
-        + bucket_reduce_s
+    # microbatch's last bucket of reduce-scatter waits for its backward to end, so only the rest runs beside it
+    zero3_traffic = 2.0 * gather_s + reduce_s
+    zero3 = (microbatches - 1.0) * overlapped_exposed_s(zero3_traffic, microbatch.compute_s, share) \
+        + bucket_reduce_s + overlapped_exposed_s(zero3_traffic - bucket_reduce_s, microbatch.compute_s, share)
     return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
 
 

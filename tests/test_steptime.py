@@ -161,6 +161,7 @@ def test_cp_ring_is_hidden_behind_long_attention_and_exposed_across_nodes_at_sho
                      gpus_per_node=gpus_per_node)["cp_comm"][0]
 
     assert cp_s(4096, 8) > cp_s(4096, 16) > 0             # InfiniBand ring vs NVLink ring
+    assert cp_s(4096, 8) == cp_s(4096, 8, nccl_ctas=0)    # each send outlasts its chunk of core: no contention on top
     assert cp_s(131072, 8, nccl_ctas=0) == 0.0            # attention (∝ s²) hides the K/V exchange (∝ s) ...
     # ... and what is left is the SMs the hidden sends take from the attention beside them: 16/132 of their length
     assert 0.0 < cp_s(131072, 8) == pytest.approx(2 * cp_s(131072, 8, nccl_ctas=8))
@@ -397,11 +398,30 @@ def test_a_communication_bound_zero3_step_pays_its_traffic_and_no_contention_on_
     assert busy["dp_comm"][0] == terms(MIXTRAL, 64, plans, dataclasses.replace(training, nccl_ctas=0))["dp_comm"][0]
 
 
+@pytest.mark.parametrize("zero, overlap", [(1, True), (2, False)])
+def test_communication_bound_zero1_overlap_and_zero2_pay_no_contention_on_top(zero, overlap):
+    # 64 GPUs of 8 nodes, Mixtral's gradients reduced across nodes after micro-batches of 256 tokens: each
+    # collective outlasts the backward beside it
+    plans = PlanArrays.from_plans([Plan(tp=1, zero=zero, mbs=1)])
+    training = TrainingSpec(seq_len=256, global_batch_size=256, overlap_grad_reduce=overlap,
+                            overlap_param_gather=overlap)
+    busy = terms(MIXTRAL, 64, plans, training)
+    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    reduce_s, _, last_bucket_s, _ = steptime.dp_traffic_s(MIXTRAL, cluster, plans, np.zeros(1, dtype=int))
+    microbatches = steptime.num_microbatches(plans, 64, training.global_batch_size)[0]
+    assert microbatches == 4
+    assert reduce_s[0] - last_bucket_s[0] > busy["compute"][0] / microbatches   # longer than a whole micro-batch
+    assert busy["dp_comm"][0] == pytest.approx(
+        terms(MIXTRAL, 64, plans, dataclasses.replace(training, nccl_ctas=0))["dp_comm"][0], rel=1e-12)
+
+
 def test_tp_comm_overlap_charges_the_userbuffer_margin_once_per_overlapped_block():
     training = TrainingSpec(seq_len=4096, global_batch_size=64, tp_comm_overlap=True)
     plans = PlanArrays.from_plans([Plan(tp=4, sp=True, mbs=1)])
-    cluster = ClusterSpec(profile=H100, num_gpus=8)
-    no_sms = ClusterSpec(profile=dataclasses.replace(H100, streaming_multiprocessors=0), num_gpus=8)
+    # a calibrated overlap fraction discounts the collectives only, never the GEMMs' SM margin
+    calibrated = dataclasses.replace(H100, extra={**H100.extra, "overlap": {"tp_comm": 0.5}})
+    cluster = ClusterSpec(profile=calibrated, num_gpus=8)
+    no_sms = ClusterSpec(profile=dataclasses.replace(calibrated, streaming_multiprocessors=0), num_gpus=8)
     times = compute.layer_times_s(LLAMA_7B, H100, training, plans)
     stage = np.zeros(1, dtype=int)
     with_margin = steptime.tp_comm_s(LLAMA_7B, cluster, training, plans, stage, times.tp_overlap)

@@ -43,9 +43,9 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 
 
 def _sustained_clock_text(c: dict) -> str:
-    """', compute at the sustained clock (0.80 × burst)' where the profile throttles compute, else ''."""
+    """', GEMMs and attention at the sustained clock (0.80 × burst)' where the profile throttles them, else ''."""
     fraction = c.get("sustained_clock_fraction", 1.0)
-    return f", compute at the sustained clock ({fraction:.2f} × burst)" if fraction < 1.0 else ""
+    return f", GEMMs and attention at the sustained clock ({fraction:.2f} × burst)" if fraction < 1.0 else ""
 
 
 def _attention_text(t: dict) -> str:
