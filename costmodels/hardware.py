@@ -85,10 +85,8 @@ class HardwareProfile:
     spanning domains on NVLink inside each domain and InfiniBand between them (ClusterSpec.nvlink_domain_gpus)."""
     streaming_multiprocessors: int = 0
     """SMs of the GPU (YAML `compute.streaming_multiprocessors`, optional, a whole number > 0; absent: 0, not
-    stated): a communication kernel
-    running beside a compute kernel holds some of them (costmodels.steptime.overlap_contention_share,
-    overlapped_exposed_s); unknown, that
-    contention is not priced."""
+    stated): a communication kernel running beside a compute kernel holds some of them
+    (costmodels.steptime.overlap_contention_share, overlapped_exposed_s); unknown, that contention is not priced."""
     sustained_clock_fraction: float = 1.0
     """SM clock a training step sustains at the board's power limit over the clock the compute microbenchmarks
     ran at (YAML `compute.sustained_clock_fraction`, optional; absent = 1, no throttling). Tensor-core throughput
@@ -300,15 +298,20 @@ MAX_STREAMING_MULTIPROCESSORS = 1024
 """Far above any GPU's SM count (B200: 148); a larger value is a typo."""
 
 
+def _has_compute_field(data: dict, name: str) -> bool:
+    """Whether the profile's `compute:` section states the optional field `name`."""
+    compute = data.get("compute")
+    return isinstance(compute, dict) and name in compute
+
+
 def _streaming_multiprocessors(reader: "_Reader", data: dict) -> int:
     """The optional `compute.streaming_multiprocessors`: a whole number of SMs; absent = 0 (not stated)."""
-    compute = data.get("compute")
-    if not isinstance(compute, dict) or "streaming_multiprocessors" not in compute:
+    if not _has_compute_field(data, "streaming_multiprocessors"):
         return 0
     count = reader.number("compute.streaming_multiprocessors", upper=MAX_STREAMING_MULTIPROCESSORS)
     if count != int(count):
         raise InputError("profile", f"{reader.origin}: field compute.streaming_multiprocessors must be a whole "
-                                    f"number, got {compute['streaming_multiprocessors']!r}")
+                                    f"number, got {data['compute']['streaming_multiprocessors']!r}")
     return int(count)
 
 
@@ -319,8 +322,7 @@ misconfigured or broken part, not a power limit, and would price every kernel 4Ã
 
 def _sustained_clock_fraction(reader: "_Reader", data: dict) -> float:
     """The optional `compute.sustained_clock_fraction`, in [MIN_SUSTAINED_CLOCK_FRACTION, 1]; absent = 1."""
-    compute = data.get("compute")
-    if not isinstance(compute, dict) or "sustained_clock_fraction" not in compute:
+    if not _has_compute_field(data, "sustained_clock_fraction"):
         return 1.0
     fraction = reader.number("compute.sustained_clock_fraction", upper=1.0)
     if fraction < MIN_SUSTAINED_CLOCK_FRACTION:
