@@ -47,6 +47,7 @@ PUBLISHED = [
     ("qwen3-30b-a3b", 30.5e9, 3.3e9, "Qwen3-30B-A3B model card"),
     ("qwen3-235b-a22b", 235e9, 22e9, "Qwen3-235B-A22B model card"),
     ("qwen1.5-moe-a2.7b", 14.3e9, 2.7e9, "Qwen1.5-MoE-A2.7B model card"),
+    ("qwen2-57b-a14b", 57.4e9, 14.2e9, "Qwen2 report arXiv 2407.10671, Table 1: 57B total, 14B activated"),
     ("deepseek-v3", 671e9, 37e9, "DeepSeek-V3 report arXiv 2412.19437 (without MTP)"),
     ("deepseek-v2-lite", 15.7e9, None, "DeepSeek-V2 paper arXiv 2405.04434 (active: see below)"),
 ]
