@@ -19,6 +19,7 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
   --recompute-granularity/-method/-num-layers, --use-distributed-optimizer, Megatron-FSDP
   (--use-megatron-fsdp/--use-custom-fsdp with --data-parallel-sharding-strategy), --use-torch-fsdp2, --bf16, --fp16,
   --fp8-format;
+- MoE dispatch: --moe-token-dispatcher-type with --moe-flex-dispatcher-backend (or the older --moe-enable-deepep);
 - the GPU count, when the script says it: torchrun/launch `--nproc-per-node` × `--nnodes`, a `WORLD_SIZE=`
   assignment, or `#SBATCH --nodes` × `--gpus-per-node`/`--ntasks-per-node`;
 - model shape flags (--num-layers, --hidden-size, ...), returned in `model` to check against the MODEL given.
@@ -52,7 +53,7 @@ VALUE_FLAGS = frozenset({
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
     "--fp8-format", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-    "--vocab-size", "--attention-backend",
+    "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
 })
 LIST_FLAGS = frozenset({"--recompute-modules"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -66,6 +67,7 @@ SWITCH_FLAGS = frozenset({
     "--multi-latent-attention",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
+    "--moe-enable-deepep",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -409,6 +411,29 @@ def _attention(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, An
     return dict(ATTENTION_OF_BACKEND[str(backend)])
 
 
+def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, Any]:
+    """TrainingSpec.moe_dispatcher from --moe-token-dispatcher-type (allgather, alltoall, flex) and the flex backend
+    (--moe-flex-dispatcher-backend deepep | hybridep, or the older --moe-enable-deepep)."""
+    kind = flags.get("--moe-token-dispatcher-type")
+    if kind is None:
+        return {}
+    if kind not in ("allgather", "alltoall", "flex"):
+        raise InputError(INPUT_NAME, f"--moe-token-dispatcher-type {kind!r}: expected allgather, alltoall or flex")
+    if kind == "allgather":
+        notes.append("--moe-token-dispatcher-type allgather priced as alltoall (the same expert GEMMs; the "
+                     "all-gather dispatcher's exchange is not modelled apart)")
+        return {"moe_dispatcher": "alltoall"}
+    if kind == "alltoall":
+        return {"moe_dispatcher": "alltoall"}
+    backend = "deepep" if flags.get("--moe-enable-deepep") else flags.get("--moe-flex-dispatcher-backend", "deepep")
+    if backend == "hybridep":
+        notes.append("--moe-flex-dispatcher-backend hybridep priced as deepep (both send a token once per "
+                     "destination node)")
+    elif backend != "deepep":
+        raise InputError(INPUT_NAME, f"--moe-flex-dispatcher-backend {backend!r}: expected deepep or hybridep")
+    return {"moe_dispatcher": "deepep"}
+
+
 def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
     if flags.get("--fp8-format"):
         return "fp8"
@@ -578,6 +603,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training: dict[str, Any] = {"precision": _precision(flags, notes)}
     training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
     training.update(_attention(flags, notes))
+    training.update(_dispatcher(flags, notes))
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")
     if seq_len is not None:
         training["seq_len"] = seq_len

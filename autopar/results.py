@@ -61,6 +61,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "attention_kernel_runs": compute.attention_kernel_runs(profile, training),
                      "fused_cross_entropy": training.fused_cross_entropy,
                      "moe_capacity_factor": training.moe_capacity_factor,
+                     "moe_dispatcher": training.moe_dispatcher.value,
                      "tokens_per_step": training.tokens_per_step,
                      "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
                                  "overlap_param_gather": training.overlap_param_gather,

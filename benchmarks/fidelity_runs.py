@@ -638,7 +638,8 @@ def modelzoo() -> "list[Case | Unexpressed]":
         seq = _int(r, "seq_len")
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 precision=_precision(r["precision"]),
-                                moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""), **TUNED_OVERLAP)
+                                moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""),
+                                moe_dispatcher="deepep" if "DeepEP" in r["method"] else "alltoall", **TUNED_OVERLAP)
         recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
                      ep=_int(r, "ep"), etp=_int(r, "etp", 1), mbs=_int(r, "micro_batch"), recompute=recompute,

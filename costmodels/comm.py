@@ -191,6 +191,47 @@ def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement,
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
 
 
+def deepep_off_node_share(placement: GroupPlacement, num_experts: int, top_k: int) -> np.ndarray:
+    """Off-node bytes of a DeepEP dispatch (or combine) over those of the all-to-all on the same EP group.
+
+    The all-to-all sends one copy of a token per routed expert, top_k·(N-1)/N of them to other nodes on average (N
+    nodes in the group). DeepEP's normal kernels send a token once per destination node over RDMA and fan it out to
+    that node's experts over NVLink (DeepEP README: 'forwarding data from NVLink domain to RDMA domain'; its
+    benchmark's 'RDMA bandwidth' counts those deduplicated bytes). With the experts spread evenly (E/N to a node)
+    and routing balanced (top_k distinct experts, each set equally likely, which load balancing aims for), a node
+    receives a token with probability 1 - C(E - E/N, top_k) / C(E, top_k), so a token crosses to
+    R = (N-1)·(1 - C(E - E/N, top_k) / C(E, top_k)) other nodes, and the share is R / (top_k·(N-1)/N).
+    Node-limited routing (DeepSeek-V3: at most 4 nodes per token) lowers R further; it is not an input, so this
+    is an upper bound for such models. 1 inside a node."""
+    nodes = np.asarray(placement.nodes, dtype=float)
+    experts_per_node = num_experts / np.maximum(nodes, 1.0)
+    missed = np.ones(nodes.shape)                     # C(E - E/N, k) / C(E, k) as a product of k ratios
+    for i in range(top_k):
+        missed = missed * np.clip((num_experts - experts_per_node - i) / (num_experts - i), 0.0, None)
+    remote_nodes = (nodes - 1.0) * (1.0 - missed)
+    naive_remote_copies = top_k * (nodes - 1.0) / np.maximum(nodes, 1.0)
+    return np.where(nodes > 1, remote_nodes / np.where(nodes > 1, naive_remote_copies, 1.0), 1.0)
+
+
+def deepep_all_to_all_time_s(profile: HardwareProfile, placement: GroupPlacement, bytes_: "np.ndarray | float",
+                             num_experts: int, top_k: int) -> np.ndarray:
+    """One DeepEP normal-kernel dispatch or combine of `bytes_` (the all-to-all's buffer: top_k copies of each
+    token) on a placed EP group. Inside a node it is the all-to-all (DeepEP's intranode kernels move the same
+    copies over NVLink). Across nodes the RDMA stage carries `deepep_off_node_share` of the all-to-all's off-node
+    bytes at the profile's InfiniBand all-to-all rate (fitted to DeepEP's own internode benchmark,
+    microbench/moe_deepep_v1_dispatch_combine_h800.csv), while NVLink delivers every copy on the node, the
+    forwarded ones included; the two run at the same time."""
+    n, k, nodes = placement.size, placement.members_per_node, placement.nodes
+    bytes_ = np.asarray(bytes_, dtype=float)
+    inside = link_collective_time_s(profile, "nvlink", "all_to_all", bytes_, n)
+    on_latency_s, on_transfer_s = link_stage_s(profile, "nvlink", "all_to_all", bytes_, k)
+    off_latency_s, off_transfer_s = link_stage_s(profile, "ib", "all_to_all",
+                                                 bytes_ * deepep_off_node_share(placement, num_experts, top_k), nodes)
+    on_s = np.where(k > 1, on_latency_s + on_transfer_s, 0.0)
+    across = np.maximum(on_s, off_latency_s + off_transfer_s)
+    return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
+
+
 # ---- the groups of a plan (Megatron rank order) ------------------------------------------------------------------
 
 def tp_group(plans, domain_gpus: int) -> GroupPlacement:

@@ -228,6 +228,18 @@ class AttentionKernel(str, enum.Enum):
     """cuDNN fused attention (TE FusedAttention = --attention-backend fused, PyTorch SDPA's cuDNN backend)."""
 
 
+class MoEDispatcher(str, enum.Enum):
+    """How a MoE layer's tokens reach their experts' GPUs (Megatron-Core --moe-token-dispatcher-type, with
+    --moe-flex-dispatcher-backend for `flex`); costmodels.steptime.ep_all_to_all_one_s prices each."""
+
+    ALLTOALL = "alltoall"
+    """NCCL all-to-all over the EP group (alltoall dispatcher): top_k copies of a token, one per routed expert."""
+    DEEPEP = "deepep"
+    """DeepEP's normal kernels (flex dispatcher, deepep backend): a token crosses to another node once per
+    destination node over RDMA and is forwarded to that node's expert GPUs over NVLink (DeepEP README, 'kernels
+    for asymmetric-domain bandwidth forwarding'); inside a node as the all-to-all."""
+
+
 MAX_NCCL_CTAS = 64
 """NCCL_MAX_CTAS accepts 1..64 (NCCL env.rst: 'up to 64 (32 prior to 2.25)'; src/include/device.h MAXCHANNELS)."""
 
@@ -250,6 +262,8 @@ class TrainingSpec:
     """None: dropless routing (the busiest expert sets the pace). A float caps tokens per expert (GShard/Switch)."""
     moe_imbalance_factor: float = 1.0
     """Load on the busiest expert rank relative to a perfectly balanced one, with dropless routing (≥ 1)."""
+    moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
+    """Token dispatcher of the MoE layers: alltoall (NCCL) or deepep (DeepEP through the flex dispatcher)."""
     # Communication overlap, as the framework runs it. Defaults are Megatron-Core's (all off):
     # DistributedDataParallelConfig.overlap_grad_reduce / overlap_param_gather = False,
     # ModelParallelConfig.tp_comm_overlap = False, overlap_moe_expert_parallel_comm = False.
@@ -282,12 +296,8 @@ class TrainingSpec:
                 object.__setattr__(self, "precision", Precision(str(self.precision).lower()))
             except ValueError:
                 raise InputError("precision", f"unknown precision {self.precision!r}; use bf16 or fp8") from None
-        if not isinstance(self.attention_kernel, AttentionKernel):
-            try:
-                object.__setattr__(self, "attention_kernel", AttentionKernel(str(self.attention_kernel).lower()))
-            except ValueError:
-                raise InputError("attention_kernel", f"unknown attention kernel {self.attention_kernel!r}; use "
-                                                     f"{', '.join(k.value for k in AttentionKernel)}") from None
+        self._coerce_choice("attention_kernel", AttentionKernel, "attention kernel")
+        self._coerce_choice("moe_dispatcher", MoEDispatcher, "MoE token dispatcher")
         if self.moe_capacity_factor is not None:
             require(self.moe_capacity_factor > 0, "moe_capacity_factor",
                     f"must be > 0, got {self.moe_capacity_factor}")
@@ -302,6 +312,18 @@ class TrainingSpec:
         require(self.overlap_grad_reduce or not self.overlap_param_gather, "overlap_param_gather",
                 "overlap_param_gather needs overlap_grad_reduce (Megatron-LM validate_args: 'Must use "
                 "--overlap-param-gather with --overlap-grad-reduce'); turn both on")
+
+    def _coerce_choice(self, name: str, choices: type[enum.Enum], what: str) -> None:
+        """Field `name` as a member of `choices` (a string such as 'FA2' or 'deepep' is read case-insensitively);
+        anything else is an InputError listing the choices."""
+        value = getattr(self, name)
+        if isinstance(value, choices):
+            return
+        try:
+            object.__setattr__(self, name, choices(str(value).lower()))
+        except ValueError:
+            raise InputError(name, f"unknown {what} {value!r}; use "
+                                   f"{', '.join(member.value for member in choices)}") from None
 
     @property
     def tokens_per_step(self) -> int:

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels import compute as compute_model
-from costmodels.comm import (cp_group, dp_cp_group, edp_group, ep_group, etp_group, group_collective_time_s,
+from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
+                             group_collective_time_s,
                              tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
-from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.specs import ClusterSpec, ModelSpec, MoEDispatcher, TrainingSpec
 from costmodels.structure import per_knobs, per_structure, stage_list
 
 GRAD_BYTES = 4
@@ -86,6 +87,16 @@ TE_USERBUFFERS_SM_MARGIN = 16
 TE `pytorch/module/base.py` initialize_ub, get_default_config: num_sm = 16 and set_sm_margin = True for both, so
 the GEMM itself is launched on the other SMs (proj_fprop / fc2_fprop: pipeline; qkv_/fc1_ dgrad and wgrad: bulk);
 the 'ring_exchange' method (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) uses one SM and the copy engines."""
+
+
+DEEPEP_NUM_SMS = 20
+"""SMs DeepEP's normal kernels run on under Megatron-Core's flex dispatcher (TransformerConfig.moe_deepep_num_sms,
+default 20; `moe/fused_a2a.py` set_deepep_num_sms -> deep_ep Buffer.set_num_sms)."""
+
+
+def ep_comm_sms(training: TrainingSpec) -> int:
+    """SMs the EP dispatch and combine hold while they overlap compute: DeepEP's kernels or NCCL's CTAs."""
+    return DEEPEP_NUM_SMS if training.moe_dispatcher is MoEDispatcher.DEEPEP else training.nccl_ctas
 
 
 def overlap_contention_share(profile: HardwareProfile, comm_sms: int) -> float:
@@ -394,13 +405,16 @@ def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches:
 
 def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
                         ) -> np.ndarray:
-    """One all-to-all (a dispatch or a combine) of one MoE layer per microbatch (see ep_all_to_all_s); 0 for a dense
-    model."""
+    """One all-to-all (a dispatch or a combine) of one MoE layer per microbatch (see ep_all_to_all_s), with the
+    training's dispatcher (NCCL all-to-all, or DeepEP: comm.deepep_all_to_all_time_s); 0 for a dense model."""
     if model.moe is None:
         return np.zeros(len(plans))
     tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
-    return group_collective_time_s(cluster.profile, ep_group(plans, cluster.nvlink_domain_gpus), "all_to_all", bytes_)
+    group = ep_group(plans, cluster.nvlink_domain_gpus)
+    if training.moe_dispatcher is MoEDispatcher.DEEPEP:
+        return deepep_all_to_all_time_s(cluster.profile, group, bytes_, model.moe.num_experts, model.moe.top_k)
+    return group_collective_time_s(cluster.profile, group, "all_to_all", bytes_)
 
 
 def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -580,7 +594,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "tp_comm": microbatches * tp_mb,
             "cp_comm": microbatches * cp_mb,
             "ep_comm": (ep_overlap_exposed_s(ep_mb, compute_mb, microbatches,
-                                             overlap_contention_share(profile, training.nccl_ctas))
+                                             overlap_contention_share(profile, ep_comm_sms(training)))
                         if training.moe_a2a_overlap
                         else microbatches * ep_mb),
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),

@@ -104,7 +104,7 @@ MEGATRON_FLAGS = frozenset({
     "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups", "--kv-channels",
     "--swiglu", "--normalization", "--position-embedding-type", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-    "--moe-grouped-gemm",
+    "--moe-grouped-gemm", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--multi-latent-attention", "--kv-lora-rank",
     "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank", "--mtp-num-layers",
 })

@@ -32,9 +32,12 @@ def test_every_front_point_round_trips_through_megatron_flags(name, make_front):
         run = parse_megatron_args(emit(estimate, "megatron"))
         assert run.plan == estimate.plan, (estimate.plan.short(), run.plan.short())
         assert run.num_gpus == estimate.cluster.num_gpus
-        assert run.training == {"seq_len": estimate.training.seq_len,
-                                "global_batch_size": estimate.training.global_batch_size,
-                                "precision": estimate.training.precision.value}
+        expected = {"seq_len": estimate.training.seq_len,
+                    "global_batch_size": estimate.training.global_batch_size,
+                    "precision": estimate.training.precision.value}
+        if estimate.model.is_moe:     # the dispatcher the step time priced is written for every MoE model
+            expected["moe_dispatcher"] = estimate.training.moe_dispatcher.value
+        assert run.training == expected
         assert run.model_mismatches(estimate.model) == []
         assert run.notes == ()
 

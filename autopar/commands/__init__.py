@@ -96,6 +96,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")
     group.add_argument("--moe-imbalance-factor", type=number, default=1.0, metavar="F",
                        help="busiest expert rank's load over a balanced one, dropless routing (>= 1); default 1")
+    group.add_argument("--moe-dispatcher", default="alltoall", metavar="{alltoall,deepep}",
+                       help="MoE token dispatcher: alltoall (NCCL all-to-all, one copy per routed expert) or deepep "
+                            "(DeepEP through Megatron-Core's flex dispatcher: one copy per destination node over "
+                            "InfiniBand); default alltoall")
     overlap = parser.add_argument_group("communication overlap (Megatron-Core flag names; all off by default, as "
                                         "in Megatron-Core; the exports write what you set)")
     overlap.add_argument("--overlap-grad-reduce", action="store_true",
@@ -218,7 +222,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         flash_attention=args.flash_attention, attention_kernel=args.attention_kernel,
                         fused_cross_entropy=args.fused_cross_entropy,
                         moe_capacity_factor=args.moe_capacity_factor,
-                        moe_imbalance_factor=args.moe_imbalance_factor,
+                        moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         nccl_ctas=args.nccl_ctas)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from costmodels.plan import Plan, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
+from costmodels.specs import MoEDispatcher
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,19 @@ def mcore_recompute_fields(plan: Plan) -> dict[str, object]:
 def mcore_moe_fields(estimate: Estimate) -> dict[str, object]:
     """Megatron-Core MoE fields every MoE plan gets: moe_grouped_gemm, the grouped expert GEMM Megatron's MoE recipes
     use, and which Megatron-Core requires for recompute_modules 'moe_act' (TransformerConfig.__post_init__: 'moe_act
-    in recompute_modules is only supported with moe_grouped_gemm')."""
-    return {"moe_grouped_gemm": True} if estimate.model.is_moe else {}
+    in recompute_modules is only supported with moe_grouped_gemm'); and the token dispatcher the step time priced
+    (`moe_dispatcher_fields`)."""
+    return {"moe_grouped_gemm": True, **moe_dispatcher_fields(estimate)} if estimate.model.is_moe else {}
+
+
+def moe_dispatcher_fields(estimate: Estimate) -> dict[str, str]:
+    """TransformerConfig.moe_token_dispatcher_type (and moe_flex_dispatcher_backend) for TrainingSpec.moe_dispatcher:
+    written always, since Megatron-Core's default is 'allgather', which the step time does not price and which
+    --overlap-moe-expert-parallel-comm rejects ('overlap_moe_expert_parallel_comm is supported with alltoall/flex
+    token dispatcher'). DeepEP runs under the flex dispatcher with its deepep backend."""
+    if estimate.training.moe_dispatcher is MoEDispatcher.DEEPEP:
+        return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}
+    return {"moe_token_dispatcher_type": "alltoall"}
 
 
 def data_parallel_overlap(estimate: Estimate) -> dict[str, bool]:

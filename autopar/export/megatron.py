@@ -10,7 +10,8 @@ Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/argu
 `_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather) and ModelParallelConfig
 (--tp-comm-overlap, --overlap-moe-expert-parallel-comm): off by default, written when the user set them for the step
 time (TrainingSpec overlap options), where they apply; see export.common.data_parallel_overlap and
-model_parallel_overlap),
+model_parallel_overlap), --moe-token-dispatcher-type / --moe-flex-dispatcher-backend (always for a MoE model,
+export.common.moe_dispatcher_fields),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
 (--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
@@ -25,6 +26,7 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, is_uneven, loss_fusion,
                                    mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
+                                   moe_dispatcher_fields,
                                    one_line, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
@@ -87,6 +89,9 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
     backend = megatron_attention_backend(estimate)
     if backend is not None:  # the attention kernel the step time priced (auto: Megatron-Core's default, not written)
         flags.append(("--attention-backend", backend))
+    # the MoE token dispatcher the step time priced (export.common.moe_dispatcher_fields)
+    flags += [("--" + name.replace("_", "-"), value) for name, value in moe_dispatcher_fields(estimate).items()
+              if estimate.model.is_moe]
     return flags
 
 

@@ -28,6 +28,8 @@ from costmodels.scoring import Estimate
 from costmodels.units import GIB
 
 SCHEMA_RESOURCE = "front.schema.json"
+DISPATCHER_TEXT = {"alltoall": "NCCL all-to-all (one copy per routed expert)",
+                   "deepep": "DeepEP (one copy per destination node over InfiniBand, fanned out over NVLink)"}
 
 
 def hardware_block(profile: HardwareProfile) -> dict[str, Any]:
@@ -68,7 +70,8 @@ def assumptions(front: ParetoFront) -> list[str]:
     if model.moe is not None:
         routing = ("dropless routing" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")
-        lines.append(f"MoE: {routing}, busiest expert rank at {training.moe_imbalance_factor:g}x the balanced load.")
+        lines.append(f"MoE: {routing}, busiest expert rank at {training.moe_imbalance_factor:g}x the balanced load, "
+                     f"tokens dispatched by {DISPATCHER_TEXT[training.moe_dispatcher.value]}.")
     return lines
 
 

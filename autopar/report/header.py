@@ -37,7 +37,8 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     if model.moe is not None:
         routing = ("dropless" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")
-        training_text += f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}"
+        training_text += (f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}, "
+                          f"dispatcher {training.moe_dispatcher.value}")
     training_text += f"; overlap: {overlap_summary(training)}"
     return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
 

@@ -1,0 +1,132 @@
+"""The MoE token dispatcher (TrainingSpec.moe_dispatcher): DeepEP's per-node deduplication of the off-node traffic,
+its pricing against the NCCL all-to-all, and the flags that carry it to and from Megatron-LM."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from autopar.export import emit
+from autopar.megatron_args import parse_megatron_args
+from costmodels.comm import deepep_all_to_all_time_s, deepep_off_node_share, group_collective_time_s, place_group
+from costmodels.errors import InputError
+from costmodels.hardware import load_profile
+from costmodels.plan import Plan, PlanArrays
+from costmodels.specs import MoEDispatcher, TrainingSpec
+from costmodels.steptime import DEEPEP_NUM_SMS, ep_all_to_all_one_s, ep_comm_sms
+from test_report_support import cluster, dense_model, moe_model, synthetic_estimate
+
+
+def remote_nodes_by_enumeration(num_experts: int, top_k: int, nodes: int) -> float:
+    """Average number of other nodes a token's top_k distinct experts live on, over every expert set (experts
+    split evenly over the nodes in order; the token sits on node 0)."""
+    per_node = num_experts // nodes
+    sets = list(itertools.combinations(range(num_experts), top_k))
+    hit = sum(len({expert // per_node for expert in chosen} - {0}) for chosen in sets)
+    return hit / len(sets)
+
+
+@pytest.mark.parametrize("num_experts, top_k, nodes", [(8, 2, 2), (8, 2, 4), (16, 4, 4), (12, 3, 3), (8, 8, 2)])
+def test_off_node_share_is_the_expected_count_of_destination_nodes(num_experts, top_k, nodes):
+    placement = place_group(nodes * 4, 1, 4)                     # 4 EP ranks to a node, `nodes` nodes
+    share = float(deepep_off_node_share(placement, num_experts, top_k))
+    naive_remote_copies = top_k * (nodes - 1) / nodes
+    assert share * naive_remote_copies == pytest.approx(remote_nodes_by_enumeration(num_experts, top_k, nodes))
+
+
+def test_top_1_routing_sends_the_same_bytes_as_the_all_to_all():
+    assert float(deepep_off_node_share(place_group(32, 1, 8), 64, 1)) == pytest.approx(1.0)
+
+
+def test_inside_a_node_the_share_is_one_and_deepep_is_the_all_to_all():
+    profile = load_profile("h100-80gb")
+    placement = place_group(8, 1, 8)
+    assert float(deepep_off_node_share(placement, 64, 8)) == 1.0
+    bytes_ = 64e6
+    assert float(deepep_all_to_all_time_s(profile, placement, bytes_, 64, 8)) == pytest.approx(
+        float(group_collective_time_s(profile, placement, "all_to_all", bytes_)))
+
+
+def test_across_nodes_deepep_sends_fewer_infiniband_bytes_and_is_faster():
+    profile = load_profile("h100-80gb")
+    placement = place_group(32, 1, 8)                            # EP 32 over 4 nodes
+    share = float(deepep_off_node_share(placement, 128, 8))
+    # 128 experts, 32 to a node, top-8: a node is missed with probability C(96, 8) / C(128, 8)
+    missed = math.comb(96, 8) / math.comb(128, 8)
+    assert share == pytest.approx(3 * (1 - missed) / (8 * 3 / 4))
+    assert 0.3 < share < 0.5
+    bytes_ = 134e6
+    deepep = float(deepep_all_to_all_time_s(profile, placement, bytes_, 128, 8))
+    nccl = float(group_collective_time_s(profile, placement, "all_to_all", bytes_))
+    assert deepep < 0.6 * nccl
+
+
+def test_the_step_prices_the_dispatcher_the_training_names():
+    model, gpus = moe_model(), cluster(64)
+    plans = PlanArrays.from_plans([Plan(tp=1, ep=8, etp=1, mbs=1), Plan(tp=2, ep=8, etp=2, mbs=1, sp=True)])
+    nccl = ep_all_to_all_one_s(model, gpus, TrainingSpec(), plans)
+    deepep = ep_all_to_all_one_s(model, gpus, TrainingSpec(moe_dispatcher="deepep"), plans)
+    assert deepep[0] == pytest.approx(nccl[0])                   # EP 8 at stride 1 stays in the node
+    assert deepep[1] < nccl[1]                                   # EP 8 at stride etp 2 spans 2 nodes
+    assert ep_comm_sms(TrainingSpec(moe_dispatcher="deepep", nccl_ctas=4)) == DEEPEP_NUM_SMS
+    assert ep_comm_sms(TrainingSpec(nccl_ctas=4)) == 4
+
+
+def test_an_unknown_dispatcher_is_an_input_error():
+    with pytest.raises(InputError, match="moe_dispatcher"):
+        TrainingSpec(moe_dispatcher="nccl")
+    assert TrainingSpec(moe_dispatcher="DeepEP").moe_dispatcher is MoEDispatcher.DEEPEP
+
+
+@pytest.mark.parametrize("dispatcher, flags", [("alltoall", ["--moe-token-dispatcher-type alltoall"]),
+                                               ("deepep", ["--moe-token-dispatcher-type flex",
+                                                           "--moe-flex-dispatcher-backend deepep"])])
+def test_megatron_launch_carries_the_dispatcher_and_reads_back(dispatcher, flags):
+    estimate = synthetic_estimate(moe_model(), cluster(64), TrainingSpec(moe_dispatcher=dispatcher),
+                                  Plan(tp=2, pp=2, ep=8, etp=1, mbs=1, sp=True))
+    text = emit(estimate, "megatron")
+    for flag in flags:
+        assert flag in text
+    assert parse_megatron_args(text).training["moe_dispatcher"] == dispatcher
+
+
+def test_a_dense_launch_names_no_dispatcher():
+    estimate = synthetic_estimate(dense_model(), cluster(64), TrainingSpec(moe_dispatcher="deepep"),
+                                  Plan(tp=2, pp=2, mbs=1, sp=True))
+    assert "dispatcher" not in emit(estimate, "megatron")
+
+
+def test_nemo_config_names_the_flex_dispatcher():
+    estimate = synthetic_estimate(moe_model(), cluster(64), TrainingSpec(moe_dispatcher="deepep"),
+                                  Plan(tp=2, pp=2, ep=8, etp=1, mbs=1, sp=True))
+    text = emit(estimate, "nemo")
+    assert "moe_token_dispatcher_type=flex" in text.replace('"', "").replace("'", "")
+    assert "moe_flex_dispatcher_backend=deepep" in text.replace('"', "").replace("'", "")
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("--moe-token-dispatcher-type alltoall", "alltoall"),
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep", "deepep"),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", "deepep"),
+    ("--moe-token-dispatcher-type allgather", "alltoall"),
+])
+def test_megatron_dispatcher_flags_are_read(line, expected):
+    run = parse_megatron_args(f"python pretrain_gpt.py --tensor-model-parallel-size 1 {line}")
+    assert run.training["moe_dispatcher"] == expected
+
+
+@pytest.mark.parametrize("line", ["--moe-token-dispatcher-type nccl",
+                                  "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ucx"])
+def test_unknown_megatron_dispatcher_values_are_refused(line):
+    with pytest.raises(InputError, match="dispatcher"):
+        parse_megatron_args(f"python pretrain_gpt.py {line}")
+
+
+def test_deepep_share_is_vectorised_over_plans():
+    placement = place_group(np.array([8.0, 16.0, 64.0]), np.array([1.0, 1.0, 1.0]), 8)
+    share = deepep_off_node_share(placement, 64, 6)
+    assert share.shape == (3,)
+    assert share[0] == 1.0 and share[1] < 1.0 and share[2] < 1.0
