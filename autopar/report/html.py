@@ -441,6 +441,8 @@ def _inputs(document: dict[str, Any]) -> str:
                      ("flash attention", training.get("flash_attention")),
                      ("attention kernel", training.get("attention_kernel_runs")),
                      ("fused cross entropy", training.get("fused_cross_entropy"))]
+    if "moe" in model:
+        training_rows.append(("MoE dispatcher", training.get("moe_dispatcher")))
     status = {"optimal": "proven optimal", "time_limit": "not proven optimal (stopped by the time limit)",
               "not_searched": "one estimated plan (no search)"}[solver["status"]]
     solver_rows = [("solver", solver["name"]), ("status", status),
