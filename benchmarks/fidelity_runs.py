@@ -266,7 +266,7 @@ def _precision(text: str) -> Precision:
 def llm_foundry() -> "list[Case | Unexpressed]":
     """mosaicml/llm-foundry MPT benchmarks: FSDP only (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), micro-batch
     per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU. Attention: see
-    llm_foundry_attention (priced as FlashAttention-2 throughout)."""
+    llm_foundry_attention."""
     source, out = "llm-foundry", []
     for r in _read("llm_foundry_mpt_benchmarks.csv"):
         profile, why, _ = gpu_profile(r["gpu"])
@@ -278,8 +278,9 @@ def llm_foundry() -> "list[Case | Unexpressed]":
         model = mpt(r["model"], _int(r, "hidden"), _int(r, "layers"), _int(r, "heads"), _int(r, "ffn"),
                     _int(r, "vocab"), seq)
         # the loss is PyTorch's eager cross entropy on the logits (MPT in llm-foundry): no fused kernel
+        kernel, attention_note = llm_foundry_attention(r, profile)
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]), attention_kernel=AttentionKernel.FA2,
+                                precision=_precision(r["precision"]), attention_kernel=kernel,
                                 fused_cross_entropy=False)
         zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
         recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
@@ -287,25 +288,31 @@ def llm_foundry() -> "list[Case | Unexpressed]":
         step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
                         "tokens/s/GPU", step, category(profile, False),
-                        (source, r["model"], profile.name, gpus, seq), (llm_foundry_attention(r),)))
+                        (source, r["model"], profile.name, gpus, seq), (attention_note,)))
     return out
 
 
 LLM_FOUNDRY_FLASH_MODELS = ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")
 
 
-def llm_foundry_attention(r: dict) -> str:
-    """The attention kernel of an llm-foundry table row, as the benchmark scripts that produced the tables set it.
+def llm_foundry_attention(r: dict, profile: HardwareProfile) -> "tuple[AttentionKernel, str]":
+    """The attention kernel of an llm-foundry table row, as the benchmark scripts that produced the tables set it,
+    and the note saying how it is priced.
 
     The 'Large Scale' H100 table (added in 5e85bd62d, 2024-01) comes from benchmarking/sweep.py, which passes
     `--attn_impl flash` for 1b/3b/7b/70b (flash_attn 2.4.2, the gpu-flash2 extra) and `--attn_impl triton` for
     13b/30b; every other table comes from sweep.sh (b2a43a147, 2023-10, and earlier for A100), which leaves
-    submit_benchmarks.py's default `--attn_impl triton`: MPT's own Triton FlashAttention kernel (flash_attn_triton,
-    FA1-era). No microbenchmark of that kernel exists in shared/reference/microbench/, so it is priced as
-    FlashAttention-2, an upper bound on its speed: these rows run slower than predicted at long sequences."""
+    submit_benchmarks.py's default `--attn_impl triton`: MPT's copy of flash-attention's Triton kernel
+    (flash_attn_triton.py), the FA2 paper's 'FlashAttention in Triton'. That kernel has an A100 curve (FlashAttention-2
+    at the rate ratios the FA2 paper measured on A100, benchmarks/microbench_tables.py FA2_SPEEDUP); on H100 no
+    source measured it, so there it is priced as FlashAttention-2, an upper bound on its speed."""
     if r["source_table"].startswith("H100 80GB BF16 (Large Scale") and r["model"] in LLM_FOUNDRY_FLASH_MODELS:
-        return "attention FlashAttention-2 (sweep.py --attn_impl flash, flash-attn 2.4.2)"
-    return "attention MPT Triton kernel (--attn_impl triton, submit_benchmarks default): priced as FA2, unmeasured"
+        return AttentionKernel.FA2, "attention FlashAttention-2 (sweep.py --attn_impl flash, flash-attn 2.4.2)"
+    if "fa_triton" in compute_model.attention_kernels_of(profile):
+        return AttentionKernel.FA_TRITON, ("attention MPT's Triton kernel (--attn_impl triton, submit_benchmarks "
+                                           "default): FlashAttention in Triton")
+    return AttentionKernel.FA2, ("attention MPT's Triton kernel (--attn_impl triton): no curve for it on this GPU, "
+                                 "priced as FlashAttention-2 (an upper bound on its speed)")
 
 
 def megatron_readme() -> "list[Case | Unexpressed]":

@@ -360,6 +360,16 @@ gives SMs × clock = peak / this (A100 108 SMs × 1.41 GHz; H100 132 × 1.83; B2
 FA2_RULE = ("FlashAttention-2 issues Ampere's mma.sync on every GPU (no wgmma/tcgen05; FA3 paper, arXiv 2407.08608: "
             "'FlashAttention-2 achieving only 35% utilization on the H100'), so its rate per SM per clock carries over: "
             "the measured B200 rate (flash_attn 2.7.4) scaled by SMs × clock (peak / native FLOP per clock per SM)")
+FA2_SPEEDUP = {"fa1": {"fwd": 2.0, "bwd": 2.0}, "fa_triton": {"fwd": 1.4, "bwd": 2.0}}
+"""FlashAttention-2's speed over the kernels it replaced, per pass, on A100 80GB SXM4 (FA2 paper, arXiv 2307.08691
+§4.1, its benchmarks at 512-16K tokens, head dim 64/128, causal and not): 'around 2x faster than FlashAttention'
+(1.7-3.0x, §4), and 'around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster
+in the backward pass' (1.4: the middle of 1.3-1.5). FlashAttention in Triton is flash-attention's
+flash_attn_triton.py, which llm-foundry copies as MPT's `attn_impl: triton` (llm_foundry/models/layers/
+flash_attn_triton.py: 'Copied from .../flash_attn/flash_attn_triton.py'); its author: 'Triton forward is generally
+faster than CUDA forward, while Triton backward is generally slower'."""
+FA1_ERA_RULE = ("{kernel} on A100: the A100 FlashAttention-2 curve at 1/{speedup} of its {attention_pass} rate "
+                "(FA2 paper arXiv 2307.08691 §4.1, A100: FlashAttention-2 {speedup}x faster in that pass)")
 SAME_DIE_RULE = ("H100 SXM, H200 and H800 are the same GH100 die (132 SMs, the same clocks and dense peak; H800 cuts "
                  "NVLink only); a compute-bound kernel runs at the same rate on all three")
 
@@ -437,7 +447,8 @@ B200_BACKENDS = {"cudnn (cudnn-frontend graph)": ("cudnn", "fit", ""),
 
 def read_sdpa_b200(path: Path) -> Iterator[Row]:
     """One B200, bf16, causal GQA d=128: the cuDNN graph rows fit B200's cudnn curve, flash_attn 2.7.4 its fa2 curve
-    and, scaled by FA2_RULE, the fa2 curve of A100, H100 and H200; the PyTorch SDPA backends are checked."""
+    and, scaled by FA2_RULE, the fa2 curve of A100, H100 and H200, and on A100 by FA2_SPEEDUP the fa1 and fa_triton
+    curves; the PyTorch SDPA backends are checked."""
     for row in _csv(path):
         if row["dtype"] != "bf16" or row["backend"] not in B200_BACKENDS:
             continue
@@ -455,6 +466,13 @@ def read_sdpa_b200(path: Path) -> Iterator[Row]:
                 yield _attention(path, profiles, kernel, attention_pass, seq, head_dim, flops, seconds / ratio,
                                  f"{label} (as {gpu}, x{ratio:.3f})",
                                  extrapolated=f"{FA2_RULE}: x{ratio:.3f} for {gpu}")
+            ratio = sm_clock_ratio("A100", "B200")
+            for older, speedups in FA2_SPEEDUP.items():   # the kernels FlashAttention-2 replaced, measured on A100
+                speedup = speedups[attention_pass]
+                yield _attention(path, A100, older, attention_pass, seq, head_dim, flops,
+                                 seconds / ratio * speedup, f"{label} (as A100 {older}, x{ratio:.3f} / {speedup:g})",
+                                 extrapolated=f"{FA2_RULE}: x{ratio:.3f} for A100; " + FA1_ERA_RULE.format(
+                                     kernel=older, speedup=f"{speedup:g}", attention_pass=attention_pass))
 
 
 TABLES = (
@@ -487,7 +505,7 @@ TABLES = (
           "compute.gemm_efficiency attention_fa3_fwd/bwd_* (H100; H200 and H800 extrapolated, same die)"),
     Table("attention_sdpa_backends_b200_cudnn_frontend.csv", read_sdpa_b200,
           "compute.gemm_efficiency attention_cudnn_*, attention_fa2_* (B200; fa2 of A100/H100/H200/H800/GB200 "
-          "extrapolated)"),
+          "extrapolated), attention_fa1_*, attention_fa_triton_* (A100, extrapolated)"),
     Table("p2p_bandwidth_matrices_ml_engineering.csv", read_p2p_matrices,
           "collectives.nvlink.send_recv (GB200 tray; A100/H100 checked only)"),
 )

@@ -90,10 +90,12 @@ ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_se
 told apart, a user's `autopar calibrate` rows without a kernel); the bundled profiles have one curve per kernel and
 pass instead (attention_curve_parameters). A profile with neither prices the core with the GEMM curve."""
 
-ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "fa1", "fa_triton")
 """Fused attention kernels with their own measured curves: FlashAttention-2 (Dao, arXiv 2307.08691; the flash_attn
 package and PyTorch SDPA's flash backend), FlashAttention-3 (Shah et al., arXiv 2407.08608; Hopper only) and cuDNN
-fused attention (Transformer Engine's FusedAttention, PyTorch SDPA's cuDNN backend)."""
+fused attention (Transformer Engine's FusedAttention, PyTorch SDPA's cuDNN backend); and the two kernels
+FlashAttention-2 replaced, FlashAttention (v1) and FlashAttention in Triton, whose A100 curves are FlashAttention-2's
+at the rate ratios its paper measured (benchmarks/microbench_tables.py FA2_SPEEDUP)."""
 ATTENTION_PASSES = ("fwd", "bwd")
 
 
@@ -124,7 +126,7 @@ def resolve_attention_kernel(profile: HardwareProfile, training: TrainingSpec) -
     if not available:
         return ""
     if kernel == "auto":
-        return "cudnn" if "cudnn" in available else available[0]
+        return next(k for k in ("cudnn", "fa2", *available) if k in available)
     if kernel not in available:
         raise InputError("attention_kernel", f"{profile.display_name} has no {kernel} attention curve (measured or "
                                              f"extrapolated); use one of {', '.join(('auto', *available))}")

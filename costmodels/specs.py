@@ -222,6 +222,11 @@ class AttentionKernel(str, enum.Enum):
     Hopper and later, FlashAttention-2 on Ampere (compute.resolve_attention_kernel)."""
     FA2 = "fa2"
     """FlashAttention-2 (flash_attn 2.x, PyTorch SDPA's flash backend; mma.sync on every GPU since Ampere)."""
+    FA1 = "fa1"
+    """FlashAttention (v1, flash_attn 0.x/1.x CUDA kernels); priced on A100 only, from FlashAttention-2's curve."""
+    FA_TRITON = "fa_triton"
+    """FlashAttention in Triton (flash-attention's flash_attn_triton.py, copied into llm-foundry as MPT's
+    `attn_impl: triton`); priced on A100 only, from FlashAttention-2's curve."""
     FA3 = "fa3"
     """FlashAttention-3 (flash_attn_3 / hopper; wgmma + TMA, sm90 only)."""
     CUDNN = "cudnn"

@@ -1,6 +1,7 @@
-"""The fused attention kernel as a training option (--attention-kernel auto|fa2|fa3|cudnn): each kernel priced with
-its own forward and backward curve from the bundled profile, `auto` resolving the way Transformer Engine does, the
-CLI / header / JSON / exports carrying it, and the per-kernel fit through `autopar profile fit`'s path."""
+"""The fused attention kernel as a training option (--attention-kernel auto|fa2|fa3|cudnn|fa1|fa_triton): each
+kernel priced with its own forward and backward curve from the bundled profile, `auto` resolving the way Transformer
+Engine does, the CLI / header / JSON / exports carrying it, and the per-kernel fit through `autopar profile fit`'s
+path."""
 
 from __future__ import annotations
 
@@ -176,3 +177,45 @@ def test_bundled_extrapolated_curves_say_so_with_their_rule():
         assert profile.provenance[f"compute.gemm_efficiency.{key}"].startswith("extrapolated ("), (profile.name, key)
     for profile, key in ((H100, "attention_fa3_fwd"), (B200, "attention_fa2_bwd"), (B200, "attention_cudnn_fwd")):
         assert profile.provenance[f"compute.gemm_efficiency.{key}"].startswith("fitted by"), (profile.name, key)
+
+
+# ---- the kernels FlashAttention-2 replaced (A100 only) ------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel, fwd_speedup, bwd_speedup", [("fa1", 2.0, 2.0), ("fa_triton", 1.4, 2.0)])
+def test_fa1_era_kernels_run_at_the_fa2_papers_ratios_on_a100(kernel, fwd_speedup, bwd_speedup):
+    """FA2 paper (arXiv 2307.08691) §4.1 on A100: FlashAttention-2 ~2x FlashAttention; 1.3-1.5x FlashAttention in
+    Triton forward, ~2x backward. The bundled A100 curves are fitted to FA2's rows at those ratios."""
+    keys = np.array([512.0, 2048.0, 8192.0, 65536.0])
+    for attention_pass, speedup in (("fwd", fwd_speedup), ("bwd", bwd_speedup)):
+        fa2 = compute.attention_efficiency(A100, keys, keys, 128.0, "fa2", attention_pass)
+        older = compute.attention_efficiency(A100, keys, keys, 128.0, kernel, attention_pass)
+        np.testing.assert_allclose(older * speedup, fa2, rtol=1e-3)
+        assert A100.provenance[f"compute.gemm_efficiency.attention_{kernel}_{attention_pass}"].startswith(
+            "extrapolated (")
+
+
+def test_fa1_era_kernels_slow_the_core_and_auto_stays_fa2_on_a100():
+    assert compute.resolve_attention_kernel(A100, TrainingSpec()) == "fa2"
+    plans = PlanArrays.from_plans([Plan(tp=1, mbs=1)])
+    model = dense_model()
+
+    def core_s(kernel: str) -> float:
+        training = TrainingSpec(seq_len=16384, attention_kernel=kernel)
+        times = compute.layer_times_s(model, A100, training, plans)
+        return float(times.attention_core_fwd_s[0] + times.core_backward_s(training)[0])
+
+    assert core_s("fa2") < core_s("fa_triton") < core_s("fa1")
+
+
+@pytest.mark.parametrize("gpu", ["h100", "b200"])
+def test_fa1_era_kernels_are_refused_where_no_source_measured_them(gpu):
+    assert_one_line_bad_input(autopar("estimate", LLAMA_8B, "--num-gpus", "8", "--gpu", gpu, "--attention-kernel",
+                                      "fa_triton"), ["attention_kernel", "fa_triton"])
+
+
+def test_megatron_export_leaves_a_fa1_era_kernel_to_transformer_engine_and_says_so():
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, attention_kernel="fa_triton")
+    estimate = synthetic_estimate(dense_model(), cluster(64, "a100-80gb"), training, Plan(tp=2, pp=2, mbs=1, zero=1))
+    megatron = emit(estimate, "megatron")
+    assert not any(line.strip().startswith("--attention-backend") for line in megatron.splitlines())
+    assert "not a Transformer Engine attention backend" in megatron

@@ -86,10 +86,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="GEMM precision; default bf16 (fp8 needs H100 or later)")
     group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                        help="attention stores the a·s² score matrix (no FlashAttention / fused attention)")
-    group.add_argument("--attention-kernel", default="auto", metavar="{auto,fa2,fa3,cudnn}",
+    group.add_argument("--attention-kernel", default="auto", metavar="{auto,fa2,fa3,cudnn,fa1,fa_triton}",
                        help="fused attention kernel the core runs: auto (what Megatron-Core's --attention-backend "
                             "auto gets from Transformer Engine: cuDNN on Hopper and later, FlashAttention-2 on "
-                            "Ampere), fa2, fa3 (Hopper only) or cudnn; default auto")
+                            "Ampere), fa2, fa3 (Hopper only), cudnn, or the kernels FlashAttention-2 replaced "
+                            "(A100 only): fa1 (FlashAttention v1) and fa_triton (FlashAttention in Triton, MPT's "
+                            "attn_impl triton); default auto")
     group.add_argument("--no-fused-cross-entropy", dest="fused_cross_entropy", action="store_false",
                        help="the loss keeps an fp32 copy of the logits (no fused vocab-parallel cross entropy)")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",

@@ -217,8 +217,12 @@ def megatron_attention_backend(estimate: Estimate) -> str | None:
 
 def flash_version_note(estimate: Estimate) -> list[str]:
     """--attention-backend flash does not say which FlashAttention: TE takes FlashAttention-3 on sm90 when
-    flash_attn_3 is installed, else FlashAttention-2 (TE dot_product_attention/utils.py get_attention_backend)."""
+    flash_attn_3 is installed, else FlashAttention-2 (TE dot_product_attention/utils.py get_attention_backend).
+    FlashAttention v1 and FlashAttention in Triton are no Transformer Engine backend: the job runs TE's choice."""
     kernel = estimate.training.attention_kernel.value
+    if estimate.training.flash_attention and kernel in ("fa1", "fa_triton"):
+        return [f"attention_kernel {kernel}: not a Transformer Engine attention backend; the job runs TE's default "
+                f"(--attention-backend auto), faster than this estimate priced the attention core"]
     if not estimate.training.flash_attention or kernel not in ("fa2", "fa3"):
         return []
     return [f"attention_kernel {kernel}: install {'flash_attn_3 (Hopper)' if kernel == 'fa3' else 'flash-attn 2 only'}"
