@@ -21,8 +21,7 @@ import numpy as np
 
 from costmodels import compute as compute_model
 from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
-                             group_collective_time_s,
-                             tp_group)
+                             group_collective_time_s, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
