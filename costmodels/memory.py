@@ -74,7 +74,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "layer_activations": _STAGE_ACTIVATION_KNOBS,
     "recomputed_layer_inputs": _STAGE_ACTIVATION_KNOBS,
     "moe_router_activations": _STAGE_ACTIVATION_KNOBS,
-    "moe_dispatch_activations": _STAGE_ACTIVATION_KNOBS,
+    "moe_dispatch_activations": _STAGE_ACTIVATION_KNOBS + ("etp",),
     "expert_mlp_activations": _STAGE_ACTIVATION_KNOBS + ("etp",),
     "recompute_working_set": ("tp", "sp", "cp", "mbs", "etp", "recompute", "recompute_layers", "pp", "vpp",
                               "first_stage_layers", "last_stage_layers"),
@@ -393,10 +393,22 @@ def _router_bytes_per_layer(model: ModelSpec, shape: StageShape) -> np.ndarray:
     return ((BF16_BYTES + FP32_BYTES) * e + (FP32_BYTES + TOKEN_ID_BYTES) * k) * shape.tokens_outside_tp
 
 
-def _dispatch_bytes_per_layer(model: ModelSpec, shape: StageShape) -> np.ndarray:
-    """top_k copies of each token's hidden state, twice: the permuted tokens sent by the dispatch all-to-all and the
-    un-permuted expert outputs that the combine keeps for the gradient of the routing weights
-    (Megatron-Core moe/token_dispatcher.py, alltoall dispatcher; Switch arXiv 2101.03961 §2.1)."""
+def _dispatch_bytes_per_layer(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """What the dispatcher leaves stored for the backward: the routing weights that travel with the token copies, one
+    fp32 per copy the GPU receives, saved by the experts' weighted activation for the weights' gradient.
+
+    No copy of the hidden states: the permutation is an index_select (it saves the indices), the all-to-all saves
+    nothing, and since Megatron-Core 0.12 ("Memory efficient token permutation", Megatron-LM !2668, 2025-04-09;
+    `moe/experts.py` passes `permuted_probs` to the activation) the weights are applied inside the experts, so the
+    combine's unpermute is a plain scatter-add. Before it, the combine multiplied the expert outputs by the weights
+    and kept them: top_k·h more bf16 per token (moe_utils.unpermute of core_v0.11.0)."""
+    assert model.moe is not None
+    return FP32_BYTES * _expert_copies_received(model, training, shape)
+
+
+def _dispatch_buffers_bytes_per_layer(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """The dispatch all-to-all's send and receive buffers, top_k copies of each token's hidden state each: alive
+    while a layer's forward runs (a working set, not stored; Megatron-Core moe/token_dispatcher.py)."""
     assert model.moe is not None
     return 2 * BF16_BYTES * model.moe.top_k * model.hidden_size * shape.tokens_outside_tp
 
@@ -419,10 +431,16 @@ def _expert_mlp_bytes_per_layer(model: ModelSpec, training: TrainingSpec, shape:
     the etp group) and the MLP intermediates of its F_e/etp columns.
     """
     assert model.moe is not None
-    etp = shape.plans.etp
-    received = shape.tokens_inside_tp * model.moe.top_k * etp * _expert_load_factor(training)
-    per_token = BF16_BYTES * model.hidden_size + _mlp_bytes_per_token(model, model.moe.expert_ffn_hidden_size) / etp
-    return received * per_token
+    per_token = (BF16_BYTES * model.hidden_size
+                 + _mlp_bytes_per_token(model, model.moe.expert_ffn_hidden_size) / shape.plans.etp)
+    return _expert_copies_received(model, training, shape) * per_token
+
+
+def _expert_copies_received(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Token copies one GPU's experts receive per micro-batch: T·k·etp/t × the load factor (_expert_mlp_bytes_per_layer
+    derives it)."""
+    assert model.moe is not None
+    return shape.tokens_inside_tp * model.moe.top_k * shape.plans.etp * _expert_load_factor(training)
 
 
 # ---- activations on the stage ------------------------------------------------------------------------------------
@@ -497,10 +515,10 @@ def moe_router_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndar
             * _moe_kept(shape))
 
 
-def moe_dispatch_activations_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
+def moe_dispatch_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     if model.moe is None:
         return np.zeros(len(shape.plans))
-    return (_stored_layer_counts(model, shape)[1] * _dispatch_bytes_per_layer(model, shape) * shape.in_flight
+    return (_stored_layer_counts(model, shape)[1] * _dispatch_bytes_per_layer(model, training, shape) * shape.in_flight
             * _moe_kept(shape))
 
 
@@ -511,19 +529,21 @@ def expert_mlp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape
         return np.zeros(len(shape.plans))
     moe = _stored_layer_counts(model, shape)[1]
     per_layer = _expert_mlp_bytes_per_layer(model, training, shape)
-    received = shape.tokens_inside_tp * model.moe.top_k * shape.plans.etp * _expert_load_factor(training)
-    act_output = received * BF16_BYTES * model.moe.expert_ffn_hidden_size / shape.plans.etp
+    act_output = (_expert_copies_received(model, training, shape) * BF16_BYTES * model.moe.expert_ffn_hidden_size
+                  / shape.plans.etp)
     per_layer = per_layer - np.where(recomputes_module(shape.plans, RecomputeModule.MOE_ACT), act_output, 0.0)
     return moe * per_layer * shape.in_flight * _moe_kept(shape)
 
 
 def _full_layer_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
-    """Every activation of the heaviest kind of layer on the rank (dense or MoE), one micro-batch, scores included."""
+    """Every activation of the heaviest kind of layer on the rank (dense or MoE), one micro-batch, scores included,
+    and a MoE layer's dispatch buffers, alive while its forward re-runs."""
     has_dense = shape.layers - shape.moe_layers > 0
     heaviest = np.where(has_dense, _dense_layer_activation_bytes(model, training, shape, True), 0.0)
     if model.moe is not None:
         moe = (_moe_layer_non_expert_bytes(model, training, shape, True) + _router_bytes_per_layer(model, shape)
-               + _dispatch_bytes_per_layer(model, shape) + _expert_mlp_bytes_per_layer(model, training, shape))
+               + _dispatch_bytes_per_layer(model, training, shape) + _dispatch_buffers_bytes_per_layer(model, shape)
+               + _expert_mlp_bytes_per_layer(model, training, shape))
         heaviest = np.maximum(heaviest, np.where(shape.moe_layers > 0, moe, 0.0))
     return heaviest
 
@@ -589,7 +609,8 @@ def mtp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: Stage
         return np.zeros(len(shape.plans))
     if model.moe is not None:
         layer = (_moe_layer_non_expert_bytes(model, training, shape, True) + _router_bytes_per_layer(model, shape)
-                 + _dispatch_bytes_per_layer(model, shape) + _expert_mlp_bytes_per_layer(model, training, shape))
+                 + _dispatch_bytes_per_layer(model, training, shape)
+                 + _expert_mlp_bytes_per_layer(model, training, shape))
     else:
         layer = _dense_layer_activation_bytes(model, training, shape, True)
     inputs = (2 * _norm_bytes_per_token(model) + BF16_BYTES * 2 * model.hidden_size) * shape.tokens_outside_tp
@@ -671,7 +692,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("recomputed_layer_inputs", True, lambda: recomputed_layer_inputs_bytes(model, shape)),
         ("recompute_working_set", True, lambda: recompute_working_set_bytes(model, training, shape)),
         ("moe_router_activations", moe, lambda: moe_router_activations_bytes(model, shape)),
-        ("moe_dispatch_activations", moe, lambda: moe_dispatch_activations_bytes(model, shape)),
+        ("moe_dispatch_activations", moe, lambda: moe_dispatch_activations_bytes(model, training, shape)),
         ("expert_mlp_activations", moe, lambda: expert_mlp_activations_bytes(model, training, shape)),
         ("embedding_activations", True, lambda: embedding_activations_bytes(model, shape)),
         ("output_layer_activations", True, lambda: output_layer_activations_bytes(model, shape)),

@@ -141,18 +141,30 @@ TOY_MOE = ModelSpec(name="toy-moe", hidden_size=64, num_layers=4, num_attention_
 
 def test_toy_moe_activations():
     # T = 16 tokens, tp=etp=1, load 1. Router: (2+4)·E + (4+8)·k = 24 + 24 = 48 bytes/token -> 768 per layer.
-    # Dispatch: 2 copies × 2 bytes × k·h = 2·2·2·64 = 512 bytes/token -> 8192 per layer.
-    # Experts: 16·2 = 32 received tokens × (2h + 6·32) = 32·(128 + 192) = 10240 per layer. 4 layers each.
+    # Dispatch: the routing weight of each received copy, fp32: 16·2 = 32 copies × 4 = 128 per layer (no hidden-state
+    # copy: Megatron-Core >= 0.12 applies the weights in the experts' activation).
+    # Experts: 32 received tokens × (2h + 6·32) = 32·(128 + 192) = 10240 per layer. 4 layers each.
     training = TrainingSpec(seq_len=16, global_batch_size=1)
     terms = terms_at(TOY_MOE, 1, training, Plan())
     assert terms["moe_router_activations"] == pytest.approx(4 * 768)
-    assert terms["moe_dispatch_activations"] == pytest.approx(4 * 8192)
+    assert terms["moe_dispatch_activations"] == pytest.approx(4 * 128)
     assert terms["expert_mlp_activations"] == pytest.approx(4 * 10240)
     # dropless with imbalance 1.5 scales the expert part; a capacity factor 1.25 caps it at 1.25
     skewed = dataclasses.replace(training, moe_imbalance_factor=1.5)
     assert terms_at(TOY_MOE, 1, skewed, Plan())["expert_mlp_activations"] == pytest.approx(1.5 * 4 * 10240)
     capped = dataclasses.replace(skewed, moe_capacity_factor=1.25)
     assert terms_at(TOY_MOE, 1, capped, Plan())["expert_mlp_activations"] == pytest.approx(1.25 * 4 * 10240)
+
+
+def test_toy_moe_recompute_working_set_holds_the_dispatch_buffers():
+    # Full recompute re-runs one MoE layer: everything it stores, plus the all-to-all's send and receive buffers that
+    # are not stored but live while its forward runs: 2 × 2 bytes × k·h = 2·2·2·64 = 512 bytes/token -> 8192.
+    training = TrainingSpec(seq_len=16, global_batch_size=1)
+    kept = terms_at(TOY_MOE, 1, training, Plan())
+    stored_per_layer = sum(kept[name] for name in ("layer_activations", "moe_router_activations",
+                                                   "moe_dispatch_activations", "expert_mlp_activations")) / 4
+    full = terms_at(TOY_MOE, 1, training, Plan(recompute=Recompute.FULL))
+    assert full["recompute_working_set"] == pytest.approx(stored_per_layer + 8192)
 
 
 def test_expert_states_shard_over_expert_data_parallel():
