@@ -51,7 +51,7 @@ from costmodels import compute as compute_model  # noqa: E402
 from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import peak_memory  # noqa: E402
-from costmodels.plan import Plan, PlanArrays, Recompute  # noqa: E402
+from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule  # noqa: E402
 from costmodels.specs import (AttentionKernel, ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding,  # noqa: E402
                               Precision, TrainingSpec)
 from costmodels.steptime import step_time_s  # noqa: E402
@@ -501,6 +501,15 @@ def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note:
                                   f"attention SDPA {kernel.value} (torchtitan backend priority)") if n))
 
 
+PRE_012_MOE_MEMORY_NOTE = ("memory as Megatron-Core >= 0.12 stores a MoE layer; a 2024 Megatron-Core also kept "
+                           "the expert outputs at the combine (top_k x h bf16 per token per MoE layer)")
+
+MCORE_2024_MOE_RECOMPUTE_MODULES = (0, int(RecomputeModule.MOE), int(RecomputeModule.CORE_ATTN | RecomputeModule.MOE))
+"""Selective-recompute module sets open to a 2024 Megatron-Core MoE run that does not state its recompute: the default
+(core_attn), and `--moe-layer-recompute` (checkpoint the whole MoE layer: Megatron-LM commit e61c384101, 2024-05-01,
+"Extended TP for MOE + memory checkpointing"), alone or with core_attn. autopar's `moe` module is that checkpoint."""
+
+
 def mixtral_readme() -> "list[Case | Unexpressed]":
     """Megatron-Core MoE README: Mixtral 8x7B, 64 H100, TP1 EP8 PP4 VP8, MBS1 GBS256, dropless; TFLOP/s by the
     pre-2025 formula."""
@@ -512,11 +521,12 @@ def mixtral_readme() -> "list[Case | Unexpressed]":
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), **TUNED_OVERLAP)
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp"), ep=_int(r, "ep"), cp=1,
                      mbs=_int(r, "micro_batch"))
-        free = dict(zero=(0, 1), recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
+        free = dict(zero=(0, 1), recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
+                    recompute_modules=MCORE_2024_MOE_RECOMPUTE_MODULES)
         step = megatron_flops_per_step(model, training, causal=False) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
         out.append(Case(source, r["row_id"], f"Mixtral 8x7B {r['method'][:10]}", model, _cluster(profile, gpus),
                         training, fixed, free, "TFLOP/s/GPU (MCore 2024)", step, "MoE",
-                        (source, "mixtral-8x7b", profile.name, gpus, seq, r["row_id"])))
+                        (source, "mixtral-8x7b", profile.name, gpus, seq, r["row_id"]), (PRE_012_MOE_MEMORY_NOTE,)))
     return out
 
 
@@ -563,9 +573,10 @@ def moe_folding() -> "list[Case | Unexpressed]":
         zero = 3 if r["method"].startswith("FSDP") else None
         fixed = dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp or tp, sp=tp > 1)
         fixed["mbs"] = FOLDING_MICRO_BATCH
-        notes += (FOLDING_MICRO_BATCH_NOTE,)
+        notes += (FOLDING_MICRO_BATCH_NOTE, PRE_012_MOE_MEMORY_NOTE)
         free = dict(vpp=_vpp_choices(model.num_layers, pp),
-                    recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
+                    recompute=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
+                    recompute_modules=MCORE_2024_MOE_RECOMPUTE_MODULES)
         if zero is not None:
             fixed["zero"] = zero
         elif r["method"] == "TP + EP + DP":
@@ -761,8 +772,6 @@ def candidate_plans(case: Case) -> list[Plan]:
     for values in itertools.product(*(case.free[n] for n in names)):
         knobs = dict(case.fixed)
         knobs.update(zip(names, values))
-        if knobs.get("recompute") is Recompute.SELECTIVE and not case.training.flash_attention:
-            pass
         try:
             plan = Plan(**knobs)
         except InputError:
