@@ -31,6 +31,7 @@ Every other flag is ignored. Anything that cannot be read (an unset shell variab
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 import shlex
@@ -54,6 +55,7 @@ VALUE_FLAGS = frozenset({
     "--fp8-format", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
+    "--attention-dropout", "--hidden-dropout",
 })
 LIST_FLAGS = frozenset({"--recompute-modules"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -82,6 +84,9 @@ PLAN_FLAG_OF_FIELD = {"recompute_modules": "--recompute-modules", "tp": "--tenso
                       "recompute_layers": "--recompute-num-layers",
                       "first_stage_layers": "--decoder-first-pipeline-num-layers",
                       "last_stage_layers": "--decoder-last-pipeline-num-layers"}
+
+DROPOUT_FLAGS = ("--attention-dropout", "--hidden-dropout")
+"""Dropout probabilities (Megatron-LM default 0.1 each), checked against ModelSpec.dropout."""
 
 SHARDING_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
@@ -123,8 +128,14 @@ class MegatronRun:
         if model.moe is not None:
             expected.update(num_experts=model.moe.num_experts, top_k=model.moe.top_k,
                             expert_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
-        return [f"{name}: the command has {value}, {model.name} has {expected[name]}"
-                for name, value in self.model.items() if name in expected and expected[name] != value]
+        lines = [f"{name}: the command has {value}, {model.name} has {expected[name]}"
+                 for name, value in self.model.items() if name in expected and expected[name] != value]
+        for flag in DROPOUT_FLAGS:  # stated only: absent, Megatron's 0.1 default may be the recipe's intent
+            stated = _probability(self.flags, flag)
+            if stated is not None and abs(stated - model.dropout) > 1e-9:
+                lines.append(f"{flag.lstrip('-')}: the command has {stated:g}, {model.name} has {model.dropout:g} "
+                             "(memory is estimated with the model's)")
+        return lines
 
 
 def read_megatron_source(value: str) -> str:
@@ -281,6 +292,20 @@ def _integer(flags: dict[str, "str | bool"], name: str, default: int | None = No
     except ValueError:
         hint = " (a shell variable the script does not set? substitute its value)" if "$" in str(value) else ""
         raise InputError(INPUT_NAME, f"{name}: expected a whole number, got {value!r}{hint}") from None
+
+
+def _probability(flags: dict[str, "str | bool"], name: str) -> float | None:
+    """A flag's value as a probability in [0, 1]; None when absent."""
+    if name not in flags:
+        return None
+    text = str(flags[name])
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise InputError(INPUT_NAME, f"{name} {text!r} is not a probability; give a number in [0, 1]")
+    return value
 
 
 def _first_integer(flags: dict[str, "str | bool"], *names: str) -> int | None:
@@ -540,6 +565,9 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     embedding_slot = bool(flags.get("--account-for-embedding-in-pipeline-split"))
     loss_slot = bool(flags.get("--account-for-loss-in-pipeline-split"))
     model = _model_fields(flags)
+    for flag in DROPOUT_FLAGS:                   # a bad value is refused here, not when the model is compared
+        _probability(flags, flag)
+
     def layer_count() -> int | None:
         if "num_layers" in model:
             return model["num_layers"]

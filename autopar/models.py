@@ -133,6 +133,8 @@ VOCAB_KEYS = ("vocab_size",)
 FFN_KEYS = ("intermediate_size", "n_inner")
 EXPERTS_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions")
+DROPOUT_KEYS = ("resid_pdrop", "attn_pdrop", "embd_pdrop", "hidden_dropout", "attention_dropout")
+"""Dropout probabilities of the decoder (GPT-2, BLOOM, Llama-family names); the largest is ModelSpec.dropout."""
 EXPERT_WIDTH_IN_INTERMEDIATE = frozenset({"mixtral", "gpt_oss"})
 """Model types whose routed-expert width is `intermediate_size` (no `moe_intermediate_size`)."""
 
@@ -288,6 +290,7 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
         sliding_window=window,
         sliding_window_layers=window_layers,
+        dropout=_dropout(config, where),
     )
     return _spec_in(where, ModelSpec, name=name, source=source, **fields)
 
@@ -443,6 +446,19 @@ def _optional_positive(config: Mapping[str, Any], keys: "str | tuple[str, ...]",
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(present, f"must be a non-negative integer, got {value!r} (in {where})")
     return value
+
+
+def _dropout(config: Mapping[str, Any], where: str) -> "float | None":
+    """The largest dropout probability the config states (DROPOUT_KEYS), None when it states none."""
+    values = []
+    for key in DROPOUT_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise InputError(key, f"must be a dropout probability in [0, 1), got {value!r} (in {where})")
+        values.append(float(value))
+    return max(values) if values else None
 
 
 def _positive_if_given(config: Mapping[str, Any], key: str, where: str) -> int:

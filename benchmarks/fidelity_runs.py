@@ -202,11 +202,13 @@ def gpt(name: str, hidden: int, layers: int, heads: int, vocab: int, seq: int, f
 
 def mpt(name: str, hidden: int, layers: int, heads: int, ffn: int, vocab: int, seq: int) -> ModelSpec:
     """MPT (llm-foundry mpt-<size>.yaml): GELU MLP of expansion_ratio·d, LayerNorm, no_bias, tied embeddings; the
-    README's NumParams grows with the sequence length, so a learned position table of seq × d is counted."""
+    README's NumParams grows with the sequence length, so a learned position table of seq × d is counted. No dropout:
+    the yamls leave it at MPTConfig's defaults, resid_pdrop = emb_pdrop = attn_pdrop = 0.0
+    (llmfoundry/models/mpt/configuration_mpt.py and models/utils/config_defaults.py at the README's commit)."""
     return ModelSpec(name=name, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
                      ffn_hidden_size=ffn, vocab_size=vocab, mlp=MlpKind.PLAIN, norm=NormKind.LAYERNORM,
                      position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=seq,
-                     tied_embeddings=True, linear_bias=False)
+                     tied_embeddings=True, linear_bias=False, dropout=0.0)
 
 
 def preset(name: str) -> ModelSpec:

@@ -41,7 +41,7 @@ from costmodels import params
 from costmodels.errors import InputError
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
                              layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
-from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
+from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, TrainingSpec
 from costmodels.structure import stage_list
 
 BF16_BYTES = 2
@@ -296,14 +296,13 @@ def embedding_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
 #   - MLP of width F: plain GeLU stores its input and the second linear's input, 2·2·F per token (F = 4h gives the
 #     16sbh); gated SwiGLU stores the fused [gate, up] input (2·2F, Megatron fused_bias_swiglu.py saves its input)
 #     and the down-projection input (2F): 6F per token.
-#   - dropout: GPT-style models (learned absolute positions: GPT-2/3, Megatron GPT) train with Megatron's default
-#     0.1 attention and hidden dropout; RoPE-family models (Llama, Mistral, Qwen, DeepSeek: attention_dropout 0 in
-#     their configs) train without, so no masks and no dropout copy of the scores.
+#   - dropout: masks (and the dropout copy of unfused scores) only when the model trains with dropout
+#     (ModelSpec.dropout > 0: GPT-2/3 and Megatron GPT at 0.1; Llama, Mistral, Qwen, DeepSeek, BLOOM and MPT at 0).
 #   - norms: each stores its input (2h per token) and its fp32 statistics: LayerNorm mean and rstd (8 bytes per
 #     token), RMSNorm rstd only (4 bytes per token).
 
 def _uses_dropout(model: ModelSpec) -> bool:
-    return model.position_embedding is PositionEmbedding.LEARNED
+    return bool(model.dropout)
 
 
 def _norm_bytes_per_token(model: ModelSpec) -> float:

@@ -104,6 +104,11 @@ class MLASpec:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+LEARNED_POSITIONS_DROPOUT = 0.1
+"""Dropout of a model with learned absolute positions that does not state its own: Megatron-LM's --attention-dropout
+and --hidden-dropout default, GPT-2's resid_pdrop / attn_pdrop."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, as far as memory and time are concerned."""
@@ -136,6 +141,11 @@ class ModelSpec:
     """Tokens a sliding-window attention layer looks back over; 0 = none (GPT-OSS: 128)."""
     sliding_window_layers: int = 0
     """How many of the layers use the sliding window (GPT-OSS alternates sliding and full: half of them)."""
+    dropout: float | None = None
+    """Attention and hidden dropout probability (Megatron's --attention-dropout / --hidden-dropout; Hugging Face
+    resid_pdrop, attn_pdrop, embd_pdrop, attention_dropout, hidden_dropout: the largest). None: as the position
+    embedding suggests: 0.1 with learned positions (GPT-2/3, Megatron GPT's default), 0 otherwise (Llama, Qwen,
+    DeepSeek, BLOOM configs: 0)."""
     source: str = field(default="", compare=False)
     """Where the spec came from (preset name, path, HF id): for reports only."""
 
@@ -164,6 +174,11 @@ class ModelSpec:
         if self.position_embedding is PositionEmbedding.LEARNED:
             require(self.max_position_embeddings > 0, "max_position_embeddings",
                     "learned position embeddings need max_position_embeddings > 0")
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", LEARNED_POSITIONS_DROPOUT
+                               if self.position_embedding is PositionEmbedding.LEARNED else 0.0)
+        require(isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
+                and 0.0 <= self.dropout < 1.0, "dropout", f"dropout={self.dropout!r}: give a probability in [0, 1)")
         require(self.sliding_window_layers <= self.num_layers, "sliding_window_layers",
                 f"sliding_window_layers={self.sliding_window_layers} exceeds num_layers={self.num_layers}")
         require((self.sliding_window == 0) == (self.sliding_window_layers == 0), "sliding_window",

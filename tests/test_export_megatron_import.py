@@ -168,6 +168,8 @@ def test_shell_words_expand_variables_and_strings_of_flags():
     ("train.sh", "no Megatron-LM flags in 'train.sh'"),
     ("torchrun --nproc-per-node 8 pretrain_gpt.py", "no Megatron-LM flags"),
     ("--use-megatron-fsdp --data-parallel-sharding-strategy everything", "data-parallel-sharding-strategy"),
+    ("--hidden-dropout high", "--hidden-dropout 'high' is not a probability"),
+    ("--attention-dropout 1.5", "--attention-dropout '1.5' is not a probability"),
 ])
 def test_bad_commands_name_the_flag_and_the_fix(text, message):
     with pytest.raises(InputError, match=message) as error:

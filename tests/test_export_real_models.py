@@ -51,6 +51,19 @@ def test_real_estimates_round_trip_through_megatron_flags(estimates):
                 assert refused.framework == framework and refused.reasons
 
 
+def test_megatron_export_writes_the_dropout_the_memory_assumed(estimates):
+    # Megatron-LM defaults both dropouts to 0.1; the export states the model's, and the import compares them
+    for result in estimates:
+        flags = parse_megatron_args(emit(result, "megatron")).flags
+        assert float(flags["--attention-dropout"]) == float(flags["--hidden-dropout"]) == result.model.dropout
+    by_name = {result.model.name: result for result in estimates}
+    assert by_name["gpt-3-175b"].model.dropout == pytest.approx(0.1) and by_name["deepseek-v3"].model.dropout == 0
+    llama = by_name["deepseek-v3"]
+    run = parse_megatron_args(emit(llama, "megatron").replace("--hidden-dropout 0", "--hidden-dropout 0.1"))
+    assert run.model_mismatches(llama.model) == [
+        "hidden-dropout: the command has 0.1, deepseek-v3 has 0 (memory is estimated with the model's)"]
+
+
 def test_real_estimates_report_validates(estimates):
     schema = load_schema()
     for result in estimates:

@@ -49,6 +49,15 @@ def test_toy_gpt_layer_activations_match_korthikanti():
     assert terms["layer_activations"] == pytest.approx(80384)
 
 
+def test_toy_gpt_without_dropout_keeps_no_masks():
+    # MPT-style: learned positions but dropout 0 (llm-foundry's MPTConfig defaults): the attention-output and
+    # MLP-output masks (1 byte × h each per token, outside TP) and the unfused scores' mask and dropout copy
+    # (3·a·s²·b = 3·4·256 = 3072) are not stored: per layer 40192 - 2·16·64 - 3072 = 35072, 70144 for two.
+    no_dropout = dataclasses.replace(TOY_GPT, dropout=0.0)
+    assert terms_at(no_dropout, 1, PAPER_TRAINING, Plan())["layer_activations"] == pytest.approx(70144)
+    assert TOY_GPT.dropout == pytest.approx(0.1)             # learned positions, dropout unstated: GPT's 0.1
+
+
 def test_toy_gpt_tp_without_and_with_sp():
     # t=2 without SP: sbh(10 + 24/t) + 5as²b/t = 1024·(10 + 12) + 5120/2 = 22528 + 2560 = 25088, stats 256
     # (replicated) -> 25344 per layer, 50688 for two.

@@ -177,6 +177,28 @@ def test_autoconfig_fills_model_type_defaults(tmp_path: Path) -> None:
     assert not llama.tied_embeddings and llama.num_kv_heads == 4 and llama.head_dim == 16
 
 
+def test_dropout_read_from_the_config(tmp_path: Path) -> None:
+    # GPT-2 names its dropouts resid_pdrop / attn_pdrop / embd_pdrop: the largest is the model's; unstated, a
+    # learned-position model gets GPT's 0.1 and a RoPE model none
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100,
+            "architectures": ["GPT2LMHeadModel"]}
+    write_config(tmp_path / "gpt2-no-dropout", {**gpt2, "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0})
+    assert load_model(str(tmp_path / "gpt2-no-dropout")).dropout == 0.0
+    write_config(tmp_path / "gpt2-mixed", {**gpt2, "resid_pdrop": 0.05, "attn_pdrop": 0.2})
+    assert load_model(str(tmp_path / "gpt2-mixed")).dropout == pytest.approx(0.2)
+    assert load_model("gpt-3-175b").dropout == pytest.approx(0.1)
+    assert load_model("llama-3.1-8b").dropout == 0.0 and load_model("bloom-176b").dropout == 0.0
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1, "0.1", True])
+def test_bad_dropout_is_refused_by_name(tmp_path: Path, value) -> None:
+    config = preset_json("llama-3.1-8b")
+    config["attention_dropout"] = value
+    write_config(tmp_path / "bad-dropout", config)
+    with pytest.raises(InputError, match="attention_dropout"):
+        load_model(str(tmp_path / "bad-dropout"))
+
+
 @pytest.mark.parametrize("config", [
     {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
      "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 256,

@@ -151,6 +151,10 @@ def model_flags(model: ModelSpec) -> list[Flag]:
         full_layers = model.num_layers - model.sliding_window_layers
         if full_layers:
             flags.append(("--window-attn-skip-freq", str(round(model.num_layers / full_layers))))
+    # Megatron-LM defaults both to 0.1: written always, so a model trained without dropout gets none (and none of
+    # the masks the memory estimate left out)
+    dropout = f"{model.dropout:g}"
+    flags += [("--attention-dropout", dropout), ("--hidden-dropout", dropout)]
     if not model.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     if not model.linear_bias:
