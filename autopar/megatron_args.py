@@ -86,7 +86,10 @@ PLAN_FLAG_OF_FIELD = {"recompute_modules": "--recompute-modules", "tp": "--tenso
                       "last_stage_layers": "--decoder-last-pipeline-num-layers"}
 
 DROPOUT_FLAGS = ("--attention-dropout", "--hidden-dropout")
-"""Dropout probabilities (Megatron-LM default 0.1 each), checked against ModelSpec.dropout."""
+"""Dropout probabilities, checked against ModelSpec.dropout."""
+MEGATRON_DEFAULT_DROPOUT = 0.1
+"""What Megatron-LM trains with when a dropout flag is absent (TransformerConfig.hidden_dropout / attention_dropout,
+megatron/core/transformer/transformer_config.py, from which its argument parser is generated)."""
 
 SHARDING_STRATEGY_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
@@ -130,10 +133,14 @@ class MegatronRun:
                             expert_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
         lines = [f"{name}: the command has {value}, {model.name} has {expected[name]}"
                  for name, value in self.model.items() if name in expected and expected[name] != value]
-        for flag in DROPOUT_FLAGS:  # stated only: absent, Megatron's 0.1 default may be the recipe's intent
+        for flag in DROPOUT_FLAGS:
             stated = _probability(self.flags, flag)
+            if stated is None and self.model:   # a whole launch command (it gives the shape) leaves the default
+                stated, how = MEGATRON_DEFAULT_DROPOUT, f"leaves Megatron-LM's default {MEGATRON_DEFAULT_DROPOUT:g}"
+            else:
+                how = f"has {stated:.10g}" if stated is not None else ""
             if stated is not None and abs(stated - model.dropout) > 1e-9:
-                lines.append(f"{flag.lstrip('-')}: the command has {stated:g}, {model.name} has {model.dropout:g} "
+                lines.append(f"{flag.lstrip('-')}: the command {how}, {model.name} has {model.dropout:.10g} "
                              "(memory is estimated with the model's)")
         return lines
 
@@ -304,7 +311,8 @@ def _probability(flags: dict[str, "str | bool"], name: str) -> float | None:
     except ValueError:
         value = math.nan
     if not 0.0 <= value <= 1.0:
-        raise InputError(INPUT_NAME, f"{name} {text!r} is not a probability; give a number in [0, 1]")
+        hint = " (a shell variable the script does not set? substitute its value)" if "$" in text else ""
+        raise InputError(INPUT_NAME, f"{name} {text!r} is not a probability; give a number in [0, 1]{hint}")
     return value
 
 
@@ -441,6 +449,9 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
     (--moe-flex-dispatcher-backend deepep | hybridep, or the older --moe-enable-deepep)."""
     kind = flags.get("--moe-token-dispatcher-type")
     if kind is None:
+        if "--num-experts" in flags:
+            notes.append("no --moe-token-dispatcher-type: Megatron-Core's default allgather, priced as alltoall (the "
+                         "same expert GEMMs; the all-gather dispatcher's exchange is not modelled apart)")
         return {}
     if kind not in ("allgather", "alltoall", "flex"):
         raise InputError(INPUT_NAME, f"--moe-token-dispatcher-type {kind!r}: expected allgather, alltoall or flex")

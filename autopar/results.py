@@ -39,7 +39,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         "num_layers": model.num_layers, "num_attention_heads": model.num_attention_heads,
         "num_kv_heads": model.num_kv_heads, "ffn_hidden_size": model.ffn_hidden_size,
         "vocab_size": model.vocab_size, "total_params": params.total_params(model),
-        "active_params": params.active_params(model),
+        "active_params": params.active_params(model), "dropout": model.dropout,
     }
     if model.moe is not None:
         model_info["moe"] = {"num_experts": model.moe.num_experts, "top_k": model.moe.top_k,

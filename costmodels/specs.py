@@ -145,7 +145,7 @@ class ModelSpec:
     """Attention and hidden dropout probability (Megatron's --attention-dropout / --hidden-dropout; Hugging Face
     resid_pdrop, attn_pdrop, embd_pdrop, attention_dropout, hidden_dropout: the largest). None: as the position
     embedding suggests: 0.1 with learned positions (GPT-2/3, Megatron GPT's default), 0 otherwise (Llama, Qwen,
-    DeepSeek, BLOOM configs: 0)."""
+    DeepSeek, BLOOM configs: 0). Resolved when the spec is built: dataclasses.replace keeps it."""
     source: str = field(default="", compare=False)
     """Where the spec came from (preset name, path, HF id): for reports only."""
 

@@ -58,10 +58,17 @@ def test_megatron_export_writes_the_dropout_the_memory_assumed(estimates):
         assert float(flags["--attention-dropout"]) == float(flags["--hidden-dropout"]) == result.model.dropout
     by_name = {result.model.name: result for result in estimates}
     assert by_name["gpt-3-175b"].model.dropout == pytest.approx(0.1) and by_name["deepseek-v3"].model.dropout == 0
-    llama = by_name["deepseek-v3"]
-    run = parse_megatron_args(emit(llama, "megatron").replace("--hidden-dropout 0", "--hidden-dropout 0.1"))
-    assert run.model_mismatches(llama.model) == [
+    deepseek = by_name["deepseek-v3"]
+    command = emit(deepseek, "megatron")
+    run = parse_megatron_args(command.replace("--hidden-dropout 0", "--hidden-dropout 0.1"))
+    assert run.model_mismatches(deepseek.model) == [
         "hidden-dropout: the command has 0.1, deepseek-v3 has 0 (memory is estimated with the model's)"]
+    # a launch command without the flags trains at Megatron-LM's 0.1: said; a command without the shape is a snippet
+    without = command.replace("--attention-dropout 0", "").replace("--hidden-dropout 0", "")
+    assert [line.split(":")[0] for line in parse_megatron_args(without).model_mismatches(deepseek.model)] == [
+        "attention-dropout", "hidden-dropout"]
+    assert "leaves Megatron-LM's default 0.1" in parse_megatron_args(without).model_mismatches(deepseek.model)[0]
+    assert parse_megatron_args("--tensor-model-parallel-size 8").model_mismatches(deepseek.model) == []
 
 
 def test_real_estimates_report_validates(estimates):

@@ -240,7 +240,8 @@ def models(draw, moe: bool | None = None) -> ModelSpec:
         mlp=MlpKind.PLAIN if gpt_style else MlpKind.GATED, norm=NormKind.LAYERNORM if gpt_style else NormKind.RMSNORM,
         position_embedding=PositionEmbedding.LEARNED if gpt_style else PositionEmbedding.ROPE,
         max_position_embeddings=64 if gpt_style else 0, tied_embeddings=draw(st.booleans()),
-        linear_bias=gpt_style, moe=moe_spec, mla=mla, num_mtp_layers=draw(st.integers(0, 1)) if with_moe else 0)
+        linear_bias=gpt_style, moe=moe_spec, mla=mla, num_mtp_layers=draw(st.integers(0, 1)) if with_moe else 0,
+        dropout=draw(st.sampled_from([None, 0.0, 0.1])))
 
 
 @st.composite

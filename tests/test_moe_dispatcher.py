@@ -93,6 +93,27 @@ def test_megatron_launch_carries_the_dispatcher_and_reads_back(dispatcher, flags
     assert parse_megatron_args(text).training["moe_dispatcher"] == dispatcher
 
 
+def test_deepep_without_an_expert_exchange_is_written_as_alltoall():
+    # Megatron-Core's MoEFlexTokenDispatcher asserts 'DeepEP dispatcher requires TPxEP > 1' (expert TP × EP): with
+    # ep·etp = 1 no token leaves the GPU, so the launch names the alltoall dispatcher instead
+    estimate = synthetic_estimate(moe_model(), cluster(8), TrainingSpec(moe_dispatcher="deepep"),
+                                  Plan(tp=1, pp=1, ep=1, etp=1, mbs=1))
+    words = emit(estimate, "megatron").split()
+    assert words[words.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    assert "--moe-flex-dispatcher-backend" not in words
+    folded = synthetic_estimate(moe_model(), cluster(8), TrainingSpec(moe_dispatcher="deepep"),
+                                Plan(tp=2, pp=1, ep=1, etp=2, mbs=1, sp=True))
+    assert "--moe-flex-dispatcher-backend" in emit(folded, "megatron").split()
+
+
+def test_a_launch_without_a_dispatcher_is_read_with_a_note():
+    run = parse_megatron_args("python pretrain_gpt.py --num-experts 8 --tensor-model-parallel-size 1")
+    assert "moe_dispatcher" not in run.training
+    assert any("default allgather" in note for note in run.notes)
+    dense = parse_megatron_args("python pretrain_gpt.py --tensor-model-parallel-size 1")
+    assert not any("dispatcher" in note for note in dense.notes)
+
+
 def test_a_dense_launch_names_no_dispatcher():
     estimate = synthetic_estimate(dense_model(), cluster(64), TrainingSpec(moe_dispatcher="deepep"),
                                   Plan(tp=2, pp=2, mbs=1, sp=True))

@@ -159,8 +159,11 @@ def moe_dispatcher_fields(estimate: Estimate) -> dict[str, str]:
     """TransformerConfig.moe_token_dispatcher_type (and moe_flex_dispatcher_backend) for TrainingSpec.moe_dispatcher:
     written always, since Megatron-Core's default is 'allgather', which the step time does not price and which
     --overlap-moe-expert-parallel-comm rejects ('overlap_moe_expert_parallel_comm is supported with alltoall/flex
-    token dispatcher'). DeepEP runs under the flex dispatcher with its deepep backend."""
-    if estimate.training.moe_dispatcher is MoEDispatcher.DEEPEP:
+    token dispatcher'). DeepEP runs under the flex dispatcher with its deepep backend, which Megatron-Core builds only
+    over more than one GPU ('DeepEP dispatcher requires TPxEP > 1', MoEFlexTokenDispatcher, over the expert TP × EP
+    group): with ep·etp = 1 no token leaves the GPU, both dispatchers cost nothing, and alltoall is written."""
+    plan = estimate.plan
+    if estimate.training.moe_dispatcher is MoEDispatcher.DEEPEP and plan.ep * plan.etp > 1:
         return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}
     return {"moe_token_dispatcher_type": "alltoall"}
 

@@ -153,7 +153,7 @@ def model_flags(model: ModelSpec) -> list[Flag]:
             flags.append(("--window-attn-skip-freq", str(round(model.num_layers / full_layers))))
     # Megatron-LM defaults both to 0.1: written always, so a model trained without dropout gets none (and none of
     # the masks the memory estimate left out)
-    dropout = f"{model.dropout:g}"
+    dropout = f"{model.dropout:.10g}"
     flags += [("--attention-dropout", dropout), ("--hidden-dropout", dropout)]
     if not model.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))

@@ -24,6 +24,8 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
              f"({attention}), ffn {m['ffn_hidden_size']}, vocab {m['vocab_size']}")
     if "moe" in m:
         shape += f", {m['moe']['num_experts']} experts top-{m['moe']['top_k']}"
+    if m["dropout"]:
+        shape += f", dropout {m['dropout']:g}"
     nodes = f"{c['num_nodes']} node{'s' if c['num_nodes'] > 1 else ''} of {c['gpus_per_node']}"
     if c.get("nvlink_domain_gpus", c["gpus_per_node"]) != c["gpus_per_node"]:   # GB200 NVL72: NVLink spans nodes
         nodes += f", NVLink domains of {c['nvlink_domain_gpus']}"
