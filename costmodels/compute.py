@@ -344,6 +344,12 @@ def elementwise_traffic_factor(profile: HardwareProfile) -> float:
     return float(section.get("traffic_per_activation_byte", 0.0))
 
 
+ELEMENTWISE_REPLICATED_BYTES_PER_HIDDEN = 8.0
+"""Per token and hidden unit, outside the TP region: two norm inputs (2 + 2) and the two block inputs (2 + 2)."""
+ELEMENTWISE_MASK_BYTES_PER_HIDDEN = 2.0
+"""The attention-output and MLP-output dropout masks (1 + 1), written only when the model trains with dropout."""
+
+
 def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
                                 moe_layer: bool) -> tuple[np.ndarray, np.ndarray]:
     """(layer, attention-score) activation bytes one GPU's non-GEMM kernels touch in one layer's forward.
@@ -351,15 +357,18 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     Korthikanti et al. (arXiv 2205.05198 §4.1) itemise a GPT layer's activations as s·b·h·(34 + 5·a·s/h) bytes:
     layernorms 4, attention 11 (+ 5·a·s/h for the scores, softmax and its dropout), MLP 19. Generalised to the
     real shape: the replicated part (two norm inputs 4, the two block inputs 2 + 2, two dropout masks 1 + 1:
-    10·s·b·h) is split over tp only with sequence parallelism (§4.2.2); the TP-split part is Q, K, V and the
-    attention output (2q + 2q + 4kv)/h and the MLP interior (2 + 2 bytes per F column, plus 2 for the gate when
-    gated); the scores part 5·a·s²·b/tp is absent with flash attention (never materialised).
+    10·s·b·h; 8·s·b·h for a model trained without dropout, whose bias-dropout-add writes no mask) is split over tp
+    only with sequence parallelism (§4.2.2); the TP-split part is Q, K, V and the attention output (2q + 2q + 4kv)/h
+    and the MLP interior (2 + 2 bytes per F column, plus 2 for the gate when gated); the scores part 5·a·s²·b/tp
+    (softmax output 2, dropout mask 1 and output 2; 2 without dropout) is absent with flash attention (never
+    materialised).
     These bytes are written and re-read by the layernorm, GELU/SwiGLU, dropout, bias and softmax kernels.
     """
     h = model.hidden_size
     tokens = plans.mbs * training.seq_len / plans.cp.astype(float)
     tp = plans.tp.astype(float)
-    replicated = 10.0 * tokens * h / np.where(plans.sp, tp, 1.0)
+    masks = ELEMENTWISE_MASK_BYTES_PER_HIDDEN if model.dropout else 0.0
+    replicated = (ELEMENTWISE_REPLICATED_BYTES_PER_HIDDEN + masks) * tokens * h / np.where(plans.sp, tp, 1.0)
     attention_split = tokens * (4.0 * model.q_size + 4.0 * model.kv_size) / tp
     per_column = 6.0 if model.mlp is MlpKind.GATED else 4.0
     if moe_layer and model.moe is not None:
@@ -377,7 +386,8 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     if training.flash_attention:
         score_bytes = np.zeros(len(plans))
     else:
-        score_bytes = 5.0 * model.num_attention_heads * training.seq_len * tokens / tp
+        per_score = 5.0 if model.dropout else 2.0
+        score_bytes = per_score * model.num_attention_heads * training.seq_len * tokens / tp
     return layer_bytes, score_bytes
 
 

@@ -56,6 +56,21 @@ def test_collective_time_alpha_beta_factors():
     assert comm.collective_time_s(link, "all_reduce", 1e9, 1) == 0.0
 
 
+def test_elementwise_bytes_leave_out_dropout_masks_without_dropout():
+    # h=64, s=16, b=1, tp=1, plain 4h MLP, MHA, unfused attention: replicated (8 + 2 masks)·T·h, split
+    # (4q + 4kv)·T + 4F·T, scores (2 softmax + 1 mask + 2 dropout output)·a·s·T; without dropout 8·T·h and 2·a·s·T
+    model = gpt(64, 2, 4)
+    training = TrainingSpec(seq_len=16, global_batch_size=1, flash_attention=False)
+    plans = PlanArrays.from_plans([Plan()])
+    tokens, h, a = 16, 64, 4
+    split = (4 * h + 4 * h) * tokens + 4 * 4 * h * tokens
+    layer, scores = compute.elementwise_bytes_per_layer(model, training, plans, moe_layer=False)
+    assert float(layer[0]) == pytest.approx(10 * tokens * h + split) and float(scores[0]) == 5 * a * 16 * tokens
+    layer, scores = compute.elementwise_bytes_per_layer(dataclasses.replace(model, dropout=0.0), training, plans,
+                                                        moe_layer=False)
+    assert float(layer[0]) == pytest.approx(8 * tokens * h + split) and float(scores[0]) == 2 * a * 16 * tokens
+
+
 def test_gemm_efficiency_curve_by_hand():
     # square GEMM of side half_saturation_dim: peak_fraction / (1 + d/3 · 3/d) = peak_fraction / 2
     d = H100.gemm_efficiency["half_saturation_dim"]
