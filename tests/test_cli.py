@@ -244,9 +244,10 @@ def test_emit_help_states_the_stdout_rule() -> None:
 
 def test_inputs_that_have_no_effect_are_warned_about() -> None:
     # llama-3.1-8b is dense; llama-2-7b was trained at 4096 positions (RoPE)
-    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--moe-capacity-factor", "1.25")
+    result = autopar("estimate", LLAMA_8B, "--tp", "2", "--moe-capacity-factor", "1.25", "--moe-dispatcher", "deepep")
     assert result.returncode in (0, 1), result.stderr
     assert "warning: --moe-capacity-factor 1.25 has no effect" in result.stderr
+    assert "warning: --moe-dispatcher deepep has no effect" in result.stderr
     result = autopar("estimate", "llama-2-7b", "--seq-len", "8192", "--tp", "2", "--emit", "megatron")
     assert "beyond llama-2-7b's max_position_embeddings 4096" in result.stderr
     assert "--max-position-embeddings 8192" in result.stdout

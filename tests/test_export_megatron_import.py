@@ -208,3 +208,13 @@ def test_cli_rejects_an_unreadable_command():
     assert result.returncode == 2
     assert result.stderr.startswith("autopar: error: from-megatron-args:")
     assert "Traceback" not in result.stderr
+
+
+def test_cli_says_when_the_command_overrides_the_typed_dispatcher():
+    command = ("--tensor-model-parallel-size 2 --expert-model-parallel-size 8 --sequence-parallel --micro-batch-size 1 "
+               "--global-batch-size 256 --seq-length 4096 --bf16 --num-experts 8 --moe-token-dispatcher-type alltoall")
+    result = _autopar("estimate", "mixtral-8x7b", "--gpus", "64", "--moe-dispatcher", "deepep",
+                      "--from-megatron-args", command)
+    assert result.returncode in (0, 1), result.stderr
+    assert "note: --moe-dispatcher deepep ignored: the Megatron-LM command runs alltoall" in result.stderr
+    assert "dispatcher alltoall" in " ".join(result.stdout.split())

@@ -274,7 +274,7 @@ def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpe
 
 def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
     """Inputs autopar accepts but that have no effect, or that the model was not built for; one line each."""
-    from costmodels.specs import PositionEmbedding
+    from costmodels.specs import MoEDispatcher, PositionEmbedding
 
     warnings = []
     if model.moe is None and training.moe_capacity_factor is not None:
@@ -283,6 +283,9 @@ def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
     if model.moe is None and training.moe_imbalance_factor != 1.0:
         warnings.append(f"--moe-imbalance-factor {training.moe_imbalance_factor:g} has no effect: {model.name} is "
                         "a dense model (no experts)")
+    if model.moe is None and training.moe_dispatcher is not MoEDispatcher.ALLTOALL:
+        warnings.append(f"--moe-dispatcher {training.moe_dispatcher.value} has no effect: {model.name} is a dense "
+                        "model (no experts)")
     if 0 < model.max_position_embeddings < training.seq_len:
         if model.position_embedding is PositionEmbedding.ROPE:
             warnings.append(f"seq_len {training.seq_len} is beyond {model.name}'s max_position_embeddings "

@@ -132,6 +132,10 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if run.num_gpus is not None and typed_gpus is not None and typed_gpus != run.num_gpus:
         print(f"autopar: note: --gpus {typed_gpus} used; the Megatron-LM command launches {run.num_gpus}",
               file=stream)
+    typed_dispatcher, imported_dispatcher = getattr(args, "moe_dispatcher", None), run.training.get("moe_dispatcher")
+    if imported_dispatcher is not None and typed_dispatcher not in (None, "alltoall", imported_dispatcher):
+        print(f"autopar: note: --moe-dispatcher {typed_dispatcher} ignored: the Megatron-LM command runs "
+              f"{imported_dispatcher}", file=stream)
     for note in run.notes:
         print(f"autopar: note: {note}", file=stream)
     return run
