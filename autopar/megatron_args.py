@@ -135,11 +135,13 @@ class MegatronRun:
                  for name, value in self.model.items() if name in expected and expected[name] != value]
         for flag in DROPOUT_FLAGS:
             stated = _probability(self.flags, flag)
-            if stated is None and self.model:   # a whole launch command (it gives the shape) leaves the default
+            if stated is not None:
+                how = f"has {stated:.10g}"
+            elif self.model:                    # a whole launch command (it gives the shape) leaves the default
                 stated, how = MEGATRON_DEFAULT_DROPOUT, f"leaves Megatron-LM's default {MEGATRON_DEFAULT_DROPOUT:g}"
             else:
-                how = f"has {stated:.10g}" if stated is not None else ""
-            if stated is not None and abs(stated - model.dropout) > 1e-9:
+                continue
+            if abs(stated - model.dropout) > 1e-9:
                 lines.append(f"{flag.lstrip('-')}: the command {how}, {model.name} has {model.dropout:.10g} "
                              "(memory is estimated with the model's)")
         return lines

@@ -769,8 +769,10 @@ def all_rows() -> "list[Case | Unexpressed]":
 # ---- prediction ----------------------------------------------------------------------------------------------------
 
 def candidate_plans(case: Case) -> list[Plan]:
+    """Every buildable plan of the free choices, once: Plan normalises knobs that do not apply (recompute_modules
+    without selective recompute), so different choices can build the same plan."""
     names = list(case.free)
-    plans = []
+    plans: dict[Plan, None] = {}
     for values in itertools.product(*(case.free[n] for n in names)):
         knobs = dict(case.fixed)
         knobs.update(zip(names, values))
@@ -779,8 +781,8 @@ def candidate_plans(case: Case) -> list[Plan]:
         except InputError:
             continue
         if _buildable(case, plan):
-            plans.append(plan)
-    return plans
+            plans[plan] = None
+    return list(plans)
 
 
 def _buildable(case: Case, plan: Plan) -> bool:
