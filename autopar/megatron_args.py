@@ -69,13 +69,16 @@ SWITCH_FLAGS = frozenset({
     "--multi-latent-attention",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
-    "--moe-enable-deepep",
+    "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
                          "--tp-comm-overlap": "tp_comm_overlap",
                          "--overlap-moe-expert-parallel-comm": "moe_a2a_overlap"}
 """Megatron-Core overlap switches -> TrainingSpec options (the step time hides what the command overlaps)."""
+P2P_OVERLAP_OF_FLAG = {"--no-overlap-p2p-communication": False, "--overlap-p2p-communication": True}
+"""The interleaved schedule's P2P overlap -> TrainingSpec.overlap_p2p_comm: on by default since Megatron-LM 4eeff55d1f
+(2023-10-12), which added --no-overlap-p2p-communication; before it, --overlap-p2p-communication turned it on."""
 
 PLAN_FLAG_OF_FIELD = {"recompute_modules": "--recompute-modules", "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                       "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
@@ -106,7 +109,7 @@ class MegatronRun:
     plan: Plan
     training: dict[str, Any]
     """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8') and the overlap
-    switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap)."""
+    switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap, overlap_p2p_comm)."""
     num_gpus: int | None
     """GPU count when the script says it (launcher, WORLD_SIZE or #SBATCH), else None."""
     model: dict[str, int] = field(default_factory=dict)
@@ -643,6 +646,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         num_gpus = None
     training: dict[str, Any] = {"precision": _precision(flags, notes)}
     training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
+    training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")

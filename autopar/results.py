@@ -67,6 +67,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                                  "overlap_param_gather": training.overlap_param_gather,
                                  "tp_comm_overlap": training.tp_comm_overlap,
                                  "moe_a2a_overlap": training.moe_a2a_overlap,
+                                 "overlap_p2p_comm": training.overlap_p2p_comm,
                                  "nccl_ctas": training.nccl_ctas}},
     }
 

@@ -371,9 +371,11 @@ def megascale() -> "list[Case | Unexpressed]":
         model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), _int(r, "vocab"), seq)
         # The baseline runs without DP/TP overlap: "3D-parallel communication overlap" is one of the things MegaScale
         # adds to Megatron-LM (the file's header; arXiv 2402.15627, "Communication overlapping in 3D parallelism"),
-        # so the overlap switches stay off here.
+        # so the overlap switches stay off here; the pipeline's P2P overlap too: the baseline's Megatron-LM commit
+        # 285068c8 (2023-01-11) predates --overlap-p2p-communication.
         # (nor a fused cross entropy: Megatron-LM had none in 2023)
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), fused_cross_entropy=False)
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), fused_cross_entropy=False,
+                                overlap_p2p_comm=False)
         tp, pp, vpp = _int(r, "tp"), _int(r, "pp"), _int(r, "vpp", 1)
         fixed = dict(tp=tp, pp=pp, vpp=vpp, cp=1, ep=1)
         free = dict(mbs=(1, 2, 4), sp=(False, True), zero=(0, 1),
@@ -381,7 +383,7 @@ def megascale() -> "list[Case | Unexpressed]":
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
                         "step s", _num(r, "step_time_s"), category(profile, False),
                         (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]),
-                        (note, "bf16 assumed (precision not stated)", "DP/TP overlap off (MegaScale's addition)")))
+                        (note, "bf16 assumed (precision not stated)", "DP/TP/PP overlap off (MegaScale's addition)")))
     return out
 
 

@@ -30,7 +30,7 @@ per rank (t = T/v) it is (m + (p − 1)/v)·T, interleaved 1F1B (Narayanan et al
 bubble (p − 1)/v micro-batch times). Counting each rank's largest chunk is this model's generalisation to unequal
 chunks: a layout that piles a rank's layers into one chunk gets the non-interleaved bubble back. E_r is rank r's
 exposed data-parallel sync and optimizer step (steptime.dp_comm_s + optimizer_s, on the rank's parameters); p2p the
-stage-to-stage transfers (pipeline.p2p_time_s), which a layout does not change. Memory is per rank: its weights and
+stage-to-stage transfers (steptime.pp_p2p_s, the overlapped ones beside the even split's chunk), which a layout does not change. Memory is per rank: its weights and
 its activations times its own in-flight micro-batches (memory.in_flight_microbatches), on its total layers.
 """
 
@@ -44,7 +44,6 @@ import numpy as np
 from costmodels import compute as compute_model
 from costmodels import memory, steptime
 from costmodels.params import moe_layers_before
-from costmodels.pipeline import p2p_time_s
 from costmodels.plan import Plan, PlanArrays, StageContent, layers_on_stage, num_microbatches
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -154,8 +153,7 @@ def layout_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   + steptime.optimizer_s(model, cluster, plans, stage))
         memory_bytes = memory.total_bytes(memory.memory_terms_bytes(model, cluster, training, plans, stage))
         one = plans.take([0])
-        p2p_s = float(p2p_time_s(model, cluster.profile, training, one, cluster.num_gpus, cluster.nvlink_domain_gpus,
-                                 microbatches[:1])[0])
+        p2p_s = float(steptime.pp_p2p_s(model, cluster, training, one, microbatches[:1])[0])
     return LayoutTables(
         plan=plan, num_layers=model.num_layers, num_moe_layers=num_moe,
         moe_first_dense=model.moe.first_dense_layers if model.moe is not None else 0,
@@ -272,8 +270,7 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         dp_s = steptime.dp_comm_s(model, cluster, training, rank_plans, rank_stage, rank_piece, microbatches)
         optimizer_s = steptime.optimizer_s(model, cluster, rank_plans, rank_stage)
         memory_terms = memory.memory_terms_bytes(model, cluster, training, rank_plans, rank_stage)
-        p2p_s = float(p2p_time_s(model, cluster.profile, training, rank_plans.take([0]), cluster.num_gpus,
-                                 cluster.nvlink_domain_gpus, microbatches[:1])[0])
+        p2p_s = float(steptime.pp_p2p_s(model, cluster, training, rank_plans.take([0]), microbatches[:1])[0])
     stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + piece.ep_comm_s
     rank_s = np.array([stage_s[r::pp].sum() for r in range(pp)])
     largest = np.array([stage_s[r::pp].max() for r in range(pp)])

@@ -39,18 +39,47 @@ def p2p_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np
     return plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES / plans.tp
 
 
-def p2p_time_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
-               num_gpus: int, nvlink_domain_gpus: int, microbatches: np.ndarray) -> np.ndarray:
-    """Transfers on the critical path of a step: each rank sends forward and backward once per chunk per
-    microbatch (2·v·m, arXiv 2104.04473 §2.2.2: interleaving multiplies communication by v) plus the 2(p-1)
-    of the pipeline's fill and drain; on InfiniBand as soon as the pipeline spans nodes (the slowest boundary
-    sets the pace), else NVLink. Without SP each transfer is followed by the TP all-gather of the scatter/gather
-    optimisation (§4.1). Megatron's 1F1B blocks on these transfers, so they are not hidden."""
+def p2p_transfer_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
+                   num_gpus: int, nvlink_domain_gpus: int) -> np.ndarray:
+    """One stage-to-stage transfer (one direction, one microbatch, one chunk): on InfiniBand as soon as the pipeline
+    spans nodes (the slowest boundary sets the pace), else NVLink. Without SP it is followed by the TP all-gather of
+    the scatter/gather optimisation (arXiv 2104.04473 §4.1)."""
     placement = pp_group(plans, num_gpus, nvlink_domain_gpus)
     shard_bytes = p2p_bytes(model, training, plans)
     one = group_collective_time_s(profile, placement, "send_recv", shard_bytes)
     regather = group_collective_time_s(profile, tp_group(plans, nvlink_domain_gpus), "all_gather",
                                        shard_bytes * plans.tp)
-    one = one + np.where(plans.sp, 0.0, regather)
+    return one + np.where(plans.sp, 0.0, regather)
+
+
+def overlaps_p2p(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Whether the steady-state transfers run asynchronously beside the other pass (--overlap-p2p-communication,
+    TrainingSpec.overlap_p2p_comm): Megatron-LM's validate_args turns it off for the non-interleaved schedule
+    ('non-interleaved schedule does not support overlapping p2p communication'), so only vpp > 1."""
+    return (plans.pp > 1) & (plans.vpp > 1) & training.overlap_p2p_comm
+
+
+def interleaved_warmup_chunks(plans: PlanArrays, microbatches: np.ndarray) -> np.ndarray:
+    """Forward chunk passes the first pipeline rank runs before its first backward in the interleaved schedule:
+    (p−1)·2 + (v−1)·p, at most all v·m (Megatron-Core `pipeline_parallel/schedules.py`,
+    forward_backward_pipelining_with_interleaving: num_warmup_microbatches with microbatch_group_size_per_vp_stage
+    = p, its default); the cooldown runs as many backward chunk passes."""
+    return np.minimum((plans.pp - 1) * 2 + (plans.vpp - 1) * plans.pp, plans.vpp * microbatches)
+
+
+def p2p_transfer_counts(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(exposed, overlapped) stage-to-stage transfers on the critical path of a step.
+
+    Each rank sends forward and backward once per chunk per microbatch (2·v·m, arXiv 2104.04473 §2.2.2:
+    interleaving multiplies communication by v), plus the 2(p−1) of the pipeline's fill and drain. Megatron's
+    schedule blocks on each of them (batched isend/irecv waited on at once), unless `overlaps_p2p`: then the
+    steady-state 1F1B sends of one chunk are left in flight while the next chunk computes and waited on before the
+    chunk that needs them (schedules.py: send_forward_recv_forward(..., overlap_p2p_comm=True) then the backward
+    step, and the other way round), while the warmup and cooldown transfers stay blocking
+    (overlap_p2p_comm_warmup_flush is off by default): 2 × interleaved_warmup_chunks of them."""
     transfers = 2.0 * (plans.vpp * microbatches + plans.pp - 1)
-    return np.where(plans.pp > 1, transfers * one, 0.0)
+    blocking = 2.0 * (interleaved_warmup_chunks(plans, microbatches) + plans.pp - 1)
+    overlapped = np.where(overlaps_p2p(training, plans), transfers - blocking, 0.0)
+    exposed = np.where(plans.pp > 1, transfers - overlapped, 0.0)
+    return exposed, np.where(plans.pp > 1, overlapped, 0.0)

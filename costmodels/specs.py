@@ -284,9 +284,9 @@ class TrainingSpec:
     """Load on the busiest expert rank relative to a perfectly balanced one, with dropless routing (≥ 1)."""
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     """Token dispatcher of the MoE layers: alltoall (NCCL) or deepep (DeepEP through the flex dispatcher)."""
-    # Communication overlap, as the framework runs it. Defaults are Megatron-Core's (all off):
-    # DistributedDataParallelConfig.overlap_grad_reduce / overlap_param_gather = False,
-    # ModelParallelConfig.tp_comm_overlap = False, overlap_moe_expert_parallel_comm = False.
+    # Communication overlap, as the framework runs it. Defaults are Megatron-LM's: off for
+    # DistributedDataParallelConfig.overlap_grad_reduce / overlap_param_gather, ModelParallelConfig.tp_comm_overlap
+    # and overlap_moe_expert_parallel_comm; on for the interleaved schedule's P2P (overlap_p2p_comm, see below).
     overlap_grad_reduce: bool = False
     """Reduce gradients bucket by bucket during the backward pass (--overlap-grad-reduce); off: after it."""
     overlap_param_gather: bool = False
@@ -298,6 +298,11 @@ class TrainingSpec:
     moe_a2a_overlap: bool = False
     """Overlap the expert-parallel all-to-all of one micro-batch with the computation of another
     (--overlap-moe-expert-parallel-comm)."""
+    overlap_p2p_comm: bool = True
+    """Leave the interleaved schedule's steady-state stage-to-stage sends in flight beside the next chunk's compute
+    (Megatron-LM's default since 2023-10-12, commit 4eeff55d1f 'Make overlap_p2p_comm the default';
+    --no-overlap-p2p-communication turns it off; NeMo's MegatronCommOverlapCallback sets it for vpp > 1). Only the
+    interleaved schedule has it (pipeline.overlaps_p2p); off: every transfer blocks, as in Megatron before then."""
     nccl_ctas: int = 16
     """SMs one NCCL collective holds while it runs beside compute: NCCL launches one CTA (thread block, one SM)
     per channel, and an overlapped collective's CTAs take those SMs from the kernels beside it (NCCL env.rst,
@@ -323,7 +328,8 @@ class TrainingSpec:
                     f"must be > 0, got {self.moe_capacity_factor}")
         require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
                 f"must be >= 1, got {self.moe_imbalance_factor}")
-        for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap"):
+        for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
+                     "overlap_p2p_comm"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require(isinstance(self.nccl_ctas, int) and not isinstance(self.nccl_ctas, bool)
                 and 0 <= self.nccl_ctas <= MAX_NCCL_CTAS, "nccl_ctas",

@@ -23,8 +23,8 @@ from costmodels import compute as compute_model
 from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
                              group_collective_time_s, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
-from costmodels.params import moe_layers_on_stage, stage_params_per_gpu
-from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_time_s
+from costmodels.params import moe_layers_before, moe_layers_on_stage, stage_params_per_gpu
+from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_transfer_counts, p2p_transfer_s
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, MoEDispatcher, TrainingSpec
@@ -59,7 +59,8 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     # (p-1)/v × (per-microbatch compute + tp + cp + ep): the union of those four plus vpp
     "pp_bubble": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
                   "recompute_modules", "first_stage_layers", "last_stage_layers"),
-    "pp_p2p": ("tp", "cp", "pp", "vpp", "mbs", "sp"),
+    # with --overlap-p2p-communication the steady-state transfers hide behind a chunk's forward (one layer's knobs)
+    "pp_p2p": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp"),
     # gradient sync of the stage's parameters, hidden behind one microbatch's backward (its compute knobs)
     "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers",
                 "recompute_modules", "vpp", "first_stage_layers", "last_stage_layers"),
@@ -454,6 +455,31 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 
 # ---- per-step terms -----------------------------------------------------------------------------------------------
 
+def chunk_forward_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
+                    ) -> np.ndarray:
+    """Forward seconds of one virtual-pipeline chunk per microbatch on the even split: L/(p·v) layers at the model's
+    mean decoder layer (its dense and MoE layers in proportion). The window an overlapped stage-to-stage transfer
+    runs beside (`pp_p2p_s`); the backward chunk it may also run beside is longer, so this is the smaller window."""
+    times, _ = layer_pieces(model, cluster, training, plans)
+    moe_layers = float(moe_layers_before(model, np.array([model.num_layers]))[0]) if model.is_moe else 0.0
+    layers_s = (model.num_layers - moe_layers) * times.dense_layer_fwd_s + moe_layers * times.moe_layer_fwd_s
+    return layers_s / (plans.pp * plans.vpp)
+
+
+def pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+             microbatches: np.ndarray) -> np.ndarray:
+    """Stage-to-stage transfer time a step adds (pipeline.p2p_transfer_counts): the blocking transfers whole, and
+    each steady-state transfer of --overlap-p2p-communication as what it adds beside a chunk's forward
+    (`overlapped_exposed_s`: its excess over the window, or the share of the SMs its NCCL CTAs hold)."""
+    one = p2p_transfer_s(model, cluster.profile, training, plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
+    exposed, overlapped = p2p_transfer_counts(training, plans, microbatches)
+    hidden_s = np.zeros(len(plans))
+    if np.any(overlapped > 0):
+        share = overlap_contention_share(cluster.profile, training.nccl_ctas)
+        hidden_s = overlapped * overlapped_exposed_s(one, chunk_forward_s(model, cluster, training, plans), share)
+    return exposed * one + hidden_s
+
+
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
@@ -599,9 +625,8 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:
-        terms["pp_p2p"] = per_knobs(plans, TERM_KNOBS["pp_p2p"], lambda sub: p2p_time_s(
-            model, profile, training, sub, cluster.num_gpus, cluster.nvlink_domain_gpus,
-            num_microbatches(sub, cluster.num_gpus, training.global_batch_size)),
+        terms["pp_p2p"] = per_knobs(plans, TERM_KNOBS["pp_p2p"], lambda sub: pp_p2p_s(
+            model, cluster, training, sub, num_microbatches(sub, cluster.num_gpus, training.global_batch_size)),
             key=("pp_p2p", id(model), id(cluster), id(training)))
     if "dp_comm" in names:
         terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)

@@ -251,3 +251,18 @@ def test_inputs_that_have_no_effect_are_warned_about() -> None:
     result = autopar("estimate", "llama-2-7b", "--seq-len", "8192", "--tp", "2", "--emit", "megatron")
     assert "beyond llama-2-7b's max_position_embeddings 4096" in result.stderr
     assert "--max-position-embeddings 8192" in result.stdout
+
+
+def test_interleaved_p2p_overlap_is_a_switch_shown_in_the_inputs() -> None:
+    plan = ("estimate", LLAMA_8B, "--tp", "2", "--pp", "4", "--vpp", "2", "--num-gpus", "16", "--json")
+    on, off = autopar(*plan), autopar(*plan, "--no-overlap-p2p-communication")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    on, off = json.loads(on.stdout), json.loads(off.stdout)
+    assert on["inputs"]["training"]["overlap"]["overlap_p2p_comm"] is True
+    assert off["inputs"]["training"]["overlap"]["overlap_p2p_comm"] is False
+    # Megatron-LM's default hides the steady-state transfers; blocking on them costs more, and nothing else changes
+    assert on["time_terms_s"]["pp_p2p"] < off["time_terms_s"]["pp_p2p"]
+    assert {k: v for k, v in on["time_terms_s"].items() if k != "pp_p2p"} == \
+        {k: v for k, v in off["time_terms_s"].items() if k != "pp_p2p"}
+    header = autopar(*plan[:-1]).stdout
+    assert "overlap: interleaved-PP P2P (others off)" in header

@@ -319,6 +319,27 @@ def test_overlaps_are_off_unless_set():
         assert flag not in megatron
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_interleaved_p2p_overlap_is_written_as_the_step_time_priced_it(overlap):
+    """On by default in Megatron-LM (only --no-overlap-p2p-communication is written); off by default in
+    ModelParallelConfig, so NeMo, Bridge and verl get both fields (Megatron-Core refuses overlap with batch_p2p_comm)."""
+    training = dataclasses.replace(TRAINING, overlap_p2p_comm=overlap)
+    estimate = estimate_of(Plan(tp=2, pp=4, vpp=2, sp=True, zero=1), model=dense_model(), training=training)
+    assert ("--no-overlap-p2p-communication" in emit(estimate, "megatron")) is not overlap
+    expected = (str(overlap).lower(), str(not overlap).lower())
+    nemo = overrides(emit(estimate, "nemo"))
+    assert (nemo["model.config.overlap_p2p_comm"], nemo["model.config.batch_p2p_comm"]) == expected
+    bridge = overrides(emit(estimate, "bridge"))
+    assert (bridge["model.overlap_p2p_comm"], bridge["model.batch_p2p_comm"]) == expected
+    verl = overrides(emit(estimate, "verl"))
+    key = "+actor_rollout_ref.actor.megatron.override_transformer_config."
+    assert (verl[key + "overlap_p2p_comm"], verl[key + "batch_p2p_comm"]) == (str(overlap), str(not overlap))
+    # without interleaving Megatron-LM turns the overlap off itself: nothing is written
+    flat = estimate_of(Plan(tp=2, pp=4, sp=True, zero=1), model=dense_model(), training=training)
+    for framework in ("megatron", "nemo", "bridge", "verl"):
+        assert "overlap-p2p" not in emit(flat, framework) and "overlap_p2p" not in emit(flat, framework), framework
+
+
 def test_model_parallel_overlaps_written_where_they_apply():
     megatron = emit(estimate_of(Plan(tp=8, sp=True, ep=8, zero=1), num_gpus=64, training=OVERLAPPED), "megatron")
     assert "--tp-comm-overlap" in megatron and "--overlap-moe-expert-parallel-comm" in megatron

@@ -101,3 +101,17 @@ def test_overlap_switches_round_trip():
     run = parse_megatron_args(emit(estimate, "megatron"))
     assert run.training_spec(dataclasses.replace(training, overlap_grad_reduce=False, overlap_param_gather=False,
                                                  tp_comm_overlap=False, moe_a2a_overlap=False)) == training
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_p2p_overlap_round_trips_and_the_pre_2023_10_switch_is_read(overlap):
+    import dataclasses
+
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, overlap_p2p_comm=overlap)
+    estimate = synthetic_estimate(dense_model(), cluster(64), training, Plan(tp=2, pp=4, vpp=2, sp=True, zero=1))
+    run = parse_megatron_args(emit(estimate, "megatron"))
+    assert run.training_spec(dataclasses.replace(training, overlap_p2p_comm=True)) == training
+    # Megatron-LM before 4eeff55d1f (2023-10-12): overlap off unless --overlap-p2p-communication
+    old = parse_megatron_args("pretrain_gpt.py --pipeline-model-parallel-size 4 --num-layers 16 "
+                              "--num-layers-per-virtual-pipeline-stage 2 --overlap-p2p-communication")
+    assert old.training.get("overlap_p2p_comm") is True

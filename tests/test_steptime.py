@@ -211,9 +211,53 @@ def test_bubble_fraction_falls_with_microbatches_and_with_vpp():
         t = terms(LLAMA_7B, 16, [Plan(tp=2, pp=4, sp=True)], TrainingSpec(seq_len=4096, global_batch_size=gbs))
         shares.append(t["pp_bubble"][0] / sum(t.values())[0])
     assert shares[0] > shares[1] > shares[2]
-    by_vpp = terms(LLAMA_7B, 16, [Plan(tp=2, pp=4, vpp=v, sp=True) for v in (1, 2, 4)])
+    blocking = TrainingSpec(seq_len=4096, global_batch_size=1024, overlap_p2p_comm=False)
+    by_vpp = terms(LLAMA_7B, 16, [Plan(tp=2, pp=4, vpp=v, sp=True) for v in (1, 2, 4)], blocking)
     assert by_vpp["pp_bubble"][0] > by_vpp["pp_bubble"][1] > by_vpp["pp_bubble"][2]
     assert by_vpp["pp_p2p"][0] < by_vpp["pp_p2p"][1] < by_vpp["pp_p2p"][2]      # v times the transfers
+
+
+@pytest.mark.parametrize("pp, vpp, m, overlap, exposed, overlapped", [
+    # 2(v·m + p − 1) transfers; overlapped: all but the 2(warmup + p − 1) of warmup, cooldown, fill and drain,
+    # warmup = min(2(p−1) + (v−1)·p, v·m) chunk passes (Megatron's first rank)
+    (4, 2, 8, True, 2 * (10 + 3), 2 * (16 + 3) - 2 * (10 + 3)),   # warmup 6 + 4 = 10
+    (4, 2, 8, False, 2 * (16 + 3), 0),                            # --no-overlap-p2p-communication: all block
+    (4, 1, 8, True, 2 * (8 + 3), 0),                              # non-interleaved: Megatron turns it off
+    (4, 4, 2, True, 2 * (8 + 3), 0),                              # warmup 6 + 12 > v·m = 8: every pass warms up
+    (1, 1, 8, True, 0, 0),                                        # no pipeline
+])
+def test_p2p_transfers_block_in_warmup_and_cooldown_and_overlap_in_the_steady_state(pp, vpp, m, overlap, exposed,
+                                                                                       overlapped):
+    plans = PlanArrays.from_plans([Plan(pp=pp, vpp=vpp)])
+    training = TrainingSpec(overlap_p2p_comm=overlap)
+    got_exposed, got_overlapped = pipeline.p2p_transfer_counts(training, plans, np.array([m]))
+    assert (got_exposed[0], got_overlapped[0]) == (exposed, overlapped)
+
+
+def test_overlapped_p2p_costs_its_cta_share_beside_a_long_chunk_and_its_excess_beside_a_short_one():
+    """An overlapped transfer adds max(its excess over the chunk's forward, NCCL's SM share × itself)."""
+    plans = PlanArrays.from_plans([Plan(tp=2, pp=4, vpp=2, sp=True), Plan(tp=2, pp=4, vpp=1, sp=True)])
+    cluster = ClusterSpec(profile=H100, num_gpus=16)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    m = np.array([32.0, 32.0])
+    one = pipeline.p2p_transfer_s(LLAMA_7B, H100, training, plans, 16, 8)
+    window = steptime.chunk_forward_s(LLAMA_7B, cluster, training, plans)
+    assert np.all(window > one)                      # 4 layers a chunk: the transfer fits beside it
+    share = 16 / H100.streaming_multiprocessors
+    on = steptime.pp_p2p_s(LLAMA_7B, cluster, training, plans, m)
+    off = steptime.pp_p2p_s(LLAMA_7B, cluster, dataclasses.replace(training, overlap_p2p_comm=False), plans, m)
+    # vpp 2: 2(10 + 3) blocking, 2(64 + 3) − 26 = 108 overlapped at the CTA share; vpp 1: unchanged
+    assert on[0] == pytest.approx((26 + 108 * share) * one[0], rel=1e-12)
+    assert off[0] == pytest.approx(134 * one[0], rel=1e-12) and on[1] == off[1]
+    free = steptime.pp_p2p_s(LLAMA_7B, cluster, dataclasses.replace(training, nccl_ctas=0), plans, m)
+    assert free[0] == pytest.approx(26 * one[0], rel=1e-12)
+    # a chunk shorter than the transfer (here forced: a real one-layer chunk still outlasts these transfers, its
+    # launch floor included): each overlapped transfer adds its excess
+    short = 0.25 * one
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(steptime, "chunk_forward_s", lambda *args: short)
+        got = steptime.pp_p2p_s(LLAMA_7B, cluster, training, plans, m)
+    assert got[0] == pytest.approx((26 + 108 * 0.75) * one[0], rel=1e-12) and got[1] == off[1]
 
 
 # ---- bookkeeping -------------------------------------------------------------------------------------------------
@@ -269,7 +313,7 @@ def test_vectorised_equals_one_at_a_time(rows):
             assert math.isfinite(together[term][i])
 
 
-# ---- communication overlap options (TrainingSpec; Megatron-Core defaults all off) ------------------------------
+# ---- communication overlap options (TrainingSpec; Megatron-LM's defaults: off, P2P of interleaving on) ---------
 
 def test_overlaps_default_off_and_each_hides_its_own_term():
     model, plans = MIXTRAL, PlanArrays.from_plans([Plan(tp=2, sp=True, ep=8, zero=1, mbs=1)])

@@ -115,7 +115,6 @@ def test_declared_knobs_are_all_the_shared_functions_read():
     """A function shared by its knobs (steptime.LAYER_KNOBS, MICROBATCH_KNOBS, the pp_p2p and optimizer terms'; the
     gradient sync's traffic is shared by the optimizer's) gives the same values when every other knob changes:
     nothing else it reads would be copied wrongly between plans."""
-    from costmodels import pipeline
     from costmodels.plan import num_microbatches
 
     rng = np.random.default_rng(2)
@@ -132,9 +131,8 @@ def test_declared_knobs_are_all_the_shared_functions_read():
                     for v in vars(steptime.stage_microbatch(model, cluster, training, p, times, stage, comm)).values()]
 
         def p2p(p):
-            return [pipeline.p2p_time_s(model, cluster.profile, training, p, cluster.num_gpus,
-                                        cluster.nvlink_domain_gpus,
-                                        num_microbatches(p, cluster.num_gpus, training.global_batch_size))]
+            return [steptime.pp_p2p_s(model, cluster, training, p,
+                                      num_microbatches(p, cluster.num_gpus, training.global_batch_size))]
 
         def gradient_sync(p):
             return [v for stage in steptime.candidate_stages(p)

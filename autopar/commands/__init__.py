@@ -102,8 +102,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="MoE token dispatcher: alltoall (NCCL all-to-all, one copy per routed expert) or deepep "
                             "(DeepEP through Megatron-Core's flex dispatcher: one copy per destination node over "
                             "InfiniBand); default alltoall")
-    overlap = parser.add_argument_group("communication overlap (Megatron-Core flag names; all off by default, as "
-                                        "in Megatron-Core; the exports write what you set)")
+    overlap = parser.add_argument_group("communication overlap (Megatron-LM flag names and defaults: off but for "
+                                        "the interleaved schedule's P2P; the exports write what you set)")
     overlap.add_argument("--overlap-grad-reduce", action="store_true",
                          help="reduce gradients bucket by bucket during the backward pass")
     overlap.add_argument("--overlap-param-gather", action="store_true",
@@ -114,6 +114,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                               "(Transformer Engine userbuffers; plans with SP)")
     overlap.add_argument("--overlap-moe-expert-parallel-comm", dest="moe_a2a_overlap", action="store_true",
                          help="overlap the expert-parallel all-to-all of one micro-batch with another's compute")
+    overlap.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false",
+                         help="block on every stage-to-stage transfer of the interleaved schedule (Megatron-LM "
+                              "overlaps its steady-state transfers with the next chunk by default)")
     overlap.add_argument("--nccl-ctas", type=int, default=16, metavar="N",
                          help="SMs an NCCL collective holds while it overlaps compute (one CTA per channel; "
                               "NCCL_DEBUG=INFO prints 'N coll channels', NCCL_MAX_CTAS caps it); the overlapped "
@@ -227,7 +230,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
-                        nccl_ctas=args.nccl_ctas)
+                        overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas)
 
 
 def plan_from_args(args: argparse.Namespace) -> "Plan":

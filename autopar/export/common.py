@@ -195,6 +195,19 @@ def model_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
             "overlap_moe_expert_parallel_comm": training.moe_a2a_overlap and estimate.model.is_moe and plan.ep > 1}
 
 
+def pipeline_p2p_overlap(estimate: Estimate) -> dict[str, bool]:
+    """Megatron-Core ModelParallelConfig P2P switches of the interleaved schedule as the step time priced them
+    (TrainingSpec.overlap_p2p_comm; costmodels.pipeline.p2p_transfer_counts): overlap_p2p_comm, and batch_p2p_comm
+    as its opposite (schedules.py raises 'Can not use both overlap_p2p_comm and batch_p2p_comm'; Megatron-LM's
+    arguments.py derives batch_p2p_comm = not overlap_p2p_comm). Empty without interleaving: Megatron-LM turns the
+    overlap off there ('non-interleaved schedule does not support overlapping p2p communication')."""
+    plan = estimate.plan
+    if plan.pp <= 1 or plan.vpp <= 1:
+        return {}
+    overlap = estimate.training.overlap_p2p_comm
+    return {"overlap_p2p_comm": overlap, "batch_p2p_comm": not overlap}
+
+
 def loss_fusion(estimate: Estimate) -> dict[str, bool]:
     """ModelParallelConfig.cross_entropy_loss_fusion as the step time priced the loss (TrainingSpec.
     fused_cross_entropy, costmodels.compute.LOSS_BYTES_PER_LOGIT): Megatron-LM leaves it off unless asked

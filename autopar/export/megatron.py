@@ -10,7 +10,8 @@ Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/argu
 `_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather) and ModelParallelConfig
 (--tp-comm-overlap, --overlap-moe-expert-parallel-comm): off by default, written when the user set them for the step
 time (TrainingSpec overlap options), where they apply; see export.common.data_parallel_overlap and
-model_parallel_overlap), --moe-token-dispatcher-type / --moe-flex-dispatcher-backend (always for a MoE model,
+model_parallel_overlap), --no-overlap-p2p-communication (on by default for the interleaved schedule; written when
+the user turned it off, export.common.pipeline_p2p_overlap), --moe-token-dispatcher-type / --moe-flex-dispatcher-backend (always for a MoE model,
 export.common.moe_dispatcher_fields),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
 (--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
@@ -27,7 +28,7 @@ from autopar.export.capabilities import TARGET_VERSIONS
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, is_uneven, loss_fusion,
                                    mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
                                    moe_dispatcher_fields,
-                                   one_line, pipeline_slots, plan_caption)
+                                   one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
@@ -86,6 +87,9 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
     job then overlaps what the estimate hid (Megatron-LM leaves all of them off unless asked)."""
     switches = {**data_parallel_overlap(estimate), **model_parallel_overlap(estimate), **loss_fusion(estimate)}
     flags: list[Flag] = [("--" + name.replace("_", "-"), None) for name, on in switches.items() if on]
+    # the interleaved schedule's P2P overlap is on by default in Megatron-LM: written only to turn it off
+    if pipeline_p2p_overlap(estimate).get("overlap_p2p_comm") is False:
+        flags.append(("--no-overlap-p2p-communication", None))
     backend = megatron_attention_backend(estimate)
     if backend is not None:  # the attention kernel the step time priced (auto: Megatron-Core's default, not written)
         flags.append(("--attention-backend", backend))

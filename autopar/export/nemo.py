@@ -9,7 +9,9 @@ precision/mixed_precision.py: bf16_mixed, bf16_with_fp8_mixed). Data-parallel ov
 (Megatron-Core DistributedDataParallelConfig: `trainer.strategy.ddp.overlap_grad_reduce`, `.overlap_param_gather`),
 as the recipes set it (nemo/collections/llm/recipes/*.py `ddp=run.Config(DistributedDataParallelConfig,
 overlap_grad_reduce=True, overlap_param_gather=True, ...)`; docs/source/features/optimizations/
-communication_overlap.rst).
+communication_overlap.rst). The interleaved schedule's P2P overlap (`model.config.overlap_p2p_comm` and its
+opposite `batch_p2p_comm`; ModelParallelConfig leaves it off, NeMo's MegatronCommOverlapCallback turns it on for
+vpp > 1) is written as the step time priced it.
 
 Megatron-Bridge (`scripts/training/run_recipe.py --recipe <recipe> key=value ...`, Hydra/OmegaConf overrides on the
 ConfigContainer): `model.*` for Megatron-Core fields, `train.micro_batch_size`, `train.global_batch_size`,
@@ -18,14 +20,15 @@ NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md and src/megat
 Megatron-FSDP keys (dist/ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy, checkpoint.ckpt_format) from
 its docs/training/megatron-fsdp.md; precision presets from src/megatron/bridge/training/mixed_precision.py;
 data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_grad_reduce`,
-`ddp.overlap_param_gather`, as its recipes set them).
+`ddp.overlap_param_gather`, as its recipes set them); the P2P overlap on `model.overlap_p2p_comm` /
+`model.batch_p2p_comm` (Bridge's CommOverlapConfig sets them the same way for vpp > 1).
 """
 
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, loss_fusion, mcore_moe_fields,
-                                   mcore_parallel_fields, plan_caption)
+                                   mcore_parallel_fields, pipeline_p2p_overlap, plan_caption)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -86,6 +89,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
                                "recompute_modules")]
     overrides += [f"model.config.{name}={_value(value)}" for name, value in mcore_moe_fields(estimate).items()]
     overrides += [f"model.config.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
+    overrides += [f"model.config.{name}={_value(on)}" for name, on in pipeline_p2p_overlap(estimate).items()]
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
                   f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}"]
@@ -109,6 +113,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     overrides += [f"model.{name}={_value(value)}" for name, value in mcore_moe_fields(estimate).items()]
     overrides += [f"model.{name}={_value(value)}" for name, value in split.items()]
     overrides += [f"model.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
+    overrides += [f"model.{name}={_value(on)}" for name, on in pipeline_p2p_overlap(estimate).items()]
     overrides += [f"train.micro_batch_size={plan.mbs}", f"train.global_batch_size={training.global_batch_size}",
                   f"model.seq_length={training.seq_len}", f"dataset.seq_length={training.seq_len}",
                   f"ddp.use_distributed_optimizer={_value(plan.zero >= 1)}",

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, mcore_moe_fields,
-                                   mcore_parallel_fields, megatron_attention_backend, one_line, plan_caption)
+                                   mcore_parallel_fields, megatron_attention_backend, one_line,
+                                   pipeline_p2p_overlap, plan_caption)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -97,6 +98,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                   or (name in DEFAULT_KEYS["override_transformer_config"] and name != "recompute_modules")]
     overrides += [_override("override_transformer_config", name, value)
                   for name, value in mcore_moe_fields(estimate).items()]
+    overrides += [_override("override_transformer_config", name, on)
+                  for name, on in pipeline_p2p_overlap(estimate).items()]
     backend = megatron_attention_backend(estimate)
     if backend is not None:
         overrides.append(_override("override_transformer_config", "attention_backend", backend))
