@@ -24,7 +24,8 @@ from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, ed
                              group_collective_time_s, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_before, moe_layers_on_stage, stage_params_per_gpu
-from costmodels.pipeline import ACTIVATION_BYTES, bubble_microbatch_equivalents, p2p_transfer_counts, p2p_transfer_s
+from costmodels.pipeline import (ACTIVATION_BYTES, bubble_microbatch_equivalents, interleaved_warmup_chunks,
+                                 p2p_transfer_counts, p2p_transfer_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, MoEDispatcher, TrainingSpec
@@ -393,14 +394,34 @@ def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     return ep_all_to_all_s(model, cluster, training, plans, stage, comm)
 
 
+def ep_a2a_overlap_applies(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Where --overlap-moe-expert-parallel-comm runs: Megatron-Core's TransformerConfig refuses it without expert
+    parallelism, with a pipeline that is not interleaved ('virtual_pipeline_model_parallel_size must be specified
+    when pipeline_model_parallel_size > 1'), with full recompute and with 'moe' among the recomputed modules
+    (megatron/core/transformer/transformer_config.py __post_init__); elsewhere the all-to-all stays exposed (and the
+    exports leave the flag out, export.common.model_parallel_overlap)."""
+    return (np.full(len(plans), training.moe_a2a_overlap) & (plans.ep > 1) & ((plans.pp == 1) | (plans.vpp > 1))
+            & (plans.recompute != Recompute.FULL) & ~recomputes_module(plans, RecomputeModule.MOE))
+
+
 def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray,
-                         contention_share: float = 0.0) -> np.ndarray:
-    """Exposed EP all-to-all per step under --overlap-moe-expert-parallel-comm: Megatron-Core runs the forward of
-    micro-batch i+1 and the backward of micro-batch i as one merged schedule (`combined_1f1b`), so a micro-batch's
-    dispatch/combine hides behind the other's computation; the first micro-batch has no partner and stays exposed
-    (Megatron-Core `pipeline_parallel/combined_1f1b.py`; MoE README "EP A2A overlap"). The hidden all-to-alls
-    slow the compute beside them by `contention_share` of their length (`overlapped_exposed_s`)."""
-    return a2a_s + (microbatches - 1.0) * overlapped_exposed_s(a2a_s, compute_s, contention_share)
+                         contention_share: float = 0.0, plans: "PlanArrays | None" = None) -> np.ndarray:
+    """Exposed EP all-to-all per step under --overlap-moe-expert-parallel-comm (`a2a_s`, `compute_s`: one
+    micro-batch's on the stage). Megatron-Core runs the forward of one micro-batch (chunk) and the backward of
+    another as one merged schedule (`pipeline_parallel/combined_1f1b.py`; MoE README "EP A2A overlap"), so their
+    dispatch/combine hide behind each other's computation; a forward with no backward to pair with keeps its
+    all-to-alls exposed, and so does a backward alone: the first forward and the last backward without a pipeline,
+    the warmup forwards and the cooldown backwards of the interleaved schedule, which runs one extra warmup chunk
+    with the overlap (schedules.py get_pp_rank_microbatches: interleaved warmup + 1). With v chunks a chunk pass
+    carries 1/v of a micro-batch's all-to-alls. The hidden all-to-alls slow the compute beside them by
+    `contention_share` of their length (`overlapped_exposed_s`)."""
+    if plans is None:
+        alone_chunks, chunks = np.ones_like(microbatches, dtype=float), microbatches
+    else:
+        chunks = plans.vpp * microbatches
+        alone_chunks = np.minimum(interleaved_warmup_chunks(plans, microbatches) + 1.0, chunks)
+        alone_chunks, chunks = alone_chunks / plans.vpp, chunks / plans.vpp   # in micro-batches
+    return alone_chunks * a2a_s + (chunks - alone_chunks) * overlapped_exposed_s(a2a_s, compute_s, contention_share)
 
 
 def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
@@ -618,10 +639,11 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "compute": microbatches * compute_mb,
             "tp_comm": microbatches * tp_mb,
             "cp_comm": microbatches * cp_mb,
-            "ep_comm": (ep_overlap_exposed_s(ep_mb, compute_mb, microbatches,
-                                             overlap_contention_share(profile, ep_comm_sms(training)))
-                        if training.moe_a2a_overlap
-                        else microbatches * ep_mb),
+            "ep_comm": np.where(ep_a2a_overlap_applies(training, plans),
+                                ep_overlap_exposed_s(ep_mb, compute_mb, microbatches,
+                                                     overlap_contention_share(profile, ep_comm_sms(training)),
+                                                     plans),
+                                microbatches * ep_mb),
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:

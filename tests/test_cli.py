@@ -266,3 +266,15 @@ def test_interleaved_p2p_overlap_is_a_switch_shown_in_the_inputs() -> None:
         {k: v for k, v in off["time_terms_s"].items() if k != "pp_p2p"}
     header = autopar(*plan[:-1]).stdout
     assert "overlap: interleaved-PP P2P (others off)" in header
+
+
+def test_an_a2a_overlap_megatron_core_refuses_for_the_plan_is_warned_about() -> None:
+    # pp 4 without a virtual pipeline: TransformerConfig asserts; priced exposed, not exported, and said so
+    plan = ("estimate", "mixtral-8x7b", "--tp", "2", "--pp", "4", "--ep", "8", "--num-gpus", "64",
+            "--overlap-moe-expert-parallel-comm")
+    result = autopar(*plan, "--emit", "megatron")
+    assert result.returncode in (0, 1), result.stderr
+    assert "warning: --overlap-moe-expert-parallel-comm has no effect on tp2 pp4 ep8" in result.stderr
+    assert "--overlap-moe-expert-parallel-comm" not in result.stdout
+    interleaved = autopar(*plan[:6], "--vpp", "2", *plan[6:], "--emit", "megatron")
+    assert "has no effect" not in interleaved.stderr and "--overlap-moe-expert-parallel-comm" in interleaved.stdout

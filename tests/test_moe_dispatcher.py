@@ -158,7 +158,7 @@ def test_an_overlapped_exchange_names_a_dispatcher_megatron_core_accepts(dispatc
     """TransformerConfig.__post_init__ (megatron-core 0.19.2): 'overlap_moe_expert_parallel_comm is supported with
     alltoall/flex token dispatcher'; Megatron-Core's default dispatcher, allgather, is refused with it."""
     training = TrainingSpec(moe_a2a_overlap=True, moe_dispatcher=dispatcher)
-    estimate = synthetic_estimate(moe_model(), cluster(64), training, Plan(tp=1, pp=2, ep=8, etp=1, mbs=1))
+    estimate = synthetic_estimate(moe_model(), cluster(64), training, Plan(tp=1, pp=4, vpp=2, ep=8, etp=1, mbs=1))
     words = emit(estimate, "megatron").split()
     assert "--overlap-moe-expert-parallel-comm" in words
     assert words[words.index("--moe-token-dispatcher-type") + 1] in ("alltoall", "flex")

@@ -379,6 +379,42 @@ def test_a2a_overlap_leaves_the_first_microbatch_exposed():
     assert steptime.ep_overlap_exposed_s(a2a, np.array([0.5]), np.array([4.0]))[0] == pytest.approx(2.0 + 3 * 1.5)
 
 
+def test_a2a_overlap_leaves_the_interleaved_warmup_and_cooldown_exposed():
+    """Megatron-Core's combined 1F1B pairs a forward chunk with a backward chunk only in the steady state: the
+    (p−1)·2 + (v−1)·p + 1 warmup forwards and as many cooldown backwards keep their all-to-alls."""
+    a2a, compute_s, m = np.array([2.0]), np.array([10.0]), np.array([16.0])
+    plans = PlanArrays.from_plans([Plan(pp=4, vpp=2, ep=8)])
+    alone = (3 * 2 + 1 * 4 + 1) / 2                  # 11 chunk passes of 1/2 micro-batch each
+    assert steptime.ep_overlap_exposed_s(a2a, compute_s, m, 0.0, plans)[0] == pytest.approx(alone * 2.0)
+    # every chunk in the warmup: nothing overlaps
+    assert steptime.ep_overlap_exposed_s(a2a, compute_s, np.array([4.0]), 0.0, plans)[0] == pytest.approx(4 * 2.0)
+
+
+@pytest.mark.parametrize("plan, overlaps", [
+    (Plan(tp=2, sp=True, pp=4, vpp=2, ep=8), True),
+    (Plan(tp=2, sp=True, ep=8), True),
+    (Plan(tp=2, sp=True, pp=4, ep=8), False),                          # pp > 1 needs interleaving
+    (Plan(tp=2, sp=True, pp=4, vpp=2, ep=8, recompute=Recompute.FULL), False),
+    (Plan(tp=2, sp=True, ep=8, recompute=Recompute.SELECTIVE, recompute_modules=("moe",)), False),
+    (Plan(tp=2, sp=True, ep=8, recompute=Recompute.SELECTIVE, recompute_modules=("moe_act",)), True),
+    (Plan(tp=2, sp=True, ep=1), False),                                # nothing to exchange
+])
+def test_a2a_overlap_is_priced_only_where_megatron_core_runs_it(plan, overlaps):
+    """TransformerConfig refuses --overlap-moe-expert-parallel-comm with pp > 1 and no virtual pipeline, full
+    recompute or 'moe' recomputed; there the all-to-all is priced exposed, and the export leaves the flag out."""
+    from test_report_support import synthetic_estimate
+
+    from autopar.export import emit
+
+    base = TrainingSpec(seq_len=4096, global_batch_size=256)
+    on = terms(MIXTRAL, 64, [plan], dataclasses.replace(base, moe_a2a_overlap=True))["ep_comm"][0]
+    off = terms(MIXTRAL, 64, [plan], base)["ep_comm"][0]
+    assert bool(on < off) is overlaps and bool(on == off) is (not overlaps)
+    estimate = synthetic_estimate(MIXTRAL, ClusterSpec(profile=H100, num_gpus=64),
+                                  dataclasses.replace(base, moe_a2a_overlap=True), plan)
+    assert ("--overlap-moe-expert-parallel-comm" in emit(estimate, "megatron").split()) is overlaps
+
+
 def test_cross_entropy_moves_its_bytes_per_logit_on_the_last_stage_only():
     # hand arithmetic: 4096 tokens × 32000/1 logits, unfused 38 + 14 bytes each at the H100's HBM bandwidth
     training = TrainingSpec(seq_len=4096, global_batch_size=8, fused_cross_entropy=False)

@@ -275,6 +275,21 @@ def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpe
     return model, cluster, training
 
 
+def plan_input_warnings(model: "ModelSpec", training: "TrainingSpec", plan: "Plan") -> list[str]:
+    """Overlap switches that this plan cannot run with (Megatron-Core refuses them there): priced exposed and left
+    out of the exports; one line each."""
+    from costmodels.plan import PlanArrays
+    from costmodels.steptime import ep_a2a_overlap_applies
+
+    warnings = []
+    if model.is_moe and training.moe_a2a_overlap and not ep_a2a_overlap_applies(training,
+                                                                                 PlanArrays.from_plans([plan]))[0]:
+        warnings.append(f"--overlap-moe-expert-parallel-comm has no effect on {plan.short()}: Megatron-Core runs it "
+                        "only with EP > 1, an interleaved pipeline (--vpp > 1) when pp > 1, no full recompute and "
+                        "'moe' not recomputed; the all-to-all is priced exposed and the flag is not exported")
+    return warnings
+
+
 def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
     """Inputs autopar accepts but that have no effect, or that the model was not built for; one line each."""
     from costmodels.specs import MoEDispatcher, PositionEmbedding

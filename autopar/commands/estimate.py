@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from autopar.commands import (
     add_cluster_arguments,
@@ -50,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import functools
 
-    from autopar.commands import model_from_args, plan_from_args, specs_from_args
+    from autopar.commands import model_from_args, plan_from_args, plan_input_warnings, specs_from_args
     from autopar.commands.output_flags import (
         import_megatron_run,
         report_model_mismatches,
@@ -73,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     active_rules(args.relax)     # an unknown or non-relaxable --relax name is a bad input
     model, cluster, training = specs_from_args(args, load_model=load_model, imported=imported)
     report_model_mismatches(imported, model)
+    for warning in plan_input_warnings(model, training, plan):
+        print(f"autopar: warning: {warning}", file=sys.stderr)
     result = estimate(model, cluster, training, plan, relax=args.relax)
     fixes = remedies(model, cluster, training, plan, relax=args.relax) if not result.fits else ()
     reasons = rule_violations(model, cluster, training, plan, relax=args.relax)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodels.plan import Plan, Recompute, RecomputeModule, embedding_loss_slots
+from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
 from costmodels.specs import MoEDispatcher
+from costmodels.steptime import ep_a2a_overlap_applies
 
 
 @dataclass(frozen=True)
@@ -188,11 +189,13 @@ def data_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
 def model_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
     """Megatron-Core ModelParallelConfig overlap switches as the user set them for the step time:
     tp_comm_overlap (needs sequence parallelism and tp > 1: Megatron asserts 'Tensor parallel communication/GEMM
-    overlap can happen only when sequence parallelism is enabled') and overlap_moe_expert_parallel_comm (only with
-    expert parallelism)."""
+    overlap can happen only when sequence parallelism is enabled') and overlap_moe_expert_parallel_comm where
+    Megatron-Core's TransformerConfig runs it and the step time priced it (costmodels.steptime.ep_a2a_overlap_applies:
+    expert parallelism, an interleaved pipeline if any, no full recompute, 'moe' not recomputed)."""
     plan, training = estimate.plan, estimate.training
+    a2a = bool(ep_a2a_overlap_applies(training, PlanArrays.from_plans([plan]))[0])
     return {"tp_comm_overlap": training.tp_comm_overlap and plan.sp and plan.tp > 1,
-            "overlap_moe_expert_parallel_comm": training.moe_a2a_overlap and estimate.model.is_moe and plan.ep > 1}
+            "overlap_moe_expert_parallel_comm": a2a and estimate.model.is_moe}
 
 
 def pipeline_p2p_overlap(estimate: Estimate) -> dict[str, bool]:
