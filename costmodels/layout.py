@@ -15,7 +15,7 @@ same integer tables (`LayoutTables`): time in whole nanoseconds (rounded to near
 up, so a layout that fits in units fits in bytes).
 
 Step time of a layout. Virtual stage i's per-microbatch time t_i (forward + backward + recompute + exposed TP/CP/EP
-collectives of its own layers; the embedding's and the loss's work on the first and last virtual stage) is the
+collectives of its own layers, the EP all-to-all under --overlap-moe-expert-parallel-comm by `exposed_ep_s`; the embedding's and the loss's work on the first and last virtual stage) is the
 per-stage cost function on its layers alone. Rank r runs its chunks one after another: T_r = Σ_c t_{r,c}; its largest
 chunk is C_r = max_c t_{r,c}. With m micro-batches:
 
@@ -143,7 +143,8 @@ def layout_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         plans, stage = grid(np.array([0, -1, pp - 1]))
         times = compute_model.layer_times_s(model, cluster.profile, training, plans)
         piece = steptime.stage_microbatch(model, cluster, training, plans, times, stage)
-        stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + piece.ep_comm_s
+        stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + exposed_ep_s(model, cluster, training, plans,
+                                                                                    piece)
         # ranks: their parameters (sync, optimizer) and memory with their own in-flight micro-batches
         plans, stage = grid(np.arange(pp))
         microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
@@ -245,6 +246,16 @@ class LayoutBreakdown:
         return tuple(sum(t.values()) for t in self.rank_memory_terms_bytes)
 
 
+def exposed_ep_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                 piece: "steptime.StageMicrobatch") -> np.ndarray:
+    """Each virtual stage's EP all-to-all per micro-batch as the step exposes it: all of it, or under
+    --overlap-moe-expert-parallel-comm its warmup/cooldown share whole and the rest beside the stage's compute
+    (steptime.ep_exposed_per_microbatch_s, which scales with the stage: a chunk carries its own layers' exchange)."""
+    microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
+    return steptime.ep_exposed_per_microbatch_s(cluster.profile, training, plans, piece.ep_comm_s, piece.compute_s,
+                                                microbatches)
+
+
 def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
                      layout: tuple[int, ...]) -> LayoutBreakdown:
     """The step-time formula of the module docstring in floats, with each term named, and every rank's memory."""
@@ -267,11 +278,12 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         microbatches = num_microbatches(rank_plans, cluster.num_gpus, training.global_batch_size)
         rank_times = compute_model.layer_times_s(model, cluster.profile, training, rank_plans)
         rank_piece = steptime.stage_microbatch(model, cluster, training, rank_plans, rank_times, rank_stage)
+        ep_s = exposed_ep_s(model, cluster, training, plans, piece)
         dp_s = steptime.dp_comm_s(model, cluster, training, rank_plans, rank_stage, rank_piece, microbatches)
         optimizer_s = steptime.optimizer_s(model, cluster, rank_plans, rank_stage)
         memory_terms = memory.memory_terms_bytes(model, cluster, training, rank_plans, rank_stage)
         p2p_s = float(steptime.pp_p2p_s(model, cluster, training, rank_plans.take([0]), microbatches[:1])[0])
-    stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + piece.ep_comm_s
+    stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + ep_s
     rank_s = np.array([stage_s[r::pp].sum() for r in range(pp)])
     largest = np.array([stage_s[r::pp].max() for r in range(pp)])
     slow = int(np.argmax(rank_s))
@@ -281,7 +293,7 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         "compute": m * float(piece.compute_s[slow::pp].sum()),
         "tp_comm": m * float(piece.tp_comm_s[slow::pp].sum()),
         "cp_comm": m * float(piece.cp_comm_s[slow::pp].sum()),
-        "ep_comm": m * float(piece.ep_comm_s[slow::pp].sum()),
+        "ep_comm": m * float(ep_s[slow::pp].sum()),
         "pp_bubble": float(largest.sum() - largest.max()),
         "pp_p2p": p2p_s,
         "dp_comm": float(dp_s[sync]),

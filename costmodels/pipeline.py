@@ -3,7 +3,8 @@
 1F1B (PipeDream-Flush; Narayanan et al., arXiv 2104.04473 §2.2.1): with p stages and m microbatches the pipeline
 idles (p-1) microbatch-times of forward+backward per step, a bubble fraction (p-1)/m of the ideal time.
 Interleaved 1F1B with v virtual chunks per rank (§2.2.2): the bubble shrinks to (p-1)/(v·m), at v times the
-point-to-point transfers.
+point-to-point transfers, whose steady-state part Megatron-LM has overlapped with the next chunk since 2023-10
+(`p2p_transfer_counts`; what an overlapped transfer still costs is steptime.pp_p2p_s).
 """
 
 from __future__ import annotations

@@ -424,6 +424,17 @@ def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches:
     return alone_chunks * a2a_s + (chunks - alone_chunks) * overlapped_exposed_s(a2a_s, compute_s, contention_share)
 
 
+def ep_exposed_per_microbatch_s(profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
+                                a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+    """One micro-batch's share of the EP all-to-all a step exposes (`a2a_s`, `compute_s`: a stage's or a chunk's
+    per micro-batch): `ep_overlap_exposed_s` / m where --overlap-moe-expert-parallel-comm runs
+    (`ep_a2a_overlap_applies`), the whole all-to-all elsewhere. The layout tables (costmodels.layout) price each
+    virtual stage with it."""
+    share = overlap_contention_share(profile, ep_comm_sms(training))
+    overlapped = ep_overlap_exposed_s(a2a_s, compute_s, microbatches, share, plans) / microbatches
+    return np.where(ep_a2a_overlap_applies(training, plans), overlapped, a2a_s)
+
+
 def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
                         ) -> np.ndarray:
     """One all-to-all (a dispatch or a combine) of one MoE layer per microbatch (see ep_all_to_all_s), with the
@@ -639,11 +650,8 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "compute": microbatches * compute_mb,
             "tp_comm": microbatches * tp_mb,
             "cp_comm": microbatches * cp_mb,
-            "ep_comm": np.where(ep_a2a_overlap_applies(training, plans),
-                                ep_overlap_exposed_s(ep_mb, compute_mb, microbatches,
-                                                     overlap_contention_share(profile, ep_comm_sms(training)),
-                                                     plans),
-                                microbatches * ep_mb),
+            "ep_comm": microbatches * ep_exposed_per_microbatch_s(profile, training, plans, ep_mb, compute_mb,
+                                                                  microbatches),
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:

@@ -112,6 +112,28 @@ def test_uniform_layout_priced_like_the_uniform_model(name, gpus, plan):
         assert cost.step_time_s == pytest.approx(estimate.step_time_s, rel=2e-3)
 
 
+def test_layouts_price_the_overlapped_all_to_all_as_the_uniform_model_does():
+    """--overlap-moe-expert-parallel-comm: each virtual stage carries its exposed share of the all-to-all, so the even
+    layout's EP term is the uniform model's, and the step no more than it (the uniform bubble counts the whole
+    exchange; a layout's fill and drain count the stage's)."""
+    from costmodels.layout import layout_breakdown
+
+    model = autopar.load_model("mixtral-8x7b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
+    plan = Plan(tp=2, pp=4, vpp=2, ep=8, sp=True, mbs=1, zero=1)
+    for overlap in (False, True):
+        training = TrainingSpec(seq_len=4096, global_batch_size=256, moe_a2a_overlap=overlap)
+        estimate = autopar.estimate(model, cluster, training, plan)
+        even = layout_breakdown(model, cluster, training, plan, uniform_layout(model, plan))
+        assert even.time_terms_s["ep_comm"] == pytest.approx(estimate.time_terms_s["ep_comm"], rel=1e-9)
+        assert even.step_time_s <= estimate.step_time_s * (1 + 1e-9)
+        cost = price_layout(layout_tables(model, cluster, training, plan), uniform_layout(model, plan))
+        assert cost.step_time_s == pytest.approx(even.step_time_s, rel=1e-6)
+    off = layout_breakdown(model, cluster, dataclasses.replace(training, moe_a2a_overlap=False), plan,
+                           uniform_layout(model, plan))
+    assert even.time_terms_s["ep_comm"] < off.time_terms_s["ep_comm"]
+
+
 def test_piling_a_rank_into_one_chunk_loses_the_interleaving_gain():
     model = autopar.load_model("llama-3.1-8b")
     cluster = autopar.make_cluster(gpu="h100", num_gpus=32)
