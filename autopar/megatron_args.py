@@ -76,9 +76,10 @@ OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--tp-comm-overlap": "tp_comm_overlap",
                          "--overlap-moe-expert-parallel-comm": "moe_a2a_overlap"}
 """Megatron-Core overlap switches -> TrainingSpec options (the step time hides what the command overlaps)."""
-P2P_OVERLAP_OF_FLAG = {"--no-overlap-p2p-communication": False, "--overlap-p2p-communication": True}
+P2P_OVERLAP_OF_FLAG = {"--overlap-p2p-communication": True, "--no-overlap-p2p-communication": False}
 """The interleaved schedule's P2P overlap -> TrainingSpec.overlap_p2p_comm: on by default since Megatron-LM 4eeff55d1f
-(2023-10-12), which added --no-overlap-p2p-communication; before it, --overlap-p2p-communication turned it on."""
+(2023-10-12), which added --no-overlap-p2p-communication; before it, --overlap-p2p-communication turned it on. No
+Megatron-LM has both flags; given both, the current one (applied last here) wins."""
 
 PLAN_FLAG_OF_FIELD = {"recompute_modules": "--recompute-modules", "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                       "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",

@@ -33,7 +33,7 @@ m = micro-batches per step) and the costmodels function each follows.
     T    layer_fwd_units           tp, cp, mbs, sp                   costmodels.compute.layer_times_s
     A    attention_core_fwd_units  tp, cp, mbs                       costmodels.compute.layer_times_s
     B    tp_block_units            tp, cp, mbs, sp                   costmodels.steptime.tp_comm_s
-    ONE  p2p_transfer_units        tp, cp, pp, mbs, sp               costmodels.pipeline.p2p_time_s
+    ONE  p2p_transfer_units        tp, cp, pp, mbs, sp               costmodels.pipeline.p2p_transfer_s
     DO   dp_optimizer_units        tp, cp, pp, first, last, zero     costmodels.steptime.dp_comm_s + optimizer_s
     MS   static_mib                tp, cp, pp, first, last, zero     costmodels.memory weights/gradients/optimizer
     H    held_sixteenths           pp, vpp                           costmodels.memory.in_flight_microbatches
@@ -342,7 +342,7 @@ def activation_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
 def p2p_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
               domains: dict[str, tuple[int, ...]]) -> FactorTable:
     """ONE: one stage-to-stage transfer of the 1/tp activation shard, plus the TP all-gather that rebuilds it
-    without SP; 0 without a pipeline (costmodels.pipeline.p2p_time_s, one of its transfers)."""
+    without SP; 0 without a pipeline (costmodels.pipeline.p2p_transfer_s, one of its transfers)."""
     knobs = ("tp", "cp", "pp", "mbs", "sp")
     grid = _grid(domains, knobs)
     plans = _plans(grid)

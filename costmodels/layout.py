@@ -252,8 +252,8 @@ def exposed_ep_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     --overlap-moe-expert-parallel-comm its warmup/cooldown share whole and the rest beside the stage's compute
     (steptime.ep_exposed_per_microbatch_s, which scales with the stage: a chunk carries its own layers' exchange)."""
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
-    return steptime.ep_exposed_per_microbatch_s(cluster.profile, training, plans, piece.ep_comm_s, piece.compute_s,
-                                                microbatches)
+    return steptime.ep_exposed_per_microbatch_s(model, cluster.profile, training, plans, piece.ep_comm_s,
+                                                piece.compute_s, microbatches)
 
 
 def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,

@@ -3,7 +3,7 @@
 1F1B (PipeDream-Flush; Narayanan et al., arXiv 2104.04473 §2.2.1): with p stages and m microbatches the pipeline
 idles (p-1) microbatch-times of forward+backward per step, a bubble fraction (p-1)/m of the ideal time.
 Interleaved 1F1B with v virtual chunks per rank (§2.2.2): the bubble shrinks to (p-1)/(v·m), at v times the
-point-to-point transfers, whose steady-state part Megatron-LM has overlapped with the next chunk since 2023-10
+point-to-point transfers, whose steady-state backward sends Megatron-Core overlaps with the next chunk
 (`p2p_transfer_counts`; what an overlapped transfer still costs is steptime.pp_p2p_s).
 """
 
@@ -36,7 +36,7 @@ def p2p_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np
     b·(s/cp)·h bf16 activation. With SP each rank holds exactly that share (Megatron-Core
     p2p_communication.py sends the tensor each rank holds); without SP the TP ranks hold replicas and Megatron's
     scatter/gather optimisation (arXiv 2104.04473 §4.1) sends 1/tp of it per rank and all-gathers it over the TP
-    group on the receiving side (see p2p_time_s)."""
+    group on the receiving side (see p2p_transfer_s)."""
     return plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES / plans.tp
 
 
@@ -74,13 +74,16 @@ def p2p_transfer_counts(training: TrainingSpec, plans: PlanArrays, microbatches:
 
     Each rank sends forward and backward once per chunk per microbatch (2·v·m, arXiv 2104.04473 §2.2.2:
     interleaving multiplies communication by v), plus the 2(p−1) of the pipeline's fill and drain. Megatron's
-    schedule blocks on each of them (batched isend/irecv waited on at once), unless `overlaps_p2p`: then the
-    steady-state 1F1B sends of one chunk are left in flight while the next chunk computes and waited on before the
-    chunk that needs them (schedules.py: send_forward_recv_forward(..., overlap_p2p_comm=True) then the backward
-    step, and the other way round), while the warmup and cooldown transfers stay blocking
-    (overlap_p2p_comm_warmup_flush is off by default): 2 × interleaved_warmup_chunks of them."""
+    schedule blocks on each of them (batched isend/irecv waited on at once), unless `overlaps_p2p`. Then, in the
+    Megatron-Core the exports target (core_v0.19.0, schedules.py forward_backward_pipelining_with_interleaving):
+    the warmup and cooldown transfers block (overlap_p2p_comm_warmup_flush is off by default; since 4295be1a6c,
+    2024-11); in the steady state the backward send of a chunk is left in flight while the next forward computes and
+    waited on one step later, while the forward send is waited on at once before its output is freed (Megatron-LM
+    always sets deallocate_pipeline_outputs; since 260cba7133, 2026-04, core_v0.18). So v·m − W of the transfers
+    overlap, W = interleaved_warmup_chunks. (Between 4eeff55d1f, 2023-10, and those commits more of them did:
+    priced as today's release, an upper bound for that software.)"""
     transfers = 2.0 * (plans.vpp * microbatches + plans.pp - 1)
-    blocking = 2.0 * (interleaved_warmup_chunks(plans, microbatches) + plans.pp - 1)
-    overlapped = np.where(overlaps_p2p(training, plans), transfers - blocking, 0.0)
+    steady_backward_sends = plans.vpp * microbatches - interleaved_warmup_chunks(plans, microbatches)
+    overlapped = np.where(overlaps_p2p(training, plans), steady_backward_sends, 0.0)
     exposed = np.where(plans.pp > 1, transfers - overlapped, 0.0)
     return exposed, np.where(plans.pp > 1, overlapped, 0.0)

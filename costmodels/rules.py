@@ -243,10 +243,16 @@ def _explain_batch(problem: Problem, plan: Plan) -> str | None:
 
 
 def _vpp(problem: Problem, p: PlanArrays) -> np.ndarray:
-    return (p.vpp == 1) | (p.pp > 1)
+    # Megatron-LM validate_args: with the P2P overlap off, 'pipeline-model-parallel size should be greater than 2 to
+    # avoid having multiple p2p sends and recvs between same 2 ranks per communication batch'
+    least_pp = 1 if problem.training.overlap_p2p_comm else 2
+    return (p.vpp == 1) | (p.pp > least_pp)
 
 
 def _explain_vpp(problem: Problem, plan: Plan) -> str:
+    if plan.pp > 1:
+        return (f"vpp={plan.vpp} with pp={plan.pp} needs the P2P overlap (Megatron-LM asserts pp > 2 for the "
+                "interleaved schedule without it); drop --no-overlap-p2p-communication or use pp > 2")
     return f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)"
 
 
@@ -286,7 +292,8 @@ RULES: tuple[Rule, ...] = (
     Rule("batch", "the global batch must split into dp × mbs × microbatches; interleaving needs the microbatches "
          "to be a multiple of pp", "Megatron schedules", ("tp", "cp", "pp", "mbs", "vpp"), False, _batch,
          _explain_batch),
-    Rule("vpp", "virtual pipeline stages need pp > 1", "Megatron", ("vpp", "pp"), False, _vpp, _explain_vpp),
+    Rule("vpp", "virtual pipeline stages need pp > 1 (pp > 2 without the P2P overlap)", "Megatron",
+         ("vpp", "pp"), False, _vpp, _explain_vpp),
     Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk; "
          "recompute modules need selective recompute",
          "Megatron --recompute-method block / --recompute-modules",

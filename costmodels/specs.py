@@ -301,8 +301,9 @@ class TrainingSpec:
     overlap_p2p_comm: bool = True
     """Leave the interleaved schedule's steady-state stage-to-stage sends in flight beside the next chunk's compute
     (Megatron-LM's default since 2023-10-12, commit 4eeff55d1f 'Make overlap_p2p_comm the default';
-    --no-overlap-p2p-communication turns it off; NeMo's MegatronCommOverlapCallback sets it for vpp > 1). Only the
-    interleaved schedule has it (pipeline.overlaps_p2p); off: every transfer blocks, as in Megatron before then."""
+    --no-overlap-p2p-communication turns it off; NeMo's MegatronCommOverlapCallback and Megatron-Bridge's
+    CommOverlapConfig set it for vpp > 1). Only the interleaved schedule has it (pipeline.overlaps_p2p; which
+    transfers it hides: pipeline.p2p_transfer_counts); off: every transfer blocks, as in Megatron before then."""
     nccl_ctas: int = 16
     """SMs one NCCL collective holds while it runs beside compute: NCCL launches one CTA (thread block, one SM)
     per channel, and an overlapped collective's CTAs take those SMs from the kernels beside it (NCCL env.rst,

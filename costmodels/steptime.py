@@ -394,13 +394,14 @@ def ep_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     return ep_all_to_all_s(model, cluster, training, plans, stage, comm)
 
 
-def ep_a2a_overlap_applies(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+def ep_a2a_overlap_applies(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     """Where --overlap-moe-expert-parallel-comm runs: Megatron-Core's TransformerConfig refuses it without expert
     parallelism, with a pipeline that is not interleaved ('virtual_pipeline_model_parallel_size must be specified
-    when pipeline_model_parallel_size > 1'), with full recompute and with 'moe' among the recomputed modules
-    (megatron/core/transformer/transformer_config.py __post_init__); elsewhere the all-to-all stays exposed (and the
-    exports leave the flag out, export.common.model_parallel_overlap)."""
-    return (np.full(len(plans), training.moe_a2a_overlap) & (plans.ep > 1) & ((plans.pp == 1) | (plans.vpp > 1))
+    when pipeline_model_parallel_size > 1'), with full recompute, with 'moe' among the recomputed modules and with
+    more than one MTP layer (megatron/core/transformer/transformer_config.py __post_init__); elsewhere the
+    all-to-all stays exposed (and the exports leave the flag out, export.common.model_parallel_overlap)."""
+    allowed = training.moe_a2a_overlap and model.is_moe and model.num_mtp_layers <= 1
+    return (np.full(len(plans), allowed) & (plans.ep > 1) & ((plans.pp == 1) | (plans.vpp > 1))
             & (plans.recompute != Recompute.FULL) & ~recomputes_module(plans, RecomputeModule.MOE))
 
 
@@ -424,15 +425,16 @@ def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches:
     return alone_chunks * a2a_s + (chunks - alone_chunks) * overlapped_exposed_s(a2a_s, compute_s, contention_share)
 
 
-def ep_exposed_per_microbatch_s(profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
-                                a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+def ep_exposed_per_microbatch_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
+                                plans: PlanArrays, a2a_s: np.ndarray, compute_s: np.ndarray,
+                                microbatches: np.ndarray) -> np.ndarray:
     """One micro-batch's share of the EP all-to-all a step exposes (`a2a_s`, `compute_s`: a stage's or a chunk's
     per micro-batch): `ep_overlap_exposed_s` / m where --overlap-moe-expert-parallel-comm runs
     (`ep_a2a_overlap_applies`), the whole all-to-all elsewhere. The layout tables (costmodels.layout) price each
     virtual stage with it."""
     share = overlap_contention_share(profile, ep_comm_sms(training))
     overlapped = ep_overlap_exposed_s(a2a_s, compute_s, microbatches, share, plans) / microbatches
-    return np.where(ep_a2a_overlap_applies(training, plans), overlapped, a2a_s)
+    return np.where(ep_a2a_overlap_applies(model, training, plans), overlapped, a2a_s)
 
 
 def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
@@ -650,8 +652,8 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "compute": microbatches * compute_mb,
             "tp_comm": microbatches * tp_mb,
             "cp_comm": microbatches * cp_mb,
-            "ep_comm": microbatches * ep_exposed_per_microbatch_s(profile, training, plans, ep_mb, compute_mb,
-                                                                  microbatches),
+            "ep_comm": microbatches * ep_exposed_per_microbatch_s(model, profile, training, plans, ep_mb,
+                                                                  compute_mb, microbatches),
             "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:

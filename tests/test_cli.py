@@ -260,12 +260,12 @@ def test_interleaved_p2p_overlap_is_a_switch_shown_in_the_inputs() -> None:
     on, off = json.loads(on.stdout), json.loads(off.stdout)
     assert on["inputs"]["training"]["overlap"]["overlap_p2p_comm"] is True
     assert off["inputs"]["training"]["overlap"]["overlap_p2p_comm"] is False
-    # Megatron-LM's default hides the steady-state transfers; blocking on them costs more, and nothing else changes
+    # Megatron-LM's default hides the steady-state backward sends; blocking on them costs more, nothing else changes
     assert on["time_terms_s"]["pp_p2p"] < off["time_terms_s"]["pp_p2p"]
     assert {k: v for k, v in on["time_terms_s"].items() if k != "pp_p2p"} == \
         {k: v for k, v in off["time_terms_s"].items() if k != "pp_p2p"}
     header = autopar(*plan[:-1]).stdout
-    assert "overlap: interleaved-PP P2P (others off)" in header
+    assert "overlap: P2P of interleaved plans (others off)" in header
 
 
 def test_an_a2a_overlap_megatron_core_refuses_for_the_plan_is_warned_about() -> None:

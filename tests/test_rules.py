@@ -141,3 +141,15 @@ def test_rules_are_vectorised():
     plans = PlanArrays.from_plans([Plan(), Plan(tp=3), Plan(sp=True)])
     mask = RULES_BY_ID["world"].holds(Problem(DENSE, CLUSTER, TRAIN), plans)
     assert mask.dtype == np.bool_ and list(mask) == [True, False, True]
+
+
+def test_interleaving_without_the_p2p_overlap_needs_more_than_two_stages():
+    """Megatron-LM validate_args: without overlap_p2p_comm the interleaved schedule asserts pp > 2."""
+    blocking = TrainingSpec(seq_len=4096, global_batch_size=128, overlap_p2p_comm=False)
+    plan = Plan(tp=4, cp=2, pp=2, vpp=2, mbs=2, sp=True)
+    assert broken(plan) == () and broken(plan, training=blocking) == ("vpp",)
+    assert "drop --no-overlap-p2p-communication" in RULES_BY_ID["vpp"].why_broken(Problem(DENSE, CLUSTER, blocking),
+                                                                                plan)
+    # 12 layers on pp 3 × vpp 2 (2 per chunk): allowed either way
+    assert "vpp" not in broken(Plan(tp=4, pp=3, vpp=2, mbs=1, sp=True), cluster=autopar.make_cluster(
+        gpu="h100", num_gpus=48), training=blocking)

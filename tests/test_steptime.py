@@ -218,9 +218,9 @@ def test_bubble_fraction_falls_with_microbatches_and_with_vpp():
 
 
 @pytest.mark.parametrize("pp, vpp, m, overlap, exposed, overlapped", [
-    # 2(v·m + p − 1) transfers; overlapped: all but the 2(warmup + p − 1) of warmup, cooldown, fill and drain,
-    # warmup = min(2(p−1) + (v−1)·p, v·m) chunk passes (Megatron's first rank)
-    (4, 2, 8, True, 2 * (10 + 3), 2 * (16 + 3) - 2 * (10 + 3)),   # warmup 6 + 4 = 10
+    # 2(v·m + p − 1) transfers; overlapped: the steady state's backward sends, v·m − warmup, warmup =
+    # min(2(p−1) + (v−1)·p, v·m) chunk passes (Megatron's first rank); its forward sends block (core_v0.18+)
+    (4, 2, 8, True, 2 * (16 + 3) - (16 - 10), 16 - 10),           # warmup 6 + 4 = 10
     (4, 2, 8, False, 2 * (16 + 3), 0),                            # --no-overlap-p2p-communication: all block
     (4, 1, 8, True, 2 * (8 + 3), 0),                              # non-interleaved: Megatron turns it off
     (4, 4, 2, True, 2 * (8 + 3), 0),                              # warmup 6 + 12 > v·m = 8: every pass warms up
@@ -246,18 +246,18 @@ def test_overlapped_p2p_costs_its_cta_share_beside_a_long_chunk_and_its_excess_b
     share = 16 / H100.streaming_multiprocessors
     on = steptime.pp_p2p_s(LLAMA_7B, cluster, training, plans, m)
     off = steptime.pp_p2p_s(LLAMA_7B, cluster, dataclasses.replace(training, overlap_p2p_comm=False), plans, m)
-    # vpp 2: 2(10 + 3) blocking, 2(64 + 3) − 26 = 108 overlapped at the CTA share; vpp 1: unchanged
-    assert on[0] == pytest.approx((26 + 108 * share) * one[0], rel=1e-12)
+    # vpp 2: of 2(64 + 3) = 134 transfers the 64 − 10 = 54 steady backward sends overlap at the CTA share
+    assert on[0] == pytest.approx((80 + 54 * share) * one[0], rel=1e-12)
     assert off[0] == pytest.approx(134 * one[0], rel=1e-12) and on[1] == off[1]
     free = steptime.pp_p2p_s(LLAMA_7B, cluster, dataclasses.replace(training, nccl_ctas=0), plans, m)
-    assert free[0] == pytest.approx(26 * one[0], rel=1e-12)
+    assert free[0] == pytest.approx(80 * one[0], rel=1e-12)
     # a chunk shorter than the transfer (here forced: a real one-layer chunk still outlasts these transfers, its
     # launch floor included): each overlapped transfer adds its excess
     short = 0.25 * one
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(steptime, "chunk_forward_s", lambda *args: short)
         got = steptime.pp_p2p_s(LLAMA_7B, cluster, training, plans, m)
-    assert got[0] == pytest.approx((26 + 108 * 0.75) * one[0], rel=1e-12) and got[1] == off[1]
+    assert got[0] == pytest.approx((80 + 54 * 0.75) * one[0], rel=1e-12) and got[1] == off[1]
 
 
 # ---- bookkeeping -------------------------------------------------------------------------------------------------
@@ -400,6 +400,8 @@ def test_a2a_overlap_leaves_the_interleaved_warmup_and_cooldown_exposed():
     (Plan(tp=2, sp=True, ep=1), False),                                # nothing to exchange
 ])
 def test_a2a_overlap_is_priced_only_where_megatron_core_runs_it(plan, overlaps):
+    assert not steptime.ep_a2a_overlap_applies(dataclasses.replace(MIXTRAL, num_mtp_layers=2),
+                                               TrainingSpec(moe_a2a_overlap=True), PlanArrays.from_plans([plan]))[0]
     """TransformerConfig refuses --overlap-moe-expert-parallel-comm with pp > 1 and no virtual pipeline, full
     recompute or 'moe' recomputed; there the all-to-all is priced exposed, and the export leaves the flag out."""
     from test_report_support import synthetic_estimate

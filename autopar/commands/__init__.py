@@ -282,11 +282,12 @@ def plan_input_warnings(model: "ModelSpec", training: "TrainingSpec", plan: "Pla
     from costmodels.steptime import ep_a2a_overlap_applies
 
     warnings = []
-    if model.is_moe and training.moe_a2a_overlap and not ep_a2a_overlap_applies(training,
+    if model.is_moe and training.moe_a2a_overlap and not ep_a2a_overlap_applies(model, training,
                                                                                  PlanArrays.from_plans([plan]))[0]:
         warnings.append(f"--overlap-moe-expert-parallel-comm has no effect on {plan.short()}: Megatron-Core runs it "
-                        "only with EP > 1, an interleaved pipeline (--vpp > 1) when pp > 1, no full recompute and "
-                        "'moe' not recomputed; the all-to-all is priced exposed and the flag is not exported")
+                        "only with EP > 1, an interleaved pipeline (--vpp > 1) when pp > 1, no full recompute, "
+                        "'moe' not recomputed and at most one MTP layer; the all-to-all is priced exposed and the "
+                        "flag is not exported")
     return warnings
 
 

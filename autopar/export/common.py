@@ -191,11 +191,12 @@ def model_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
     tp_comm_overlap (needs sequence parallelism and tp > 1: Megatron asserts 'Tensor parallel communication/GEMM
     overlap can happen only when sequence parallelism is enabled') and overlap_moe_expert_parallel_comm where
     Megatron-Core's TransformerConfig runs it and the step time priced it (costmodels.steptime.ep_a2a_overlap_applies:
-    expert parallelism, an interleaved pipeline if any, no full recompute, 'moe' not recomputed)."""
+    expert parallelism, an interleaved pipeline if any, no full recompute, 'moe' not recomputed, at most one MTP
+    layer)."""
     plan, training = estimate.plan, estimate.training
-    a2a = bool(ep_a2a_overlap_applies(training, PlanArrays.from_plans([plan]))[0])
+    a2a = bool(ep_a2a_overlap_applies(estimate.model, training, PlanArrays.from_plans([plan]))[0])
     return {"tp_comm_overlap": training.tp_comm_overlap and plan.sp and plan.tp > 1,
-            "overlap_moe_expert_parallel_comm": a2a and estimate.model.is_moe}
+            "overlap_moe_expert_parallel_comm": a2a}
 
 
 def pipeline_p2p_overlap(estimate: Estimate) -> dict[str, bool]:

@@ -63,7 +63,7 @@ def overlap_summary(training: TrainingSpec) -> str:
     """The communication overlaps the step time assumes, by their Megatron-Core switch names."""
     switches = (("grad reduce", training.overlap_grad_reduce), ("param gather", training.overlap_param_gather),
                 ("TP comm", training.tp_comm_overlap), ("EP all-to-all", training.moe_a2a_overlap),
-                ("interleaved-PP P2P", training.overlap_p2p_comm))
+                ("P2P of interleaved plans", training.overlap_p2p_comm))
     on = [name for name, value in switches if value]
     text = ", ".join(on) + " (others off)" if on else "none (see --overlap-grad-reduce ...)"
     # ZeRO-2/3 and the CP ring overlap whatever the switches say, so the CTA count always applies
