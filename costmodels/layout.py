@@ -15,8 +15,9 @@ same integer tables (`LayoutTables`): time in whole nanoseconds (rounded to near
 up, so a layout that fits in units fits in bytes).
 
 Step time of a layout. Virtual stage i's per-microbatch time t_i (forward + backward + recompute + exposed TP/CP/EP
-collectives of its own layers, the EP all-to-all under --overlap-moe-expert-parallel-comm by `exposed_ep_s`; the embedding's and the loss's work on the first and last virtual stage) is the
-per-stage cost function on its layers alone. Rank r runs its chunks one after another: T_r = Σ_c t_{r,c}; its largest
+collectives of its own layers, the EP all-to-all under --overlap-moe-expert-parallel-comm by `exposed_ep_s`; the
+embedding's and the loss's work on the first and last virtual stage) is the per-stage cost function on its layers
+alone. Rank r runs its chunks one after another: T_r = Σ_c t_{r,c}; its largest
 chunk is C_r = max_c t_{r,c}. With m micro-batches:
 
     step = m · max_r T_r + (Σ_r C_r − max_r C_r) + max_r E_r + p2p
@@ -30,8 +31,13 @@ per rank (t = T/v) it is (m + (p − 1)/v)·T, interleaved 1F1B (Narayanan et al
 bubble (p − 1)/v micro-batch times). Counting each rank's largest chunk is this model's generalisation to unequal
 chunks: a layout that piles a rank's layers into one chunk gets the non-interleaved bubble back. E_r is rank r's
 exposed data-parallel sync and optimizer step (steptime.dp_comm_s + optimizer_s, on the rank's parameters); p2p the
-stage-to-stage transfers (steptime.pp_p2p_s, the overlapped ones beside the even split's chunk), which a layout does not change. Memory is per rank: its weights and
-its activations times its own in-flight micro-batches (memory.in_flight_microbatches), on its total layers.
+stage-to-stage transfers (steptime.pp_p2p_s, the overlapped ones beside the even split's chunk), which a layout does
+not change. Memory is per rank: its weights and its activations times its own in-flight micro-batches
+(memory.in_flight_microbatches), on its total layers.
+
+One approximation against the uniform model: under --overlap-moe-expert-parallel-comm the fill and drain term counts
+each chunk's discounted all-to-all, where the uniform model's bubble (warmup and cooldown, when the exchange is
+exposed) counts the whole of it; pricing it exactly would take a second stage table for C_r.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     # (p-1)/v × (per-microbatch compute + tp + cp + ep): the union of those four plus vpp
     "pp_bubble": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
                   "recompute_modules", "first_stage_layers", "last_stage_layers"),
-    # with --overlap-p2p-communication the steady-state transfers hide behind a chunk's forward (one layer's knobs)
+    # with --overlap-p2p-communication the steady-state backward sends hide behind a chunk's forward (layer knobs)
     "pp_p2p": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp"),
     # gradient sync of the stage's parameters, hidden behind one microbatch's backward (its compute knobs)
     "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers",
@@ -493,7 +493,7 @@ def chunk_forward_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     ) -> np.ndarray:
     """Forward seconds of one virtual-pipeline chunk per microbatch on the even split: L/(p·v) layers at the model's
     mean decoder layer (its dense and MoE layers in proportion). The window an overlapped stage-to-stage transfer
-    runs beside (`pp_p2p_s`); the backward chunk it may also run beside is longer, so this is the smaller window."""
+    runs beside (`pp_p2p_s`): a steady-state backward send is waited on after the next chunk's forward."""
     times, _ = layer_pieces(model, cluster, training, plans)
     moe_layers = float(moe_layers_before(model, np.array([model.num_layers]))[0]) if model.is_moe else 0.0
     layers_s = (model.num_layers - moe_layers) * times.dense_layer_fwd_s + moe_layers * times.moe_layer_fwd_s
@@ -503,7 +503,7 @@ def chunk_forward_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 def pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
              microbatches: np.ndarray) -> np.ndarray:
     """Stage-to-stage transfer time a step adds (pipeline.p2p_transfer_counts): the blocking transfers whole, and
-    each steady-state transfer of --overlap-p2p-communication as what it adds beside a chunk's forward
+    each send --overlap-p2p-communication leaves in flight as what it adds beside a chunk's forward
     (`overlapped_exposed_s`: its excess over the window, or the share of the SMs its NCCL CTAs hold)."""
     one = p2p_transfer_s(model, cluster.profile, training, plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     exposed, overlapped = p2p_transfer_counts(training, plans, microbatches)

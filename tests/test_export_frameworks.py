@@ -322,7 +322,8 @@ def test_overlaps_are_off_unless_set():
 @pytest.mark.parametrize("overlap", [True, False])
 def test_interleaved_p2p_overlap_is_written_as_the_step_time_priced_it(overlap):
     """On by default in Megatron-LM (only --no-overlap-p2p-communication is written); off by default in
-    ModelParallelConfig, so NeMo, Bridge and verl get both fields (Megatron-Core refuses overlap with batch_p2p_comm)."""
+    ModelParallelConfig, so NeMo, Bridge and verl get both fields (Megatron-Core refuses overlap with
+    batch_p2p_comm)."""
     training = dataclasses.replace(TRAINING, overlap_p2p_comm=overlap)
     estimate = estimate_of(Plan(tp=2, pp=4, vpp=2, sp=True, zero=1), model=dense_model(), training=training)
     assert ("--no-overlap-p2p-communication" in emit(estimate, "megatron")) is not overlap

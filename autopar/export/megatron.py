@@ -11,8 +11,8 @@ Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/argu
 (--tp-comm-overlap, --overlap-moe-expert-parallel-comm): off by default, written when the user set them for the step
 time (TrainingSpec overlap options), where they apply; see export.common.data_parallel_overlap and
 model_parallel_overlap), --no-overlap-p2p-communication (on by default for the interleaved schedule; written when
-the user turned it off, export.common.pipeline_p2p_overlap), --moe-token-dispatcher-type / --moe-flex-dispatcher-backend (always for a MoE model,
-export.common.moe_dispatcher_fields),
+the user turned it off, export.common.pipeline_p2p_overlap), --moe-token-dispatcher-type /
+--moe-flex-dispatcher-backend (always for a MoE model, export.common.moe_dispatcher_fields),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
 (--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
