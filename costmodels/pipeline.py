@@ -84,6 +84,5 @@ def p2p_transfer_counts(training: TrainingSpec, plans: PlanArrays, microbatches:
     priced as today's release, an upper bound for that software.)"""
     transfers = 2.0 * (plans.vpp * microbatches + plans.pp - 1)
     steady_backward_sends = plans.vpp * microbatches - interleaved_warmup_chunks(plans, microbatches)
-    overlapped = np.where(overlaps_p2p(training, plans), steady_backward_sends, 0.0)
-    exposed = np.where(plans.pp > 1, transfers - overlapped, 0.0)
-    return exposed, np.where(plans.pp > 1, overlapped, 0.0)
+    overlapped = np.where(overlaps_p2p(training, plans), steady_backward_sends, 0.0)   # 0 without a pipeline
+    return np.where(plans.pp > 1, transfers - overlapped, 0.0), overlapped

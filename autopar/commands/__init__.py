@@ -115,8 +115,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     overlap.add_argument("--overlap-moe-expert-parallel-comm", dest="moe_a2a_overlap", action="store_true",
                          help="overlap the expert-parallel all-to-all of one micro-batch with another's compute")
     overlap.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false",
-                         help="block on every stage-to-stage transfer of the interleaved schedule (Megatron-LM "
-                              "overlaps its steady-state transfers with the next chunk by default)")
+                         help="block on every stage-to-stage transfer of the interleaved schedule (by default "
+                              "Megatron-LM leaves its steady-state backward sends in flight beside the next chunk)")
     overlap.add_argument("--nccl-ctas", type=int, default=16, metavar="N",
                          help="SMs an NCCL collective holds while it overlaps compute (one CTA per channel; "
                               "NCCL_DEBUG=INFO prints 'N coll channels', NCCL_MAX_CTAS caps it); the overlapped "

@@ -227,7 +227,7 @@ def _describe(name: str) -> str:
 
 TERM_CAUSES = {
     "pp_bubble": "pipeline bubble: too much PP for the number of microbatches (guide: 'Too much PP')",
-    "pp_p2p": "pipeline stage-to-stage transfers (PP; blocking in warmup, cooldown and without interleaving)",
+    "pp_p2p": "pipeline stage-to-stage transfers (PP; only interleaving's steady-state backward sends overlap)",
     "tp_comm": "TP communication on every layer (guide: 'Too much TP')",
     "cp_comm": "CP ring exchange of K/V",
     "ep_comm": "EP all-to-all dispatch and combine",
