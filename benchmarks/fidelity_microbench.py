@@ -26,9 +26,9 @@ if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
 from benchmarks import microbench_tables as tables  # noqa: E402
-from autopar.calibrate.fit import predict_collective_s  # noqa: E402
+from autopar.calibrate.fit import attention_row_time_s, predict_collective_s  # noqa: E402
 from autopar.calibrate.measurements import GemmMeasurement  # noqa: E402
-from costmodels.compute import attention_efficiency, gemm_efficiency  # noqa: E402
+from costmodels.compute import gemm_efficiency  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.moe_kernels import grouped_gemm_time_s, has_grouped_curve  # noqa: E402
 
@@ -38,14 +38,11 @@ def predict_s(profile: HardwareProfile, measurement) -> float:
             and has_grouped_curve(profile, measurement.precision):  # without the curve: the dense one, as the model
         return float(grouped_gemm_time_s(profile, np.array(measurement.flops), np.array(measurement.m),
                                          np.array(measurement.n), np.array(measurement.k), measurement.precision))
+    if isinstance(measurement, GemmMeasurement) and measurement.kind == "attention":
+        return attention_row_time_s(profile, measurement)   # the kernel, plus any host dispatch the harness timed
     if isinstance(measurement, GemmMeasurement):
-        def efficiency(p, m, n, k):
-            if measurement.kind == "attention":
-                return attention_efficiency(p, m, n, k, measurement.attention_kernel,
-                                            measurement.attention_pass or "fwd")
-            return gemm_efficiency(p, m, n, k, measurement.precision)
         rate = profile.peak_flops_per_s[measurement.precision] * float(
-            efficiency(profile, measurement.m, measurement.n, measurement.k))
+            gemm_efficiency(profile, measurement.m, measurement.n, measurement.k, measurement.precision))
         return measurement.flops / rate
     return predict_collective_s(profile, measurement)
 

@@ -383,13 +383,18 @@ def sm_clock_ratio(target: str, source: str) -> float:
 
 def _attention(path: Path, profiles: tuple[str, ...], kernel: str, attention_pass: str, seq: int, head_dim: int,
                flops: float, seconds: float, label: str, role: str = "fit", why: str = "",
-               extrapolated: str = "") -> Row:
+               extrapolated: str = "", dispatch_exposed: bool = False) -> Row:
     """One pass of a fused-attention measurement as the equivalent GEMM (m = n = seq, k = head_dim) timed at the
-    kernel's measured rate in that pass: 2·seq²·head_dim FLOPs at `flops` / `seconds`."""
-    seconds_equivalent = 2.0 * seq * seq * head_dim / (flops / seconds)
+    kernel's measured rate in that pass: 2·seq²·head_dim FLOPs at `flops` / `seconds`. `dispatch_exposed`: the
+    source timed one call of `flops` on an idle GPU, host dispatch included (GemmMeasurement.exposed_dispatches:
+    one dispatch per call, so 2·seq²·head_dim / flops of one per equivalent GEMM)."""
+    equivalent_flops = 2.0 * seq * seq * head_dim
+    seconds_equivalent = equivalent_flops / (flops / seconds)
     return Row(profiles, GemmMeasurement(precision="bf16", m=seq, n=seq, k=head_dim, timing=_timing(seconds_equivalent),
                                          label=label, source=path.name, kind="attention", attention_kernel=kernel,
-                                         attention_pass=attention_pass), role, why, extrapolated)
+                                         attention_pass=attention_pass,
+                                         exposed_dispatches=equivalent_flops / flops if dispatch_exposed else 0.0),
+               role, why, extrapolated)
 
 
 NON_CAUSAL_WHY = "non-causal (no mask): the cost model's core is causal; a full-matrix rate is not the causal one"
@@ -445,10 +450,25 @@ B200_BACKENDS = {"cudnn (cudnn-frontend graph)": ("cudnn", "fit", ""),
 """B200 backends -> (kernel curve, role, why); pyt_math (unfused, runs out of memory from 16K) is not a fused kernel."""
 
 
+SDPA_HARNESS_EXPOSES = {"fwd": True, "bwd": False}
+"""Whether cudnn-frontend's SDPA training benchmark (benchmark_bf16_sdpa.py for the PyTorch and flash_attn backends,
+benchmark_fp8_sdpa.py for the cuDNN graph rows, at the file's commit 0b1577c) times a pass with its host dispatch
+in it. Forward: `torch.cuda.synchronize()` and a `time.sleep` end the previous pass, then `start_event.record()`,
+the call (`sdpa_function(...)` under `torch.autograd.profiler.emit_nvtx()`, or `graph_fwd.execute(...)`) and
+`end_event.record()`: the GPU sits idle between the start event and the kernel while the host dispatches it, so
+every forward time carries one dispatch (the flash_attn rows show ~80 µs of it at 512 tokens, where the kernel
+runs ~20 µs). Backward: `grad_output = torch.randn_like(output)` is queued right before the start event, so the
+host dispatches the backward while the GPU still generates it (the backward rows show no fixed part). A training
+step queues each kernel behind the previous ones, as the backward here, so the cost model prices the kernel
+alone; the fit takes the forward's dispatch out (autopar.calibrate.fit.fit_attention_efficiency)."""
+
+
 def read_sdpa_b200(path: Path) -> Iterator[Row]:
     """One B200, bf16, causal GQA d=128: the cuDNN graph rows fit B200's cudnn curve, flash_attn 2.7.4 its fa2 curve
     and, scaled by FA2_RULE, the fa2 curve of A100, H100 and H200, and on A100 by FA2_SPEEDUP the fa1 and fa_triton
-    curves; the PyTorch SDPA backends are checked."""
+    curves; the PyTorch SDPA backends are checked. Forward rows carry the harness's host dispatch
+    (SDPA_HARNESS_EXPOSES), scaled with the rest of the time where a row is carried to another GPU: the fit gives
+    each curve its own dispatch time, which no step prices."""
     for row in _csv(path):
         if row["dtype"] != "bf16" or row["backend"] not in B200_BACKENDS:
             continue
@@ -458,21 +478,24 @@ def read_sdpa_b200(path: Path) -> Iterator[Row]:
             seconds = float(row[f"{attention_pass}_time_ms"]) * 1e-3
             flops = float(row[f"{attention_pass}_tflops"]) * 1e12 * seconds
             label = f"{row['backend']} B200 causal {attention_pass} s={seq}"
-            yield _attention(path, B200, kernel, attention_pass, seq, head_dim, flops, seconds, label, role, why)
+            exposed = SDPA_HARNESS_EXPOSES[attention_pass]
+            yield _attention(path, B200, kernel, attention_pass, seq, head_dim, flops, seconds, label, role, why,
+                             dispatch_exposed=exposed)
             if row["backend"] != "flash_attention":
                 continue
             for gpu, profiles in (("A100", A100), ("H100", H100), ("H200", H200), ("H800", H800), ("GB200", GB200)):
                 ratio = sm_clock_ratio(gpu, "B200")
                 yield _attention(path, profiles, kernel, attention_pass, seq, head_dim, flops, seconds / ratio,
                                  f"{label} (as {gpu}, x{ratio:.3f})",
-                                 extrapolated=f"{FA2_RULE}: x{ratio:.3f} for {gpu}")
+                                 extrapolated=f"{FA2_RULE}: x{ratio:.3f} for {gpu}", dispatch_exposed=exposed)
             ratio = sm_clock_ratio("A100", "B200")
             for older, speedups in FA2_SPEEDUP.items():   # the kernels FlashAttention-2 replaced, measured on A100
                 speedup = speedups[attention_pass]
                 yield _attention(path, A100, older, attention_pass, seq, head_dim, flops,
                                  seconds / ratio * speedup, f"{label} (as A100 {older}, x{ratio:.3f} / {speedup:g})",
                                  extrapolated=f"{FA2_RULE}: x{ratio:.3f} for A100; " + FA1_ERA_RULE.format(
-                                     kernel=older, speedup=f"{speedup:g}", attention_pass=attention_pass))
+                                     kernel=older, speedup=f"{speedup:g}", attention_pass=attention_pass),
+                                 dispatch_exposed=exposed)
 
 
 TABLES = (

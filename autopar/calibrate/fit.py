@@ -268,24 +268,58 @@ def fit_attention_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProf
                              attention_pass: str = "") -> FitResult:
     """One fused-attention curve's two parameters (`costmodels.compute.attention_efficiency`), fitted to the measured
     attention rows of `kernel` in `attention_pass` (fwd or bwd; both '' = the kernel-less curve over forward +
-    backward, compute.ATTENTION_PARAMETERS); starts from the base's values, else from the measured maximum."""
-    from costmodels.compute import ATTENTION_PARAMETERS as LEGACY, attention_curve_parameters, attention_efficiency
+    backward, compute.ATTENTION_PARAMETERS); starts from the base's values, else from the measured maximum.
+
+    Where the rows' times include the harness's host dispatch (GemmMeasurement.exposed_dispatches > 0), a third
+    parameter, the dispatch time of one call (compute.attention_dispatch_parameter, µs), is fitted with them
+    (`attention_row_time_s`): otherwise a fixed ~80 µs per call, most of a short sequence's time in a batch-1
+    benchmark, would be read as the kernel rolling off at short sequences, and priced again for every batch ×
+    head of a training micro-batch."""
+    from costmodels.compute import ATTENTION_PARAMETERS as LEGACY, attention_curve_parameters, \
+        attention_dispatch_parameter
 
     rows = [row for row in rows if row.kind == "attention" and row.attention_kernel == kernel
             and row.attention_pass == attention_pass]
     assert rows, "fit_attention_efficiency needs attention rows"
     peak_name, side_name = attention_curve_parameters(kernel, attention_pass) if kernel else LEGACY
+    dispatch_name = attention_dispatch_parameter(kernel, attention_pass) if kernel else ""
+    with_dispatch = bool(dispatch_name) and any(row.exposed_dispatches > 0 for row in rows)
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
         profile = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **params})
-        return np.array([float(attention_efficiency(profile, row.m, row.n, row.k, kernel, attention_pass or "fwd"))
+        return np.array([row.flops / attention_row_time_s(profile, row) / base.peak_flops_per_s[row.precision]
                          for row in rows])
 
     observed = [measured_gemm_efficiency(row, base) for row in rows]
     params = base.gemm_efficiency
     start = {peak_name: float(params.get(peak_name, max(observed))), side_name: float(params.get(side_name, 1024.0))}
     guesses = [start, {peak_name: max(observed), side_name: 256.0}]
-    return least_squares(predict, observed, guesses, bounds={peak_name: (1e-6, 1.0)})
+    bounds = {peak_name: (1e-6, 1.0)}
+    if with_dispatch:
+        guesses = [{**guess, dispatch_name: value} for guess in guesses for value in DISPATCH_GUESSES_US]
+        bounds[dispatch_name] = DISPATCH_BOUNDS_US
+    return least_squares(predict, observed, guesses, bounds=bounds)
+
+
+DISPATCH_GUESSES_US = (20.0, 80.0)
+"""Where the fit of a harness's per-call dispatch starts: a light host path (a cuDNN graph execute) and a Python
+framework call (PyTorch SDPA, flash_attn_func), of the order the cudnn-frontend forward rows show at 512 tokens."""
+DISPATCH_BOUNDS_US = (1e-3, 1e3)
+"""A call's host dispatch lies between a nanosecond and a millisecond."""
+
+
+def attention_row_time_s(profile: HardwareProfile, row: GemmMeasurement) -> float:
+    """What `profile` predicts for one measured attention row: the kernel's equivalent-GEMM time on its curve
+    (compute.attention_efficiency), plus, where the row's time includes the harness's host dispatch, that share of
+    one call's dispatch time (compute.attention_dispatch_parameter; 0 where the profile has none)."""
+    from costmodels.compute import attention_dispatch_parameter, attention_efficiency
+
+    attention_pass = row.attention_pass or "fwd"
+    kernel_s = row.flops / (profile.peak_flops_per_s[row.precision] * float(
+        attention_efficiency(profile, row.m, row.n, row.k, row.attention_kernel, attention_pass)))
+    dispatch_us = profile.gemm_efficiency.get(attention_dispatch_parameter(row.attention_kernel, attention_pass),
+                                              0.0) if row.attention_kernel else 0.0
+    return kernel_s + row.exposed_dispatches * dispatch_us * 1e-6
 
 
 def attention_curves_measured(rows: Sequence[GemmMeasurement]) -> list[tuple[str, str]]:

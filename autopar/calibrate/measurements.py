@@ -77,6 +77,12 @@ class GemmMeasurement:
     attention_pass: str = ""
     """For an attention row with a kernel: 'fwd' or 'bwd' (the rate in that pass, FLOPs as the kernels' benchmarks
     count them: causal = the unmasked half, backward = 2.5× the forward)."""
+    exposed_dispatches: float = 0.0
+    """For an attention row: how many CPU dispatches of the timed call its time includes, per equivalent GEMM --
+    1 / (equivalent GEMMs in one call) when the harness times a single call on an idle GPU, so the GPU waits while
+    the host dispatches it (cudnn-frontend's SDPA training benchmark, forward pass); 0 (the default) when the
+    dispatch is hidden behind queued work, as in a training step. The attention fit then tells the harness's fixed
+    per-call time apart from the kernel's rate (autopar.calibrate.fit.fit_attention_efficiency)."""
 
     @property
     def flops(self) -> float:
@@ -137,7 +143,9 @@ class Measurements:
                       **({"source": g.source} if g.source else {}),
                       **({"kind": g.kind} if g.kind != "gemm" else {}),
                       **({"attention_kernel": g.attention_kernel, "attention_pass": g.attention_pass}
-                         if g.attention_kernel else {})} for g in self.gemm],
+                         if g.attention_kernel else {}),
+                      **({"exposed_dispatches": g.exposed_dispatches} if g.exposed_dispatches else {})}
+                     for g in self.gemm],
             "collectives": [{"link": c.link, "kind": c.kind, "group_size": c.group_size, "bytes": c.bytes,
                              **_timing_dict(c.timing),
                              **({"ranks_per_node": c.ranks_per_node} if c.ranks_per_node != 1 else {}),
@@ -206,7 +214,8 @@ def _gemm_row(row: Any, where: str, origin: str) -> GemmMeasurement:
                            timing=_timing(row, where, origin),
                            label=label if isinstance(label, str) else str(label),
                            source=str(row.get("source", "") or ""), kind=_gemm_kind(row, where, origin, precision),
-                           **_attention_kernel_and_pass(row, where, origin))
+                           **_attention_kernel_and_pass(row, where, origin),
+                           **_exposed_dispatches(row, where, origin))
 
 
 GEMM_KINDS = ("gemm", "attention", "grouped_gemm")
@@ -235,6 +244,14 @@ def _attention_kernel_and_pass(row: dict, where: str, origin: str) -> dict[str, 
         _fail(origin, f"{where}.attention_pass", f"must be one of {', '.join(ATTENTION_PASSES)}, got "
                                                  f"{attention_pass!r}")
     return {"attention_kernel": kernel, "attention_pass": attention_pass}
+
+
+def _exposed_dispatches(row: dict, where: str, origin: str) -> dict[str, float]:
+    if "exposed_dispatches" not in row:
+        return {}
+    if row.get("kind") != "attention":
+        _fail(origin, f"{where}.exposed_dispatches", "belongs to an attention row (kind: attention)")
+    return {"exposed_dispatches": _number(row, "exposed_dispatches", where, origin, allow_zero=True)}
 
 
 def _collective_row(row: Any, where: str, origin: str) -> CollectiveMeasurement:

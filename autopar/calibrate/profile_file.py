@@ -37,6 +37,7 @@ from autopar.calibrate.fit import (CollectivePointFit, FitResult, attention_curv
                                    fit_collective_points, fit_gemm_efficiency, fit_grouped_gemm, fit_link,
                                    fit_link_by_collective)
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
+from costmodels.compute import attention_dispatch_parameter
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, bundled_profile_names, load_profile, parse_profile
 from costmodels.units import GIB
@@ -227,9 +228,14 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         curve_rows = [row for row in measurements.gemm if row.kind == "attention"
                       and (row.attention_kernel, row.attention_pass) == (kernel, attention_pass)]
         data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in result.params.items()})
+        dispatch_us = result.params.get(attention_dispatch_parameter(kernel, attention_pass))
+        dispatch = ("" if dispatch_us is None else
+                    f"; the host dispatch in the benchmark's times, {dispatch_us:.1f} µs per call as these rows carry it "
+                    "(scaled with them where carried from another GPU), fitted with it and priced in "
+                    "no step (costmodels.compute.attention_dispatch_parameter)")
         provenance[f"compute.gemm_efficiency.attention_{kernel}_{attention_pass}"] = (
             f"{stamp}: least squares over {result.points} {kernel} {attention_pass} attention kernels"
-            f"{_from(curve_rows)}, rms residual {result.rms_relative_residual:.1%}")
+            f"{_from(curve_rows)}, rms residual {result.rms_relative_residual:.1%}{dispatch}")
 
     if fit.grouped is not None:
         grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
