@@ -70,6 +70,7 @@ SWITCH_FLAGS = frozenset({
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
+    "--cross-entropy-loss-fusion",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -109,8 +110,9 @@ class MegatronRun:
 
     plan: Plan
     training: dict[str, Any]
-    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8') and the overlap
-    switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap, overlap_p2p_comm)."""
+    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8'), the overlap
+    switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap, overlap_p2p_comm), the
+    attention backend, the MoE dispatcher and the loss kernels (cross_entropy)."""
     num_gpus: int | None
     """GPU count when the script says it (launcher, WORLD_SIZE or #SBATCH), else None."""
     model: dict[str, int] = field(default_factory=dict)
@@ -476,6 +478,12 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
     return {"moe_dispatcher": "deepep"}
 
 
+def _cross_entropy(flags: dict[str, "str | bool"]) -> str:
+    """TrainingSpec.cross_entropy: fused with --cross-entropy-loss-fusion, else Megatron-LM's default unfused loss
+    (TransformerConfig.cross_entropy_loss_fusion = False), which keeps an fp32 copy of the logits."""
+    return "fused" if flags.get("--cross-entropy-loss-fusion") else "unfused"
+
+
 def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
     if flags.get("--fp8-format"):
         return "fp8"
@@ -650,6 +658,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
+    training["cross_entropy"] = _cross_entropy(flags)
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")
     if seq_len is not None:
         training["seq_len"] = seq_len

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from costmodels import compute, params
 from costmodels.scoring import Estimate
-from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.specs import ClusterSpec, CrossEntropyKernel, ModelSpec, TrainingSpec
 from costmodels.units import whole_bytes
 
 SCHEMA_VERSION = 1
@@ -59,7 +59,8 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "precision": training.precision.value, "flash_attention": training.flash_attention,
                      "attention_kernel": training.attention_kernel.value,
                      "attention_kernel_runs": compute.attention_kernel_runs(profile, training),
-                     "fused_cross_entropy": training.fused_cross_entropy,
+                     "cross_entropy": training.cross_entropy.value,
+                     "fused_cross_entropy": training.cross_entropy is CrossEntropyKernel.FUSED,
                      "moe_capacity_factor": training.moe_capacity_factor,
                      "moe_dispatcher": training.moe_dispatcher.value,
                      "tokens_per_step": training.tokens_per_step,

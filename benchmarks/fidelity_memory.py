@@ -31,8 +31,8 @@ import numpy as np
 from costmodels import memory
 from costmodels.hardware import GIB, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
-from costmodels.specs import (ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
-                              TrainingSpec)
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind,
+                              PositionEmbedding, TrainingSpec)
 
 if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
@@ -143,7 +143,7 @@ def korthikanti_rows() -> list[FidelityRow]:
         model = gpt_model(row["model"], int(row["hidden_size"]), int(row["num_layers"]), int(row["attention_heads"]))
         cluster = ClusterSpec(profile=profile, num_gpus=int(row["num_gpus"]))
         training = TrainingSpec(seq_len=PAPER_SEQ_LEN, global_batch_size=int(row["global_batch_size"]),
-                                flash_attention=False, fused_cross_entropy=False)
+                                flash_attention=False, cross_entropy=CrossEntropyKernel.UNFUSED)
         base = dict(tp=int(row["tp"]), pp=int(row["pp"]), vpp=int(row["interleave"]), mbs=int(row["micro_batch_size"]))
         none = _first_stage_terms(model, cluster, training, Plan(**base))
         sp_selective = _first_stage_terms(model, cluster, training,
@@ -183,7 +183,7 @@ def figure7_rows() -> list[FidelityRow]:
         model = gpt_model(row["model"], int(row["hidden_size"]), int(row["num_layers"]), int(row["attention_heads"]))
         cluster = ClusterSpec(profile=profile, num_gpus=int(row["num_gpus"]))
         training = TrainingSpec(seq_len=PAPER_SEQ_LEN, global_batch_size=int(row["global_batch_size"]),
-                                flash_attention=False, fused_cross_entropy=False)
+                                flash_attention=False, cross_entropy=CrossEntropyKernel.UNFUSED)
         base = dict(tp=int(row["tp"]), pp=int(row["pp"]), vpp=int(row["interleave"]), mbs=int(row["micro_batch_size"]))
 
         def per_layer(**knobs: object) -> float:

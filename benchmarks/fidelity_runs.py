@@ -52,8 +52,8 @@ from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import peak_memory  # noqa: E402
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule  # noqa: E402
-from costmodels.specs import (AttentionKernel, ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding,  # noqa: E402
-                              Precision, TrainingSpec)
+from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, MlpKind, ModelSpec, NormKind,  # noqa: E402
+                              PositionEmbedding, Precision, TrainingSpec)
 from costmodels.steptime import step_time_s  # noqa: E402
 
 MEMORY_HEADROOM = 0.05
@@ -279,11 +279,10 @@ def llm_foundry() -> "list[Case | Unexpressed]":
         seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
         model = mpt(r["model"], _int(r, "hidden"), _int(r, "layers"), _int(r, "heads"), _int(r, "ffn"),
                     _int(r, "vocab"), seq)
-        # the loss is PyTorch's eager cross entropy on the logits (MPT in llm-foundry): no fused kernel
         kernel, attention_note = llm_foundry_attention(r, profile)
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 precision=_precision(r["precision"]), attention_kernel=kernel,
-                                fused_cross_entropy=False)
+                                cross_entropy=LLM_FOUNDRY_LOSS)
         zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
         recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
         fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=_int(r, "micro_batch"), zero=zero, recompute=recompute)
@@ -293,6 +292,13 @@ def llm_foundry() -> "list[Case | Unexpressed]":
                         (source, r["model"], profile.name, gpus, seq), (attention_note,)))
     return out
 
+
+LLM_FOUNDRY_LOSS = CrossEntropyKernel.XENTROPY
+"""MPT's loss in llm-foundry: `om_model_config.get('loss_fn', 'fused_crossentropy')` (llmfoundry/models/mpt/
+modeling_mpt.py, ComposerMPTCausalLM, the default since MosaicGPT, before the A100 tables; the benchmark yamls
+scripts/train/yamls/pretrain/mpt-*.yaml and submit_benchmarks.py set no loss_fn) is flash-attn's
+`flash_attn.losses.cross_entropy.CrossEntropyLoss`, apex's xentropy kernel (the `xentropy-cuda-lib` of the gpu
+extra), on the bf16 logits."""
 
 LLM_FOUNDRY_FLASH_MODELS = ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")
 
@@ -333,7 +339,7 @@ def megatron_readme() -> "list[Case | Unexpressed]":
         # README: "overlap of DP (--overlap-grad-reduce --overlap-param-gather), TP (--tp-comm-overlap) and PP
         # communication enabled"; the switches it does not list (--cross-entropy-loss-fusion) at Megatron's default
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), overlap_grad_reduce=True,
-                                overlap_param_gather=True, tp_comm_overlap=True, fused_cross_entropy=False)
+                                overlap_param_gather=True, tp_comm_overlap=True, cross_entropy=CrossEntropyKernel.UNFUSED)
         tp, pp = _int(r, "tp"), _int(r, "pp")
         fixed = dict(tp=tp, pp=pp, cp=1, ep=1, sp=tp > 1)
         free = dict(mbs=(1, 2, 4), vpp=_vpp_choices(layers, pp), zero=(0, 1),
@@ -373,9 +379,13 @@ def megascale() -> "list[Case | Unexpressed]":
         # adds to Megatron-LM (the file's header; arXiv 2402.15627, "Communication overlapping in 3D parallelism"),
         # so the overlap switches stay off here; the pipeline's P2P overlap too: the baseline's Megatron-LM commit
         # 285068c8 (2023-01-11) predates --overlap-p2p-communication.
-        # (nor a fused cross entropy: Megatron-LM had none in 2023)
-        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), fused_cross_entropy=False,
-                                overlap_p2p_comm=False)
+        # (nor a fused cross entropy: Megatron-LM had none in 2023). Attention: 285068c8 is the merge of
+        # 'tridao-flashattn', which adds --use-flash-attn over flash-attn 1.x's flash_attn_unpadded_func (renamed in
+        # flash-attn 2.0, six months later): FlashAttention v1 where the baseline turned it on, the fastest core that
+        # commit runs (unfused without the flag).
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                cross_entropy=CrossEntropyKernel.UNFUSED, overlap_p2p_comm=False,
+                                attention_kernel=AttentionKernel.FA1)
         tp, pp, vpp = _int(r, "tp"), _int(r, "pp"), _int(r, "vpp", 1)
         fixed = dict(tp=tp, pp=pp, vpp=vpp, cp=1, ep=1)
         free = dict(mbs=(1, 2, 4), sp=(False, True), zero=(0, 1),
@@ -383,7 +393,8 @@ def megascale() -> "list[Case | Unexpressed]":
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
                         "step s", _num(r, "step_time_s"), category(profile, False),
                         (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]),
-                        (note, "bf16 assumed (precision not stated)", "DP/TP/PP overlap off (MegaScale's addition)")))
+                        (note, "bf16 assumed (precision not stated)", "DP/TP/PP overlap off (MegaScale's addition)",
+                         "attention FlashAttention v1 (the commit's --use-flash-attn)")))
     return out
 
 
@@ -428,7 +439,7 @@ def zero_bubble() -> "list[Case | Unexpressed]":
             continue
         seq = _int(r, "seq_len")
         model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), 50257, seq)
-        training = TrainingSpec(seq_len=seq, global_batch_size=mbs * m, fused_cross_entropy=False)   # 2023 Megatron
+        training = TrainingSpec(seq_len=seq, global_batch_size=mbs * m, cross_entropy=CrossEntropyKernel.UNFUSED)   # 2023 Megatron
         fixed = dict(tp=1, pp=pp, cp=1, ep=1, mbs=mbs, recompute=Recompute.NONE, zero=0)
         # the layers do not split evenly (22 over 8, 30 over 8, ...): as in the paper's Megatron-LM, the embedding
         # and the loss each take one layer slot, so the first and last stage hold one layer fewer
@@ -492,7 +503,7 @@ def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note:
     # torchtitan's loss: PyTorch's cross entropy on the logits, outside the compiled blocks (no fused kernel)
     kernel = AttentionKernel.CUDNN if profile.name.startswith("b200") else AttentionKernel.FA2
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=_precision(r["precision"]),
-                            attention_kernel=kernel, fused_cross_entropy=False)
+                            attention_kernel=kernel, cross_entropy=CrossEntropyKernel.UNFUSED)
     recompute = Recompute.FULL if "full" in r["recompute"] else (
         Recompute.SELECTIVE if "selective" in r["recompute"] else Recompute.NONE)
     fixed = dict(tp=tp, pp=pp, cp=cp, ep=1, mbs=mbs, zero=3, recompute=recompute, sp=tp > 1)
@@ -611,13 +622,26 @@ GB200_NODE_NOTE = ("GB200 node = one NVL72 compute tray of 4 GPUs (the profile's
                    "source, which gives nodes)")
 
 
+H100_NODE_NOTE = ("H100 node = 8 GPUs (NNODES 32 × 8 = the '256 H100 GPUS' of the source's H100 experiment setup, "
+                  "8x50 GB/s InfiniBand per node: a NIC per GPU)")
+
+
 def _modelzoo_gpus(r: dict, profile: HardwareProfile) -> "tuple[int | None, tuple[str, ...]]":
-    """GPU count: as stated, or (GB200 rows give nodes only) nodes × the NVL72 tray's 4 GPUs."""
+    """GPU count: as stated, or (the long-context and GB200 rows give nodes only) nodes × the profile's node: the
+    NVL72 tray's 4 GPUs, an H100 server's 8."""
     if _num(r, "num_gpus") is not None:
         return _int(r, "num_gpus"), ()
     if _num(r, "num_nodes") is not None and profile.name.startswith("gb200"):
         return _int(r, "num_nodes") * profile.gpus_per_node, (GB200_NODE_NOTE,)
+    if _num(r, "num_nodes") is not None and profile.name.startswith("h100"):
+        return _int(r, "num_nodes") * profile.gpus_per_node, (H100_NODE_NOTE,)
     return None, ()
+
+
+MODELZOO_MICRO_BATCHES = (1, 2, 4)
+"""Micro-batch choices where the long-context table states none (the fastest that fits, as for other unstated knobs)."""
+DROPLESS_NOTE = ("dropless routing priced balanced (--moe-imbalance-factor 1): the trained router's load imbalance is "
+                 "not stated; the forced-balance row of the same layout is its twin")
 
 
 def _modelzoo_recompute(text: str) -> "tuple[Recompute, str]":
@@ -664,8 +688,16 @@ def modelzoo() -> "list[Case | Unexpressed]":
                                 moe_dispatcher="deepep" if "DeepEP" in r["method"] else "alltoall", **TUNED_OVERLAP)
         recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
-                     ep=_int(r, "ep"), etp=_int(r, "etp", 1), mbs=_int(r, "micro_batch"), recompute=recompute,
+                     ep=_int(r, "ep"), etp=_int(r, "etp", 1), recompute=recompute,
                      recompute_modules=modules or 0, sp=_int(r, "tp") > 1, zero=1)
+        free = {}
+        if _num(r, "micro_batch") is not None:
+            fixed["mbs"] = _int(r, "micro_batch")
+        else:
+            free["mbs"] = MODELZOO_MICRO_BATCHES
+            notes += ("micro-batch not stated: 1, 2 or 4, the fastest that fits",)
+        if "dropless" in r["method"]:
+            notes += (DROPLESS_NOTE,)
         fixed, split_note = slot_split(model.num_layers, fixed)
         notes += split_note
         if _num(r, "step_time_s") is not None:
@@ -682,8 +714,9 @@ def modelzoo() -> "list[Case | Unexpressed]":
         if profile.nvlink_domain_size > profile.gpus_per_node:
             notes += (f"NVLink domain size 72 (source): {cluster.nvlink_domain_gpus} GPUs of the job per domain "
                       "(the job split evenly over NVL72 racks, costmodels.specs.job_nvlink_domain_gpus)",)
-        out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, {}, metric, step, "MoE",
-                        (source, r["model"], profile.name, gpus, seq), notes))
+        routing = "dropless" if "dropless" in r["method"] else ""     # a group compares layouts, not routers
+        out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, free, metric, step, "MoE",
+                        (source, r["model"], profile.name, gpus, seq, routing), notes))
     return out
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from costmodels.hardware import HardwareProfile, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
-from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, PositionEmbedding, TrainingSpec
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, MlpKind, ModelSpec, NormKind, PositionEmbedding,
+                              TrainingSpec)
 from costmodels.steptime import step_time_s
 
 if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
@@ -80,7 +81,7 @@ def _predict_time_s(profile: HardwareProfile, model: ModelSpec, num_gpus: int, g
     # the 2021-22 Megatron-LM stack: no flash attention, no fused cross entropy, no P2P overlap (none existed yet;
     # the interleaved schedule waited on every batched isend/irecv)
     training = TrainingSpec(seq_len=SEQ_LEN, global_batch_size=gbs, flash_attention=False,
-                            fused_cross_entropy=False, overlap_grad_reduce=overlap_grad_reduce,
+                            cross_entropy=CrossEntropyKernel.UNFUSED, overlap_grad_reduce=overlap_grad_reduce,
                             overlap_p2p_comm=False)
     return float(step_time_s(model, cluster, training, PlanArrays.from_plans([plan]))[0])
 

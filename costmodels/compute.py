@@ -53,7 +53,7 @@ from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
 from costmodels.plan import PlanArrays, Recompute, RecomputeModule, layers_on_stage, recomputes_module
-from costmodels.specs import MlpKind, ModelSpec, Precision, TrainingSpec
+from costmodels.specs import CrossEntropyKernel, MlpKind, ModelSpec, Precision, TrainingSpec
 
 BACKWARD_TO_FORWARD = 2.0
 """Backward runs two GEMMs (data gradient and weight gradient) per forward GEMM (arXiv 2104.04473, appendix)."""
@@ -318,8 +318,14 @@ def logits_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) ->
 # - fused (--cross-entropy-loss-fusion; fusions/fused_cross_entropy.py, each step a jit_fuser kernel): the cast and
 #   max (read 2, write the fp32 logits 4), subtract + exp + sum (read 4, write 4), divide (read 4, write 4) = 22;
 #   backward one kernel, softmax × gradient cast to bf16 (read 4, write 2) = 6.
-# (PyTorch eager F.cross_entropy under autocast moves about 40 in all: between the two.)
-LOSS_BYTES_PER_LOGIT = {False: (38.0, 14.0), True: (22.0, 6.0)}
+# - xentropy (apex contrib/csrc/xentropy/xentropy_kernel.cu, as flash-attn's csrc/xentropy builds it for
+#   flash_attn.losses.cross_entropy): one block per token row, on the bf16 logits as they are; the forward
+#   (cunn_SoftMaxXEntropyForward) reads the row twice, for the max and sum and then for the sum of exponentials
+#   (read 2 + 2 = 4), and writes a loss and a log-sum-exp per token; the backward (cunn_SoftMaxXEntropyBackward)
+#   reads the row and writes its gradient (read 2, write 2 = 4).
+# (PyTorch eager F.cross_entropy under autocast moves about 40 in all: between fused and unfused.)
+LOSS_BYTES_PER_LOGIT = {CrossEntropyKernel.UNFUSED: (38.0, 14.0), CrossEntropyKernel.FUSED: (22.0, 6.0),
+                        CrossEntropyKernel.XENTROPY: (4.0, 4.0)}
 
 
 def loss_logits(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -331,9 +337,9 @@ def loss_logits(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> 
 def loss_times_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
                  plans: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of the softmax cross-entropy on the last stage: memory-bound kernels over the
-    logits at HBM bandwidth (LOSS_BYTES_PER_LOGIT; `training.fused_cross_entropy` picks the fused kernels). MTP
-    modules each add their own loss over the same logits shape."""
-    forward_bytes, backward_bytes = LOSS_BYTES_PER_LOGIT[training.fused_cross_entropy]
+    logits at HBM bandwidth (LOSS_BYTES_PER_LOGIT of `training.cross_entropy`'s kernels). MTP modules each add
+    their own loss over the same logits shape."""
+    forward_bytes, backward_bytes = LOSS_BYTES_PER_LOGIT[training.cross_entropy]
     logits = loss_logits(model, training, plans) * (1 + model.num_mtp_layers)
     return (logits * forward_bytes / profile.hbm_bandwidth_bytes_per_s,
             logits * backward_bytes / profile.hbm_bandwidth_bytes_per_s)

@@ -41,7 +41,7 @@ from costmodels import params
 from costmodels.errors import InputError
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
                              layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
-from costmodels.specs import ClusterSpec, MlpKind, ModelSpec, NormKind, TrainingSpec
+from costmodels.specs import ClusterSpec, CrossEntropyKernel, MlpKind, ModelSpec, NormKind, TrainingSpec
 from costmodels.structure import stage_list
 
 BF16_BYTES = 2
@@ -576,13 +576,13 @@ def output_layer_activations_bytes(model: ModelSpec, shape: StageShape) -> np.nd
 
 def _logits_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     vocab_per_gpu = params.padded_vocab_size(model, shape.plans.tp) / shape.plans.tp
-    per_element = BF16_BYTES if training.fused_cross_entropy else FP32_BYTES
+    per_element = FP32_BYTES if training.cross_entropy is CrossEntropyKernel.UNFUSED else BF16_BYTES
     return per_element * vocab_per_gpu * shape.tokens
 
 
 def _cross_entropy_buffer_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     stats = 3 * FP32_BYTES * shape.tokens                                # max, sum of exp, target logit per token
-    if training.fused_cross_entropy:
+    if training.cross_entropy is not CrossEntropyKernel.UNFUSED:
         return stats
     vocab_per_gpu = params.padded_vocab_size(model, shape.plans.tp) / shape.plans.tp
     return stats + BF16_BYTES * vocab_per_gpu * shape.tokens              # bf16 logits beside their fp32 copy
@@ -591,7 +591,8 @@ def _cross_entropy_buffer_bytes(model: ModelSpec, training: TrainingSpec, shape:
 def logits_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Last rank: the s·b·V/t logits kept for the loss backward: the fp32 copy Megatron's vocab-parallel cross
     entropy works on (megatron/core/tensor_parallel/cross_entropy.py, `.float()` of the output), or bf16 when the
-    loss is fused (Megatron --cross-entropy-loss-fusion / TE fused cross entropy)."""
+    loss is fused (Megatron --cross-entropy-loss-fusion / TE fused cross entropy) or apex's xentropy kernel (which
+    saves the bf16 logits themselves: flash_attn.losses.cross_entropy `ctx.save_for_backward(logits, ...)`)."""
     return np.where(shape.is_last, _logits_bytes(model, training, shape), 0.0)
 
 

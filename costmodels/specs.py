@@ -260,6 +260,23 @@ class MoEDispatcher(str, enum.Enum):
     for asymmetric-domain bandwidth forwarding'); inside a node as the all-to-all."""
 
 
+class CrossEntropyKernel(str, enum.Enum):
+    """The softmax cross-entropy's kernels over the logits (costmodels.compute.LOSS_BYTES_PER_LOGIT prices the bytes
+    each moves; costmodels.memory.logits_bytes keeps what each saves for the backward)."""
+
+    FUSED = "fused"
+    """Megatron-Core's fused vocab-parallel cross entropy (--cross-entropy-loss-fusion; Megatron-Bridge's and NeMo
+    2's default): a few jit-fused kernels, the bf16 logits kept."""
+    UNFUSED = "unfused"
+    """Megatron-Core's vocab-parallel cross entropy without the fusion (Megatron-LM's default), or PyTorch's eager
+    F.cross_entropy on upcast logits (torchtitan): one kernel per op on an fp32 copy of the logits, which is kept."""
+    XENTROPY = "xentropy"
+    """apex's softmax_xentropy kernel (flash-attn's `flash_attn.losses.cross_entropy` over xentropy_cuda_lib;
+    llm-foundry's default `loss_fn: fused_crossentropy` for MPT): one kernel each way on the bf16 logits -- the
+    forward reads them twice (max and sum, then the sum of exponentials), the backward reads them and writes the
+    gradient -- with the bf16 logits kept."""
+
+
 MAX_NCCL_CTAS = 64
 """NCCL_MAX_CTAS accepts 1..64 (NCCL env.rst: 'up to 64 (32 prior to 2.25)'; src/include/device.h MAXCHANNELS)."""
 
@@ -276,8 +293,9 @@ class TrainingSpec:
     """Fused attention never materialises the a·s² score matrix (FlashAttention, TE fused attention)."""
     attention_kernel: AttentionKernel = AttentionKernel.AUTO
     """Which fused kernel (with flash_attention): auto (Megatron-Core / TE's choice), fa2, fa3, cudnn."""
-    fused_cross_entropy: bool = True
-    """Fused vocab-parallel loss: no fp32 copy of the logits is kept."""
+    cross_entropy: CrossEntropyKernel = CrossEntropyKernel.FUSED
+    """The loss kernels: fused (Megatron --cross-entropy-loss-fusion), unfused (an fp32 copy of the logits, kept)
+    or xentropy (apex / flash-attn's single-kernel loss)."""
     moe_capacity_factor: float | None = None
     """None: dropless routing (the busiest expert sets the pace). A float caps tokens per expert (GShard/Switch)."""
     moe_imbalance_factor: float = 1.0
@@ -324,6 +342,7 @@ class TrainingSpec:
                 raise InputError("precision", f"unknown precision {self.precision!r}; use bf16 or fp8") from None
         self._coerce_choice("attention_kernel", AttentionKernel, "attention kernel")
         self._coerce_choice("moe_dispatcher", MoEDispatcher, "MoE token dispatcher")
+        self._coerce_choice("cross_entropy", CrossEntropyKernel, "cross-entropy kernel")
         if self.moe_capacity_factor is not None:
             require(self.moe_capacity_factor > 0, "moe_capacity_factor",
                     f"must be > 0, got {self.moe_capacity_factor}")

@@ -253,6 +253,30 @@ def test_inputs_that_have_no_effect_are_warned_about() -> None:
     assert "--max-position-embeddings 8192" in result.stdout
 
 
+def test_the_cross_entropy_kernel_is_an_input_shown_and_priced() -> None:
+    """--cross-entropy picks the loss kernels: the inputs name it, the loss's bytes (hence compute) follow it
+    (unfused 52, fused 28, xentropy 8 bytes per logit), --no-fused-cross-entropy is unfused, and the Megatron export
+    says that Megatron-Core runs its own fused loss in place of xentropy."""
+    plan = ("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--json")
+    runs = {kernel: autopar(*plan, "--cross-entropy", kernel) for kernel in ("fused", "unfused", "xentropy")}
+    runs["legacy"] = autopar(*plan, "--no-fused-cross-entropy")
+    assert all(run.returncode in (0, 1) for run in runs.values()), [run.stderr for run in runs.values()]
+    docs = {kernel: json.loads(run.stdout) for kernel, run in runs.items()}
+    assert [docs[k]["inputs"]["training"]["cross_entropy"] for k in ("fused", "unfused", "xentropy", "legacy")] == \
+        ["fused", "unfused", "xentropy", "unfused"]
+    assert docs["fused"]["inputs"]["training"]["fused_cross_entropy"] is True
+    assert docs["xentropy"]["inputs"]["training"]["fused_cross_entropy"] is False
+    compute_s = {k: docs[k]["time_terms_s"]["compute"] for k in docs}
+    assert compute_s["xentropy"] < compute_s["fused"] < compute_s["unfused"] == compute_s["legacy"]
+    emitted = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--cross-entropy", "xentropy",
+                      "--emit", "megatron")
+    assert "--cross-entropy-loss-fusion" in emitted.stdout and "xentropy: not a Megatron-Core loss kernel" in \
+        emitted.stdout + emitted.stderr
+    bad = autopar(*plan, "--cross-entropy", "liger")
+    assert bad.returncode == 2 and "cross_entropy" in bad.stderr and "xentropy" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_interleaved_p2p_overlap_is_a_switch_shown_in_the_inputs() -> None:
     plan = ("estimate", LLAMA_8B, "--tp", "2", "--pp", "4", "--vpp", "2", "--num-gpus", "16", "--json")
     on, off = autopar(*plan), autopar(*plan, "--no-overlap-p2p-communication")

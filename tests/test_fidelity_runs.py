@@ -66,3 +66,26 @@ def test_regret_is_measured_time_of_the_predicted_best(rows):
     (_, n, rho, regret), = stats
     assert n == 3 and regret == pytest.approx(100.0)          # predicted best measures 2.0 vs the best 1.0
     assert rho == pytest.approx(-0.5)
+
+
+def test_each_source_row_is_priced_with_the_kernels_its_software_ran(rows):
+    """llm-foundry's MPT trains with flash-attn's xentropy loss (its default loss_fn fused_crossentropy);
+    MegaScale's baseline commit 285068c8 merges FlashAttention v1 (no FlashAttention-2 yet) and has no fused loss."""
+    from costmodels.specs import AttentionKernel, CrossEntropyKernel
+    cases = [r for r in rows if isinstance(r, fidelity_runs.Case)]
+    assert {c.training.cross_entropy for c in cases if c.source == "llm-foundry"} == {CrossEntropyKernel.XENTROPY}
+    megascale = [c for c in cases if c.source == "megascale"]
+    assert megascale and all(c.training.attention_kernel is AttentionKernel.FA1
+                             and c.training.cross_entropy is CrossEntropyKernel.UNFUSED for c in megascale)
+
+
+def test_the_modelzoo_long_context_rows_run_on_256_h100(rows):
+    """NNODES 32 of 8-GPU H100 servers (the source's H100 setup: 256 GPUs); micro-batch left free; the dropless
+    rows are priced balanced with a note and grouped apart from the forced-balance rows of the same layout."""
+    long_context = [r for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "mcore-moe-modelzoo"
+                    and r.training.seq_len >= 16384 and r.cluster.profile.name.startswith("h100")]
+    assert len(long_context) == 8
+    assert all(c.cluster.num_gpus == 256 and "mbs" in c.free for c in long_context)
+    dropless = [c for c in long_context if any("dropless" in note for note in c.assumptions)]
+    assert len(dropless) == 4 and all(c.training.moe_imbalance_factor == 1.0 for c in dropless)
+    assert len({c.group for c in long_context}) == 8            # one group per routing and sequence length

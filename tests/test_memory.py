@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from costmodels import memory
 from costmodels.hardware import load_profile
 from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute
-from costmodels.specs import (ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
                               TrainingSpec)
 
 PROFILE = load_profile("a100-80gb")
@@ -38,7 +38,8 @@ TOY_GPT = ModelSpec(name="toy-gpt", hidden_size=64, num_layers=2, num_attention_
                     vocab_size=128, mlp=MlpKind.PLAIN, norm=NormKind.LAYERNORM,
                     position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=16,
                     tied_embeddings=True, linear_bias=True)
-PAPER_TRAINING = TrainingSpec(seq_len=16, global_batch_size=1, flash_attention=False, fused_cross_entropy=False)
+PAPER_TRAINING = TrainingSpec(seq_len=16, global_batch_size=1, flash_attention=False,
+                              cross_entropy=CrossEntropyKernel.UNFUSED)
 
 
 def test_toy_gpt_layer_activations_match_korthikanti():
@@ -110,8 +111,11 @@ def test_toy_gpt_loss_side():
     assert terms["cross_entropy_buffers"] == pytest.approx(4288)
     assert terms["output_layer_activations"] == pytest.approx(4224)
     assert terms["embedding_activations"] == pytest.approx(1152)
-    fused = dataclasses.replace(PAPER_TRAINING, fused_cross_entropy=True)
+    fused = dataclasses.replace(PAPER_TRAINING, cross_entropy=CrossEntropyKernel.FUSED)
     assert terms_at(TOY_GPT, 1, fused, Plan())["logits"] == pytest.approx(4096)    # bf16
+    # apex's xentropy saves the bf16 logits themselves and 3 fp32 values per token: 4096 and 192
+    xentropy = terms_at(TOY_GPT, 1, dataclasses.replace(PAPER_TRAINING, cross_entropy="xentropy"), Plan())
+    assert xentropy["logits"] == pytest.approx(4096) and xentropy["cross_entropy_buffers"] == pytest.approx(192)
 
 
 # A toy Llama: h=64, a=4, g=1 (MQA), d=16, SwiGLU F=128, RMSNorm, RoPE (no dropout), flash attention.
@@ -191,7 +195,8 @@ def test_korthikanti_22b_layer_activations():
                       vocab_size=51200, mlp=MlpKind.PLAIN, norm=NormKind.LAYERNORM,
                       position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=2048,
                       tied_embeddings=True, linear_bias=True)
-    training = TrainingSpec(seq_len=2048, global_batch_size=4, flash_attention=False, fused_cross_entropy=False)
+    training = TrainingSpec(seq_len=2048, global_batch_size=4, flash_attention=False,
+                            cross_entropy=CrossEntropyKernel.UNFUSED)
     terms = terms_at(model, 8, training, Plan(tp=8, mbs=4))
     assert terms["layer_activations"] / GIB == pytest.approx(59.25, rel=2e-3)
 
@@ -248,7 +253,7 @@ def models(draw, moe: bool | None = None) -> ModelSpec:
 def trainings(draw) -> TrainingSpec:
     capacity = draw(st.sampled_from([None, 1.0, 1.25]))
     return TrainingSpec(seq_len=draw(st.sampled_from([32, 64])), global_batch_size=1,
-                        flash_attention=draw(st.booleans()), fused_cross_entropy=draw(st.booleans()),
+                        flash_attention=draw(st.booleans()), cross_entropy=draw(st.sampled_from(list(CrossEntropyKernel))),
                         moe_capacity_factor=capacity, moe_imbalance_factor=draw(st.sampled_from([1.0, 1.3])))
 
 

@@ -331,8 +331,9 @@ def test_cli_explain_takes_a_running_megatron_job():
                 "--pipeline-model-parallel-size 4 --sequence-parallel --recompute-granularity full "
                 "--recompute-method uniform --micro-batch-size 1 --global-batch-size 256 --seq-length 8192 --bf16")
     imported = autopar_cli("explain", "llama-3.1-8b", "--from-megatron-args", megatron, "--json")
+    # (the command has no --cross-entropy-loss-fusion: Megatron-LM's default unfused loss)
     typed = autopar_cli("explain", "llama-3.1-8b", "--gpus", "32", "--seq-len", "8192", "--global-batch", "256",
-                        "--tp", "8", "--pp", "4", "--recompute", "full", "--json")
+                        "--tp", "8", "--pp", "4", "--recompute", "full", "--cross-entropy", "unfused", "--json")
     assert imported.returncode == 0 and typed.returncode == 0, imported.stderr + typed.stderr
     assert json.loads(imported.stdout) == json.loads(typed.stdout)
     assert json.loads(imported.stdout)["verdict"] == "dominated"

@@ -419,14 +419,18 @@ def test_a2a_overlap_is_priced_only_where_megatron_core_runs_it(plan, overlaps):
 
 def test_cross_entropy_moves_its_bytes_per_logit_on_the_last_stage_only():
     # hand arithmetic: 4096 tokens × 32000/1 logits, unfused 38 + 14 bytes each at the H100's HBM bandwidth
-    training = TrainingSpec(seq_len=4096, global_batch_size=8, fused_cross_entropy=False)
+    training = TrainingSpec(seq_len=4096, global_batch_size=8, cross_entropy="unfused")
     plans = PlanArrays.from_plans([Plan(tp=1, mbs=1)])
     forward_s, backward_s = compute.loss_times_s(LLAMA_7B, H100, training, plans)
     logits = 4096 * padded_vocab_size(LLAMA_7B, np.array([1]))[0]
     assert forward_s[0] == pytest.approx(logits * 38 / H100.hbm_bandwidth_bytes_per_s)
     assert backward_s[0] == pytest.approx(logits * 14 / H100.hbm_bandwidth_bytes_per_s)
-    fused_s = compute.loss_times_s(LLAMA_7B, H100, dataclasses.replace(training, fused_cross_entropy=True), plans)
+    fused_s = compute.loss_times_s(LLAMA_7B, H100, dataclasses.replace(training, cross_entropy="fused"), plans)
     assert sum(f[0] for f in fused_s) < forward_s[0] + backward_s[0]
+    # apex's xentropy: two reads of the bf16 row forward (2 + 2), a read and a write backward (2 + 2)
+    xentropy_s = compute.loss_times_s(LLAMA_7B, H100, dataclasses.replace(training, cross_entropy="xentropy"), plans)
+    assert xentropy_s[0][0] == pytest.approx(logits * 4 / H100.hbm_bandwidth_bytes_per_s)
+    assert xentropy_s[1][0] == pytest.approx(logits * 4 / H100.hbm_bandwidth_bytes_per_s)
     # on a pipeline only the last stage pays it: the stage split is even, so the first and last stages differ by
     # the embedding-free logits GEMM and the loss
     times = compute.layer_times_s(LLAMA_7B, H100, training, PlanArrays.from_plans([Plan(pp=2)]))

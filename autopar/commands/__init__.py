@@ -92,8 +92,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "Ampere), fa2, fa3 (Hopper only), cudnn, or the kernels FlashAttention-2 replaced "
                             "(A100 only): fa1 (FlashAttention v1) and fa_triton (FlashAttention in Triton, MPT's "
                             "attn_impl triton); default auto")
-    group.add_argument("--no-fused-cross-entropy", dest="fused_cross_entropy", action="store_false",
-                       help="the loss keeps an fp32 copy of the logits (no fused vocab-parallel cross entropy)")
+    group.add_argument("--cross-entropy", dest="cross_entropy", default="fused", metavar="{fused,unfused,xentropy}",
+                       help="the loss kernels: fused (Megatron --cross-entropy-loss-fusion), unfused (Megatron-LM's "
+                            "default and PyTorch's eager loss: an fp32 copy of the logits, kept) or xentropy "
+                            "(apex / flash-attn's single-kernel loss, llm-foundry's fused_crossentropy); "
+                            "default fused")
+    group.add_argument("--no-fused-cross-entropy", dest="cross_entropy", action="store_const", const="unfused",
+                       help="the same as --cross-entropy unfused")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
                        help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")
     group.add_argument("--moe-imbalance-factor", type=number, default=1.0, metavar="F",
@@ -225,7 +230,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
 
     return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
                         flash_attention=args.flash_attention, attention_kernel=args.attention_kernel,
-                        fused_cross_entropy=args.fused_cross_entropy,
+                        cross_entropy=args.cross_entropy,
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,

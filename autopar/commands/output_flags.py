@@ -136,6 +136,10 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if imported_dispatcher is not None and typed_dispatcher not in (None, "alltoall", imported_dispatcher):
         print(f"autopar: note: --moe-dispatcher {typed_dispatcher} ignored: the Megatron-LM command runs "
               f"{imported_dispatcher}", file=stream)
+    typed_loss = getattr(args, "cross_entropy", None)
+    if typed_loss not in (None, "fused", run.training["cross_entropy"]):
+        print(f"autopar: note: --cross-entropy {typed_loss} ignored: the Megatron-LM command runs "
+              f"{run.training['cross_entropy']}", file=stream)
     for note in run.notes:
         print(f"autopar: note: {note}", file=stream)
     return run

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
-from costmodels.specs import MoEDispatcher
+from costmodels.specs import CrossEntropyKernel, MoEDispatcher
 from costmodels.steptime import ep_a2a_overlap_applies
 
 
@@ -213,11 +213,20 @@ def pipeline_p2p_overlap(estimate: Estimate) -> dict[str, bool]:
 
 
 def loss_fusion(estimate: Estimate) -> dict[str, bool]:
-    """ModelParallelConfig.cross_entropy_loss_fusion as the step time priced the loss (TrainingSpec.
-    fused_cross_entropy, costmodels.compute.LOSS_BYTES_PER_LOGIT): Megatron-LM leaves it off unless asked
-    (--cross-entropy-loss-fusion), Megatron-Bridge's GPTModelProvider and NeMo 2's GPTConfig turn it on; written
-    either way so the launched job runs the kernels the estimate assumed."""
-    return {"cross_entropy_loss_fusion": estimate.training.fused_cross_entropy}
+    """ModelParallelConfig.cross_entropy_loss_fusion as the step time priced the loss (TrainingSpec.cross_entropy,
+    costmodels.compute.LOSS_BYTES_PER_LOGIT): Megatron-LM leaves it off unless asked (--cross-entropy-loss-fusion),
+    Megatron-Bridge's GPTModelProvider and NeMo 2's GPTConfig turn it on; written either way so the launched job
+    runs the kernels the estimate assumed. Megatron-Core has no xentropy kernel: its fused loss is the nearest
+    (`loss_kernel_note` says so)."""
+    return {"cross_entropy_loss_fusion": estimate.training.cross_entropy is not CrossEntropyKernel.UNFUSED}
+
+
+def loss_kernel_note(estimate: Estimate) -> list[str]:
+    """The loss kernel the estimate priced, where Megatron-Core cannot run it."""
+    if estimate.training.cross_entropy is not CrossEntropyKernel.XENTROPY:
+        return []
+    return ["cross_entropy xentropy: not a Megatron-Core loss kernel; the job runs Megatron's fused cross entropy "
+            "(--cross-entropy-loss-fusion), which moves more bytes per logit than this estimate priced"]
 
 
 ATTENTION_BACKEND_OF_KERNEL = {"fa2": "flash", "fa3": "flash", "cudnn": "fused"}

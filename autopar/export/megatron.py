@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, is_uneven, loss_fusion,
-                                   mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
+                                   loss_kernel_note, mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
                                    moe_dispatcher_fields,
                                    one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
@@ -203,7 +203,7 @@ def _moe_layer_pattern(model: ModelSpec) -> str | None:
 
 def unexpressed(estimate: Estimate) -> list[str]:
     """Everything a plan holds is a Megatron-LM flag; only remarks about approximations are listed."""
-    notes = flash_version_note(estimate)
+    notes = flash_version_note(estimate) + loss_kernel_note(estimate)
     if estimate.plan.zero >= 2:
         notes.append(f"zero={estimate.plan.zero} uses Megatron-FSDP; check that your Megatron-LM version supports "
                      "it together with the other parallelisms of this plan")

@@ -50,6 +50,11 @@ def hardware_block(profile: HardwareProfile) -> dict[str, Any]:
     }
 
 
+LOSS_TEXT = {"fused": "is fused (no fp32 logits kept).", "unfused": "keeps an fp32 copy of the logits.",
+             "xentropy": "runs apex's xentropy kernel (one kernel each way, no fp32 logits kept)."}
+"""What the inputs say of each TrainingSpec.cross_entropy kernel."""
+
+
 def assumptions(front: ParetoFront) -> list[str]:
     """The modelling assumptions behind every number of the report, as sentences (DESIGN.md §4)."""
     cluster, training, model = front.cluster, front.training, front.model
@@ -61,8 +66,7 @@ def assumptions(front: ParetoFront) -> list[str]:
         f"GEMMs run in {training.precision.value}; attention "
         + ("uses a fused kernel (no s x s score matrix kept)" if training.flash_attention
            else "keeps the s x s score matrix")
-        + "; the loss " + ("is fused (no fp32 logits kept)." if training.fused_cross_entropy
-                           else "keeps an fp32 copy of the logits."),
+        + "; the loss " + LOSS_TEXT[training.cross_entropy.value],
         "Step time is the sum of the named terms shown; collectives follow an alpha-beta model per link "
         "(NVLink inside a node, InfiniBand between nodes) with the hardware profile's calibrated values.",
         "Throughput counts model FLOPs without recomputation (MFU); hardware TFLOP/s counts recomputed work too.",
