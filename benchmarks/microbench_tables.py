@@ -458,9 +458,10 @@ the call (`sdpa_function(...)` under `torch.autograd.profiler.emit_nvtx()`, or `
 `end_event.record()`: the GPU sits idle between the start event and the kernel while the host dispatches it, so
 every forward time carries one dispatch (the flash_attn rows show ~80 µs of it at 512 tokens, where the kernel
 runs ~20 µs). Backward: `grad_output = torch.randn_like(output)` is queued right before the start event, so the
-host dispatches the backward while the GPU still generates it (the backward rows show no fixed part). A training
-step queues each kernel behind the previous ones, as the backward here, so the cost model prices the kernel
-alone; the fit takes the forward's dispatch out (autopar.calibrate.fit.fit_attention_efficiency)."""
+host dispatches the backward while the GPU still generates it, and the backward rows show no fixed part (a
+dispatch term fitted to them stays at zero and leaves their residual where it is), so none is taken out there. A
+training step queues each kernel behind the previous ones, so the cost model prices the kernel alone; the fit takes
+the forward's dispatch out (autopar.calibrate.fit.fit_attention_efficiency)."""
 
 
 def read_sdpa_b200(path: Path) -> Iterator[Row]:
