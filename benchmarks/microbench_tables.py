@@ -450,25 +450,25 @@ B200_BACKENDS = {"cudnn (cudnn-frontend graph)": ("cudnn", "fit", ""),
 """B200 backends -> (kernel curve, role, why); pyt_math (unfused, runs out of memory from 16K) is not a fused kernel."""
 
 
-SDPA_HARNESS_EXPOSES = {"fwd": True, "bwd": False}
-"""Whether cudnn-frontend's SDPA training benchmark (benchmark_bf16_sdpa.py for the PyTorch and flash_attn backends,
-benchmark_fp8_sdpa.py for the cuDNN graph rows, at the file's commit 0b1577c) times a pass with its host dispatch
-in it. Forward: `torch.cuda.synchronize()` and a `time.sleep` end the previous pass, then `start_event.record()`,
-the call (`sdpa_function(...)` under `torch.autograd.profiler.emit_nvtx()`, or `graph_fwd.execute(...)`) and
-`end_event.record()`: the GPU sits idle between the start event and the kernel while the host dispatches it, so
-every forward time carries one dispatch (the flash_attn rows show ~80 µs of it at 512 tokens, where the kernel
-runs ~20 µs). Backward: `grad_output = torch.randn_like(output)` is queued right before the start event, so the
-host dispatches the backward while the GPU still generates it, and the backward rows show no fixed part (a
-dispatch term fitted to them stays at zero and leaves their residual where it is), so none is taken out there. A
-training step queues each kernel behind the previous ones, so the cost model prices the kernel alone; the fit takes
-the forward's dispatch out (autopar.calibrate.fit.fit_attention_efficiency)."""
+SDPA_HARNESS_DISPATCH = ("cudnn-frontend's SDPA training benchmark times every call with its host dispatch in it "
+                         "(benchmark_bf16_sdpa.py, benchmark_fp8_sdpa.py)")
+"""Why the B200 rows carry one host dispatch per call (benchmark_bf16_sdpa.py for the PyTorch and flash_attn
+backends, benchmark_fp8_sdpa.py for the cuDNN graph rows, at the file's commit 0b1577c). Forward:
+`torch.cuda.synchronize()` and a `time.sleep` end the previous pass, then `start_event.record()`, the call
+(`sdpa_function(...)` under `torch.autograd.profiler.emit_nvtx()`, or `graph_fwd.execute(...)`) and
+`end_event.record()`: the GPU sits idle between the start event and the kernel while the host dispatches it (the
+flash_attn rows show ~80 µs of it at 512 tokens, where the kernel runs ~25 µs). Backward: the same, except that
+`grad_output = torch.randn_like(output)`, queued just before the start event, keeps the GPU busy for the first few
+µs of the dispatch; the fit finds how much of it shows (none for flash_attn's backward, whose rows fit best
+without). A training step queues each kernel behind the previous ones, so the cost model prices the kernel alone;
+the fit takes the dispatch out (autopar.calibrate.fit.fit_attention_efficiency)."""
 
 
 def read_sdpa_b200(path: Path) -> Iterator[Row]:
     """One B200, bf16, causal GQA d=128: the cuDNN graph rows fit B200's cudnn curve, flash_attn 2.7.4 its fa2 curve
     and, scaled by FA2_RULE, the fa2 curve of A100, H100 and H200, and on A100 by FA2_SPEEDUP the fa1 and fa_triton
-    curves; the PyTorch SDPA backends are checked. Forward rows carry the harness's host dispatch
-    (SDPA_HARNESS_EXPOSES), scaled with the rest of the time where a row is carried to another GPU: the fit gives
+    curves; the PyTorch SDPA backends are checked. Every row carries the harness's host dispatch
+    (SDPA_HARNESS_DISPATCH), scaled with the rest of the time where a row is carried to another GPU: the fit gives
     each curve its own dispatch time, which no step prices."""
     for row in _csv(path):
         if row["dtype"] != "bf16" or row["backend"] not in B200_BACKENDS:
@@ -479,16 +479,15 @@ def read_sdpa_b200(path: Path) -> Iterator[Row]:
             seconds = float(row[f"{attention_pass}_time_ms"]) * 1e-3
             flops = float(row[f"{attention_pass}_tflops"]) * 1e12 * seconds
             label = f"{row['backend']} B200 causal {attention_pass} s={seq}"
-            exposed = SDPA_HARNESS_EXPOSES[attention_pass]
             yield _attention(path, B200, kernel, attention_pass, seq, head_dim, flops, seconds, label, role, why,
-                             dispatch_exposed=exposed)
+                             dispatch_exposed=True)
             if row["backend"] != "flash_attention":
                 continue
             for gpu, profiles in (("A100", A100), ("H100", H100), ("H200", H200), ("H800", H800), ("GB200", GB200)):
                 ratio = sm_clock_ratio(gpu, "B200")
                 yield _attention(path, profiles, kernel, attention_pass, seq, head_dim, flops, seconds / ratio,
                                  f"{label} (as {gpu}, x{ratio:.3f})",
-                                 extrapolated=f"{FA2_RULE}: x{ratio:.3f} for {gpu}", dispatch_exposed=exposed)
+                                 extrapolated=f"{FA2_RULE}: x{ratio:.3f} for {gpu}", dispatch_exposed=True)
             ratio = sm_clock_ratio("A100", "B200")
             for older, speedups in FA2_SPEEDUP.items():   # the kernels FlashAttention-2 replaced, measured on A100
                 speedup = speedups[attention_pass]
@@ -496,7 +495,7 @@ def read_sdpa_b200(path: Path) -> Iterator[Row]:
                                  seconds / ratio * speedup, f"{label} (as A100 {older}, x{ratio:.3f} / {speedup:g})",
                                  extrapolated=f"{FA2_RULE}: x{ratio:.3f} for A100; " + FA1_ERA_RULE.format(
                                      kernel=older, speedup=f"{speedup:g}", attention_pass=attention_pass),
-                                 dispatch_exposed=exposed)
+                                 dispatch_exposed=True)
 
 
 TABLES = (

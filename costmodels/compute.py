@@ -107,7 +107,7 @@ def attention_curve_parameters(kernel: str, attention_pass: str) -> tuple[str, s
 
 def attention_dispatch_parameter(kernel: str, attention_pass: str) -> str:
     """Profile key (compute.gemm_efficiency, microseconds) of the host dispatch that the benchmark a curve was fitted
-    to timed with each call of `kernel` in `attention_pass` (benchmarks/microbench_tables.py SDPA_HARNESS_EXPOSES).
+    to timed with each call of `kernel` in `attention_pass` (benchmarks/microbench_tables.py SDPA_HARNESS_DISPATCH).
     A record of the fit, not a cost: a training step queues every kernel behind the previous ones, so the GPU never
     waits for one call's dispatch (a host-bound layer is priced by costmodels.overheads' launch floor instead)."""
     return f"attention_{kernel}_{attention_pass}_harness_dispatch_us"

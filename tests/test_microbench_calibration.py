@@ -279,22 +279,23 @@ def test_measurement_rows_keep_an_attention_rows_exposed_dispatches_and_refuse_t
         measurements_from_dict({"gemm": [gemm]}, "bad.yaml")
 
 
-def test_the_b200_sdpa_table_carries_the_harness_dispatch_in_forward_rows_only(microbench_tables):
-    """cudnn-frontend's benchmark times the forward on an idle GPU and queues the backward behind a randn_like
-    (microbench_tables.SDPA_HARNESS_EXPOSES): one dispatch per forward call of batch 1 × 128 heads, i.e.
-    2·S²·d / (the call's 4·1·S²·128·d/2 causal FLOPs) = 1/128 of one per equivalent GEMM."""
+def test_the_b200_sdpa_table_carries_one_harness_dispatch_per_call(microbench_tables):
+    """cudnn-frontend's benchmark times each call with its host dispatch (microbench_tables.SDPA_HARNESS_DISPATCH):
+    one dispatch per call of batch 1 × 128 heads, i.e. 2·S²·d / (the call's 4·1·S²·128·d/2 causal FLOPs) = 1/128
+    of one per equivalent GEMM (2.5× less in the backward, whose call counts 2.5× the FLOPs). The fit finds ~80 µs
+    in flash_attn's forward and none in its backward (randn_like runs on the GPU while the host dispatches it)."""
     tables = microbench_tables
     file = "attention_sdpa_backends_b200_cudnn_frontend.csv"
     rows = [row.measurement for row in next(t for t in tables.TABLES if t.file == file).read(
         tables.microbench_dir() / file)]
-    forward = [row for row in rows if row.attention_pass == "fwd"]
     # (the FLOPs come from the table's rounded TFLOP/s × ms: 3 significant digits)
-    assert forward and all(row.exposed_dispatches == pytest.approx(1.0 / 128, rel=1e-2) for row in forward)
-    assert all(row.exposed_dispatches == 0.0 for row in rows if row.attention_pass == "bwd")
+    for attention_pass, share in (("fwd", 1.0 / 128), ("bwd", 1.0 / 320)):
+        timed = [row for row in rows if row.attention_pass == attention_pass]
+        assert timed and all(row.exposed_dispatches == pytest.approx(share, rel=1e-2) for row in timed)
     profile = load_profile("b200-180gb")
     from costmodels.compute import attention_dispatch_parameter
     assert 40.0 <= profile.gemm_efficiency[attention_dispatch_parameter("fa2", "fwd")] <= 120.0
-    assert attention_dispatch_parameter("fa2", "bwd") not in profile.gemm_efficiency
+    assert profile.gemm_efficiency[attention_dispatch_parameter("fa2", "bwd")] < 1.0
 
 
 def test_measurement_rows_keep_source_and_ranks_per_node_and_refuse_a_bad_split():

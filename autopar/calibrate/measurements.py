@@ -80,7 +80,7 @@ class GemmMeasurement:
     exposed_dispatches: float = 0.0
     """For an attention row: how many CPU dispatches of the timed call its time includes, per equivalent GEMM --
     1 / (equivalent GEMMs in one call) when the harness times a single call on an idle GPU, so the GPU waits while
-    the host dispatches it (cudnn-frontend's SDPA training benchmark, forward pass); 0 (the default) when the
+    the host dispatches it (cudnn-frontend's SDPA training benchmark); 0 (the default) when the
     dispatch is hidden behind queued work, as in a training step. The attention fit then tells the harness's fixed
     per-call time apart from the kernel's rate (autopar.calibrate.fit.fit_attention_efficiency)."""
 
