@@ -39,6 +39,14 @@ Which config keys mean what (the HF modeling files of each model type):
   (`attention_bias`), `num_local_experts` routed experts of width `intermediate_size` (like Mixtral; the experts, the
   router and the output projection carry biases), `layer_types` alternating `sliding_attention` (window
   `sliding_window`) and `full_attention`; the per-head attention-sink logits (one scalar per head) are not counted.
+- llama4 (HF `Llama4Config`, a multimodal wrapper: its `text_config` is the language model, the vision tower is not
+  trained here and not counted) and llama4_text (`Llama4TextConfig`, modeling_llama4.py): Llama-like attention (GQA,
+  `head_dim`), `num_local_experts` routed experts of width `intermediate_size` with `num_experts_per_tok` (top-1,
+  sigmoid router) plus one always-on shared expert of the same width (Llama4TextMoe.shared_expert), MoE on the layers
+  `moe_layers` lists (by default every `interleave_moe_layer_step`-th), the other layers dense of
+  `intermediate_size_mlp`; `attention_chunk_size` chunked attention on the RoPE layers (`layer_types`, else
+  `no_rope_layers`, else all but every `no_rope_layer_interval`-th); the QK L2 norm (no weights) and attention
+  temperature tuning are elementwise and left out.
 """
 
 from __future__ import annotations
@@ -72,9 +80,10 @@ SUPPORTED_MODEL_TYPES: Mapping[str, str] = {
     "llama": LLAMA_LIKE, "mistral": LLAMA_LIKE, "mixtral": LLAMA_LIKE, "qwen2": LLAMA_LIKE, "qwen2_moe": LLAMA_LIKE,
     "qwen3": LLAMA_LIKE, "qwen3_moe": LLAMA_LIKE, "deepseek_v2": LLAMA_LIKE, "deepseek_v3": LLAMA_LIKE,
     "gemma": LLAMA_LIKE, "phi3": LLAMA_LIKE, "gpt2": GPT2_LIKE, "gpt_oss": LLAMA_LIKE, "bloom": BLOOM_LIKE,
-    "nemotron": NEMOTRON_LIKE,
+    "nemotron": NEMOTRON_LIKE, "llama4_text": LLAMA_LIKE,
 }
-"""model_type -> family. Anything else known to transformers is refused (encoders, hybrids, ...)."""
+"""model_type -> family (a multimodal wrapper of one, LANGUAGE_MODEL_OF_WRAPPER, is read as its text model). Anything
+else known to transformers is refused (encoders, hybrids, ...)."""
 
 CONFIG_CLASS_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     # What transformers' config class (5.x, `<Type>Config.__init__`) fills in for the keys the mapping reads when a
@@ -103,6 +112,10 @@ CONFIG_CLASS_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "gemma": {"num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192, "attention_bias": False},
     "phi3": {"max_position_embeddings": 4096},
     "gpt2": {"n_positions": 1024, "n_inner": None},
+    "llama4_text": {"num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096 * 32,
+                    "intermediate_size_mlp": 16384, "num_local_experts": 16, "num_experts_per_tok": 1,
+                    "interleave_moe_layer_step": 1, "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
+                    "attention_bias": False},
 }
 """model_type -> the config class's literal defaults (the fast path); a supported type missing here goes through
 transformers AutoConfig."""
@@ -131,12 +144,18 @@ LAYERS_KEYS = ("num_hidden_layers", "n_layer")
 HEADS_KEYS = ("num_attention_heads", "n_head")
 VOCAB_KEYS = ("vocab_size",)
 FFN_KEYS = ("intermediate_size", "n_inner")
+DENSE_FFN_KEYS = {"llama4_text": ("intermediate_size_mlp",)}
+"""Model types whose dense layers' MLP width is not FFN_KEYS (Llama 4: `intermediate_size` is the expert width)."""
 EXPERTS_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions")
 DROPOUT_KEYS = ("resid_pdrop", "attn_pdrop", "embd_pdrop", "hidden_dropout", "attention_dropout")
 """Dropout probabilities of the decoder (GPT-2, BLOOM, Llama-family names); the largest is ModelSpec.dropout."""
-EXPERT_WIDTH_IN_INTERMEDIATE = frozenset({"mixtral", "gpt_oss"})
+EXPERT_WIDTH_IN_INTERMEDIATE = frozenset({"mixtral", "gpt_oss", "llama4_text"})
 """Model types whose routed-expert width is `intermediate_size` (no `moe_intermediate_size`)."""
+
+
+LANGUAGE_MODEL_OF_WRAPPER = {"llama4": "llama4_text"}
+"""Multimodal model types whose `text_config` is the language model autopar lays out -> its model type."""
 
 
 # ---- public ----------------------------------------------------------------------------------------------------
@@ -175,14 +194,14 @@ def load_preset(name: str) -> ModelSpec:
     path = PRESETS_DIR / f"{name}.json"
     if not path.is_file():
         raise InputError("model", _unknown_preset_message(name))
-    config = read_config_json(path)
+    config = language_model_config(read_config_json(path), f"preset {name}")
     return spec_from_config(config, name=name, source=f"preset {name}", where=f"preset {name}")
 
 
 def load_config_file(config_path: Path, *, allow_network: bool = False, name: str = "") -> ModelSpec:
     """A user's config.json: parsed with transformers AutoConfig when it knows the model type, else as plain JSON."""
-    raw = read_config_json(config_path)
     where = str(config_path)
+    raw = language_model_config(read_config_json(config_path), where)
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise InputError("model_type", f"{where} has no model_type; is it a Hugging Face config.json?")
@@ -207,6 +226,19 @@ def load_cached_hf_model(repo_id: str, *, allow_network: bool = False) -> ModelS
     """`org/name` from the local Hugging Face cache (offline); downloaded only when `allow_network`."""
     config_path = _cached_config_path(repo_id, allow_network=allow_network)
     return load_config_file(config_path, allow_network=allow_network, name=repo_id)
+
+
+def language_model_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """The language model's keys of a config: a multimodal wrapper's `text_config` (LANGUAGE_MODEL_OF_WRAPPER; the
+    vision tower is not laid out), else the config itself."""
+    text_type = LANGUAGE_MODEL_OF_WRAPPER.get(str(config.get("model_type", "")))
+    if text_type is None:
+        return config
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise InputError("text_config", f"{where}: model_type {config['model_type']} keeps its language model in "
+                                        "text_config, which is missing or not a mapping")
+    return {**text, "model_type": text.get("model_type") or text_type}
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -262,7 +294,8 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
     moe = _moe_spec(config, model_type, where)
     mla = _mla_spec(config, where)
     gpt2_like = family in (GPT2_LIKE, BLOOM_LIKE)
-    ffn = _first(config, FFN_KEYS)
+    ffn_keys = DENSE_FFN_KEYS.get(model_type, FFN_KEYS)
+    ffn = _first(config, ffn_keys)
     if ffn is None and gpt2_like:
         ffn = 4 * hidden                                                    # GPT-2: n_inner null means 4·n_embd
     mlp = {GPT2_LIKE: MlpKind.PLAIN, BLOOM_LIKE: MlpKind.PLAIN, NEMOTRON_LIKE: MlpKind.SQUARED_RELU}.get(
@@ -270,11 +303,12 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
     position = {GPT2_LIKE: PositionEmbedding.LEARNED, BLOOM_LIKE: PositionEmbedding.ALIBI}.get(
         family, PositionEmbedding.ROPE)
     window, window_layers = _sliding_window(config, model_type, where)
+    chunk, chunk_layers = _chunked_attention(config, model_type, where)
     fields = dict(
         hidden_size=hidden,
         num_layers=_positive(config, LAYERS_KEYS, where),
         num_attention_heads=heads,
-        ffn_hidden_size=_positive_value(ffn, FFN_KEYS[0], where),
+        ffn_hidden_size=_positive_value(ffn, ffn_keys[0], where),
         vocab_size=_positive(config, VOCAB_KEYS, where),
         num_kv_heads=0 if mla is not None else _positive_if_given(config, "num_key_value_heads", where),
         head_dim=0 if mla is not None else _positive_if_given(config, "head_dim", where),
@@ -290,6 +324,8 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
         sliding_window=window,
         sliding_window_layers=window_layers,
+        attention_chunk_size=chunk,
+        chunked_attention_layers=chunk_layers,
         dropout=_dropout(config, where),
     )
     return _spec_in(where, ModelSpec, name=name, source=source, **fields)
@@ -340,6 +376,49 @@ def _sliding_window(config: Mapping[str, Any], model_type: str, where: str) -> t
     return window, sum(1 for t in types if t == "sliding_attention")
 
 
+def _chunked_attention(config: Mapping[str, Any], model_type: str, where: str) -> tuple[int, int]:
+    """(chunk, layers attending within chunks) of a Llama 4 text config (HF Llama4TextConfig: `layer_types`
+    'chunked_attention', derived from `no_rope_layers` (1 = a RoPE layer, which is the chunked one), itself by
+    default every layer but each `no_rope_layer_interval`-th); no chunking when `attention_chunk_size` is null.
+    Other model types: none."""
+    if model_type != "llama4_text":
+        return 0, 0
+    chunk = _optional_positive(config, "attention_chunk_size", where)
+    if not chunk:
+        return 0, 0
+    layers = _positive(config, LAYERS_KEYS, where)
+    types, rope = config.get("layer_types"), config.get("no_rope_layers")
+    if types:
+        if not isinstance(types, list) or len(types) != layers:
+            raise InputError("layer_types", f"layer_types must list one entry per layer ({layers}) (in {where})")
+        return chunk, sum(1 for t in types if t == "chunked_attention")
+    if rope:
+        if not isinstance(rope, list) or len(rope) != layers or any(v not in (0, 1) for v in rope):
+            raise InputError("no_rope_layers", f"no_rope_layers must list 0 or 1 for each of the {layers} layers "
+                                               f"(in {where})")
+        return chunk, sum(rope)
+    interval = _optional_positive(config, "no_rope_layer_interval", where) or 4
+    return chunk, sum(1 for i in range(layers) if (i + 1) % interval != 0)
+
+
+def _moe_layer_freq(config: Mapping[str, Any], model_type: str, where: str) -> int:
+    """Every how many layers the MoE layers come: `decoder_sparse_step` (Qwen-MoE), Llama 4's
+    `interleave_moe_layer_step`, or its `moe_layers` list when that is such a pattern (HF Llama4TextConfig's
+    default: range(step - 1, layers, step)); other lists are refused."""
+    if model_type != "llama4_text":
+        return _optional_positive(config, "decoder_sparse_step", where) or 1
+    step = _optional_positive(config, "interleave_moe_layer_step", where) or 1
+    listed = config.get("moe_layers")
+    if listed is None:
+        return step
+    layers = _positive(config, LAYERS_KEYS, where)
+    for freq in range(1, layers + 1):
+        if listed == list(range(freq - 1, layers, freq)):
+            return freq
+    raise InputError("moe_layers", f"moe_layers={_shown(str(listed))} is not supported: only every k-th layer "
+                                   f"(k-1, 2k-1, ...) (in {where})")
+
+
 def _moe_spec(config: Mapping[str, Any], model_type: str, where: str) -> MoESpec | None:
     num_experts = _first(config, EXPERTS_KEYS)
     if not num_experts:                                                     # absent, null or 0: a dense model
@@ -354,7 +433,9 @@ def _moe_spec(config: Mapping[str, Any], model_type: str, where: str) -> MoESpec
     qwen_shared_width = _optional_positive(config, "shared_expert_intermediate_size", where)
     if qwen_shared_width:                                                   # Qwen2-MoE: one shared expert, gated
         num_shared, shared_width, shared_gate = 1, qwen_shared_width, True
-    layer_freq = _optional_positive(config, "decoder_sparse_step", where) or 1
+    if model_type == "llama4_text":                                         # Llama4TextMoe.shared_expert, ungated
+        num_shared, shared_width = 1, expert_width
+    layer_freq = _moe_layer_freq(config, model_type, where)
     deepseek_freq = _optional_positive(config, "moe_layer_freq", where) or 1
     if deepseek_freq != 1:
         raise InputError("moe_layer_freq", f"moe_layer_freq={deepseek_freq} is not supported (only 1, MoE in every "

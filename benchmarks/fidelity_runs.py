@@ -479,11 +479,37 @@ def torchao() -> "list[Case | Unexpressed]":
         if profile is None:
             out.append(Unexpressed(source, r["row_id"], label, why))
             continue
-        if llama(r["model"]) is None:
-            out.append(Unexpressed(source, r["row_id"], label, f"{r['model']}: no preset (Llama 4 not supported)"))
+        if r["model"].startswith("Llama4"):
+            out.append(_torchao_llama4(source, r, profile, label))
             continue
         out.append(_fsdp_case(source, r, profile, label, note))
     return out
+
+
+def _torchao_llama4(source: str, r: dict, profile: HardwareProfile, label: str) -> "Case | Unexpressed":
+    """pytorch/ao's Llama 4 rows: torchtitan's llama4 (experiments/llama4 at the README's torchtitan commit 6fc499f:
+    flavor 17bx16e = Scout's shape, full causal SDPA in every layer (use_flex_attn off, no chunking; irope is another
+    flavor), grouped-mm experts, EP over the FSDP ranks, expert TP 1), PyTorch's eager cross entropy. The 2-layer
+    table (C) runs in bf16 or in MXFP8 on a part of the GEMMs; the GB200 case study (B) states its GPU count twice,
+    differently."""
+    if r["source_table"].startswith("(B)"):
+        return Unexpressed(source, r["row_id"], label, "the GPU count contradicts itself: 512 in the table, 64 nodes "
+                                                       "x 4 = 256 and FSDP=256 in the config text")
+    if _precision(r["precision"]) is not Precision.BF16 or "MXFP8" in r["precision"]:
+        return Unexpressed(source, r["row_id"], label, f"{r['precision']}: MXFP8 on a part of the GEMMs only; "
+                                                       "autopar's precision applies to every GEMM")
+    model = dataclasses.replace(preset("llama-4-scout-17b-16e"), name="llama4-17bx16e-2-layers",
+                                num_layers=_int(r, "layers"), attention_chunk_size=0, chunked_attention_layers=0)
+    gpus, seq, mbs = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "micro_batch")
+    training = TrainingSpec(seq_len=seq, global_batch_size=mbs * _int(r, "dp"), precision=Precision.BF16,
+                            attention_kernel=AttentionKernel.CUDNN, cross_entropy=CrossEntropyKernel.UNFUSED)
+    fixed = dict(tp=1, pp=1, cp=1, ep=_int(r, "ep"), etp=1, mbs=mbs, zero=3, recompute=Recompute.NONE)
+    step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
+    return Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "tokens/s/GPU", step,
+                "MoE", (source, r["model"], profile.name, gpus, seq),
+                ("Llama 4 Scout's shape with its 2 layers (the table's debug config)",
+                 "attention SDPA cudnn (torchtitan backend priority)", "torchtitan's eager cross entropy (unfused)",
+                 "B200 at its sustained clock: table (C) states no power limit (table (A)'s B200s are power limited)"))
 
 
 def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note: str) -> "Case | Unexpressed":

@@ -239,26 +239,34 @@ def attention_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays)
     seq = float(training.seq_len)
     causal_skip = 0.5 if training.flash_attention else 1.0
     core_flops = causal_skip * 2.0 * plans.mbs * seq * seq * a * (qk_dim + v_dim) / (tp * plans.cp) \
-        * sliding_window_core_fraction(model, training)
+        * local_attention_core_fraction(model, training)
     chunk = seq / plans.cp
     gemms.append(Gemm(flops=core_flops, m=chunk, n=chunk, k=np.full(len(plans), float(qk_dim)),
                       attention_core=True))
     return gemms
 
 
-def sliding_window_core_fraction(model: ModelSpec, training: TrainingSpec) -> float:
+def local_attention_core_fraction(model: ModelSpec, training: TrainingSpec) -> float:
     """Attention-core work of the average layer relative to full causal attention.
 
     A sliding-window layer (Beltagy et al., arXiv 2004.05150; GPT-OSS alternates 128-token windows with full layers,
-    HF `GptOssConfig.layer_types`) lets query i see min(i + 1, w) keys: s·w - w²/2 pairs instead of s²/2, computed by
-    a fused kernel that skips the masked blocks. Averaged over the layers (the pattern alternates, so every pipeline
-    stage holds the same mix); without flash attention the full matrix is computed either way.
+    HF `GptOssConfig.layer_types`) lets query i see min(i + 1, w) keys: s·w - w²/2 pairs instead of s²/2. A chunked
+    layer (Llama 4's iRoPE, HF `Llama4TextConfig.attention_chunk_size`: a causal mask inside each chunk of c tokens,
+    `layer_types` 'chunked_attention') holds s // c whole chunks of c²/2 pairs and a last one of (s mod c)²/2. A fused
+    kernel skips the masked blocks; averaged over the layers (the patterns repeat every 2 or 4 layers, so every
+    pipeline stage holds about the same mix); without flash attention the full matrix is computed either way.
     """
-    if not model.sliding_window or not training.flash_attention:
+    if not training.flash_attention or not (model.sliding_window or model.attention_chunk_size):
         return 1.0
-    s, w = float(training.seq_len), float(min(model.sliding_window, training.seq_len))
+    s = float(training.seq_len)
+    w = float(min(model.sliding_window, training.seq_len))
     sliding = (s * w - w * w / 2.0) / (s * s / 2.0)
-    return (model.num_layers - model.sliding_window_layers + model.sliding_window_layers * sliding) / model.num_layers
+    c = float(model.attention_chunk_size)
+    whole, rest = divmod(s, c) if c else (0.0, s)
+    chunked = (whole * c * c + rest * rest) / (s * s)
+    full = model.num_layers - model.sliding_window_layers - model.chunked_attention_layers
+    return (full + model.sliding_window_layers * sliding + model.chunked_attention_layers * chunked) \
+        / model.num_layers
 
 
 def mlp_gemms(model: ModelSpec, tokens: np.ndarray, width: float, tp: np.ndarray) -> list[Gemm]:

@@ -141,6 +141,12 @@ class ModelSpec:
     """Tokens a sliding-window attention layer looks back over; 0 = none (GPT-OSS: 128)."""
     sliding_window_layers: int = 0
     """How many of the layers use the sliding window (GPT-OSS alternates sliding and full: half of them)."""
+    attention_chunk_size: int = 0
+    """Tokens of one attention chunk for layers that attend only within their chunk of the sequence (Llama 4's
+    `attention_chunk_size`, 8192: its RoPE layers); 0 = none."""
+    chunked_attention_layers: int = 0
+    """How many of the layers attend within chunks (Llama 4: three of every four; every fourth, a NoPE layer, attends
+    over the whole sequence)."""
     dropout: float | None = None
     """Attention and hidden dropout probability (Megatron's --attention-dropout / --hidden-dropout; Hugging Face
     resid_pdrop, attn_pdrop, embd_pdrop, attention_dropout, hidden_dropout: the largest). None: as the position
@@ -154,7 +160,7 @@ class ModelSpec:
         for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
             require_positive_int(getattr(self, name), name)
         for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers", "sliding_window",
-                     "sliding_window_layers"):
+                     "sliding_window_layers", "attention_chunk_size", "chunked_attention_layers"):
             require_non_negative_int(getattr(self, name), name)
         for name, limit in (("hidden_size", limits.MAX_HIDDEN_SIZE), ("num_layers", limits.MAX_NUM_LAYERS),
                             ("num_attention_heads", limits.MAX_NUM_HEADS), ("num_kv_heads", limits.MAX_NUM_HEADS),
@@ -183,6 +189,13 @@ class ModelSpec:
                 f"sliding_window_layers={self.sliding_window_layers} exceeds num_layers={self.num_layers}")
         require((self.sliding_window == 0) == (self.sliding_window_layers == 0), "sliding_window",
                 "give a sliding window exactly when some layers use one")
+        limits.require_at_most(self.attention_chunk_size, limits.MAX_SEQ_LEN, "attention_chunk_size", " tokens")
+        require((self.attention_chunk_size == 0) == (self.chunked_attention_layers == 0), "attention_chunk_size",
+                "give an attention chunk size exactly when some layers attend within chunks")
+        require(self.sliding_window_layers + self.chunked_attention_layers <= self.num_layers,
+                "chunked_attention_layers",
+                f"sliding_window_layers={self.sliding_window_layers} + chunked_attention_layers="
+                f"{self.chunked_attention_layers} exceed num_layers={self.num_layers}")
         if self.moe is not None:
             require(self.moe.first_dense_layers <= self.num_layers, "first_dense_layers",
                     f"first_dense_layers={self.moe.first_dense_layers} exceeds num_layers={self.num_layers}")

@@ -35,6 +35,7 @@ PRESET_OF_MODEL_TYPE = {
     "qwen2_moe": "qwen1.5-moe-a2.7b", "qwen3": "qwen3-8b", "qwen3_moe": "qwen3-30b-a3b",
     "deepseek_v2": "deepseek-v2-lite", "deepseek_v3": "deepseek-v3", "gpt2": "gpt-3-175b",
     "nemotron": "nemotron-4-15b", "gpt_oss": "gpt-oss-120b", "bloom": "bloom-176b",
+    "llama4_text": "llama-4-maverick-17b-128e",
 }
 
 
@@ -548,12 +549,74 @@ def test_gpt_oss_layer_types_count_the_window_layers(tmp_path: Path) -> None:
 
 
 def test_sliding_window_cuts_attention_core_flops() -> None:
-    from costmodels.compute import sliding_window_core_fraction
+    from costmodels.compute import local_attention_core_fraction
     from costmodels.specs import TrainingSpec
     model = load_model("gpt-oss-120b")
     long = TrainingSpec(seq_len=8192, global_batch_size=8)
     # half the layers full, half see 128 of 8192 keys: (1 + (8192·128 - 128²/2)/(8192²/2)) / 2
     expected = (1 + (8192 * 128 - 128 * 128 / 2) / (8192 * 8192 / 2)) / 2
-    assert sliding_window_core_fraction(model, long) == pytest.approx(expected)
+    assert local_attention_core_fraction(model, long) == pytest.approx(expected)
     full = dataclasses.replace(model, sliding_window=0, sliding_window_layers=0)
-    assert sliding_window_core_fraction(full, long) == 1.0
+    assert local_attention_core_fraction(full, long) == 1.0
+
+
+# ---- llama4 -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,total_billion,active_billion", [("llama-4-scout-17b-16e", 107.8, 17.2),
+                                                               ("llama-4-maverick-17b-128e", 400.7, 17.2)])
+def test_llama4_presets_match_the_model_card(name: str, total_billion: float, active_billion: float) -> None:
+    """Llama 4 model card: 17B active; 400B total (Maverick), 109B total (Scout, with its ~1B vision tower, which is
+    not laid out here). Scout by hand: experts 48·16·3·5120·8192 = 96.64B, shared experts 48·3·5120·8192 = 6.04B,
+    attention 48·(2·5120² + 2·5120·1024) = 3.02B, embedding and head 2·202048·5120 = 2.07B -> 107.8B."""
+    from costmodels.params import active_params, total_params
+    model = load_model(name)
+    assert total_params(model) / 1e9 == pytest.approx(total_billion, abs=0.1)
+    assert active_params(model) / 1e9 == pytest.approx(active_billion, abs=0.1)
+    assert model.moe.top_k == 1 and model.moe.num_shared_experts == 1
+    assert model.moe.shared_expert_ffn_hidden_size == model.moe.expert_ffn_hidden_size == 8192
+    assert model.attention_chunk_size == 8192 and model.chunked_attention_layers == 36    # all but every 4th layer
+
+
+def test_maverick_interleaves_dense_and_moe_layers() -> None:
+    model = load_model("llama-4-maverick-17b-128e")
+    # HF Llama4TextConfig: moe_layers = range(step - 1, layers, step) with step 2 -> layers 1, 3, ..., 47
+    assert [model.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert model.num_moe_layers == 24 and model.ffn_hidden_size == 16384     # dense layers: intermediate_size_mlp
+
+
+def test_a_llama4_multimodal_config_is_read_as_its_text_model(tmp_path: Path) -> None:
+    text = preset_json("llama-4-scout-17b-16e")
+    wrapper = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text,
+               "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 1408, "num_hidden_layers": 34}}
+    assert same_shape(load_model(str(write_config(tmp_path / "mm", wrapper))), load_model("llama-4-scout-17b-16e"))
+    broken = {k: v for k, v in wrapper.items() if k != "text_config"}
+    message = load_error(str(write_config(tmp_path / "broken", broken)))
+    assert "text_config" in message
+
+
+def test_llama4_layer_patterns_are_read_from_every_key_that_states_them(tmp_path: Path) -> None:
+    config = preset_json("llama-4-maverick-17b-128e")
+    listed = {**config, "moe_layers": list(range(1, 48, 2))}
+    assert load_model(str(write_config(tmp_path / "a", listed))).moe.layer_freq == 2
+    irregular = {**config, "moe_layers": [0, 1, 5]}
+    assert "moe_layers" in load_error(str(write_config(tmp_path / "b", irregular)))
+    types = {**config, "layer_types": ["chunked_attention", "full_attention"] * 24}
+    assert load_model(str(write_config(tmp_path / "c", types))).chunked_attention_layers == 24
+    rope = {**config, "no_rope_layers": [1] * 40 + [0] * 8}
+    assert load_model(str(write_config(tmp_path / "d", rope))).chunked_attention_layers == 40
+    unchunked = {**config, "attention_chunk_size": None}
+    model = load_model(str(write_config(tmp_path / "e", unchunked)))
+    assert model.attention_chunk_size == 0 and model.chunked_attention_layers == 0
+
+
+def test_chunked_attention_cuts_the_core_past_one_chunk() -> None:
+    from costmodels.compute import local_attention_core_fraction
+    from costmodels.specs import TrainingSpec
+    model = load_model("llama-4-scout-17b-16e")
+    # up to 8192 tokens a chunk is the whole sequence: full causal work
+    assert local_attention_core_fraction(model, TrainingSpec(seq_len=8192, global_batch_size=8)) == 1.0
+    # 20000 tokens = 2 chunks of 8192 and one of 3616: (2·8192² + 3616²) / 20000² of the causal pairs on 36 layers
+    chunked = (2 * 8192**2 + 3616**2) / 20000**2
+    expected = (12 + 36 * chunked) / 48
+    assert local_attention_core_fraction(model, TrainingSpec(seq_len=20000, global_batch_size=8)) == \
+        pytest.approx(expected)

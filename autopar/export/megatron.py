@@ -192,18 +192,29 @@ def _moe_layer_pattern(model: ModelSpec) -> str | None:
     pattern = [1 if model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
     if all(pattern):
         return None
+    # the shortest period that repeats to the whole pattern: Llama 4 Maverick's ([0]*1+[1]*1)*24
+    period = next(p for p in range(1, len(pattern) + 1)
+                  if len(pattern) % p == 0 and pattern == pattern[:p] * (len(pattern) // p))
     runs: list[tuple[int, int]] = []
-    for value in pattern:
+    for value in pattern[:period]:
         if runs and runs[-1][0] == value:
             runs[-1] = (value, runs[-1][1] + 1)
         else:
             runs.append((value, 1))
-    return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
+    repeats = len(pattern) // period
+    return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")" + (f"*{repeats}" if repeats > 1 else "")
 
 
 def unexpressed(estimate: Estimate) -> list[str]:
     """Everything a plan holds is a Megatron-LM flag; only remarks about approximations are listed."""
     notes = flash_version_note(estimate) + loss_kernel_note(estimate)
+    model = estimate.model
+    if model.chunked_attention_layers:
+        notes.append(f"attention_chunk_size {model.attention_chunk_size}: Megatron-Core has no chunked attention; its "
+                     f"{model.chunked_attention_layers} chunked layers attend over the whole sequence"
+                     + (f", more work than this estimate priced past {model.attention_chunk_size} tokens"
+                        if estimate.training.seq_len > model.attention_chunk_size else
+                        " (the same work at this sequence length)"))
     if estimate.plan.zero >= 2:
         notes.append(f"zero={estimate.plan.zero} uses Megatron-FSDP; check that your Megatron-LM version supports "
                      "it together with the other parallelisms of this plan")
