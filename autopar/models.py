@@ -302,8 +302,6 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         family, MlpKind.GATED)
     position = {GPT2_LIKE: PositionEmbedding.LEARNED, BLOOM_LIKE: PositionEmbedding.ALIBI}.get(
         family, PositionEmbedding.ROPE)
-    window, window_layers = _sliding_window(config, model_type, where)
-    chunk, chunk_layers = _chunked_attention(config, model_type, where)
     fields = dict(
         hidden_size=hidden,
         num_layers=_positive(config, LAYERS_KEYS, where),
@@ -322,11 +320,8 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         moe=moe,
         mla=mla,
         num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
-        sliding_window=window,
-        sliding_window_layers=window_layers,
-        attention_chunk_size=chunk,
-        chunked_attention_layers=chunk_layers,
         dropout=_dropout(config, where),
+        **_local_attention(config, model_type, where),
     )
     return _spec_in(where, ModelSpec, name=name, source=source, **fields)
 
@@ -358,47 +353,50 @@ def _linear_bias(config: Mapping[str, Any], model_type: str) -> bool:
     return bool(config.get("attention_bias")) and bool(config.get("mlp_bias"))
 
 
-def _sliding_window(config: Mapping[str, Any], model_type: str, where: str) -> tuple[int, int]:
-    """(window, layers using it) from `layer_types` (HF: 'sliding_attention' / 'full_attention'); GPT-OSS without
-    `layer_types` alternates, sliding first (GptOssConfig). Other model types: none (Mistral's and Qwen's
-    `sliding_window` is off unless `use_sliding_window`, which autopar does not read)."""
-    if model_type != "gpt_oss":
-        return 0, 0
-    window = _optional_positive(config, "sliding_window", where)
-    if not window:
-        return 0, 0
+LOCAL_ATTENTION = {"gpt_oss": ("sliding_window", "sliding_attention", "sliding_window", "sliding_window_layers"),
+                   "llama4_text": ("attention_chunk_size", "chunked_attention", "attention_chunk_size",
+                                   "chunked_attention_layers")}
+"""model_type -> (config key of its local attention's size, its `layer_types` entry, ModelSpec size and layer-count
+fields): GPT-OSS's sliding windows, Llama 4's chunks. Other model types: none (Mistral's and Qwen's `sliding_window`
+is off unless `use_sliding_window`, which autopar does not read)."""
+
+
+def _local_attention(config: Mapping[str, Any], model_type: str, where: str) -> dict[str, int]:
+    """The ModelSpec fields of a model type's local attention (LOCAL_ATTENTION): its size (no local attention where
+    the config sets none) and how many layers use it, from `layer_types` (HF: 'sliding_attention' /
+    'chunked_attention' / 'full_attention') when the config lists them, else the config class's own default
+    (`_default_local_layers`)."""
+    if model_type not in LOCAL_ATTENTION:
+        return {}
+    size_key, layer_type, size_field, layers_field = LOCAL_ATTENTION[model_type]
+    size = _optional_positive(config, size_key, where)
+    if not size:
+        return {}
     layers = _positive(config, LAYERS_KEYS, where)
     types = config.get("layer_types")
-    if types is None:
-        return window, (layers + 1) // 2
-    if not isinstance(types, list) or len(types) != layers:
-        raise InputError("layer_types", f"layer_types must list one entry per layer ({layers}) (in {where})")
-    return window, sum(1 for t in types if t == "sliding_attention")
-
-
-def _chunked_attention(config: Mapping[str, Any], model_type: str, where: str) -> tuple[int, int]:
-    """(chunk, layers attending within chunks) of a Llama 4 text config (HF Llama4TextConfig: `layer_types`
-    'chunked_attention', derived from `no_rope_layers` (1 = a RoPE layer, which is the chunked one), itself by
-    default every layer but each `no_rope_layer_interval`-th); no chunking when `attention_chunk_size` is null.
-    Other model types: none."""
-    if model_type != "llama4_text":
-        return 0, 0
-    chunk = _optional_positive(config, "attention_chunk_size", where)
-    if not chunk:
-        return 0, 0
-    layers = _positive(config, LAYERS_KEYS, where)
-    types, rope = config.get("layer_types"), config.get("no_rope_layers")
     if types:
         if not isinstance(types, list) or len(types) != layers:
             raise InputError("layer_types", f"layer_types must list one entry per layer ({layers}) (in {where})")
-        return chunk, sum(1 for t in types if t == "chunked_attention")
+        count = sum(1 for t in types if t == layer_type)
+    else:
+        count = _default_local_layers(config, model_type, layers, where)
+    return {size_field: size, layers_field: count}
+
+
+def _default_local_layers(config: Mapping[str, Any], model_type: str, layers: int, where: str) -> int:
+    """Local-attention layers where `layer_types` is not given: GPT-OSS alternates, sliding first (GptOssConfig);
+    Llama 4 chunks its RoPE layers, `no_rope_layers` (1 = RoPE), by default every layer but each
+    `no_rope_layer_interval`-th (Llama4TextConfig)."""
+    if model_type == "gpt_oss":
+        return (layers + 1) // 2
+    rope = config.get("no_rope_layers")
     if rope:
         if not isinstance(rope, list) or len(rope) != layers or any(v not in (0, 1) for v in rope):
             raise InputError("no_rope_layers", f"no_rope_layers must list 0 or 1 for each of the {layers} layers "
                                                f"(in {where})")
-        return chunk, sum(rope)
+        return sum(rope)
     interval = _optional_positive(config, "no_rope_layer_interval", where) or 4
-    return chunk, sum(1 for i in range(layers) if (i + 1) % interval != 0)
+    return sum(1 for i in range(layers) if (i + 1) % interval != 0)
 
 
 def _moe_layer_freq(config: Mapping[str, Any], model_type: str, where: str) -> int:
