@@ -126,7 +126,8 @@ class MegatronRun:
         return iter((self.plan, self.training, self.num_gpus))
 
     def training_spec(self, base: TrainingSpec) -> TrainingSpec:
-        """`base` with the command's sequence length, global batch and precision."""
+        """`base` with the training fields the command sets (`training`): sequence length, global batch, precision,
+        overlap switches, attention backend, MoE dispatcher, loss kernels."""
         return replace(base, **self.training)
 
     def model_mismatches(self, model: ModelSpec) -> list[str]:

@@ -381,8 +381,8 @@ def megascale() -> "list[Case | Unexpressed]":
         # 285068c8 (2023-01-11) predates --overlap-p2p-communication.
         # (nor a fused cross entropy: Megatron-LM had none in 2023). Attention: 285068c8 is the merge of
         # 'tridao-flashattn', which adds --use-flash-attn over flash-attn 1.x's flash_attn_unpadded_func (renamed in
-        # flash-attn 2.0, six months later): FlashAttention v1 where the baseline turned it on, the fastest core that
-        # commit runs (unfused without the flag).
+        # flash-attn 2.0, six months later). The source does not say whether the baseline turned it on: assumed on,
+        # FlashAttention v1, the fastest core that commit runs (unfused without the flag).
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 cross_entropy=CrossEntropyKernel.UNFUSED, overlap_p2p_comm=False,
                                 attention_kernel=AttentionKernel.FA1)
@@ -394,7 +394,7 @@ def megascale() -> "list[Case | Unexpressed]":
                         "step s", _num(r, "step_time_s"), category(profile, False),
                         (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]),
                         (note, "bf16 assumed (precision not stated)", "DP/TP/PP overlap off (MegaScale's addition)",
-                         "attention FlashAttention v1 (the commit's --use-flash-attn)")))
+                         "attention FlashAttention v1 assumed (the commit's --use-flash-attn; not stated)")))
     return out
 
 

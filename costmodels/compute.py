@@ -253,8 +253,11 @@ def local_attention_core_fraction(model: ModelSpec, training: TrainingSpec) -> f
     HF `GptOssConfig.layer_types`) lets query i see min(i + 1, w) keys: s·w - w²/2 pairs instead of s²/2. A chunked
     layer (Llama 4's iRoPE, HF `Llama4TextConfig.attention_chunk_size`: a causal mask inside each chunk of c tokens,
     `layer_types` 'chunked_attention') holds s // c whole chunks of c²/2 pairs and a last one of (s mod c)²/2. A fused
-    kernel skips the masked blocks; averaged over the layers (the patterns repeat every 2 or 4 layers, so every
-    pipeline stage holds about the same mix); without flash attention the full matrix is computed either way.
+    kernel skips the masked blocks; averaged over the layers (the patterns repeat every 2 or 4 layers; a pipeline
+    stage of fewer layers than a period holds another mix, e.g. Llama 4 on pp 16, 3 layers a stage: up to one full
+    and two chunked layers, its core ~26% above the average at 128K tokens), and the kernel's rate is read at the
+    sequence's length, not the chunk's (chunked layers a few % cheap past one chunk); without flash attention the
+    full matrix is computed either way.
     """
     if not training.flash_attention or not (model.sliding_window or model.attention_chunk_size):
         return 1.0

@@ -265,7 +265,8 @@ def test_the_cross_entropy_kernel_is_an_input_shown_and_priced() -> None:
     assert [docs[k]["inputs"]["training"]["cross_entropy"] for k in ("fused", "unfused", "xentropy", "legacy")] == \
         ["fused", "unfused", "xentropy", "unfused"]
     assert docs["fused"]["inputs"]["training"]["fused_cross_entropy"] is True
-    assert docs["xentropy"]["inputs"]["training"]["fused_cross_entropy"] is False
+    assert docs["xentropy"]["inputs"]["training"]["fused_cross_entropy"] is True      # no fp32 logits kept
+    assert docs["unfused"]["inputs"]["training"]["fused_cross_entropy"] is False
     compute_s = {k: docs[k]["time_terms_s"]["compute"] for k in docs}
     assert compute_s["xentropy"] < compute_s["fused"] < compute_s["unfused"] == compute_s["legacy"]
     emitted = autopar("estimate", LLAMA_8B, "--tp", "2", "--num-gpus", "8", "--cross-entropy", "xentropy",
@@ -275,6 +276,23 @@ def test_the_cross_entropy_kernel_is_an_input_shown_and_priced() -> None:
     bad = autopar(*plan, "--cross-entropy", "liger")
     assert bad.returncode == 2 and "cross_entropy" in bad.stderr and "xentropy" in bad.stderr
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_typed_loss_kernel_meets_an_imported_megatron_command() -> None:
+    """The Megatron-LM command decides the loss (no --cross-entropy-loss-fusion: unfused); a different kernel typed
+    beside it, in any case, gets one note naming it; an unknown one is exit 2; torchtitan's config notes its eager
+    unfused loss for a plan priced fused."""
+    command = "--tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16"
+    plan = ("estimate", LLAMA_8B, "--from-megatron-args", command, "--gpus", "8", "--json")
+    typed = autopar(*plan, "--cross-entropy", "Fused")
+    assert typed.returncode in (0, 1) and json.loads(typed.stdout)["inputs"]["training"]["cross_entropy"] == "unfused"
+    assert "loss kernel fused you gave is ignored" in typed.stderr
+    same = autopar(*plan, "--cross-entropy", "unfused")
+    assert "ignored" not in same.stderr
+    bad = autopar(*plan, "--cross-entropy", "liger")
+    assert bad.returncode == 2 and "ignored" not in bad.stderr and "xentropy" in bad.stderr
+    titan = autopar("estimate", LLAMA_8B, "--gpus", "8", "--zero", "3", "--emit", "torchtitan")
+    assert "# note: cross_entropy fused: torchtitan runs PyTorch's eager cross entropy" in titan.stdout
 
 
 def test_interleaved_p2p_overlap_is_a_switch_shown_in_the_inputs() -> None:

@@ -53,8 +53,7 @@ def test_a_launch_script_is_read_like_the_shell_would():
     assert run.plan == Plan(tp=4, pp=4, vpp=4, sp=True, zero=1, recompute=Recompute.FULL, recompute_layers=2)
     # no --cross-entropy-loss-fusion in the script: Megatron-LM's default unfused loss
     assert run.training == {"seq_len": 8192, "global_batch_size": 512, "precision": "fp8", "cross_entropy": "unfused"}
-    fused = parse_megatron_args(LAUNCH_SCRIPT.replace("--bf16", "--bf16 --cross-entropy-loss-fusion")
-                                if "--bf16" in LAUNCH_SCRIPT else LAUNCH_SCRIPT + " --cross-entropy-loss-fusion")
+    fused = parse_megatron_args(LAUNCH_SCRIPT.replace("--bf16", "--bf16 --cross-entropy-loss-fusion"))
     assert fused.training["cross_entropy"] == "fused"
     assert run.num_gpus == 32  # --nproc_per_node 8 x --nnodes 4
     assert run.model == {"num_layers": 80, "hidden_size": 8192, "ffn_hidden_size": 28672,

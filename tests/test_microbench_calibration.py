@@ -277,6 +277,9 @@ def test_measurement_rows_keep_an_attention_rows_exposed_dispatches_and_refuse_t
     gemm = {k: v for k, v in row.items() if k not in ("kind", "attention_kernel", "attention_pass")}
     with pytest.raises(InputError, match="exposed_dispatches"):
         measurements_from_dict({"gemm": [gemm]}, "bad.yaml")
+    kernel_less = {k: v for k, v in row.items() if k not in ("attention_kernel", "attention_pass")}
+    with pytest.raises(InputError, match="exposed_dispatches"):      # only a named kernel's curve fits a dispatch
+        measurements_from_dict({"gemm": [kernel_less]}, "bad.yaml")
 
 
 def test_the_b200_sdpa_table_carries_one_harness_dispatch_per_call(microbench_tables):

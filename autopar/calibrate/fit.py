@@ -266,7 +266,7 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
 
 def fit_attention_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile, kernel: str = "",
                              attention_pass: str = "") -> FitResult:
-    """One fused-attention curve's two parameters (`costmodels.compute.attention_efficiency`), fitted to the measured
+    """One fused-attention curve's parameters (`costmodels.compute.attention_efficiency`), fitted to the measured
     attention rows of `kernel` in `attention_pass` (fwd or bwd; both '' = the kernel-less curve over forward +
     backward, compute.ATTENTION_PARAMETERS); starts from the base's values, else from the measured maximum.
 

@@ -249,8 +249,9 @@ def _attention_kernel_and_pass(row: dict, where: str, origin: str) -> dict[str, 
 def _exposed_dispatches(row: dict, where: str, origin: str) -> dict[str, float]:
     if "exposed_dispatches" not in row:
         return {}
-    if row.get("kind") != "attention":
-        _fail(origin, f"{where}.exposed_dispatches", "belongs to an attention row (kind: attention)")
+    if row.get("kind") != "attention" or not row.get("attention_kernel"):
+        _fail(origin, f"{where}.exposed_dispatches", "belongs to an attention row of a named kernel (kind: "
+                                                      "attention, attention_kernel)")
     return {"exposed_dispatches": _number(row, "exposed_dispatches", where, origin, allow_zero=True)}
 
 

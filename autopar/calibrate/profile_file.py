@@ -228,8 +228,11 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         curve_rows = [row for row in measurements.gemm if row.kind == "attention"
                       and (row.attention_kernel, row.attention_pass) == (kernel, attention_pass)]
         data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in result.params.items()})
-        dispatch_us = result.params.get(attention_dispatch_parameter(kernel, attention_pass))
+        dispatch_name = attention_dispatch_parameter(kernel, attention_pass)
+        dispatch_us = result.params.get(dispatch_name)
         dispatch = ("" if dispatch_us is None else
+                    "; no host dispatch in the benchmark's times (the fit ran to its lower bound)"
+                    if dispatch_name in result.at_bound else
                     f"; the host dispatch in the benchmark's times, {dispatch_us:.1f} µs per call as these rows carry it "
                     "(scaled with them where carried from another GPU), fitted with it and priced in "
                     "no step (costmodels.compute.attention_dispatch_parameter)")

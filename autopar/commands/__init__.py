@@ -92,7 +92,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "Ampere), fa2, fa3 (Hopper only), cudnn, or the kernels FlashAttention-2 replaced "
                             "(A100 only): fa1 (FlashAttention v1) and fa_triton (FlashAttention in Triton, MPT's "
                             "attn_impl triton); default auto")
-    group.add_argument("--cross-entropy", dest="cross_entropy", default="fused", metavar="{fused,unfused,xentropy}",
+    group.add_argument("--cross-entropy", dest="cross_entropy", default=None, metavar="{fused,unfused,xentropy}",
                        help="the loss kernels: fused (Megatron --cross-entropy-loss-fusion), unfused (Megatron-LM's "
                             "default and PyTorch's eager loss: an fp32 copy of the logits, kept) or xentropy "
                             "(apex / flash-attn's single-kernel loss, llm-foundry's fused_crossentropy); "
@@ -230,7 +230,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
 
     return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
                         flash_attention=args.flash_attention, attention_kernel=args.attention_kernel,
-                        cross_entropy=args.cross_entropy,
+                        cross_entropy=args.cross_entropy or "fused",
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
@@ -259,8 +259,9 @@ def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpe
 
     The cheap specs are built first so a typo in --gpu or --seq-len is reported before a model is loaded.
     `load_model` replaces `model_from_args(args)` (a command that already needed the model passes its loader).
-    `imported` (--from-megatron-args) supplies the launch command's sequence length, global batch, precision
-    (`MegatronRun.training_spec`) and GPU count (unless --gpus was given).
+    `imported` (--from-megatron-args) supplies the launch command's sequence length, global batch, precision,
+    overlap switches, attention backend, MoE dispatcher and loss kernels (`MegatronRun.training_spec`) and GPU count
+    (unless --gpus was given).
     Inputs that are valid but have no effect or look wrong for this model are warned about on stderr
     (`input_warnings`).
     """

@@ -100,8 +100,9 @@ def report_stream(args: argparse.Namespace, stdout: TextIO | None = None,
 
 def add_megatron_import_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-megatron-args", default=None, metavar="COMMAND|FILE",
-                        help="take the plan, sequence length, global batch, precision (and the GPU count, when the "
-                             "launcher says it) from an existing Megatron-LM command line or launch script; "
+                        help="take the plan, sequence length, global batch, precision, overlap switches, attention "
+                             "backend, MoE dispatcher and loss kernels (and the GPU count, when the launcher says "
+                             "it) from an existing Megatron-LM command line or launch script; "
                              "plan flags (--tp, ...) cannot be given with it (edit the command instead); MODEL's "
                              "layer count is used when the command has no --num-layers")
 
@@ -110,8 +111,9 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
                         num_layers: "Callable[[], int] | None" = None) -> "MegatronRun | None":
     """Parse --from-megatron-args (text or file); None without it. `args` is left as typed.
 
-    `specs_from_args(args, imported=run)` then takes the command's --seq-length, --global-batch-size and precision
-    over the training flags, and its GPU count unless --gpus was given. Plan flags (--tp, ...) together with it are
+    `specs_from_args(args, imported=run)` then takes the command's --seq-length, --global-batch-size, precision and
+    the other training switches it decides (MegatronRun.training) over the training flags, and its GPU count unless
+    --gpus was given. Plan flags (--tp, ...) together with it are
     a bad input: the plan comes from the command. `num_layers` gives MODEL's layer count, asked for only when the command needs one it does not state
     (--num-layers-per-virtual-pipeline-stage without --num-layers). What the reader had to approximate is printed
     to stderr as notes.
@@ -136,10 +138,15 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if imported_dispatcher is not None and typed_dispatcher not in (None, "alltoall", imported_dispatcher):
         print(f"autopar: note: --moe-dispatcher {typed_dispatcher} ignored: the Megatron-LM command runs "
               f"{imported_dispatcher}", file=stream)
-    typed_loss = getattr(args, "cross_entropy", None)
-    if typed_loss not in (None, "fused", run.training["cross_entropy"]):
-        print(f"autopar: note: --cross-entropy {typed_loss} ignored: the Megatron-LM command runs "
-              f"{run.training['cross_entropy']}", file=stream)
+    typed_loss, imported_loss = getattr(args, "cross_entropy", None), run.training["cross_entropy"]
+    if typed_loss is not None and str(typed_loss).lower() != imported_loss:
+        from costmodels.specs import CrossEntropyKernel
+        if str(typed_loss).lower() not in {kernel.value for kernel in CrossEntropyKernel}:
+            raise InputError("cross_entropy", f"unknown cross-entropy kernel {typed_loss!r}; use "
+                                              f"{', '.join(kernel.value for kernel in CrossEntropyKernel)}")
+        print(f"autopar: note: the loss kernel {str(typed_loss).lower()} you gave is ignored: the Megatron-LM command "
+              f"runs {imported_loss} ({'with' if imported_loss == 'fused' else 'without'} "
+              "--cross-entropy-loss-fusion)", file=stream)
     for note in run.notes:
         print(f"autopar: note: {note}", file=stream)
     return run

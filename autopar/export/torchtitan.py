@@ -25,7 +25,7 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import LaunchConfig, chunk_layers_in_model_order, one_line, plan_caption
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
-from costmodels.specs import ModelSpec, Precision
+from costmodels.specs import CrossEntropyKernel, ModelSpec, Precision
 
 SOURCES = ("pytorch/torchtitan torchtitan/config/configs.py", "pytorch/torchtitan torchtitan/config/manager.py",
            "pytorch/torchtitan torchtitan/distributed/pipeline_parallel.py")
@@ -128,6 +128,11 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     else:
         lines.append("    config.activation_checkpoint = None  # no activation checkpointing")
     lines.append("    return config")
+    loss = estimate.training.cross_entropy
+    notes = () if loss is CrossEntropyKernel.UNFUSED else (
+        f"cross_entropy {loss.value}: torchtitan runs PyTorch's eager cross entropy on upcast logits (unfused), "
+        "which moves more bytes per logit and keeps an fp32 copy of the logits the estimate did not price",)
+    lines[1:1] = [f"# note: {note}" for note in notes]      # after the caption, which names the target
     text = "\n".join(lines) + "\n"
-    return LaunchConfig(framework="torchtitan", text=text, unexpressed=(), sources=SOURCES,
+    return LaunchConfig(framework="torchtitan", text=text, unexpressed=notes, sources=SOURCES,
                         target=TARGET_VERSIONS["torchtitan"])
