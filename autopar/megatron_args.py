@@ -20,6 +20,8 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
   (--use-megatron-fsdp/--use-custom-fsdp with --data-parallel-sharding-strategy), --use-torch-fsdp2, --bf16, --fp16,
   --fp8-format;
 - MoE dispatch: --moe-token-dispatcher-type with --moe-flex-dispatcher-backend (or the older --moe-enable-deepep);
+- the pipeline schedule of sail-sg's zero-bubble fork: --enable-zero-bubble with --zero-bubble-max-pending-backward
+  pp or 2·pp (zb-1p, zb-2p); without them 1f1b;
 - the GPU count, when the script says it: torchrun/launch `--nproc-per-node` × `--nnodes`, a `WORLD_SIZE=`
   assignment, or `#SBATCH --nodes` × `--gpus-per-node`/`--ntasks-per-node`;
 - model shape flags (--num-layers, --hidden-size, ...), returned in `model` to check against the MODEL given.
@@ -55,7 +57,7 @@ VALUE_FLAGS = frozenset({
     "--fp8-format", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
-    "--attention-dropout", "--hidden-dropout",
+    "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward",
 })
 LIST_FLAGS = frozenset({"--recompute-modules"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -70,7 +72,7 @@ SWITCH_FLAGS = frozenset({
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
-    "--cross-entropy-loss-fusion",
+    "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -127,7 +129,7 @@ class MegatronRun:
 
     def training_spec(self, base: TrainingSpec) -> TrainingSpec:
         """`base` with the training fields the command sets (`training`): sequence length, global batch, precision,
-        overlap switches, attention backend, MoE dispatcher, loss kernels."""
+        overlap switches, attention backend, MoE dispatcher, loss kernels, pipeline schedule."""
         return replace(base, **self.training)
 
     def model_mismatches(self, model: ModelSpec) -> list[str]:
@@ -485,6 +487,26 @@ def _cross_entropy(flags: dict[str, "str | bool"]) -> str:
     return "fused" if flags.get("--cross-entropy-loss-fusion") else "unfused"
 
 
+def _pipeline_schedule(flags: dict[str, "str | bool"], pp: int) -> str:
+    """TrainingSpec.pipeline_schedule: 1f1b (upstream Megatron-LM's only schedules), or the zero-bubble schedule of
+    sail-sg's Megatron-LM fork (zero-bubble-pipeline-parallelism, megatron/training/arguments.py): --enable-zero-bubble
+    with --zero-bubble-max-pending-backward pp (ZB-1p) or 2·pp (ZB-2p), as its README says."""
+    if flags.get("--zero-bubble-v-schedule"):
+        raise InputError(INPUT_NAME, "--zero-bubble-v-schedule: the ZB-V schedule (two chunks per rank in a V) is "
+                                     "not modelled; autopar prices zb-1p and zb-2p (--enable-zero-bubble "
+                                     "--zero-bubble-max-pending-backward pp or 2·pp)")
+    if not flags.get("--enable-zero-bubble"):
+        return "1f1b"
+    limit = flags.get("--zero-bubble-max-pending-backward", "auto")
+    if str(limit) == str(pp):
+        return "zb-1p"
+    if str(limit) == str(2 * pp):
+        return "zb-2p"
+    raise InputError(INPUT_NAME, f"--zero-bubble-max-pending-backward {limit}: only pp ({pp}, ZB-1p) and 2·pp "
+                                 f"({2 * pp}, ZB-2p) are modelled ('auto', the fork's adaptive limit, and others are "
+                                 "not); set one of them")
+
+
 def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
     if flags.get("--fp8-format"):
         return "fp8"
@@ -660,6 +682,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
     training["cross_entropy"] = _cross_entropy(flags)
+    training["pipeline_schedule"] = _pipeline_schedule(flags, plan.pp)
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")
     if seq_len is not None:
         training["seq_len"] = seq_len

@@ -61,6 +61,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "attention_kernel_runs": compute.attention_kernel_runs(profile, training),
                      "cross_entropy": training.cross_entropy.value,
                      "fused_cross_entropy": training.cross_entropy is not CrossEntropyKernel.UNFUSED,
+                     "pipeline_schedule": training.pipeline_schedule.value,
                      "moe_capacity_factor": training.moe_capacity_factor,
                      "moe_dispatcher": training.moe_dispatcher.value,
                      "tokens_per_step": training.tokens_per_step,

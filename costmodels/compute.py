@@ -519,6 +519,11 @@ class LayerTimes:
     attention_core_bwd_s: "np.ndarray | None" = None
     """The attention core's backward per layer (its own kernel rate; see attention_core_backward_s); None: the
     core's forward × attention_core_backward_to_forward."""
+    dense_weight_gemm_fwd_s: "np.ndarray | float" = 0.0
+    """Per dense layer: the forward seconds of the GEMMs with weights (projections, MLP; not the attention core).
+    Their weight-gradient GEMMs (the zero-bubble schedules' W pass) have the same FLOPs and shapes, transposed."""
+    moe_weight_gemm_fwd_s: "np.ndarray | float" = 0.0
+    """Per MoE layer: the same (projections, router, routed and shared experts)."""
 
     def core_backward_s(self, training: TrainingSpec) -> np.ndarray:
         if self.attention_core_bwd_s is not None:
@@ -581,19 +586,23 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     core_s = _gemms_time_s(profile, training, attention, attention_core=True) + score_bytes * seconds_per_byte
     core_bwd_s = attention_core_backward_s(profile, training, attention) \
         + BACKWARD_TO_FORWARD * score_bytes * seconds_per_byte
-    attention_s = _gemms_time_s(profile, training, attention, attention_core=False) + core_s \
-        + fp8_cast_bytes(attention, training) * cast_s_per_byte
+    projections_s = _gemms_time_s(profile, training, attention, attention_core=False)
+    attention_s = projections_s + core_s + fp8_cast_bytes(attention, training) * cast_s_per_byte
     dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
-    dense_s = attention_s + _gemms_time_s(profile, training, dense_mlp) + dense_bytes * seconds_per_byte \
+    dense_mlp_s = _gemms_time_s(profile, training, dense_mlp)
+    dense_weight_s = projections_s + dense_mlp_s
+    dense_s = attention_s + dense_mlp_s + dense_bytes * seconds_per_byte \
         + fp8_cast_bytes(dense_mlp, training) * cast_s_per_byte
     # the host launch floor (costmodels.overheads): a layer takes at least its kernels' launch time
     dense_s = np.maximum(dense_s, overheads.layer_launch_floor_s(moe_layer=False))
-    moe_s = np.zeros(len(plans))
+    moe_s = moe_weight_s = np.zeros(len(plans))
     if model.moe is not None:
         moe_bytes, _ = elementwise_bytes_per_layer(model, training, plans, moe_layer=True)
         moe_mlp = moe_mlp_gemms(model, training, plans)
         dispatch_s = moe_dispatch_bytes(model, training, plans) / profile.hbm_bandwidth_bytes_per_s
-        moe_s = attention_s + _gemms_time_s(profile, training, moe_mlp) + moe_bytes * seconds_per_byte \
+        moe_mlp_s = _gemms_time_s(profile, training, moe_mlp)
+        moe_weight_s = projections_s + moe_mlp_s
+        moe_s = attention_s + moe_mlp_s + moe_bytes * seconds_per_byte \
             + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte + dispatch_s
         moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
         moe_bwd_extra = moe_backward_extra_s(profile, moe_mlp, dispatch_s, training.precision.value)
@@ -609,7 +618,7 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     tp_overlap = tp_overlap_gemms_s(model, profile, training, plans) if training.tp_comm_overlap else None
     loss_fwd_s, loss_bwd_s = loss_times_s(model, profile, training, plans)
     return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel, moe_bwd_extra, loss_fwd_s,
-                      loss_bwd_s, tp_overlap, core_bwd_s)
+                      loss_bwd_s, tp_overlap, core_bwd_s, dense_weight_s, moe_weight_s)
 
 
 def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:

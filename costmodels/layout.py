@@ -49,9 +49,10 @@ import numpy as np
 
 from costmodels import compute as compute_model
 from costmodels import memory, steptime
+from costmodels.errors import InputError
 from costmodels.params import moe_layers_before
 from costmodels.plan import Plan, PlanArrays, StageContent, layers_on_stage, num_microbatches
-from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.specs import ClusterSpec, ModelSpec, PipelineSchedule, TrainingSpec
 
 TIME_UNIT_S = 1e-9
 MEMORY_UNIT_BYTES = 2**20
@@ -129,8 +130,24 @@ class LayoutTables:
         return np.maximum(upto // self.moe_freq - self.moe_first_dense // self.moe_freq, 0)
 
 
+def prices_layouts(training: TrainingSpec) -> bool:
+    """Whether this model prices per-stage layouts under `training`'s schedule: its fill-and-drain term is 1F1B's
+    (interleaved or not); the zero-bubble schedules fill the pipeline with W passes and are priced on the even split
+    only (pipeline.bubble_s)."""
+    return training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B
+
+
+def require_layout_schedule(training: TrainingSpec) -> None:
+    """InputError unless `prices_layouts(training)`."""
+    if not prices_layouts(training):
+        raise InputError("layout", f"per-stage pipeline layouts are priced for Megatron-Core's 1F1B schedules, not "
+                                   f"pipeline schedule {training.pipeline_schedule.value}; drop the layout or use "
+                                   "--pipeline-schedule 1f1b")
+
+
 def layout_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> LayoutTables:
     """Tabulate the costs of every (dense, MoE) layer count a virtual stage or a rank could hold."""
+    require_layout_schedule(training)
     pp = plan.pp
     num_moe = int(moe_layers_before(model, np.array([model.num_layers]))[0])
     num_dense = model.num_layers - num_moe

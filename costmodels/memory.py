@@ -41,7 +41,8 @@ from costmodels import params
 from costmodels.errors import InputError
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
                              layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
-from costmodels.specs import ClusterSpec, CrossEntropyKernel, MlpKind, ModelSpec, NormKind, TrainingSpec
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, MlpKind, ModelSpec, NormKind, PipelineSchedule,
+                              TrainingSpec)
 from costmodels.structure import stage_list
 
 BF16_BYTES = 2
@@ -179,7 +180,8 @@ class StageShape:
         return np.where(self.layers > 0, self.stored_layers / np.maximum(self.layers, 1e-12), 0.0)
 
 
-def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: np.ndarray,
+                           schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B) -> np.ndarray:
     """Micro-batches of activations held by pipeline rank `stage` at its peak, in units of the rank's whole layers.
 
     1F1B (PipeDream-Flush, Narayanan et al. arXiv 2104.04473 §2.2): rank r runs pp - r - 1 warm-up forwards and
@@ -190,8 +192,16 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
     whole-rank micro-batches. For r = 0 this is pp·(1 + (pp - 1)/(pp·vpp)), Korthikanti §4.2.3's factor and
     Megatron theoretical_memory_usage's `interleaved_schedule_memory_penalty`. For vpp = 1 it reduces to pp - r.
     Never more than the step's micro-batches (same file: `min(1, num_microbatches / pp)`).
+    Zero-bubble schedules (not interleaved; arXiv 2401.10241 §2.3): worker r holds (p − r)·M_B + r·M_W under ZB-H1 /
+    ZB-1p and (2p − 2r − 1)·M_B + 2r·M_W under ZB-H2 / ZB-2p, M_W the activations a pending W pass keeps (the
+    layer input and the output gradient, Table 1: 32sbh against M_B's sb(34h + 5as)); priced at M_B, so p and
+    2p − 1 on every rank (the first rank's exact peak, an upper bound of at most 6% on the others).
     """
     pp = plans.pp.astype(float)
+    if schedule is PipelineSchedule.ZB_1P:
+        return np.minimum(np.broadcast_to(pp, np.shape(stage)).astype(float), microbatches)
+    if schedule is PipelineSchedule.ZB_2P:
+        return np.minimum(np.broadcast_to(2.0 * pp - 1.0, np.shape(stage)).astype(float), microbatches)
     held = pp + (pp - 2.0 * stage - 1.0) / plans.vpp
     plain = pp - stage
     held = np.where(plans.vpp > 1, held, plain)
@@ -216,7 +226,8 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         plans=plans, stage=stage, is_first=stage == 0, is_last=stage == plans.pp - 1,
         layers=layers, moe_layers=moe_layers, recomputed_layers=recomputed,
         in_flight=in_flight_microbatches(
-            plans, stage, num_microbatches(plans, cluster.num_gpus, training.global_batch_size)),
+            plans, stage, num_microbatches(plans, cluster.num_gpus, training.global_batch_size),
+            training.pipeline_schedule),
         dp=data_parallel_size(plans, cluster.num_gpus), edp=expert_data_parallel_size(plans, cluster.num_gpus),
         dp_cp=data_parallel_size(plans, cluster.num_gpus) * plans.cp,
         layer_params_per_gpu=non_expert - embedding, expert_params_per_gpu=expert,

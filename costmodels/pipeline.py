@@ -5,6 +5,8 @@ idles (p-1) microbatch-times of forward+backward per step, a bubble fraction (p-
 Interleaved 1F1B with v virtual chunks per rank (§2.2.2): the bubble shrinks to (p-1)/(v·m), at v times the
 point-to-point transfers, whose steady-state backward sends Megatron-Core overlaps with the next chunk
 (`p2p_transfer_counts`; what an overlapped transfer still costs is steptime.pp_p2p_s).
+The zero-bubble schedules (TrainingSpec.pipeline_schedule zb-1p, zb-2p; Qi et al., arXiv 2401.10241) split the
+backward into B and W and fill the fill and drain with W passes (`bubble_s`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 from costmodels.comm import group_collective_time_s, pp_group, tp_group
 from costmodels.hardware import HardwareProfile
 from costmodels.plan import PlanArrays
-from costmodels.specs import ModelSpec, TrainingSpec
+from costmodels.specs import ModelSpec, PipelineSchedule, TrainingSpec
 
 ACTIVATION_BYTES = 2
 """Activations and their gradients cross stages in bf16 (also with fp8 GEMMs: Transformer Engine keeps them bf16)."""
@@ -24,6 +26,41 @@ def bubble_microbatch_equivalents(plans: PlanArrays) -> np.ndarray:
     """Idle time of the pipeline in units of one microbatch's forward+backward on a stage: (p-1)/v
     (arXiv 2104.04473 eqs. 1–2: bubble fraction (p-1)/m, interleaved (p-1)/(v·m), times m microbatches)."""
     return (plans.pp - 1) / plans.vpp.astype(float)
+
+
+def zero_bubble_2p_min_microbatches(plans: PlanArrays) -> np.ndarray:
+    """Micro-batches ZB-2p needs to reach its zero bubble: 2p − 1, the forwards the first rank runs before its first
+    B in the handcrafted ZB-H2 (arXiv 2401.10241 §2.2 and Table 2: peak (2p − 1)·M_B on the first worker), which
+    fill the (p − 1)·(T_F + T_B) it waits for that micro-batch to come back."""
+    return 2 * plans.pp - 1
+
+
+def bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray, stage_microbatch_s: np.ndarray,
+             weight_grad_s: np.ndarray) -> np.ndarray:
+    """Seconds per step the pipeline idles beyond m micro-batch times of its slowest stage, `stage_microbatch_s`
+    = T_F + T_B + T_W (forward, backward incl. recompute, and the exposed TP/CP/EP collectives); `weight_grad_s` is
+    T_W, the stage's weight-gradient GEMMs (on the stage where it is smallest: the least W to fill with).
+
+    1F1B: (p − 1)/v · T (`bubble_microbatch_equivalents`). arXiv 2401.10241 Table 2: 1F1B (p − 1)(T_F + T_B + T_W);
+    ZB-H1, and the automatic ZB-1p, whose bubble the paper computes equal to ZB-H1's in every setting (Table 5: the
+    memory limit binds), (p − 1)(T_F + T_B − T_W) = (p − 1)(T − 2·T_W). ZB-2p: with its 2p memory limit and the
+    optimizer's all-reduce replaced by post-validation (§4), the automatic schedule's computed bubble is 0.1–0.7 %
+    of the step at m ≥ 3p (Table 5; 4.3 % for the 1.5B model at m = 24): priced as none once m reaches
+    `zero_bubble_2p_min_microbatches`; below that it holds no more micro-batches than ZB-1p could and is priced as
+    ZB-1p (an upper bound: a looser memory limit never lengthens the searched schedule)."""
+    schedule = training.pipeline_schedule
+    if schedule is PipelineSchedule.ONE_F_ONE_B:
+        return bubble_microbatch_equivalents(plans) * stage_microbatch_s
+    one_p = (plans.pp - 1) * np.maximum(stage_microbatch_s - 2.0 * weight_grad_s, 0.0)
+    if schedule is PipelineSchedule.ZB_1P:
+        return one_p
+    return np.where(microbatches >= zero_bubble_2p_min_microbatches(plans), 0.0, one_p)
+
+
+def bubble_is_proportional(training: TrainingSpec) -> bool:
+    """Whether the bubble is `bubble_microbatch_equivalents(pp, vpp)` × the stage's micro-batch time (1F1B), which a
+    solver can form as a product of two variables; the zero-bubble schedules' depends on the W share of that time."""
+    return training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B
 
 
 def bubble_fraction(plans: PlanArrays, microbatches: np.ndarray) -> np.ndarray:

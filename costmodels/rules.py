@@ -21,7 +21,7 @@ import numpy as np
 from costmodels import memory
 from costmodels.errors import InputError
 from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute, as_plan_arrays, embedding_loss_slots
-from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.specs import ClusterSpec, ModelSpec, PipelineSchedule, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,16 @@ def _explain_vpp(problem: Problem, plan: Plan) -> str:
     return f"vpp={plan.vpp} needs pp > 1 (virtual stages interleave a pipeline)"
 
 
+def _zero_bubble_vpp(problem: Problem, p: PlanArrays) -> np.ndarray:
+    return (p.vpp == 1) | (problem.training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B)
+
+
+def _explain_zero_bubble_vpp(problem: Problem, plan: Plan) -> str:
+    return (f"vpp={plan.vpp} with pipeline schedule {problem.training.pipeline_schedule.value}: the zero-bubble "
+            "schedules ZB-1p / ZB-2p run one chunk per pipeline rank; use vpp 1, or --pipeline-schedule 1f1b for "
+            "the interleaved schedule")
+
+
 def _recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
     first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, p)
     largest_chunk = np.maximum(np.maximum(first, last), middle) // p.vpp
@@ -294,6 +304,9 @@ RULES: tuple[Rule, ...] = (
          _explain_batch),
     Rule("vpp", "virtual pipeline stages need pp > 1 (pp > 2 without the P2P overlap)", "Megatron",
          ("vpp", "pp"), False, _vpp, _explain_vpp),
+    Rule("zero_bubble_vpp", "the zero-bubble schedules (zb-1p, zb-2p) are not interleaved: vpp = 1",
+         "arXiv 2401.10241 §3 (one stage per worker; the fork's interleaved variant is the ZB-V schedule)",
+         ("vpp",), False, _zero_bubble_vpp, _explain_zero_bubble_vpp),
     Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk; "
          "recompute modules need selective recompute",
          "Megatron --recompute-method block / --recompute-modules",

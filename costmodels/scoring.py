@@ -189,8 +189,9 @@ def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     step time of the parent plan (same knobs, a valid first/last split) minus the per-stage time of the parent's own
     layout. The parent's own layout thus gets exactly the parent's estimate, and any other layout differs from it by
     exactly what the per-stage model says. Memory: every rank's own terms on its own layers."""
-    from costmodels.layout import GAP_TERM, layout_breakdown, parent_plan, uniform_layout
+    from costmodels.layout import GAP_TERM, layout_breakdown, parent_plan, require_layout_schedule, uniform_layout
 
+    require_layout_schedule(training)
     layout = plan.layout
     if plan.pp < 2:
         raise InputError("layout", "a pipeline layout needs pp > 1")

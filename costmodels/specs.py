@@ -290,6 +290,22 @@ class CrossEntropyKernel(str, enum.Enum):
     gradient -- with the bf16 logits kept."""
 
 
+class PipelineSchedule(str, enum.Enum):
+    """The pipeline schedule the stages run (costmodels.pipeline prices its bubble, costmodels.memory the micro-batches
+    each rank holds). The zero-bubble schedules split each backward into B (the activation gradient, on the critical
+    path between stages) and W (the weight gradient, free to run later) and fill the pipeline's fill and drain
+    with W passes (Qi et al., 'Zero Bubble Pipeline Parallelism', arXiv 2401.10241, ICLR 2024)."""
+
+    ONE_F_ONE_B = "1f1b"
+    """Megatron-Core's 1F1B (PipeDream-Flush), interleaved 1F1B when a plan has vpp > 1."""
+    ZB_1P = "zb-1p"
+    """The automatic zero-bubble schedule under a memory limit of p micro-batches of activations (1F1B's peak):
+    sail-sg's Megatron-LM fork, --enable-zero-bubble --zero-bubble-max-pending-backward p. Not interleaved."""
+    ZB_2P = "zb-2p"
+    """The same under 2p micro-batches (--zero-bubble-max-pending-backward 2p), which the paper finds the least
+    memory that reaches a bubble close to zero; with --enable-optimizer-post-validation. Not interleaved."""
+
+
 MAX_NCCL_CTAS = 64
 """NCCL_MAX_CTAS accepts 1..64 (NCCL env.rst: 'up to 64 (32 prior to 2.25)'; src/include/device.h MAXCHANNELS)."""
 
@@ -329,6 +345,8 @@ class TrainingSpec:
     moe_a2a_overlap: bool = False
     """Overlap the expert-parallel all-to-all of one micro-batch with the computation of another
     (--overlap-moe-expert-parallel-comm)."""
+    pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    """The pipeline schedule (PipelineSchedule): 1f1b (Megatron-Core's, interleaved with vpp > 1), zb-1p or zb-2p."""
     overlap_p2p_comm: bool = True
     """Leave the interleaved schedule's steady-state stage-to-stage sends in flight beside the next chunk's compute
     (Megatron-LM's default since 2023-10-12, commit 4eeff55d1f 'Make overlap_p2p_comm the default';
@@ -356,6 +374,7 @@ class TrainingSpec:
         self._coerce_choice("attention_kernel", AttentionKernel, "attention kernel")
         self._coerce_choice("moe_dispatcher", MoEDispatcher, "MoE token dispatcher")
         self._coerce_choice("cross_entropy", CrossEntropyKernel, "cross-entropy kernel")
+        self._coerce_choice("pipeline_schedule", PipelineSchedule, "pipeline schedule")
         if self.moe_capacity_factor is not None:
             require(self.moe_capacity_factor > 0, "moe_capacity_factor",
                     f"must be > 0, got {self.moe_capacity_factor}")

@@ -6,7 +6,8 @@ Per-microbatch terms (compute, tp_comm, cp_comm, ep_comm) are each taken on the 
 largest (candidates: first, second, second-to-last and last rank) and multiplied by the microbatch count m; taking
 each term's own worst stage keeps every term a function of few knobs (see TERM_KNOBS) and is exact when the stages
 hold equal layers, conservative (by the logits/embedding imbalance) otherwise. The pipeline bubble is
-(p-1)/v of one microbatch's stage time (compute + exposed TP/CP + EP), arXiv 2104.04473 eq. 2.
+(p-1)/v of one microbatch's stage time (compute + exposed TP/CP + EP), arXiv 2104.04473 eq. 2, under 1F1B; the
+zero-bubble schedules fill part or all of it with weight-gradient passes (pipeline.bubble_s).
 
 Sources for each term are cited in the function that computes it; the formulas of the pieces live in
 costmodels.compute (FLOPs, GEMM efficiency), costmodels.comm (placement, alpha–beta) and costmodels.pipeline.
@@ -24,8 +25,8 @@ from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, ed
                              group_collective_time_s, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_before, moe_layers_on_stage, stage_params_per_gpu
-from costmodels.pipeline import (ACTIVATION_BYTES, bubble_microbatch_equivalents, interleaved_warmup_chunks,
-                                 p2p_transfer_counts, p2p_transfer_s)
+from costmodels.pipeline import (ACTIVATION_BYTES, bubble_s, interleaved_warmup_chunks, p2p_transfer_counts,
+                                 p2p_transfer_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, MoEDispatcher, TrainingSpec
@@ -68,9 +69,10 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "optimizer": ("tp", "cp", "pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
 }
 """For each term of `step_time_terms_s`, the Plan fields it depends on (dp counts through tp, cp, pp; the number of
-microbatches through tp, cp, pp, mbs). pp_bubble factors as bubble_microbatch_equivalents(pp, vpp) × the sum of
-the compute, tp_comm, cp_comm and ep_comm terms divided by m: a solver can form it as a product of two variables
-instead of tabulating it over all its knobs."""
+microbatches through tp, cp, pp, mbs). Under 1F1B pp_bubble factors as bubble_microbatch_equivalents(pp, vpp) × the
+sum of the compute, tp_comm, cp_comm and ep_comm terms divided by m: a solver can form it as a product of two
+variables instead of tabulating it over all its knobs (pipeline.bubble_is_proportional; the zero-bubble schedules'
+bubble is an ordinary term on the same knobs)."""
 
 
 # ---- profile knobs -----------------------------------------------------------------------------------------------
@@ -138,6 +140,8 @@ class StageMicrobatch:
     tp_comm_s: np.ndarray
     cp_comm_s: np.ndarray
     ep_comm_s: np.ndarray
+    weight_grad_s: "np.ndarray | float" = 0.0
+    """The part of backward_s that is weight-gradient GEMMs (the zero-bubble schedules' W; `stage_weight_grad_s`)."""
 
     @property
     def compute_s(self) -> np.ndarray:
@@ -226,6 +230,18 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     selective = dense_layers * times.selective_dense_fwd_s + moe_layers * times.selective_moe_fwd_s
     recompute = np.where(plans.recompute == Recompute.SELECTIVE, selective, full_fraction * layer_forward)
     return forward, backward, recompute
+
+
+def stage_weight_grad_s(model: ModelSpec, plans: PlanArrays, times: compute_model.LayerTimes,
+                        stage: np.ndarray) -> np.ndarray:
+    """Seconds per microbatch of `stage`'s weight-gradient GEMMs, the W pass of a zero-bubble schedule: one per
+    forward GEMM with weights, with its FLOPs (dL/dW = x^T · dL/dy; arXiv 2401.10241 §2.3 and Table 1: W of a layer
+    is sbh·24h FLOPs, its F sbh·(24h + 4s)), priced at the forward GEMM's rate; the output layer's on the last
+    stage. The attention core has no weights: its whole backward is B."""
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    moe_layers = moe_layers_on_stage(model, plans, stage)
+    per_layers = (layers - moe_layers) * times.dense_weight_gemm_fwd_s + moe_layers * times.moe_weight_gemm_fwd_s
+    return per_layers + np.where(stage == plans.pp - 1, times.logits_fwd_s, 0.0)
 
 
 def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
@@ -484,6 +500,7 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s,
                             times.core_backward_s(training), comm),
         ep_comm_s=ep_comm_s(model, cluster, training, plans, stage, comm),
+        weight_grad_s=stage_weight_grad_s(model, plans, times, stage),
     )
 
 
@@ -654,7 +671,9 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "cp_comm": microbatches * cp_mb,
             "ep_comm": microbatches * ep_exposed_per_microbatch_s(model, profile, training, plans, ep_mb,
                                                                   compute_mb, microbatches),
-            "pp_bubble": bubble_microbatch_equivalents(plans) * (compute_mb + tp_mb + cp_mb + ep_mb),
+            "pp_bubble": bubble_s(training, plans, microbatches, compute_mb + tp_mb + cp_mb + ep_mb,
+                                  np.min(np.stack([np.broadcast_to(s.weight_grad_s, compute_mb.shape)
+                                                   for s in per_stage]), axis=0)),
         })
     if "pp_p2p" in names:
         terms["pp_p2p"] = per_knobs(plans, TERM_KNOBS["pp_p2p"], lambda sub: pp_p2p_s(

@@ -40,7 +40,8 @@ def instances(draw):
     cluster = autopar.make_cluster(gpu=draw(st.sampled_from(["a100-40gb", "a100-80gb", "h100"])), num_gpus=gpus,
                               headroom=draw(st.sampled_from([0.2, 0.9, 0.97])))
     training = TrainingSpec(seq_len=draw(st.sampled_from([256, 512, 1024])),
-                            global_batch_size=draw(st.sampled_from([1, 2, 4, 8, 16])))
+                            global_batch_size=draw(st.sampled_from([1, 2, 4, 8, 16])),
+                            pipeline_schedule=draw(st.sampled_from(["1f1b", "1f1b", "zb-1p", "zb-2p"])))
     fix = {}
     if draw(st.booleans()):
         fix["zero"] = draw(st.integers(0, 3))

@@ -35,7 +35,8 @@ def test_every_front_point_round_trips_through_megatron_flags(name, make_front):
         expected = {"seq_len": estimate.training.seq_len,
                     "global_batch_size": estimate.training.global_batch_size,
                     "precision": estimate.training.precision.value,
-                    "cross_entropy": estimate.training.cross_entropy.value}   # the default fused, written
+                    "cross_entropy": estimate.training.cross_entropy.value,   # the default fused, written
+                    "pipeline_schedule": "1f1b"}                               # upstream's only schedules
         if estimate.model.is_moe:     # the dispatcher the step time priced is written for every MoE model
             expected["moe_dispatcher"] = estimate.training.moe_dispatcher.value
         assert run.training == expected

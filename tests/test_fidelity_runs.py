@@ -46,7 +46,14 @@ def test_megatron_flop_convention_counts_the_full_matrix_before_2025(rows):
 def test_unexpressible_reasons_name_the_gap(rows):
     reasons = {r.source: r.reason for r in rows if isinstance(r, fidelity_runs.Unexpressed)}
     assert "DualPipe" in reasons["deepseek-v3"]
-    assert "zero-bubble" in reasons["zero-bubble-pp"] or "schedule" in reasons["zero-bubble-pp"]
+
+
+def test_zero_bubble_rows_are_priced_with_their_schedule(rows):
+    cases = [r for r in rows if r.source == "zero-bubble-pp"]
+    assert all(isinstance(r, fidelity_runs.Case) for r in cases) and len(cases) == 48
+    schedules = [r.training.pipeline_schedule.value for r in cases]
+    assert schedules.count("zb-1p") == schedules.count("zb-2p") == 12 and schedules.count("1f1b") == 24
+    assert all(r.fixed["vpp"] == 1 for r in cases if r.training.pipeline_schedule.value != "1f1b")
 
 
 def test_spearman_and_ranks_by_hand():

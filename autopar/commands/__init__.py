@@ -99,6 +99,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "default fused")
     group.add_argument("--no-fused-cross-entropy", dest="cross_entropy", action="store_const", const="unfused",
                        help="the same as --cross-entropy unfused")
+    group.add_argument("--pipeline-schedule", default=None, metavar="{1f1b,zb-1p,zb-2p}",
+                       help="pipeline schedule: 1f1b (Megatron-Core's; interleaved for plans with vpp > 1), or the "
+                            "zero-bubble schedules of arXiv 2401.10241 (not interleaved): zb-1p (1F1B's activation "
+                            "memory) and zb-2p (twice it, a bubble close to zero); the zero-bubble ones run in "
+                            "sail-sg's Megatron-LM fork, which no export targets; default 1f1b")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
                        help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")
     group.add_argument("--moe-imbalance-factor", type=number, default=1.0, metavar="F",
@@ -231,6 +236,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
                         flash_attention=args.flash_attention, attention_kernel=args.attention_kernel,
                         cross_entropy=args.cross_entropy or "fused",
+                        pipeline_schedule=getattr(args, "pipeline_schedule", None) or "1f1b",
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,

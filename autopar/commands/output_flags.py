@@ -101,8 +101,8 @@ def report_stream(args: argparse.Namespace, stdout: TextIO | None = None,
 def add_megatron_import_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-megatron-args", default=None, metavar="COMMAND|FILE",
                         help="take the plan, sequence length, global batch, precision, overlap switches, attention "
-                             "backend, MoE dispatcher and loss kernels (and the GPU count, when the launcher says "
-                             "it) from an existing Megatron-LM command line or launch script; "
+                             "backend, MoE dispatcher, loss kernels and pipeline schedule (and the GPU count, when "
+                             "the launcher says it) from an existing Megatron-LM command line or launch script; "
                              "plan flags (--tp, ...) cannot be given with it (edit the command instead); MODEL's "
                              "layer count is used when the command has no --num-layers")
 
@@ -138,18 +138,36 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if imported_dispatcher is not None and typed_dispatcher not in (None, "alltoall", imported_dispatcher):
         print(f"autopar: note: --moe-dispatcher {typed_dispatcher} ignored: the Megatron-LM command runs "
               f"{imported_dispatcher}", file=stream)
-    typed_loss, imported_loss = getattr(args, "cross_entropy", None), run.training["cross_entropy"]
-    if typed_loss is not None and str(typed_loss).lower() != imported_loss:
-        from costmodels.specs import CrossEntropyKernel
-        if str(typed_loss).lower() not in {kernel.value for kernel in CrossEntropyKernel}:
-            raise InputError("cross_entropy", f"unknown cross-entropy kernel {typed_loss!r}; use "
-                                              f"{', '.join(kernel.value for kernel in CrossEntropyKernel)}")
-        print(f"autopar: note: the loss kernel {str(typed_loss).lower()} you gave is ignored: the Megatron-LM command "
+    from costmodels.specs import CrossEntropyKernel, PipelineSchedule
+
+    imported_loss = run.training["cross_entropy"]
+    typed_loss = overridden_choice(args, "cross_entropy", imported_loss, CrossEntropyKernel, "cross-entropy kernel")
+    if typed_loss is not None:
+        print(f"autopar: note: the loss kernel {typed_loss} you gave is ignored: the Megatron-LM command "
               f"runs {imported_loss} ({'with' if imported_loss == 'fused' else 'without'} "
               "--cross-entropy-loss-fusion)", file=stream)
+    imported_schedule = run.training["pipeline_schedule"]
+    typed_schedule = overridden_choice(args, "pipeline_schedule", imported_schedule, PipelineSchedule,
+                                       "pipeline schedule")
+    if typed_schedule is not None:
+        print(f"autopar: note: --pipeline-schedule {typed_schedule} ignored: the Megatron-LM command "
+              f"runs {imported_schedule}", file=stream)
     for note in run.notes:
         print(f"autopar: note: {note}", file=stream)
     return run
+
+
+def overridden_choice(args: argparse.Namespace, name: str, imported: str, choices: Any, what: str) -> "str | None":
+    """The value typed for the training flag `name` (lower case) where it differs from the `imported` one the
+    Megatron-LM command sets, else None; a typed value that is none of `choices` (an enum) is an InputError."""
+    typed = getattr(args, name, None)
+    if typed is None or str(typed).lower() == imported:
+        return None
+    from costmodels.errors import InputError
+
+    if str(typed).lower() not in {choice.value for choice in choices}:
+        raise InputError(name, f"unknown {what} {typed!r}; use {', '.join(choice.value for choice in choices)}")
+    return str(typed).lower()
 
 
 def report_model_mismatches(run: "MegatronRun | None", model: Any, stderr: TextIO | None = None) -> None:

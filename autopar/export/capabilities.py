@@ -22,6 +22,7 @@ from costmodels.rules import Problem as Context, Rule
 from autopar.export.names import framework_name
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
+from costmodels.specs import PipelineSchedule
 
 TARGET_VERSIONS: dict[str, str] = {
     "megatron": "Megatron-LM core_v0.19.0 (megatron-core 0.19.2)",
@@ -169,11 +170,32 @@ def _rule(framework: str, name: str, reason: str, source: str, knobs: tuple[str,
     return Rule(f"{framework}:{name}", reason, source, knobs, False, holds)
 
 
+def _one_f_one_b(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # the zero-bubble schedules change nothing without a pipeline
+    return (p.pp == 1) | (ctx.training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B)
+
+
+ZERO_BUBBLE_FORK = ("the ZB-1p / ZB-2p of arXiv 2401.10241 run in sail-sg/zero-bubble-pipeline-parallelism, a "
+                    "Megatron-LM fork: --enable-zero-bubble --zero-bubble-max-pending-backward <pp or 2·pp> "
+                    "--enable-optimizer-post-validation")
+
+
+def _zero_bubble_rule(framework: str, lacks: str, source: str) -> Rule:
+    return _rule(framework, "pipeline_schedule", f"pipeline schedule zb-1p / zb-2p with pp > 1: {lacks} "
+                 f"({ZERO_BUBBLE_FORK}); solve with --pipeline-schedule 1f1b to launch it here", source, ("pp",),
+                 _one_f_one_b)
+
+
+_MEGATRON_SCHEDULES = ("Megatron-Core has 1F1B and interleaved 1F1B (and the combined 1F1B of the MoE all-to-all "
+                       "overlap), no zero-bubble schedule")
+_MEGATRON_SCHEDULES_SOURCE = "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func"
+
+
 CAPABILITIES: dict[str, tuple[Rule, ...]] = {
-    "megatron": (),
-    "nemo": (),
-    "bridge": (),
-    "verl": (),
+    "megatron": (_zero_bubble_rule("megatron", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
+    "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
+    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
+    "verl": (_zero_bubble_rule("verl", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
     "torchtitan": (
         _rule("torchtitan", "zero", "zero=1: torchtitan's FSDP2 has no optimizer-only sharding (ZeRO-0 replicate, "
               "ZeRO-2 reshard_after_forward=never, ZeRO-3 FSDP)", "torchtitan/config/configs.py ParallelismConfig",
@@ -185,6 +207,9 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
         _rule("torchtitan", "recompute", "recompute: torchtitan has full AC of every block and per-op selective AC, "
               "not Megatron's attention-core selective recompute or recompute of k layers per stage",
               "torchtitan/distributed/activation_checkpoint.py", ("recompute", "recompute_layers"), _tt_recompute),
+        _zero_bubble_rule("torchtitan", "torchtitan's zero-bubble schedules (InterleavedZeroBubble, ZBVZeroBubble, "
+                          "DualPipeV) run several stages per rank, not the one-stage ZB-1p / ZB-2p priced here",
+                          "torch/distributed/pipelining/schedules.py; torchtitan pipeline_llm"),
     ),
     "deepspeed": (
         _rule("deepspeed", "pipeline_zero", "zero >= 2 with pp > 1: DeepSpeed's pipeline engine asserts 'ZeRO-2 "
@@ -206,6 +231,8 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
         _rule("deepspeed", "recompute", "recompute=selective: DeepSpeed checkpoints whole wrapped functions "
               "(deepspeed.checkpointing.checkpoint), not Megatron's attention-core recompute",
               "deepspeed/runtime/activation_checkpointing/checkpointing.py", ("recompute",), _ds_recompute),
+        _zero_bubble_rule("deepspeed", "DeepSpeed's pipeline engine runs TrainSchedule (1F1B) only",
+                          "deepspeed/runtime/pipe/schedule.py"),
     ),
 }
 """Per framework, the conditions a plan must meet for that framework to run it (beyond autopar's own rules)."""

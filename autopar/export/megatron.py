@@ -24,7 +24,7 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 
 from __future__ import annotations
 
-from autopar.export.capabilities import TARGET_VERSIONS
+from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, is_uneven, loss_fusion,
                                    loss_kernel_note, mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
                                    moe_dispatcher_fields,
@@ -246,6 +246,7 @@ def launcher_prefix(estimate: Estimate) -> str:
 
 
 def launch_config(estimate: Estimate) -> LaunchConfig:
+    require_runnable(estimate, "megatron")
     flags = parallelism_flags(estimate) + batch_flags(estimate) + memory_flags(estimate) + overlap_flags(estimate)
     flags += model_flags(estimate.model)
     notes = unexpressed(estimate)

@@ -26,7 +26,7 @@ data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_g
 
 from __future__ import annotations
 
-from autopar.export.capabilities import TARGET_VERSIONS
+from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (LaunchConfig, data_parallel_overlap, loss_fusion, loss_kernel_note,
                                    mcore_moe_fields,
                                    mcore_parallel_fields, pipeline_p2p_overlap, plan_caption)
@@ -78,6 +78,7 @@ def _value(value: object) -> str:
 
 
 def nemo2_config(estimate: Estimate) -> LaunchConfig:
+    require_runnable(estimate, "nemo")
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
                                    num_mtp_layers=estimate.model.num_mtp_layers)
@@ -106,6 +107,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
 
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
+    require_runnable(estimate, "bridge")
     plan, training = estimate.plan, estimate.training
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
                                    num_mtp_layers=estimate.model.num_mtp_layers)

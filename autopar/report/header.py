@@ -35,7 +35,7 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     training_text = (f"seq_len {t['seq_len']}, global batch {t['global_batch_size']} "
                      f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}, "
                      f"flash attention {_attention_text(t)}, "
-                     f"cross entropy {t['cross_entropy']}")
+                     f"cross entropy {t['cross_entropy']}, pipeline schedule {t.get('pipeline_schedule', '1f1b')}")
     if model.moe is not None:
         routing = ("dropless" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")

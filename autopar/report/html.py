@@ -440,7 +440,8 @@ def _inputs(document: dict[str, Any]) -> str:
                      ("precision", training["precision"]),
                      ("flash attention", training.get("flash_attention")),
                      ("attention kernel", training.get("attention_kernel_runs")),
-                     ("cross entropy", training.get("cross_entropy"))]
+                     ("cross entropy", training.get("cross_entropy")),
+                     ("pipeline schedule", training.get("pipeline_schedule"))]
     if "moe" in model:
         training_rows.append(("MoE dispatcher", training.get("moe_dispatcher")))
     status = {"optimal": "proven optimal", "time_limit": "not proven optimal (stopped by the time limit)",

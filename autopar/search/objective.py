@@ -110,7 +110,8 @@ def objective_structure(model: ModelSpec, cluster: ClusterSpec, training: Traini
         time_names = tuple(steptime.step_time_terms_s(model, cluster, training, probe))
         memory_names = tuple(memory.memory_terms_bytes(model, cluster, training, probe, 0))
     time_knobs = {name: tuple(steptime.TERM_KNOBS.get(name, PLAN_FIELDS)) for name in time_names}
-    factored = BUBBLE_TERM in time_knobs and all(t in time_knobs for t in PIPELINED_TERMS)
+    factored = BUBBLE_TERM in time_knobs and all(t in time_knobs for t in PIPELINED_TERMS) \
+        and pipeline.bubble_is_proportional(training)
     if factored:
         del time_knobs[BUBBLE_TERM]
     pipelined = {t: k for t, k in time_knobs.items() if factored and t in PIPELINED_TERMS}

@@ -203,11 +203,15 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
     overtake it, added, and recomputed. `budget_s` None: the default fixed amount of work (DEFAULT_FRONT_STRUCTURES,
     repeatable); else a wall-clock budget. `controls` (autopar.search.space.Controls) and `extra_rules` are the
     search's own, so near-front candidates stay within them."""
-    from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, uniform_layout
+    from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, prices_layouts, uniform_layout
     from costmodels.scoring import estimate
 
     start = time.perf_counter()
     model, cluster, training = front.model, front.cluster, front.training
+    if not prices_layouts(training):
+        note = (f"per-stage pipeline layouts not searched: they are priced for 1F1B, and the schedule is "
+                f"{training.pipeline_schedule.value}")
+        return dataclasses.replace(front, notes=tuple(front.notes) + (note,)), []
     refinements: list[Refinement] = []
     seen: set = set()
     skipped = {False: 0, True: 0}     # structures the budget left unsearched: on the front, near it
@@ -300,9 +304,10 @@ def explain_layout(model, cluster, training, plan, time_limit_s: float | None = 
     """Where a per-stage layout pays for `plan`'s structure: the plan's own layout against the best one, with every
     rank's per-microbatch time and peak memory before and after (the per-stage model's integers: ns, MiB)."""
     from autopar.search.layouts import best_layout
-    from costmodels.layout import layout_space_log10, layout_tables, parent_plan, price_layout, uniform_layout
+    from costmodels.layout import (layout_space_log10, layout_tables, parent_plan, price_layout, prices_layouts,
+                                   uniform_layout)
 
-    if plan.pp < 2:
+    if plan.pp < 2 or (not plan.layout and not prices_layouts(training)):
         return [], {}
     base = parent_plan(model, cluster, training, plan) if plan.layout else plan
     tables = layout_tables(model, cluster, training, base)
