@@ -495,7 +495,7 @@ def _pipeline_schedule(flags: dict[str, "str | bool"], pp: int) -> str:
         raise InputError(INPUT_NAME, "--zero-bubble-v-schedule: the ZB-V schedule (two chunks per rank in a V) is "
                                      "not modelled; autopar prices zb-1p and zb-2p (--enable-zero-bubble "
                                      "--zero-bubble-max-pending-backward pp or 2·pp)")
-    if not flags.get("--enable-zero-bubble"):
+    if not flags.get("--enable-zero-bubble") or pp == 1:      # without a pipeline no schedule changes anything
         return "1f1b"
     limit = flags.get("--zero-bubble-max-pending-backward", "auto")
     if str(limit) == str(pp):

@@ -403,6 +403,7 @@ def build_instance(name: str) -> Instance:
     scenario = SCENARIOS[name]
     model = autopar.load_model(scenario.model)
     cluster = autopar.make_cluster(gpu=GPU, num_gpus=scenario.num_gpus)
+    # default schedule (1F1B): the decomposition below spells out 1F1B's bubble and in-flight micro-batches
     training = TrainingSpec(seq_len=scenario.seq_len, global_batch_size=scenario.global_batch)
     space = build_space(model, cluster, training, Controls())
     domains = {knob: space.domain(knob) for knob in KNOBS}

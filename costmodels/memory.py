@@ -83,6 +83,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "output_layer_activations": ("tp", "sp", "cp", "pp", "mbs"),
     "logits": ("tp", "cp", "pp", "mbs"),
     "cross_entropy_buffers": ("tp", "cp", "pp", "mbs"),
+    "pending_output_wgrad": ("tp", "sp", "cp", "pp", "mbs"),
     "mtp_activations": ("tp", "sp", "cp", "pp", "mbs", "etp"),
     "zero_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
@@ -102,7 +103,8 @@ TERM_STAGE_DEPENDENCE: dict[str, str] = {
         "layer_activations", "recomputed_layer_inputs", "moe_router_activations", "moe_dispatch_activations",
         "expert_mlp_activations")},
     "embedding_activations": "first",
-    **{name: "last" for name in ("output_layer_activations", "logits", "cross_entropy_buffers", "mtp_activations")},
+    **{name: "last" for name in ("output_layer_activations", "logits", "cross_entropy_buffers",
+                                 "pending_output_wgrad", "mtp_activations")},
 }
 """How each term varies between pipeline ranks: 'first' / 'last' (zero elsewhere), 'first_and_last' (zero on middle
 ranks), 'layers' (with the rank's layers), 'layers_in_flight' (with its layers and its in-flight micro-batches).
@@ -120,7 +122,7 @@ MODEL_STATE_TERMS: tuple[str, ...] = (
 ACTIVATION_TERMS: tuple[str, ...] = (
     "layer_activations", "recomputed_layer_inputs", "recompute_working_set", "moe_router_activations",
     "moe_dispatch_activations", "expert_mlp_activations", "embedding_activations", "output_layer_activations",
-    "logits", "cross_entropy_buffers", "mtp_activations")
+    "logits", "cross_entropy_buffers", "pending_output_wgrad", "mtp_activations")
 """Everything kept for (or created by) the backward pass."""
 
 BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers")
@@ -613,6 +615,23 @@ def cross_entropy_buffers_bytes(model: ModelSpec, training: TrainingSpec, shape:
     return np.where(shape.is_last, _cross_entropy_buffer_bytes(model, training, shape), 0.0)
 
 
+def pending_output_wgrad_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Last rank, zero-bubble schedules: each micro-batch whose output-layer W pass is still pending keeps that
+    layer's output gradient (the s·b·V/t logit gradient, bf16 as it enters the linear's backward) and its input
+    (2sbh, /t with SP). sail-sg's fork defers every Megatron linear's weight gradient with both tensors
+    (megatron/core/tensor_parallel/layers.py: WeightGradStore.put(weight, partial(pre_process, grad_output, input),
+    ...)), the column-parallel output layer's too; the decoder layers' pending W are in `in_flight`
+    (in_flight_microbatches), this is the output layer's, which the 'last' terms count once. The last rank holds
+    in_flight − 1 of them (arXiv 2401.10241 §2.3: worker p holds M_B + (p − 1)·M_W under ZB-1p, 2p − 2 under ZB-2p)."""
+    if training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B:
+        return np.zeros(len(shape.plans))
+    pending = np.maximum(shape.in_flight - 1.0, 0.0)
+    vocab_per_gpu = params.padded_vocab_size(model, shape.plans.tp) / shape.plans.tp
+    gradient = BF16_BYTES * vocab_per_gpu * shape.tokens
+    inputs = BF16_BYTES * model.hidden_size * shape.tokens_outside_tp
+    return np.where(shape.is_last, pending * (gradient + inputs), 0.0)
+
+
 def mtp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Last rank: each DeepSeek-V3 multi-token-prediction module (report arXiv 2412.19437 §2.2) stores a full decoder
     layer, its two input norms and the 2h-wide input of its projection, and its own logits and loss buffers."""
@@ -709,6 +728,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("output_layer_activations", True, lambda: output_layer_activations_bytes(model, shape)),
         ("logits", True, lambda: logits_bytes(model, training, shape)),
         ("cross_entropy_buffers", True, lambda: cross_entropy_buffers_bytes(model, training, shape)),
+        ("pending_output_wgrad", training.pipeline_schedule is not PipelineSchedule.ONE_F_ONE_B,
+         lambda: pending_output_wgrad_bytes(model, training, shape)),
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
         ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, shape)),
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, shape)),

@@ -6,7 +6,7 @@ Interleaved 1F1B with v virtual chunks per rank (§2.2.2): the bubble shrinks to
 point-to-point transfers, whose steady-state backward sends Megatron-Core overlaps with the next chunk
 (`p2p_transfer_counts`; what an overlapped transfer still costs is steptime.pp_p2p_s).
 The zero-bubble schedules (TrainingSpec.pipeline_schedule zb-1p, zb-2p; Qi et al., arXiv 2401.10241) split the
-backward into B and W and fill the fill and drain with W passes (`bubble_s`).
+backward into B and W and fill the fill and drain with W passes (`zero_bubble_s`).
 """
 
 from __future__ import annotations
@@ -35,24 +35,34 @@ def zero_bubble_2p_min_microbatches(plans: PlanArrays) -> np.ndarray:
     return 2 * plans.pp - 1
 
 
-def bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray, stage_microbatch_s: np.ndarray,
-             weight_grad_s: np.ndarray) -> np.ndarray:
-    """Seconds per step the pipeline idles beyond m micro-batch times of its slowest stage, `stage_microbatch_s`
-    = T_F + T_B + T_W (forward, backward incl. recompute, and the exposed TP/CP/EP collectives); `weight_grad_s` is
-    T_W, the stage's weight-gradient GEMMs (on the stage where it is smallest: the least W to fill with).
+def bubble_s(plans: PlanArrays, stage_microbatch_s: np.ndarray) -> np.ndarray:
+    """1F1B's idle seconds per step: (p − 1)/v × the slowest stage's micro-batch time `stage_microbatch_s`
+    (forward, backward incl. recompute, and the exposed TP/CP/EP collectives), `bubble_microbatch_equivalents`."""
+    return bubble_microbatch_equivalents(plans) * stage_microbatch_s
 
-    1F1B: (p − 1)/v · T (`bubble_microbatch_equivalents`). arXiv 2401.10241 Table 2: 1F1B (p − 1)(T_F + T_B + T_W);
-    ZB-H1, and the automatic ZB-1p, whose bubble the paper computes equal to ZB-H1's in every setting (Table 5: the
-    memory limit binds), (p − 1)(T_F + T_B − T_W) = (p − 1)(T − 2·T_W). ZB-2p: with its 2p memory limit and the
-    optimizer's all-reduce replaced by post-validation (§4), the automatic schedule's computed bubble is 0.1–0.7 %
-    of the step at m ≥ 3p (Table 5; 4.3 % for the 1.5B model at m = 24): priced as none once m reaches
-    `zero_bubble_2p_min_microbatches`; below that it holds no more micro-batches than ZB-1p could and is priced as
-    ZB-1p (an upper bound: a looser memory limit never lengthens the searched schedule)."""
-    schedule = training.pipeline_schedule
-    if schedule is PipelineSchedule.ONE_F_ONE_B:
-        return bubble_microbatch_equivalents(plans) * stage_microbatch_s
-    one_p = (plans.pp - 1) * np.maximum(stage_microbatch_s - 2.0 * weight_grad_s, 0.0)
-    if schedule is PipelineSchedule.ZB_1P:
+
+def zero_bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray,
+                  stage_microbatch_s: np.ndarray, weight_grad_s: np.ndarray) -> np.ndarray:
+    """Idle seconds per step of a zero-bubble schedule (arXiv 2401.10241), beyond m micro-batch times of the
+    slowest stage. `stage_microbatch_s` and `weight_grad_s` are (stages, plans): each candidate stage's micro-batch
+    time T = T_F + T_B + T_W and its weight-gradient part T_W (steptime.stage_weight_grad_s); the bubble is the
+    largest over the stages, each stage's T paired with its own W.
+
+    ZB-1p: the paper's Table 2 gives ZB-H1's bubble (p − 1)(T_F + T_B − T_W) = (p − 1)·T − 2(p − 1)·T_W against
+    1F1B's (p − 1)·T, for m ≥ p, and its automatic ZB-1p computes the same in every setting (Table 5: the memory
+    limit binds). With one micro-batch only the W after the last B can trail: the critical path is p(T_F + T_B) +
+    T_W, a bubble (p − 1)(T − T_W). Between the two the saving is priced as (p − 1 + min(m − 1, p − 1))·T_W: one
+    more W held back per extra micro-batch, up to p − 1 (an interpolation between the two exact ends).
+    ZB-2p: with its 2p memory limit and the optimizer's all-reduce replaced by post-validation (§4), the paper's
+    computed bubble is 0.1-0.7 % of the step at m = 3p..16p (Table 5; 4.3 % for its 1.5B model at m = 24 = 3p):
+    priced as none once m reaches `zero_bubble_2p_min_microbatches` (2p − 1, below the m the paper measured: the
+    handcrafted ZB-H2's warm-up, extrapolated); below that it holds no more micro-batches than ZB-1p could and is
+    priced as ZB-1p (an upper bound: a looser memory limit never lengthens the searched schedule)."""
+    pp = plans.pp.astype(float)
+    held_back = (pp - 1.0) + np.minimum(microbatches - 1.0, pp - 1.0)
+    one_p = np.max(np.maximum((pp - 1.0) * stage_microbatch_s - held_back * weight_grad_s, 0.0), axis=0)
+    one_p = np.where(plans.pp > 1, one_p, 0.0)
+    if training.pipeline_schedule is PipelineSchedule.ZB_1P:
         return one_p
     return np.where(microbatches >= zero_bubble_2p_min_microbatches(plans), 0.0, one_p)
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from costmodels import memory
 from costmodels.errors import InputError
-from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute, as_plan_arrays, embedding_loss_slots
+from costmodels.plan import (PLAN_FIELDS, Plan, PlanArrays, Recompute, RecomputeModule, as_plan_arrays,
+                             embedding_loss_slots)
 from costmodels.specs import ClusterSpec, ModelSpec, PipelineSchedule, TrainingSpec
 
 
@@ -266,6 +267,25 @@ def _explain_zero_bubble_vpp(problem: Problem, plan: Plan) -> str:
             "the interleaved schedule")
 
 
+def _zero_bubble_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
+    # a pending W pass needs its GEMMs' inputs and output gradients (arXiv 2401.10241 Table 1: M_W = 32sbh per
+    # layer), which recompute would drop and re-create in B: they stay until W, whatever is recomputed
+    keeps_gemm_inputs = (p.recompute == Recompute.NONE) | (
+        (p.recompute == Recompute.SELECTIVE)
+        & ((p.recompute_modules == 0) | (p.recompute_modules == int(RecomputeModule.CORE_ATTN))))
+    return keeps_gemm_inputs | (problem.training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B)
+
+
+def _explain_zero_bubble_recompute(problem: Problem, plan: Plan) -> str:
+    what = plan.recompute.name.lower()
+    if plan.recompute_modules:
+        what += f" ({'+'.join(RecomputeModule.short_names(int(plan.recompute_modules)))})"
+    return (f"recompute {what} with pipeline schedule {problem.training.pipeline_schedule.value}: a pending "
+            "weight-gradient pass "
+            "keeps the GEMM inputs recompute would drop, which this model does not price; use --recompute none or "
+            "selective with core_attn only, or --pipeline-schedule 1f1b")
+
+
 def _recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
     first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, p)
     largest_chunk = np.maximum(np.maximum(first, last), middle) // p.vpp
@@ -307,6 +327,10 @@ RULES: tuple[Rule, ...] = (
     Rule("zero_bubble_vpp", "the zero-bubble schedules (zb-1p, zb-2p) are not interleaved: vpp = 1",
          "arXiv 2401.10241 §3 (one stage per worker; the fork's interleaved variant is the ZB-V schedule)",
          ("vpp",), False, _zero_bubble_vpp, _explain_zero_bubble_vpp),
+    Rule("zero_bubble_recompute", "the zero-bubble schedules are priced without recompute or with the attention "
+         "core's only (a pending W pass keeps the GEMM inputs other recompute drops)",
+         "arXiv 2401.10241 §2.3 and Table 1 (M_W); sail-sg's fork keeps grad_output and input per deferred W",
+         ("recompute", "recompute_modules"), False, _zero_bubble_recompute, _explain_zero_bubble_recompute),
     Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk; "
          "recompute modules need selective recompute",
          "Megatron --recompute-method block / --recompute-modules",

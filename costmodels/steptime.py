@@ -25,8 +25,8 @@ from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, ed
                              group_collective_time_s, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_before, moe_layers_on_stage, stage_params_per_gpu
-from costmodels.pipeline import (ACTIVATION_BYTES, bubble_s, interleaved_warmup_chunks, p2p_transfer_counts,
-                                 p2p_transfer_s)
+from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubble_s, interleaved_warmup_chunks,
+                                 p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, MoEDispatcher, TrainingSpec
@@ -630,6 +630,20 @@ distinct combination in each batch (costmodels.structure.per_knobs) and copies i
 zero."""
 
 
+def pp_bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray,
+                per_stage: "list[StageMicrobatch]", worst_microbatch_s: np.ndarray) -> np.ndarray:
+    """The pipeline's idle time per step: 1F1B's (p − 1)/v × the micro-batch time taken term by term on its worst
+    stage (`worst_microbatch_s`, pipeline.bubble_s), or a zero-bubble schedule's from each candidate stage's own
+    micro-batch time and weight-gradient GEMMs (pipeline.zero_bubble_s)."""
+    if bubble_is_proportional(training):
+        return bubble_s(plans, worst_microbatch_s)
+    shape = worst_microbatch_s.shape
+    stage_s = np.stack([np.broadcast_to(s.compute_s + s.tp_comm_s + s.cp_comm_s + s.ep_comm_s, shape)
+                        for s in per_stage])
+    weight_s = np.stack([np.broadcast_to(s.weight_grad_s, shape) for s in per_stage])
+    return zero_bubble_s(training, plans, microbatches, stage_s, weight_s)
+
+
 def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                       plans: "PlanArrays", only: "Collection[str] | None" = None) -> dict[str, np.ndarray]:
     """Named step-time terms (seconds) for every plan; their sum is the step time. With `only`, just the terms named
@@ -671,9 +685,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             "cp_comm": microbatches * cp_mb,
             "ep_comm": microbatches * ep_exposed_per_microbatch_s(model, profile, training, plans, ep_mb,
                                                                   compute_mb, microbatches),
-            "pp_bubble": bubble_s(training, plans, microbatches, compute_mb + tp_mb + cp_mb + ep_mb,
-                                  np.min(np.stack([np.broadcast_to(s.weight_grad_s, compute_mb.shape)
-                                                   for s in per_stage]), axis=0)),
+            "pp_bubble": pp_bubble_s(training, plans, microbatches, per_stage, compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:
         terms["pp_p2p"] = per_knobs(plans, TERM_KNOBS["pp_p2p"], lambda sub: pp_p2p_s(

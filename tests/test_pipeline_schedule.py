@@ -20,7 +20,7 @@ from autopar.export.capabilities import refusals
 from costmodels import memory, steptime
 from costmodels.errors import InputError
 from costmodels.hardware import load_profile
-from costmodels.plan import Plan, PlanArrays
+from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.rules import Problem, check_plan
 from costmodels.scoring import estimate
 from costmodels.specs import ClusterSpec, ModelSpec, PipelineSchedule, TrainingSpec
@@ -36,15 +36,16 @@ def training(schedule: str, global_batch: int = 48) -> TrainingSpec:
 
 
 def stage_pieces(train: TrainingSpec, plan: Plan = PLAN):
-    """(stage micro-batch time, least W over the candidate stages, micro-batches) as steptime forms pp_bubble."""
+    """Every candidate stage's (micro-batch time T, weight-gradient time W) and the 1F1B worst-term time."""
     plans = PlanArrays.from_plans([plan])
     times, comm = steptime.layer_pieces(MODEL, CLUSTER, train, plans)
     pieces = [steptime.stage_microbatch(MODEL, CLUSTER, train, plans, times, s, comm)
               for s in steptime.candidate_stages(plans)]
-    stage_s = max(float(p.compute_s[0]) for p in pieces) + max(float(p.tp_comm_s[0]) for p in pieces) \
+    stages = [(float((p.compute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s)[0]),
+               float(np.broadcast_to(p.weight_grad_s, (1,))[0])) for p in pieces]
+    worst = max(float(p.compute_s[0]) for p in pieces) + max(float(p.tp_comm_s[0]) for p in pieces) \
         + max(float(p.cp_comm_s[0]) for p in pieces) + max(float(p.ep_comm_s[0]) for p in pieces)
-    weight_s = min(float(np.broadcast_to(p.weight_grad_s, (1,))[0]) for p in pieces)
-    return stage_s, weight_s, pieces
+    return stages, worst, pieces
 
 
 def test_schedule_is_read_case_insensitively_and_refuses_unknown_names():
@@ -55,34 +56,53 @@ def test_schedule_is_read_case_insensitively_and_refuses_unknown_names():
 
 
 def test_weight_gradient_pass_is_the_weight_gemms_forward():
-    stage_s, weight_s, pieces = stage_pieces(training("zb-1p"))
+    _, _, pieces = stage_pieces(training("zb-1p"))
     middle = pieces[1]
     # W is part of the backward, about a third of a GEMM-dominated stage (F = B = W in FLOPs for the linear layers)
     assert 0.0 < float(middle.weight_grad_s[0]) < float(middle.backward_s[0])
     assert 0.25 < float(middle.weight_grad_s[0]) / float(middle.compute_s[0]) < 1 / 3
-    # the last stage adds the output layer's weight gradient
-    assert float(pieces[-1].weight_grad_s[0]) > 0.0
+    # first and last stage hold 3 layers, the middle 4; the last adds the output layer's weight gradient
+    plans = PlanArrays.from_plans([PLAN])
+    times, _ = steptime.layer_pieces(MODEL, CLUSTER, training("zb-1p"), plans)
+    first, last = float(pieces[0].weight_grad_s[0]), float(pieces[-1].weight_grad_s[0])
+    assert first == pytest.approx(0.75 * float(middle.weight_grad_s[0]))
+    assert last - first == pytest.approx(float(times.logits_fwd_s[0]))
 
 
-def test_zero_bubble_1p_bubble_is_table_2s_formula():
+def test_zero_bubble_1p_bubble_is_table_2s_formula_on_each_stage():
     one = estimate(MODEL, CLUSTER, training("1f1b"), PLAN).time_terms_s["pp_bubble"]
     zb1 = estimate(MODEL, CLUSTER, training("zb-1p"), PLAN).time_terms_s["pp_bubble"]
-    stage_s, weight_s, _ = stage_pieces(training("zb-1p"))
-    assert one == pytest.approx((PLAN.pp - 1) * stage_s, rel=1e-9)
-    assert zb1 == pytest.approx((PLAN.pp - 1) * (stage_s - 2 * weight_s), rel=1e-9)
+    stages, worst, _ = stage_pieces(training("zb-1p"))
+    assert one == pytest.approx((PLAN.pp - 1) * worst, rel=1e-9)
+    # each stage's T with its own W (a light first stage's small W is not paired with a middle stage's T)
+    assert zb1 == pytest.approx(max((PLAN.pp - 1) * (t - 2 * w) for t, w in stages), rel=1e-9)
     # a third of 1F1B's when F = B = W (§2.1); the attention core and the memory-bound kernels have no W, so more:
     # the paper's computed bubble rates give ZB-1p / 1F1B 0.54-0.65 on its GPT models (Table 5)
     assert 1 / 3 < zb1 / one < 0.7
 
 
+def test_with_fewer_micro_batches_than_stages_fewer_weight_passes_fill_the_bubble():
+    pp = PLAN.pp
+    for m in (1, 4, pp, 2 * pp):
+        train = training("zb-1p", global_batch=2 * m)
+        stages, _, _ = stage_pieces(train)
+        held_back = (pp - 1) + min(m - 1, pp - 1)
+        expected = max((pp - 1) * t - held_back * w for t, w in stages)
+        assert estimate(MODEL, CLUSTER, train, PLAN).time_terms_s["pp_bubble"] == pytest.approx(expected), m
+    # one micro-batch: the critical path is p·(T_F + T_B) + T_W, a bubble of (p - 1)·(T - W)
+    stages, _, _ = stage_pieces(training("zb-1p", 2))
+    assert estimate(MODEL, CLUSTER, training("zb-1p", 2), PLAN).time_terms_s["pp_bubble"] == \
+        pytest.approx(max((pp - 1) * (t - w) for t, w in stages))
+
+
 def test_zero_bubble_2p_has_no_bubble_once_the_warmup_fills():
-    microbatches = 48 // (2 * 1)                         # dp 1, mbs 2: 24 >= 2p - 1 = 15
-    assert estimate(MODEL, CLUSTER, training("zb-2p"), PLAN).time_terms_s["pp_bubble"] == 0.0
-    # fewer micro-batches than 2p - 1: priced as ZB-1p (the looser memory limit cannot do worse)
-    few = 2 * 12                                         # 12 micro-batches < 15
-    assert microbatches >= 15 > few // 2
-    zb2 = estimate(MODEL, CLUSTER, training("zb-2p", few), PLAN).time_terms_s["pp_bubble"]
-    zb1 = estimate(MODEL, CLUSTER, training("zb-1p", few), PLAN).time_terms_s["pp_bubble"]
+    pp = PLAN.pp
+    filled = 2 * (2 * pp - 1)                            # mbs 2, dp 1: 2p - 1 = 15 micro-batches
+    assert estimate(MODEL, CLUSTER, training("zb-2p", filled), PLAN).time_terms_s["pp_bubble"] == 0.0
+    # one micro-batch fewer: priced as ZB-1p (the looser memory limit cannot do worse)
+    short = filled - 2
+    zb2 = estimate(MODEL, CLUSTER, training("zb-2p", short), PLAN).time_terms_s["pp_bubble"]
+    zb1 = estimate(MODEL, CLUSTER, training("zb-1p", short), PLAN).time_terms_s["pp_bubble"]
     assert zb2 == pytest.approx(zb1) and zb1 > 0.0
 
 
@@ -121,6 +141,17 @@ def test_peak_memory_grows_with_the_schedules_memory_limit():
         return worst["layer_activations"]
 
     assert 1.5 < activations(peaks["zb-2p"]) / activations(peaks["zb-1p"]) < 2.0
+
+
+def test_zero_bubble_schedules_refuse_recompute_that_drops_gemm_inputs():
+    for recompute, modules, broken in ((Recompute.FULL, 0, True), (Recompute.SELECTIVE, "core_attn,mlp", True),
+                                       (Recompute.SELECTIVE, "layernorm", True), (Recompute.SELECTIVE, 0, False),
+                                       (Recompute.SELECTIVE, "core_attn", False), (Recompute.NONE, 0, False)):
+        plan = dataclasses.replace(PLAN, recompute=recompute, recompute_modules=modules)
+        assert ("zero_bubble_recompute" in check_plan(MODEL, CLUSTER, training("zb-1p"), plan)) is broken, plan
+        assert "zero_bubble_recompute" not in check_plan(MODEL, CLUSTER, training("1f1b"), plan)
+    with pytest.raises(InputError, match="^recompute: recompute full with pipeline schedule zb-2p"):
+        estimate(MODEL, CLUSTER, training("zb-2p"), dataclasses.replace(PLAN, recompute=Recompute.FULL))
 
 
 def test_zero_bubble_schedules_are_not_interleaved():
@@ -189,6 +220,8 @@ def test_the_zero_bubble_forks_flags_are_read_back(tmp_path, capsys):
     for refused in (fork + "auto", fork + "12", base + " --enable-zero-bubble --zero-bubble-v-schedule"):
         with pytest.raises(InputError, match="zero-bubble"):
             parse_megatron_args(refused)
+    flat = base.replace("--pipeline-model-parallel-size 8", "--pipeline-model-parallel-size 1")
+    assert parse_megatron_args(flat + " --enable-zero-bubble").training["pipeline_schedule"] == "1f1b"
     script = tmp_path / "zb.sh"
     script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py " + fork + "16\n")
     assert main(["estimate", "gpt-1.7b", "--gpu", "a100-80gb", "--from-megatron-args", str(script),
@@ -196,3 +229,30 @@ def test_the_zero_bubble_forks_flags_are_read_back(tmp_path, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["inputs"]["training"]["pipeline_schedule"] == "zb-2p"
     assert "--pipeline-schedule zb-1p ignored: the Megatron-LM command runs zb-2p" in captured.err
+
+
+def test_the_last_rank_keeps_its_pending_output_layer_weight_gradients():
+    last = PLAN.pp - 1
+    plans = PlanArrays.from_plans([PLAN])
+    plain = memory.memory_terms_bytes(MODEL, CLUSTER, training("1f1b"), plans, last)
+    assert "pending_output_wgrad" not in plain
+    for schedule, held in (("zb-1p", PLAN.pp), ("zb-2p", 2 * PLAN.pp - 1)):
+        terms = memory.memory_terms_bytes(MODEL, CLUSTER, training(schedule), plans, last)
+        vocab = 50304                                   # 50257 padded to a multiple of 128
+        tokens = 2 * 1024                               # mbs 2, seq 1024, tp 1, cp 1
+        per_microbatch = 2 * vocab * tokens + 2 * MODEL.hidden_size * tokens
+        assert float(terms["pending_output_wgrad"][0]) == pytest.approx((held - 1) * per_microbatch)
+        first = memory.memory_terms_bytes(MODEL, CLUSTER, training(schedule), plans, 0)
+        assert float(first["pending_output_wgrad"][0]) == 0.0
+
+
+def test_reports_give_a_zero_bubble_plan_the_forks_flags():
+    from autopar.report.document import megatron_flags
+
+    pipelined = estimate(MODEL, CLUSTER, training("zb-2p"), PLAN)
+    words = megatron_flags(pipelined)
+    assert words[words.index("--zero-bubble-max-pending-backward") + 1] == "16"
+    assert "--enable-zero-bubble" in words and "--enable-optimizer-post-validation" in words
+    assert "--enable-zero-bubble" not in megatron_flags(estimate(MODEL, CLUSTER, training("1f1b"), PLAN))
+    assert "--enable-zero-bubble" not in megatron_flags(
+        estimate(MODEL, CLUSTER, training("zb-2p"), Plan(tp=8, pp=1, mbs=1, sp=True)))

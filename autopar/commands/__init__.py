@@ -101,8 +101,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the same as --cross-entropy unfused")
     group.add_argument("--pipeline-schedule", default=None, metavar="{1f1b,zb-1p,zb-2p}",
                        help="pipeline schedule: 1f1b (Megatron-Core's; interleaved for plans with vpp > 1), or the "
-                            "zero-bubble schedules of arXiv 2401.10241 (not interleaved): zb-1p (1F1B's activation "
-                            "memory) and zb-2p (twice it, a bubble close to zero); the zero-bubble ones run in "
+                            "zero-bubble schedules of arXiv 2401.10241 (not interleaved; no recompute but the attention "
+                            "core's): zb-1p (1F1B's peak of p micro-batches, on every rank) and zb-2p (2p - 1, no "
+                            "bubble); the zero-bubble ones run in "
                             "sail-sg's Megatron-LM fork, which no export targets; default 1f1b")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
                        help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")

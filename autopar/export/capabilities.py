@@ -175,15 +175,29 @@ def _one_f_one_b(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.pp == 1) | (ctx.training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B)
 
 
-ZERO_BUBBLE_FORK = ("the ZB-1p / ZB-2p of arXiv 2401.10241 run in sail-sg/zero-bubble-pipeline-parallelism, a "
-                    "Megatron-LM fork: --enable-zero-bubble --zero-bubble-max-pending-backward <pp or 2·pp> "
-                    "--enable-optimizer-post-validation")
+def zero_bubble_fork_flags(schedule: PipelineSchedule, pp: int) -> list[str]:
+    """The launch flags of sail-sg/zero-bubble-pipeline-parallelism (a Megatron-LM fork; its README and
+    examples/pretrain_zero_bubble.sh) for `schedule` on `pp` stages: --enable-zero-bubble, the memory limit in
+    micro-batches (--zero-bubble-max-pending-backward pp for ZB-1p, 2·pp for ZB-2p) and the optimizer
+    post-validation of the paper's §4, which its example script turns on with the zero-bubble schedules."""
+    limit = pp if schedule is PipelineSchedule.ZB_1P else 2 * pp
+    return ["--enable-zero-bubble", "--zero-bubble-max-pending-backward", str(limit),
+            "--enable-optimizer-post-validation"]
 
 
 def _zero_bubble_rule(framework: str, lacks: str, source: str) -> Rule:
-    return _rule(framework, "pipeline_schedule", f"pipeline schedule zb-1p / zb-2p with pp > 1: {lacks} "
-                 f"({ZERO_BUBBLE_FORK}); solve with --pipeline-schedule 1f1b to launch it here", source, ("pp",),
-                 _one_f_one_b)
+    reason = (f"pipeline schedule zb-1p / zb-2p with pp > 1: {lacks} (the schedules of arXiv 2401.10241 run in "
+              "sail-sg/zero-bubble-pipeline-parallelism, a Megatron-LM fork); solve with --pipeline-schedule 1f1b to "
+              "launch it here")
+
+    def explain(ctx: Context, plan: Plan) -> str:
+        schedule = ctx.training.pipeline_schedule
+        return (f"pipeline schedule {schedule.value} with pp={plan.pp}: {lacks} (it runs in "
+                f"sail-sg/zero-bubble-pipeline-parallelism, a Megatron-LM fork: "
+                f"{' '.join(zero_bubble_fork_flags(schedule, plan.pp))}); solve with --pipeline-schedule 1f1b to "
+                "launch it here")
+
+    return Rule(f"{framework}:pipeline_schedule", reason, source, ("pp",), False, _one_f_one_b, explain)
 
 
 _MEGATRON_SCHEDULES = ("Megatron-Core has 1F1B and interleaved 1F1B (and the combined 1F1B of the MoE all-to-all "
@@ -250,7 +264,7 @@ def refusals(ctx: Context, plan: Plan, framework: str) -> tuple[str, ...]:
     with np.errstate(divide="ignore", invalid="ignore"):
         for rule in framework_rules(framework):
             if not bool(rule.holds(ctx, plans)[0]):
-                broken.append(rule.reason)
+                broken.append(rule.why_broken(ctx, plan))
     return tuple(broken)
 
 

@@ -25,6 +25,7 @@ from autopar.remedies import Remedy
 from autopar.results import SCHEMA_VERSION, ParetoFront, describe_inputs, generator
 from costmodels.hardware import HardwareProfile
 from costmodels.scoring import Estimate
+from costmodels.specs import PipelineSchedule
 from costmodels.units import GIB
 
 SCHEMA_RESOURCE = "front.schema.json"
@@ -80,7 +81,10 @@ def assumptions(front: ParetoFront) -> list[str]:
 
 
 def megatron_flags(estimate: Estimate) -> list[str]:
-    """The plan's Megatron-LM parallelism, batch, recompute and precision flags, as argv words."""
+    """The plan's Megatron-LM parallelism, batch, recompute and precision flags, as argv words; a pipelined plan
+    under a zero-bubble schedule gets the flags of the Megatron-LM fork that runs it (upstream has none, and
+    `--emit megatron` refuses it)."""
+    from autopar.export.capabilities import zero_bubble_fork_flags
     from autopar.export.megatron import batch_flags, memory_flags, overlap_flags, parallelism_flags
 
     words: list[str] = []
@@ -89,6 +93,9 @@ def megatron_flags(estimate: Estimate) -> list[str]:
         words.append(flag)
         if value is not None:
             words.append(value)
+    schedule = estimate.training.pipeline_schedule
+    if estimate.plan.pp > 1 and schedule is not PipelineSchedule.ONE_F_ONE_B:
+        words += zero_bubble_fork_flags(schedule, estimate.plan.pp)
     return words
 
 

@@ -9,10 +9,11 @@ identical integers:
   Σ_groups ceil(group bytes / 1 MiB); rounded up, so a plan that fits in units fits in bytes.
 - time_units = F · Σ_{pipelined groups} round(group s / 1 µs) + S · Σ_{other groups} round(group s / 1 µs), in units
   of 1 µs / S with S = 2^16, where the pipelined groups hold the per-step compute, tp_comm, cp_comm and ep_comm
-  terms and F = round(S · (1 + bubble / m)) is the pipeline factor: costmodels.steptime states
+  terms and F = round(S · (1 + bubble / m)) is the pipeline factor: under 1F1B costmodels.steptime states
   pp_bubble = bubble_microbatch_equivalents(pp, vpp) × (compute + tp_comm + cp_comm + ep_comm) / m, so
   step time = (1 + bubble/m) · Σ pipelined + Σ others; the CP-SAT model forms that product of two variables instead
-  of tabulating pp_bubble over all its knobs.
+  of tabulating pp_bubble over all its knobs. Under a zero-bubble schedule (costmodels.pipeline.bubble_is_proportional
+  False) pp_bubble is an ordinary group like the others, F = S and there are no pipelined groups.
 
 Tolerance (what "equal within rounding" means): a group is off by at most 0.5 µs (time) or 1 MiB (memory), the
 pipeline factor by 2^-17 relative, so |time_units·1µs/S − step_time_s| <= n_groups·0.5 µs·(1 + bubble/m) +
