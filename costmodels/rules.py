@@ -273,7 +273,8 @@ def _zero_bubble_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
     keeps_gemm_inputs = (p.recompute == Recompute.NONE) | (
         (p.recompute == Recompute.SELECTIVE)
         & ((p.recompute_modules == 0) | (p.recompute_modules == int(RecomputeModule.CORE_ATTN))))
-    return keeps_gemm_inputs | (problem.training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B)
+    # without a pipeline the schedule changes nothing (no W is held back)
+    return keeps_gemm_inputs | (p.pp == 1) | (problem.training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B)
 
 
 def _explain_zero_bubble_recompute(problem: Problem, plan: Plan) -> str:
@@ -327,10 +328,10 @@ RULES: tuple[Rule, ...] = (
     Rule("zero_bubble_vpp", "the zero-bubble schedules (zb-1p, zb-2p) are not interleaved: vpp = 1",
          "arXiv 2401.10241 §3 (one stage per worker; the fork's interleaved variant is the ZB-V schedule)",
          ("vpp",), False, _zero_bubble_vpp, _explain_zero_bubble_vpp),
-    Rule("zero_bubble_recompute", "the zero-bubble schedules are priced without recompute or with the attention "
-         "core's only (a pending W pass keeps the GEMM inputs other recompute drops)",
+    Rule("zero_bubble_recompute", "with pp > 1 the zero-bubble schedules are priced without recompute or with the "
+         "attention core's only (a pending W pass keeps the GEMM inputs other recompute drops)",
          "arXiv 2401.10241 §2.3 and Table 1 (M_W); sail-sg's fork keeps grad_output and input per deferred W",
-         ("recompute", "recompute_modules"), False, _zero_bubble_recompute, _explain_zero_bubble_recompute),
+         ("pp", "recompute", "recompute_modules"), False, _zero_bubble_recompute, _explain_zero_bubble_recompute),
     Rule("recompute", "partial recompute (recompute_layers > 0) needs full recompute and fewer layers than a chunk; "
          "recompute modules need selective recompute",
          "Megatron --recompute-method block / --recompute-modules",

@@ -150,6 +150,11 @@ def test_zero_bubble_schedules_refuse_recompute_that_drops_gemm_inputs():
         plan = dataclasses.replace(PLAN, recompute=recompute, recompute_modules=modules)
         assert ("zero_bubble_recompute" in check_plan(MODEL, CLUSTER, training("zb-1p"), plan)) is broken, plan
         assert "zero_bubble_recompute" not in check_plan(MODEL, CLUSTER, training("1f1b"), plan)
+    flat = Plan(tp=8, pp=1, mbs=1, sp=True, recompute=Recompute.FULL)      # no pipeline: nothing held back
+    assert "zero_bubble_recompute" not in check_plan(MODEL, CLUSTER, training("zb-1p"), flat)
+    front = autopar.solve(MODEL, CLUSTER, training("zb-1p"), fix={"pp": 1, "tp": 8, "recompute": "full"},
+                          solver="cpsat")
+    assert front.points and all(p.plan.recompute is Recompute.FULL for p in front.points)
     with pytest.raises(InputError, match="^recompute: recompute full with pipeline schedule zb-2p"):
         estimate(MODEL, CLUSTER, training("zb-2p"), dataclasses.replace(PLAN, recompute=Recompute.FULL))
 
@@ -169,6 +174,7 @@ def test_search_with_a_zero_bubble_schedule_is_exact_and_never_interleaves():
     oracle = autopar.solve(MODEL, CLUSTER, train, fix={"tp": 1}, solver="oracle")
     assert [p.plan for p in cpsat.points] == [p.plan for p in oracle.points]
     assert all(p.plan.vpp == 1 for p in cpsat.points)
+    assert all(p.plan.recompute is not Recompute.FULL for p in cpsat.points if p.plan.pp > 1)
     assert any(p.plan.pp > 1 for p in cpsat.points)
 
 
