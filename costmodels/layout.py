@@ -133,7 +133,7 @@ class LayoutTables:
 def prices_layouts(training: TrainingSpec) -> bool:
     """Whether this model prices per-stage layouts under `training`'s schedule: its fill-and-drain term is 1F1B's
     (interleaved or not); the zero-bubble schedules fill the pipeline with W passes and are priced on the even split
-    only (pipeline.bubble_s)."""
+    only (pipeline.zero_bubble_s)."""
     return training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B
 
 

@@ -201,9 +201,9 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
     """
     pp = plans.pp.astype(float)
     if schedule is PipelineSchedule.ZB_1P:
-        return np.minimum(np.broadcast_to(pp, np.shape(stage)).astype(float), microbatches)
+        return np.minimum(np.broadcast_to(pp, np.shape(stage)), microbatches)
     if schedule is PipelineSchedule.ZB_2P:
-        return np.minimum(np.broadcast_to(2.0 * pp - 1.0, np.shape(stage)).astype(float), microbatches)
+        return np.minimum(np.broadcast_to(2.0 * pp - 1.0, np.shape(stage)), microbatches)
     held = pp + (pp - 2.0 * stage - 1.0) / plans.vpp
     plain = pp - stage
     held = np.where(plans.vpp > 1, held, plain)

@@ -35,12 +35,6 @@ def zero_bubble_2p_min_microbatches(plans: PlanArrays) -> np.ndarray:
     return 2 * plans.pp - 1
 
 
-def bubble_s(plans: PlanArrays, stage_microbatch_s: np.ndarray) -> np.ndarray:
-    """1F1B's idle seconds per step: (p − 1)/v × the slowest stage's micro-batch time `stage_microbatch_s`
-    (forward, backward incl. recompute, and the exposed TP/CP/EP collectives), `bubble_microbatch_equivalents`."""
-    return bubble_microbatch_equivalents(plans) * stage_microbatch_s
-
-
 def zero_bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray,
                   stage_microbatch_s: np.ndarray, weight_grad_s: np.ndarray) -> np.ndarray:
     """Idle seconds per step of a zero-bubble schedule (arXiv 2401.10241), beyond m micro-batch times of the

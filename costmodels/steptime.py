@@ -7,7 +7,7 @@ largest (candidates: first, second, second-to-last and last rank) and multiplied
 each term's own worst stage keeps every term a function of few knobs (see TERM_KNOBS) and is exact when the stages
 hold equal layers, conservative (by the logits/embedding imbalance) otherwise. The pipeline bubble is
 (p-1)/v of one microbatch's stage time (compute + exposed TP/CP + EP), arXiv 2104.04473 eq. 2, under 1F1B; the
-zero-bubble schedules fill part or all of it with weight-gradient passes (pipeline.bubble_s).
+zero-bubble schedules fill part or all of it with weight-gradient passes (pipeline.zero_bubble_s).
 
 Sources for each term are cited in the function that computes it; the formulas of the pieces live in
 costmodels.compute (FLOPs, GEMM efficiency), costmodels.comm (placement, alpha–beta) and costmodels.pipeline.
@@ -25,8 +25,8 @@ from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, ed
                              group_collective_time_s, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_before, moe_layers_on_stage, stage_params_per_gpu
-from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubble_s, interleaved_warmup_chunks,
-                                 p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
+from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubble_microbatch_equivalents,
+                                 interleaved_warmup_chunks, p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
 from costmodels.specs import ClusterSpec, ModelSpec, MoEDispatcher, TrainingSpec
@@ -633,10 +633,10 @@ zero."""
 def pp_bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray,
                 per_stage: "list[StageMicrobatch]", worst_microbatch_s: np.ndarray) -> np.ndarray:
     """The pipeline's idle time per step: 1F1B's (p − 1)/v × the micro-batch time taken term by term on its worst
-    stage (`worst_microbatch_s`, pipeline.bubble_s), or a zero-bubble schedule's from each candidate stage's own
-    micro-batch time and weight-gradient GEMMs (pipeline.zero_bubble_s)."""
+    stage (`worst_microbatch_s`; pipeline.bubble_microbatch_equivalents), or a zero-bubble schedule's from each
+    candidate stage's own micro-batch time and weight-gradient GEMMs (pipeline.zero_bubble_s)."""
     if bubble_is_proportional(training):
-        return bubble_s(plans, worst_microbatch_s)
+        return bubble_microbatch_equivalents(plans) * worst_microbatch_s
     shape = worst_microbatch_s.shape
     stage_s = np.stack([np.broadcast_to(s.compute_s + s.tp_comm_s + s.cp_comm_s + s.ep_comm_s, shape)
                         for s in per_stage])
