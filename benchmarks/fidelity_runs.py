@@ -23,6 +23,8 @@ Within every group of runs of one model on one cluster (same GPU type and count,
 and predicted per-token times are ranked: Spearman's rank correlation (groups of >= 3 runs) and the top-1 regret,
 the measured time of the run autopar predicts fastest over the measured fastest, minus 1 (groups of >= 2 runs).
 
+Peak memory per GPU is compared too where a source reports it in a comparable form (memory_table: Zero Bubble Table 4).
+
     python benchmarks/fidelity_runs.py [--verbose]
 
 Ends with `fidelity-runs: mape=X% max=Y% rows=N spearman_median=R regret_mean=Z%`.
@@ -84,6 +86,8 @@ class Case:
     category: str
     group: tuple
     assumptions: tuple[str, ...] = ()
+    measured_peak_memory_bytes: float = 0.0
+    """Peak memory per GPU as the source reports it (0: not stated, or not comparable: see MEMORY_SOURCES)."""
 
 
 @dataclass(frozen=True)
@@ -100,10 +104,16 @@ class Result:
     plan: Plan
     predicted_step_s: float
     fits: bool
+    predicted_peak_memory_bytes: float = 0.0
 
     @property
     def error_pct(self) -> float:
         return 100.0 * (self.predicted_step_s - self.case.measured_step_s) / self.case.measured_step_s
+
+    @property
+    def memory_error_pct(self) -> float:
+        measured = self.case.measured_peak_memory_bytes
+        return 100.0 * (self.predicted_peak_memory_bytes - measured) / measured
 
     @property
     def measured_token_s(self) -> float:
@@ -432,7 +442,8 @@ ZERO_BUBBLE_SCHEDULES = {"Zero Bubble ZB-1p": PipelineSchedule.ZB_1P, "Zero Bubb
 def zero_bubble() -> "list[Case | Unexpressed]":
     """Zero Bubble PP Table 4: pure PP on A100 80GB; Megatron 1F1B and interleaved 1F1B (each layer its own chunk;
     the first and last stage hold one layer fewer, i.e. Megatron's embedding/loss slots), and the paper's ZB-1p and
-    ZB-2p on the same split (--pipeline-schedule zb-1p / zb-2p)."""
+    ZB-2p on the same split (--pipeline-schedule zb-1p / zb-2p). Unfused attention: ZERO_BUBBLE_ATTENTION_NOTE; the
+    table's peak memory is compared too (memory_table)."""
     source, out = "zero-bubble-pp", []
     profile = load_profile("a100-80gb")
     for r in _read("zero_bubble_pp_2401.10241.csv"):
@@ -443,7 +454,7 @@ def zero_bubble() -> "list[Case | Unexpressed]":
         seq = _int(r, "seq_len")
         model = gpt(r["model"], _int(r, "hidden"), layers, _int(r, "heads"), 50257, seq)
         training = TrainingSpec(seq_len=seq, global_batch_size=mbs * m, cross_entropy=CrossEntropyKernel.UNFUSED,
-                                pipeline_schedule=schedule)   # 2023 Megatron
+                                flash_attention=False, pipeline_schedule=schedule)   # 2023 Megatron
         fixed = dict(tp=1, pp=pp, cp=1, ep=1, mbs=mbs, recompute=Recompute.NONE, zero=0)
         # the layers do not split evenly (22 over 8, 30 over 8, ...): as in the paper's Megatron-LM, the embedding
         # and the loss each take one layer slot, so the first and last stage hold one layer fewer
@@ -458,8 +469,16 @@ def zero_bubble() -> "list[Case | Unexpressed]":
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
                         "samples/s/GPU", step, category(profile, False),
                         (source, r["model"], profile.name, gpus, seq, m),
-                        ("vocab 50257 (GPT-2 BPE, Megatron default; not stated)", "bf16 assumed")))
+                        ("vocab 50257 (GPT-2 BPE, Megatron default; not stated)", "bf16 assumed",
+                         ZERO_BUBBLE_ATTENTION_NOTE),
+                        measured_peak_memory_bytes=_num(r, "peak_mem_gb") * 1e9))
     return out
+
+
+ZERO_BUBBLE_ATTENTION_NOTE = (
+    "attention unfused (Megatron-LM's core attention, no --use-flash-attn): the paper does not state its attention, "
+    "and its peak memory (Table 4, every schedule) is that of the a·s² score and softmax activations unfused "
+    "attention keeps, not FlashAttention's (the memory table below; the time is not used to choose)")
 
 
 def torchtitan() -> "list[Case | Unexpressed]":
@@ -876,7 +895,7 @@ def predict(case: Case) -> "Result | None":
     fits = peak <= case.cluster.memory_limit_bytes
     order = np.lexsort((times, ~fits))                                   # fitting plans first, then fastest
     best = int(order[0])
-    return Result(case, plans[best], float(times[best]), bool(fits[best]))
+    return Result(case, plans[best], float(times[best]), bool(fits[best]), float(peak[best]))
 
 
 # ---- statistics ----------------------------------------------------------------------------------------------------
@@ -912,9 +931,12 @@ class Summary:
 
 
 def summarise(results: list[Result]) -> Summary:
-    if not results:
+    return _summary([r.error_pct for r in results])
+
+
+def _summary(errors: list[float]) -> Summary:
+    if not errors:
         return Summary(float("nan"), float("nan"), float("nan"), 0)
-    errors = [r.error_pct for r in results]
     return Summary(statistics.fmean(abs(e) for e in errors), max(abs(e) for e in errors), statistics.fmean(errors),
                    len(errors))
 
@@ -980,6 +1002,8 @@ def run(verbose: bool = False) -> dict:
         figures = f"{s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}" if s.rows else f"{'-':>8} {'-':>8} {'-':>8}"
         print(f"{name:<22} {s.rows:>5} {figures} {sum(not r.fits for r in members):>12}")
     print()
+    memory = memory_table(results)
+    print()
     print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
     for key, n, rho, regret in all_groups:
         label = " ".join(str(k) for k in key[1:])
@@ -1001,10 +1025,40 @@ def run(verbose: bool = False) -> dict:
     print("fidelity-runs-categories: " + " ".join(
         f"{name.replace(' ', '_')}=" + (f"{s.mape:.1f}%" if s.rows else "none(0 rows)")
         for name, s in per_category.items()))
+    print(f"fidelity-runs-memory: mape={memory.mape:.1f}% max={memory.max_err:.1f}% rows={memory.rows}")
     print(f"fidelity-runs: mape={overall.mape:.1f}% max={overall.max_err:.1f}% rows={overall.rows} "
           f"spearman_median={rho_median:.2f} regret_mean={regret_mean:.1f}%")
     return dict(results=results, refused=refused, overall=overall, per_category=per_category,
-                spearman_median=rho_median, regret_mean=regret_mean, groups=all_groups)
+                spearman_median=rho_median, regret_mean=regret_mean, groups=all_groups, memory=memory)
+
+
+def memory_errors(results: list[Result]) -> list[float]:
+    return [r.memory_error_pct for r in results if r.case.measured_peak_memory_bytes]
+
+
+def memory_table(results: list[Result]) -> Summary:
+    """Predicted peak memory per GPU (the worst stage) against the figure the source reports, for the rows that
+    report one in a comparable form (Zero Bubble Table 4, GB; torchtitan and torchao report the caching allocator's
+    reserved GiB, which no model of tensors predicts, and are left out). Under it, the same rows priced with
+    FlashAttention: the evidence for the attention the Zero Bubble rows are priced with (ZERO_BUBBLE_ATTENTION_NOTE)."""
+    print(f"{'peak memory vs published':<26} {'rows':>5} {'MAPE %':>8} {'max %':>8} {'bias %':>8}")
+    with_memory = [r for r in results if r.case.measured_peak_memory_bytes]
+    for source in sorted({r.case.source for r in with_memory}):
+        members = [r for r in with_memory if r.case.source == source]
+        s = _summary(memory_errors(members))
+        print(f"{source:<26} {s.rows:>5} {s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}")
+        flash = [_flash_attention_memory_error_pct(r) for r in members if not r.case.training.flash_attention]
+        if flash:
+            f = _summary(flash)
+            print(f"{'  (with FlashAttention)':<26} {f.rows:>5} {f.mape:>8.1f} {f.max_err:>8.1f} {f.bias:>+8.1f}")
+    return _summary(memory_errors(with_memory))
+
+
+def _flash_attention_memory_error_pct(result: Result) -> float:
+    training = dataclasses.replace(result.case.training, flash_attention=True)
+    peak, _, _ = peak_memory(result.case.model, result.case.cluster, training, PlanArrays.from_plans([result.plan]))
+    measured = result.case.measured_peak_memory_bytes
+    return 100.0 * (float(peak[0]) - measured) / measured
 
 
 def main(argv: "list[str] | None" = None) -> int:
