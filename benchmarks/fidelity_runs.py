@@ -87,7 +87,7 @@ class Case:
     group: tuple
     assumptions: tuple[str, ...] = ()
     measured_peak_memory_bytes: float = 0.0
-    """Peak memory per GPU as the source reports it (0: not stated, or not comparable: see MEMORY_SOURCES)."""
+    """Peak memory per GPU as the source reports it (0: not stated, or not comparable: see memory_table)."""
 
 
 @dataclass(frozen=True)
