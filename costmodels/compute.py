@@ -400,9 +400,7 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     per_column = 6.0 if model.mlp is MlpKind.GATED else 4.0
     if moe_layer and model.moe is not None:
         moe = model.moe
-        expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
-            * moe.num_experts / plans.ep
-        mlp_split = expert_tokens * per_column * moe.expert_ffn_hidden_size / plans.etp
+        mlp_split = routed_expert_elementwise_bytes(model, training, plans)
         if moe.num_shared_experts:
             mlp_split = mlp_split + tokens * per_column * moe.shared_expert_ffn_hidden_size / tp
         # the token permutation around the all-to-all and the router's softmax/top-k are priced on their own bytes
@@ -416,6 +414,17 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
         per_score = 5.0 if model.dropout else 2.0
         score_bytes = per_score * model.num_attention_heads * training.seq_len * tokens / tp
     return layer_bytes, score_bytes
+
+
+def routed_expert_elementwise_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """The routed experts' MLP interior in `elementwise_bytes_per_layer` (2 + 2 bytes per expert column per token
+    copy, plus 2 for the gate when gated) on the busiest rank's received copies."""
+    assert model.moe is not None
+    moe = model.moe
+    per_column = 6.0 if model.mlp is MlpKind.GATED else 4.0
+    expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
+        * moe.num_experts / plans.ep
+    return expert_tokens * per_column * moe.expert_ffn_hidden_size / plans.etp
 
 
 # ---- FP8 casts ---------------------------------------------------------------------------------------------------
@@ -524,6 +533,11 @@ class LayerTimes:
     Their weight-gradient GEMMs (the zero-bubble schedules' W pass) have the same FLOPs and shapes, transposed."""
     moe_weight_gemm_fwd_s: "np.ndarray | float" = 0.0
     """Per MoE layer: the same (projections, router, routed and shared experts)."""
+    moe_pre_dispatch_fwd_s: "np.ndarray | float" = 0.0
+    """Per MoE layer: the forward of what comes before the dispatch (attention block, pre-MLP norm, router, shared
+    experts; Megatron-Core's `submodule_pre_dispatch_forward`): moe_layer_fwd_s less the routed experts' GEMMs, their
+    elementwise work and the token permutation (which also carries the router's softmax/top-k bytes). The windows
+    of the EP-overlap schedule (steptime.ep_paired_exposed_s)."""
 
     def core_backward_s(self, training: TrainingSpec) -> np.ndarray:
         if self.attention_core_bwd_s is not None:
@@ -606,8 +620,13 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
             + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte + dispatch_s
         moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
         moe_bwd_extra = moe_backward_extra_s(profile, moe_mlp, dispatch_s, training.precision.value)
+        routed = [gemm for gemm in moe_mlp if gemm.grouped]
+        routed_s = _gemms_time_s(profile, training, routed) + fp8_cast_bytes(routed, training) * cast_s_per_byte \
+            + routed_expert_elementwise_bytes(model, training, plans) * seconds_per_byte + dispatch_s
+        pre_dispatch_s = np.clip(moe_s - routed_s, 0.0, moe_s)
     else:
         moe_bwd_extra = 0.0
+        pre_dispatch_s = np.zeros(len(plans))
     dense_sel, moe_sel = selective_recompute_s(model, profile, training, plans, core_s)
     logits_s = _gemms_time_s(profile, training, logits_gemms(model, training, plans))
     mtp_s = np.zeros(len(plans))
@@ -618,7 +637,7 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     tp_overlap = tp_overlap_gemms_s(model, profile, training, plans) if training.tp_comm_overlap else None
     loss_fwd_s, loss_bwd_s = loss_times_s(model, profile, training, plans)
     return LayerTimes(dense_s, moe_s, core_s, logits_s, mtp_s, dense_sel, moe_sel, moe_bwd_extra, loss_fwd_s,
-                      loss_bwd_s, tp_overlap, core_bwd_s, dense_weight_s, moe_weight_s)
+                      loss_bwd_s, tp_overlap, core_bwd_s, dense_weight_s, moe_weight_s, pre_dispatch_s)
 
 
 def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:

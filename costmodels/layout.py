@@ -272,11 +272,12 @@ class LayoutBreakdown:
 def exposed_ep_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                  piece: "steptime.StageMicrobatch") -> np.ndarray:
     """Each virtual stage's EP all-to-all per micro-batch as the step exposes it: all of it, or under
-    --overlap-moe-expert-parallel-comm its warmup/cooldown share whole and the rest beside the stage's compute
-    (steptime.ep_exposed_per_microbatch_s, which scales with the stage: a chunk carries its own layers' exchange)."""
+    --overlap-moe-expert-parallel-comm its warmup/cooldown share whole and the rest phase by phase beside its MoE
+    layers' compute (steptime.ep_exposed_per_microbatch_s and ep_paired_exposed_s, which scale with the stage: a
+    chunk carries its own layers' exchange)."""
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
-    return steptime.ep_exposed_per_microbatch_s(model, cluster.profile, training, plans, piece.ep_comm_s,
-                                                piece.compute_s, microbatches)
+    return steptime.ep_exposed_per_microbatch_s(model, training, plans, piece.ep_comm_s,
+                                                piece.ep_paired_exposed_s, microbatches)
 
 
 def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,

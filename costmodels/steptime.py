@@ -142,6 +142,8 @@ class StageMicrobatch:
     ep_comm_s: np.ndarray
     weight_grad_s: "np.ndarray | float" = 0.0
     """The part of backward_s that is weight-gradient GEMMs (the zero-bubble schedules' W; `stage_weight_grad_s`)."""
+    ep_paired_exposed_s: "np.ndarray | float" = 0.0
+    """What ep_comm_s adds where the EP-overlap schedule pairs this micro-batch with another (`ep_paired_exposed_s`)."""
 
     @property
     def compute_s(self) -> np.ndarray:
@@ -421,35 +423,59 @@ def ep_a2a_overlap_applies(model: ModelSpec, training: TrainingSpec, plans: Plan
             & (plans.recompute != Recompute.FULL) & ~recomputes_module(plans, RecomputeModule.MOE))
 
 
-def ep_overlap_exposed_s(a2a_s: np.ndarray, compute_s: np.ndarray, microbatches: np.ndarray,
-                         contention_share: float = 0.0, plans: "PlanArrays | None" = None) -> np.ndarray:
-    """Exposed EP all-to-all per step under --overlap-moe-expert-parallel-comm (`a2a_s`, `compute_s`: one
-    micro-batch's on the stage). Megatron-Core runs the forward of one micro-batch (chunk) and the backward of
-    another as one merged schedule (`pipeline_parallel/combined_1f1b.py`; MoE README "EP A2A overlap"), so their
-    dispatch/combine hide behind each other's computation; a forward with no backward to pair with keeps its
-    all-to-alls exposed, and so does a backward alone: the first forward and the last backward without a pipeline,
-    the warmup forwards and the cooldown backwards of the interleaved schedule, which runs one extra warmup chunk
-    with the overlap (schedules.py get_pp_rank_microbatches: interleaved warmup + 1). With v chunks a chunk pass
-    carries 1/v of a micro-batch's all-to-alls. The hidden all-to-alls slow the compute beside them by
-    `contention_share` of their length (`overlapped_exposed_s`)."""
+def ep_overlap_exposed_s(a2a_s: np.ndarray, paired_s: np.ndarray, microbatches: np.ndarray,
+                         plans: "PlanArrays | None" = None) -> np.ndarray:
+    """Exposed EP all-to-all per step under --overlap-moe-expert-parallel-comm (`a2a_s`: one micro-batch's on the
+    stage; `paired_s`: what it adds when paired, `ep_paired_exposed_s`). Megatron-Core runs the forward of one
+    micro-batch (chunk) and the backward of another as one merged schedule (`pipeline_parallel/combined_1f1b.py`;
+    MoE README "EP A2A overlap"), so their dispatch/combine hide behind each other's computation; a forward with
+    no backward to pair with keeps its all-to-alls exposed, and so does a backward alone: the first forward and the
+    last backward without a pipeline, the warmup forwards and the cooldown backwards of the interleaved schedule,
+    which runs one extra warmup chunk with the overlap (schedules.py get_pp_rank_microbatches: interleaved warmup
+    + 1). With v chunks a chunk pass carries 1/v of a micro-batch's all-to-alls."""
     if plans is None:
         alone_chunks, chunks = np.ones_like(microbatches, dtype=float), microbatches
     else:
         chunks = plans.vpp * microbatches
         alone_chunks = np.minimum(interleaved_warmup_chunks(plans, microbatches) + 1.0, chunks)
         alone_chunks, chunks = alone_chunks / plans.vpp, chunks / plans.vpp   # in micro-batches
-    return alone_chunks * a2a_s + (chunks - alone_chunks) * overlapped_exposed_s(a2a_s, compute_s, contention_share)
+    return alone_chunks * a2a_s + (chunks - alone_chunks) * paired_s
 
 
-def ep_exposed_per_microbatch_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
-                                plans: PlanArrays, a2a_s: np.ndarray, compute_s: np.ndarray,
-                                microbatches: np.ndarray) -> np.ndarray:
-    """One micro-batch's share of the EP all-to-all a step exposes (`a2a_s`, `compute_s`: a stage's or a chunk's
-    per micro-batch): `ep_overlap_exposed_s` / m where --overlap-moe-expert-parallel-comm runs
-    (`ep_a2a_overlap_applies`), the whole all-to-all elsewhere. The layout tables (costmodels.layout) price each
-    virtual stage with it."""
+def ep_paired_exposed_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
+                        times: compute_model.LayerTimes, stage: np.ndarray, one_s: np.ndarray) -> np.ndarray:
+    """What one micro-batch's EP all-to-alls on `stage` (`one_s` each) add to the step when the EP-overlap schedule
+    pairs its forward with another micro-batch's backward. Per MoE layer the pair runs three phases, a
+    communication beside a computation in each (Megatron-Core `models/common/model_chunk_schedule_plan.py`,
+    TransformerLayerSchedulePlan.run):
+
+        comm stream: combine_bwd      | dispatch_fwd -> dispatch_bwd     | combine_fwd
+        comp stream: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | pre_dispatch_bwd
+
+    so an all-to-all hides only behind its own phase's computation, and a phase adds its excess or its SMs' share of
+    the compute (`overlapped_exposed_s`, DeepEP's or NCCL's SMs). The pieces of a MoE layer: the pre-dispatch
+    forward A (`LayerTimes.moe_pre_dispatch_fwd_s`), its backward 2·(A − core) + the core's backward; the routed part
+    M = moe_layer_fwd_s − A, its backward 2·M + moe_layer_bwd_extra_s. The stage's dense layers, logits and loss
+    carry no all-to-all and hide none; recompute is left out of the windows."""
     share = overlap_contention_share(profile, ep_comm_sms(training))
-    overlapped = ep_overlap_exposed_s(a2a_s, compute_s, microbatches, share, plans) / microbatches
+    pre_fwd = times.moe_pre_dispatch_fwd_s
+    pre_bwd = compute_model.BACKWARD_TO_FORWARD * np.maximum(pre_fwd - times.attention_core_fwd_s, 0.0) \
+        + times.core_backward_s(training)
+    routed_fwd = times.moe_layer_fwd_s - pre_fwd
+    routed_bwd = compute_model.BACKWARD_TO_FORWARD * routed_fwd + times.moe_layer_bwd_extra_s
+    per_layer = overlapped_exposed_s(one_s, pre_fwd, share) \
+        + overlapped_exposed_s(2.0 * one_s, routed_fwd + routed_bwd, share) \
+        + overlapped_exposed_s(one_s, pre_bwd, share)
+    return moe_layers_on_stage(model, plans, stage) * per_layer
+
+
+def ep_exposed_per_microbatch_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, a2a_s: np.ndarray,
+                                paired_s: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+    """One micro-batch's share of the EP all-to-all a step exposes (`a2a_s`, `paired_s`: a stage's or a chunk's
+    per micro-batch, `ep_paired_exposed_s`): `ep_overlap_exposed_s` / m where --overlap-moe-expert-parallel-comm
+    runs (`ep_a2a_overlap_applies`), the whole all-to-all elsewhere. The layout tables (costmodels.layout) price
+    each virtual stage with it."""
+    overlapped = ep_overlap_exposed_s(a2a_s, paired_s, microbatches, plans) / microbatches
     return np.where(ep_a2a_overlap_applies(model, training, plans), overlapped, a2a_s)
 
 
@@ -501,6 +527,8 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                             times.core_backward_s(training), comm),
         ep_comm_s=ep_comm_s(model, cluster, training, plans, stage, comm),
         weight_grad_s=stage_weight_grad_s(model, plans, times, stage),
+        ep_paired_exposed_s=ep_paired_exposed_s(model, cluster.profile, training, plans, times, stage,
+                                                comm.ep_all_to_all_s),
     )
 
 
@@ -679,12 +707,13 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
         tp_mb = worst([s.tp_comm_s for s in per_stage])
         cp_mb = worst([s.cp_comm_s for s in per_stage])
         ep_mb = worst([s.ep_comm_s for s in per_stage])
+        ep_paired_mb = worst([np.broadcast_to(s.ep_paired_exposed_s, ep_mb.shape) for s in per_stage])
         terms.update({
             "compute": microbatches * compute_mb,
             "tp_comm": microbatches * tp_mb,
             "cp_comm": microbatches * cp_mb,
-            "ep_comm": microbatches * ep_exposed_per_microbatch_s(model, profile, training, plans, ep_mb,
-                                                                  compute_mb, microbatches),
+            "ep_comm": microbatches * ep_exposed_per_microbatch_s(model, training, plans, ep_mb, ep_paired_mb,
+                                                                  microbatches),
             "pp_bubble": pp_bubble_s(training, plans, microbatches, per_stage, compute_mb + tp_mb + cp_mb + ep_mb),
         })
     if "pp_p2p" in names:

@@ -374,20 +374,41 @@ def test_tp_overlap_exposes_more_for_a_narrow_model_than_the_whole_layer_window_
 
 
 def test_a2a_overlap_leaves_the_first_microbatch_exposed():
-    a2a, compute_s = np.array([2.0]), np.array([10.0])
-    assert steptime.ep_overlap_exposed_s(a2a, compute_s, np.array([4.0]))[0] == pytest.approx(2.0)
-    assert steptime.ep_overlap_exposed_s(a2a, np.array([0.5]), np.array([4.0]))[0] == pytest.approx(2.0 + 3 * 1.5)
+    a2a = np.array([2.0])
+    assert steptime.ep_overlap_exposed_s(a2a, np.array([0.0]), np.array([4.0]))[0] == pytest.approx(2.0)
+    assert steptime.ep_overlap_exposed_s(a2a, np.array([1.5]), np.array([4.0]))[0] == pytest.approx(2.0 + 3 * 1.5)
+
+
+def test_a2a_overlap_hides_each_all_to_all_only_behind_its_own_phase():
+    """Megatron-Core's TransformerLayerSchedulePlan.run: combine_bwd beside the pre-dispatch forward, dispatch_fwd
+    and dispatch_bwd beside the routed MLP's backward and forward, combine_fwd beside the pre-dispatch backward.
+    By hand: one all-to-all 1.5 ms; pre-dispatch forward 1 ms (core 0.25 ms, its backward 0.625 ms), the MoE layer's
+    forward 3 ms, no backward extra, no SMs taken (nccl_ctas 0)."""
+    times = compute.LayerTimes(
+        dense_layer_fwd_s=np.array([0.0]), moe_layer_fwd_s=np.array([3.0e-3]), attention_core_fwd_s=np.array([0.25e-3]),
+        logits_fwd_s=np.array([0.0]), mtp_fwd_s=np.array([0.0]), attention_core_bwd_s=np.array([0.625e-3]),
+        moe_pre_dispatch_fwd_s=np.array([1.0e-3]))
+    plans = PlanArrays.from_plans([Plan(ep=8)])
+    one = np.array([1.5e-3])
+    paired = steptime.ep_paired_exposed_s(MIXTRAL, H100, TrainingSpec(nccl_ctas=0), plans, times, np.array([0]), one)
+    pre_bwd = 2 * (1.0e-3 - 0.25e-3) + 0.625e-3                  # 2.125 ms: hides combine_fwd
+    routed = 2.0e-3 + 2 * 2.0e-3                                  # 6 ms: hides both dispatches
+    per_layer = (1.5e-3 - 1.0e-3) + max(3.0e-3 - routed, 0.0) + max(1.5e-3 - pre_bwd, 0.0)
+    assert per_layer == pytest.approx(0.5e-3)
+    assert paired[0] == pytest.approx(MIXTRAL.num_layers * per_layer)
+    # the layer's compute (9.1 ms) is longer than its four all-to-alls (6 ms), yet the combine_bwd phase shows
+    assert paired[0] > 0.0
 
 
 def test_a2a_overlap_leaves_the_interleaved_warmup_and_cooldown_exposed():
     """Megatron-Core's combined 1F1B pairs a forward chunk with a backward chunk only in the steady state: the
     (p−1)·2 + (v−1)·p + 1 warmup forwards and as many cooldown backwards keep their all-to-alls."""
-    a2a, compute_s, m = np.array([2.0]), np.array([10.0]), np.array([16.0])
+    a2a, paired, m = np.array([2.0]), np.array([0.0]), np.array([16.0])
     plans = PlanArrays.from_plans([Plan(pp=4, vpp=2, ep=8)])
     alone = (3 * 2 + 1 * 4 + 1) / 2                  # 11 chunk passes of 1/2 micro-batch each
-    assert steptime.ep_overlap_exposed_s(a2a, compute_s, m, 0.0, plans)[0] == pytest.approx(alone * 2.0)
+    assert steptime.ep_overlap_exposed_s(a2a, paired, m, plans)[0] == pytest.approx(alone * 2.0)
     # every chunk in the warmup: nothing overlaps
-    assert steptime.ep_overlap_exposed_s(a2a, compute_s, np.array([4.0]), 0.0, plans)[0] == pytest.approx(4 * 2.0)
+    assert steptime.ep_overlap_exposed_s(a2a, paired, np.array([4.0]), plans)[0] == pytest.approx(4 * 2.0)
 
 
 @pytest.mark.parametrize("plan, overlaps", [
@@ -448,12 +469,10 @@ def test_an_overlapped_collective_takes_its_ctas_share_of_the_sms_from_the_compu
     # compute delays it by 16/132 × 2 s; none hidden (comm-bound), nothing is added beyond the exposed part
     share = steptime.overlap_contention_share(H100, 16)
     assert share == pytest.approx(16 / 132)
-    assert steptime.ep_overlap_exposed_s(np.array([2.0]), np.array([10.0]), np.array([4.0]), share)[0] == \
-        pytest.approx(2.0 + 3 * share * 2.0)
+    assert steptime.overlapped_exposed_s(np.array([2.0]), np.array([10.0]), share)[0] == pytest.approx(share * 2.0)
     # communication-bound: the compute (2 s at 1 - share of its rate) ends inside the all-to-all (10 s), which
     # alone sets the pace: 8 s exposed per hidden pair, nothing more
-    assert steptime.ep_overlap_exposed_s(np.array([10.0]), np.array([2.0]), np.array([4.0]), share)[0] == \
-        pytest.approx(10.0 + 3 * 8.0)
+    assert steptime.overlapped_exposed_s(np.array([10.0]), np.array([2.0]), share)[0] == pytest.approx(8.0)
     # at the crossover (comm = window / (1 - share)) both regimes agree
     window = np.array([10.0]); comm = window / (1 - share)
     assert steptime.overlapped_exposed_s(comm, window, share)[0] == pytest.approx(share * comm[0])
