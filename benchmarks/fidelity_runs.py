@@ -37,10 +37,9 @@ import csv
 import dataclasses
 import itertools
 import math
-import re
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

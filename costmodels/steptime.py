@@ -677,8 +677,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     """Named step-time terms (seconds) for every plan; their sum is the step time. With `only`, just the terms named
     there (a solver summing one group of terms; each term's value is the same as in the full call)."""
     plans = as_plan_arrays(plans)
-    profile = cluster.profile
-    profile.require_precision(training.precision.value)
+    cluster.profile.require_precision(training.precision.value)
     names = [name for name in TERM_NAMES if only is None or name in only]
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     stages = candidate_stages(plans)
