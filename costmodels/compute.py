@@ -397,7 +397,7 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     masks = ELEMENTWISE_MASK_BYTES_PER_HIDDEN if model.dropout else 0.0
     replicated = (ELEMENTWISE_REPLICATED_BYTES_PER_HIDDEN + masks) * tokens * h / np.where(plans.sp, tp, 1.0)
     attention_split = tokens * (4.0 * model.q_size + 4.0 * model.kv_size) / tp
-    per_column = 6.0 if model.mlp is MlpKind.GATED else 4.0
+    per_column = mlp_interior_bytes_per_column(model)
     if moe_layer and model.moe is not None:
         moe = model.moe
         mlp_split = routed_expert_elementwise_bytes(model, training, plans)
@@ -416,15 +416,18 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     return layer_bytes, score_bytes
 
 
+def mlp_interior_bytes_per_column(model: ModelSpec) -> float:
+    """Elementwise bytes per token per MLP column in `elementwise_bytes_per_layer`: 2 + 2, plus 2 for the gate."""
+    return 6.0 if model.mlp is MlpKind.GATED else 4.0
+
+
 def routed_expert_elementwise_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    """The routed experts' MLP interior in `elementwise_bytes_per_layer` (2 + 2 bytes per expert column per token
-    copy, plus 2 for the gate when gated) on the busiest rank's received copies."""
+    """The routed experts' MLP interior in `elementwise_bytes_per_layer` on the busiest rank's received copies."""
     assert model.moe is not None
     moe = model.moe
-    per_column = 6.0 if model.mlp is MlpKind.GATED else 4.0
     expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
         * moe.num_experts / plans.ep
-    return expert_tokens * per_column * moe.expert_ffn_hidden_size / plans.etp
+    return expert_tokens * mlp_interior_bytes_per_column(model) * moe.expert_ffn_hidden_size / plans.etp
 
 
 # ---- FP8 casts ---------------------------------------------------------------------------------------------------

@@ -282,9 +282,8 @@ def _explain_zero_bubble_recompute(problem: Problem, plan: Plan) -> str:
     if plan.recompute_modules:
         what += f" ({'+'.join(RecomputeModule.short_names(int(plan.recompute_modules)))})"
     return (f"recompute {what} with pipeline schedule {problem.training.pipeline_schedule.value}: a pending "
-            "weight-gradient pass "
-            "keeps the GEMM inputs recompute would drop, which this model does not price; use --recompute none or "
-            "selective with core_attn only, or --pipeline-schedule 1f1b")
+            "weight-gradient pass keeps the GEMM inputs recompute would drop, which this model does not price; use "
+            "--recompute none or selective with core_attn only, or --pipeline-schedule 1f1b")
 
 
 def _recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
