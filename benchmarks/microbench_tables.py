@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 
 from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement, Measurements, Timing
 from costmodels.comm import algorithm_factor
+from costmodels.hardware import load_profile
 
 A100 = ("a100-80gb", "a100-40gb")
 H100 = ("h100-80gb",)
@@ -350,12 +351,16 @@ at the unmasked half of the score matrix (cudnn-frontend: 4·B·S²·H·d/2 on B
 H200/GB200, ≈ S²/2); the cost model counts the fused core the same way (costmodels.compute.attention_gemms: half the
 matrix with a fused kernel; FLASH_CORE_BACKWARD_TO_FORWARD = 2.5), so a measured rate is a rate on our FLOPs."""
 
-NATIVE_BF16_FLOP_PER_CLOCK_PER_SM = {"A100": 2048.0, "H100": 4096.0, "H200": 4096.0, "H800": 4096.0, "B200": 8192.0,
-                                     "GB200": 8192.0}
-"""Dense bf16 tensor-core FLOP per clock per SM with each generation's native MMA instruction: A100 1024 FMA (NVIDIA
-A100 Tensor Core GPU Architecture whitepaper), Hopper twice Ampere clock for clock with wgmma (NVIDIA H100 Tensor Core
-GPU Architecture whitepaper), Blackwell twice Hopper with tcgen05. With the datasheet dense peak (hardware.csv) it
-gives SMs × clock = peak / this (A100 108 SMs × 1.41 GHz; H100 132 × 1.83; B200 148 × 1.86)."""
+GPU_PROFILES = {"A100": A100, "H100": H100, "H200": H200, "H800": H800, "B200": B200, "GB200": GB200}
+
+
+def native_bf16_flops_per_clock_per_sm(gpu: str) -> float:
+    """Dense bf16 tensor-core FLOP per clock per SM with the generation's native MMA instruction, as the GPU's
+    bundled profile states it (compute.bf16_flops_per_clock_per_sm: A100 2048 with mma.sync, Hopper 4096 with
+    wgmma, Blackwell 8192 with tcgen05). With the datasheet dense peak it gives SMs × clock = peak / this (A100 108
+    SMs × 1.41 GHz; H100 132 × 1.83; B200 148 × 1.86)."""
+    return load_profile(GPU_PROFILES[gpu][0]).bf16_flops_per_clock_per_sm
+
 
 FA2_RULE = ("FlashAttention-2 issues Ampere's mma.sync on every GPU (no wgmma/tcgen05; FA3 paper, arXiv 2407.08608: "
             "'FlashAttention-2 achieving only 35% utilization on the H100'), so its rate per SM per clock carries over: "
@@ -377,7 +382,7 @@ SAME_DIE_RULE = ("H100 SXM, H200 and H800 are the same GH100 die (132 SMs, the s
 def sm_clock_ratio(target: str, source: str) -> float:
     """(SMs × clock) of `target` over `source`: peak / native FLOP per clock per SM (NATIVE_BF16_...)."""
     def sm_clock(gpu: str) -> float:
-        return PEAK_TFLOPS["bf16"][gpu] / NATIVE_BF16_FLOP_PER_CLOCK_PER_SM[gpu]
+        return PEAK_TFLOPS["bf16"][gpu] / native_bf16_flops_per_clock_per_sm(gpu)
     return sm_clock(target) / sm_clock(source)
 
 

@@ -149,6 +149,48 @@ def attention_kernel_runs(profile: HardwareProfile, training: TrainingSpec) -> s
     return resolve_attention_kernel(profile, training) or "fused"
 
 
+MMA_SYNC_KERNELS = ("fa1", "fa2", "fa_triton")
+"""Kernels that issue Ampere's synchronous mma.sync on every GPU (FlashAttention-3 paper, arXiv 2407.08608:
+FlashAttention-2 does not use Hopper's wgmma, 'achieving only 35% utilization on the H100'; the Triton kernel and
+FlashAttention v1 predate it too): their matmuls run at Ampere's rate per SM per clock whatever the GPU."""
+MMA_SYNC_BF16_FLOPS_PER_CLOCK_PER_SM = 2048.0
+"""mma.sync's dense bf16 rate: 1024 FMA per SM per clock (NVIDIA A100 Tensor Core GPU Architecture whitepaper)."""
+MEASURED_HEAD_DIM = 128.0
+"""Head dimension of every attention benchmark the bundled curves are fitted to (microbench README; the cuDNN
+frontend's dsv3 rows have 192/128, above it)."""
+
+
+def attention_head_dim_factor(profile: HardwareProfile, kernel: str, attention_pass: str,
+                              head_dim: "np.ndarray | float") -> np.ndarray:
+    """A fused attention kernel's rate at head dimension d over its rate at MEASURED_HEAD_DIM, where d is smaller.
+
+    Per score element a pass runs F·d matmul FLOPs (forward QKᵀ and PV: 4d; backward 2.5× that,
+    FLASH_CORE_BACKWARD_TO_FORWARD) and one exponential on the special-function units (the forward's softmax; the
+    backward recomputes P = exp(S - L) once), whose rate does not grow with the tensor cores: 16 per SM per clock
+    against 2048 (A100), 4096 (H100) or 8192 (B200) bf16 FLOPs ('H100 SXM5 has 989 TFLOPS of FP16 matmul but only
+    3.9 TFLOPS of special functions ... for head dimension 128, there are 512x more matmul FLOPS than exponential,
+    which means that exponential can take 50% of the cycle time compared to matmul', FlashAttention-3 paper,
+    arXiv 2407.08608 §3.1; on B200 the exponential unit 'remained at 16 ops/clock/SM' against 8192 MMA,
+    FlashAttention-4, arXiv 2603.05451). With c = the kernel's matmul FLOPs per SM per clock / exponentials per SM
+    per clock (mma.sync kernels at Ampere's rate, MMA_SYNC_KERNELS; the others at the GPU's native rate), a score
+    element costs F·d/mma + 1/exp = (F·d/mma)·(1 + c/(F·d)): the matmul share of the time, and so the kernel's
+    FLOP rate, falls as d shrinks:
+
+        factor = (1 + c / (F·128)) / (1 + c / (F·d)),  at most 1
+
+    (A100 FlashAttention-2, d = 64: 0.83 forward, 0.92 backward; B200 cuDNN: 0.67 forward). The measured curves
+    carry the d = 128 share already; above 128 (MLA's 192) other limits (registers, tile shapes) set in that no
+    benchmark here measures, so the curve stands. 1 for a profile that does not state both rates."""
+    if not profile.bf16_flops_per_clock_per_sm or not profile.exp2_per_clock_per_sm:
+        return np.ones(np.shape(head_dim))
+    mma = MMA_SYNC_BF16_FLOPS_PER_CLOCK_PER_SM if kernel in MMA_SYNC_KERNELS else profile.bf16_flops_per_clock_per_sm
+    c = mma / profile.exp2_per_clock_per_sm
+    flops_per_dim = 4.0 * (FLASH_CORE_BACKWARD_TO_FORWARD if attention_pass == "bwd" else 1.0)
+    d = np.maximum(np.asarray(head_dim, dtype=float), 1.0)
+    factor = (1.0 + c / (flops_per_dim * MEASURED_HEAD_DIM)) / (1.0 + c / (flops_per_dim * d))
+    return np.minimum(factor, 1.0)
+
+
 def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
                          k: "np.ndarray | float", kernel: str = "", attention_pass: str = "fwd") -> np.ndarray:
     """Fraction of the bf16 peak a fused attention kernel reaches in one pass (`attention_pass` fwd or bwd), for
@@ -164,8 +206,9 @@ def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "
     dispatch is taken out (shared/reference/microbench/attention_*.csv; a batch-1 benchmark's forward also times
     the call's dispatch, which the fit separates and no step prices: attention_dispatch_parameter); the backward
     (five matmuls, dS and the atomics of dQ) runs well below the forward (FA3 on H100:
-    ~540 against ~630 TFLOPS non-causal at 8K). Every measured kernel has head dim 128, so the head dim does not enter
-    (an MLA head of 192 is priced as 128). `kernel` '' or a profile without that kernel's curve: the kernel-less
+    ~540 against ~630 TFLOPS non-causal at 8K). Every measured kernel has head dim 128; a smaller head dim k runs
+    at `attention_head_dim_factor` of the curve (the softmax's exponentials weigh more against fewer matmul FLOPs),
+    a larger one (MLA's 192) at the curve. `kernel` '' or a profile without that kernel's curve: the kernel-less
     curve (ATTENTION_PARAMETERS, both passes) where the profile has it, else the GEMM curve."""
     params = profile.gemm_efficiency
     names = attention_curve_parameters(kernel, attention_pass) if kernel else ATTENTION_PARAMETERS
@@ -174,8 +217,9 @@ def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "
     if not all(name in params for name in names):
         return gemm_efficiency(profile, m, n, k, "bf16")
     keys = np.maximum(np.asarray(n, dtype=float), 1.0)
-    return np.broadcast_to(params[names[0]] / (1.0 + params[names[1]] / keys),
-                           np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(k))).astype(float)
+    curve = params[names[0]] / (1.0 + params[names[1]] / keys) \
+        * attention_head_dim_factor(profile, kernel, attention_pass, k)
+    return np.broadcast_to(curve, np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(k))).astype(float)
 
 
 def gemm_time_s(profile: HardwareProfile, flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,

@@ -87,6 +87,15 @@ class HardwareProfile:
     """SMs of the GPU (YAML `compute.streaming_multiprocessors`, optional, a whole number > 0; absent: 0, not
     stated): a communication kernel running beside a compute kernel holds some of them
     (costmodels.steptime.overlap_contention_share, overlapped_exposed_s); unknown, that contention is not priced."""
+    bf16_flops_per_clock_per_sm: float = 0.0
+    """Dense bf16 tensor-core FLOP per SM per clock with the GPU's native MMA instruction (YAML
+    `compute.bf16_flops_per_clock_per_sm`, optional; absent: 0, not stated): 2048 on A100 (mma.sync, 1024 FMA; NVIDIA
+    A100 Tensor Core GPU Architecture whitepaper), twice that on Hopper with wgmma and four times on Blackwell with
+    tcgen05 (the datasheet peak over SMs × boost clock). With `exp2_per_clock_per_sm` it weighs the attention core's
+    softmax exponentials against its matmuls (costmodels.compute.attention_head_dim_factor)."""
+    exp2_per_clock_per_sm: float = 0.0
+    """exp2 results per SM per clock of the special-function units (YAML `compute.exp2_per_clock_per_sm`, optional;
+    absent: 0, not stated, and the attention core's rate does not depend on its head dimension)."""
     sustained_clock_fraction: float = 1.0
     """SM clock a training step sustains at the board's power limit over the clock the compute microbenchmarks
     ran at (YAML `compute.sustained_clock_fraction`, optional; absent = 1, no throttling). Tensor-core throughput
@@ -274,6 +283,8 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         gpus_per_node=gpus_per_node,
         nvlink_domain_size=nvlink_domain_size,
         streaming_multiprocessors=_streaming_multiprocessors(reader, data),
+        bf16_flops_per_clock_per_sm=_per_clock_rate(reader, data, "bf16_flops_per_clock_per_sm"),
+        exp2_per_clock_per_sm=_per_clock_rate(reader, data, "exp2_per_clock_per_sm"),
         sustained_clock_fraction=_sustained_clock_fraction(reader, data),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
@@ -313,6 +324,17 @@ def _streaming_multiprocessors(reader: "_Reader", data: dict) -> int:
         raise InputError("profile", f"{reader.origin}: field compute.streaming_multiprocessors must be a whole "
                                     f"number, got {data['compute']['streaming_multiprocessors']!r}")
     return int(count)
+
+
+MAX_PER_CLOCK_RATE = 65536.0
+"""Far above any GPU's per-SM rate per clock (B200: 8192 bf16 FLOP); a larger value is a typo."""
+
+
+def _per_clock_rate(reader: "_Reader", data: dict, name: str) -> float:
+    """An optional per-SM, per-clock throughput of the `compute:` section (> 0); absent = 0 (not stated)."""
+    if not _has_compute_field(data, name):
+        return 0.0
+    return reader.number(f"compute.{name}", upper=MAX_PER_CLOCK_RATE)
 
 
 MIN_SUSTAINED_CLOCK_FRACTION = 0.25

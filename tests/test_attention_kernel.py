@@ -72,6 +72,34 @@ def test_the_kernel_changes_the_attention_core_only():
         assert getattr(times["fa2"], attr)[0] > max(getattr(times["fa3"], attr)[0], getattr(times["cudnn"], attr)[0])
 
 
+@pytest.mark.parametrize("profile, kernel, attention_pass, expected", [
+    (A100, "fa2", "fwd", (1 + 128 / 512) / (1 + 128 / 256)),     # mma.sync: 2048 FLOP vs 16 exp2 per SM per clock
+    (A100, "fa2", "bwd", (1 + 128 / 1280) / (1 + 128 / 640)),    # 2.5x the matmul FLOPs, one recomputed exp
+    (H100, "fa2", "fwd", (1 + 128 / 512) / (1 + 128 / 256)),     # FA2 issues mma.sync on Hopper too
+    (H100, "cudnn", "fwd", (1 + 256 / 512) / (1 + 256 / 256)),   # wgmma: 4096
+    (B200, "cudnn", "fwd", (1 + 512 / 512) / (1 + 512 / 256)),   # tcgen05: 8192
+])
+def test_a_head_dim_of_64_runs_the_core_slower_by_its_exponentials_share(profile, kernel, attention_pass, expected):
+    factor = compute.attention_head_dim_factor(profile, kernel, attention_pass, np.array([64.0, 128.0, 192.0]))
+    assert factor == pytest.approx([expected, 1.0, 1.0])          # measured at 128; above it the curve stands
+    assert float(compute.attention_efficiency(profile, 8192, 8192, 64, kernel, attention_pass)) == pytest.approx(
+        expected * float(compute.attention_efficiency(profile, 8192, 8192, 128, kernel, attention_pass)))
+
+
+def test_the_core_of_a_64_wide_head_takes_longer_for_the_same_flops():
+    wide = dense_model()                                              # 32 heads of 128
+    narrow = dataclasses.replace(wide, num_attention_heads=64, num_kv_heads=16, head_dim=64)  # same FLOPs
+    plans = PlanArrays.from_plans([Plan(tp=1, mbs=1, zero=1)])
+    training = TrainingSpec(seq_len=8192, global_batch_size=8, attention_kernel="cudnn")
+    wide_t, narrow_t = (compute.layer_times_s(m, H100, training, plans) for m in (wide, narrow))
+    ratio = narrow_t.attention_core_fwd_s[0] / wide_t.attention_core_fwd_s[0]
+    assert ratio == pytest.approx(1.0 / float(compute.attention_head_dim_factor(H100, "cudnn", "fwd", 64.0)))
+    assert narrow_t.attention_core_bwd_s[0] / wide_t.attention_core_bwd_s[0] == pytest.approx(
+        1.0 / float(compute.attention_head_dim_factor(H100, "cudnn", "bwd", 64.0)))
+    unstated = dataclasses.replace(H100, exp2_per_clock_per_sm=0.0)   # a profile that does not state the rates
+    assert float(compute.attention_head_dim_factor(unstated, "cudnn", "fwd", 64.0)) == 1.0
+
+
 def test_a_profile_without_kernel_curves_keeps_the_kernel_less_curve_then_the_gemm_curve():
     legacy = dataclasses.replace(H100, gemm_efficiency={
         **{k: v for k, v in H100.gemm_efficiency.items() if not k.startswith("attention_")},

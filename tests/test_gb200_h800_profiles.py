@@ -229,6 +229,8 @@ def test_every_bundled_profile_states_its_sm_count():
 @pytest.mark.parametrize("field, value, bad_values, absent", [
     ("streaming_multiprocessors", "148", ("12.5", "-3", "2000", "many"), 0),     # not stated: contention not priced
     ("sustained_clock_fraction", "0.804", ("0", "0.1", "1.2", "-0.5", "fast"), 1.0),  # not stated: burst rate
+    ("bf16_flops_per_clock_per_sm", "8192", ("0", "-3", "1e9", "fast"), 0.0),  # not stated: no head-dim factor
+    ("exp2_per_clock_per_sm", "16", ("0", "-1", "1e6", "many"), 0.0),
 ])
 def test_optional_compute_fields_are_checked_and_default_when_absent(field, value, bad_values, absent):
     text = GB200_YAML.read_text(encoding="utf-8")
