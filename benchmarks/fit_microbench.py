@@ -84,6 +84,42 @@ def _strip_fitted(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+GEMM_DONORS = (("bf16", "half_saturation_dim", "h100-80gb", "h100-80gb"),
+               ("fp8", "fp8_half_saturation_dim", "h100-80gb", "h200-141gb"))
+"""Where a GPU measured only MAMF's best shape in a precision (B200, GB200): (precision, curve key, the profile whose
+fit gives the roll-off, the profile whose curve and MAMF row give the best shape's share). The roll-off is H100's,
+fitted to the shape sweeps (bf16 cuBLAS, fp8 DeepGEMM on H800, H100's HBM): Hopper, not Ampere, because Blackwell's
+tensor cores are fed the way Hopper's are (TMA, asynchronous warpgroup-wide MMA on large tiles, 132-148 SMs to fill)
+and its machine balance is Hopper's (B200 281 bf16 FLOP per HBM byte, H100 295, A100 153). The share comes from the
+same die with a MAMF row in that precision: H100 for bf16, H200 for fp8 (MAMF measured no H100 fp8)."""
+
+
+def best_shape_share(donor: HardwareProfile, donor_measurements, precision: str) -> "float | None":
+    """The donor's fitted curve at its MAMF best shape over MAMF's measured rate there (None without a MAMF row): how
+    far a curve that also fits typical shapes sits below the maximum of a brute-force shape sweep (H100 bf16 0.80)."""
+    from autopar.calibrate.fit import measured_gemm_efficiency
+    from costmodels.compute import gemm_efficiency
+
+    rows = [g for g in donor_measurements.gemm if g.precision == precision and g.kind == "gemm"
+            and g.label.startswith(tables.MAMF_LABEL)]
+    if not rows:
+        return None
+    shares = [float(gemm_efficiency(donor, g.m, g.n, g.k, precision)) / measured_gemm_efficiency(g, donor)
+              for g in rows]
+    return min(1.0, sum(shares) / len(shares))
+
+
+def _at_share_of_best_shape(measurements, precision: str, share: float):
+    """`measurements` with its `precision` GEMM rows (MAMF best shapes only, see GEMM_DONORS) timed 1/share slower."""
+    def scaled(g):
+        if g.precision != precision or g.kind != "gemm":
+            return g
+        t = g.timing
+        return dataclasses.replace(g, timing=dataclasses.replace(t, median_s=t.median_s / share, q1_s=t.q1_s / share,
+                                                                 q3_s=t.q3_s / share))
+    return dataclasses.replace(measurements, gemm=tuple(scaled(g) for g in measurements.gemm))
+
+
 def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: dict[str, HardwareProfile],
                 exclude: str | None = None) -> tuple[HardwareProfile, dict[str, Any], list[str]]:
     """The profile fitted to every table but `exclude`: (profile, its YAML data, notes)."""
@@ -98,8 +134,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     notes: list[str] = []
     fixed_gemm: list[str] = []
     gemm_notes: list[str] = []
-    for precision, key, donor_name in (("bf16", "half_saturation_dim", "a100-80gb"),
-                                       ("fp8", "fp8_half_saturation_dim", "h100-80gb")):
+    for precision, key, donor_name, share_donor_name in GEMM_DONORS:
         shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision and g.kind == "gemm"}
         if len(shapes) >= 3 or not base.supports(precision) or donor_name not in fitted or donor_name == name:
             continue
@@ -116,6 +151,13 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
         fixed_gemm.append(key)
         gemm_notes.append(f"{key} extrapolated from the {donor.name} fit × machine-balance ({precision} peak / HBM "
                           f"bandwidth) ratio {balance:.2f}, {len(shapes)} {precision} shape(s) measured here")
+        share = best_shape_share(fitted[share_donor_name], tables.measurements_for(
+            share_donor_name, rows_by_file, exclude=exclude), precision) if share_donor_name in fitted else None
+        if share is not None:
+            measurements = _at_share_of_best_shape(measurements, precision, share)
+            gemm_notes.append(f"{precision} MAMF best shape fitted at {share:.2f} of its rate, where the "
+                              f"{share_donor_name} curve sits at its own MAMF best shape (a maximum over a "
+                              f"brute-force sweep, not a typical shape)")
     fit = fit_measurements(measurements, base, fixed_gemm=tuple(fixed_gemm))
     apply_fit(data, base, fit, measurements, STAMP, provenance, notes, fixed_gemm=tuple(fixed_gemm))
     _hold_undetermined_link_alpha(data, base, measurements, provenance)

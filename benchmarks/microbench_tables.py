@@ -213,6 +213,10 @@ MAMF_GPUS = {"NVIDIA A100 SXM": ("A100", A100), "NVIDIA H100 SXM": ("H100", H100
              "NVIDIA B200 SXM": ("B200", B200), "NVIDIA GB200 SXM": ("GB200", GB200)}
 
 
+MAMF_LABEL = "MAMF "
+"""How a MAMF best-shape row's label begins (benchmarks/fit_microbench.py GEMM_DONORS reads them apart)."""
+
+
 def read_mamf(path: Path) -> Iterator[Row]:
     for row in _csv(path):
         if row["accelerator"] not in MAMF_GPUS or not row["mamf_tflops"]:
@@ -220,11 +224,11 @@ def read_mamf(path: Path) -> Iterator[Row]:
         gpu, profiles = MAMF_GPUS[row["accelerator"]]
         precision = "fp8" if row["dtype"].startswith("fp8") else "bf16"
         m, n, k = (int(x) for x in row["best_shape_MxNxK"].split("x"))
-        yield Row(profiles, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"MAMF {row['accelerator']}"))
+        yield Row(profiles, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"{MAMF_LABEL}{row['accelerator']}"))
         if gpu == "H100" and precision == "bf16":  # the source: 'H200 is the same' (same GH100 compute die)
-            yield Row(H200, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), "MAMF H100 SXM (same die)"))
+            yield Row(H200, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"{MAMF_LABEL}H100 SXM (same die)"))
         if gpu == "H100":  # H800: the H100 SXM die and tensor-core rates, NVLink cut (microbench README 'H800 vs H100')
-            yield Row(H800, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), "MAMF H100 SXM (same die)"))
+            yield Row(H800, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"{MAMF_LABEL}H100 SXM (same die)"))
 
 
 def read_cublas_sweep(path: Path) -> Iterator[Row]:
