@@ -681,6 +681,8 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
+    if "--num-experts" in flags:   # TEGroupedMLP / SequentialMLP: a cuBLAS GEMM per expert (TrainingSpec.expert_gemm)
+        training["expert_gemm"] = "cublas"
     training["cross_entropy"] = _cross_entropy(flags)
     training["pipeline_schedule"] = _pipeline_schedule(flags, plan.pp)
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")

@@ -53,8 +53,8 @@ from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import peak_memory  # noqa: E402
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule  # noqa: E402
-from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, MlpKind, ModelSpec, NormKind,  # noqa: E402
-                              PipelineSchedule, PositionEmbedding, Precision, TrainingSpec)
+from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, ExpertGemm, MlpKind,  # noqa: E402
+                              ModelSpec, NormKind, PipelineSchedule, PositionEmbedding, Precision, TrainingSpec)
 from costmodels.steptime import step_time_s  # noqa: E402
 
 MEMORY_HEADROOM = 0.05
@@ -524,13 +524,15 @@ def _torchao_llama4(source: str, r: dict, profile: HardwareProfile, label: str) 
                                 num_layers=_int(r, "layers"), attention_chunk_size=0, chunked_attention_layers=0)
     gpus, seq, mbs = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "micro_batch")
     training = TrainingSpec(seq_len=seq, global_batch_size=mbs * _int(r, "dp"), precision=Precision.BF16,
-                            attention_kernel=AttentionKernel.CUDNN, cross_entropy=CrossEntropyKernel.UNFUSED)
+                            attention_kernel=AttentionKernel.CUDNN, cross_entropy=CrossEntropyKernel.UNFUSED,
+                            expert_gemm=ExpertGemm.GROUPED)
     fixed = dict(tp=1, pp=1, cp=1, ep=_int(r, "ep"), etp=1, mbs=mbs, zero=3, recompute=Recompute.NONE)
     step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
     return Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "tokens/s/GPU", step,
                 "MoE", (source, r["model"], profile.name, gpus, seq),
                 ("Llama 4 Scout's shape with its 2 layers (the table's debug config)",
                  "attention SDPA cudnn (torchtitan backend priority)", "torchtitan's eager cross entropy (unfused)",
+                 "experts in one torch._grouped_mm kernel (torchtitan's GroupedExperts)",
                  "B200 at its sustained clock: table (C) states no power limit (table (A)'s B200s are power limited)"))
 
 

@@ -31,9 +31,12 @@ attention in bf16). Unfused, it uses the GEMM curve with its (s/cp) × (s/cp) ×
 (TrainingSpec.attention_kernel: FlashAttention-2, FlashAttention-3 or cuDNN) has its own measured curve per pass
 (attention_efficiency), the backward's 2.5× FLOPs priced at the backward's own rate.
 
-Routed experts (`Gemm.grouped`) run as one grouped GEMM per MoE layer and are priced with the grouped-GEMM roofline
-of `costmodels.moe_kernels` (fitted to DeepGEMM's grouped tables) where the profile has it, with the fp32
-weight-gradient accumulation in the backward and the dispatcher's permutation and router passes at HBM bandwidth.
+Routed experts (`Gemm.grouped`, flops / 2mnk GEMMs of one expert's shape) run the way TrainingSpec.expert_gemm says:
+a cuBLAS GEMM per expert (Megatron-Core with Transformer Engine, whose grouped GEMM is a multi-stream loop of cuBLAS
+calls), each on the dense curve at its own shape, or one grouped kernel (torchtitan's torch._grouped_mm), priced
+with the grouped-GEMM roofline of `costmodels.moe_kernels` (fitted to DeepGEMM's grouped tables) where the profile
+has it; either way with the fp32 weight-gradient accumulation in the backward and the dispatcher's permutation and
+router passes at HBM bandwidth.
 
 Memory-bound work (layernorm, bias, GELU/SwiGLU, dropout, residual adds, softmax when not fused) is priced as HBM
 traffic: `traffic_per_activation_byte` (profile section `elementwise:`) × the activation bytes Korthikanti et al.
@@ -53,7 +56,7 @@ from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
 from costmodels.plan import PlanArrays, Recompute, RecomputeModule, layers_on_stage, recomputes_module
-from costmodels.specs import CrossEntropyKernel, MlpKind, ModelSpec, Precision, TrainingSpec
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, MlpKind, ModelSpec, Precision, TrainingSpec
 
 BACKWARD_TO_FORWARD = 2.0
 """Backward runs two GEMMs (data gradient and weight gradient) per forward GEMM (arXiv 2104.04473, appendix)."""
@@ -242,7 +245,8 @@ class Gemm:
     attention_core: bool = False
     """Attention scores/values: bf16 always, recomputed by selective recompute."""
     grouped: bool = False
-    """Routed experts: flops / 2mnk GEMMs of one grouped kernel (costmodels.moe_kernels.grouped_gemm_time_s)."""
+    """Routed experts: flops / 2mnk GEMMs of one expert's shape, a cuBLAS call each or one grouped kernel
+    (TrainingSpec.expert_gemm; costmodels.moe_kernels.grouped_gemm_time_s)."""
 
 
 def _tokens(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -524,7 +528,8 @@ def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[
             total = total + sustained_compute_s(profile, gemm.flops / (
                 profile.peak_flops_per_s["bf16"] * attention_efficiency(
                     profile, gemm.m, gemm.n, gemm.k, resolve_attention_kernel(profile, training), "fwd")))
-        elif gemm.grouped and moe_kernels.has_grouped_curve(profile, precision):  # routed experts: grouped-GEMM roofline
+        elif gemm.grouped and training.expert_gemm is ExpertGemm.GROUPED and \
+                moe_kernels.has_grouped_curve(profile, precision):   # routed experts in one grouped kernel: roofline
             total = total + moe_kernels.grouped_gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, precision,
                                                             profile.sustained_clock_fraction)
         else:

@@ -2,9 +2,12 @@
 
 Each function is one cost term; `costmodels.compute` calls them for the routed experts of an MoE layer.
 
-Grouped expert GEMM (`grouped_gemm_time_s`). Megatron-Core runs the local experts' fc1 / fc2 as one grouped GEMM
-(`moe/experts.py` TEGroupedMLP → Transformer Engine `GroupedLinear`, or GroupedMLP → the cutlass `grouped_gemm`
-package): G experts, each an m×k·k×n GEMM with m = the tokens routed to it. At small m every expert's weight matrix
+Grouped expert GEMM (`grouped_gemm_time_s`), for TrainingSpec.expert_gemm = grouped: one kernel runs the local
+experts' fc1 / fc2 (torchtitan's torch._grouped_mm, a CUTLASS grouped GEMM; DeepGEMM; Megatron-Core's legacy
+GroupedMLP → the cutlass `grouped_gemm` package): G experts, each an m×k·k×n GEMM with m = the tokens routed to it.
+(Megatron-Core's default path, TEGroupedMLP → Transformer Engine `GroupedLinear`, is a cuBLAS GEMM per expert over
+TE's compute streams, `nvte_multi_stream_cublas_gemm`: expert_gemm = cublas, the dense curve per expert, priced in
+costmodels.compute.) At small m every expert's weight matrix
 is streamed from HBM for few FLOPs, so the kernel is bound by operand traffic, not by the tensor cores. Priced as a
 roofline written as a sum of times, with the bytes itemised per group (DeepGEMM's own accounting,
 `tests/test_core.py`: inputs m·k + k·n, output m·n):

@@ -273,6 +273,19 @@ class MoEDispatcher(str, enum.Enum):
     for asymmetric-domain bandwidth forwarding'); inside a node as the all-to-all."""
 
 
+class ExpertGemm(str, enum.Enum):
+    """How a MoE layer's routed-expert GEMMs run on a GPU (costmodels.compute prices each)."""
+
+    CUBLAS = "cublas"
+    """One cuBLAS GEMM per local expert: Megatron-Core's --moe-grouped-gemm through Transformer Engine's
+    GroupedLinear, whose grouped GEMM is nvte_multi_stream_cublas_gemm (TE pytorch/csrc/extensions/gemm.cpp: 'For
+    now, we only have multi-stream cublas backend'; the experts' GEMMs spread over TE's compute streams), and its
+    SequentialMLP (a TE Linear per expert): each expert's GEMM on the dense curve at its own shape."""
+    GROUPED = "grouped"
+    """One grouped kernel over all local experts (torchtitan's torch._grouped_mm, a CUTLASS grouped GEMM; DeepGEMM):
+    the grouped-GEMM roofline fitted to DeepGEMM's grouped tables (costmodels.moe_kernels)."""
+
+
 class CrossEntropyKernel(str, enum.Enum):
     """The softmax cross-entropy's kernels over the logits (costmodels.compute.LOSS_BYTES_PER_LOGIT prices the bytes
     each moves; costmodels.memory.logits_bytes keeps what each saves for the backward)."""
@@ -331,6 +344,9 @@ class TrainingSpec:
     """Load on the busiest expert rank relative to a perfectly balanced one, with dropless routing (≥ 1)."""
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     """Token dispatcher of the MoE layers: alltoall (NCCL) or deepep (DeepEP through the flex dispatcher)."""
+    expert_gemm: ExpertGemm = ExpertGemm.CUBLAS
+    """How the routed experts' GEMMs run: cublas (a cuBLAS GEMM per expert, Megatron-Core with Transformer Engine)
+    or grouped (one grouped kernel, torchtitan's torch._grouped_mm)."""
     # Communication overlap, as the framework runs it. Defaults are Megatron-LM's: off for
     # DistributedDataParallelConfig.overlap_grad_reduce / overlap_param_gather, ModelParallelConfig.tp_comm_overlap
     # and overlap_moe_expert_parallel_comm; on for the interleaved schedule's P2P (overlap_p2p_comm, see below).
@@ -373,6 +389,7 @@ class TrainingSpec:
                 raise InputError("precision", f"unknown precision {self.precision!r}; use bf16 or fp8") from None
         self._coerce_choice("attention_kernel", AttentionKernel, "attention kernel")
         self._coerce_choice("moe_dispatcher", MoEDispatcher, "MoE token dispatcher")
+        self._coerce_choice("expert_gemm", ExpertGemm, "expert GEMM kernel")
         self._coerce_choice("cross_entropy", CrossEntropyKernel, "cross-entropy kernel")
         self._coerce_choice("pipeline_schedule", PipelineSchedule, "pipeline schedule")
         if self.moe_capacity_factor is not None:

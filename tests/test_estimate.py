@@ -300,11 +300,11 @@ def test_estimate_json_is_versioned_with_integral_counts() -> None:
 
 def test_header_shows_edp_for_moe_only_and_uses_design_names() -> None:
     dense = autopar("estimate", "llama-3.1-8b", "--tp", "2", "--num-gpus", "8").stdout
-    plan_line = next(line for line in dense.splitlines() if line.startswith("plan"))
+    plan_line = next(line for line in dense.splitlines() if line.startswith("plan "))
     assert "dp 4" in plan_line and "edp" not in plan_line
     assert "seq_len 4096" in dense and "limit 64.0 GiB per GPU (80% of 80 GiB HBM)" in dense
     moe = autopar("estimate", "mixtral-8x7b", "--tp", "2", "--ep", "4", "--num-gpus", "8").stdout
-    plan_line = next(line for line in moe.splitlines() if line.startswith("plan"))
+    plan_line = next(line for line in moe.splitlines() if line.startswith("plan "))
     assert "edp 1" in plan_line  # 8 / (etp 2 · ep 4 · pp 1) = 1
 
 

@@ -39,6 +39,7 @@ def test_every_front_point_round_trips_through_megatron_flags(name, make_front):
                     "pipeline_schedule": "1f1b"}                               # upstream's only schedules
         if estimate.model.is_moe:     # the dispatcher the step time priced is written for every MoE model
             expected["moe_dispatcher"] = estimate.training.moe_dispatcher.value
+            expected["expert_gemm"] = estimate.training.expert_gemm.value      # Megatron-Core's: cuBLAS per expert
         assert run.training == expected
         assert run.model_mismatches(estimate.model) == []
         assert run.notes == ()

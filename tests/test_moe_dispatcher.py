@@ -4,6 +4,7 @@ its pricing against the NCCL all-to-all, and the flags that carry it to and from
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -162,3 +163,46 @@ def test_an_overlapped_exchange_names_a_dispatcher_megatron_core_accepts(dispatc
     words = emit(estimate, "megatron").split()
     assert "--overlap-moe-expert-parallel-comm" in words
     assert words[words.index("--moe-token-dispatcher-type") + 1] in ("alltoall", "flex")
+
+
+# ---- the experts' GEMM kernel (TrainingSpec.expert_gemm) ------------------------------------------------------------
+
+def test_megatron_core_exports_say_when_the_estimate_priced_another_expert_gemm():
+    plan = Plan(tp=2, pp=2, ep=8, etp=1, mbs=1, sp=True)
+    grouped = synthetic_estimate(moe_model(), cluster(64), TrainingSpec(expert_gemm="grouped"), plan)
+    cublas = synthetic_estimate(moe_model(), cluster(64), TrainingSpec(), plan)
+    for framework in ("megatron", "nemo", "bridge", "verl"):
+        assert "expert_gemm grouped: Megatron-Core runs a cuBLAS GEMM per expert" in emit(grouped, framework)
+        assert "expert_gemm" not in emit(cublas, framework)
+    dense = synthetic_estimate(dense_model(), cluster(64), TrainingSpec(expert_gemm="grouped"),
+                               Plan(tp=2, pp=2, mbs=1, sp=True))
+    assert "expert_gemm" not in emit(dense, "megatron")
+
+
+def test_the_torchtitan_export_says_when_the_estimate_priced_per_expert_cublas_gemms():
+    plan = Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=3)
+    cublas = synthetic_estimate(moe_model(), cluster(8), TrainingSpec(), plan)
+    grouped = synthetic_estimate(moe_model(), cluster(8), TrainingSpec(expert_gemm="grouped"), plan)
+    assert "expert_gemm cublas: torchtitan's GroupedExperts runs one torch._grouped_mm kernel" in \
+        emit(cublas, "torchtitan")
+    assert "expert_gemm" not in emit(grouped, "torchtitan")
+
+
+def test_a_megatron_moe_launch_reads_back_as_per_expert_cublas_gemms():
+    run = parse_megatron_args("python pretrain_gpt.py --num-experts 8 --moe-grouped-gemm "
+                              "--moe-token-dispatcher-type alltoall --tensor-model-parallel-size 1")
+    assert run.training["expert_gemm"] == "cublas"
+    assert "expert_gemm" not in parse_megatron_args("python pretrain_gpt.py --tensor-model-parallel-size 1").training
+
+
+def test_the_expert_gemm_flag_reaches_the_header_and_the_json_and_bad_values_exit_2():
+    from test_cli import LLAMA_8B, assert_one_line_bad_input, autopar
+    argv = ("estimate", "mixtral-8x7b", "--gpu", "h100", "--gpus", "16", "--tp", "2", "--ep", "8", "--mbs", "1",
+            "--global-batch", "64")
+    result = autopar(*argv, "--expert-gemm", "grouped", "--json")
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["inputs"]["training"]["expert_gemm"] == "grouped"
+    assert "expert GEMMs cublas" in autopar(*argv).stdout
+    assert_one_line_bad_input(autopar(*argv, "--expert-gemm", "fused"), ["expert_gemm", "fused", "cublas"])
+    dense = autopar("estimate", LLAMA_8B, "--gpus", "8", "--expert-gemm", "grouped")
+    assert "--expert-gemm grouped has no effect" in dense.stderr

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from costmodels import compute, moe_kernels
+from costmodels.errors import InputError
 from costmodels.hardware import load_profile
 from costmodels.plan import Plan, PlanArrays
-from costmodels.specs import MlpKind, ModelSpec, MoESpec, TrainingSpec
+from costmodels.specs import ExpertGemm, MlpKind, ModelSpec, MoESpec, TrainingSpec
 
 H100 = load_profile("h100-80gb")
 A100 = load_profile("a100-80gb")
@@ -136,7 +137,7 @@ def test_dispatch_bytes_follow_the_plan():
 
 
 def test_moe_layer_prices_grouped_experts_and_wgrad_accumulation():
-    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, expert_gemm="grouped")
     plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=1, sp=True)])
     with_curve = compute.layer_times_s(MIXTRAL, H100, training, plans)
     params = {k: v for k, v in H100.gemm_efficiency.items() if k not in moe_kernels.GROUPED_PARAMETERS}
@@ -158,6 +159,27 @@ def test_moe_layer_prices_grouped_experts_and_wgrad_accumulation():
                        if g.grouped) / moe_kernels.grouped_hbm_bytes_per_s(H100)
     dispatch = compute.moe_dispatch_bytes(MIXTRAL, training, plans) / H100.hbm_bandwidth_bytes_per_s
     assert with_curve.moe_layer_bwd_extra_s[0] == pytest.approx(float(accumulation[0] - dispatch[0]))
+
+
+def test_per_expert_cublas_gemms_take_the_dense_curve_and_one_grouped_kernel_the_roofline():
+    # Megatron-Core with Transformer Engine (the default): GroupedLinear is a cuBLAS GEMM per expert, so the routed
+    # experts cost what they cost on a profile without the grouped curve; torchtitan's torch._grouped_mm does not
+    cublas = TrainingSpec(seq_len=4096, global_batch_size=256)
+    assert cublas.expert_gemm is ExpertGemm.CUBLAS
+    grouped = dataclasses.replace(cublas, expert_gemm=ExpertGemm.GROUPED)
+    plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=1, sp=True), Plan(tp=1, ep=8, etp=1)])
+    params = {k: v for k, v in H100.gemm_efficiency.items() if k not in moe_kernels.GROUPED_PARAMETERS}
+    no_grouped_curve = dataclasses.replace(H100, gemm_efficiency=params)
+    per_expert = compute.layer_times_s(MIXTRAL, H100, cublas, plans)
+    dense = compute.layer_times_s(MIXTRAL, no_grouped_curve, grouped, plans)
+    one_kernel = compute.layer_times_s(MIXTRAL, H100, grouped, plans)
+    assert per_expert.moe_layer_fwd_s == pytest.approx(dense.moe_layer_fwd_s)
+    assert not np.allclose(one_kernel.moe_layer_fwd_s, per_expert.moe_layer_fwd_s)
+    assert per_expert.dense_layer_fwd_s == pytest.approx(one_kernel.dense_layer_fwd_s)
+    # both keep the fp32 weight-gradient accumulation (the experts' wgrad GEMMs write main_grad either way)
+    assert per_expert.moe_layer_bwd_extra_s == pytest.approx(one_kernel.moe_layer_bwd_extra_s)
+    with pytest.raises(InputError, match="expert_gemm: unknown expert GEMM kernel 'fused'; use cublas, grouped"):
+        TrainingSpec(expert_gemm="fused")
 
 
 def test_smaller_expert_batches_cost_more_per_flop():

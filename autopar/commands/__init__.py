@@ -113,6 +113,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="MoE token dispatcher: alltoall (NCCL all-to-all, one copy per routed expert) or deepep "
                             "(DeepEP through Megatron-Core's flex dispatcher: one copy per destination node over "
                             "InfiniBand); default alltoall")
+    group.add_argument("--expert-gemm", default="cublas", metavar="{cublas,grouped}",
+                       help="how the routed experts' GEMMs run: cublas (a cuBLAS GEMM per expert: Megatron-Core with "
+                            "Transformer Engine's GroupedLinear) or grouped (one grouped kernel: torchtitan's "
+                            "torch._grouped_mm); default cublas")
     overlap = parser.add_argument_group("communication overlap (Megatron-LM flag names and defaults: off but for "
                                         "the interleaved schedule's P2P; the exports write what you set)")
     overlap.add_argument("--overlap-grad-reduce", action="store_true",
@@ -240,6 +244,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         pipeline_schedule=getattr(args, "pipeline_schedule", None) or "1f1b",
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
+                        expert_gemm=getattr(args, "expert_gemm", None) or "cublas",
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas)
@@ -306,7 +311,7 @@ def plan_input_warnings(model: "ModelSpec", training: "TrainingSpec", plan: "Pla
 
 def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
     """Inputs autopar accepts but that have no effect, or that the model was not built for; one line each."""
-    from costmodels.specs import MoEDispatcher, PositionEmbedding
+    from costmodels.specs import ExpertGemm, MoEDispatcher, PositionEmbedding
 
     warnings = []
     if model.moe is None and training.moe_capacity_factor is not None:
@@ -317,6 +322,9 @@ def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
                         "a dense model (no experts)")
     if model.moe is None and training.moe_dispatcher is not MoEDispatcher.ALLTOALL:
         warnings.append(f"--moe-dispatcher {training.moe_dispatcher.value} has no effect: {model.name} is a dense "
+                        "model (no experts)")
+    if model.moe is None and training.expert_gemm is not ExpertGemm.CUBLAS:
+        warnings.append(f"--expert-gemm {training.expert_gemm.value} has no effect: {model.name} is a dense "
                         "model (no experts)")
     if 0 < model.max_position_embeddings < training.seq_len:
         if model.position_embedding is PositionEmbedding.ROPE:

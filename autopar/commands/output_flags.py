@@ -138,6 +138,10 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if imported_dispatcher is not None and typed_dispatcher not in (None, "alltoall", imported_dispatcher):
         print(f"autopar: note: --moe-dispatcher {typed_dispatcher} ignored: the Megatron-LM command runs "
               f"{imported_dispatcher}", file=stream)
+    typed_gemm, imported_gemm = getattr(args, "expert_gemm", None), run.training.get("expert_gemm")
+    if imported_gemm is not None and typed_gemm not in (None, imported_gemm):
+        print(f"autopar: note: --expert-gemm {typed_gemm} ignored: the Megatron-LM command runs {imported_gemm} "
+              "(Transformer Engine's GroupedLinear, a cuBLAS GEMM per expert)", file=stream)
     from costmodels.specs import CrossEntropyKernel, PipelineSchedule
 
     imported_loss = run.training["cross_entropy"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
-from costmodels.specs import CrossEntropyKernel, MoEDispatcher
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, MoEDispatcher
 from costmodels.steptime import ep_a2a_overlap_applies
 
 
@@ -219,6 +219,21 @@ def loss_fusion(estimate: Estimate) -> dict[str, bool]:
     runs the kernels the estimate assumed. Megatron-Core has no xentropy kernel: its fused loss is the nearest
     (`loss_kernel_note` says so)."""
     return {"cross_entropy_loss_fusion": estimate.training.cross_entropy is not CrossEntropyKernel.UNFUSED}
+
+
+def expert_gemm_note(estimate: Estimate, runs: ExpertGemm, how: str) -> list[str]:
+    """A MoE estimate's expert GEMMs (TrainingSpec.expert_gemm), where the target framework runs them as `runs`
+    (`how` says with what)."""
+    priced = estimate.training.expert_gemm
+    if not estimate.model.is_moe or priced is runs:
+        return []
+    return [f"expert_gemm {priced.value}: {how}, which this estimate did not price; estimate again with "
+            f"--expert-gemm {runs.value} for this framework"]
+
+
+MEGATRON_EXPERT_GEMM = (ExpertGemm.CUBLAS, "Megatron-Core runs a cuBLAS GEMM per expert (TEGroupedMLP -> Transformer "
+                                           "Engine's GroupedLinear, nvte_multi_stream_cublas_gemm)")
+"""What every Megatron-Core export (Megatron-LM, NeMo, Megatron-Bridge, verl) runs the experts' GEMMs as."""
 
 
 def loss_kernel_note(estimate: Estimate) -> list[str]:

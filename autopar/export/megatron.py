@@ -25,8 +25,9 @@ as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/RE
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, is_uneven, loss_fusion,
-                                   loss_kernel_note, mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
+from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
+                                   flash_version_note, is_uneven, loss_fusion, loss_kernel_note,
+                                   mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
                                    moe_dispatcher_fields,
                                    one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
@@ -207,7 +208,8 @@ def _moe_layer_pattern(model: ModelSpec) -> str | None:
 
 def unexpressed(estimate: Estimate) -> list[str]:
     """Everything a plan holds is a Megatron-LM flag; only remarks about approximations are listed."""
-    notes = flash_version_note(estimate) + loss_kernel_note(estimate)
+    notes = flash_version_note(estimate) + loss_kernel_note(estimate) \
+        + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
     model = estimate.model
     if model.chunked_attention_layers:
         notes.append(f"attention_chunk_size {model.attention_chunk_size}: Megatron-Core has no chunked attention; its "

@@ -27,8 +27,8 @@ data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_g
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, loss_fusion, loss_kernel_note,
-                                   mcore_moe_fields,
+from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
+                                   loss_fusion, loss_kernel_note, mcore_moe_fields,
                                    mcore_parallel_fields, pipeline_p2p_overlap, plan_caption)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
@@ -103,7 +103,8 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     overrides.append("trainer.plugins=" + ("bf16_with_fp8_mixed" if training.precision is Precision.FP8
                                            else "bf16_mixed"))
     return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory <recipe> ...): "
-                   f"{plan_caption(estimate)}", NEMO_SOURCES, overrides, loss_kernel_note(estimate))
+                   f"{plan_caption(estimate)}", NEMO_SOURCES, overrides,
+                   loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM))
 
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
@@ -129,7 +130,8 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     overrides.append("mixed_precision=" + ("bf16_with_fp8_current_scaling_mixed"
                                            if training.precision is Precision.FP8 else "bf16_mixed"))
     return _render("bridge", f"{TARGET_VERSIONS['bridge']} (scripts/training/run_recipe.py --recipe <recipe> ...): "
-                   f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides, loss_kernel_note(estimate))
+                   f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides,
+                   loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM))
 
 
 def _render(framework: str, caption: str, sources: tuple[str, ...], overrides: list[str],

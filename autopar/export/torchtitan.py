@@ -22,10 +22,10 @@ expert TP other than its own, Megatron's selective or partial recompute) are ref
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import LaunchConfig, chunk_layers_in_model_order, one_line, plan_caption
+from autopar.export.common import LaunchConfig, chunk_layers_in_model_order, expert_gemm_note, one_line, plan_caption
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
-from costmodels.specs import CrossEntropyKernel, ModelSpec, Precision
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, ModelSpec, Precision
 
 SOURCES = ("pytorch/torchtitan torchtitan/config/configs.py", "pytorch/torchtitan torchtitan/config/manager.py",
            "pytorch/torchtitan torchtitan/distributed/pipeline_parallel.py")
@@ -132,6 +132,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     notes = () if loss is CrossEntropyKernel.UNFUSED else (
         f"cross_entropy {loss.value}: torchtitan runs PyTorch's eager cross entropy on upcast logits (unfused), "
         "which moves more bytes per logit and keeps an fp32 copy of the logits the estimate did not price",)
+    notes += tuple(expert_gemm_note(estimate, ExpertGemm.GROUPED, "torchtitan's GroupedExperts runs one "
+                                    "torch._grouped_mm kernel over the local experts (MoEArgs.use_grouped_mm)"))
     lines[1:1] = [f"# note: {note}" for note in notes]      # after the caption, which names the target
     text = "\n".join(lines) + "\n"
     return LaunchConfig(framework="torchtitan", text=text, unexpressed=notes, sources=SOURCES,

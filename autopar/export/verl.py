@@ -24,7 +24,8 @@ the global batch with rollout.n = 1, one optimizer step per training step.
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import (LaunchConfig, data_parallel_overlap, flash_version_note, mcore_moe_fields,
+from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
+                                   flash_version_note, mcore_moe_fields,
                                    mcore_parallel_fields, megatron_attention_backend, one_line,
                                    pipeline_p2p_overlap, plan_caption)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
@@ -103,7 +104,7 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     backend = megatron_attention_backend(estimate)
     if backend is not None:
         overrides.append(_override("override_transformer_config", "attention_backend", backend))
-    notes += flash_version_note(estimate)
+    notes += flash_version_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
     lines = [f"# {TARGET_VERSIONS['verl']}: {plan_caption(estimate)}",
              "# python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer <these overrides>",
              f"# key names: {'; '.join(SOURCES)}",

@@ -31,6 +31,8 @@ from costmodels.units import GIB
 SCHEMA_RESOURCE = "front.schema.json"
 DISPATCHER_TEXT = {"alltoall": "NCCL all-to-all (one copy per routed expert)",
                    "deepep": "DeepEP (one copy per destination node over InfiniBand, fanned out over NVLink)"}
+EXPERT_GEMM_TEXT = {"cublas": "a cuBLAS GEMM per expert (Transformer Engine's GroupedLinear)",
+                    "grouped": "one grouped kernel over the local experts (torch._grouped_mm)"}
 
 
 def hardware_block(profile: HardwareProfile) -> dict[str, Any]:
@@ -76,7 +78,8 @@ def assumptions(front: ParetoFront) -> list[str]:
         routing = ("dropless routing" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")
         lines.append(f"MoE: {routing}, busiest expert rank at {training.moe_imbalance_factor:g}x the balanced load, "
-                     f"tokens dispatched by {DISPATCHER_TEXT[training.moe_dispatcher.value]}.")
+                     f"tokens dispatched by {DISPATCHER_TEXT[training.moe_dispatcher.value]}, the experts' GEMMs "
+                     f"run as {EXPERT_GEMM_TEXT[training.expert_gemm.value]}.")
     return lines
 
 

@@ -40,7 +40,7 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         routing = ("dropless" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")
         training_text += (f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}, "
-                          f"dispatcher {training.moe_dispatcher.value}")
+                          f"dispatcher {training.moe_dispatcher.value}, expert GEMMs {training.expert_gemm.value}")
     training_text += f"; overlap: {overlap_summary(training)}"
     return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
 

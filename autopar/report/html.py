@@ -444,6 +444,7 @@ def _inputs(document: dict[str, Any]) -> str:
                      ("pipeline schedule", training.get("pipeline_schedule"))]
     if "moe" in model:
         training_rows.append(("MoE dispatcher", training.get("moe_dispatcher")))
+        training_rows.append(("expert GEMMs", training.get("expert_gemm")))
     status = {"optimal": "proven optimal", "time_limit": "not proven optimal (stopped by the time limit)",
               "not_searched": "one estimated plan (no search)"}[solver["status"]]
     solver_rows = [("solver", solver["name"]), ("status", status),
