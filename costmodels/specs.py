@@ -278,9 +278,10 @@ class ExpertGemm(str, enum.Enum):
 
     CUBLAS = "cublas"
     """One cuBLAS GEMM per local expert: Megatron-Core's --moe-grouped-gemm through Transformer Engine's
-    GroupedLinear, whose grouped GEMM is nvte_multi_stream_cublas_gemm (TE pytorch/csrc/extensions/gemm.cpp: 'For
-    now, we only have multi-stream cublas backend'; the experts' GEMMs spread over TE's compute streams), and its
-    SequentialMLP (a TE Linear per expert): each expert's GEMM on the dense curve at its own shape."""
+    GroupedLinear, whose grouped GEMM is nvte_multi_stream_cublas_gemm (TE PR #853, v1.9: 'Grouped GEMM ... via
+    multi-stream cuBLAS'; pytorch/csrc/extensions/gemm.cpp: 'For now, we only have multi-stream cublas backend'; the
+    single-launch cuBLASLt grouped path of later TE is opt-in, NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM=1), and
+    its SequentialMLP (a TE Linear per expert): each expert's GEMM on the dense curve at its own shape."""
     GROUPED = "grouped"
     """One grouped kernel over all local experts (torchtitan's torch._grouped_mm, a CUTLASS grouped GEMM; DeepGEMM):
     the grouped-GEMM roofline fitted to DeepGEMM's grouped tables (costmodels.moe_kernels)."""
