@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,11 +225,13 @@ def read_mamf(path: Path) -> Iterator[Row]:
         gpu, profiles = MAMF_GPUS[row["accelerator"]]
         precision = "fp8" if row["dtype"].startswith("fp8") else "bf16"
         m, n, k = (int(x) for x in row["best_shape_MxNxK"].split("x"))
-        yield Row(profiles, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"{MAMF_LABEL}{row['accelerator']}"))
+        tflops = float(row["mamf_tflops"])
+        yield Row(profiles, _gemm(path, precision, m, n, k, tflops, f"{MAMF_LABEL}{row['accelerator']}"))
+        same_die = f"{MAMF_LABEL}H100 SXM (same die)"
         if gpu == "H100" and precision == "bf16":  # the source: 'H200 is the same' (same GH100 compute die)
-            yield Row(H200, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"{MAMF_LABEL}H100 SXM (same die)"))
+            yield Row(H200, _gemm(path, precision, m, n, k, tflops, same_die))
         if gpu == "H100":  # H800: the H100 SXM die and tensor-core rates, NVLink cut (microbench README 'H800 vs H100')
-            yield Row(H800, _gemm(path, precision, m, n, k, float(row["mamf_tflops"]), f"{MAMF_LABEL}H100 SXM (same die)"))
+            yield Row(H800, _gemm(path, precision, m, n, k, tflops, same_die))
 
 
 def read_cublas_sweep(path: Path) -> Iterator[Row]:
@@ -358,6 +361,7 @@ matrix with a fused kernel; FLASH_CORE_BACKWARD_TO_FORWARD = 2.5), so a measured
 GPU_PROFILES = {"A100": A100, "H100": H100, "H200": H200, "H800": H800, "B200": B200, "GB200": GB200}
 
 
+@functools.lru_cache(maxsize=None)
 def native_bf16_flops_per_clock_per_sm(gpu: str) -> float:
     """Dense bf16 tensor-core FLOP per clock per SM with the generation's native MMA instruction, as the GPU's
     bundled profile states it (compute.bf16_flops_per_clock_per_sm: A100 2048 with mma.sync, Hopper 4096 with
@@ -384,7 +388,8 @@ SAME_DIE_RULE = ("H100 SXM, H200 and H800 are the same GH100 die (132 SMs, the s
 
 
 def sm_clock_ratio(target: str, source: str) -> float:
-    """(SMs × clock) of `target` over `source`: peak / native FLOP per clock per SM (NATIVE_BF16_...)."""
+    """(SMs × clock) of `target` over `source`: peak / native FLOP per clock per SM
+    (native_bf16_flops_per_clock_per_sm)."""
     def sm_clock(gpu: str) -> float:
         return PEAK_TFLOPS["bf16"][gpu] / native_bf16_flops_per_clock_per_sm(gpu)
     return sm_clock(target) / sm_clock(source)

@@ -244,7 +244,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         pipeline_schedule=getattr(args, "pipeline_schedule", None) or "1f1b",
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
-                        expert_gemm=getattr(args, "expert_gemm", None) or "cublas",
+                        expert_gemm=args.expert_gemm,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas)
