@@ -87,6 +87,20 @@ class Case:
     assumptions: tuple[str, ...] = ()
     measured_peak_memory_bytes: float = 0.0
     """Peak memory per GPU as the source reports it (0: not stated, or not comparable: see memory_table)."""
+    routing: str = ""
+    """An MoE row's token routing as its source states it (ROUTINGS); empty for a dense row."""
+
+
+ROUTING_CAPPED = "capacity-capped"
+ROUTING_BALANCED = "forced balance"
+ROUTING_DROPLESS = "dropless, imbalance unstated"
+ROUTINGS = (ROUTING_CAPPED, ROUTING_BALANCED, ROUTING_DROPLESS)
+"""How an MoE row routed its tokens: a capacity factor caps the busiest expert at the balanced load (token drop);
+--moe-router-force-load-balancing makes the load balanced; a dropless router lets the trained router's imbalance
+through, which no source here states (autopar prices it balanced, --moe-imbalance-factor 1). The per-routing table
+tells the cost of a balanced layer (the first two) from the imbalance autopar is not told (the third). A row that
+states no routing runs its framework's default: dropless for Megatron-Core (no --moe-expert-capacity-factor) and
+for torchtitan's token-choice router."""
 
 
 @dataclass(frozen=True)
@@ -529,7 +543,7 @@ def _torchao_llama4(source: str, r: dict, profile: HardwareProfile, label: str) 
     fixed = dict(tp=1, pp=1, cp=1, ep=_int(r, "ep"), etp=1, mbs=mbs, zero=3, recompute=Recompute.NONE)
     step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
     return Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "tokens/s/GPU", step,
-                "MoE", (source, r["model"], profile.name, gpus, seq),
+                "MoE", (source, r["model"], profile.name, gpus, seq), routing=ROUTING_DROPLESS, assumptions=
                 ("Llama 4 Scout's shape with its 2 layers (the table's debug config)",
                  "attention SDPA cudnn (torchtitan backend priority)", "torchtitan's eager cross entropy (unfused)",
                  "experts in one torch._grouped_mm kernel (torchtitan's GroupedExperts)",
@@ -591,7 +605,8 @@ def mixtral_readme() -> "list[Case | Unexpressed]":
         step = megatron_flops_per_step(model, training, causal=False) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
         out.append(Case(source, r["row_id"], f"Mixtral 8x7B {r['method'][:10]}", model, _cluster(profile, gpus),
                         training, fixed, free, "TFLOP/s/GPU (MCore 2024)", step, "MoE",
-                        (source, "mixtral-8x7b", profile.name, gpus, seq, r["row_id"]), (PRE_012_MOE_MEMORY_NOTE,)))
+                        (source, "mixtral-8x7b", profile.name, gpus, seq, r["row_id"]), (PRE_012_MOE_MEMORY_NOTE,),
+                        routing=ROUTING_DROPLESS))
     return out
 
 
@@ -652,7 +667,8 @@ def moe_folding() -> "list[Case | Unexpressed]":
         step = megatron_flops_per_step(model, training, causal=False) / (tflops * 1e12 * gpus)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
                         "MFU (MCore, 989.5)", step, "MoE",
-                        (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]), notes))
+                        (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]), notes,
+                        routing=ROUTING_CAPPED))
     return out
 
 
@@ -766,7 +782,8 @@ def modelzoo() -> "list[Case | Unexpressed]":
                       "(the job split evenly over NVL72 racks, costmodels.specs.job_nvlink_domain_gpus)",)
         routing = "dropless" if "dropless" in r["method"] else ""     # a group compares layouts, not routers
         out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, free, metric, step, "MoE",
-                        (source, r["model"], profile.name, gpus, seq, routing), notes))
+                        (source, r["model"], profile.name, gpus, seq, routing), notes,
+                        routing=ROUTING_BALANCED if "forced load balanc" in r["method"] else ROUTING_DROPLESS))
     return out
 
 
@@ -810,7 +827,8 @@ def dsv3_gb200() -> "list[Case | Unexpressed]":
                         "TFLOP/s/GPU (MCore causal)", step, "MoE", (source, "deepseek-v3", profile.name, gpus, seq),
                         (MXFP8_NOTE, "bf16 Adam moments priced as fp32 (memory only)",
                          "HybridEP dispatcher priced as all-to-all; forced load balancing = no imbalance",
-                         "no MTP layer (the guide passes no MTP flag)", OVERLAP_NOTE)))
+                         "no MTP layer (the guide passes no MTP flag)", OVERLAP_NOTE),
+                        routing=ROUTING_BALANCED))    # the source: --moe-router-force-load-balancing (benchmark)
     return out
 
 
@@ -1003,6 +1021,8 @@ def run(verbose: bool = False) -> dict:
         figures = f"{s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}" if s.rows else f"{'-':>8} {'-':>8} {'-':>8}"
         print(f"{name:<22} {s.rows:>5} {figures} {sum(not r.fits for r in members):>12}")
     print()
+    routing_table(results)
+    print()
     memory = memory_table(results)
     print()
     print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
@@ -1031,6 +1051,16 @@ def run(verbose: bool = False) -> dict:
           f"spearman_median={rho_median:.2f} regret_mean={regret_mean:.1f}%")
     return dict(results=results, refused=refused, overall=overall, per_category=per_category,
                 spearman_median=rho_median, regret_mean=regret_mean, groups=all_groups, memory=memory)
+
+
+def routing_table(results: list[Result]) -> None:
+    """The MoE rows by how their source routed tokens (ROUTINGS): the capped and forced-balance rows price a balanced
+    MoE layer, the dropless rows add a router imbalance no source states."""
+    print(f"{'MoE by routing':<30} {'rows':>5} {'MAPE %':>8} {'max %':>8} {'bias %':>8}")
+    for routing in ROUTINGS:
+        s = summarise([r for r in results if r.case.routing == routing])
+        figures = f"{s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}" if s.rows else f"{'-':>8} {'-':>8} {'-':>8}"
+        print(f"{routing:<30} {s.rows:>5} {figures}")
 
 
 def memory_errors(results: list[Result]) -> list[float]:

@@ -35,13 +35,18 @@ Routed experts (`Gemm.grouped`, flops / 2mnk GEMMs of one expert's shape) run th
 a cuBLAS GEMM per expert (Megatron-Core with Transformer Engine, whose grouped GEMM is a multi-stream loop of cuBLAS
 calls), each on the dense curve at its own shape, or one grouped kernel (torchtitan's torch._grouped_mm), priced
 with the grouped-GEMM roofline of `costmodels.moe_kernels` (fitted to DeepGEMM's grouped tables) where the profile
-has it; either way with the fp32 weight-gradient accumulation in the backward and the dispatcher's permutation and
-router passes at HBM bandwidth.
+has it; either way with the dispatcher's permutation and router passes and the experts' activation function at HBM
+bandwidth, each on its own bytes (kernels itemised, not the fitted elementwise factor below). The grouped kernel
+adds its fp32 weight-gradient accumulation to the roofline's bytes; a cuBLAS GEMM per expert accumulates into
+main_grad exactly as every dense Linear does (Megatron's gradient-accumulation fusion, cuBLAS beta = 1), and is
+priced like them on the dense curve.
 
 Memory-bound work (layernorm, bias, GELU/SwiGLU, dropout, residual adds, softmax when not fused) is priced as HBM
 traffic: `traffic_per_activation_byte` (profile section `elementwise:`) × the activation bytes Korthikanti et al.
 itemise per layer / HBM bandwidth (see `elementwise_bytes_per_layer`). A layer's forward time is the sum of its GEMM
-times and this traffic time; the backward is 2 × the forward.
+times and this traffic time; the backward is 2 × the forward. The factor was fitted on dense layers; the kernels
+an MoE layer adds (permutation, router passes, the routed experts' activation) are itemised and priced at their own
+bytes instead (`moe_dispatch_bytes`, `routed_expert_activation_bytes`).
 """
 
 from __future__ import annotations
@@ -448,11 +453,11 @@ def elementwise_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plans:
     per_column = mlp_interior_bytes_per_column(model)
     if moe_layer and model.moe is not None:
         moe = model.moe
-        mlp_split = routed_expert_elementwise_bytes(model, training, plans)
+        mlp_split = np.zeros(len(plans))
         if moe.num_shared_experts:
             mlp_split = mlp_split + tokens * per_column * moe.shared_expert_ffn_hidden_size / tp
-        # the token permutation around the all-to-all and the router's softmax/top-k are priced on their own bytes
-        # (moe_dispatch_bytes, costmodels.moe_kernels)
+        # the routed experts' activation, the token permutation around the all-to-all and the router's
+        # softmax/top-k are kernels priced on their own bytes (routed_expert_activation_bytes, moe_dispatch_bytes)
     else:
         mlp_split = tokens * per_column * model.ffn_hidden_size / tp
     layer_bytes = replicated + attention_split + mlp_split
@@ -469,8 +474,13 @@ def mlp_interior_bytes_per_column(model: ModelSpec) -> float:
     return 6.0 if model.mlp is MlpKind.GATED else 4.0
 
 
-def routed_expert_elementwise_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    """The routed experts' MLP interior in `elementwise_bytes_per_layer` on the busiest rank's received copies."""
+def routed_expert_activation_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Forward HBM bytes of the routed experts' activation function on the busiest rank's received copies: one fused
+    kernel (Megatron-Core `fusions/fused_bias_swiglu.py`, `weighted_bias_swiglu_impl` when the routing probabilities
+    are applied there; `fused_bias_gelu.py` for an ungated MLP) reads the fc1 output (2 + 2 bytes per column gated, 2
+    ungated) and writes its output (2): `mlp_interior_bytes_per_column`. Priced at HBM bandwidth like the
+    permutation, the same bytes its selective recompute (`moe_act`) re-runs; the backward is 2 × the forward (it
+    reads the output gradient and the stored input and writes the input gradient: 10 bytes a gated column)."""
     assert model.moe is not None
     moe = model.moe
     expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
@@ -666,15 +676,16 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         moe_bytes, _ = elementwise_bytes_per_layer(model, training, plans, moe_layer=True)
         moe_mlp = moe_mlp_gemms(model, training, plans)
         dispatch_s = moe_dispatch_bytes(model, training, plans) / profile.hbm_bandwidth_bytes_per_s
+        activation_s = routed_expert_activation_bytes(model, training, plans) / profile.hbm_bandwidth_bytes_per_s
         moe_mlp_s = _gemms_time_s(profile, training, moe_mlp)
         moe_weight_s = projections_s + moe_mlp_s
         moe_s = attention_s + moe_mlp_s + moe_bytes * seconds_per_byte \
-            + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte + dispatch_s
+            + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte + dispatch_s + activation_s
         moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
-        moe_bwd_extra = moe_backward_extra_s(profile, moe_mlp, dispatch_s, training.precision.value)
+        moe_bwd_extra = moe_backward_extra_s(profile, training, moe_mlp, dispatch_s)
         routed = [gemm for gemm in moe_mlp if gemm.grouped]
         routed_s = _gemms_time_s(profile, training, routed) + fp8_cast_bytes(routed, training) * cast_s_per_byte \
-            + routed_expert_elementwise_bytes(model, training, plans) * seconds_per_byte + dispatch_s
+            + activation_s + dispatch_s
         pre_dispatch_s = np.clip(moe_s - routed_s, 0.0, moe_s)
     else:
         moe_bwd_extra = 0.0
@@ -709,13 +720,18 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
         + moe_kernels.router_bytes(local_tokens, moe.num_experts)
 
 
-def moe_backward_extra_s(profile: HardwareProfile, moe_mlp: list[Gemm], dispatch_s: np.ndarray,
-                         precision: str) -> np.ndarray:
-    """MoE-layer backward seconds the uniform 2 × forward rule misses: the routed experts' fp32 weight-gradient
-    accumulation (moe_kernels.grouped_wgrad_accumulation_bytes, with the grouped curve), less one forward of the
-    dispatch copies and router passes, whose backward is a single transposed copy (moe_kernels module docstring)."""
+def moe_backward_extra_s(profile: HardwareProfile, training: TrainingSpec, moe_mlp: list[Gemm],
+                         dispatch_s: np.ndarray) -> np.ndarray:
+    """MoE-layer backward seconds the uniform 2 × forward rule misses: one forward of the dispatch copies and router
+    passes less (their backward is a single transposed copy; moe_kernels module docstring), and, where the routed
+    experts run as one grouped kernel on the grouped roofline, its fp32 weight-gradient accumulation
+    (moe_kernels.grouped_wgrad_accumulation_bytes: the roofline itemises a kernel's bytes, and accumulating into
+    main_grad adds 6 per weight element). A cuBLAS GEMM per expert (expert_gemm cublas) accumulates the way a dense
+    Linear's wgrad GEMM does (Transformer Engine `GroupedLinear` and `Linear` both run cuBLAS with beta = 1 into
+    main_grad under --gradient-accumulation-fusion) and is priced like it, on the dense curve, with nothing added."""
     extra = -dispatch_s
-    if moe_kernels.has_grouped_curve(profile, precision):
+    grouped = training.expert_gemm is ExpertGemm.GROUPED
+    if grouped and moe_kernels.has_grouped_curve(profile, training.precision.value):
         for gemm in moe_mlp:
             if gemm.grouped:
                 extra = extra + moe_kernels.grouped_wgrad_accumulation_bytes(gemm.flops, gemm.m, gemm.n, gemm.k) \
@@ -727,10 +743,11 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
                           core_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dense layer, MoE layer) seconds of re-running the selected --recompute-modules in the backward pass:
     core_attn the attention core; layernorm the two norms (read 2h, write 2h bytes per token each, HBM-bound);
-    mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (reads the fused gate/up output, 4 bytes,
-    writes 2, per expert column); moe the router and routed-expert GEMMs and permutation (its all-to-alls are
-    re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's GEMMs; mla_up_proj the MLA up
-    projections. Megatron-Core recomputes each from its stored input (CheckpointWithoutOutput)."""
+    mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: reads
+    the fused gate/up output, 4 bytes, writes 2, per expert column); moe the router and routed-expert GEMMs and
+    permutation (its all-to-alls are re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's
+    GEMMs; mla_up_proj the MLA up projections. Megatron-Core recomputes each from its stored input
+    (CheckpointWithoutOutput)."""
     n = len(plans)
     tokens = _tokens(training, plans)
     tp = plans.tp.astype(float)
@@ -756,9 +773,7 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     moe = np.zeros(n)
     if model.moe is not None:
         spec = model.moe
-        received = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
-            * spec.num_experts / plans.ep
-        act = received * 6.0 * spec.expert_ffn_hidden_size / plans.etp * per_byte
+        act = routed_expert_activation_bytes(model, training, plans) * per_byte
         routed_gemms = moe_mlp_gemms(model, training, plans)
         shared_count = 2 if spec.num_shared_experts else 0
         routed = _gemms_time_s(profile, training, routed_gemms[:len(routed_gemms) - shared_count])

@@ -24,9 +24,11 @@ the same shape falls below its compute limit. The dense curve (`compute.gemm_eff
 every other GEMM; a profile without the two keys prices experts with it, as before.
 
 Weight-gradient accumulation (`grouped_wgrad_accumulation_bytes`): with Megatron's gradient-accumulation fusion
-(default on; TE `GroupedLinear(fuse_wgrad_accumulation=True)`, cuBLAS beta = 1 into the fp32 `main_grad`), each
-expert's weight-gradient GEMM reads and writes its fp32 gradient, 4 + 4 bytes per weight element, where the sum
-above counted a 2-byte output: 6 more bytes per weight element per microbatch in the backward.
+(default on), each expert's weight-gradient GEMM reads and writes its fp32 `main_grad`, 4 + 4 bytes per weight
+element, where the sum above counted a 2-byte output: 6 more bytes per weight element per microbatch in the backward
+of the grouped kernel. A cuBLAS GEMM per expert (TE `GroupedLinear(fuse_wgrad_accumulation=True)`, cuBLAS beta = 1)
+is priced on the dense curve like every dense Linear, whose wgrad GEMM accumulates the same way
+(costmodels.compute.moe_backward_extra_s).
 
 Token permutation (`token_permutation_bytes`): Megatron-Core's alltoall dispatcher (`moe/token_dispatcher.py`
 MoEAlltoAllTokenDispatcher, `moe/moe_utils.py` permute / unpermute / sort_chunks_by_idxs) copies each token top_k

@@ -224,7 +224,7 @@ def stage_compute_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
     # at the backward's measured rate for a fused kernel), not 2x its forward
     core_extra_s = times.core_backward_s(training) - compute_model.BACKWARD_TO_FORWARD * times.attention_core_fwd_s
     backward = compute_model.BACKWARD_TO_FORWARD * forward + layers * core_extra_s \
-        + moe_layers * times.moe_layer_bwd_extra_s      # grouped experts' wgrad accumulation, one-pass dispatch copies
+        + moe_layers * times.moe_layer_bwd_extra_s      # grouped-kernel wgrad accumulation, one-pass dispatch copies
     # the cross entropy's memory-bound kernels, forward and backward each from its own byte count
     forward = forward + np.where(is_last, times.loss_fwd_s, 0.0)
     backward = backward + np.where(is_last, times.loss_bwd_s, 0.0)

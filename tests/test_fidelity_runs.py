@@ -112,3 +112,21 @@ def test_the_modelzoo_long_context_rows_run_on_256_h100(rows):
     dropless = [c for c in long_context if any("dropless" in note for note in c.assumptions)]
     assert len(dropless) == 4 and all(c.training.moe_imbalance_factor == 1.0 for c in dropless)
     assert len({c.group for c in long_context}) == 8            # one group per routing and sequence length
+
+
+def test_every_moe_row_says_how_its_source_routed_tokens(rows):
+    cases = [r for r in rows if isinstance(r, fidelity_runs.Case)]
+    for case in cases:
+        if case.category == "MoE":
+            assert case.routing in fidelity_runs.ROUTINGS, case.label
+        else:
+            assert case.routing == "", case.label
+    routing = {(c.source, c.row_id): c.routing for c in cases}
+    # MoE Parallel Folding benchmarks token drop at capacity factor 1 (§4.2) and sets it on every row
+    folding = [c for c in cases if c.source == "moe-parallel-folding"]
+    assert folding and all(c.routing == fidelity_runs.ROUTING_CAPPED for c in folding)
+    assert all(c.training.moe_capacity_factor == 1.0 for c in folding)
+    # the ModelZoo long-context table gives each layout twice: forced load balance, then dropless
+    assert routing[("mcore-moe-modelzoo", "7")] == fidelity_runs.ROUTING_BALANCED
+    assert routing[("mcore-moe-modelzoo", "8")] == fidelity_runs.ROUTING_DROPLESS
+    assert routing[("mcore-moe-readme", "1")] == fidelity_runs.ROUTING_DROPLESS

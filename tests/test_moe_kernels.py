@@ -11,7 +11,7 @@ import pytest
 from costmodels import compute, moe_kernels
 from costmodels.errors import InputError
 from costmodels.hardware import load_profile
-from costmodels.plan import Plan, PlanArrays
+from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule
 from costmodels.specs import ExpertGemm, MlpKind, ModelSpec, MoESpec, TrainingSpec
 
 H100 = load_profile("h100-80gb")
@@ -176,8 +176,11 @@ def test_per_expert_cublas_gemms_take_the_dense_curve_and_one_grouped_kernel_the
     assert per_expert.moe_layer_fwd_s == pytest.approx(dense.moe_layer_fwd_s)
     assert not np.allclose(one_kernel.moe_layer_fwd_s, per_expert.moe_layer_fwd_s)
     assert per_expert.dense_layer_fwd_s == pytest.approx(one_kernel.dense_layer_fwd_s)
-    # both keep the fp32 weight-gradient accumulation (the experts' wgrad GEMMs write main_grad either way)
-    assert per_expert.moe_layer_bwd_extra_s == pytest.approx(one_kernel.moe_layer_bwd_extra_s)
+    # the grouped roofline adds its fp32 main_grad traffic; a cuBLAS GEMM per expert accumulates like a dense
+    # Linear's wgrad GEMM, on the dense curve: its backward extra is only the single pass of the dispatch copies
+    dispatch = compute.moe_dispatch_bytes(MIXTRAL, cublas, plans) / H100.hbm_bandwidth_bytes_per_s
+    assert per_expert.moe_layer_bwd_extra_s == pytest.approx(-dispatch)
+    assert np.all(one_kernel.moe_layer_bwd_extra_s > per_expert.moe_layer_bwd_extra_s)
     with pytest.raises(InputError, match="expert_gemm: unknown expert GEMM kernel 'fused'; use cublas, grouped"):
         TrainingSpec(expert_gemm="fused")
 
@@ -250,3 +253,33 @@ def test_deepep_internode_rows_give_the_ib_all_to_all_points():
     assert set(points) == {2, 4, 8}
     for point in points.values():                   # 0.86-1.03 of the 50 GB/s NIC, as the README's figures
         assert 0.85 * 50e9 <= point.bus_bandwidth_bytes_per_s <= 1.05 * 50e9
+
+
+def test_routed_expert_activation_is_priced_on_its_own_bytes():
+    """The experts' fused SwiGLU reads the fc1 output and writes its own (6 bytes a gated column) at HBM bandwidth:
+    outside the fitted elementwise factor, and the same seconds its selective recompute (moe_act) re-runs."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=1, sp=True), Plan(tp=2, ep=4, etp=2, sp=True)])
+    received = compute.moe_tokens_per_local_expert(MIXTRAL, training, plans) * MIXTRAL.moe.num_experts / plans.ep
+    expected = received * 6.0 * MIXTRAL.moe.expert_ffn_hidden_size / plans.etp
+    activation = compute.routed_expert_activation_bytes(MIXTRAL, training, plans)
+    assert activation == pytest.approx(expected)
+    # not among the bytes the fitted factor scales: an MoE layer's factor bytes are the dense layer's less its MLP
+    moe_bytes, _ = compute.elementwise_bytes_per_layer(MIXTRAL, training, plans, moe_layer=True)
+    dense_bytes, _ = compute.elementwise_bytes_per_layer(MIXTRAL, training, plans, moe_layer=False)
+    tokens = 4096.0
+    dense_mlp = tokens * 6.0 * MIXTRAL.ffn_hidden_size / plans.tp
+    assert moe_bytes == pytest.approx(dense_bytes - dense_mlp)
+    # the factor does not touch it: a profile with twice the factor moves the MoE layer by the factor bytes only
+    section = dict(H100.extra.get("elementwise", {}))
+    doubled = dataclasses.replace(H100, extra={**H100.extra, "elementwise": {
+        **section, "traffic_per_activation_byte": 2 * section["traffic_per_activation_byte"]}})
+    base = compute.layer_times_s(MIXTRAL, H100, training, plans)
+    more = compute.layer_times_s(MIXTRAL, doubled, training, plans)
+    factor_s = moe_bytes * section["traffic_per_activation_byte"] / H100.hbm_bandwidth_bytes_per_s
+    assert more.moe_layer_fwd_s - base.moe_layer_fwd_s == pytest.approx(factor_s)
+    # its recompute re-runs exactly these bytes
+    act = dataclasses.replace(plans, recompute=np.full(2, int(Recompute.SELECTIVE)),
+                              recompute_modules=np.full(2, int(RecomputeModule.MOE_ACT)))
+    _, moe_sel = compute.selective_recompute_s(MIXTRAL, H100, training, act, np.zeros(2))
+    assert moe_sel == pytest.approx(activation / H100.hbm_bandwidth_bytes_per_s)
