@@ -12,7 +12,9 @@ Metric per source (the one the source measured; README of shared/reference/runs/
   Megatron-LM's `num_floating_point_operations` of the software version the source ran. Before Megatron-LM commit
   8873b55d (2025-03-06, "Fixes in number of floating-point operation estimates for MoE and attention layer") the
   formula counted the full s×s attention matrix; from then on only the causal half. MFU is converted with the
-  source's own peak (989.5 TFLOP/s for MoE Parallel Folding, §4.1).
+  source's own peak (989.5 TFLOP/s for MoE Parallel Folding, §4.1). MoE Parallel Folding (arXiv 2504.14960, April
+  2025) ran in the window of that change and does not say which formula it used: its rows are read with the causal
+  formula, and `convention_table` prints them under both readings with the evidence (FOLDING_FLOP_READING).
 
 Knobs the source does not state (micro-batch, interleaving, recompute, sequence parallelism, distributed optimizer)
 are left to autopar: the prediction is the fastest layout that agrees with everything the source states and fits in
@@ -89,6 +91,9 @@ class Case:
     """Peak memory per GPU as the source reports it (0: not stated, or not comparable: see memory_table)."""
     routing: str = ""
     """An MoE row's token routing as its source states it (ROUTINGS); empty for a dense row."""
+    full_matrix_step_s: float = 0.0
+    """For a source read with the causal formula it does not state (FOLDING_FLOP_READING): the measured step had it
+    counted the full attention matrix; 0 where the source states its convention or measured time directly."""
 
 
 ROUTING_CAPPED = "capacity-capped"
@@ -622,9 +627,18 @@ per-micro-batch parameter gathers) would be a knob the authors did not tune."""
 FOLDING_MODELS = {"Mixtral-8x22B": "mixtral-8x22b", "Qwen2-57B-A14B": "qwen2-57b-a14b"}
 
 
+FOLDING_FLOP_READING = """MoE Parallel Folding's MFU is read with Megatron-Core's causal-attention formula (commit
+8873b55d, 2025-03-06; the paper, April 2025, names no formula and no commit). The rows tell the two readings apart:
+Table 5 holds the tokens per step constant while the sequence grows 16K -> 128K, so the full-matrix formula counts
+1.13x -> 1.54x the causal FLOPs. Read with the full matrix, the error grows with that ratio (-10% at 16K to -34% at
+128K: the causal attention core would have to take as long as the whole s x s matrix at the rate the attention
+microbenchmarks give it, and the ModelZoo's long-context rows, on Megatron-Core after the change, show no such
+loss); read causally, it stays flat (+1% to +9% over an 8x range of sequence length). convention_table prints both."""
+
+
 def moe_folding() -> "list[Case | Unexpressed]":
-    """MoE Parallel Folding (arXiv 2504.14960) Tables 1/3 and 4: token-drop with capacity factor 1, GBS 256/1024,
-    seq 4096; MFU over 989.5 TFLOP/s by Megatron-Core's formula (the full attention matrix, pre-2025 code).
+    """MoE Parallel Folding (arXiv 2504.14960) Tables 1/3, 4 and 5: token-drop with capacity factor 1, GBS 256/1024,
+    seq 4096 (Table 5: 16K-128K); MFU over 989.5 TFLOP/s by Megatron-Core's formula, causal (FOLDING_FLOP_READING).
     A blank layout cell is 1 (the table leaves unused dimensions blank). FSDP methods = ZeRO-3; TP+EP+DP = ZeRO-1."""
     source, out = "moe-parallel-folding", []
     profile = load_profile("h100-80gb")
@@ -664,11 +678,12 @@ def moe_folding() -> "list[Case | Unexpressed]":
         else:
             free["zero"] = (0, 1)
         tflops = tflops if tflops is not None else mfu * 989.5 / 100.0
-        step = megatron_flops_per_step(model, training, causal=False) / (tflops * 1e12 * gpus)
+        step = megatron_flops_per_step(model, training, causal=True) / (tflops * 1e12 * gpus)
+        full_matrix_step = megatron_flops_per_step(model, training, causal=False) / (tflops * 1e12 * gpus)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, free,
-                        "MFU (MCore, 989.5)", step, "MoE",
+                        "MFU (MCore causal, 989.5)", step, "MoE",
                         (source, r["model"], profile.name, gpus, seq, r["global_batch_seqs"]), notes,
-                        routing=ROUTING_CAPPED))
+                        routing=ROUTING_CAPPED, full_matrix_step_s=full_matrix_step))
     return out
 
 
@@ -1023,6 +1038,8 @@ def run(verbose: bool = False) -> dict:
     print()
     routing_table(results)
     print()
+    convention_table(results)
+    print()
     memory = memory_table(results)
     print()
     print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
@@ -1061,6 +1078,22 @@ def routing_table(results: list[Result]) -> None:
         s = summarise([r for r in results if r.case.routing == routing])
         figures = f"{s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}" if s.rows else f"{'-':>8} {'-':>8} {'-':>8}"
         print(f"{routing:<30} {s.rows:>5} {figures}")
+
+
+def convention_table(results: list[Result]) -> None:
+    """The rows read with a causal formula their source does not state (full_matrix_step_s), by source and sequence
+    length, under that reading and under the full-matrix one (FOLDING_FLOP_READING: the wrong reading's error
+    tracks the attention share, which grows with the sequence)."""
+    inferred = [r for r in results if r.case.full_matrix_step_s]
+    print(f"{'FLOP formula not stated':<32} {'rows':>5} {'causal: MAPE %':>14} {'bias %':>8}   "
+          f"{'full matrix: MAPE %':>19} {'bias %':>8}")
+    for source, seq in sorted({(r.case.source, r.case.training.seq_len) for r in inferred}):
+        members = [r for r in inferred if (r.case.source, r.case.training.seq_len) == (source, seq)]
+        used = summarise(members)
+        full = _summary([100.0 * (r.predicted_step_s - r.case.full_matrix_step_s) / r.case.full_matrix_step_s
+                         for r in members])
+        print(f"{source[:20] + f' seq {seq}':<32} {used.rows:>5} {used.mape:>14.1f} {used.bias:>+8.1f}   "
+              f"{full.mape:>19.1f} {full.bias:>+8.1f}")
 
 
 def memory_errors(results: list[Result]) -> list[float]:

@@ -43,6 +43,21 @@ def test_megatron_flop_convention_counts_the_full_matrix_before_2025(rows):
     assert full - causal == pytest.approx(3 * core * case.training.global_batch_size)
 
 
+def test_folding_rows_are_read_causally_and_keep_the_full_matrix_reading(rows):
+    """MoE Parallel Folding names no FLOP formula (FOLDING_FLOP_READING): its MFU becomes a step with the causal
+    formula, and the full-matrix step rides along for convention_table; the longer the sequence, the further apart
+    (Table 5: 16K -> 128K at constant tokens per step)."""
+    cases = [r for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "moe-parallel-folding"]
+    assert cases and all(r.full_matrix_step_s > r.measured_step_s for r in cases)
+    row85 = next(r for r in cases if r.row_id == "85")                  # Mixtral-8x22B, 1024 H100, seq 128K, 38.2%
+    causal = fidelity_runs.megatron_flops_per_step(row85.model, row85.training, causal=True)
+    assert row85.measured_step_s == pytest.approx(causal / (0.382 * 989.5e12 * 1024))
+    ratio = {r.training.seq_len: r.full_matrix_step_s / r.measured_step_s for r in cases}
+    assert ratio[4096] < ratio[16384] < ratio[32768] < ratio[65536] < ratio[131072]
+    assert all(r.full_matrix_step_s == 0.0 for r in rows
+               if isinstance(r, fidelity_runs.Case) and r.source != "moe-parallel-folding")
+
+
 def test_unexpressible_reasons_name_the_gap(rows):
     reasons = {r.source: r.reason for r in rows if isinstance(r, fidelity_runs.Unexpressed)}
     assert "DualPipe" in reasons["deepseek-v3"]
