@@ -145,3 +145,12 @@ def test_every_moe_row_says_how_its_source_routed_tokens(rows):
     assert routing[("mcore-moe-modelzoo", "7")] == fidelity_runs.ROUTING_BALANCED
     assert routing[("mcore-moe-modelzoo", "8")] == fidelity_runs.ROUTING_DROPLESS
     assert routing[("mcore-moe-readme", "1")] == fidelity_runs.ROUTING_DROPLESS
+
+
+def test_zero_bubble_vocabulary_matches_the_stated_parameter_counts():
+    # Table 3 states 1.5B/6.2B/14.6B/28.3B; a 32000-token tied embedding rounds to each, GPT-2's 50257 misses three
+    def billions(h, layers, vocab):
+        return round((layers * (12 * h * h + 13 * h) + (vocab + 2048) * h + 2 * h) / 1e9, 1)
+    shapes = {1.5: (2304, 22), 6.2: (4096, 30), 14.6: (5120, 46), 28.3: (6144, 62)}
+    assert all(billions(h, n, fidelity_runs.ZERO_BUBBLE_VOCAB) == size for size, (h, n) in shapes.items())
+    assert sum(billions(h, n, 50257) != size for size, (h, n) in shapes.items()) == 3
