@@ -3,9 +3,12 @@ converted with each source's convention, and the ranking statistics are right on
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from benchmarks import fidelity_runs
+from costmodels.params import total_params
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +150,15 @@ def test_every_moe_row_says_how_its_source_routed_tokens(rows):
     assert routing[("mcore-moe-readme", "1")] == fidelity_runs.ROUTING_DROPLESS
 
 
-def test_zero_bubble_vocabulary_matches_the_stated_parameter_counts():
-    # Table 3 states 1.5B/6.2B/14.6B/28.3B; a 32000-token tied embedding rounds to each, GPT-2's 50257 misses three
-    def billions(h, layers, vocab):
-        return round((layers * (12 * h * h + 13 * h) + (vocab + 2048) * h + 2 * h) / 1e9, 1)
-    shapes = {1.5: (2304, 22), 6.2: (4096, 30), 14.6: (5120, 46), 28.3: (6144, 62)}
-    assert all(billions(h, n, fidelity_runs.ZERO_BUBBLE_VOCAB) == size for size, (h, n) in shapes.items())
-    assert sum(billions(h, n, 50257) != size for size, (h, n) in shapes.items()) == 3
+def test_zero_bubble_vocabulary_matches_the_stated_parameter_counts(rows):
+    # Table 3 states 1.5B/6.2B/14.6B/28.3B; the models the benchmark builds (a 32000-token tied embedding), counted
+    # by costmodels.params, round to each, and GPT-2's 50257 would miss three
+    models = {r.model.name: r.model for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "zero-bubble-pp"}
+    stated = {"GPT-style 1.5B": 1.5, "GPT-style 6.2B": 6.2, "GPT-style 14.6B": 14.6, "GPT-style 28.3B": 28.3}
+    assert sorted(models) == sorted(stated)
+
+    def billions(model):
+        return round(total_params(model) / 1e9, 1)
+    assert all(billions(model) == stated[name] for name, model in models.items())
+    gpt2_vocab = [dataclasses.replace(model, vocab_size=50257) for model in models.values()]
+    assert sum(billions(model) != stated[model.name] for model in gpt2_vocab) == 3
