@@ -155,6 +155,13 @@ def test_yaml_alias_bomb_as_profile(tmp_path: Path) -> None:
     assert_bad_input(run_cli("solve", "llama-3.1-8b", "--profile", str(bomb)), "bomb.yaml", "alias")
 
 
+def test_deeply_nested_yaml_as_profile(tmp_path: Path) -> None:
+    # refused from the event stream, before libyaml's C composer would recurse 100,000 levels deep
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("gpu: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert_bad_input(run_cli("solve", "llama-3.1-8b", "--profile", str(deep)), "deep.yaml", "nested deeper")
+
+
 def test_fifo_as_profile(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "p.yaml")
     assert_bad_input(run_cli("solve", "llama-3.1-8b", "--profile", str(tmp_path / "p.yaml")), "p.yaml",

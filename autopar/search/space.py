@@ -10,7 +10,7 @@ model), and values the search bounds on purpose; every bound below is documented
 | tp | divisors of num_gpus that divide the attention and KV heads; with the `tp_node` rule on, also divide the NVLink domain (a node; more on GB200 NVL72) |
 | pp | divisors of num_gpus, at most num_layers |
 | first/last_stage_layers | per pp, see `layer_splits` (0 = same as the middle stages) |
-| vpp | 1..8 (default bound `vpp <= 8`) |
+| vpp | 1..num_layers, unbounded by default like Megatron-Core (the `layers` rule keeps the counts a stage's layers split into: 92 layers on pp 4 interleave up to vpp 23) |
 | cp | powers of two dividing num_gpus with seq_len % (2·cp) == 0 and at least 128 tokens per rank |
 | ep | divisors of num_experts that divide num_gpus (1 for dense models) |
 | etp | MoE: divisors of the NVLink domain that divide num_gpus; dense: always equal to tp (no expert layers) |
@@ -52,7 +52,7 @@ TIE_BREAK_ORDER: tuple[str, ...] = ("pp", "tp", "cp", "ep", "etp", "vpp", "first
 """Among plans with equal objective vectors the front keeps the one that is smallest in this order, each knob
 compared by value (sp: off before on; recompute: none < selective < full). Both solvers use it."""
 
-DEFAULT_MAX: Mapping[str, int] = {"vpp": 8, "mbs": 16}
+DEFAULT_MAX: Mapping[str, int] = {"mbs": 16}
 """Bounds on knobs that would otherwise have no natural limit (override with --max)."""
 
 MIN_TOKENS_PER_CP_RANK = 128
