@@ -125,14 +125,28 @@ def per_structure(plans: "PlanArrays", key: tuple, fn: Callable[..., Any], stage
     full_key = key + stage_key
     link = plans.structure
     if full_key not in link.cache:
+        base = _base_view(link)
         if knobs is None:
-            link.cache[full_key] = call(link.base, base_stage)
+            link.cache[full_key] = call(base, base_stage)
         else:
             code = _structure_codes(link, tuple(k for k in STRUCTURE_FIELDS if k in knobs))
             first, inverse = _first_and_inverse(code, int(code.max(initial=-1)) + 1)
             at = base_stage if base_stage is None or np.ndim(base_stage) == 0 else base_stage[first]
-            link.cache[full_key] = _gather(call(link.base.take(first), at), inverse)
+            link.cache[full_key] = _gather(call(base.take(first), at), inverse)
     return _gather(link.cache[full_key], link.index)
+
+
+def _base_view(link: StructureIndex) -> "PlanArrays":
+    """The base table linked to itself (index 0..n-1, the same cache), kept for the search: a shared function
+    evaluated on the base reaches the others it calls through the cache too (layers_on_stage computes
+    layers_per_middle_stage once per search, not once per caller). Its roles know the base's candidate-rank
+    arrays, so the functions of (structure, rank) called with them are shared as well."""
+    if ("base_view",) not in link.cache:
+        base_roles: dict = {}
+        link.cache[("base_roles",)] = base_roles
+        link.cache[("base_view",)] = replace(link.base, structure=StructureIndex(
+            base=link.base, index=np.arange(len(link.base)), cache=link.cache, roles=base_roles))
+    return link.cache[("base_view",)]
 
 
 def stage_list(plans: "PlanArrays", key: tuple, fn: Callable[["PlanArrays"], list]) -> list:
@@ -143,6 +157,9 @@ def stage_list(plans: "PlanArrays", key: tuple, fn: Callable[["PlanArrays"], lis
     cache = plans.structure.cache
     if key not in cache:
         cache[key] = fn(plans.structure.base)
+        base_roles = _base_view(plans.structure).structure.roles
+        for j, stage in enumerate(cache[key]):
+            base_roles[id(stage)] = (stage, (key, j))
     stages = _gather(cache[key], plans.structure.index)
     for j, stage in enumerate(stages):
         plans.structure.roles[id(stage)] = (stage, (key, j))

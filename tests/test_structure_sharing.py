@@ -103,6 +103,28 @@ def test_values_kept_for_the_search_equal_direct_evaluation(name, gpus):
     assert memos and all(m.done.sum() < len(plain) for m in memos), "the layer pieces were not kept on their grid"
 
 
+def test_shared_functions_on_the_base_reach_each_other_through_the_cache(monkeypatch):
+    """A shared function evaluated on the structure table (layers_on_stage, moe_layers_on_stage) reads the shared
+    functions it calls (layers_per_middle_stage) from the search's cache: the middle-stage split is computed once per
+    search, not once per caller and rank, and the values equal direct evaluation."""
+    from costmodels import params, plan as plan_module
+
+    model, cluster, training, plain, linked, cache = _search_batches("deepseek-v2-lite", 64, batches=2)
+    calls = []
+    direct = plan_module._layers_per_middle_stage
+    monkeypatch.setattr(plan_module, "_layers_per_middle_stage",
+                        lambda num_layers, plans: calls.append(len(plans)) or direct(num_layers, plans))
+    for batch in linked:
+        for stage in (0, 1, 2):
+            moe = params.moe_layers_on_stage(model, batch, stage)
+            layers = plan_module.layers_on_stage(model.num_layers, batch, stage)
+            plain_batch = PlanArrays(**{k: getattr(batch, k) for k in plan_module.PLAN_FIELDS})
+            np.testing.assert_array_equal(moe, params._moe_layers_on_stage(model, plain_batch, stage))
+            np.testing.assert_array_equal(layers, plan_module._layers_on_stage(model.num_layers, plain_batch, stage))
+    shared_calls = [n for n in calls if n == len(linked[0].structure.base)]
+    assert len(shared_calls) == 1, f"the middle-stage split was evaluated {len(shared_calls)} times on the base"
+
+
 def _perturbed(plans: PlanArrays, knobs: tuple[str, ...], rng) -> PlanArrays:
     """`plans` with every knob outside `knobs` replaced by another plan's value."""
     from costmodels.plan import PLAN_FIELDS
