@@ -81,7 +81,7 @@ def main(argv: "list[str] | None" = None) -> int:
         files += bool(fit_errors.size)
         print(f"{file:<56} {_stats(fit_errors):>24}   {_stats(check_errors):>26}   {feeds[file]}")
         grouped = [row for row in rows if getattr(row.measurement, "kind", "") == "grouped_gemm"]
-        if grouped:  # the same file's grouped rows against the grouped-GEMM roofline (costmodels.moe_kernels)
+        if grouped and len(grouped) < len(rows):  # a mixed file's grouped rows against the grouped-GEMM roofline
             print(f"{'  of which grouped_gemm rows (grouped roofline)':<56} "
                   f"{_stats(errors(grouped, profiles, 'fit')):>24}   {'':>26}   grouped_peak_fraction, "
                   "grouped_hbm_efficiency (H100)")

@@ -158,8 +158,17 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
             gemm_notes.append(f"{precision} MAMF best shape fitted at {share:.2f} of its rate, where the "
                               f"{share_donor_name} curve sits at its own MAMF best shape (a maximum over a "
                               f"brute-force sweep, not a typical shape)")
+    held_grouped = _seed_grouped_from_donor(name, data, measurements, fitted)
+    if held_grouped:
+        base = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **held_grouped})
     fit = fit_measurements(measurements, base, fixed_gemm=tuple(fixed_gemm))
     apply_fit(data, base, fit, measurements, STAMP, provenance, notes, fixed_gemm=tuple(fixed_gemm))
+    held_grouped = {key: value for key, value in held_grouped.items()
+                    if fit.grouped is None or key not in fit.grouped.params}
+    if held_grouped and "compute.gemm_efficiency.grouped" in provenance:
+        provenance["compute.gemm_efficiency.grouped"] += (
+            f"; {', '.join(held_grouped)} not determined by these rows: extrapolated, the {GROUPED_DONOR} fit "
+            "(fractions of this GPU's own HBM bandwidth and fp8 peak)")
     _hold_undetermined_link_alpha(data, base, measurements, provenance)
     if gemm_notes:
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
@@ -265,29 +274,68 @@ def fit_all(rows_by_file: dict[str, list[tables.Row]], exclude: str | None = Non
 
 
 GROUPED_DONOR = "h100-80gb"
-"""The only GPU with grouped expert-GEMM measurements (DeepGEMM on H800 = H100 SXM compute and HBM3)."""
+"""The GPU with fp8 grouped expert-GEMM measurements (DeepGEMM on H800 = H100 SXM compute and HBM3): the donor of
+the roofline's HBM fraction and fp8 compute fraction."""
+GROUPED_BF16_DONORS = {"gb200-186gb": "b200-180gb"}
+"""Profiles that take another's fitted grouped_bf16_peak_fraction (the bf16 grouped GEMM's fraction of its own
+bf16 peak): GB200 and B200 are the same Blackwell die and run the same torch._grouped_mm kernels; no bf16 grouped
+GEMM was measured on GB200."""
+
+
+def _donor_grouped_keys(profile: HardwareProfile, donor: HardwareProfile) -> dict[str, float]:
+    """The donor's grouped-roofline fractions this GPU can use (the fp8 one only where it has fp8)."""
+    from costmodels.moe_kernels import GROUPED_PARAMETERS
+
+    keys = [key for key in GROUPED_PARAMETERS if key != "grouped_peak_fraction" or profile.supports("fp8")]
+    return {key: donor.gemm_efficiency[key] for key in keys if key in donor.gemm_efficiency}
+
+
+def _seed_grouped_from_donor(name: str, data: dict[str, Any], measurements,
+                             fitted: dict[str, HardwareProfile]) -> dict[str, float]:
+    """A profile whose own grouped-GEMM rows are all bf16 (B200's torch._grouped_mm rows: no fp8, and compute-bound,
+    so they fit neither the fp8 fraction nor the HBM one) starts its fit from the donor's values, so what the fit
+    holds is the donor's, as it would be for a profile with no rows at all. Returns the seeded keys."""
+    grouped = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
+    if name == GROUPED_DONOR or GROUPED_DONOR not in fitted or not grouped or \
+            any(row.precision != "bf16" for row in grouped):
+        return {}
+    base = parse_profile_data(data, name)
+    seeded = _donor_grouped_keys(base, fitted[GROUPED_DONOR])
+    data["compute"]["gemm_efficiency"].update(seeded)
+    return seeded
+
+
+def parse_profile_data(data: dict[str, Any], name: str) -> HardwareProfile:
+    import yaml
+
+    return parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
 
 
 def _extrapolate_grouped(out: dict[str, tuple[HardwareProfile, dict[str, Any], list[str]]]) -> None:
     """Profiles without grouped-GEMM rows take the donor's two fitted fractions (of HBM bandwidth, and of the fp8
-    peak where the GPU has fp8): the roofline's parts scale with each GPU's own bandwidth and peak."""
-    import yaml
-
-    from costmodels.moe_kernels import GROUPED_PARAMETERS
+    peak where the GPU has fp8): the roofline's parts scale with each GPU's own bandwidth and peak. A profile of
+    GROUPED_BF16_DONORS also takes its donor's bf16 compute fraction."""
+    from costmodels.moe_kernels import GROUPED_BF16_PEAK_FRACTION, GROUPED_PARAMETERS
 
     donor = out.get(GROUPED_DONOR)
     if donor is None or not all(key in donor[0].gemm_efficiency for key in GROUPED_PARAMETERS):
         return
     for name, (profile, data, notes) in list(out.items()):
-        if all(key in profile.gemm_efficiency for key in GROUPED_PARAMETERS):
-            continue
-        keys = [key for key in GROUPED_PARAMETERS if key != "grouped_peak_fraction" or profile.supports("fp8")]
-        data["compute"]["gemm_efficiency"].update({key: donor[0].gemm_efficiency[key] for key in keys})
-        data["provenance"]["compute.gemm_efficiency.grouped"] = (
-            f"extrapolated: the {GROUPED_DONOR} fit ({', '.join(keys)}: fractions of this GPU's own HBM bandwidth"
-            f"{' and fp8 peak' if len(keys) > 1 else ''}; no grouped GEMM measured on it)")
-        out[name] = (parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}"),
-                     data, notes)
+        efficiency = data["compute"]["gemm_efficiency"]
+        provenance = data["provenance"]
+        if not all(key in profile.gemm_efficiency for key in GROUPED_PARAMETERS):
+            keys = _donor_grouped_keys(profile, donor[0])
+            efficiency.update(keys)
+            provenance["compute.gemm_efficiency.grouped"] = (
+                f"extrapolated: the {GROUPED_DONOR} fit ({', '.join(keys)}: fractions of this GPU's own HBM "
+                f"bandwidth{' and fp8 peak' if len(keys) > 1 else ''}; no grouped GEMM measured on it)")
+        bf16_donor = out.get(GROUPED_BF16_DONORS.get(name, ""))
+        if bf16_donor is not None and GROUPED_BF16_PEAK_FRACTION in bf16_donor[0].gemm_efficiency:
+            efficiency[GROUPED_BF16_PEAK_FRACTION] = bf16_donor[0].gemm_efficiency[GROUPED_BF16_PEAK_FRACTION]
+            provenance["compute.gemm_efficiency.grouped"] += (
+                f"; {GROUPED_BF16_PEAK_FRACTION}: extrapolated, the {bf16_donor[0].name} fit (the same Blackwell "
+                "die and torch._grouped_mm kernels; a fraction of this GPU's own bf16 peak)")
+        out[name] = (parse_profile_data(data, name), data, notes)
 
 
 def write(name: str, data: dict[str, Any]) -> None:

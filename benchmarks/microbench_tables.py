@@ -66,6 +66,9 @@ class Table:
     read: Callable[[Path], Iterator[Row]]
     feeds: str
     """The profile keys this file's fit rows feed."""
+    in_repository: bool = False
+    """In the repository's benchmarks/microbench/ (a public measurement shared/reference does not hold; its header
+    says where it comes from), not in shared/reference/microbench/."""
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -271,6 +274,30 @@ def read_deepgemm(path: Path) -> Iterator[Row]:
             # H800's HBM3 is H100's (3.35 TB/s), not H200's 4.8 TB/s; other GPUs take the fractions over
             # (fit_microbench)
             yield Row((*H100, *H800), dataclasses.replace(measurement, kind="grouped_gemm"))
+
+
+HARNESS_MSE_PASSES = 5
+"""torchao's fwd_bwd harness ends in F.mse_loss(out, ones_like(out)).backward(): the loss reads the output and the
+labels, its backward reads both again and writes the output's gradient — five passes over total_M × N bf16 values,
+priced at the spec HBM bandwidth (B200 8.0 TB/s, shared/reference/hardware.csv) and taken off the timed call."""
+B200_HBM_BYTES_PER_S = 8.0e12
+
+
+def read_torchao_grouped_mm(path: Path) -> Iterator[Row]:
+    """bf16 torch._grouped_mm on B200 (torchao's autograd-function benchmark): one timed call is the forward, dA and dB
+    grouped GEMMs of G groups over total_M rows — three GEMMs of equal FLOPs (2·total_M·N·K each) that each read and
+    write the same three matrices per group (m×k, k×n, m×n with m = total_M / G), so it is 3·G group GEMMs of one
+    roofline shape, once the harness's MSE loss (HARNESS_MSE_PASSES) is taken off. The only bf16 grouped GEMMs
+    measured on any GPU: they feed B200's grouped_bf16_peak_fraction (GB200, the same die, takes it over); every
+    group has thousands of rows, so the HBM fraction is not determined here (fit_grouped_gemm holds it)."""
+    for row in _csv(path):
+        total_m, n, k, groups = (int(row[key]) for key in ("total_M", "N", "K", "G"))
+        loss_s = HARNESS_MSE_PASSES * total_m * n * 2.0 / B200_HBM_BYTES_PER_S
+        per_group_gemm_s = (float(row["bf16_fwd_bwd_us"]) * 1e-6 - loss_s) / (3 * groups)
+        measurement = GemmMeasurement(precision="bf16", m=total_m // groups, n=n, k=k, kind="grouped_gemm",
+                                      timing=_timing(per_group_gemm_s), source=path.name,
+                                      label=f"torch._grouped_mm bf16 fwd+bwd {row['shapes']} G={groups}")
+        yield Row(B200, measurement)
 
 
 def read_swiglu(path: Path) -> Iterator[Row]:
@@ -535,6 +562,8 @@ TABLES = (
     Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim, "
           "grouped_peak_fraction, grouped_hbm_efficiency (H100, H200; H800 too)"),
     Table("gemm_tilelang_h800_8192x8192xK.csv", read_tilelang_h800, "compute.gemm_efficiency (H800, bf16 and fp8)"),
+    Table("grouped_mm_bf16_b200_torchao.csv", read_torchao_grouped_mm,
+          "compute.gemm_efficiency grouped_bf16_peak_fraction (B200; GB200 extrapolated, same die)", in_repository=True),
     Table("gemm_fp16_swiglu_dff_alignment_h100_ml_engineering.csv", read_swiglu, "check only (alignment penalty)"),
     Table("attention_cudnn_sdpa_training_h200_gb200.csv", read_cudnn_h200_gb200,
           "compute.gemm_efficiency attention_cudnn_fwd/bwd_* (H200, GB200; H100 and H800 extrapolated, same die)"),
@@ -559,10 +588,18 @@ def microbench_dir() -> Path:
     return reference_dir() / "microbench"
 
 
+REPOSITORY_TABLES_DIR = Path(__file__).resolve().parent / "microbench"
+"""The microbenchmark tables the repository carries itself (Table.in_repository)."""
+
+
+def table_path(table: Table, folder: Path | None = None) -> Path:
+    """Where `table`'s file is: benchmarks/microbench/ for one in the repository, else `folder` (shared/reference/microbench)."""
+    return REPOSITORY_TABLES_DIR / table.file if table.in_repository else (folder or microbench_dir()) / table.file
+
+
 def all_rows(folder: Path | None = None) -> dict[str, list[Row]]:
     """file -> its rows."""
-    folder = folder or microbench_dir()
-    return {table.file: list(table.read(folder / table.file)) for table in TABLES}
+    return {table.file: list(table.read(table_path(table, folder))) for table in TABLES}
 
 
 def measurements_for(profile: str, rows_by_file: dict[str, list[Row]], role: str = "fit",

@@ -20,8 +20,12 @@ H100 SXM tensor rate and HBM3): per-expert m from 256 to 8192. Carried to bf16 a
 scales with the bytes (2-byte operands and output, at the same fraction of HBM bandwidth), the compute-bound part
 with the bf16 curve's own measured limit (`peak_fraction`, cuBLAS / MAMF). The ratio of the two parts is then the
 same in both precisions (twice the rate on half the bytes), so fp8 measurements say how far a bf16 grouped GEMM of
-the same shape falls below its compute limit. The dense curve (`compute.gemm_efficiency`) stays what it was for
-every other GEMM; a profile without the two keys prices experts with it, as before.
+the same shape falls below its compute limit. Where bf16 grouped GEMMs themselves were measured, their compute
+limit is fitted too (`grouped_bf16_peak_fraction`): on B200, torch._grouped_mm in bf16 runs at about 0.38 of the bf16
+peak at thousands of rows per group (pytorch/ao's autograd-function benchmark,
+benchmarks/microbench/grouped_mm_bf16_b200_torchao.csv), where cuBLAS reaches 0.80 on a dense GEMM. The dense curve
+(`compute.gemm_efficiency`) stays what it was for every other GEMM; a profile without the two keys prices experts
+with it, as before.
 
 Weight-gradient accumulation (`grouped_wgrad_accumulation_bytes`): with Megatron's gradient-accumulation fusion
 (default on), each expert's weight-gradient GEMM reads and writes its fp32 `main_grad`, 4 + 4 bytes per weight
@@ -53,6 +57,9 @@ from costmodels.specs import Precision
 
 GROUPED_PARAMETERS = ("grouped_peak_fraction", "grouped_hbm_efficiency")
 """The profile keys of the grouped-GEMM roofline (in `compute.gemm_efficiency`)."""
+GROUPED_BF16_PEAK_FRACTION = "grouped_bf16_peak_fraction"
+"""Optional key: the compute-bound fraction of the bf16 peak, where bf16 grouped GEMMs were measured (module
+docstring); without it a bf16 grouped GEMM takes the dense curve's `peak_fraction`."""
 
 ELEMENT_BYTES = {Precision.BF16.value: 2.0, Precision.FP8.value: 1.0}
 """Operand bytes per element of a GEMM of that precision."""
@@ -77,11 +84,12 @@ def has_grouped_curve(profile: HardwareProfile, precision: str = Precision.BF16.
 
 def grouped_compute_fraction(profile: HardwareProfile, precision: str) -> float:
     """Fraction of the `precision` peak a grouped GEMM reaches when compute-bound: the fitted fp8 value, and for bf16
-    the bf16 curve's measured limit (module docstring)."""
+    the fitted bf16 value where bf16 grouped GEMMs were measured, else the bf16 curve's measured limit (module
+    docstring)."""
     params = profile.gemm_efficiency
     if precision == Precision.FP8.value:
         return float(params["grouped_peak_fraction"])
-    return float(params["peak_fraction"])
+    return float(params.get(GROUPED_BF16_PEAK_FRACTION, params["peak_fraction"]))
 
 
 def grouped_gemm_bytes(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,

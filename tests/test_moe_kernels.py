@@ -95,6 +95,58 @@ def test_fit_grouped_gemm_recovers_known_parameters():
     assert fit.params["grouped_hbm_efficiency"] == pytest.approx(0.6, rel=1e-3)
 
 
+def test_fit_grouped_gemm_fits_the_bf16_limit_and_holds_hbm_where_every_row_is_compute_bound():
+    """bf16 rows of thousands of rows per group (torchao's B200 table): the fit finds their compute limit, and leaves
+    the HBM fraction, which they do not determine, at the base's value (fit.GROUPED_HBM_FROM_SHARE)."""
+    from autopar.calibrate.fit import fit_grouped_gemm
+    from autopar.calibrate.measurements import GemmMeasurement, Timing
+
+    def with_truth(hbm_fraction: float):
+        return dataclasses.replace(H100, gemm_efficiency={**H100.gemm_efficiency, "grouped_bf16_peak_fraction": 0.4,
+                                                          "grouped_hbm_efficiency": hbm_fraction})
+    truth = with_truth(H100.gemm_efficiency["grouped_hbm_efficiency"])
+    rows = []
+    for m in (4096, 8192, 16384):
+        for n, k in ((8192, 5120), (2048, 7168)):
+            seconds = float(moe_kernels.grouped_gemm_time_s(truth, np.array(2.0 * m * n * k), m, n, k, "bf16"))
+            rows.append(GemmMeasurement("bf16", m, n, k, Timing(seconds, seconds, seconds, 1), kind="grouped_gemm"))
+    fit = fit_grouped_gemm(rows, H100)
+    assert set(fit.params) == {moe_kernels.GROUPED_BF16_PEAK_FRACTION}     # the HBM fraction is held
+    assert fit.params[moe_kernels.GROUPED_BF16_PEAK_FRACTION] == pytest.approx(0.4, rel=1e-3)
+    # memory-bound rows (small m) do determine it: fitted with the limit
+    truth = with_truth(0.3)
+    small = [GemmMeasurement("bf16", m, 8192, 5120, Timing(s, s, s, 1), kind="grouped_gemm")
+             for m in (16, 32, 64, 4096, 8192)
+             for s in [float(moe_kernels.grouped_gemm_time_s(truth, np.array(2.0 * m * 8192 * 5120), m, 8192, 5120,
+                                                             "bf16"))]]
+    both = fit_grouped_gemm(small, H100)
+    assert both.params["grouped_hbm_efficiency"] == pytest.approx(0.3, rel=1e-3)
+    assert both.params[moe_kernels.GROUPED_BF16_PEAK_FRACTION] == pytest.approx(0.4, rel=1e-3)
+
+
+def test_b200_bf16_grouped_gemms_take_torchaos_measured_limit_not_the_dense_one(microbench_tables):
+    """torch._grouped_mm in bf16 on B200 (benchmarks/microbench/grouped_mm_bf16_b200_torchao.csv): one timed call is
+    forward + dA + dB, 3·G group GEMMs, after the harness's MSE loss (5 passes over the bf16 output at 8 TB/s).
+    The fitted limit sits far under cuBLAS's dense 0.80, GB200 (same die) takes it, and expert_gemm=grouped is
+    priced with it while expert_gemm=cublas keeps the dense curve."""
+    tables = microbench_tables
+    table = next(t for t in tables.TABLES if t.file == "grouped_mm_bf16_b200_torchao.csv")
+    assert table.in_repository and tables.table_path(table).is_file()
+    first = next(iter(table.read(tables.table_path(table))))
+    # first row: total_M 128000, N 8192, K 5120, G 1, 43140.20 µs
+    loss_s = 5 * 128000 * 8192 * 2 / 8.0e12
+    assert first.profiles == tables.B200
+    assert (first.measurement.m, first.measurement.n, first.measurement.k) == (128000, 8192, 5120)
+    assert first.measurement.timing.median_s == pytest.approx((43140.20e-6 - loss_s) / 3)
+    b200, gb200 = load_profile("b200-180gb"), load_profile("gb200-186gb")
+    limit = b200.gemm_efficiency[moe_kernels.GROUPED_BF16_PEAK_FRACTION]
+    assert 0.3 < limit < 0.5 < b200.gemm_efficiency["peak_fraction"]
+    assert gb200.gemm_efficiency[moe_kernels.GROUPED_BF16_PEAK_FRACTION] == limit
+    assert moe_kernels.grouped_compute_fraction(b200, "bf16") == limit
+    assert moe_kernels.grouped_compute_fraction(H100, "bf16") == H100.gemm_efficiency["peak_fraction"]
+    assert "grouped_mm_bf16_b200_torchao.csv" in b200.provenance["compute.gemm_efficiency.grouped"]
+
+
 def test_wgrad_accumulation_bytes_hand_computed():
     # 8 experts, fc1 6144 -> 4096: 8 · 6144 · 4096 weights, 6 extra bytes each (fp32 read + write vs a bf16 write)
     m, n, k = 1024.0, 4096.0, 6144.0

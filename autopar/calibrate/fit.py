@@ -327,30 +327,55 @@ def attention_curves_measured(rows: Sequence[GemmMeasurement]) -> list[tuple[str
     return sorted({(row.attention_kernel, row.attention_pass) for row in rows if row.kind == "attention"})
 
 
+GROUPED_HBM_FROM_SHARE = 0.2
+"""The grouped roofline's HBM fraction is fitted only when operand traffic is at least 20% of some row's time (at
+the starting values); below, every row is compute-bound, the data does not determine it, and it stays the base's
+(ALPHA_FROM_BYTES_BELOW is the same rule for a collective's latency)."""
+GROUPED_HBM_PRIOR = 0.8
+"""Where the HBM fraction starts, and what it is held at when the base has none: an assumption."""
+
+
 def fit_grouped_gemm(rows: Sequence[GemmMeasurement], base: HardwareProfile) -> FitResult:
     """The grouped-GEMM roofline's parameters (`costmodels.moe_kernels.grouped_gemm_time_s`), fitted to measured
     grouped expert GEMMs (rows of kind 'grouped_gemm', each the time of one group of m×k·k×n): the compute-bound
-    fraction of the fp8 peak (fp8 rows only; bf16 grouped GEMMs take the bf16 curve's `peak_fraction`) and the
-    achieved fraction of HBM bandwidth."""
-    from costmodels.moe_kernels import GROUPED_PARAMETERS, grouped_gemm_time_s
+    fraction of the fp8 peak (from fp8 rows), of the bf16 peak (from bf16 rows; without them bf16 grouped GEMMs take
+    the bf16 curve's `peak_fraction`) and, where the rows determine it (GROUPED_HBM_FROM_SHARE), the achieved
+    fraction of HBM bandwidth. `params` holds what was fitted; the rest stays the base's."""
+    from costmodels.moe_kernels import GROUPED_BF16_PEAK_FRACTION, GROUPED_PARAMETERS, grouped_gemm_bytes, \
+        grouped_gemm_time_s
 
     rows = [row for row in rows if row.kind == "grouped_gemm" and row.precision in base.peak_flops_per_s]
     assert rows, "fit_grouped_gemm needs grouped_gemm rows"
     peak_name, memory_name = GROUPED_PARAMETERS
     params = base.gemm_efficiency
-    start = {memory_name: float(params.get(memory_name, 0.8))}
+    start: dict[str, float] = {}
     if any(row.precision == "fp8" for row in rows):
         start[peak_name] = float(params.get(peak_name, params.get(FP8_PEAK_FRACTION, params["peak_fraction"])))
+    if any(row.precision == "bf16" for row in rows):
+        start[GROUPED_BF16_PEAK_FRACTION] = float(params.get(GROUPED_BF16_PEAK_FRACTION, params["peak_fraction"]))
+    held = {memory_name: float(params.get(memory_name, GROUPED_HBM_PRIOR))}
+
+    def profile_with(fitted: Mapping[str, float]) -> HardwareProfile:
+        return dataclasses.replace(base, gemm_efficiency={**params, **held, **fitted})
+
+    def predict_s(profile: HardwareProfile) -> np.ndarray:
+        return np.array([float(grouped_gemm_time_s(profile, np.array(row.flops), np.array(row.m), np.array(row.n),
+                                                   np.array(row.k), row.precision)) for row in rows])
+
+    at_start = profile_with(start)
+    traffic_s = np.array([float(grouped_gemm_bytes(np.array(row.flops), row.m, row.n, row.k, row.precision))
+                          for row in rows]) / (at_start.hbm_bandwidth_bytes_per_s * held[memory_name])
+    if np.max(traffic_s / predict_s(at_start)) >= GROUPED_HBM_FROM_SHARE:
+        start[memory_name] = held.pop(memory_name)
 
     def predict(fitted: Mapping[str, float]) -> np.ndarray:
-        profile = dataclasses.replace(base, gemm_efficiency={**params, **fitted})
-        return np.array([row.flops / float(grouped_gemm_time_s(profile, np.array(row.flops), np.array(row.m),
-                                                               np.array(row.n), np.array(row.k), row.precision))
-                         / profile.peak_flops_per_s[row.precision] for row in rows])
+        profile = profile_with(fitted)
+        return np.array([row.flops for row in rows]) / predict_s(profile) / np.array(
+            [profile.peak_flops_per_s[row.precision] for row in rows])
 
     observed = [measured_gemm_efficiency(row, base) for row in rows]
     guesses = [start, {name: value * 0.5 for name, value in start.items()}]
-    return least_squares(predict, observed, guesses, bounds={peak_name: (1e-6, 1.0), memory_name: (1e-6, 1.0)})
+    return least_squares(predict, observed, guesses, bounds={name: (1e-6, 1.0) for name in start})
 
 
 # ---- per-collective latency floor and bus bandwidth ------------------------------------------------------------------

@@ -106,7 +106,7 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
     attention = curves.pop(("", ""), None)
     grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
     grouped = None
-    if grouped_rows:  # on the GEMM curve just fitted: bf16 grouped GEMMs take its peak_fraction
+    if grouped_rows:  # on the GEMM curve just fitted: bf16 grouped GEMMs take its peak_fraction unless measured
         curve = dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **gemm.params}) if gemm else base
         grouped = fit_grouped_gemm(grouped_rows, curve)
     single_link = {link: tuple(c for c in measurements.collectives_on(link) if c.ranks_per_node == 1)
@@ -244,8 +244,9 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
         grouped_rows = [row for row in measurements.gemm if row.kind == "grouped_gemm"]
         data["compute"]["gemm_efficiency"].update({name: _round(value) for name, value in fit.grouped.params.items()})
         provenance["compute.gemm_efficiency.grouped"] = (
-            f"{stamp}: least squares over {fit.grouped.points} grouped expert GEMMs{_from(grouped_rows)}, "
-            f"roofline of costmodels.moe_kernels, rms residual {fit.grouped.rms_relative_residual:.1%}")
+            f"{stamp}: {', '.join(fit.grouped.params)} by least squares over {fit.grouped.points} grouped expert "
+            f"GEMMs{_from(grouped_rows)}, roofline of costmodels.moe_kernels, rms residual "
+            f"{fit.grouped.rms_relative_residual:.1%}")
 
     for link in LINKS:
         where = f"links.{link}"
