@@ -32,6 +32,13 @@ once (a chunk crosses the NIC while the next one moves on NVLink; NCCL ring/tree
 the time is both latencies plus the slower stage's transfer, not the sum of the two transfers: with the sum, the
 measured 12-node H100 all-reduce (nccl_allreduce_coreweave_gb200_h100_a100.csv) would need 280 GB/s per NIC. All-to-all: each rank's (n-k)/n off-node share goes over
 its own NIC while the (k-1)/n on-node share goes over NVLink at the same time.
+
+A multi-node all-gather or reduce-scatter is one ring over every rank of the group (NCCL has no tree for them): each
+of its n - 1 steps waits for the one before, so its latency grows with the ring (`ring_growth_latency_s`), a
+per-step cost the profile's measured points, taken at one or a few node counts, do not carry to other sizes; each
+NCCL protocol has its own step latency and bandwidth (LL, LL128, Simple), and with one GPU per node NCCL (2.23 on)
+may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fastest is taken, as NCCL's tuner does
+(`ring_across_nodes_s`).
 """
 
 from __future__ import annotations
@@ -168,6 +175,72 @@ def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", domain_gpu
     return GroupPlacement(size=np.broadcast_to(size, per_node.shape).astype(float), members_per_node=per_node)
 
 
+@dataclass(frozen=True)
+class RingProtocol:
+    """One NCCL protocol's per-step ring latencies and its bandwidth relative to Simple (src/graph/tuning.cc, NVIDIA/nccl
+    master 5067397 of 2026-06: `hwLatencies` Ring, the NET Tree value with one GPU per node, intra-node steps at least
+    the 1 µs network post overhead, x3 for Simple; `busBw *= .5` for LL, `* 0.92` for LL128)."""
+
+    name: str
+    nvlink_step_s: float
+    net_step_s: float
+    net_step_one_per_node_s: float
+    bandwidth_share: float
+
+
+RING_PROTOCOLS = (RingProtocol("simple", 3.4e-6, 14.0e-6, 14.0e-6, 1.0),
+                  RingProtocol("ll128", 1.9e-6, 4.0e-6, 8.5e-6, 0.92),
+                  RingProtocol("ll", 1.0e-6, 2.7e-6, 5.0e-6, 0.5))
+"""NCCL's ring all-gather / reduce-scatter latency is base + (nRanks - nNodes) intra-node steps + (nNodes - 1)
+inter-node steps, per protocol; the tuner takes the (algorithm, protocol) of least latency + bytes / bandwidth."""
+PAT_NET_STEP_S = 14.0e-6 / 3.5
+"""PAT (Parallel Aggregated Trees, NCCL 2.23+, all-gather / reduce-scatter with one GPU per node, Simple only), same
+source: base + log2(nNodes) x NET latency / 3.5 + nRanks x PAT_RANK_STEP_S ('still a linear part'), at 0.75 of the
+bandwidth (`if (a == NCCL_ALGO_PAT) busBw *= .75`)."""
+PAT_RANK_STEP_S = 2.8e-6
+PAT_BANDWIDTH_SHARE = 0.75
+RING_KINDS = ("all_gather", "reduce_scatter")
+
+
+def ring_reference_nodes(profile: HardwareProfile, kind: str) -> float:
+    """The node count the profile's InfiniBand latency of `kind` stands for: its largest measured group size, or a
+    two-node ring where it has no points (the link's alpha)."""
+    return float(max((p.group_size for p in profile.collectives.get("ib", {}).get(kind, ())), default=2))
+
+
+def ring_growth_latency_s(profile: HardwareProfile, kind: str, nodes: np.ndarray, members_per_node: np.ndarray,
+                          protocol: RingProtocol) -> np.ndarray:
+    """Latency a multi-node ring all-gather / reduce-scatter adds beyond `ring_reference_nodes` in `protocol`: every
+    further node puts one inter-node step and k - 1 intra-node steps (its k members) into the ring."""
+    k = np.asarray(members_per_node, dtype=float)
+    extra_nodes = np.maximum(np.asarray(nodes, dtype=float) - ring_reference_nodes(profile, kind), 0.0)
+    net_step_s = np.where(k == 1, protocol.net_step_one_per_node_s, protocol.net_step_s)
+    return extra_nodes * (net_step_s + (k - 1.0) * protocol.nvlink_step_s)
+
+
+def pat_growth_latency_s(profile: HardwareProfile, kind: str, nodes: np.ndarray) -> np.ndarray:
+    """PAT's latency beyond `ring_reference_nodes` for a group of one GPU per node (0 at or below the reference,
+    where the measured latency holds)."""
+    def pat_s(n):
+        return np.log2(np.maximum(n, 1.0)) * PAT_NET_STEP_S + n * PAT_RANK_STEP_S
+    nodes = np.asarray(nodes, dtype=float)
+    return np.maximum(pat_s(nodes) - pat_s(ring_reference_nodes(profile, kind)), 0.0)
+
+
+def ring_across_nodes_s(profile: HardwareProfile, kind: str, nodes: np.ndarray, k: np.ndarray,
+                        latency_s: np.ndarray, transfer_s: np.ndarray) -> np.ndarray:
+    """A multi-node all-gather / reduce-scatter: the two stages' latencies and the slower transfer as measured, plus
+    the ring's growth beyond the measured size in the fastest NCCL protocol for it (RING_PROTOCOLS), or PAT with
+    one GPU per node where that is faster."""
+    best = None
+    for protocol in RING_PROTOCOLS:
+        candidate = latency_s + ring_growth_latency_s(profile, kind, nodes, k, protocol) \
+            + transfer_s / protocol.bandwidth_share
+        best = candidate if best is None else np.minimum(best, candidate)
+    pat = latency_s + pat_growth_latency_s(profile, kind, nodes) + transfer_s / PAT_BANDWIDTH_SHARE
+    return np.where(k == 1, np.minimum(best, pat), best)
+
+
 def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement, kind: str,
                             bytes_: "np.ndarray | float") -> np.ndarray:
     """One collective of `kind` on a placed group: NVLink inside a node, hierarchical NVLink + IB across nodes."""
@@ -187,7 +260,9 @@ def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement,
         if kind == "all_to_all":  # the two shares travel at the same time, each on its own link
             across = np.maximum(on_latency_s + on_transfer_s, off_latency_s + off_transfer_s)
         else:                     # the two stages pipeline chunk by chunk: both latencies, the slower transfer
-            across = on_latency_s + off_latency_s + np.maximum(on_transfer_s, off_transfer_s)
+            latency_s, transfer_s = on_latency_s + off_latency_s, np.maximum(on_transfer_s, off_transfer_s)
+            across = ring_across_nodes_s(profile, kind, nodes, k, latency_s, transfer_s) if kind in RING_KINDS \
+                else latency_s + transfer_s
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
 
 

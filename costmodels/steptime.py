@@ -559,29 +559,54 @@ def pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     return exposed * one + hidden_s
 
 
-def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray, params: np.ndarray,
+                         bucket_params: np.ndarray, overlap_grad_reduce: bool, experts: bool = False) -> np.ndarray:
+    """How many collectives carry `params` of `stage` per reduce (or gather): every one pays its own latency.
+
+    ZeRO-0..2, Megatron-Core DDP / distributed optimizer (`distributed/distributed_data_parallel.py`): buckets of
+    `bucket_params` (max(40M, 1M·dp)) with overlap_grad_reduce, one bucket for everything without it ('Set
+    bucket_size to infinity if overlap_grad_reduce is False'). ZeRO-3 (FSDP): one unit per decoder layer, plus the
+    embedding on the first stage and the output layer on the last (torchtitan's and llm-foundry's per-block
+    wrapping); the `experts`' parameters one unit per MoE layer."""
+    buckets = np.maximum(np.ceil(params / bucket_params), 1.0) if overlap_grad_reduce else np.ones(len(plans))
+    if experts:
+        units = moe_layers_on_stage(model, plans, stage)
+    else:
+        ranks = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
+        units = layers_on_stage(model.num_layers, plans, stage) + (ranks == 0) + (ranks == plans.pp - 1)
+    return np.where(plans.zero >= 3, np.maximum(units, 1.0), buckets)
+
+
+def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
+                 overlap_grad_reduce: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
-    traffic per step (see dp_comm_s for the collectives and their sources); reads the structure knobs only."""
+    traffic per step (see dp_comm_s for the collectives and their sources), each the sum of its collectives
+    (`dp_collective_counts`; a ZeRO-3 "bucket" is one layer's unit); reads the structure knobs only."""
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
     dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     expert_group = edp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     sharded = plans.zero >= 1
+    bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
+    dense_count, expert_count = (dp_collective_counts(model, plans, stage, params, bucket, overlap_grad_reduce,
+                                                      experts) for params, experts in ((dense_params, False),
+                                                                                       (expert_params, True)))
 
-    def traffic_s(dense, expert):
-        groups = ((dense_group, dense), (expert_group, expert))
-        reduce = sum(np.where(sharded,
-                              group_collective_time_s(profile, g, "reduce_scatter", p * GRAD_BYTES),
-                              group_collective_time_s(profile, g, "all_reduce", p * GRAD_BYTES))
-                     for g, p in groups)
-        gather = sum(np.where(sharded, group_collective_time_s(profile, g, "all_gather", p * PARAM_BYTES), 0.0)
-                     for g, p in groups)
+    def traffic_s(dense, expert, counts):
+        groups = ((dense_group, dense, counts[0]), (expert_group, expert, counts[1]))
+        # each of `count` collectives carries p / count; a group with no parameters (a dense model's experts) none
+        reduce = sum(np.where(p > 0, count, 0.0) * np.where(
+            sharded, group_collective_time_s(profile, g, "reduce_scatter", p / count * GRAD_BYTES),
+            group_collective_time_s(profile, g, "all_reduce", p / count * GRAD_BYTES)) for g, p, count in groups)
+        gather = sum(np.where(p > 0, count, 0.0) * np.where(
+            sharded, group_collective_time_s(profile, g, "all_gather", p / count * PARAM_BYTES), 0.0)
+            for g, p, count in groups)
         return reduce, gather
 
-    reduce_s, gather_s = traffic_s(dense_params, expert_params)
-    bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
-    bucket_reduce_s, bucket_gather_s = traffic_s(np.minimum(bucket, dense_params), np.minimum(bucket, expert_params))
+    reduce_s, gather_s = traffic_s(dense_params, expert_params, (dense_count, expert_count))
+    last = tuple(np.where(plans.zero >= 3, params / count, np.minimum(bucket, params))
+                 for params, count in ((dense_params, dense_count), (expert_params, expert_count)))
+    bucket_reduce_s, bucket_gather_s = traffic_s(*last, (np.ones(len(plans)),) * 2)
     return reduce_s, gather_s, bucket_reduce_s, bucket_gather_s
 
 
@@ -608,7 +633,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length, whichever is larger.
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
-        plans, ("dp_traffic_s", id(model), id(cluster)), lambda p, s: dp_traffic_s(model, cluster, p, s), stage,
+        plans, ("dp_traffic_s", id(model), id(cluster), training.overlap_grad_reduce),
+        lambda p, s: dp_traffic_s(model, cluster, p, s, training.overlap_grad_reduce), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     share = overlap_contention_share(cluster.profile, training.nccl_ctas)
