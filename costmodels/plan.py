@@ -303,6 +303,8 @@ class PlanArrays:
 
     def take(self, index: "np.ndarray | Sequence[int] | slice") -> "PlanArrays":
         structure = self.structure.take(index) if self.structure is not None else None
+        if isinstance(index, np.ndarray) and index.dtype.kind in "iu":      # ndarray.take: as [index], faster
+            return PlanArrays(**{name: getattr(self, name).take(index) for name in PLAN_FIELDS}, structure=structure)
         return PlanArrays(**{name: getattr(self, name)[index] for name in PLAN_FIELDS}, structure=structure)
 
     def plan(self, i: int) -> Plan:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -172,16 +172,44 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     Raises InputError when the plan cannot be built at all (a rule that is not relaxable, or the precision is not
     supported by the GPU); guide rules (unless relaxed) and `memory` come back in `Estimate.violations`.
     """
+    return plan_estimates(model, cluster, training, [plan], relax)[0]
+
+
+def plan_estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: Sequence[Plan],
+                   relax: Iterable[str] = ()) -> tuple[Estimate, ...]:
+    """`estimate` of each plan, in order, the plans without a layout (and the parents of those with one) priced in
+    one vectorised evaluation: each gets the same numbers as alone (the cost functions are elementwise over plans).
+    Raises InputError for the first plan that cannot be built."""
+    from costmodels.layout import parent_plan
+
     require_precision_supported(cluster, training)
-    if plan.layout:
-        return layout_estimate(model, cluster, training, plan, relax)
-    guide_rules_broken = require_buildable(model, cluster, training, plan, relax)
-    return estimates(model, cluster, training, PlanArrays.from_plans([plan]), (tuple(guide_rules_broken),))[0]
+    relax = tuple(relax)
+    for plan in plans:
+        if plan.layout:
+            require_layout_plan(model, training, plan)
+    parents = [parent_plan(model, cluster, training, plan) if plan.layout else plan for plan in plans]
+    distinct = list(dict.fromkeys(parents))
+    broken = [tuple(require_buildable(model, cluster, training, plan, relax)) for plan in distinct]
+    priced = dict(zip(distinct, estimates(model, cluster, training, PlanArrays.from_plans(distinct), broken)))
+    return tuple(layout_estimate(model, cluster, training, plan, priced[parent]) if plan.layout else priced[plan]
+                 for plan, parent in zip(plans, parents))
+
+
+def require_layout_plan(model: ModelSpec, training: TrainingSpec, plan: Plan) -> None:
+    """InputError unless the plan's layout can be priced: a 1F1B schedule, pp > 1, every decoder layer placed."""
+    from costmodels.layout import require_layout_schedule
+
+    require_layout_schedule(training)
+    if plan.pp < 2:
+        raise InputError("layout", "a pipeline layout needs pp > 1")
+    if sum(plan.layout) != model.num_layers:
+        raise InputError("layout", f"places {sum(plan.layout)} decoder layers; {model.name} has {model.num_layers}")
 
 
 def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-                    relax: Iterable[str] = ()) -> Estimate:
-    """A plan with a pipeline layout, every rank priced stage by stage (costmodels.layout).
+                    base: Estimate) -> Estimate:
+    """A plan with a pipeline layout, every rank priced stage by stage (costmodels.layout); `base` is the estimate
+    of its parent plan (costmodels.layout.parent_plan; `plan_estimates` checks the layout and prices the parent).
 
     The per-stage model and the uniform one differ slightly even on the same layout (the uniform model takes each
     term on its own worst stage, the per-stage model a rank's chunks summed), so a layout is compared with the plan
@@ -189,16 +217,9 @@ def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     step time of the parent plan (same knobs, a valid first/last split) minus the per-stage time of the parent's own
     layout. The parent's own layout thus gets exactly the parent's estimate, and any other layout differs from it by
     exactly what the per-stage model says. Memory: every rank's own terms on its own layers."""
-    from costmodels.layout import GAP_TERM, layout_breakdown, parent_plan, require_layout_schedule, uniform_layout
+    from costmodels.layout import GAP_TERM, layout_breakdown, uniform_layout
 
-    require_layout_schedule(training)
-    layout = plan.layout
-    if plan.pp < 2:
-        raise InputError("layout", "a pipeline layout needs pp > 1")
-    if sum(layout) != model.num_layers:
-        raise InputError("layout", f"places {sum(layout)} decoder layers; {model.name} has {model.num_layers}")
-    parent = parent_plan(model, cluster, training, plan)
-    base = estimate(model, cluster, training, parent, relax)
+    layout, parent = plan.layout, base.plan
     own = layout_breakdown(model, cluster, training, parent, uniform_layout(model, parent))
     mine = layout_breakdown(model, cluster, training, parent, layout)
     terms = dict(mine.time_terms_s)
@@ -252,14 +273,17 @@ def stage_memories(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     elementwise over plans, so each plan gets the same numbers as alone)."""
     if len(plans) == 0:
         return []
-    per_rank = []
-    for rank in range(int(plans.pp.max())):
-        stage = np.minimum(rank, plans.pp - 1)
-        per_rank.append((memory_terms_bytes(model, cluster, training, plans, stage),
-                         layers_on_stage(model.num_layers, plans, stage)))
-    return [tuple(StageMemory(stage=rank, layers=float(layers[i]),
-                              terms_bytes={term: float(values[i]) for term, values in terms.items()})
-                  for rank, (terms, layers) in enumerate(per_rank[:int(plans.pp[i])]))
+    # row i·ranks + r: plan i on rank r (its last rank where r >= its pp), every rank of every plan in one evaluation
+    ranks = int(plans.pp.max())
+    rows = np.repeat(np.arange(len(plans)), ranks)
+    on_ranks = plans.take(rows)
+    stage = np.minimum(np.tile(np.arange(ranks), len(plans)), on_ranks.pp - 1)
+    terms = {term: np.asarray(values, dtype=float).tolist() for term, values in
+             memory_terms_bytes(model, cluster, training, on_ranks, stage).items()}
+    layers = np.asarray(layers_on_stage(model.num_layers, on_ranks, stage), dtype=float).tolist()
+    return [tuple(StageMemory(stage=rank, layers=layers[i * ranks + rank],
+                              terms_bytes={term: values[i * ranks + rank] for term, values in terms.items()})
+                  for rank in range(int(plans.pp[i])))
             for i in range(len(plans))]
 
 

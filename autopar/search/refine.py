@@ -3,8 +3,8 @@
 For every pipelined structure on the front (its knobs without the first/last split, which a layout subsumes), the
 exact layout search (autopar.search.layouts: the chain DP without interleaving, CP-SAT with it) finds the fastest
 layout that fits. Where it beats the structure's own (uniform) layout under the per-stage model, the layout plan is
-added, priced by autopar.layout_estimate (the parent's estimate less exactly the per-stage model's gain); then the
-Pareto front over step time and peak memory is recomputed.
+added, priced by costmodels.scoring.plan_estimates (the parent's estimate less exactly the per-stage model's gain);
+then the Pareto front over step time and peak memory is recomputed.
 
 Near-front structures. A structure off the front can overtake a front point once its layout is balanced. Candidates
 are the pipelined structures one knob step from a front plan (pp = 1 plans included: their step up in pp), each of
@@ -204,7 +204,7 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
     repeatable); else a wall-clock budget. `controls` (autopar.search.space.Controls) and `extra_rules` are the
     search's own, so near-front candidates stay within them."""
     from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, prices_layouts, uniform_layout
-    from costmodels.scoring import estimate
+    from costmodels.scoring import plan_estimates
 
     start = time.perf_counter()
     model, cluster, training = front.model, front.cluster, front.training
@@ -265,11 +265,9 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
                                             seeds=DEFAULT_NEAR_SEEDS, resplit=False))
         for point in candidates:
             consider(point, is_near=True)
-    added = []
-    for r in refinements:
-        if r.best_layout != r.uniform_layout:
-            plan = dataclasses.replace(r.parent.plan, layout=r.best_layout)
-            added.append(estimate(model, cluster, training, plan, relax=front.relaxed_rules))
+    added = plan_estimates(model, cluster, training,
+                           [dataclasses.replace(r.parent.plan, layout=r.best_layout) for r in refinements
+                            if r.best_layout != r.uniform_layout], relax=front.relaxed_rules)
     points = list(front.points) + [p for p in added if not p.violations]
     kept = [p for p in points
             if not any((q.step_time_s <= p.step_time_s and q.peak_memory_bytes <= p.peak_memory_bytes)
