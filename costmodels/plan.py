@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from costmodels.errors import InputError, require, require_non_negative_int, require_positive_int
-from costmodels.structure import StructureIndex, per_structure
+from costmodels.structure import StructureIndex, per_structure, take_rows
 
 
 class Recompute(enum.IntEnum):
@@ -303,9 +303,7 @@ class PlanArrays:
 
     def take(self, index: "np.ndarray | Sequence[int] | slice") -> "PlanArrays":
         structure = self.structure.take(index) if self.structure is not None else None
-        if isinstance(index, np.ndarray) and index.dtype.kind in "iu":      # ndarray.take: as [index], faster
-            return PlanArrays(**{name: getattr(self, name).take(index) for name in PLAN_FIELDS}, structure=structure)
-        return PlanArrays(**{name: getattr(self, name)[index] for name in PLAN_FIELDS}, structure=structure)
+        return PlanArrays(**{name: take_rows(getattr(self, name), index) for name in PLAN_FIELDS}, structure=structure)
 
     def plan(self, i: int) -> Plan:
         values = {name: getattr(self, name)[i].item() for name in PLAN_FIELDS}

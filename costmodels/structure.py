@@ -72,9 +72,15 @@ def _gather(value: Any, index: np.ndarray) -> Any:
         return replace(value, **{f.name: _gather(getattr(value, f.name), index) for f in fields(value)})
     if value is None or np.ndim(value) == 0:
         return value
-    if type(value) is np.ndarray and value.ndim == 1:
-        return value.take(index)        # the same values as value[index], about a third faster
-    return value[index]
+    return take_rows(value, index)
+
+
+def take_rows(values: Any, index: Any) -> Any:
+    """values[index]; for a plain 1-D array and integer indices by ndarray.take, the same values about a third
+    faster (the gathers of a search)."""
+    if type(values) is np.ndarray and values.ndim == 1 and isinstance(index, np.ndarray) and index.dtype.kind in "iu":
+        return values.take(index)
+    return values[index]
 
 
 def _scatter(store: Any, value: Any, at: np.ndarray, size: int) -> Any:
