@@ -37,8 +37,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with autopar's bad-input format: one error line, then a one-line usage hint; exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message}\n"
-                                  f"usage: {self.prog} ... (run '{self.prog} --help' for the options)\n")
+        self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message} (run '{self.prog} --help' for the options)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from costmodels.errors import InputError
-from costmodels.specs import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding
+from costmodels.specs import ROUTER_SCORE_FUNCTIONS, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding, RouterSpec
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 """The one place the preset list lives: every `<name>.json` in this folder is the preset `<name>`."""
@@ -96,19 +96,21 @@ CONFIG_CLASS_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
     "qwen2_moe": {"num_key_value_heads": 16, "max_position_embeddings": 32768, "qkv_bias": True, "num_experts": 60,
                   "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False},
     "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768, "attention_bias": False},
     "qwen3_moe": {"num_key_value_heads": 4, "max_position_embeddings": 32768, "attention_bias": False,
                   "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False},
     "deepseek_v2": {"max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False,
                     "n_routed_experts": 64, "moe_intermediate_size": 1407, "n_shared_experts": 2,
                     "first_k_dense_replace": 0, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-                    "qk_rope_head_dim": 64, "v_head_dim": 128},
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "topk_method": "greedy", "norm_topk_prob": False,
+                    "routed_scaling_factor": 1.0},
     "deepseek_v3": {"max_position_embeddings": 4096, "attention_bias": False, "n_routed_experts": 256,
                     "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1,
                     "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-                    "qk_rope_head_dim": 64, "v_head_dim": 128, "num_nextn_predict_layers": 1},
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "num_nextn_predict_layers": 1, "n_group": 8,
+                    "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": True},
     "gemma": {"num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192, "attention_bias": False},
     "phi3": {"max_position_embeddings": 4096},
     "gpt2": {"n_positions": 1024, "n_inner": None},
@@ -247,6 +249,9 @@ def read_config_json(path: Path) -> dict[str, Any]:
     shown = _shown(str(path))
     try:
         info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError("model", f"{shown} is a directory, not a config.json file; give the file, or the "
+                                      "model directory that holds it")
         if not stat.S_ISREG(info.st_mode):          # /dev/zero, a FIFO, a socket: never read (could be endless)
             raise InputError("model", f"{shown} is not a regular file (a device, FIFO or socket); give a "
                                       "config.json file")
@@ -314,9 +319,9 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         norm=NormKind.LAYERNORM if family in (GPT2_LIKE, BLOOM_LIKE, NEMOTRON_LIKE) else NormKind.RMSNORM,
         position_embedding=position,
         max_position_embeddings=_optional_positive(config, MAX_POSITION_KEYS, where),
-        tied_embeddings=bool(_first(config, ("tie_word_embeddings",), model_type in TIED_BY_DEFAULT)),
-        qkv_bias=_qkv_bias(config, model_type),
-        linear_bias=gpt2_like or _linear_bias(config, model_type),
+        tied_embeddings=_bool(config, "tie_word_embeddings", model_type in TIED_BY_DEFAULT, where),
+        qkv_bias=_qkv_bias(config, model_type, where),
+        linear_bias=gpt2_like or _linear_bias(config, model_type, where),
         moe=moe,
         mla=mla,
         num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
@@ -334,23 +339,24 @@ def _spec_in(where: str, spec_class: type, **fields: Any) -> Any:
         raise InputError(exc.field, f"{exc.message} (in {where})") from None
 
 
-def _qkv_bias(config: Mapping[str, Any], model_type: str) -> bool:
+def _qkv_bias(config: Mapping[str, Any], model_type: str, where: str) -> bool:
     """Bias on the Q, K, V projections: always in Qwen2 (Qwen2Attention), `qkv_bias` in Qwen2-MoE (default true),
     `attention_bias` elsewhere."""
     if model_type == "qwen2":
         return True
     if model_type == "qwen2_moe":
-        return bool(config.get("qkv_bias", True))
-    return bool(config.get("attention_bias", False))
+        return _bool(config, "qkv_bias", True, where)
+    return _bool(config, "attention_bias", False, where)
 
 
-def _linear_bias(config: Mapping[str, Any], model_type: str) -> bool:
+def _linear_bias(config: Mapping[str, Any], model_type: str, where: str) -> bool:
     """Bias on every linear layer: GPT-OSS's `attention_bias` covers attention, and its experts and router always
     carry biases (HF GptOssExperts gate_up_proj_bias / down_proj_bias, GptOssTopKRouter bias); elsewhere both
     `attention_bias` and `mlp_bias`."""
     if model_type == "gpt_oss":
-        return bool(config.get("attention_bias", True))
-    return bool(config.get("attention_bias")) and bool(config.get("mlp_bias"))
+        return _bool(config, "attention_bias", True, where)
+    attention, mlp = _bool(config, "attention_bias", False, where), _bool(config, "mlp_bias", False, where)
+    return attention and mlp
 
 
 LOCAL_ATTENTION = {"gpt_oss": ("sliding_window", "sliding_attention", "sliding_window", "sliding_window_layers"),
@@ -448,7 +454,47 @@ def _moe_spec(config: Mapping[str, Any], model_type: str, where: str) -> MoESpec
         first_dense_layers=_first_dense_layers(config, where),
         layer_freq=layer_freq,
         shared_expert_gate=shared_gate,
+        router=_router_spec(config, model_type, where),
     )
+
+
+SIGMOID_ROUTER_TYPES = frozenset({"deepseek_v3", "llama4_text"})
+"""Routers that score experts with a sigmoid where the config names no `scoring_func`: DeepSeek-V3
+(DeepseekV3TopkRouter, `scores = router_logits.sigmoid()`) and Llama 4 (Llama4Router: `torch.sigmoid` of the top-1
+logit)."""
+RENORMALISED_ROUTER_TYPES = frozenset({"mixtral", "gpt_oss"})
+"""Routers that always weight the chosen experts by a softmax over them alone: Mixtral (MixtralSparseMoeBlock:
+softmax, top-k, `routing_weights /= routing_weights.sum(...)`) and GPT-OSS (GptOssTopKRouter: top-k of the logits,
+then softmax)."""
+PROBS_ON_INPUT_TYPES = frozenset({"llama4_text"})
+"""Routers whose weight multiplies the token before the expert instead of the expert's output (Llama4TextMoe:
+`routed_in = hidden_states * router_scores`; Megatron-Core moe_apply_probs_on_input)."""
+GROUPED_TOPK_METHODS = ("group_limited_greedy", "noaux_tc")
+"""DeepSeek `topk_method`s that choose experts within the `topk_group` best of `n_group` groups."""
+
+
+def _router_spec(config: Mapping[str, Any], model_type: str, where: str) -> RouterSpec:
+    """How the router weights the chosen experts (RouterSpec): `scoring_func`, `norm_topk_prob`, `topk_method`
+    (noaux_tc: an expert bias), `n_group` / `topk_group`, `routed_scaling_factor` (their config classes' defaults
+    filled in as for every key: CONFIG_CLASS_DEFAULTS or AutoConfig), with each model type's own rule where the
+    class has no such key (SIGMOID_ROUTER_TYPES, RENORMALISED_ROUTER_TYPES, DeepSeek-V3's noaux_tc)."""
+    score = config.get("scoring_func") or ("sigmoid" if model_type in SIGMOID_ROUTER_TYPES else "softmax")
+    if score not in ROUTER_SCORE_FUNCTIONS:
+        raise InputError("scoring_func", f"scoring_func={_shown(str(score))} is not supported (only "
+                                         f"{', '.join(ROUTER_SCORE_FUNCTIONS)}) (in {where})")
+    renormalised = model_type in RENORMALISED_ROUTER_TYPES or _bool(config, "norm_topk_prob", False, where)
+    method = config.get("topk_method") or ("noaux_tc" if model_type == "deepseek_v3" else "greedy")
+    groups = _optional_positive(config, "n_group", where) if method in GROUPED_TOPK_METHODS else 0
+    group_topk = _optional_positive(config, "topk_group", where) if groups > 1 else 0
+    scaling = config.get("routed_scaling_factor")
+    if scaling is None:
+        scaling = 1.0
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)):
+        raise InputError("routed_scaling_factor", f"routed_scaling_factor={_shown(str(scaling))} must be a number "
+                                                  f"(in {where})")
+    return _spec_in(where, RouterSpec, score_function=score, pre_softmax=score == "softmax" and not renormalised,
+                    expert_bias=method == "noaux_tc", num_groups=groups if groups > 1 else 0, group_topk=group_topk,
+                    topk_scaling_factor=float(scaling), probs_on_input=model_type in PROBS_ON_INPUT_TYPES)
 
 
 def _first_dense_layers(config: Mapping[str, Any], where: str) -> int:
@@ -524,6 +570,16 @@ def _optional_positive(config: Mapping[str, Any], keys: "str | tuple[str, ...]",
     value = config[present]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(present, f"must be a non-negative integer, got {value!r} (in {where})")
+    return value
+
+
+def _bool(config: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    """A JSON boolean key; absent or null gives `default`. A string such as "yes" is an error, not a truthy value."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InputError(key, f"must be true or false, got {_shown(str(value))} (in {where})")
     return value
 
 

@@ -339,9 +339,10 @@ model's time of the parent's own layout (costmodels.scoring.estimate of a plan w
 
 
 def parent_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> Plan:
-    """The plan without its layout, with a first/last split Megatron's rules accept: its own when it has one, else
-    the one whose layers per rank are nearest the layout's (least total difference; ties to the more even split), so
-    that the uniform model, the rules and frameworks without layouts apply to it."""
+    """The plan without its layout, with the first/last split Megatron's rules accept whose layers per rank are
+    nearest the layout's (least total difference; ties to the more even split), so that the uniform model, the rules
+    and frameworks without layouts apply to it. A function of the layout alone (a layout plan carries no split of its
+    own, Plan), so a layout gets one price whichever structure's search found it."""
     import dataclasses
 
     from costmodels.rules import RULES, Problem, structural_mask
@@ -371,8 +372,6 @@ def parent_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         plans.append(dataclasses.replace(bare, first_stage_layers=0 if even and first == middle else first,
                                          last_stage_layers=0 if even and last == middle else last))
     plans = [bare] + plans if layers % pp == 0 and not wanted else plans + [bare]
-    if plan.first_stage_layers or plan.last_stage_layers:     # the plan's own split, when it has one, first
-        plans.insert(0, dataclasses.replace(plan, layout=()))
     # every rule Megatron needs (not the guide's advice, not memory): the split must also suit the recompute block
     needed = [rule for rule in RULES if not rule.relaxable and rule.id != "memory"]
     accepted = structural_mask(problem, PlanArrays.from_plans(plans), needed) if plans else []

@@ -294,6 +294,17 @@ def _recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
     return modules_ok & (~partial | ((p.recompute == Recompute.FULL) & (p.recompute_layers < largest_chunk)))
 
 
+def _explain_recompute(problem: Problem, plan: Plan) -> str:
+    if plan.recompute_modules and plan.recompute is not Recompute.SELECTIVE:
+        return "recompute modules need --recompute selective"
+    if plan.recompute is not Recompute.FULL:
+        return f"--recompute-layers {plan.recompute_layers} needs --recompute full (block recompute of N layers)"
+    first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, PlanArrays.from_plans([plan]))
+    chunk = int(max(first[0], last[0], middle[0]) // plan.vpp)
+    return (f"--recompute-layers {plan.recompute_layers} must be fewer than the {chunk} layers of the largest "
+            f"pipeline chunk (pp={plan.pp}, vpp={plan.vpp}); use 1 to {chunk - 1}, or drop it to recompute them all")
+
+
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
     raise AssertionError("the memory rule needs the peak memory: use memory_holds")
 
@@ -335,7 +346,7 @@ RULES: tuple[Rule, ...] = (
          "recompute modules need selective recompute",
          "Megatron --recompute-method block / --recompute-modules",
          ("recompute", "recompute_layers", "recompute_modules", "pp", "vpp", "first_stage_layers", "last_stage_layers"),
-         False, _recompute),
+         False, _recompute, _explain_recompute),
     Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
          PLAN_FIELDS, False, _memory_placeholder),
 )

@@ -44,6 +44,48 @@ class PositionEmbedding(str, enum.Enum):
     """Attention biases linear in distance (Press et al., arXiv 2108.12409; BLOOM): no parameters."""
 
 
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """How the router turns its logits into the weights of the chosen experts, in Megatron-Core's terms
+    (TransformerConfig moe_router_*; megatron/core/transformer/moe/moe_utils.py topk_routing_with_score_function).
+    No cost term reads it: the launch configs write it so the job routes the way the model was trained."""
+
+    score_function: str = "softmax"
+    """'softmax' (Mixtral, Qwen-MoE, DeepSeek-V2, GPT-OSS) or 'sigmoid' (DeepSeek-V3 `scoring_func`, Llama 4)."""
+    pre_softmax: bool = False
+    """Softmax over all experts before the top-k, the chosen weights not renormalised (Hugging Face
+    `norm_topk_prob: false`, Qwen2-MoE, DeepSeek-V2); False: softmax over the top-k logits, i.e. renormalised."""
+    expert_bias: bool = False
+    """Auxiliary-loss-free balancing: a per-expert bias added to the scores for the choice (DeepSeek-V3
+    `topk_method: noaux_tc`)."""
+    num_groups: int = 0
+    """Group-limited routing: experts in `num_groups` groups, each token choosing among `group_topk` of them
+    (DeepSeek `n_group`, `topk_group`); 0 = none."""
+    group_topk: int = 0
+    topk_scaling_factor: float = 1.0
+    """Multiplier on the chosen weights (DeepSeek `routed_scaling_factor`)."""
+    probs_on_input: bool = False
+    """The weight multiplies the token before the expert, not the expert's output (Llama 4)."""
+
+    def __post_init__(self) -> None:
+        require(self.score_function in ROUTER_SCORE_FUNCTIONS, "router_score_function",
+                f"router score function {self.score_function!r}: use one of {', '.join(ROUTER_SCORE_FUNCTIONS)}")
+        require_non_negative_int(self.num_groups, "router_num_groups")
+        require_non_negative_int(self.group_topk, "router_group_topk")
+        require((self.num_groups == 0) == (self.group_topk == 0), "router_group_topk",
+                "give the router's groups and the groups each token chooses among together")
+        require(self.group_topk <= self.num_groups, "router_group_topk",
+                f"group_topk={self.group_topk} exceeds num_groups={self.num_groups}")
+        require(isinstance(self.topk_scaling_factor, (int, float)) and not isinstance(self.topk_scaling_factor, bool)
+                and 0.0 < self.topk_scaling_factor < 1e6, "router_topk_scaling_factor",
+                f"routed scaling factor {self.topk_scaling_factor!r}: give a positive number")
+        require(not self.expert_bias or self.score_function == "sigmoid", "router_expert_bias",
+                "an expert bias is used with sigmoid scores only (Megatron-Core refuses it with softmax)")
+
+
 @dataclass(frozen=True)
 class MoESpec:
     """Routed mixture-of-experts feed-forward (GShard / Switch / DeepSeekMoE)."""
@@ -60,6 +102,8 @@ class MoESpec:
     """Layer i (0-based, past the dense ones) is MoE when (i + 1) % layer_freq == 0 (Qwen2-MoE `decoder_sparse_step`)."""
     shared_expert_gate: bool = False
     """Qwen2-MoE gates the shared expert with an h×1 projection."""
+    router: RouterSpec = field(default_factory=RouterSpec)
+    """How the chosen experts are weighted (launch configs only; see RouterSpec)."""
 
     def __post_init__(self) -> None:
         require_positive_int(self.num_experts, "num_experts")
@@ -76,6 +120,10 @@ class MoESpec:
             limits.require_at_most(getattr(self, name), limit, name)
         require(self.top_k <= self.num_experts, "top_k",
                 f"top_k={self.top_k} exceeds num_experts={self.num_experts}; lower top_k")
+        require(isinstance(self.router, RouterSpec), "router", "give the router as a RouterSpec")
+        if self.router.num_groups:
+            require(self.num_experts % self.router.num_groups == 0, "router_num_groups",
+                    f"num_experts={self.num_experts} does not split into {self.router.num_groups} router groups")
         require((self.num_shared_experts == 0) == (self.shared_expert_ffn_hidden_size == 0),
                 "shared_expert_ffn_hidden_size",
                 "give a shared-expert width exactly when num_shared_experts > 0")

@@ -144,3 +144,58 @@ def test_torchtitan_refuses_cuda_graphs_with_pipeline_parallelism():
     assert _run("torchtitan", point, text) == "accepted"
     assert _run("torchtitan", point, text.replace("    config.training.disable_cuda_graphs = True\n", "")) == \
         "rejected"
+
+
+def _estimate(model: str, num_gpus: int, training: dict | None = None, **plan):
+    import autopar
+
+    return autopar.estimate(autopar.load_model(model), autopar.make_cluster(gpu="h100", num_gpus=num_gpus),
+                            autopar.Training(seq_len=4096, global_batch_size=1024, **(training or {})),
+                            autopar.Plan(**plan))
+
+
+def test_megatron_rejects_a_top1_router_without_its_score_function():
+    """Llama 4 routes top-1 through a sigmoid (Llama4Router); written without it, Megatron-Core's softmax at top-1
+    is refused ('Please use --moe-router-pre-softmax when topk is 1')."""
+    needs("megatron")
+    point = _estimate("llama-4-scout-17b-16e", 64, tp=4, sp=True, ep=16, etp=1, mbs=1, zero=1)
+    text = launch_config(point, "megatron").text
+    assert "--moe-router-score-function sigmoid" in text
+    assert _run("megatron", point, text) == "accepted"
+    assert _run("megatron", point, text.replace("--moe-router-score-function sigmoid", "")) == "rejected"
+
+
+def test_bridge_rejects_a_layout_the_shell_unquoted():
+    """The override reaches Hydra after the shell has stripped one level of quotes: a layout with '(' must still
+    be a quoted Hydra string then."""
+    needs("bridge")
+    point = _estimate("llama-3.1-70b", 64, tp=8, sp=True, pp=4, vpp=2, mbs=1, layout=(8, 11, 11, 10, 11, 11, 11, 7))
+    text = launch_config(point, "bridge").text
+    assert "(t*11|)*3" in text
+    assert _run("bridge", point, text) == "accepted"
+    assert _run("bridge", point, text.replace("=\"'Et*8", "='Et*8").replace("t*7L'\"", "t*7L'")) == "rejected"
+
+
+def test_nemo_run_rejects_a_hydra_style_list():
+    """`nemo llm pretrain` reads a list value with ast.literal_eval (NeMo-Run's CLI parser): Hydra's bare-word list
+    [moe_act,mla_up_proj] is refused, a Python list of strings is read."""
+    needs("nemo")
+    point = _estimate("deepseek-v2-lite", 16, tp=2, sp=True, ep=8, etp=1, mbs=1, recompute="selective",
+                      recompute_modules=("mla_up_proj", "moe_act"))
+    text = launch_config(point, "nemo").text
+    assert "recompute_modules=\"['moe_act','mla_up_proj']\"" in text
+    assert _run("nemo", point, text) == "accepted"
+    assert _run("nemo", point, text.replace("\"['moe_act','mla_up_proj']\"", "[moe_act,mla_up_proj]")) == "rejected"
+
+
+def test_megatron_ep_overlap_must_not_run_on_one_hardware_queue():
+    """validate_args accepts --overlap-moe-expert-parallel-comm with CUDA_DEVICE_MAX_CONNECTIONS=1 (a warning only),
+    and the all-to-all the step time hid then runs serialised: the checker calls it silently changed."""
+    needs("megatron")
+    point = _estimate("qwen3-30b-a3b", 64, dict(moe_a2a_overlap=True), tp=2, sp=True, pp=2, vpp=2, ep=8, etp=1,
+                      mbs=1)
+    text = launch_config(point, "megatron").text
+    assert text.count("CUDA_DEVICE_MAX_CONNECTIONS=32 ") == 1 and "--overlap-moe-expert-parallel-comm" in text
+    assert _run("megatron", point, text) == "accepted"
+    assert _run("megatron", point, text.replace("CUDA_DEVICE_MAX_CONNECTIONS=32 ", "CUDA_DEVICE_MAX_CONNECTIONS=1 ")) \
+        == "silently_changed"

@@ -198,9 +198,9 @@ def test_frameworks_without_layouts_fall_back_to_the_nearest_split_and_say_so():
     assert any("cannot express a per-stage pipeline layout" in note for note in config.unexpressed)
     assert "split-/1" in config.unexpressed[-1]           # the layout's ends: 5 layers first, none last -> 4 / 1
     bridge = launch_config(estimate, "bridge").text
-    assert "model.pipeline_model_parallel_layout='Et*5|(t*4|)*14,mL'" in bridge
+    assert "model.pipeline_model_parallel_layout=\"'Et*5|(t*4|)*14,mL'\"" in bridge
     nemo = launch_config(estimate, "nemo").text
-    assert "trainer.strategy.pipeline_model_parallel_layout='Et*5|(t*4|)*14,mL'" in nemo
+    assert "trainer.strategy.pipeline_model_parallel_layout=\"'Et*5|(t*4|)*14,mL'\"" in nemo
 
 
 def test_torchtitan_module_lists_follow_the_layout():
@@ -272,6 +272,33 @@ def test_solve_with_layouts_refines_the_front():
                        for q in refined.points)
     for r in refinements:
         assert r.best_ns <= r.uniform_ns
+
+
+def test_a_layout_has_one_price_whatever_split_the_search_started_from():
+    """A layout places every layer: the plan keeps no first/last split beside it (Plan), its parent is chosen from
+    the layout alone (costmodels.layout.parent_plan), so `estimate` of a front point's knobs gives the front's number
+    (it used to depend on the split of the structure whose search found the layout)."""
+    from autopar.search.refine import refine_front
+
+    model = autopar.load_model("deepseek-v3")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=2048)
+    training = TrainingSpec(seq_len=4096, global_batch_size=4096)
+    layout = (5,) + (4,) * 14 + (0,)
+    knobs = dict(tp=2, pp=16, cp=2, ep=8, etp=1, mbs=1, sp=True, zero=1, layout=layout)
+    plain = autopar.estimate(model, cluster, training, Plan(**knobs))
+    for first, last in ((0, 1), (3, 2), (5, 0)):
+        split = Plan(**knobs, first_stage_layers=first, last_stage_layers=last)
+        assert (split.first_stage_layers, split.last_stage_layers) == (0, 0)
+        assert autopar.estimate(model, cluster, training, split).step_time_s == plain.step_time_s
+    front = autopar.solve(autopar.load_model("llama-3.1-8b"), autopar.make_cluster(gpu="h100", num_gpus=32),
+                          TrainingSpec(seq_len=4096, global_batch_size=256), fix={"pp": 4, "tp": 2, "vpp": 2})
+    refined, _ = refine_front(front)
+    layouts = [p for p in refined.points if p.plan.layout]
+    assert layouts
+    for point in layouts:
+        again = autopar.estimate(point.model, point.cluster, point.training, point.plan)
+        assert again.step_time_s == pytest.approx(point.step_time_s, rel=1e-12)
+        assert again.peak_memory_bytes == point.peak_memory_bytes
 
 
 @given(instances())

@@ -200,6 +200,39 @@ def test_bad_dropout_is_refused_by_name(tmp_path: Path, value) -> None:
         load_model(str(tmp_path / "bad-dropout"))
 
 
+@pytest.mark.parametrize("name, score, pre_softmax, bias, groups, scaling, on_input", [
+    ("mixtral-8x7b", "softmax", False, False, (0, 0), 1.0, False),       # softmax, top-k, renormalised
+    ("qwen3-30b-a3b", "softmax", False, False, (0, 0), 1.0, False),      # norm_topk_prob: true
+    ("qwen2-57b-a14b", "softmax", True, False, (0, 0), 1.0, False),      # norm_topk_prob: false
+    ("deepseek-v2-lite", "softmax", True, False, (0, 0), 1.0, False),    # greedy top-k of the softmax
+    ("deepseek-v3", "sigmoid", False, True, (8, 4), 2.5, False),         # noaux_tc, n_group 8 / topk_group 4
+    ("llama-4-scout-17b-16e", "sigmoid", False, False, (0, 0), 1.0, True),
+    ("gpt-oss-120b", "softmax", False, False, (0, 0), 1.0, False),
+])
+def test_router_read_as_the_model_routes(name, score, pre_softmax, bias, groups, scaling, on_input) -> None:
+    router = load_model(name).moe.router
+    assert (router.score_function, router.pre_softmax, router.expert_bias, (router.num_groups, router.group_topk),
+            router.topk_scaling_factor, router.probs_on_input) == (score, pre_softmax, bias, groups, scaling, on_input)
+
+
+@pytest.mark.parametrize("key, value", [("scoring_func", "tanh"), ("routed_scaling_factor", "2.5"),
+                                        ("norm_topk_prob", "yes"), ("n_group", 3)])
+def test_bad_router_keys_are_refused_by_name(tmp_path: Path, key, value) -> None:
+    config = preset_json("deepseek-v3")
+    config[key] = value                      # n_group 3 does not divide the 256 experts
+    write_config(tmp_path / "bad-router", config)
+    message = load_error(str(tmp_path / "bad-router"))
+    assert key.split("_")[0] in message or "router" in message, message
+
+
+@pytest.mark.parametrize("key", ["tie_word_embeddings", "attention_bias", "mlp_bias"])
+def test_a_string_where_a_boolean_belongs_is_refused(tmp_path: Path, key) -> None:
+    config = preset_json("llama-3.1-8b")
+    config[key] = "yes"                      # truthy as a string: it used to tie the embeddings silently
+    write_config(tmp_path / "bad-bool", config)
+    assert key in load_error(str(tmp_path / "bad-bool"))
+
+
 @pytest.mark.parametrize("config", [
     {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
      "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 256,

@@ -275,6 +275,22 @@ def test_explain_says_when_the_plan_leaves_the_users_controls(llama8b_front):
                             controls=controls).lines[0].startswith("outside")
 
 
+def test_explain_does_not_call_a_plan_that_beats_the_controlled_front_a_tie():
+    """A plan outside the controls can beat the front searched within them (here tp2 pp2 against a tp=4 front): it is
+    not a rounding tie, and explain says so with both times."""
+    from autopar.search.solve import controls_from
+
+    model = autopar.load_model("llama-3.1-8b")
+    cluster, training = autopar.make_cluster(gpu="h100", num_gpus=16), TrainingSpec()
+    front = autopar.solve(model, cluster, training, fix={"tp": 4})
+    plan = Plan(tp=2, pp=2, sp=True)
+    explanation = explain_plan(model, cluster, training, plan, front, controls=controls_from({"tp": 4}, {}))
+    assert explanation.verdict == "beats_front", explanation.lines
+    assert "ties" not in " ".join(explanation.lines)
+    mine = autopar.estimate(model, cluster, training, plan)
+    assert f"against its {mine.step_time_s:.3f} s" in explanation.lines[1]
+
+
 # ---- the command line --------------------------------------------------------------------------------------
 
 def autopar_cli(*args: str) -> subprocess.CompletedProcess:
@@ -299,6 +315,23 @@ def test_cli_infeasible_and_bad_input_exit_codes():
     assert bad.returncode == 2 and "relax" in bad.stderr and "Traceback" not in bad.stderr
     bad_fix = autopar_cli("solve", "llama-3.1-8b", "--gpus", "8", "--fix", "tp")
     assert bad_fix.returncode == 2
+
+
+@pytest.mark.parametrize("controls, names", [
+    (("--fix", "tp=0"), "tp"), (("--fix", "tp=-2"), "tp"), (("--min", "mbs=-5"), "mbs"), (("--fix", "zero=5"), "zero"),
+    (("--fix", "=4"), "knob"), (("--fix", "tp=4", "--max", "tp=2"), "--max tp=2"),
+    (("--min", "pp=4", "--max", "pp=2"), "--min pp=4"),
+])
+def test_out_of_range_and_contradictory_controls_are_bad_input(controls, names):
+    """A pin no plan can take is bad input (exit 2), not 'nothing fits' (exit 1); a pin outside a bound of the same
+    knob is not silently kept over the bound."""
+    from autopar.search.solve import controls_from
+
+    done = autopar_cli("solve", "llama-3.1-8b", "--gpus", "16", *controls)
+    assert done.returncode == 2, (controls, done.returncode, done.stderr)
+    assert names in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    with pytest.raises(InputError):
+        controls_from({"tp": 4}, {"tp": (None, 2)})
 
 
 def test_cli_explain_and_scaling_front():

@@ -230,7 +230,8 @@ def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -
     domain = getattr(args, "nvlink_domain_gpus", None)
     if domain is not None and domain < 1:
         raise InputError("nvlink_domain_gpus", f"must be a positive whole number, got {domain}; leave "
-                                               "--nvlink-domain-gpus out for the profile's")
+                                               "--nvlink-domain-gpus out for the profile's rule (one node, or the "
+                                               f"job's share of its {profile.nvlink_domain_size}-GPU NVLink domain)")
     return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node or 0,
                        headroom=args.headroom, nvlink_domain=domain or 0)
 
@@ -261,6 +262,9 @@ def plan_from_args(args: argparse.Namespace) -> "Plan":
     if getattr(args, "recompute_modules", None) is not None and str(knobs["recompute"]).strip().lower() != "selective":
         raise InputError("recompute_modules", "--recompute-modules only applies with --recompute selective; add it "
                                               "or drop --recompute-modules")
+    if knobs["layout"] and (knobs["first_stage_layers"] or knobs["last_stage_layers"]):
+        raise InputError("layout", "--layout places every decoder layer, so it takes no --first-stage-layers / "
+                                   "--last-stage-layers; drop them")
     return Plan(**knobs)
 
 

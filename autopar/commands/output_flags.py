@@ -206,8 +206,17 @@ def write_outputs(args: argparse.Namespace, result: "ParetoFront | Estimate", st
             config = launch_config(point, framework)
         except Unsupported as refused:   # exit 2 with the reason and the nearest plan the framework runs
             raise refused.with_nearest(point) from None
+        text = config.text
+        if not point.fits:   # a script saved with `> train.sh` must say it will run out of memory
+            warning = (f"does not fit: peak {point.peak_memory_bytes / 2**30:.1f} GiB per GPU on stage "
+                       f"{point.worst_stage}, over the {point.cluster.memory_limit_bytes / 2**30:.1f} GiB limit; this "
+                       "job would run out of memory")
+            if config.framework == "deepspeed":
+                print(f"# deepspeed: {warning}", file=err)
+            else:
+                text = f"# WARNING: {warning}\n" + text
         # OUTPUT_RULE: with --json, stdout holds the JSON document alone and the launch config goes to stderr
-        (err if getattr(args, "json", False) else out).write(config.text)
+        (err if getattr(args, "json", False) else out).write(text)
         if config.framework == "deepspeed":  # JSON has no comments: the notes go to stderr
             for note in config.unexpressed:
                 print(f"# deepspeed: {note}", file=err)

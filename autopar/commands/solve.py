@@ -40,8 +40,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("search")
     group.add_argument("--fix", action="append", default=[], metavar="KNOB=V",
-                       help="pin a knob (tp, pp, vpp, cp, ep, etp, mbs, sp, recompute, recompute_layers, zero, "
-                            "first_stage_layers, last_stage_layers); repeatable, e.g. --fix tp=4 --fix sp=true")
+                       help="pin a knob (tp, pp, vpp, cp, ep, etp, mbs, sp, recompute, recompute_layers, "
+                            "recompute_modules, zero, first_stage_layers, last_stage_layers); repeatable, e.g. "
+                            "--fix tp=4 --fix sp=true --fix recompute_modules=layernorm,moe_act")
     group.add_argument("--max", action="append", default=[], metavar="KNOB=V", help="upper bound on a knob; repeatable")
     group.add_argument("--min", action="append", default=[], metavar="KNOB=V", help="lower bound on a knob; repeatable")
     add_relax_argument(parser)
@@ -144,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
         import dataclasses
 
         front = dataclasses.replace(front, points=front.points[: args.top])
+    if getattr(args, "emit", None):   # a --pick past the front is bad input before any table is printed
+        from autopar.commands.output_flags import chosen_point
+
+        chosen_point(front, getattr(args, "pick", 0))
     if args.json:  # the same schema-validated document as --out front.json (autopar/schemas/front.schema.json)
         from autopar.report import render
 

@@ -64,7 +64,8 @@ class Unsupported(InputError):
         refused.message += (f"; the nearest plan it can run is '{nearest.plan.short()}' (predicted "
                             f"{nearest.step_time_s:.2f} s per step, peak {nearest.peak_memory_bytes / 2**30:.1f} GiB "
                             f"per GPU, against {estimate.step_time_s:.2f} s and "
-                            f"{estimate.peak_memory_bytes / 2**30:.1f} GiB): rerun with --framework {self.framework}")
+                            f"{estimate.peak_memory_bytes / 2**30:.1f} GiB): rerun `autopar solve` with --framework "
+                            f"{self.framework}, or estimate that plan")
         refused.args = (f"{refused.field}: {refused.message}",)
         return refused
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, MoEDispatcher
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, ModelSpec, MoEDispatcher
 from costmodels.steptime import ep_a2a_overlap_applies
 
 
@@ -156,6 +156,40 @@ def mcore_moe_fields(estimate: Estimate) -> dict[str, object]:
     return {"moe_grouped_gemm": True, **moe_dispatcher_fields(estimate)} if estimate.model.is_moe else {}
 
 
+def mcore_router_fields(model: ModelSpec) -> dict[str, object]:
+    """Megatron-Core TransformerConfig router fields of the model's RouterSpec, where they differ from Megatron-Core's
+    defaults (softmax over the top-k logits, no bias, no groups, no scaling, weights on the expert output):
+    moe_router_score_function, moe_router_pre_softmax, moe_router_enable_expert_bias, moe_router_num_groups /
+    moe_router_group_topk, moe_router_topk_scaling_factor, moe_apply_probs_on_input. A softmax router at top-1 gets
+    pre-softmax in any case: Megatron-Core refuses the alternative, a softmax over one logit ('Please use
+    --moe-router-pre-softmax when topk is 1', TransformerConfig.__post_init__; `router_note` says so)."""
+    if model.moe is None:
+        return {}
+    router, fields = model.moe.router, {}
+    if router.score_function != "softmax":
+        fields["moe_router_score_function"] = router.score_function
+    elif router.pre_softmax or model.moe.top_k == 1:
+        fields["moe_router_pre_softmax"] = True
+    if router.expert_bias:
+        fields["moe_router_enable_expert_bias"] = True
+    if router.num_groups:
+        fields.update(moe_router_num_groups=router.num_groups, moe_router_group_topk=router.group_topk)
+    if router.topk_scaling_factor != 1.0:
+        fields["moe_router_topk_scaling_factor"] = router.topk_scaling_factor
+    if router.probs_on_input:
+        fields["moe_apply_probs_on_input"] = True
+    return fields
+
+
+def router_note(model: ModelSpec) -> list[str]:
+    """The one router Megatron-Core cannot build as the model has it: softmax at top-1 without pre-softmax."""
+    moe = model.moe
+    if moe is None or moe.top_k > 1 or moe.router.score_function != "softmax" or moe.router.pre_softmax:
+        return []
+    return ["a softmax router at top-1 weights its expert by 1 (a softmax over one logit), which Megatron-Core refuses; "
+            "written as --moe-router-pre-softmax, the expert's softmax probability over all experts"]
+
+
 def moe_dispatcher_fields(estimate: Estimate) -> dict[str, str]:
     """TransformerConfig.moe_token_dispatcher_type (and moe_flex_dispatcher_backend) for TrainingSpec.moe_dispatcher:
     written always, since Megatron-Core's default is 'allgather', which the step time does not price and which
@@ -284,3 +318,13 @@ def plan_caption(estimate: Estimate) -> str:
 def one_line(text: str) -> str:
     """User-typed text (a model name) inside a one-line comment: no line breaks can end the comment early."""
     return " ".join(str(text).split())
+
+
+def shell_word(text: str) -> str:
+    """`text` as one shell word for an override pasted after a command: in double quotes where nothing inside is
+    special to them (a list's brackets would glob, a layout's '(' and '|' would not parse), else shlex's quoting."""
+    if not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
+    import shlex
+
+    return shlex.quote(text)

@@ -19,14 +19,15 @@ when one is missing, so tests skip with the reason. Each checker states what it 
   pipeline schedule class / microbatch checks torchtitan's pipeline_llm makes.
 * verl (verl 0.9.1): Hydra composes `ppo_megatron_trainer` with the emitted overrides (unknown keys without `+`
   fail), then `verl.utils.config.validate_config` (data/actor batch checks, McoreEngineConfig, McoreActorConfig).
-* nemo (NeMo 2 = nemo-toolkit 2.7.3, not installable next to megatron-core 0.19 and without CUDA: see README): keys
-  checked against MegatronStrategy's parameters (NEMO_STRATEGY_PARAMETERS, from its __init__) and Megatron-Core's
+* nemo (NeMo 2 = nemo-toolkit 2.7.3, not installable next to megatron-core 0.19 and without CUDA: see README): the
+  override words as the shell passes them, each value read as NeMo-Run's CLI parser reads it (`_nemo_run_value`), the
+  keys checked against MegatronStrategy's parameters (NEMO_STRATEGY_PARAMETERS, from its __init__) and Megatron-Core's
   DistributedDataParallelConfig / TransformerConfig fields; then NeMo's precedence (the strategy's parallelism is
   copied over model.config at setup) applied and Megatron-Core's TransformerConfig built from the result.
 * bridge (megatron-bridge 0.6.2 installs but cannot be imported without Transformer Engine, a CUDA build): the
-  recipe's own pipeline settings read from its installed source, the emitted overrides applied with Hydra's override
-  parser in struct mode exactly as Bridge's `parse_hydra_overrides` does, and Megatron-Core's TransformerConfig built
-  from the resulting `model` section.
+  recipe's own pipeline settings read from its installed source, the emitted overrides (split as the shell splits
+  them) applied with Hydra's override parser in struct mode exactly as Bridge's `parse_hydra_overrides` does, and
+  Megatron-Core's TransformerConfig built from the resulting `model` section.
 
 Only the harness's view of the machine is simulated (world size, device arch, no Transformer Engine fusions);
 nothing in the emitted configs is changed before the framework sees them.
@@ -50,7 +51,7 @@ from unittest import mock
 
 from autopar.export import launch_config
 from autopar.export.capabilities import Unsupported
-from autopar.export.common import LaunchConfig, gradient_accumulation_steps, stage_layers
+from autopar.export.common import LaunchConfig, gradient_accumulation_steps, mcore_router_fields, stage_layers
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 
@@ -222,6 +223,12 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     actual["expert_tensor_parallel_size"] = core.expert_tensor_parallel_size
     actual["layers_per_rank"] = _megatron_layers_per_rank(core, estimate)
     actual["recompute_granularity"] = core.recompute_granularity
+    # the EP all-to-all overlap the step time hid needs a stream of its own: accepted under one hardware queue, it
+    # would run serialised (validate_args only warns)
+    expected["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
+        estimate.training.moe_a2a_overlap
+    actual["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
+        env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
     return _differences(expected, actual)
 
 
@@ -300,8 +307,11 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
 # ---- verl ------------------------------------------------------------------------------------------------------
 
 def hydra_overrides(text: str) -> list[str]:
-    """The override arguments of an emitted Hydra command line (comments and continuations dropped)."""
-    return [line.rstrip(" \\").strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    """The override arguments of an emitted command line as the program receives them: comments dropped, the
+    continuation lines joined, and the words split and unquoted by shell rules (the text is pasted into a shell
+    after the command), so quoting the shell would strip is tested, not assumed."""
+    return shlex.split(" ".join(line.rstrip(" \\").strip() for line in text.splitlines()
+                                if line.strip() and not line.startswith("#")))
 
 
 def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
@@ -356,9 +366,11 @@ def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[s
         import torch
 
         shape.update(pipeline_dtype=torch.bfloat16)
-    if model.moe is not None:
+    if model.moe is not None:   # the recipe's router is the model's (export.common.mcore_router_fields)
         shape.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k,
-                     moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
+                     moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size, **mcore_router_fields(model))
+    if model.num_mtp_layers:    # the recipe's MTP depth (a layout's 'm' stages must match it)
+        shape.update(mtp_num_layers=model.num_mtp_layers)
     if fields.get("expert_tensor_parallel_size") is None:
         fields = {k: v for k, v in fields.items() if k != "expert_tensor_parallel_size"}
     with contextlib.redirect_stdout(io.StringIO()):
@@ -418,7 +430,7 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     model_config: dict[str, object] = {}
     for override in hydra_overrides(config.text):
         key, _, text = override.partition("=")
-        value = _override_value(text)
+        value = _nemo_run_value(text)
         section, _, name = key.rpartition(".")
         if section == "trainer.strategy":
             if name not in NEMO_STRATEGY_PARAMETERS:
@@ -529,14 +541,28 @@ def _plain(value: object) -> object:
     return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
 
 
-def _override_value(text: str) -> object:
-    if text.startswith("[") and text.endswith("]"):   # Hydra list syntax
-        return [_override_value(item.strip()) for item in text[1:-1].split(",") if item.strip()]
+def _nemo_run_value(text: str) -> object:
+    """One `key=value` value as NeMo-Run's CLI parser reads it for `nemo llm pretrain` (nemo_run/cli/cli_parser.py
+    TypeParser: parse_optional 'none'/'null', parse_bool, parse_int, parse_list by ast.literal_eval, parse_str
+    stripping one pair of surrounding quotes). A list must be a Python literal: Hydra's bare-word list [a,b] is the
+    ListParseError NeMo-Run raises."""
+    import ast
+
     lowered = text.lower()
     if lowered in ("null", "none"):
         return None
     if lowered in ("true", "false"):
         return lowered == "true"
+    if text.startswith("["):
+        try:
+            parsed = ast.literal_eval(text)
+        except (ValueError, SyntaxError) as error:
+            raise ValueError(f"NeMo-Run: invalid list {text!r} ({error})") from None
+        if not isinstance(parsed, list):
+            raise ValueError(f"NeMo-Run: {text!r} is not a list")
+        return parsed
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
     try:
         return int(text)
     except ValueError:

@@ -5,7 +5,8 @@ Flag names are Megatron-LM's own, from NVIDIA/Megatron-LM megatron/training/argu
 --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank, --decoder-first-pipeline-num-layers,
 --decoder-last-pipeline-num-layers, --context-parallel-size, --use-distributed-optimizer, --sequence-parallel),
 `_add_moe_args` (--expert-model-parallel-size, --expert-tensor-parallel-size, --num-experts, --moe-router-topk,
---moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq), `_add_training_args`
+--moe-ffn-hidden-size, --moe-shared-expert-intermediate-size, --moe-layer-freq; the router's --moe-router-* flags and
+--moe-apply-probs-on-input, generated from TransformerConfig's fields: export.common.mcore_router_fields), `_add_training_args`
 (--micro-batch-size, --global-batch-size, --recompute-granularity, --recompute-method, --recompute-num-layers),
 `_add_distributed_args` again (--overlap-grad-reduce, --overlap-param-gather) and ModelParallelConfig
 (--tp-comm-overlap, --overlap-moe-expert-parallel-comm): off by default, written when the user set them for the step
@@ -27,8 +28,8 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    flash_version_note, is_uneven, loss_fusion, loss_kernel_note,
-                                   mcore_recompute_fields, megatron_attention_backend, model_parallel_overlap,
-                                   moe_dispatcher_fields,
+                                   mcore_recompute_fields, mcore_router_fields, megatron_attention_backend,
+                                   model_parallel_overlap, moe_dispatcher_fields, router_note,
                                    one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
@@ -171,6 +172,8 @@ def model_flags(model: ModelSpec) -> list[Flag]:
         flags += [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
                   ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
                   ("--moe-grouped-gemm", None)]   # export.common.mcore_moe_fields
+        flags += [("--" + name.replace("_", "-"), None if value is True else f"{value:g}" if isinstance(value, float)
+                   else str(value)) for name, value in mcore_router_fields(model).items()]
         if moe.num_shared_experts:
             flags.append(("--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)))
         pattern = _moe_layer_pattern(model)
@@ -209,7 +212,7 @@ def _moe_layer_pattern(model: ModelSpec) -> str | None:
 def unexpressed(estimate: Estimate) -> list[str]:
     """Everything a plan holds is a Megatron-LM flag; only remarks about approximations are listed."""
     notes = flash_version_note(estimate) + loss_kernel_note(estimate) \
-        + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
+        + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM) + router_note(estimate.model)
     model = estimate.model
     if model.chunked_attention_layers:
         notes.append(f"attention_chunk_size {model.attention_chunk_size}: Megatron-Core has no chunked attention; its "
@@ -229,13 +232,23 @@ def cuda_device_max_connections(estimate: Estimate) -> str | None:
     communication overlap needs one hardware queue: 'Using tensor model parallelism or context parallelism require
     setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1'; checked on devices before Blackwell), and
     "unset" with Megatron-FSDP ('FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'; with TP/CP too that is
-    only a warning). None: no requirement, leave the environment alone."""
+    only a warning), and "32" with the EP all-to-all overlap, which runs its communication on a stream of its own:
+    validate_args drops the "1" assert for it and warns that it 'requires setting a larger
+    CUDA_DEVICE_MAX_CONNECTIONS' (one queue would serialise the all-to-all the step time hid behind compute);
+    32 is what Megatron-Core's MoE team launches it with (yanring/Megatron-MoE-ModelZoo sbatch_benchmarking.sh,
+    A2A_OVERLAP=1). None: no requirement, leave the environment alone."""
     plan = estimate.plan
     if plan.zero >= 2:
         return "unset"
+    if model_parallel_overlap(estimate)["overlap_moe_expert_parallel_comm"]:
+        return EP_OVERLAP_CONNECTIONS
     if plan.tp > 1 or plan.cp > 1:
         return "1"
     return None
+
+
+EP_OVERLAP_CONNECTIONS = "32"
+"""CUDA_DEVICE_MAX_CONNECTIONS under --overlap-moe-expert-parallel-comm (cuda_device_max_connections)."""
 
 
 def launcher_prefix(estimate: Estimate) -> str:

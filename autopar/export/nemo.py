@@ -29,7 +29,7 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    loss_fusion, loss_kernel_note, mcore_moe_fields,
-                                   mcore_parallel_fields, pipeline_p2p_overlap, plan_caption)
+                                   mcore_parallel_fields, pipeline_p2p_overlap, plan_caption, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -64,17 +64,28 @@ def split_overrides(fields: dict[str, object]) -> dict[str, object]:
 
 
 def _value(value: object) -> str:
-    """Hydra/OmegaConf override syntax: null, true/false, numbers, bare words."""
+    """An override's value as one shell word that reaches the program as both of its parsers read it: Hydra's
+    override grammar (Megatron-Bridge's parse_hydra_overrides) and NeMo-Run's CLI parser (`nemo llm pretrain`,
+    nemo_run/cli/cli_parser.py: literal_eval for a list, surrounding quotes stripped from a string). null, true/false,
+    numbers and bare words as they are; a list as a Python list of quoted strings, ['a','b'] (both grammars); a
+    string with Hydra's special characters (a layout) in quotes, 'Et*8|(t*4|)*3,t*7L' -- each inside shell quotes,
+    which the shell strips (export.common.shell_word)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return "[" + ",".join(str(v) for v in value) + "]"
+        return shell_word("[" + ",".join(_quoted(str(v)) for v in value) + "]")
     text = str(value)
-    if isinstance(value, str) and any(c in text for c in "|*(),= '"):   # a layout string: a quoted Hydra string
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, str) and any(c in text for c in "|*(),= '[]{}"):
+        return shell_word(_quoted(text))
     return text
+
+
+def _quoted(text: str) -> str:
+    """A quoted string in Hydra's and Python's common syntax."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
 
 
 def nemo2_config(estimate: Estimate) -> LaunchConfig:

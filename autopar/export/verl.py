@@ -27,7 +27,7 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    flash_version_note, mcore_moe_fields,
                                    mcore_parallel_fields, megatron_attention_backend, one_line,
-                                   pipeline_p2p_overlap, plan_caption)
+                                   pipeline_p2p_overlap, plan_caption, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -56,8 +56,8 @@ def _value(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "True" if value else "False"
-    if isinstance(value, list):
-        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, list):   # one shell word: Hydra's list, no spaces, quoted against the shell's globbing
+        return shell_word("[" + ",".join(str(v) for v in value) + "]")
     return str(value)
 
 

@@ -251,7 +251,8 @@ def _compute_cause(plan: Plan, better: Plan) -> str:
 class PlanExplanation:
     plan: Plan
     verdict: str
-    """'breaks_rules', 'on_front', 'ties_front' or 'dominated'."""
+    """'breaks_rules', 'on_front', 'ties_front', 'beats_front' (a plan outside the search controls that no point of
+    the front searched within them dominates) or 'dominated'."""
     lines: tuple[str, ...]
     broken_rules: tuple[str, ...] = ()
     front_index: int | None = None
@@ -284,12 +285,18 @@ def explain_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     outside = outside_controls(plan, controls) if controls is not None else ()
     note = (f"outside your search controls ({', '.join(outside)}): compared with the front searched within them",) \
         if outside else ()
-    explanation = _explain_against_front(model, cluster, training, plan, front, relax)
+    explanation = _explain_against_front(model, cluster, training, plan, front, relax, outside=bool(outside))
     return replace(explanation, lines=note + explanation.lines) if note else explanation
 
 
+TIE_TIME_S = 2e-6
+TIE_MEMORY_BYTES = 2 * 2 ** 20
+"""How close to a front point an undominated plan inside the controls is: within the search's rounding (its integer
+objectives are µs and MiB), with a unit of slack for the two roundings."""
+
+
 def _explain_against_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-                           front: ParetoFront, relax: Iterable[str]) -> PlanExplanation:
+                           front: ParetoFront, relax: Iterable[str], outside: bool = False) -> PlanExplanation:
     broken = check_plan(model, cluster, training, plan, relax=relax)
     if broken:
         problem = Problem(model, cluster, training)
@@ -314,10 +321,23 @@ def _explain_against_front(model: ModelSpec, cluster: ClusterSpec, training: Tra
         nearest = min(range(len(front.points)),
                       key=lambda i: abs(front.points[i].step_time_s - my_time)
                       + abs(front.points[i].peak_memory_bytes - mine.peak_memory_bytes) / GIB)
-        return PlanExplanation(plan, "ties_front", (
-            f"not dominated: it ties front point #{nearest} ({front.points[nearest].plan.short()}) within the "
-            "rounding of the search (1 µs, 1 MiB); the front lists the plan first in the tie-break order",),
-            front_index=nearest)
+        point = front.points[nearest]
+        ties = abs(point.step_time_s - my_time) <= TIE_TIME_S and \
+            abs(point.peak_memory_bytes - mine.peak_memory_bytes) <= TIE_MEMORY_BYTES
+        if ties or not outside:
+            return PlanExplanation(plan, "ties_front", (
+                f"not dominated: it ties front point #{nearest} ({point.plan.short()}) within the rounding of the "
+                "search (1 µs, 1 MiB); the front lists the plan first in the tie-break order",), front_index=nearest)
+        faster = [i for i, p in enumerate(front.points) if p.peak_memory_bytes <= mine.peak_memory_bytes]
+        at_memory = front.points[faster[0]] if faster else None
+        versus = (f"the fastest front point at or below its memory, #{faster[0]} ({at_memory.plan.short()}), "
+                  f"takes {at_memory.step_time_s:.3f} s against its {my_time:.3f} s"
+                  if at_memory is not None else
+                  f"every front point needs more memory than its {mine.peak_memory_bytes / GIB:.1f} GiB")
+        return PlanExplanation(plan, "beats_front", (
+            f"not dominated: no point of the front searched within your controls is as fast at this memory; "
+            f"{versus} ({mine.peak_memory_bytes / GIB:.1f} GiB); loosen the controls to search it",),
+            front_index=faster[0] if faster else None)
     # the fastest front point at or below this plan's memory
     index, better = min(dominating, key=lambda ip: (ip[1].step_time_s, ip[0]))
     differences = {term: mine.time_terms_s.get(term, 0.0) - better.time_terms_s.get(term, 0.0)

@@ -63,12 +63,28 @@ PARTIAL_RECOMPUTE_LAYERS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 4
 
 @dataclass(frozen=True)
 class Controls:
-    """What the user pins, bounds and relaxes."""
+    """What the user pins, bounds and relaxes. Contradictory controls are an InputError: a pin outside a bound of the
+    same knob, or a minimum above a maximum (one of them would be ignored, or nothing searched)."""
 
     fix: Mapping[str, int] = field(default_factory=dict)
     minimum: Mapping[str, int] = field(default_factory=dict)
     maximum: Mapping[str, int] = field(default_factory=dict)
     relax: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for knob, value in self.fix.items():
+            low, high = self.minimum.get(knob), self.maximum.get(knob)
+            if (low is not None and value < low) or (high is not None and value > high):
+                bound = f"--min {knob}={low}" if low is not None and value < low else f"--max {knob}={high}"
+                raise InputError(knob, f"--fix {knob}={value} is outside {bound}; drop one of them")
+        for knob, low in self.minimum.items():
+            high = self.maximum.get(knob)
+            if high is not None and low > high:
+                raise InputError(knob, f"--min {knob}={low} is above --max {knob}={high}; nothing can be searched")
+
+
+POSITIVE_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs")
+"""Knobs whose values start at 1 (etp, the stage splits and recompute_layers take 0: 'as tp', 'even', 'all')."""
 
 
 def parse_knob_value(knob: str, value: str | int | bool | Recompute) -> int:
@@ -91,12 +107,20 @@ def parse_knob_value(knob: str, value: str | int | bool | Recompute) -> int:
         return int(bool(value))
     if isinstance(value, str):
         try:
-            return int(value.strip(), 10)
+            number = int(value.strip(), 10)
         except ValueError:
             raise InputError(knob, f"expected a whole number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InputError(knob, f"expected a whole number, got {value!r}")
-    return int(value)
+    else:
+        number = int(value)
+    if knob in POSITIVE_KNOBS and number < 1:
+        raise InputError(knob, f"must be a positive integer, got {number}")
+    if number < 0:
+        raise InputError(knob, f"must be a non-negative integer, got {number}")
+    if knob == "zero" and number > 3:
+        raise InputError(knob, f"must be 0, 1, 2 or 3, got {number}")
+    return number
 
 
 def parse_assignments(items: Sequence[str] | Mapping[str, object] | None, flag: str) -> dict[str, int]:
@@ -111,6 +135,8 @@ def parse_assignments(items: Sequence[str] | Mapping[str, object] | None, flag: 
             if "=" not in item:
                 raise InputError(flag, f"expected KNOB=VALUE (e.g. tp=4), got {item!r}")
             name, _, value = item.partition("=")
+            if not name.strip():
+                raise InputError(flag, f"expected KNOB=VALUE (e.g. tp=4), got {item!r}: the knob's name is missing")
             pairs.append((name.strip(), value))
     values: dict[str, int] = {}
     for name, value in pairs:
