@@ -62,7 +62,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from costmodels.errors import InputError
-from costmodels.specs import ROUTER_SCORE_FUNCTIONS, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding, RouterSpec
+from costmodels.specs import (ROUTER_SCORE_FUNCTIONS, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind,
+                              PositionEmbedding, RopeSpec, RouterSpec)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 """The one place the preset list lives: every `<name>.json` in this folder is the preset `<name>`."""
@@ -92,7 +93,7 @@ CONFIG_CLASS_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "llama": {"max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
     "mixtral": {"num_key_value_heads": 8, "max_position_embeddings": 4096 * 32, "num_local_experts": 8,
-                "num_experts_per_tok": 2},
+                "num_experts_per_tok": 2, "rope_theta": 1e6},
     "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
     "qwen2_moe": {"num_key_value_heads": 16, "max_position_embeddings": 32768, "qkv_bias": True, "num_experts": 60,
                   "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
@@ -117,7 +118,7 @@ CONFIG_CLASS_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "llama4_text": {"num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096 * 32,
                     "intermediate_size_mlp": 16384, "num_local_experts": 16, "num_experts_per_tok": 1,
                     "interleave_moe_layer_step": 1, "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
-                    "attention_bias": False},
+                    "attention_bias": False, "rope_theta": 500000.0},
 }
 """model_type -> the config class's literal defaults (the fast path); a supported type missing here goes through
 transformers AutoConfig."""
@@ -325,6 +326,8 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         moe=moe,
         mla=mla,
         num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
+        rope=_rope_spec(config, where) if position is PositionEmbedding.ROPE else None,
+        qk_layernorm=model_type in QK_NORM_TYPES or mla is not None,
         dropout=_dropout(config, where),
         **_local_attention(config, model_type, where),
     )
@@ -337,6 +340,46 @@ def _spec_in(where: str, spec_class: type, **fields: Any) -> Any:
         return spec_class(**fields)
     except InputError as exc:
         raise InputError(exc.field, f"{exc.message} (in {where})") from None
+
+
+QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+"""Model types whose attention normalises each head's queries and keys (Qwen3Attention q_norm / k_norm; MLA models
+normalise their latents, q_a_layernorm / kv_a_layernorm, which Megatron-Core builds under the same switch)."""
+
+
+def _rope_spec(config: Mapping[str, Any], where: str) -> RopeSpec:
+    """Rotary positions from `rope_theta` / `rope_scaling` (transformers 4 configs) or `rope_parameters`
+    (transformers 5) and `partial_rotary_factor`; absent, the config class's default base (CONFIG_CLASS_DEFAULTS
+    or AutoConfig) or 10000."""
+    parameters = config.get("rope_parameters")
+    parameters = parameters if isinstance(parameters, Mapping) else {}
+    scaling = config.get("rope_scaling")
+    scaling = scaling if isinstance(scaling, Mapping) else parameters
+    kind = scaling.get("rope_type") or scaling.get("type") or ""
+    kind = "" if kind == "default" else kind
+
+    def number(mapping: Mapping[str, Any], key: str, default: float) -> float:
+        value = mapping.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(key, f"must be a number, got {_shown(str(value))} (in {where})")
+        return float(value)
+
+    fields = dict(theta=number(config, "rope_theta", number(parameters, "rope_theta", 10000.0)),
+                  rotary_fraction=number(config, "partial_rotary_factor",
+                                         number(parameters, "partial_rotary_factor", 1.0)))
+    if kind:
+        if not isinstance(kind, str):
+            raise InputError("rope_scaling", f"rope_type must be a name, got {_shown(str(kind))} (in {where})")
+        original = scaling.get("original_max_position_embeddings") or 0
+        if isinstance(original, bool) or not isinstance(original, int) or original < 0:
+            raise InputError("original_max_position_embeddings", f"must be a non-negative integer, got "
+                                                                 f"{original!r} (in {where})")
+        fields.update(scaling=kind, factor=number(scaling, "factor", 0.0),
+                      low_freq_factor=number(scaling, "low_freq_factor", 0.0),
+                      high_freq_factor=number(scaling, "high_freq_factor", 0.0), original_max_positions=original)
+    return _spec_in(where, RopeSpec, **fields)
 
 
 def _qkv_bias(config: Mapping[str, Any], model_type: str, where: str) -> bool:

@@ -8,10 +8,10 @@ from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, LinkSpec, bundled_profile_names, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
 from costmodels.specs import (AttentionKernel, ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
-                              Precision, RouterSpec, TrainingSpec)
+                              Precision, RopeSpec, RouterSpec, TrainingSpec)
 
 __all__ = [
     "AttentionKernel", "ClusterSpec", "HardwareProfile", "InputError", "LinkSpec", "MLASpec", "MlpKind", "ModelSpec", "MoESpec",
-    "NormKind", "Plan", "PlanArrays", "PositionEmbedding", "Precision", "Recompute", "RouterSpec", "TrainingSpec",
+    "NormKind", "Plan", "PlanArrays", "PositionEmbedding", "Precision", "Recompute", "RopeSpec", "RouterSpec", "TrainingSpec",
     "bundled_profile_names", "load_profile",
 ]

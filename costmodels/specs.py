@@ -130,6 +130,37 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class RopeSpec:
+    """Rotary position embedding as the config states it (Hugging Face `rope_theta`, `rope_scaling` or
+    `rope_parameters`, `partial_rotary_factor`). No cost term reads it: the launch configs write it so the job
+    builds the model's positions."""
+
+    theta: float = 10000.0
+    """The base of the rotary frequencies."""
+    scaling: str = ""
+    """The frequency scaling's rope_type: '' none, 'llama3' (Llama 3.1 / 4), 'yarn' (DeepSeek-V3, GPT-OSS), ..."""
+    factor: float = 0.0
+    """The scaling factor (0 without scaling)."""
+    low_freq_factor: float = 0.0
+    high_freq_factor: float = 0.0
+    original_max_positions: int = 0
+    """llama3 / yarn: the context length the frequencies were trained for."""
+    rotary_fraction: float = 1.0
+    """Share of each head's dimensions that rotate (Nemotron-4: 0.5)."""
+
+    def __post_init__(self) -> None:
+        for name in ("theta", "factor", "low_freq_factor", "high_freq_factor", "rotary_fraction"):
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1e12,
+                    f"rope_{name}", f"rope {name}={value!r}: give a non-negative number")
+        require(self.theta > 0, "rope_theta", f"rope_theta={self.theta!r} must be positive")
+        require(0.0 < self.rotary_fraction <= 1.0, "partial_rotary_factor",
+                f"partial_rotary_factor={self.rotary_fraction!r} must be in (0, 1]")
+        require_non_negative_int(self.original_max_positions, "original_max_position_embeddings")
+        require(isinstance(self.scaling, str), "rope_scaling", "give the rope scaling type as a string")
+
+
+@dataclass(frozen=True)
 class MLASpec:
     """DeepSeek multi-head latent attention (arXiv 2405.04434 §2.1)."""
 
@@ -185,6 +216,11 @@ class ModelSpec:
     mla: MLASpec | None = None
     num_mtp_layers: int = 0
     """DeepSeek-V3 multi-token-prediction modules (each: two norms, a 2h→h projection and one transformer layer)."""
+    rope: RopeSpec | None = None
+    """Rotary positions as stated (launch configs only); None: learned or ALiBi positions, or a spec built in code."""
+    qk_layernorm: bool = False
+    """Norms on the queries and keys before attention (Qwen3's q_norm / k_norm; MLA's latent q / kv norms), launch
+    configs only (Megatron --qk-layernorm)."""
     sliding_window: int = 0
     """Tokens a sliding-window attention layer looks back over; 0 = none (GPT-OSS: 128)."""
     sliding_window_layers: int = 0

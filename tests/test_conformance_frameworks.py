@@ -199,3 +199,12 @@ def test_megatron_ep_overlap_must_not_run_on_one_hardware_queue():
     assert _run("megatron", point, text) == "accepted"
     assert _run("megatron", point, text.replace("CUDA_DEVICE_MAX_CONNECTIONS=32 ", "CUDA_DEVICE_MAX_CONNECTIONS=1 ")) \
         == "silently_changed"
+
+
+def test_megatron_builds_the_models_rotary_base_or_the_checker_says_so():
+    """Without --rotary-base Megatron-LM builds RoPE at base 10000: a different model from Llama 3.1's 500000."""
+    needs("megatron")
+    point = _estimate("llama-3.1-8b", 8, tp=2, sp=True, mbs=1)
+    text = launch_config(point, "megatron").text
+    assert _run("megatron", point, text) == "accepted"
+    assert _run("megatron", point, text.replace("--rotary-base 500000", "")) == "silently_changed"

@@ -215,6 +215,24 @@ def test_router_read_as_the_model_routes(name, score, pre_softmax, bias, groups,
             router.topk_scaling_factor, router.probs_on_input) == (score, pre_softmax, bias, groups, scaling, on_input)
 
 
+def test_rotary_positions_and_qk_norms_read_from_the_config() -> None:
+    llama = load_model("llama-3.1-8b").rope
+    assert (llama.theta, llama.scaling, llama.factor, llama.low_freq_factor, llama.high_freq_factor,
+            llama.original_max_positions) == (500000.0, "llama3", 8.0, 1.0, 4.0, 8192)
+    assert load_model("nemotron-4-15b").rope.rotary_fraction == 0.5
+    assert load_model("gpt-oss-120b").rope.scaling == "yarn" and load_model("gpt-oss-120b").rope.factor == 32.0
+    assert load_model("gpt-3-175b").rope is None                         # learned positions
+    assert load_model("qwen3-8b").qk_layernorm and load_model("deepseek-v3").qk_layernorm   # MLA's latent norms
+    assert not load_model("llama-3.1-8b").qk_layernorm
+
+
+def test_transformers_5_rope_parameters_read_like_rope_theta_and_rope_scaling() -> None:
+    config = preset_json("llama-3.1-8b")
+    scaling, theta = config.pop("rope_scaling"), config.pop("rope_theta")
+    config["rope_parameters"] = {**scaling, "rope_theta": theta}
+    assert spec_from_config(config, name="x", source="x").rope == load_model("llama-3.1-8b").rope
+
+
 @pytest.mark.parametrize("key, value", [("scoring_func", "tanh"), ("routed_scaling_factor", "2.5"),
                                         ("norm_topk_prob", "yes"), ("n_group", 3)])
 def test_bad_router_keys_are_refused_by_name(tmp_path: Path, key, value) -> None:
@@ -259,7 +277,8 @@ def complete_configs(draw: st.DrawFn) -> dict:
               "num_hidden_layers": draw(st.integers(1, 12)), "num_attention_heads": heads,
               "num_key_value_heads": kv_heads, "head_dim": draw(st.sampled_from([8, 16, 32])),
               "intermediate_size": draw(st.integers(1, 512)), "vocab_size": draw(st.integers(1, 5000)),
-              "max_position_embeddings": 4096, "tie_word_embeddings": draw(st.booleans())}
+              "max_position_embeddings": 4096, "tie_word_embeddings": draw(st.booleans()),
+              "rope_theta": draw(st.sampled_from([10000.0, 500000.0, 1e6]))}
     if model_type in ("mixtral", "qwen3_moe", "qwen2_moe"):
         experts = draw(st.integers(2, 16))
         config.update({"num_local_experts" if model_type == "mixtral" else "num_experts": experts,

@@ -223,6 +223,22 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     actual["expert_tensor_parallel_size"] = core.expert_tensor_parallel_size
     actual["layers_per_rank"] = _megatron_layers_per_rank(core, estimate)
     actual["recompute_granularity"] = core.recompute_granularity
+    # the model the command builds: its positions, query/key norms and router (export.megatron.model_flags)
+    model = estimate.model
+    if model.rope is not None:
+        expected["rotary_base"], actual["rotary_base"] = int(round(model.rope.theta)), args.rotary_base
+        expected["rotary_percent"], actual["rotary_percent"] = model.rope.rotary_fraction, args.rotary_percent
+        expected["rope_scaling"] = model.rope.factor if model.rope.scaling == "llama3" else None
+        actual["rope_scaling"] = args.rope_scaling_factor if args.use_rope_scaling else None
+    expected["qk_layernorm"], actual["qk_layernorm"] = model.qk_layernorm, bool(core.qk_layernorm)
+    if model.moe is not None:
+        defaults = {"moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
+                    "moe_router_enable_expert_bias": False, "moe_router_num_groups": None,
+                    "moe_router_group_topk": None, "moe_router_topk_scaling_factor": None,
+                    "moe_apply_probs_on_input": False}
+        router = {**defaults, **mcore_router_fields(model)}
+        expected.update({f"router {name}": value for name, value in router.items()})
+        actual.update({f"router {name}": getattr(core, name) for name in router})
     # the EP all-to-all overlap the step time hid needs a stream of its own: accepted under one hardware queue, it
     # would run serialised (validate_args only warns)
     expected["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \

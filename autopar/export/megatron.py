@@ -15,7 +15,8 @@ model_parallel_overlap), --no-overlap-p2p-communication (on by default for the i
 the user turned it off, export.common.pipeline_p2p_overlap), --moe-token-dispatcher-type /
 --moe-flex-dispatcher-backend (always for a MoE model, export.common.moe_dispatcher_fields),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
-(--num-layers, --hidden-size, ...). `validate_args` there fixes two rules followed here: an uneven split with
+(--num-layers, --hidden-size, ..., --rotary-base, --rotary-percent, --use-rope-scaling, --rope-scaling-factor,
+--qk-layernorm). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
 Megatron-FSDP (ZeRO-2/3): --use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads|optim_grads_params,
 as in Megatron-LM's Megatron-FSDP quick start (megatron/core/distributed/fsdp/README.md).
@@ -151,6 +152,9 @@ def model_flags(model: ModelSpec) -> list[Flag]:
     flags.append(("--position-embedding-type", {PositionEmbedding.ROPE: "rope", PositionEmbedding.LEARNED:
                                                 "learned_absolute", PositionEmbedding.ALIBI: "none"}[
                                                     model.position_embedding]))
+    flags += rope_flags(model)
+    if model.qk_layernorm:
+        flags.append(("--qk-layernorm", None))
     if model.sliding_window:
         # --window-size (left, right) and --window-attn-skip-freq 2: one full layer after each window layer (GPT-OSS)
         flags.append(("--window-size", f"({model.sliding_window},0)"))
@@ -191,6 +195,46 @@ def model_flags(model: ModelSpec) -> list[Flag]:
     return flags
 
 
+MEGATRON_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_positions": 8192}
+"""What --use-rope-scaling applies besides its factor: Megatron-Core's Llama 3.1 frequency scaling with these fixed
+(megatron/core/models/common/embeddings/rotary_pos_embedding.py RotaryEmbedding._apply_scaling defaults)."""
+
+
+def rope_flags(model: ModelSpec) -> list[Flag]:
+    """--rotary-base (Megatron's default is 10000), --rotary-percent for partial rotary, and --use-rope-scaling /
+    --rope-scaling-factor for Llama 3.1-style scaling; other scalings are a note (`rope_note`)."""
+    rope = model.rope
+    if rope is None or model.position_embedding is not PositionEmbedding.ROPE:
+        return []
+    flags: list[Flag] = [("--rotary-base", f"{rope.theta:.0f}")]
+    if rope.rotary_fraction < 1.0:
+        flags.append(("--rotary-percent", f"{rope.rotary_fraction:g}"))
+    if rope.scaling == "llama3":
+        flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{rope.factor:g}")]
+    return flags
+
+
+def rope_note(model: ModelSpec) -> list[str]:
+    """The rotary settings Megatron-LM's GPT flags cannot give this model."""
+    rope = model.rope
+    if rope is None:
+        return []
+    notes = [] if rope.theta == round(rope.theta) else [
+        f"rope_theta {rope.theta:g} written as --rotary-base {rope.theta:.0f} (Megatron-LM reads a whole number)"]
+    if not rope.scaling:
+        return notes
+    if rope.scaling == "llama3":
+        own = {"low_freq_factor": rope.low_freq_factor, "high_freq_factor": rope.high_freq_factor,
+               "original_max_positions": rope.original_max_positions}
+        differ = [f"{name} {own[name]:g} (Megatron {fixed:g})" for name, fixed in MEGATRON_LLAMA3_SCALING.items()
+                  if own[name] and own[name] != fixed]
+        return notes + ([f"--use-rope-scaling fixes the Llama 3.1 scaling's other values; this model has "
+                         f"{', '.join(differ)}"] if differ else [])
+    return notes + [f"rope scaling {rope.scaling} (factor {rope.factor:g}, trained at {rope.original_max_positions} "
+                    "tokens) is not a Megatron-LM GPT flag here: set it in your recipe (Megatron-Bridge's model "
+                    "provider does)"]
+
+
 def _moe_layer_pattern(model: ModelSpec) -> str | None:
     """--moe-layer-freq as Megatron's list expression (1 = MoE layer), or None when every layer is MoE."""
     pattern = [1 if model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
@@ -212,7 +256,7 @@ def _moe_layer_pattern(model: ModelSpec) -> str | None:
 def unexpressed(estimate: Estimate) -> list[str]:
     """Everything a plan holds is a Megatron-LM flag; only remarks about approximations are listed."""
     notes = flash_version_note(estimate) + loss_kernel_note(estimate) \
-        + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM) + router_note(estimate.model)
+        + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM) + router_note(estimate.model) + rope_note(estimate.model)
     model = estimate.model
     if model.chunked_attention_layers:
         notes.append(f"attention_chunk_size {model.attention_chunk_size}: Megatron-Core has no chunked attention; its "
