@@ -378,9 +378,13 @@ def _virtual_stages(flags: dict[str, "str | bool"], pp: int, layer_count: "Calla
                     uneven: bool, slots: int = 0) -> int:
     per_rank = _first_integer(flags, "--num-virtual-stages-per-pipeline-rank",
                               "--virtual-pipeline-model-parallel-size")
+    layers_per_virtual_stage = _integer(flags, "--num-layers-per-virtual-pipeline-stage")
+    if per_rank is not None and layers_per_virtual_stage is not None:   # arguments.py validate_args: at most one
+        raise InputError(INPUT_NAME, "--num-layers-per-virtual-pipeline-stage and "
+                                     "--num-virtual-stages-per-pipeline-rank are exclusive (Megatron-LM asserts so); "
+                                     "keep one")
     if per_rank is not None:
         return per_rank
-    layers_per_virtual_stage = _integer(flags, "--num-layers-per-virtual-pipeline-stage")
     if layers_per_virtual_stage is None:
         return 1
     if uneven:
@@ -400,8 +404,11 @@ def _virtual_stages(flags: dict[str, "str | bool"], pp: int, layer_count: "Calla
 
 def _recompute(flags: dict[str, "str | bool"], notes: list[str]) -> tuple[Recompute, int]:
     granularity = flags.get("--recompute-granularity")
-    if granularity is None and flags.get("--recompute-activations"):
-        granularity = "selective"  # arguments.py validate_args: --recompute-activations means selective
+    if flags.get("--recompute-activations"):   # arguments.py validate_args sets selective whatever else is given
+        if granularity not in (None, "selective"):
+            notes.append(f"--recompute-activations overrides --recompute-granularity {granularity}: Megatron-LM "
+                         "runs selective recompute")
+        granularity = "selective"
     if granularity is None:
         return Recompute.NONE, 0
     if granularity == "selective":
@@ -508,6 +515,8 @@ def _pipeline_schedule(flags: dict[str, "str | bool"], pp: int) -> str:
 
 
 def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
+    if flags.get("--fp16") and flags.get("--bf16"):   # arguments.py validate_args: assert not args.fp16 with bf16
+        raise InputError(INPUT_NAME, "--fp16 and --bf16 together: Megatron-LM refuses both; keep one")
     if flags.get("--fp8-format"):
         return "fp8"
     if flags.get("--fp16"):
@@ -694,5 +703,8 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         notes.append(f"no --global-batch-size: Megatron-LM's default micro-batch × dp = {global_batch}")
     if global_batch is not None:
         training["global_batch_size"] = global_batch
+    else:
+        notes.append("no --global-batch-size and no GPU count in the command: Megatron-LM's default (micro-batch × "
+                     "dp) is unknown here, so the global batch is --global-batch's")
     return MegatronRun(plan=plan, training=training, num_gpus=num_gpus, model=model, flags=flags,
                        notes=tuple(notes))

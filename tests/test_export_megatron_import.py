@@ -129,6 +129,8 @@ def test_optimizer_sharding(flags, zero):
 
 @pytest.mark.parametrize("flags, recompute, layers", [
     ("--recompute-activations", Recompute.SELECTIVE, 0),
+    # validate_args sets selective for --recompute-activations, whatever --recompute-granularity says
+    ("--recompute-granularity full --recompute-method uniform --recompute-activations", Recompute.SELECTIVE, 0),
     ("--recompute-granularity selective", Recompute.SELECTIVE, 0),
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1", Recompute.FULL, 0),
     ("--recompute-granularity full --recompute-method block --recompute-num-layers 3", Recompute.FULL, 3),
@@ -143,7 +145,7 @@ def test_approximations_are_noted():
                               "--recompute-num-layers 4 --sequence-parallel")
     assert run.training["precision"] == "bf16"
     assert run.plan.sp is False  # Megatron-LM turns SP off at tp=1
-    assert len(run.notes) == 4  # fp16, uniform x4, sp at tp=1, no --micro-batch-size
+    assert len(run.notes) == 5  # fp16, uniform x4, sp at tp=1, no --micro-batch-size, no batch and no GPU count
     # no --global-batch-size: Megatron-LM's default micro-batch x dp when the GPU count is known
     run = parse_megatron_args("torchrun --nproc-per-node=8 pretrain_gpt.py --tensor-model-parallel-size 2 "
                               "--micro-batch-size 2 --bf16")
@@ -175,6 +177,9 @@ def test_shell_words_expand_variables_and_strings_of_flags():
     ("--use-megatron-fsdp --data-parallel-sharding-strategy everything", "data-parallel-sharding-strategy"),
     ("--hidden-dropout high", "--hidden-dropout 'high' is not a probability"),
     ("--attention-dropout 1.5", "--attention-dropout '1.5' is not a probability"),
+    ("--fp16 --bf16", "--fp16 and --bf16 together"),
+    ("--pipeline-model-parallel-size 2 --num-layers 32 --num-layers-per-virtual-pipeline-stage 4 "
+     "--num-virtual-stages-per-pipeline-rank 2", "are exclusive"),
 ])
 def test_bad_commands_name_the_flag_and_the_fix(text, message):
     with pytest.raises(InputError, match=message) as error:
@@ -223,3 +228,14 @@ def test_cli_says_when_the_command_overrides_the_typed_dispatcher():
     assert result.returncode in (0, 1), result.stderr
     assert "note: --moe-dispatcher deepep ignored: the Megatron-LM command runs alltoall" in result.stderr
     assert "dispatcher alltoall" in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("typed, command", [(("--seq-len", "8192"), "--seq-length 2048"),
+                                            (("--global-batch", "512"), "--global-batch-size 128")])
+def test_cli_refuses_a_typed_training_flag_the_command_contradicts(typed, command):
+    done = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args",
+                    f"pretrain_gpt.py --tensor-model-parallel-size 2 {command}", *typed)
+    assert done.returncode == 2 and "contradicts the Megatron-LM command's" in done.stderr, done.stderr
+    same = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args",
+                    f"pretrain_gpt.py --tensor-model-parallel-size 2 {command}", typed[0], command.split()[1])
+    assert same.returncode in (0, 1), same.stderr

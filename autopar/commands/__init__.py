@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # only for annotations: importing the specs pulls in numpy
     from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 DEFAULT_GPU = "h100"
+DEFAULT_SEQ_LEN = 4096
+DEFAULT_GLOBAL_BATCH = 1024
+"""--seq-len and --global-batch when not given."""
 
 
 # ---- argument types: a bad value is one line naming the flag (argparse prefixes 'argument --flag: ') ------------
@@ -78,10 +81,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--seq-len", "--seq-length", dest="seq_len", type=integer, default=4096, metavar="S",
-                       help="sequence length in tokens; default 4096")
+    group.add_argument("--seq-len", "--seq-length", dest="seq_len", type=integer, default=DEFAULT_SEQ_LEN,
+                       metavar="S", help=f"sequence length in tokens; default {DEFAULT_SEQ_LEN}")
     group.add_argument("--global-batch", "--global-batch-size", "--gbs", dest="global_batch", type=integer,
-                       default=1024, metavar="B", help="global batch in sequences per step; default 1024")
+                       default=DEFAULT_GLOBAL_BATCH, metavar="B",
+                       help=f"global batch in sequences per step; default {DEFAULT_GLOBAL_BATCH}")
     group.add_argument("--precision", default="bf16", metavar="{bf16,fp8}",
                        help="GEMM precision; default bf16 (fp8 needs H100 or later)")
     group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",

@@ -28,7 +28,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from autopar.commands import given_plan_flags, integer
+from autopar.commands import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN, given_plan_flags, integer
 
 if TYPE_CHECKING:
     from autopar.megatron_args import MegatronRun
@@ -129,6 +129,14 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
         raise InputError("from-megatron-args", f"the plan comes from the Megatron-LM command; drop "
                                                f"{', '.join(typed)} (or edit the command)")
     run = parse_megatron_args(read_megatron_source(source), num_layers=num_layers)
+    untyped = {"seq_len": DEFAULT_SEQ_LEN, "global_batch": DEFAULT_GLOBAL_BATCH}   # a value besides these was typed
+    for name, flag, command_flag in (("seq_len", "--seq-len", "--seq-length"),
+                                     ("global_batch", "--global-batch", "--global-batch-size")):
+        typed, imported = getattr(args, name, None), run.training.get(
+            "seq_len" if name == "seq_len" else "global_batch_size")
+        if imported is not None and typed not in (None, untyped[name], imported):
+            raise InputError(name, f"{flag} {typed} contradicts the Megatron-LM command's {command_flag} {imported}; "
+                                   f"drop {flag} (or edit the command)")
     stream = stderr if stderr is not None else sys.stderr
     typed_gpus = getattr(args, "num_gpus", None)
     if run.num_gpus is not None and typed_gpus is not None and typed_gpus != run.num_gpus:

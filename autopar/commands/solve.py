@@ -117,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("top", f"must be >= 1, got {args.top}")
     if args.layouts_budget is not None and not (args.layouts_budget > 0 and args.layouts_budget < float("inf")):
         raise InputError("layouts_budget", f"must be a positive number of seconds, got {args.layouts_budget!r}")
+    if args.layouts_budget is not None and not args.layouts:
+        raise InputError("layouts_budget", "--layouts-budget is the layout search's time, and --no-layouts turns "
+                                           "that search off; drop one of them")
     gpu_range = args.num_gpus if isinstance(args.num_gpus, tuple) else None
     if gpu_range is not None:
         args.num_gpus = gpu_range[1]
