@@ -34,7 +34,7 @@ EXIT_INTERRUPTED = 130
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with autopar's bad-input format: one error line, then a one-line usage hint; exit 2."""
+    """argparse with autopar's bad-input format: one error line that ends with where the options are; exit 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message} (run '{self.prog} --help' for the options)\n")

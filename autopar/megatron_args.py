@@ -412,6 +412,10 @@ def _recompute(flags: dict[str, "str | bool"], notes: list[str]) -> tuple[Recomp
     if granularity is None:
         return Recompute.NONE, 0
     if granularity == "selective":
+        if flags.get("--recompute-method") is not None:   # validate_args asserts recompute_method is None here
+            raise InputError(INPUT_NAME, "--recompute-method with selective recompute (--recompute-granularity "
+                                         "selective or --recompute-activations): Megatron-LM refuses it; drop "
+                                         "--recompute-method")
         return Recompute.SELECTIVE, 0
     if granularity != "full":
         raise InputError(INPUT_NAME, f"--recompute-granularity {granularity!r}: use full or selective")

@@ -129,6 +129,11 @@ MAX_CONFIG_DEPTH = 64
 """Real configs nest 3 deep (rope_scaling, quantization_config); deeper JSON is refused before parsing."""
 
 
+class LaunchSemanticsWarning(UserWarning):
+    """A config value only the launch configs read (router, rotary positions) that autopar cannot take: the model
+    loads, and the exports leave that part at the framework's default."""
+
+
 class UnknownModelTypeWarning(UserWarning):
     """A config.json whose model_type transformers does not know, read as the nearest supported family."""
 
@@ -328,6 +333,8 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         num_mtp_layers=_optional_positive(config, "num_nextn_predict_layers", where),
         rope=_rope_spec(config, where) if position is PositionEmbedding.ROPE else None,
         qk_layernorm=model_type in QK_NORM_TYPES or mla is not None,
+        qk_l2_norm=model_type == "llama4_text" and _bool(config, "use_qk_norm", True, where),
+        nope_layer_interval=_nope_layer_interval(config, model_type, where),
         dropout=_dropout(config, where),
         **_local_attention(config, model_type, where),
     )
@@ -347,39 +354,53 @@ QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
 normalise their latents, q_a_layernorm / kv_a_layernorm, which Megatron-Core builds under the same switch)."""
 
 
-def _rope_spec(config: Mapping[str, Any], where: str) -> RopeSpec:
+def _rope_spec(config: Mapping[str, Any], where: str) -> RopeSpec | None:
     """Rotary positions from `rope_theta` / `rope_scaling` (transformers 4 configs) or `rope_parameters`
     (transformers 5) and `partial_rotary_factor`; absent, the config class's default base (CONFIG_CLASS_DEFAULTS
-    or AutoConfig) or 10000."""
+    or AutoConfig) or 10000. A value RopeSpec refuses does not refuse the model (no cost term reads it): it is
+    warned about (LaunchSemanticsWarning) and no rotary settings are exported."""
     parameters = config.get("rope_parameters")
     parameters = parameters if isinstance(parameters, Mapping) else {}
     scaling = config.get("rope_scaling")
     scaling = scaling if isinstance(scaling, Mapping) else parameters
     kind = scaling.get("rope_type") or scaling.get("type") or ""
-    kind = "" if kind == "default" else kind
+    fields: dict[str, Any] = dict(theta=_first(config, ("rope_theta",), parameters.get("rope_theta", 10000.0)),
+                                  rotary_fraction=_first(config, ("partial_rotary_factor",),
+                                                         parameters.get("partial_rotary_factor", 1.0)))
+    if kind and kind != "default":
+        defaults = RopeSpec()
+        fields.update(scaling=kind, factor=scaling.get("factor", 0.0),
+                      low_freq_factor=scaling.get("low_freq_factor", 0.0),
+                      high_freq_factor=scaling.get("high_freq_factor", 0.0),
+                      original_max_positions=scaling.get("original_max_position_embeddings")
+                      or config.get("original_max_position_embeddings") or 0,
+                      mscale=_first(scaling, ("mscale",), defaults.mscale),
+                      mscale_all_dim=_first(scaling, ("mscale_all_dim",), defaults.mscale_all_dim),
+                      beta_fast=_first(scaling, ("beta_fast",), defaults.beta_fast),
+                      beta_slow=_first(scaling, ("beta_slow",), defaults.beta_slow),
+                      round_to_int=_first(scaling, ("truncate",), defaults.round_to_int))
+    if isinstance(fields.get("original_max_positions"), float) and fields["original_max_positions"].is_integer():
+        fields["original_max_positions"] = int(fields["original_max_positions"])
+    try:
+        return _spec_in(where, RopeSpec, **fields)
+    except InputError as error:
+        warnings.warn(f"{error.field}: {error.message}; the launch configs write no rotary settings (no cost term "
+                      "reads them)", LaunchSemanticsWarning, stacklevel=2)
+        return None
 
-    def number(mapping: Mapping[str, Any], key: str, default: float) -> float:
-        value = mapping.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(key, f"must be a number, got {_shown(str(value))} (in {where})")
-        return float(value)
 
-    fields = dict(theta=number(config, "rope_theta", number(parameters, "rope_theta", 10000.0)),
-                  rotary_fraction=number(config, "partial_rotary_factor",
-                                         number(parameters, "partial_rotary_factor", 1.0)))
-    if kind:
-        if not isinstance(kind, str):
-            raise InputError("rope_scaling", f"rope_type must be a name, got {_shown(str(kind))} (in {where})")
-        original = scaling.get("original_max_position_embeddings") or 0
-        if isinstance(original, bool) or not isinstance(original, int) or original < 0:
-            raise InputError("original_max_position_embeddings", f"must be a non-negative integer, got "
-                                                                 f"{original!r} (in {where})")
-        fields.update(scaling=kind, factor=number(scaling, "factor", 0.0),
-                      low_freq_factor=number(scaling, "low_freq_factor", 0.0),
-                      high_freq_factor=number(scaling, "high_freq_factor", 0.0), original_max_positions=original)
-    return _spec_in(where, RopeSpec, **fields)
+def _nope_layer_interval(config: Mapping[str, Any], model_type: str, where: str) -> int:
+    """Llama 4's NoPE layers as Megatron's --no-rope-freq takes them: every `no_rope_layer_interval`-th layer
+    (Llama4TextConfig's default pattern; a `no_rope_layers` list of another shape is warned about and left out)."""
+    if model_type != "llama4_text":
+        return 0
+    interval = _optional_positive(config, "no_rope_layer_interval", where) or 4
+    listed = config.get("no_rope_layers")
+    if listed and listed != [int((i + 1) % interval != 0) for i in range(len(listed))]:
+        warnings.warn("no_rope_layers is not every layer but each no_rope_layer_interval-th: the launch configs "
+                      "write no NoPE pattern (no cost term reads it)", LaunchSemanticsWarning, stacklevel=2)
+        return 0
+    return interval
 
 
 def _qkv_bias(config: Mapping[str, Any], model_type: str, where: str) -> bool:
@@ -497,7 +518,7 @@ def _moe_spec(config: Mapping[str, Any], model_type: str, where: str) -> MoESpec
         first_dense_layers=_first_dense_layers(config, where),
         layer_freq=layer_freq,
         shared_expert_gate=shared_gate,
-        router=_router_spec(config, model_type, where),
+        router=_router_spec(config, model_type, num_experts, where),
     )
 
 
@@ -516,28 +537,32 @@ GROUPED_TOPK_METHODS = ("group_limited_greedy", "noaux_tc")
 """DeepSeek `topk_method`s that choose experts within the `topk_group` best of `n_group` groups."""
 
 
-def _router_spec(config: Mapping[str, Any], model_type: str, where: str) -> RouterSpec:
+def _router_spec(config: Mapping[str, Any], model_type: str, num_experts: int, where: str) -> RouterSpec:
     """How the router weights the chosen experts (RouterSpec): `scoring_func`, `norm_topk_prob`, `topk_method`
-    (noaux_tc: an expert bias), `n_group` / `topk_group`, `routed_scaling_factor` (their config classes' defaults
-    filled in as for every key: CONFIG_CLASS_DEFAULTS or AutoConfig), with each model type's own rule where the
-    class has no such key (SIGMOID_ROUTER_TYPES, RENORMALISED_ROUTER_TYPES, DeepSeek-V3's noaux_tc)."""
+    (noaux_tc: an expert bias; group_limited_greedy: groups scored by their best expert), `n_group` / `topk_group`,
+    `routed_scaling_factor` (their config classes' defaults filled in as for every key: CONFIG_CLASS_DEFAULTS or
+    AutoConfig), with each model type's own rule where the class has no such key (SIGMOID_ROUTER_TYPES,
+    RENORMALISED_ROUTER_TYPES, DeepSeek-V3's noaux_tc). No cost term reads it, so a value RouterSpec refuses does not
+    refuse the model: it is warned about (LaunchSemanticsWarning) and the router left at Megatron-Core's default."""
     score = config.get("scoring_func") or ("sigmoid" if model_type in SIGMOID_ROUTER_TYPES else "softmax")
-    if score not in ROUTER_SCORE_FUNCTIONS:
-        raise InputError("scoring_func", f"scoring_func={_shown(str(score))} is not supported (only "
-                                         f"{', '.join(ROUTER_SCORE_FUNCTIONS)}) (in {where})")
-    renormalised = model_type in RENORMALISED_ROUTER_TYPES or _bool(config, "norm_topk_prob", False, where)
     method = config.get("topk_method") or ("noaux_tc" if model_type == "deepseek_v3" else "greedy")
-    groups = _optional_positive(config, "n_group", where) if method in GROUPED_TOPK_METHODS else 0
-    group_topk = _optional_positive(config, "topk_group", where) if groups > 1 else 0
+    groups = (config.get("n_group") or 0) if method in GROUPED_TOPK_METHODS else 0
     scaling = config.get("routed_scaling_factor")
-    if scaling is None:
-        scaling = 1.0
-    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)):
-        raise InputError("routed_scaling_factor", f"routed_scaling_factor={_shown(str(scaling))} must be a number "
-                                                  f"(in {where})")
-    return _spec_in(where, RouterSpec, score_function=score, pre_softmax=score == "softmax" and not renormalised,
-                    expert_bias=method == "noaux_tc", num_groups=groups if groups > 1 else 0, group_topk=group_topk,
-                    topk_scaling_factor=float(scaling), probs_on_input=model_type in PROBS_ON_INPUT_TYPES)
+    try:
+        if isinstance(groups, int) and groups > 1 and num_experts % groups:
+            raise InputError("n_group", f"n_group={groups} does not divide the {num_experts} experts")
+        return _spec_in(where, RouterSpec, score_function=score,
+                        renormalised=model_type in RENORMALISED_ROUTER_TYPES or _bool(config, "norm_topk_prob",
+                                                                                       False, where),
+                        expert_bias=method == "noaux_tc", num_groups=groups if groups != 1 else 0,
+                        group_topk=(config.get("topk_group") or 0) if groups not in (0, 1) else 0,
+                        topk_scaling_factor=1.0 if scaling is None else scaling,
+                        probs_on_input=model_type in PROBS_ON_INPUT_TYPES, group_by_max=method ==
+                        "group_limited_greedy")
+    except InputError as error:
+        warnings.warn(f"{error.field}: {error.message}; the launch configs leave the router at Megatron-Core's "
+                      "default (no cost term reads it)", LaunchSemanticsWarning, stacklevel=2)
+        return RouterSpec()
 
 
 def _first_dense_layers(config: Mapping[str, Any], where: str) -> int:
@@ -621,6 +646,8 @@ def _bool(config: Mapping[str, Any], key: str, default: bool, where: str) -> boo
     value = config.get(key)
     if value is None:
         return default
+    if isinstance(value, int) and value in (0, 1):              # some configs write 0 / 1
+        return bool(value)
     if not isinstance(value, bool):
         raise InputError(key, f"must be true or false, got {_shown(str(value))} (in {where})")
     return value

@@ -37,6 +37,7 @@ import time
 import autopar
 from autopar.search.layouts import best_layout, brute_force, cpsat_layout
 from autopar.search.refine import refine_front
+from costmodels.layout import with_layout
 from autopar.search.solve import controls_from
 from costmodels.layout import layout_space_log10, layout_tables, uniform_layout
 from costmodels.specs import TrainingSpec
@@ -105,7 +106,7 @@ def layout_plans(name: str, budget_s: float) -> list:
     front, refined, refinements, _ = scenario_fronts(name, budget_s)
     found = {p.plan: p for p in refined.points if p.plan.layout}
     for r in refinements:
-        plan = dataclasses.replace(r.parent.plan, layout=r.best_layout)
+        plan = with_layout(r.parent.plan, r.best_layout)
         found.setdefault(plan, estimate(front.model, front.cluster, front.training, plan))
     return list(found.values())
 

@@ -338,6 +338,13 @@ GAP_TERM = "uniform_model_gap"
 model's time of the parent's own layout (costmodels.scoring.estimate of a plan with a layout)."""
 
 
+def with_layout(plan: Plan, layout: "tuple[int, ...]") -> Plan:
+    """`plan` with `layout` in place of its first/last split (a layout plan carries none: Plan)."""
+    import dataclasses
+
+    return dataclasses.replace(plan, layout=tuple(layout), first_stage_layers=0, last_stage_layers=0)
+
+
 def parent_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan) -> Plan:
     """The plan without its layout, with the first/last split Megatron's rules accept whose layers per rank are
     nearest the layout's (least total difference; ties to the more even split), so that the uniform model, the rules

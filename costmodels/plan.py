@@ -186,9 +186,9 @@ class Plan:
         object.__setattr__(self, "layout", tuple(int(x) for x in layout))
         require(not layout or len(layout) == self.pp * self.vpp, "layout",
                 f"has {len(layout)} virtual stages; pp·vpp = {self.pp}·{self.vpp} = {self.pp * self.vpp} needed")
-        if layout:   # the layout places every layer: one plan, one price (costmodels.layout.parent_plan)
-            object.__setattr__(self, "first_stage_layers", 0)
-            object.__setattr__(self, "last_stage_layers", 0)
+        # the layout places every layer: no split beside it, so one plan has one price (costmodels.layout.parent_plan)
+        require(not layout or not (self.first_stage_layers or self.last_stage_layers), "layout",
+                "a layout places every decoder layer, so it takes no first/last stage split; drop the split")
 
     def dp(self, num_gpus: int) -> int:
         """Data-parallel size on `num_gpus` (0 when the model-parallel product does not divide it)."""

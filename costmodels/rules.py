@@ -301,8 +301,9 @@ def _explain_recompute(problem: Problem, plan: Plan) -> str:
         return f"--recompute-layers {plan.recompute_layers} needs --recompute full (block recompute of N layers)"
     first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, PlanArrays.from_plans([plan]))
     chunk = int(max(first[0], last[0], middle[0]) // plan.vpp)
-    return (f"--recompute-layers {plan.recompute_layers} must be fewer than the {chunk} layers of the largest "
-            f"pipeline chunk (pp={plan.pp}, vpp={plan.vpp}); use 1 to {chunk - 1}, or drop it to recompute them all")
+    fix = f"use 1 to {chunk - 1}, or drop it" if chunk > 1 else "drop it"
+    return (f"--recompute-layers {plan.recompute_layers} must be fewer than the {chunk} layer(s) of the largest "
+            f"pipeline chunk (pp={plan.pp}, vpp={plan.vpp}); {fix} to recompute them all")
 
 
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds

@@ -217,7 +217,7 @@ def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     step time of the parent plan (same knobs, a valid first/last split) minus the per-stage time of the parent's own
     layout. The parent's own layout thus gets exactly the parent's estimate, and any other layout differs from it by
     exactly what the per-stage model says. Memory: every rank's own terms on its own layers."""
-    from costmodels.layout import GAP_TERM, layout_breakdown, uniform_layout
+    from costmodels.layout import GAP_TERM, layout_breakdown, uniform_layout, with_layout
 
     layout, parent = plan.layout, base.plan
     own = layout_breakdown(model, cluster, training, parent, uniform_layout(model, parent))
@@ -231,7 +231,7 @@ def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     violations = tuple(v for v in base.violations if v != MEMORY_RULE) + (() if fits else (MEMORY_RULE,))
     speedup = base.step_time_s / sum(terms.values())
     return dataclasses.replace(
-        base, plan=dataclasses.replace(parent, layout=layout), stages=stages, worst_stage=worst, time_terms_s=terms,
+        base, plan=with_layout(parent, layout), stages=stages, worst_stage=worst, time_terms_s=terms,
         tokens_per_s=base.tokens_per_s * speedup, model_tflops_per_gpu=base.model_tflops_per_gpu * speedup,
         hardware_tflops_per_gpu=base.hardware_tflops_per_gpu * speedup, mfu=base.mfu * speedup,
         violations=violations)

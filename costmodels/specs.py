@@ -44,7 +44,8 @@ class PositionEmbedding(str, enum.Enum):
     """Attention biases linear in distance (Press et al., arXiv 2108.12409; BLOOM): no parameters."""
 
 
-ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
+"""Megatron-Core's moe_router_score_function values."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,14 @@ class RouterSpec:
     No cost term reads it: the launch configs write it so the job routes the way the model was trained."""
 
     score_function: str = "softmax"
-    """'softmax' (Mixtral, Qwen-MoE, DeepSeek-V2, GPT-OSS) or 'sigmoid' (DeepSeek-V3 `scoring_func`, Llama 4)."""
-    pre_softmax: bool = False
-    """Softmax over all experts before the top-k, the chosen weights not renormalised (Hugging Face
-    `norm_topk_prob: false`, Qwen2-MoE, DeepSeek-V2); False: softmax over the top-k logits, i.e. renormalised."""
+    """'softmax' (Mixtral, Qwen-MoE, DeepSeek-V2, GPT-OSS), 'sigmoid' (DeepSeek-V3 `scoring_func`, Llama 4) or
+    'sqrtsoftplus'."""
+    renormalised: bool = True
+    """The chosen experts' weights rescaled to sum to 1 (Hugging Face `norm_topk_prob`; Mixtral and GPT-OSS always).
+    A softmax router that does not is Megatron-Core's pre-softmax (`pre_softmax`)."""
+    group_by_max: bool = False
+    """Group-limited routing scores a group by its best expert (DeepSeek-V2's group_limited_greedy); Megatron-Core
+    scores it by the sum of its top top_k / group_topk experts (DeepSeek-V3's noaux_tc)."""
     expert_bias: bool = False
     """Auxiliary-loss-free balancing: a per-expert bias added to the scores for the choice (DeepSeek-V3
     `topk_method: noaux_tc`)."""
@@ -69,6 +74,12 @@ class RouterSpec:
     """Multiplier on the chosen weights (DeepSeek `routed_scaling_factor`)."""
     probs_on_input: bool = False
     """The weight multiplies the token before the expert, not the expert's output (Llama 4)."""
+
+    @property
+    def pre_softmax(self) -> bool:
+        """Softmax over all experts before the top-k, the chosen weights kept as they are (Megatron-Core
+        moe_router_pre_softmax)."""
+        return self.score_function == "softmax" and not self.renormalised
 
     def __post_init__(self) -> None:
         require(self.score_function in ROUTER_SCORE_FUNCTIONS, "router_score_function",
@@ -82,8 +93,8 @@ class RouterSpec:
         require(isinstance(self.topk_scaling_factor, (int, float)) and not isinstance(self.topk_scaling_factor, bool)
                 and 0.0 < self.topk_scaling_factor < 1e6, "router_topk_scaling_factor",
                 f"routed scaling factor {self.topk_scaling_factor!r}: give a positive number")
-        require(not self.expert_bias or self.score_function == "sigmoid", "router_expert_bias",
-                "an expert bias is used with sigmoid scores only (Megatron-Core refuses it with softmax)")
+        require(not self.expert_bias or self.score_function != "softmax", "router_expert_bias",
+                "an expert bias needs sigmoid or sqrtsoftplus scores (Megatron-Core refuses it with softmax)")
 
 
 @dataclass(frozen=True)
@@ -145,11 +156,22 @@ class RopeSpec:
     high_freq_factor: float = 0.0
     original_max_positions: int = 0
     """llama3 / yarn: the context length the frequencies were trained for."""
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    """yarn's attention-scale terms (DeepSeek `mscale`, `mscale_all_dim`; absent: 1 and 0, Hugging Face's default
+    attention factor 0.1·ln(factor) + 1)."""
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    """yarn's correction range (Hugging Face's defaults 32 and 1)."""
+    round_to_int: bool = True
+    """yarn rounds its correction range to whole dimensions (GPT-OSS `truncate: false` does not)."""
     rotary_fraction: float = 1.0
     """Share of each head's dimensions that rotate (Nemotron-4: 0.5)."""
 
     def __post_init__(self) -> None:
-        for name in ("theta", "factor", "low_freq_factor", "high_freq_factor", "rotary_fraction"):
+        require(isinstance(self.round_to_int, bool), "rope_scaling", "give truncate as true or false")
+        for name in ("theta", "factor", "low_freq_factor", "high_freq_factor", "rotary_fraction", "mscale",
+                     "mscale_all_dim", "beta_fast", "beta_slow"):
             value = getattr(self, name)
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1e12,
                     f"rope_{name}", f"rope {name}={value!r}: give a non-negative number")
@@ -221,6 +243,12 @@ class ModelSpec:
     qk_layernorm: bool = False
     """Norms on the queries and keys before attention (Qwen3's q_norm / k_norm; MLA's latent q / kv norms), launch
     configs only (Megatron --qk-layernorm)."""
+    qk_l2_norm: bool = False
+    """An L2 norm without weights on the queries and keys of the RoPE layers (Llama 4 `use_qk_norm`), launch configs
+    only (Megatron --qk-l2-norm)."""
+    nope_layer_interval: int = 0
+    """Every k-th layer has no position encoding (Llama 4's NoPE layers, `no_rope_layer_interval`); 0 = none.
+    Launch configs only (Megatron --no-rope-freq)."""
     sliding_window: int = 0
     """Tokens a sliding-window attention layer looks back over; 0 = none (GPT-OSS: 128)."""
     sliding_window_layers: int = 0
@@ -244,7 +272,7 @@ class ModelSpec:
         for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
             require_positive_int(getattr(self, name), name)
         for name in ("num_kv_heads", "head_dim", "max_position_embeddings", "num_mtp_layers", "sliding_window",
-                     "sliding_window_layers", "attention_chunk_size", "chunked_attention_layers"):
+                     "sliding_window_layers", "attention_chunk_size", "chunked_attention_layers", "nope_layer_interval"):
             require_non_negative_int(getattr(self, name), name)
         for name, limit in (("hidden_size", limits.MAX_HIDDEN_SIZE), ("num_layers", limits.MAX_NUM_LAYERS),
                             ("num_attention_heads", limits.MAX_NUM_HEADS), ("num_kv_heads", limits.MAX_NUM_HEADS),
@@ -408,12 +436,17 @@ MAX_NCCL_CTAS = 64
 """NCCL_MAX_CTAS accepts 1..64 (NCCL env.rst: 'up to 64 (32 prior to 2.25)'; src/include/device.h MAXCHANNELS)."""
 
 
+DEFAULT_SEQ_LEN = 4096
+DEFAULT_GLOBAL_BATCH = 1024
+"""TrainingSpec's sequence length and global batch (sequences) when not given; the CLI's defaults too."""
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """The run: sequence length, global batch, precision and training-side switches."""
 
-    seq_len: int = 4096
-    global_batch_size: int = 1024
+    seq_len: int = DEFAULT_SEQ_LEN
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH
     """Sequences per optimizer step."""
     precision: Precision = Precision.BF16
     flash_attention: bool = True

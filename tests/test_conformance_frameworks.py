@@ -208,3 +208,13 @@ def test_megatron_builds_the_models_rotary_base_or_the_checker_says_so():
     text = launch_config(point, "megatron").text
     assert _run("megatron", point, text) == "accepted"
     assert _run("megatron", point, text.replace("--rotary-base 500000", "")) == "silently_changed"
+
+
+def test_megatron_builds_mla_yarn_at_the_models_factor_or_the_checker_says_so():
+    """Under --multi-latent-attention Megatron-Core applies yarn at --rotary-scaling-factor (default 1): without it
+    DeepSeek-V3's factor 40 and attention scale are lost."""
+    needs("megatron")
+    point = _estimate("deepseek-v3", 256, pp=8, ep=32, mbs=1, first_stage_layers=5, last_stage_layers=8)
+    text = launch_config(point, "megatron").text
+    assert _run("megatron", point, text) == "accepted"
+    assert _run("megatron", point, text.replace("--rotary-scaling-factor 40", "")) == "silently_changed"

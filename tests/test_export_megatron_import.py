@@ -130,7 +130,7 @@ def test_optimizer_sharding(flags, zero):
 @pytest.mark.parametrize("flags, recompute, layers", [
     ("--recompute-activations", Recompute.SELECTIVE, 0),
     # validate_args sets selective for --recompute-activations, whatever --recompute-granularity says
-    ("--recompute-granularity full --recompute-method uniform --recompute-activations", Recompute.SELECTIVE, 0),
+    ("--recompute-granularity full --recompute-activations", Recompute.SELECTIVE, 0),
     ("--recompute-granularity selective", Recompute.SELECTIVE, 0),
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1", Recompute.FULL, 0),
     ("--recompute-granularity full --recompute-method block --recompute-num-layers 3", Recompute.FULL, 3),
@@ -178,6 +178,8 @@ def test_shell_words_expand_variables_and_strings_of_flags():
     ("--hidden-dropout high", "--hidden-dropout 'high' is not a probability"),
     ("--attention-dropout 1.5", "--attention-dropout '1.5' is not a probability"),
     ("--fp16 --bf16", "--fp16 and --bf16 together"),
+    ("--recompute-granularity full --recompute-method uniform --recompute-activations", "drop --recompute-method"),
+    ("--recompute-granularity selective --recompute-method block", "drop --recompute-method"),
     ("--pipeline-model-parallel-size 2 --num-layers 32 --num-layers-per-virtual-pipeline-stage 4 "
      "--num-virtual-stages-per-pipeline-rank 2", "are exclusive"),
 ])

@@ -46,12 +46,24 @@ def test_deepseek_v3_routes_by_sigmoid_with_bias_groups_and_scaling():
     text = megatron_text("deepseek-v3", num_gpus=256, pp=8, ep=32, first_stage_layers=5, last_stage_layers=8)
     for flag in ("--moe-router-score-function sigmoid", "--moe-router-enable-expert-bias",
                  "--moe-router-num-groups 8", "--moe-router-group-topk 4", "--moe-router-topk-scaling-factor 2.5",
-                 "--qk-layernorm"):
+                 "--qk-layernorm", "--position-embedding-type rope",
+                 # MLATransformerConfig's yarn (its rope_type by default) at the model's factor and attention scales
+                 "--rotary-scaling-factor 40", "--mscale 1", "--mscale-all-dim 1"):
         assert flag in text
-    assert "rope scaling yarn (factor 40" in text        # not a Megatron-LM GPT flag: said, not dropped
+    assert "--position-embedding-type yarn" not in text and "# note: rope" not in text
 
 
-def test_a_scaling_megatron_cannot_write_is_a_note():
+def test_yarn_outside_mla_is_megatrons_yarn_position_type():
     text = megatron_text("gpt-oss-20b", tp=1, ep=8)
-    assert "# note: rope scaling yarn (factor 32, trained at 4096 tokens)" in text
-    assert "--rotary-base 150000" in text and "--use-rope-scaling" not in text
+    for flag in ("--position-embedding-type yarn", "--rotary-base 150000", "--rotary-scaling-factor 32",
+                 "--yarn-original-max-position-embeddings 4096", "--yarn-beta-fast 32", "--yarn-beta-slow 1",
+                 "--no-yarn-correction-range-round-to-int", "--window-size '(127,0)'"):
+        assert flag in text, flag
+
+
+def test_llama4_nope_layers_qk_l2_norm_and_the_scaling_megatron_fixes():
+    text = megatron_text("llama-4-scout-17b-16e", num_gpus=64, tp=4, sp=True, ep=16, etp=1, zero=1)
+    for flag in ("--qk-l2-norm", "--no-rope-freq 4", "--use-rope-scaling", "--rope-scaling-factor 16"):
+        assert flag in text, flag
+    # Scout's llama3 scaling has high_freq_factor 1; Megatron's --use-rope-scaling fixes 4: said, not hidden
+    assert "high_freq_factor 1 (Megatron 4)" in text

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import autopar
 from autopar.search.layouts import best_layout, brute_force, chain_dp, compositions, cpsat_layout, objectives_of
-from costmodels.layout import LayoutTables, layout_tables, price_layout, uniform_layout
+from costmodels.errors import InputError
+from costmodels.layout import LayoutTables, layout_tables, price_layout, uniform_layout, with_layout
 from costmodels.plan import Plan
 from costmodels.specs import TrainingSpec
 
@@ -284,12 +285,14 @@ def test_a_layout_has_one_price_whatever_split_the_search_started_from():
     cluster = autopar.make_cluster(gpu="h100", num_gpus=2048)
     training = TrainingSpec(seq_len=4096, global_batch_size=4096)
     layout = (5,) + (4,) * 14 + (0,)
-    knobs = dict(tp=2, pp=16, cp=2, ep=8, etp=1, mbs=1, sp=True, zero=1, layout=layout)
-    plain = autopar.estimate(model, cluster, training, Plan(**knobs))
-    for first, last in ((0, 1), (3, 2), (5, 0)):
-        split = Plan(**knobs, first_stage_layers=first, last_stage_layers=last)
-        assert (split.first_stage_layers, split.last_stage_layers) == (0, 0)
-        assert autopar.estimate(model, cluster, training, split).step_time_s == plain.step_time_s
+    knobs = dict(tp=2, pp=16, cp=2, ep=8, etp=1, mbs=1, sp=True, zero=1)
+    plain = autopar.estimate(model, cluster, training, Plan(**knobs, layout=layout))
+    for first, last in ((0, 1), (3, 2), (5, 0)):       # a split beside the layout is refused, not kept or dropped
+        with pytest.raises(InputError, match="takes no first/last stage split"):
+            Plan(**knobs, layout=layout, first_stage_layers=first, last_stage_layers=last)
+        structure = Plan(**knobs, first_stage_layers=first, last_stage_layers=last)   # a search's structure
+        assert autopar.estimate(model, cluster, training, with_layout(structure, layout)).step_time_s == \
+            plain.step_time_s
     front = autopar.solve(autopar.load_model("llama-3.1-8b"), autopar.make_cluster(gpu="h100", num_gpus=32),
                           TrainingSpec(seq_len=4096, global_batch_size=256), fix={"pp": 4, "tp": 2, "vpp": 2})
     refined, _ = refine_front(front)
@@ -387,3 +390,16 @@ def test_solve_searches_layouts_by_default_repeatably_and_says_so():
     assert not any(p["plan"].get("layout") for p in documents[2]["points"])
     bad = solve("--layouts-budget", "0")
     assert bad.returncode == 2 and "layouts_budget" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_pinned_split_is_not_replaced_by_layouts():
+    """--fix first/last_stage_layers keeps the split; a layout replaces it, so no layout plan may leave the pins."""
+    from autopar.search.refine import refine_front
+    from autopar.search.solve import controls_from
+
+    fix = {"pp": 4, "tp": 2, "first_stage_layers": 6, "last_stage_layers": 6}
+    front = autopar.solve(autopar.load_model("llama-3.1-8b"), autopar.make_cluster(gpu="h100", num_gpus=32),
+                          TrainingSpec(seq_len=4096, global_batch_size=256), fix=fix)
+    refined, refinements = refine_front(front, controls=controls_from(fix))
+    assert not refinements and not any(p.plan.layout for p in refined.points)
+    assert "your controls on the first/last split" in refined.notes[-1]

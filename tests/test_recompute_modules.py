@@ -95,3 +95,16 @@ def test_solve_can_pick_a_module_set():
                           fix={"recompute": "selective", "tp": 1, "pp": 1})
     assert front and {p.plan.recompute_modules for p in front} - {0}
     assert np.all([p.plan.recompute is Recompute.SELECTIVE for p in front])
+
+
+def test_modules_a_model_lacks_are_warned_about():
+    """moe/moe_act/shared_experts on a dense model and mla_up_proj without MLA recompute nothing: said, per kind."""
+    import autopar
+    from autopar.commands import plan_input_warnings
+
+    dense = autopar.load_model("llama-3.1-8b")
+    warnings = plan_input_warnings(dense, TrainingSpec(), sel("moe,mla_up_proj,layernorm"))
+    assert len(warnings) == 2 and "moe has no effect" in warnings[0] and "mla_up_proj has no effect" in warnings[1]
+    assert plan_input_warnings(dense, TrainingSpec(), sel("layernorm,mlp")) == []
+    moe = autopar.load_model("deepseek-v3")
+    assert plan_input_warnings(moe, TrainingSpec(), sel("moe_act,mla_up_proj,shared_experts")) == []

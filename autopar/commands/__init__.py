@@ -21,10 +21,9 @@ if TYPE_CHECKING:  # only for annotations: importing the specs pulls in numpy
     from costmodels.plan import Plan
     from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
+from costmodels.specs import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN  # noqa: E402 (autopar.cli has it loaded already)
+
 DEFAULT_GPU = "h100"
-DEFAULT_SEQ_LEN = 4096
-DEFAULT_GLOBAL_BATCH = 1024
-"""--seq-len and --global-batch when not given."""
 
 
 # ---- argument types: a bad value is one line naming the flag (argparse prefixes 'argument --flag: ') ------------
@@ -314,7 +313,20 @@ def plan_input_warnings(model: "ModelSpec", training: "TrainingSpec", plan: "Pla
                         "only with EP > 1, an interleaved pipeline (--vpp > 1) when pp > 1, no full recompute, "
                         "'moe' not recomputed and at most one MTP layer; the all-to-all is priced exposed and the "
                         "flag is not exported")
+    from costmodels.plan import RecomputeModule
+
+    modules = RecomputeModule.names(plan.recompute_modules)
+    for idle, lacks in (([m for m in modules if m in MOE_ONLY_MODULES and not model.is_moe], "no MoE layers"),
+                        ([m for m in modules if m == "mla_up_proj" and model.mla is None],
+                         "no multi-latent attention")):
+        if idle:
+            warnings.append(f"--recompute-modules {','.join(idle)} has no effect: {model.name} has {lacks} "
+                            "(Megatron-Core recomputes nothing there)")
     return warnings
+
+
+MOE_ONLY_MODULES = ("moe_act", "moe", "shared_experts")
+"""Recompute modules that exist only in MoE layers (Megatron-Core recompute_modules)."""
 
 
 def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:

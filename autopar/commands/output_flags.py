@@ -28,7 +28,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from autopar.commands import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN, given_plan_flags, integer
+from autopar.commands import given_plan_flags, integer
 
 if TYPE_CHECKING:
     from autopar.megatron_args import MegatronRun
@@ -129,14 +129,19 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
         raise InputError("from-megatron-args", f"the plan comes from the Megatron-LM command; drop "
                                                f"{', '.join(typed)} (or edit the command)")
     run = parse_megatron_args(read_megatron_source(source), num_layers=num_layers)
+    from costmodels.specs import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN
+
     untyped = {"seq_len": DEFAULT_SEQ_LEN, "global_batch": DEFAULT_GLOBAL_BATCH}   # a value besides these was typed
-    for name, flag, command_flag in (("seq_len", "--seq-len", "--seq-length"),
+    seq_flag = "--seq-length" if "--seq-length" in run.flags else "--encoder-seq-length"
+    for name, flag, command_flag in (("seq_len", "--seq-len", seq_flag),
                                      ("global_batch", "--global-batch", "--global-batch-size")):
         typed, imported = getattr(args, name, None), run.training.get(
             "seq_len" if name == "seq_len" else "global_batch_size")
         if imported is not None and typed not in (None, untyped[name], imported):
-            raise InputError(name, f"{flag} {typed} contradicts the Megatron-LM command's {command_flag} {imported}; "
-                                   f"drop {flag} (or edit the command)")
+            theirs = (f"{command_flag} {imported}" if command_flag in run.flags else
+                      f"default global batch (micro-batch × dp) {imported}")
+            raise InputError(name, f"{flag} {typed} contradicts the Megatron-LM command's {theirs}; drop {flag} (or "
+                                   "edit the command)")
     stream = stderr if stderr is not None else sys.stderr
     typed_gpus = getattr(args, "num_gpus", None)
     if run.num_gpus is not None and typed_gpus is not None and typed_gpus != run.num_gpus:

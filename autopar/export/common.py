@@ -182,12 +182,24 @@ def mcore_router_fields(model: ModelSpec) -> dict[str, object]:
 
 
 def router_note(model: ModelSpec) -> list[str]:
-    """The one router Megatron-Core cannot build as the model has it: softmax at top-1 without pre-softmax."""
+    """The routers Megatron-Core cannot build as the model has them (megatron/core/transformer/moe/moe_utils.py
+    topk_routing_with_score_function, group_limited_topk): softmax at top-1 without pre-softmax, sigmoid scores left
+    unnormalised at top-k > 1 (Megatron renormalises them), groups scored by their best expert (Megatron sums the
+    top top_k / group_topk of each group)."""
     moe = model.moe
-    if moe is None or moe.top_k > 1 or moe.router.score_function != "softmax" or moe.router.pre_softmax:
+    if moe is None:
         return []
-    return ["a softmax router at top-1 weights its expert by 1 (a softmax over one logit), which Megatron-Core refuses; "
-            "written as --moe-router-pre-softmax, the expert's softmax probability over all experts"]
+    router, notes = moe.router, []
+    if moe.top_k == 1 and router.score_function == "softmax" and not router.pre_softmax:
+        notes.append("a softmax router at top-1 weights its expert by 1 (a softmax over one logit), which Megatron-Core "
+                     "refuses; written as --moe-router-pre-softmax, the expert's softmax probability over all experts")
+    if moe.top_k > 1 and router.score_function != "softmax" and not router.renormalised:
+        notes.append(f"the {router.score_function} router keeps its top-{moe.top_k} weights unnormalised "
+                     "(norm_topk_prob false); Megatron-Core renormalises them to sum to 1")
+    if router.num_groups and router.group_by_max:
+        notes.append("group-limited routing scores each group by its best expert (group_limited_greedy); "
+                     f"Megatron-Core scores it by the sum of its top {max(moe.top_k // router.group_topk, 1)}")
+    return notes
 
 
 def moe_dispatcher_fields(estimate: Estimate) -> dict[str, str]:

@@ -157,11 +157,18 @@ def _deepspeed(estimate: Estimate, config: LaunchConfig) -> list[str]:
 
 # ---- Megatron-LM -----------------------------------------------------------------------------------------------
 
+def command_words(text: str) -> list[str]:
+    """The words of an emitted command line as the program receives them: comments dropped, the continuation lines
+    joined, and the words split and unquoted by shell rules (the text is pasted into a shell), so quoting the shell
+    would strip is tested, not assumed."""
+    return shlex.split(" ".join(line.rstrip(" \\").strip() for line in text.splitlines()
+                                if line.strip() and not line.startswith("#")))
+
+
 def megatron_command(text: str) -> tuple[dict[str, str | None], list[str]]:
     """(environment changes, pretrain_gpt.py flags) of an emitted Megatron-LM launch line: `VAR=value` prefixes and
     `env -u VAR` (None: unset)."""
-    words = shlex.split(" ".join(line.rstrip("\\").strip() for line in text.splitlines()
-                                 if line.strip() and not line.startswith("#")))
+    words = command_words(text)
     env: dict[str, str | None] = {}
     while words and words[0] != "torchrun":
         word = words.pop(0)
@@ -230,7 +237,28 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
         expected["rotary_percent"], actual["rotary_percent"] = model.rope.rotary_fraction, args.rotary_percent
         expected["rope_scaling"] = model.rope.factor if model.rope.scaling == "llama3" else None
         actual["rope_scaling"] = args.rope_scaling_factor if args.use_rope_scaling else None
+        rope = model.rope
+        if model.mla is not None:   # MLATransformerConfig's own yarn fields (rope_type yarn by default)
+            yarn = {"rope_type": "yarn" if rope.scaling == "yarn" else "rope"}
+            if rope.scaling == "yarn":
+                yarn.update(rotary_scaling_factor=rope.factor, mscale=rope.mscale, mscale_all_dim=rope.mscale_all_dim)
+        elif rope.scaling == "yarn":   # GPTModel's yarn position type reads config.yarn_*
+            yarn = {"yarn_rotary_scaling_factor": rope.factor, "yarn_mscale": rope.mscale,
+                    "yarn_mscale_all_dim": rope.mscale_all_dim,
+                    "yarn_original_max_position_embeddings": rope.original_max_positions,
+                    "yarn_beta_fast": rope.beta_fast, "yarn_beta_slow": rope.beta_slow,
+                    "yarn_correction_range_round_to_int": rope.round_to_int}
+            expected["position_embedding_type"], actual["position_embedding_type"] = "yarn", \
+                args.position_embedding_type
+        else:
+            yarn = {}
+        expected.update({f"rope {name}": value for name, value in yarn.items()})
+        actual.update({f"rope {name}": getattr(core, name, None) for name in yarn})
     expected["qk_layernorm"], actual["qk_layernorm"] = model.qk_layernorm, bool(core.qk_layernorm)
+    expected["qk_l2_norm"], actual["qk_l2_norm"] = model.qk_l2_norm, bool(getattr(core, "qk_l2_norm", False))
+    interval = model.nope_layer_interval if model.num_layers % max(model.nope_layer_interval, 1) == 0 else 0
+    expected["nope_layers"] = [int((i + 1) % interval == 0) for i in range(model.num_layers)] if interval else None
+    actual["nope_layers"] = list(core.no_rope_freq) if getattr(core, "no_rope_freq", None) else None
     if model.moe is not None:
         defaults = {"moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
                     "moe_router_enable_expert_bias": False, "moe_router_num_groups": None,
@@ -322,12 +350,7 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
 
 # ---- verl ------------------------------------------------------------------------------------------------------
 
-def hydra_overrides(text: str) -> list[str]:
-    """The override arguments of an emitted command line as the program receives them: comments dropped, the
-    continuation lines joined, and the words split and unquoted by shell rules (the text is pasted into a shell
-    after the command), so quoting the shell would strip is tested, not assumed."""
-    return shlex.split(" ".join(line.rstrip(" \\").strip() for line in text.splitlines()
-                                if line.strip() and not line.startswith("#")))
+
 
 
 def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
@@ -338,7 +361,7 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
     from verl.utils.config import validate_config
 
     with initialize_config_dir(config_dir=os.path.dirname(verl_config.__file__), version_base=None):
-        composed = compose(config_name="ppo_megatron_trainer", overrides=hydra_overrides(config.text))
+        composed = compose(config_name="ppo_megatron_trainer", overrides=command_words(config.text))
     with contextlib.redirect_stdout(io.StringIO()):
         validate_config(composed, use_reference_policy=True, use_critic=False)
     megatron = composed.actor_rollout_ref.actor.megatron
@@ -444,7 +467,7 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     strategy: dict[str, object] = {}
     model_config: dict[str, object] = {}
-    for override in hydra_overrides(config.text):
+    for override in command_words(config.text):
         key, _, text = override.partition("=")
         value = _nemo_run_value(text)
         section, _, name = key.rpartition(".")
@@ -533,7 +556,7 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
     cfg = OmegaConf.create({k: ({n: _plain(v) for n, v in s.items()} if isinstance(s, dict) else s)
                             for k, s in sections.items()})
     OmegaConf.set_struct(cfg, True)   # megatron/bridge/training/utils/omegaconf_utils.py parse_hydra_overrides
-    parsed = OverridesParser.create().parse_overrides(overrides=hydra_overrides(config.text))
+    parsed = OverridesParser.create().parse_overrides(overrides=command_words(config.text))
     ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
     final = {name: value for name, value in OmegaConf.to_container(cfg.model).items()
              if name in _transformer_fields() and value is not None and name not in ("num_layers",)}

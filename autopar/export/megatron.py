@@ -148,16 +148,19 @@ def model_flags(model: ModelSpec) -> list[Flag]:
     elif model.mlp is MlpKind.SQUARED_RELU:
         flags.append(("--squared-relu", None))                      # Nemotron-4: relu(x)^2, no gate
     flags.append(("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"))
-    # Megatron-Core has no ALiBi: 'none' builds the same parameters (BLOOM's biases are not trained weights)
-    flags.append(("--position-embedding-type", {PositionEmbedding.ROPE: "rope", PositionEmbedding.LEARNED:
-                                                "learned_absolute", PositionEmbedding.ALIBI: "none"}[
-                                                    model.position_embedding]))
+    flags.append(("--position-embedding-type", position_embedding_type(model)))
     flags += rope_flags(model)
     if model.qk_layernorm:
         flags.append(("--qk-layernorm", None))
+    if model.qk_l2_norm:
+        flags.append(("--qk-l2-norm", None))
+    if model.nope_layer_interval and model.num_layers % model.nope_layer_interval == 0:   # TransformerConfig asserts
+        flags.append(("--no-rope-freq", str(model.nope_layer_interval)))                # the interval divides them
     if model.sliding_window:
-        # --window-size (left, right) and --window-attn-skip-freq 2: one full layer after each window layer (GPT-OSS)
-        flags.append(("--window-size", f"({model.sliding_window},0)"))
+        # --window-size (left, right) and --window-attn-skip-freq 2: one full layer after each window layer (GPT-OSS).
+        # Hugging Face's window counts the query's own token (mask kv > q - window): left = window - 1, as
+        # Megatron-Bridge's GPT-OSS bridge writes it
+        flags.append(("--window-size", f"({model.sliding_window - 1},0)"))
         full_layers = model.num_layers - model.sliding_window_layers
         if full_layers:
             flags.append(("--window-attn-skip-freq", str(round(model.num_layers / full_layers))))
@@ -176,7 +179,7 @@ def model_flags(model: ModelSpec) -> list[Flag]:
         flags += [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
                   ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
                   ("--moe-grouped-gemm", None)]   # export.common.mcore_moe_fields
-        flags += [("--" + name.replace("_", "-"), None if value is True else f"{value:g}" if isinstance(value, float)
+        flags += [("--" + name.replace("_", "-"), None if value is True else _number(value) if isinstance(value, float)
                    else str(value)) for name, value in mcore_router_fields(model).items()]
         if moe.num_shared_experts:
             flags.append(("--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)))
@@ -198,41 +201,76 @@ def model_flags(model: ModelSpec) -> list[Flag]:
 MEGATRON_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_positions": 8192}
 """What --use-rope-scaling applies besides its factor: Megatron-Core's Llama 3.1 frequency scaling with these fixed
 (megatron/core/models/common/embeddings/rotary_pos_embedding.py RotaryEmbedding._apply_scaling defaults)."""
+MLA_YARN_FIXED = {"original_max_positions": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+"""MLATransformerConfig's yarn fields no Megatron-LM flag sets (megatron/core/transformer/transformer_config.py:
+original_max_position_embeddings, beta_fast, beta_slow); its rope_type is yarn unless --rope-type rope."""
+
+
+def _number(value: float) -> str:
+    """A float flag value without losing digits (2.5, 0.707, 1e-05)."""
+    return repr(float(value)) if float(value) != int(value) else str(int(value))
+
+
+def position_embedding_type(model: ModelSpec) -> str:
+    """--position-embedding-type: Megatron-Core has no ALiBi ('none' builds the same parameters: BLOOM's biases are
+    not trained weights); yarn-scaled RoPE outside MLA is its own type ('yarn', GPTModel's yarn branch)."""
+    if model.position_embedding is PositionEmbedding.ROPE:
+        yarn = model.rope is not None and model.rope.scaling == "yarn" and model.mla is None
+        return "yarn" if yarn else "rope"
+    return {PositionEmbedding.LEARNED: "learned_absolute", PositionEmbedding.ALIBI: "none"}[model.position_embedding]
 
 
 def rope_flags(model: ModelSpec) -> list[Flag]:
-    """--rotary-base (Megatron's default is 10000), --rotary-percent for partial rotary, and --use-rope-scaling /
-    --rope-scaling-factor for Llama 3.1-style scaling; other scalings are a note (`rope_note`)."""
+    """The rotary settings as Megatron-LM takes them: --rotary-base (its default is 10000), --rotary-percent for
+    partial rotary, Llama 3.1 scaling as --use-rope-scaling / --rope-scaling-factor, and yarn: under MLA the
+    scaling factor and attention scales of MLATransformerConfig's yarn (--rotary-scaling-factor, --mscale,
+    --mscale-all-dim; --rope-type rope for an MLA model without yarn), elsewhere the yarn position type's
+    (argument_utils._apply_yarn_config_from_args: those three and --yarn-original-max-position-embeddings,
+    --yarn-beta-fast, --yarn-beta-slow, --no-yarn-correction-range-round-to-int). Other scalings: `rope_note`."""
     rope = model.rope
     if rope is None or model.position_embedding is not PositionEmbedding.ROPE:
         return []
     flags: list[Flag] = [("--rotary-base", f"{rope.theta:.0f}")]
     if rope.rotary_fraction < 1.0:
-        flags.append(("--rotary-percent", f"{rope.rotary_fraction:g}"))
+        flags.append(("--rotary-percent", _number(rope.rotary_fraction)))
     if rope.scaling == "llama3":
-        flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", f"{rope.factor:g}")]
+        flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", _number(rope.factor))]
+    if rope.scaling == "yarn":
+        flags += [("--rotary-scaling-factor", _number(rope.factor)), ("--mscale", _number(rope.mscale)),
+                  ("--mscale-all-dim", _number(rope.mscale_all_dim))]
+        if model.mla is None:
+            flags += [("--yarn-original-max-position-embeddings", str(rope.original_max_positions)),
+                      ("--yarn-beta-fast", _number(rope.beta_fast)), ("--yarn-beta-slow", _number(rope.beta_slow))]
+            if not rope.round_to_int:
+                flags.append(("--no-yarn-correction-range-round-to-int", None))
+    elif model.mla is not None:
+        flags.append(("--rope-type", "rope"))
     return flags
 
 
 def rope_note(model: ModelSpec) -> list[str]:
-    """The rotary settings Megatron-LM's GPT flags cannot give this model."""
+    """The rotary settings Megatron-LM's flags cannot give this model."""
     rope = model.rope
     if rope is None:
         return []
-    notes = [] if rope.theta == round(rope.theta) else [
+    notes = [] if not model.nope_layer_interval or model.num_layers % model.nope_layer_interval == 0 else [
+        f"every {model.nope_layer_interval}th layer is NoPE, which does not divide the {model.num_layers} layers: "
+        "--no-rope-freq not written (Megatron-Core asserts it divides them); the command applies RoPE everywhere"]
+    notes += [] if rope.theta == round(rope.theta) else [
         f"rope_theta {rope.theta:g} written as --rotary-base {rope.theta:.0f} (Megatron-LM reads a whole number)"]
-    if not rope.scaling:
-        return notes
-    if rope.scaling == "llama3":
-        own = {"low_freq_factor": rope.low_freq_factor, "high_freq_factor": rope.high_freq_factor,
-               "original_max_positions": rope.original_max_positions}
-        differ = [f"{name} {own[name]:g} (Megatron {fixed:g})" for name, fixed in MEGATRON_LLAMA3_SCALING.items()
-                  if own[name] and own[name] != fixed]
-        return notes + ([f"--use-rope-scaling fixes the Llama 3.1 scaling's other values; this model has "
-                         f"{', '.join(differ)}"] if differ else [])
-    return notes + [f"rope scaling {rope.scaling} (factor {rope.factor:g}, trained at {rope.original_max_positions} "
-                    "tokens) is not a Megatron-LM GPT flag here: set it in your recipe (Megatron-Bridge's model "
-                    "provider does)"]
+    own = {"low_freq_factor": rope.low_freq_factor, "high_freq_factor": rope.high_freq_factor,
+           "original_max_positions": rope.original_max_positions, "beta_fast": rope.beta_fast,
+           "beta_slow": rope.beta_slow}
+    fixed = {"llama3": MEGATRON_LLAMA3_SCALING, "yarn": MLA_YARN_FIXED if model.mla is not None else {}}.get(
+        rope.scaling)
+    if fixed is None and rope.scaling:
+        return notes + [f"rope scaling {rope.scaling} (factor {rope.factor:g}) has no Megatron-LM flag: the command "
+                        "builds unscaled RoPE; set it in your recipe"]
+    differ = [f"{name} {own[name]:g} (Megatron {value:g})" for name, value in (fixed or {}).items()
+              if own[name] and own[name] != value]
+    if differ:
+        notes.append(f"Megatron-LM fixes the rest of the {rope.scaling} scaling; this model has {', '.join(differ)}")
+    return notes
 
 
 def _moe_layer_pattern(model: ModelSpec) -> str | None:

@@ -67,7 +67,7 @@ def _value(value: object) -> str:
     """An override's value as one shell word that reaches the program as both of its parsers read it: Hydra's
     override grammar (Megatron-Bridge's parse_hydra_overrides) and NeMo-Run's CLI parser (`nemo llm pretrain`,
     nemo_run/cli/cli_parser.py: literal_eval for a list, surrounding quotes stripped from a string). null, true/false,
-    numbers and bare words as they are; a list as a Python list of quoted strings, ['a','b'] (both grammars); a
+    numbers and bare words as they are; a list as a Python list literal, strings quoted, ['a','b'] (both grammars); a
     string with Hydra's special characters (a layout) in quotes, 'Et*8|(t*4|)*3,t*7L' -- each inside shell quotes,
     which the shell strips (export.common.shell_word)."""
     if value is None:
@@ -75,7 +75,7 @@ def _value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return shell_word("[" + ",".join(_quoted(str(v)) for v in value) + "]")
+        return shell_word("[" + ",".join(_quoted(v) if isinstance(v, str) else repr(v) for v in value) + "]")
     text = str(value)
     if isinstance(value, str) and any(c in text for c in "|*(),= '[]{}"):
         return shell_word(_quoted(text))
@@ -85,7 +85,6 @@ def _value(value: object) -> str:
 def _quoted(text: str) -> str:
     """A quoted string in Hydra's and Python's common syntax."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
 
 
 def nemo2_config(estimate: Estimate) -> LaunchConfig:

@@ -291,8 +291,9 @@ def explain_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 TIE_TIME_S = 2e-6
 TIE_MEMORY_BYTES = 2 * 2 ** 20
-"""How close to a front point an undominated plan inside the controls is: within the search's rounding (its integer
-objectives are µs and MiB), with a unit of slack for the two roundings."""
+"""How close to a front point an undominated plan outside the controls must be to count as a tie: the search's
+rounding (its integer objectives are µs and MiB), with a unit of slack for the two roundings. Inside the controls an
+undominated plan can only be such a tie."""
 
 
 def _explain_against_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
@@ -328,16 +329,16 @@ def _explain_against_front(model: ModelSpec, cluster: ClusterSpec, training: Tra
             return PlanExplanation(plan, "ties_front", (
                 f"not dominated: it ties front point #{nearest} ({point.plan.short()}) within the rounding of the "
                 "search (1 µs, 1 MiB); the front lists the plan first in the tie-break order",), front_index=nearest)
-        faster = [i for i, p in enumerate(front.points) if p.peak_memory_bytes <= mine.peak_memory_bytes]
-        at_memory = front.points[faster[0]] if faster else None
-        versus = (f"the fastest front point at or below its memory, #{faster[0]} ({at_memory.plan.short()}), "
+        within = [i for i, p in enumerate(front.points) if p.peak_memory_bytes <= mine.peak_memory_bytes]
+        at_memory = front.points[within[0]] if within else None
+        versus = (f"the fastest front point at or below its memory, #{within[0]} ({at_memory.plan.short()}), "
                   f"takes {at_memory.step_time_s:.3f} s against its {my_time:.3f} s"
                   if at_memory is not None else
                   f"every front point needs more memory than its {mine.peak_memory_bytes / GIB:.1f} GiB")
         return PlanExplanation(plan, "beats_front", (
             f"not dominated: no point of the front searched within your controls is as fast at this memory; "
             f"{versus} ({mine.peak_memory_bytes / GIB:.1f} GiB); loosen the controls to search it",),
-            front_index=faster[0] if faster else None)
+            front_index=within[0] if within else None)
     # the fastest front point at or below this plan's memory
     index, better = min(dominating, key=lambda ip: (ip[1].step_time_s, ip[0]))
     differences = {term: mine.time_terms_s.get(term, 0.0) - better.time_terms_s.get(term, 0.0)

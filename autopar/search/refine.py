@@ -203,7 +203,7 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
     overtake it, added, and recomputed. `budget_s` None: the default fixed amount of work (DEFAULT_FRONT_STRUCTURES,
     repeatable); else a wall-clock budget. `controls` (autopar.search.space.Controls) and `extra_rules` are the
     search's own, so near-front candidates stay within them."""
-    from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, prices_layouts, uniform_layout
+    from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, prices_layouts, uniform_layout, with_layout
     from costmodels.scoring import plan_estimates
 
     start = time.perf_counter()
@@ -211,6 +211,14 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
     if not prices_layouts(training):
         note = (f"per-stage pipeline layouts not searched: they are priced for 1F1B, and the schedule is "
                 f"{training.pipeline_schedule.value}")
+        return dataclasses.replace(front, notes=tuple(front.notes) + (note,)), []
+    split_controls = [f"{kind} {knob}" for kind, values in (("fix", getattr(controls, "fix", {})),
+                                                              ("min", getattr(controls, "minimum", {})),
+                                                              ("max", getattr(controls, "maximum", {})))
+                      for knob in values if knob in ("first_stage_layers", "last_stage_layers")]
+    if split_controls:   # a layout replaces the first/last split: its plans would leave those controls
+        note = (f"per-stage pipeline layouts not searched: your controls on the first/last split "
+                f"({', '.join(split_controls)}) keep the split, which a layout replaces")
         return dataclasses.replace(front, notes=tuple(front.notes) + (note,)), []
     refinements: list[Refinement] = []
     seen: set = set()
@@ -266,7 +274,7 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
         for point in candidates:
             consider(point, is_near=True)
     added = plan_estimates(model, cluster, training,
-                           [dataclasses.replace(r.parent.plan, layout=r.best_layout) for r in refinements
+                           [with_layout(r.parent.plan, r.best_layout) for r in refinements
                             if r.best_layout != r.uniform_layout], relax=front.relaxed_rules)
     points = list(front.points) + [p for p in added if not p.violations]
     kept = [p for p in points

@@ -75,12 +75,12 @@ class Controls:
         for knob, value in self.fix.items():
             low, high = self.minimum.get(knob), self.maximum.get(knob)
             if (low is not None and value < low) or (high is not None and value > high):
-                bound = f"--min {knob}={low}" if low is not None and value < low else f"--max {knob}={high}"
-                raise InputError(knob, f"--fix {knob}={value} is outside {bound}; drop one of them")
+                bound = f"min {knob}={low}" if low is not None and value < low else f"max {knob}={high}"
+                raise InputError(knob, f"fix {knob}={value} is outside {bound}; drop one of them")
         for knob, low in self.minimum.items():
             high = self.maximum.get(knob)
             if high is not None and low > high:
-                raise InputError(knob, f"--min {knob}={low} is above --max {knob}={high}; nothing can be searched")
+                raise InputError(knob, f"min {knob}={low} is above max {knob}={high}; nothing can be searched")
 
 
 POSITIVE_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "mbs")
