@@ -62,8 +62,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from costmodels.errors import InputError
-from costmodels.specs import (ROUTER_SCORE_FUNCTIONS, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind,
-                              PositionEmbedding, RopeSpec, RouterSpec)
+from costmodels.specs import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding, RopeSpec, RouterSpec
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 """The one place the preset list lives: every `<name>.json` in this folder is the preset `<name>`."""

@@ -265,10 +265,7 @@ def plan_from_args(args: argparse.Namespace) -> "Plan":
     if getattr(args, "recompute_modules", None) is not None and str(knobs["recompute"]).strip().lower() != "selective":
         raise InputError("recompute_modules", "--recompute-modules only applies with --recompute selective; add it "
                                               "or drop --recompute-modules")
-    if knobs["layout"] and (knobs["first_stage_layers"] or knobs["last_stage_layers"]):
-        raise InputError("layout", "--layout places every decoder layer, so it takes no --first-stage-layers / "
-                                   "--last-stage-layers; drop them")
-    return Plan(**knobs)
+    return Plan(**knobs)   # Plan refuses a layout with a first/last split beside it
 
 
 def specs_from_args(args: argparse.Namespace, load_model: "Callable[[], ModelSpec] | None" = None,

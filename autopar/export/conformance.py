@@ -350,9 +350,6 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
 
 # ---- verl ------------------------------------------------------------------------------------------------------
 
-
-
-
 def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
     verl_config = _require("verl.trainer.config", "verl")
     from hydra import compose, initialize_config_dir

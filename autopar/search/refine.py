@@ -212,10 +212,10 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
         note = (f"per-stage pipeline layouts not searched: they are priced for 1F1B, and the schedule is "
                 f"{training.pipeline_schedule.value}")
         return dataclasses.replace(front, notes=tuple(front.notes) + (note,)), []
-    split_controls = [f"{kind} {knob}" for kind, values in (("fix", getattr(controls, "fix", {})),
-                                                              ("min", getattr(controls, "minimum", {})),
-                                                              ("max", getattr(controls, "maximum", {})))
-                      for knob in values if knob in ("first_stage_layers", "last_stage_layers")]
+    split_controls = [] if controls is None else [
+        f"{kind} {knob}" for kind, values in (("fix", controls.fix), ("min", controls.minimum),
+                                              ("max", controls.maximum))
+        for knob in values if knob in ("first_stage_layers", "last_stage_layers")]
     if split_controls:   # a layout replaces the first/last split: its plans would leave those controls
         note = (f"per-stage pipeline layouts not searched: your controls on the first/last split "
                 f"({', '.join(split_controls)}) keep the split, which a layout replaces")
