@@ -16,10 +16,10 @@ from autopar.results import ParetoFront
 from autopar.search.solve import solve
 from costmodels.plan import Plan, Recompute
 from costmodels.scoring import Estimate, estimate
-from costmodels.specs import (ClusterSpec, CrossEntropyKernel, ExpertGemm, ModelSpec, PipelineSchedule, Precision,
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, ExpertGemm, Fp8Recipe, ModelSpec, PipelineSchedule, Precision,
                               TrainingSpec)
 
 __all__ = [
-    "ClusterSpec", "CrossEntropyKernel", "Estimate", "ExpertGemm", "Infeasible", "InputError", "ModelSpec", "ParetoFront",
+    "ClusterSpec", "CrossEntropyKernel", "Estimate", "ExpertGemm", "Fp8Recipe", "Infeasible", "InputError", "ModelSpec", "ParetoFront",
     "PipelineSchedule", "Plan", "Precision", "Recompute", "Training", "TrainingSpec", "estimate", "load_model", "make_cluster", "solve",
 ]

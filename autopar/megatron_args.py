@@ -18,7 +18,7 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
 - batch and memory: --micro-batch-size, --global-batch-size, --seq-length, --recompute-activations,
   --recompute-granularity/-method/-num-layers, --use-distributed-optimizer, Megatron-FSDP
   (--use-megatron-fsdp/--use-custom-fsdp with --data-parallel-sharding-strategy), --use-torch-fsdp2, --bf16, --fp16,
-  --fp8-format;
+  --fp8-format with --fp8-recipe;
 - MoE dispatch: --moe-token-dispatcher-type with --moe-flex-dispatcher-backend (or the older --moe-enable-deepep);
 - the pipeline schedule of sail-sg's zero-bubble fork: --enable-zero-bubble with --zero-bubble-max-pending-backward
   pp or 2·pp (zb-1p, zb-2p); without them 1f1b;
@@ -54,7 +54,7 @@ VALUE_FLAGS = frozenset({
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--micro-batch-size", "--global-batch-size", "--seq-length", "--encoder-seq-length",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--data-parallel-sharding-strategy",
-    "--fp8-format", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--fp8-format", "--fp8-recipe", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward",
@@ -112,7 +112,7 @@ class MegatronRun:
 
     plan: Plan
     training: dict[str, Any]
-    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8'), the overlap
+    """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8'), fp8_recipe, the overlap
     switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap, overlap_p2p_comm), the
     attention backend, the MoE dispatcher and the loss kernels (cross_entropy)."""
     num_gpus: int | None
@@ -531,6 +531,25 @@ def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
     return "bf16"
 
 
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+"""--fp8-recipe's choices that autopar prices (TransformerConfig.fp8_recipe; 'custom' takes a quantizer factory)."""
+
+
+def _fp8_recipe(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, str]:
+    """The FP8 recipe: --fp8-recipe, Megatron-Core's default 'delayed' without it; read only with --fp8-format."""
+    recipe = flags.get("--fp8-recipe")
+    if not flags.get("--fp8-format"):
+        if recipe:
+            notes.append(f"--fp8-recipe {recipe} without --fp8-format: Megatron-LM trains without fp8, so it is "
+                         "ignored")
+        return {}
+    recipe = str(recipe or "delayed")
+    if recipe not in FP8_RECIPES:
+        raise InputError(INPUT_NAME, f"--fp8-recipe {recipe}: autopar prices {', '.join(FP8_RECIPES)} (a 'custom' "
+                                     "quantizer factory's kernels are unknown); use one of them")
+    return {"fp8_recipe": recipe}
+
+
 def _model_fields(flags: dict[str, "str | bool"]) -> dict[str, int]:
     model = {field_name: _integer(flags, flag) for flag, field_name in MODEL_FLAGS.items() if flag in flags}
     heads = model.get("num_attention_heads")
@@ -689,7 +708,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     except InputError as error:  # an unreadable launcher line only loses the GPU count: --gpus gives it
         notes.append(f"GPU count not read from the launcher ({error.message}); give --gpus")
         num_gpus = None
-    training: dict[str, Any] = {"precision": _precision(flags, notes)}
+    training: dict[str, Any] = {"precision": _precision(flags, notes), **_fp8_recipe(flags, notes)}
     training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
     training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
     training.update(_attention(flags, notes))

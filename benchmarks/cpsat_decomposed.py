@@ -96,7 +96,7 @@ from costmodels.comm import dp_cp_group, group_collective_time_s, pp_group, tp_g
 from costmodels.compute import layer_times_s
 from costmodels.memory import in_flight_microbatches
 from costmodels.params import stage_params_per_gpu
-from costmodels.steptime import candidate_stages
+from costmodels.steptime import candidate_stages, tp_block_s
 from costmodels.plan import PlanArrays
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -287,9 +287,9 @@ def _sequence_rules_hold(grid: dict[str, np.ndarray], ctx: Problem) -> np.ndarra
 def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                       domains: dict[str, tuple[int, ...]]) -> dict[str, FactorTable]:
     """T, A: dense layer forward and attention core forward (costmodels.compute.layer_times_s). B: one TP block's
-    collective, an all-reduce, or with SP an all-gather + reduce-scatter, of the b·(s/cp)·h activation
-    (costmodels.steptime.tp_comm_s; the H100 profile hides none of it). Valid: rules.sp_needs_tp, rules.cp_needs_sp_tp
-    and rules.cp_seq (with SP, tp divides seq/cp)."""
+    collectives, an all-reduce, or with SP an all-gather + reduce-scatter, of the b·(s/cp)·h activation
+    (costmodels.steptime.tp_block_s, as tp_comm_s sums them; the H100 profile hides none of it). Valid:
+    rules.sp_needs_tp, rules.cp_needs_sp_tp and rules.cp_seq (with SP, tp divides seq/cp)."""
     knobs = ("tp", "cp", "mbs", "sp")
     grid = _grid(domains, knobs)
     shape = grid["tp"].shape
@@ -297,12 +297,7 @@ def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
     plans = _plans(grid)
     profile = cluster.profile
     layer_fwd_s = layer_times_s(model, profile, training, plans).dense_layer_fwd_s
-    activation_bytes = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES
-    group = tp_group(plans, cluster.nvlink_domain_gpus)
-    all_reduce_s = group_collective_time_s(profile, group, "all_reduce", activation_bytes)
-    gather_scatter_s = (group_collective_time_s(profile, group, "all_gather", activation_bytes)
-                        + group_collective_time_s(profile, group, "reduce_scatter", activation_bytes))
-    tp_block_s = np.where(plans.sp, gather_scatter_s, all_reduce_s)
+    block_s = tp_block_s(model, cluster, training, plans)[0]
 
     core_knobs = ("tp", "cp", "mbs")
     core_grid = _grid(domains, core_knobs)
@@ -311,7 +306,7 @@ def layer_time_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
         "layer_fwd_units": FactorTable.of(knobs, np.rint(layer_fwd_s.reshape(shape) / TIME_UNIT_S), valid),
         "attention_core_fwd_units": FactorTable.of(
             core_knobs, np.rint(core_fwd_s.reshape(core_grid["tp"].shape) / TIME_UNIT_S), True),
-        "tp_block_units": FactorTable.of(knobs, np.rint(tp_block_s.reshape(shape) / TIME_UNIT_S), valid),
+        "tp_block_units": FactorTable.of(knobs, np.rint(block_s.reshape(shape) / TIME_UNIT_S), valid),
     }
 
 

@@ -55,7 +55,7 @@ from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import peak_memory  # noqa: E402
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule  # noqa: E402
-from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, ExpertGemm, MlpKind,  # noqa: E402
+from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, ExpertGemm, Fp8Recipe, MlpKind,  # noqa: E402
                               ModelSpec, NormKind, PipelineSchedule, PositionEmbedding, Precision, TrainingSpec)
 from costmodels.steptime import step_time_s  # noqa: E402
 
@@ -293,6 +293,23 @@ def _precision(text: str) -> Precision:
     return Precision.FP8 if ("fp8" in text or "float8" in text) else Precision.BF16
 
 
+def _precision_fields(text: str) -> dict[str, object]:
+    """TrainingSpec's precision and fp8_recipe from a source's precision column."""
+    return {"precision": _precision(text), "fp8_recipe": _fp8_recipe(text)}
+
+
+def _fp8_recipe(text: str) -> Fp8Recipe:
+    """The FP8 recipe a source's precision column names: MXFP8 as such; torchao's float8 (torchtitan's Float8Linear,
+    dynamic per-tensor scaling) as per-tensor current scaling; Transformer Engine's fp8 where no recipe is named
+    (llm-foundry's amp_fp8: te.fp8_autocast with DelayedScaling; 'fp8 (delayed scaling)') as delayed scaling."""
+    text = (text or "").lower()
+    if "mxfp8" in text:
+        return Fp8Recipe.MXFP8
+    if "float8" in text:
+        return Fp8Recipe.TENSORWISE
+    return Fp8Recipe.DELAYED
+
+
 def llm_foundry() -> "list[Case | Unexpressed]":
     """mosaicml/llm-foundry MPT benchmarks: FSDP only (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), micro-batch
     per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU. Attention: see
@@ -309,7 +326,7 @@ def llm_foundry() -> "list[Case | Unexpressed]":
                     _int(r, "vocab"), seq)
         kernel, attention_note = llm_foundry_attention(r, profile)
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]), attention_kernel=kernel,
+                                **_precision_fields(r["precision"]), attention_kernel=kernel,
                                 cross_entropy=LLM_FOUNDRY_LOSS)
         zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
         recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
@@ -582,7 +599,7 @@ def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note:
     gbs = _int(r, "global_batch_seqs") or mbs * dp
     # torchtitan's loss: PyTorch's cross entropy on the logits, outside the compiled blocks (no fused kernel)
     kernel = AttentionKernel.CUDNN if profile.name.startswith("b200") else AttentionKernel.FA2
-    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=_precision(r["precision"]),
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, **_precision_fields(r["precision"]),
                             attention_kernel=kernel, cross_entropy=CrossEntropyKernel.UNFUSED)
     recompute = Recompute.FULL if "full" in r["recompute"] else (
         Recompute.SELECTIVE if "selective" in r["recompute"] else Recompute.NONE)
@@ -671,7 +688,7 @@ def moe_folding() -> "list[Case | Unexpressed]":
         if seq is None:                          # Table 4: "same configurations as the performance experiments"
             seq, notes = 4096, ("seq 4096 of Table 3 (Table 4 does not restate it)",)
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]), moe_capacity_factor=1.0,
+                                **_precision_fields(r["precision"]), moe_capacity_factor=1.0,
                                 **(TUNED_OVERLAP if "FSDP" not in r["method"] else {}))
         tp, pp, cp, ep = _int(r, "tp", 1), _int(r, "pp", 1), _int(r, "cp", 1), _int(r, "ep", 1)
         etp = _int(r, "etp", 0) if "Folding" in r["method"] else tp
@@ -775,7 +792,7 @@ def modelzoo() -> "list[Case | Unexpressed]":
         model = preset("qwen3-235b-a22b")
         seq = _int(r, "seq_len")
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]),
+                                **_precision_fields(r["precision"]),
                                 moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""),
                                 moe_dispatcher="deepep" if "DeepEP" in r["method"] else "alltoall", **TUNED_OVERLAP)
         recompute, modules = _modelzoo_recompute(r["recompute"])
@@ -813,8 +830,8 @@ def modelzoo() -> "list[Case | Unexpressed]":
     return out
 
 
-MXFP8_NOTE = ("MXFP8 priced as autopar's fp8 (FP8 GEMMs at the fp8 peak, casts and the bf16 remainder as for "
-              "FP8; MXFP8's 1x32 block scales are not modelled apart)")
+MXFP8_NOTE = ("MXFP8 priced as fp8 recipe mxfp8 (FP8 GEMMs at the fp8 peak, the casts with both layouts and "
+              "their 1x32 block scales, SP all-gathers in fp8)")
 
 
 def dsv3_gb200() -> "list[Case | Unexpressed]":
@@ -840,7 +857,7 @@ def dsv3_gb200() -> "list[Case | Unexpressed]":
         gpus, seq, pp = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "pp")
         layout, mtp = parse_megatron_layout("Et|(tt|)*30L", pp)
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                precision=_precision(r["precision"]), **TUNED_OVERLAP)
+                                **_precision_fields(r["precision"]), **TUNED_OVERLAP)
         recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=pp, vpp=_int(r, "vpp"), cp=_int(r, "cp"), ep=_int(r, "ep"),
                      etp=_int(r, "etp"), mbs=_int(r, "micro_batch"), recompute=recompute,

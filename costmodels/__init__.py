@@ -7,11 +7,11 @@ Depends on numpy and pyyaml only. `costmodels.evaluate.evaluate` is the single e
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile, LinkSpec, bundled_profile_names, load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
-from costmodels.specs import (AttentionKernel, ClusterSpec, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
-                              Precision, RopeSpec, RouterSpec, TrainingSpec)
+from costmodels.specs import (AttentionKernel, ClusterSpec, Fp8Recipe, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind,
+                              PositionEmbedding, Precision, RopeSpec, RouterSpec, TrainingSpec)
 
 __all__ = [
-    "AttentionKernel", "ClusterSpec", "HardwareProfile", "InputError", "LinkSpec", "MLASpec", "MlpKind", "ModelSpec", "MoESpec",
+    "AttentionKernel", "ClusterSpec", "Fp8Recipe", "HardwareProfile", "InputError", "LinkSpec", "MLASpec", "MlpKind", "ModelSpec", "MoESpec",
     "NormKind", "Plan", "PlanArrays", "PositionEmbedding", "Precision", "Recompute", "RopeSpec", "RouterSpec", "TrainingSpec",
     "bundled_profile_names", "load_profile",
 ]

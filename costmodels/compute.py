@@ -61,7 +61,7 @@ from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
 from costmodels.plan import PlanArrays, Recompute, RecomputeModule, layers_on_stage, recomputes_module
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, MlpKind, ModelSpec, Precision, TrainingSpec
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, Fp8Recipe, MlpKind, ModelSpec, Precision, TrainingSpec
 
 BACKWARD_TO_FORWARD = 2.0
 """Backward runs two GEMMs (data gradient and weight gradient) per forward GEMM (arXiv 2104.04473, appendix)."""
@@ -252,6 +252,9 @@ class Gemm:
     grouped: bool = False
     """Routed experts: flops / 2mnk GEMMs of one expert's shape, a cuBLAS call each or one grouped kernel
     (TrainingSpec.expert_gemm; costmodels.moe_kernels.grouped_gemm_time_s)."""
+    sp_gathered_input: bool = False
+    """A column-parallel linear layer whose input sequence parallelism all-gathers over the tp group (fused QKV, an
+    MLP's first GEMM): in FP8 its cast runs on the local shard before the gather (`fp8_cast_bytes`)."""
 
 
 def _tokens(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -283,7 +286,8 @@ def attention_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays)
             gemms.append(_linear(tokens, h, a * mla.qk_head_dim / tp))
         qk_dim, v_dim = mla.qk_head_dim, mla.v_head_dim
     else:
-        gemms = [_linear(tokens, h, (model.q_size + 2 * model.kv_size) / tp),              # fused QKV
+        gemms = [dataclasses.replace(_linear(tokens, h, (model.q_size + 2 * model.kv_size) / tp),
+                                     sp_gathered_input=True),                              # fused QKV
                  _linear(tokens, model.q_size / tp, h)]                                    # output projection
         qk_dim = v_dim = model.head_dim
     # attention core: 2·s²·a·(d_qk + d_v) per sequence forward when the full score matrix is computed and masked
@@ -328,7 +332,8 @@ def local_attention_core_fraction(model: ModelSpec, training: TrainingSpec) -> f
 def mlp_gemms(model: ModelSpec, tokens: np.ndarray, width: float, tp: np.ndarray) -> list[Gemm]:
     """A dense MLP of intermediate size `width`, column- then row-parallel over `tp`."""
     up = 2 * width if model.mlp is MlpKind.GATED else width                                # gate and up fused
-    return [_linear(tokens, model.hidden_size, up / tp), _linear(tokens, width / tp, model.hidden_size)]
+    return [dataclasses.replace(_linear(tokens, model.hidden_size, up / tp), sp_gathered_input=True),
+            _linear(tokens, width / tp, model.hidden_size)]
 
 
 def moe_tokens_per_local_expert(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -490,25 +495,57 @@ def routed_expert_activation_bytes(model: ModelSpec, training: TrainingSpec, pla
 
 # ---- FP8 casts ---------------------------------------------------------------------------------------------------
 
-FP8_CAST_BYTES_PER_INPUT_ELEMENT = 3.0
-"""Forward of an FP8 linear layer (Transformer Engine, delayed or current scaling): its bf16 input activation is read
-(2 bytes) and written as FP8 (1 byte), the amax reduction fused into the same pass (TE `cast_to_fp8` /
-`fp8_cast_transpose_fused`; Micikevicius et al., "FP8 formats for deep learning", arXiv 2209.05433 §4). The
-backward casts the output gradient the same way and writes transposed FP8 copies for the weight-gradient GEMM,
-about twice the forward's traffic, which `BACKWARD_TO_FORWARD` applies. Weights are cast once per step
-(TE `is_first_microbatch`) and not counted here. The attention core and the elementwise kernels stay bf16 and are
-priced as such: FP8 speeds up the GEMMs only."""
+FP8_CAST_READ_BYTES = 2.0
+"""A cast reads its bf16 input once (TE `nvte_quantize`, `cast_transpose`, the MXFP8 and block quantize kernels)."""
+FP8_COPY_BYTES = 1.0
+"""... and writes each FP8 copy it makes at one byte per element."""
+FP8_AMAX_PASS_BYTES = 2.0
+"""Per-tensor current scaling (Fp8Recipe.TENSORWISE) reads the input once more, in a reduction kernel before the cast
+that finds the amax the scale comes from (TE csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl:
+nvte_compute_amax, then nvte_compute_scale_from_amax, then nvte_quantize)."""
+FP8_SCALE_BYTES_PER_ELEMENT = {"mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0}
+"""Scale bytes each FP8 copy carries: MXFP8 an E8M0 byte per 32 elements (OCP Microscaling Formats v1.0 §5.2; TE
+MXFP8BlockScaling), block scaling an fp32 per 1×128 block of activations and gradients (TE Float8BlockScaling, the
+recipe of DeepSeek-V3, arXiv 2412.19437 §3.3.2); per-tensor recipes one scale a tensor, nothing per element."""
 
 
-def fp8_cast_bytes(gemms: list[Gemm], training: TrainingSpec) -> np.ndarray:
-    """HBM bytes of the FP8 input casts of one layer's forward GEMMs (0 in bf16): m × k elements per GEMM."""
+def fp8_copies_per_cast(profile: HardwareProfile, recipe: Fp8Recipe) -> float:
+    """FP8 copies one cast of a linear layer's input writes: the GEMM's (rowwise) and, for the weight-gradient GEMM,
+    a second layout (TE Linear's input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input)). Per-tensor
+    scaling makes the second one a transpose only where FP8 GEMMs take just the TN layout, Hopper and Ada (TE
+    quantizer.cpp: `with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()`; Blackwell's GEMMs read
+    the one copy either way); block scaling's scales run along one axis, so the second layout is quantized anew on
+    every GPU. A profile that states no compute capability is priced as TN-only."""
+    if recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE) or profile.compute_capability < 10.0:
+        return 2.0
+    return 1.0
+
+
+def fp8_cast_bytes_per_element(profile: HardwareProfile, recipe: Fp8Recipe) -> float:
+    """HBM bytes per element of one forward FP8 cast of a linear layer's bf16 input, by recipe (Fp8Recipe): read it
+    (plus current scaling's amax pass), write each copy with its scales. Delayed scaling: 4 on Hopper, 3 on Blackwell;
+    current scaling 2 more; MXFP8 and block scaling ~4.06. The backward casts the output gradient the same way, which
+    `BACKWARD_TO_FORWARD` applies. Weights are cast once per step (TE `is_first_microbatch`) and not counted here."""
+    copies = fp8_copies_per_cast(profile, recipe)
+    amax = FP8_AMAX_PASS_BYTES if recipe is Fp8Recipe.TENSORWISE else 0.0
+    return FP8_CAST_READ_BYTES + amax + copies * (FP8_COPY_BYTES + FP8_SCALE_BYTES_PER_ELEMENT.get(recipe.value, 0.0))
+
+
+def fp8_cast_bytes(gemms: list[Gemm], profile: HardwareProfile, training: TrainingSpec,
+                   plans: PlanArrays) -> np.ndarray:
+    """HBM bytes of the FP8 input casts of one layer's forward GEMMs (0 in bf16): m × k elements per GEMM at
+    `fp8_cast_bytes_per_element`, a sequence-parallel input (Gemm.sp_gathered_input) cast on the GPU's own 1/tp
+    shard before the all-gather (steptime.tp_gather_bytes_per_element). The attention core and the elementwise kernels
+    stay bf16 and are priced as such: FP8 speeds up the GEMMs only."""
     if training.precision is not Precision.FP8:
-        return np.zeros(len(gemms[0].flops)) if gemms else 0.0
-    total = 0.0
+        return np.zeros(len(plans))
+    per_element = fp8_cast_bytes_per_element(profile, training.fp8_recipe)
+    shard = np.where(plans.sp, plans.tp, 1).astype(float)
+    total = np.zeros(len(plans))
     for gemm in gemms:
         if not gemm.attention_core:
-            total = total + FP8_CAST_BYTES_PER_INPUT_ELEMENT * gemm.m * gemm.k * (gemm.flops / (2.0 * gemm.m * gemm.n
-                                                                                             * gemm.k))
+            elements = gemm.m * gemm.k * (gemm.flops / (2.0 * gemm.m * gemm.n * gemm.k))
+            total = total + per_element * elements / (shard if gemm.sp_gathered_input else 1.0)
     return total
 
 
@@ -663,12 +700,12 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     core_bwd_s = attention_core_backward_s(profile, training, attention) \
         + BACKWARD_TO_FORWARD * score_bytes * seconds_per_byte
     projections_s = _gemms_time_s(profile, training, attention, attention_core=False)
-    attention_s = projections_s + core_s + fp8_cast_bytes(attention, training) * cast_s_per_byte
+    attention_s = projections_s + core_s + fp8_cast_bytes(attention, profile, training, plans) * cast_s_per_byte
     dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
     dense_mlp_s = _gemms_time_s(profile, training, dense_mlp)
     dense_weight_s = projections_s + dense_mlp_s
     dense_s = attention_s + dense_mlp_s + dense_bytes * seconds_per_byte \
-        + fp8_cast_bytes(dense_mlp, training) * cast_s_per_byte
+        + fp8_cast_bytes(dense_mlp, profile, training, plans) * cast_s_per_byte
     # the host launch floor (costmodels.overheads): a layer takes at least its kernels' launch time
     dense_s = np.maximum(dense_s, overheads.layer_launch_floor_s(moe_layer=False))
     moe_s = moe_weight_s = np.zeros(len(plans))
@@ -680,12 +717,12 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         moe_mlp_s = _gemms_time_s(profile, training, moe_mlp)
         moe_weight_s = projections_s + moe_mlp_s
         moe_s = attention_s + moe_mlp_s + moe_bytes * seconds_per_byte \
-            + fp8_cast_bytes(moe_mlp, training) * cast_s_per_byte + dispatch_s + activation_s
+            + fp8_cast_bytes(moe_mlp, profile, training, plans) * cast_s_per_byte + dispatch_s + activation_s
         moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
         moe_bwd_extra = moe_backward_extra_s(profile, training, moe_mlp, dispatch_s)
         routed = [gemm for gemm in moe_mlp if gemm.grouped]
-        routed_s = _gemms_time_s(profile, training, routed) + fp8_cast_bytes(routed, training) * cast_s_per_byte \
-            + activation_s + dispatch_s
+        routed_s = _gemms_time_s(profile, training, routed) \
+            + fp8_cast_bytes(routed, profile, training, plans) * cast_s_per_byte + activation_s + dispatch_s
         pre_dispatch_s = np.clip(moe_s - routed_s, 0.0, moe_s)
     else:
         moe_bwd_extra = 0.0

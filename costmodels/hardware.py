@@ -96,6 +96,10 @@ class HardwareProfile:
     exp2_per_clock_per_sm: float = 0.0
     """exp2 results per SM per clock of the special-function units (YAML `compute.exp2_per_clock_per_sm`, optional;
     absent: 0, not stated, and the attention core's rate does not depend on its head dimension)."""
+    compute_capability: float = 0.0
+    """CUDA compute capability (YAML `compute.compute_capability`, optional, e.g. 9.0; absent: 0, not stated; NVIDIA's
+    CUDA GPUs list): which FP8 recipes Transformer Engine runs (`require_fp8_recipe`) and whether its FP8 GEMMs take
+    only the TN layout, so every cast also writes a transposed copy (costmodels.compute.fp8_cast_bytes_per_element)."""
     sustained_clock_fraction: float = 1.0
     """SM clock a training step sustains at the board's power limit over the clock the compute microbenchmarks
     ran at (YAML `compute.sustained_clock_fraction`, optional; absent = 1, no throttling). Tensor-core throughput
@@ -114,6 +118,27 @@ class HardwareProfile:
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_flops_per_s
+
+    def require_fp8_recipe(self, recipe: str) -> None:
+        """InputError when Transformer Engine does not run the FP8 `recipe` on this GPU, by its compute capability
+        (TE pytorch/quantization.py: MXFP8 needs 10.0 <= cc < 12.0, block scaling cc >= 9.0 with CUDA 12.9; delayed
+        and per-tensor current scaling run wherever fp8 does, require_precision)."""
+        self.require_precision("fp8")
+        needs = {"mxfp8": ("compute capability 10.x (Blackwell: B200, GB200)", lambda cc: 10.0 <= cc < 12.0),
+                 "blockwise": ("compute capability 9.0 or later (Hopper, Blackwell) and CUDA 12.9",
+                               lambda cc: cc >= 9.0)}
+        if recipe not in needs:
+            return
+        what, runs = needs[recipe]
+        if not self.compute_capability:
+            raise InputError("fp8_recipe", f"fp8 recipe {recipe} needs {what}, and profile {self.name} states no "
+                                           f"compute.compute_capability; add it to the profile or use --fp8-recipe "
+                                           f"delayed or tensorwise")
+        if not runs(self.compute_capability):
+            raise InputError("fp8_recipe", f"fp8 recipe {recipe} needs {what}; {self.display_name} is "
+                                           f"{self.compute_capability:.1f}: use --fp8-recipe delayed or tensorwise"
+                                           + (" or blockwise" if recipe == "mxfp8" and self.compute_capability >= 9.0
+                                              else ""))
 
     def require_precision(self, precision: str) -> None:
         """InputError when the GPU has no peak FLOP/s for `precision` (fp8 on A100), naming the ones it has."""
@@ -291,6 +316,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         streaming_multiprocessors=_streaming_multiprocessors(reader, data),
         bf16_flops_per_clock_per_sm=_per_clock_rate(reader, data, "bf16_flops_per_clock_per_sm"),
         exp2_per_clock_per_sm=_per_clock_rate(reader, data, "exp2_per_clock_per_sm"),
+        compute_capability=_compute_capability(reader, data),
         sustained_clock_fraction=_sustained_clock_fraction(reader, data),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
@@ -341,6 +367,21 @@ def _per_clock_rate(reader: "_Reader", data: dict, name: str) -> float:
     if not _has_compute_field(data, name):
         return 0.0
     return reader.number(f"compute.{name}", upper=MAX_PER_CLOCK_RATE)
+
+
+MAX_COMPUTE_CAPABILITY = 20.0
+"""Above any CUDA compute capability so far (Blackwell: 10.0-12.1); a larger value is a typo."""
+
+
+def _compute_capability(reader: "_Reader", data: dict) -> float:
+    """The optional `compute.compute_capability` (e.g. 9.0), at least 1; absent = 0 (not stated)."""
+    if not _has_compute_field(data, "compute_capability"):
+        return 0.0
+    value = reader.number("compute.compute_capability", upper=MAX_COMPUTE_CAPABILITY)
+    if value < 1.0:
+        raise InputError("profile", f"{reader.origin}: field compute.compute_capability must be a CUDA compute "
+                                    f"capability such as 9.0, got {data['compute']['compute_capability']!r}")
+    return float(value)
 
 
 MIN_SUSTAINED_CLOCK_FRACTION = 0.25

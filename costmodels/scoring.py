@@ -24,7 +24,7 @@ from costmodels.memory import memory_terms_bytes
 from costmodels.plan import Plan, PlanArrays, Recompute, layers_on_stage, num_microbatches, plan_to_dict
 from costmodels.rules import RULES_BY_ID, Problem, active_rules, violated_rules
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
-from costmodels.steptime import step_time_terms_s
+from costmodels.steptime import require_precision_supported, step_time_terms_s
 from costmodels.units import whole_bytes, whole_number
 
 MEMORY_RULE = "memory"
@@ -119,11 +119,6 @@ class Estimate:
 
 
 # ---- checks ----------------------------------------------------------------------------------------------------
-
-def require_precision_supported(cluster: ClusterSpec, training: TrainingSpec) -> None:
-    """InputError when the GPU has no peak FLOP/s for the precision (fp8 on A100)."""
-    cluster.profile.require_precision(training.precision.value)
-
 
 def rule_violations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
                     relax: Iterable[str] = ()) -> dict[str, str]:

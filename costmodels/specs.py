@@ -350,7 +350,29 @@ class Precision(str, enum.Enum):
     BF16 = "bf16"
     """bf16 mixed precision."""
     FP8 = "fp8"
-    """fp8 GEMMs via Transformer Engine (H100 and later); master weights and optimizer as for bf16."""
+    """fp8 GEMMs via Transformer Engine (H100 and later); master weights and optimizer as for bf16. How the tensors
+    are scaled is TrainingSpec.fp8_recipe."""
+
+
+class Fp8Recipe(str, enum.Enum):
+    """How Transformer Engine scales the FP8 tensors (Megatron-Core `--fp8-recipe`, TransformerConfig.fp8_recipe,
+    default 'delayed'; megatron/core/fp8_utils.py maps each to a transformer_engine.common.recipe class). Each quantizes
+    a linear layer's inputs in its own kernels (costmodels.compute.fp8_cast_bytes_per_element prices them) and runs
+    on its own GPUs (HardwareProfile.require_fp8_recipe, after TE's pytorch/quantization.py checks)."""
+
+    DELAYED = "delayed"
+    """DelayedScaling: one scale per tensor from the amax history of earlier steps, so the cast needs no pass of its
+    own to find the amax (it updates the history in the same kernel)."""
+    TENSORWISE = "tensorwise"
+    """Float8CurrentScaling: one scale per tensor from this tensor's own amax, found by a separate reduction kernel
+    before the cast (TE csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax, then
+    nvte_quantize), and with sequence parallelism all-reduced over the TP group first."""
+    BLOCKWISE = "blockwise"
+    """Float8BlockScaling (DeepSeek-V3's): an fp32 scale per 1×128 block of activations and gradients (128×128 of
+    weights), found inside the cast kernel; Hopper and later with CUDA 12.9."""
+    MXFP8 = "mxfp8"
+    """MXFP8BlockScaling (OCP microscaling): an E8M0 scale per 32 elements, applied by the tensor cores; Blackwell
+    (compute capability 10.x) only."""
 
 
 class AttentionKernel(str, enum.Enum):
@@ -449,6 +471,8 @@ class TrainingSpec:
     global_batch_size: int = DEFAULT_GLOBAL_BATCH
     """Sequences per optimizer step."""
     precision: Precision = Precision.BF16
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
+    """How the FP8 tensors are scaled (read with precision fp8 only): Megatron-Core's default, delayed scaling."""
     flash_attention: bool = True
     """Fused attention never materialises the a·s² score matrix (FlashAttention, TE fused attention)."""
     attention_kernel: AttentionKernel = AttentionKernel.AUTO
@@ -505,6 +529,7 @@ class TrainingSpec:
                 object.__setattr__(self, "precision", Precision(str(self.precision).lower()))
             except ValueError:
                 raise InputError("precision", f"unknown precision {self.precision!r}; use bf16 or fp8") from None
+        self._coerce_choice("fp8_recipe", Fp8Recipe, "fp8 recipe")
         self._coerce_choice("attention_kernel", AttentionKernel, "attention kernel")
         self._coerce_choice("moe_dispatcher", MoEDispatcher, "MoE token dispatcher")
         self._coerce_choice("expert_gemm", ExpertGemm, "expert GEMM kernel")

@@ -29,7 +29,7 @@ from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubbl
                                  interleaved_warmup_chunks, p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
-from costmodels.specs import ClusterSpec, ModelSpec, MoEDispatcher, TrainingSpec
+from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, MoEDispatcher, Precision, TrainingSpec
 from costmodels.structure import per_knobs, per_structure, stage_list
 
 GRAD_BYTES = 4
@@ -179,6 +179,8 @@ class LayerComm:
     """One SP all-gather on the tp group (with --tp-comm-overlap each hides behind its own GEMM)."""
     tp_scatter_s: np.ndarray
     """One SP reduce-scatter on the tp group."""
+    tp_amax_s: np.ndarray
+    """One FP8 amax all-reduce on the tp group (per-tensor current scaling with SP; else 0)."""
     cp_forward_s: np.ndarray
     """Exposed CP ring exchange of one layer's forward pass."""
     cp_backward_s: np.ndarray
@@ -189,11 +191,11 @@ class LayerComm:
 
 def layer_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                  times: compute_model.LayerTimes) -> LayerComm:
-    tp_block, etp_block, gather, scatter = tp_block_s(model, cluster, training, plans)
+    tp_block, etp_block, gather, scatter, amax = tp_block_s(model, cluster, training, plans)
     cp_forward, cp_backward = cp_exchange_s(model, cluster, training, plans, times.attention_core_fwd_s,
                                             times.core_backward_s(training))
     return LayerComm(tp_block_s=tp_block, etp_block_s=etp_block, tp_gather_s=gather, tp_scatter_s=scatter,
-                     cp_forward_s=cp_forward, cp_backward_s=cp_backward,
+                     tp_amax_s=amax, cp_forward_s=cp_forward, cp_backward_s=cp_backward,
                      ep_all_to_all_s=ep_all_to_all_one_s(model, cluster, training, plans))
 
 
@@ -246,14 +248,46 @@ def stage_weight_grad_s(model: ModelSpec, plans: PlanArrays, times: compute_mode
     return per_layers + np.where(stage == plans.pp - 1, times.logits_fwd_s, 0.0)
 
 
+def tp_gather_bytes_per_element(training: TrainingSpec) -> float:
+    """Bytes per element of a sequence-parallel all-gather into a linear layer: in FP8, Transformer Engine casts the
+    local shard first and gathers the FP8 copy with its scales (TE module/linear.py: `inputmat =
+    input_quantizer(inputmat)` then `gather_along_first_dim(inputmat, tp_group, quantizer=...)`; the row-parallel
+    backward gathers its quantized output gradient alike, module/base.py grad_output_preprocess), with or without
+    userbuffers; the reduce-scatters carry the bf16 GEMM outputs. In bf16, the bf16 activation."""
+    if training.precision is not Precision.FP8:
+        return float(ACTIVATION_BYTES)
+    return compute_model.FP8_COPY_BYTES + compute_model.FP8_SCALE_BYTES_PER_ELEMENT.get(training.fp8_recipe.value, 0.0)
+
+
+AMAX_BYTES = 4
+"""One fp32 amax."""
+
+
+def fp8_amax_reduction_s(cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """One TP block's amax all-reduce per pass under per-tensor current scaling with sequence parallelism: the
+    column-parallel input's amax (forward, and a recomputed forward) and the row-parallel output gradient's
+    (backward) are all-reduced over the tp group before the scale is set, so every rank casts its shard alike (TE
+    module/linear.py set_quantizer_amax_reduction_group; csrc/quantizer.cpp quantize_impl: allreduce(MAX) and wait
+    before nvte_compute_scale_from_amax). A 4-byte all-reduce: its latency, on the critical path beside nothing
+    (userbuffers do not carry it). 0 for other recipes, bf16, without SP or at tp 1."""
+    if training.precision is not Precision.FP8 or training.fp8_recipe is not Fp8Recipe.TENSORWISE:
+        return np.zeros(len(plans))
+    reduce_s = group_collective_time_s(cluster.profile, tp_group(plans, cluster.nvlink_domain_gpus), "all_reduce",
+                                       float(AMAX_BYTES))
+    return np.where(plans.sp & (plans.tp > 1), reduce_s, 0.0)
+
+
 def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tp block, etp block, tp all-gather, tp reduce-scatter) seconds of one TP block's collectives (see tp_comm_s):
-    2 all-reduces of the b·(s/cp)·h activation, or with SP an all-gather + reduce-scatter of the same volume (each
-    also returned alone, for --tp-comm-overlap); a routed-expert block moves top_k·etp/tp of it (× the load factor)
-    on the etp group (0 for a dense model)."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tp block, etp block, tp all-gather, tp reduce-scatter, amax all-reduce) seconds of one TP block's collectives
+    (see tp_comm_s): 2 all-reduces of the b·(s/cp)·h activation, or with SP an all-gather (FP8 in fp8,
+    `tp_gather_bytes_per_element`) + reduce-scatter of the same elements, plus current scaling's amax all-reduce
+    (`fp8_amax_reduction_s`; each also returned alone, for --tp-comm-overlap); a routed-expert block moves
+    top_k·etp/tp of it (× the load factor, bf16: the dispatcher's own collectives) on the etp group (0 for a dense
+    model)."""
     profile = cluster.profile
-    activation_bytes = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES
+    activation_elements = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size
+    activation_bytes = activation_elements * ACTIVATION_BYTES
 
     def block_s(placement, bytes_):
         reduce_s = group_collective_time_s(profile, placement, "all_reduce", bytes_)
@@ -262,14 +296,16 @@ def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
         return np.where(plans.sp, split_s, reduce_s)
 
     tp_placement = tp_group(plans, cluster.nvlink_domain_gpus)
-    gather_s = group_collective_time_s(profile, tp_placement, "all_gather", activation_bytes)
+    gather_s = group_collective_time_s(profile, tp_placement, "all_gather",
+                                       activation_elements * tp_gather_bytes_per_element(training))
     scatter_s = group_collective_time_s(profile, tp_placement, "reduce_scatter", activation_bytes)
-    tp_block = np.where(plans.sp, gather_s + scatter_s,
+    amax_s = fp8_amax_reduction_s(cluster, training, plans)
+    tp_block = np.where(plans.sp, gather_s + scatter_s + amax_s,
                         group_collective_time_s(profile, tp_placement, "all_reduce", activation_bytes))
     etp_block = np.zeros(len(plans))
     if model.moe is not None:
         etp_block = expert_tp_block_s(model, cluster, training, plans, block_s, activation_bytes)
-    return tp_block, etp_block, gather_s, scatter_s
+    return tp_block, etp_block, gather_s, scatter_s, amax_s
 
 
 def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -288,15 +324,16 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     profile's `overlap.tp_comm` fraction (default 0) applies on top of the collectives, for calibrated profiles.
     """
     profile = cluster.profile
-    tp_block, etp_block, gather_s, scatter_s = (
-        (comm.tp_block_s, comm.etp_block_s, comm.tp_gather_s, comm.tp_scatter_s) if comm is not None
+    tp_block, etp_block, gather_s, scatter_s, amax_s = (
+        (comm.tp_block_s, comm.etp_block_s, comm.tp_gather_s, comm.tp_scatter_s, comm.tp_amax_s) if comm is not None
         else tp_block_s(model, cluster, training, plans))
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
     recomputed = compute_model.recomputed_layer_fraction(plans, layers)
     per_block = 2.0 + recomputed                               # fwd + bwd (+ recomputed fwd) per TP block
     # attention blocks, dense-MLP blocks, and the shared-expert MLP of MoE layers: Megatron-Core's SharedExpertMLP is
-    # an ordinary TP MLP (moe/shared_experts.py: gather_from_sequence_parallel_region before, reduce-scatter after)
+    # an ordinary TP MLP (moe/shared_experts.py: MLP.forward through Transformer Engine's linear layers, so its SP
+    # gather is FP8 in fp8 like the others'; only --moe-shared-expert-overlap, not modelled, gathers outside TE)
     has_shared = model.moe is not None and bool(model.moe.num_shared_experts)
     shared_expert_blocks = moe_layers if has_shared else 0.0
     total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
@@ -308,7 +345,7 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
         overlapped = plans.sp & (plans.tp > 1)
         total = np.where(overlapped, blocks(lambda in_s, out_s: tp_block_overlapped_s(
-            gather_s, scatter_s, in_s, out_s, plans.tp, recomputed)), total)
+            gather_s, scatter_s, in_s, out_s, plans.tp, recomputed) + per_block * amax_s), total)
         # the userbuffer SMs slow GEMMs, not collectives: outside the calibrated overlap fraction below
         margin = np.where(overlapped, blocks(lambda in_s, out_s: tp_overlap_sm_margin_s(profile, in_s, out_s,
                                                                                            recomputed)), 0.0)
@@ -698,12 +735,20 @@ def pp_bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndar
     return zero_bubble_s(training, plans, microbatches, stage_s, weight_s)
 
 
+def require_precision_supported(cluster: ClusterSpec, training: TrainingSpec) -> None:
+    """InputError when the GPU has no peak FLOP/s for the precision (fp8 on A100) or Transformer Engine does not run
+    the FP8 recipe on it (mxfp8 before Blackwell)."""
+    cluster.profile.require_precision(training.precision.value)
+    if training.precision is Precision.FP8:
+        cluster.profile.require_fp8_recipe(training.fp8_recipe.value)
+
+
 def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                       plans: "PlanArrays", only: "Collection[str] | None" = None) -> dict[str, np.ndarray]:
     """Named step-time terms (seconds) for every plan; their sum is the step time. With `only`, just the terms named
     there (a solver summing one group of terms; each term's value is the same as in the full call)."""
     plans = as_plan_arrays(plans)
-    cluster.profile.require_precision(training.precision.value)
+    require_precision_supported(cluster, training)
     names = [name for name in TERM_NAMES if only is None or name in only]
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     stages = candidate_stages(plans)

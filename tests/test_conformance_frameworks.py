@@ -218,3 +218,30 @@ def test_megatron_builds_mla_yarn_at_the_models_factor_or_the_checker_says_so():
     text = launch_config(point, "megatron").text
     assert _run("megatron", point, text) == "accepted"
     assert _run("megatron", point, text.replace("--rotary-scaling-factor 40", "")) == "silently_changed"
+
+
+def test_megatron_runs_the_fp8_recipe_the_estimate_priced_or_the_checker_says_so():
+    """Without --fp8-recipe Megatron-Core runs delayed scaling (TransformerConfig.fp8_recipe's default): a
+    current-scaling estimate launched so would run other casts than it priced."""
+    needs("megatron")
+    point = _estimate("llama-3.1-8b", 8, dict(precision="fp8", fp8_recipe="tensorwise"), tp=2, sp=True, mbs=1)
+    text = launch_config(point, "megatron").text
+    assert "--fp8-recipe tensorwise \\\n" in text
+    assert _run("megatron", point, text) == "accepted"
+    assert _run("megatron", point, text.replace("--fp8-recipe tensorwise", "")) == "silently_changed"
+    assert _run("megatron", point, text.replace("--fp8-format hybrid", "")) == "silently_changed"
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise"])
+def test_bridge_preset_sets_the_fp8_recipe_the_estimate_priced(recipe):
+    """Each recipe's Megatron-Bridge preset sets that recipe (read from the installed mixed_precision.py); the
+    current-scaling preset the export used to write for every fp8 plan does not run delayed scaling."""
+    needs("bridge")
+    point = _estimate("llama-3.1-8b", 8, dict(precision="fp8", fp8_recipe=recipe), tp=2, sp=True, mbs=1)
+    text = launch_config(point, "bridge").text
+    assert _run("bridge", point, text) == "accepted"
+    if recipe == "delayed":
+        current = re.sub(r"mixed_precision=\S+", "mixed_precision=bf16_with_fp8_current_scaling_mixed", text)
+        assert _run("bridge", point, current) == "silently_changed"
+    assert _run("bridge", point, re.sub(r"mixed_precision=\S+", "mixed_precision=bf16_with_fp8_nonexistent",
+                                        text)) == "rejected"

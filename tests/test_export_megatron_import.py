@@ -52,8 +52,8 @@ def test_a_launch_script_is_read_like_the_shell_would():
     run = parse_megatron_args(LAUNCH_SCRIPT)
     assert run.plan == Plan(tp=4, pp=4, vpp=4, sp=True, zero=1, recompute=Recompute.FULL, recompute_layers=2)
     # no --cross-entropy-loss-fusion in the script: Megatron-LM's default unfused loss
-    assert run.training == {"seq_len": 8192, "global_batch_size": 512, "precision": "fp8", "cross_entropy": "unfused",
-                            "pipeline_schedule": "1f1b"}
+    assert run.training == {"seq_len": 8192, "global_batch_size": 512, "precision": "fp8", "fp8_recipe": "delayed",
+                            "cross_entropy": "unfused", "pipeline_schedule": "1f1b"}
     fused = parse_megatron_args(LAUNCH_SCRIPT.replace("--bf16", "--bf16 --cross-entropy-loss-fusion"))
     assert fused.training["cross_entropy"] == "fused"
     assert run.num_gpus == 32  # --nproc_per_node 8 x --nnodes 4

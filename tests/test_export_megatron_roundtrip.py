@@ -37,6 +37,8 @@ def test_every_front_point_round_trips_through_megatron_flags(name, make_front):
                     "precision": estimate.training.precision.value,
                     "cross_entropy": estimate.training.cross_entropy.value,   # the default fused, written
                     "pipeline_schedule": "1f1b"}                               # upstream's only schedules
+        if estimate.training.precision is Precision.FP8:   # the recipe the casts were priced for
+            expected["fp8_recipe"] = estimate.training.fp8_recipe.value
         if estimate.model.is_moe:     # the dispatcher the step time priced is written for every MoE model
             expected["moe_dispatcher"] = estimate.training.moe_dispatcher.value
             expected["expert_gemm"] = estimate.training.expert_gemm.value      # Megatron-Core's: cuBLAS per expert
@@ -69,13 +71,15 @@ def _plans() -> st.SearchStrategy[Plan]:
     return build()
 
 
-@given(plan=_plans(), fp8=st.booleans())
-def test_any_plan_round_trips_through_megatron_flags(plan, fp8):
-    training = TrainingSpec(seq_len=8192, global_batch_size=1024, precision=Precision.FP8 if fp8 else Precision.BF16)
+@given(plan=_plans(), fp8=st.booleans(), recipe=st.sampled_from(["delayed", "tensorwise", "blockwise"]))
+def test_any_plan_round_trips_through_megatron_flags(plan, fp8, recipe):
+    training = TrainingSpec(seq_len=8192, global_batch_size=1024, precision=Precision.FP8 if fp8 else Precision.BF16,
+                            fp8_recipe=recipe)
     estimate = synthetic_estimate(moe_model(), cluster(256), training, plan)
     run = parse_megatron_args(emit(estimate, "megatron"))
     assert run.plan == plan
     assert run.training["precision"] == training.precision.value
+    assert run.training.get("fp8_recipe") == (recipe if fp8 else None)
 
 
 def test_the_emitted_command_names_each_knob_once():

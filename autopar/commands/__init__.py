@@ -87,6 +87,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"global batch in sequences per step; default {DEFAULT_GLOBAL_BATCH}")
     group.add_argument("--precision", default="bf16", metavar="{bf16,fp8}",
                        help="GEMM precision; default bf16 (fp8 needs H100 or later)")
+    group.add_argument("--fp8-recipe", default=None, metavar="{delayed,tensorwise,blockwise,mxfp8}",
+                       help="how Transformer Engine scales the fp8 tensors (Megatron-Core --fp8-recipe): delayed "
+                            "(amax history), tensorwise (per-tensor current scaling: an amax pass before each cast), "
+                            "blockwise (1x128 blocks, Hopper and later) or mxfp8 (32-element blocks, Blackwell only); "
+                            "with --precision fp8; default delayed, Megatron-Core's")
     group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                        help="attention stores the a·s² score matrix (no FlashAttention / fused attention)")
     group.add_argument("--attention-kernel", default="auto", metavar="{auto,fa2,fa3,cudnn,fa1,fa_triton}",
@@ -242,8 +247,16 @@ def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -
 def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     from costmodels.specs import TrainingSpec
 
+    recipe = getattr(args, "fp8_recipe", None)
+    if recipe is not None and str(args.precision).strip().lower() != "fp8" \
+            and getattr(args, "from_megatron_args", None) is None:   # an imported command's precision: output_flags
+        from costmodels.errors import InputError
+
+        raise InputError("fp8_recipe", f"--fp8-recipe {recipe} only applies with --precision fp8; add it or drop "
+                                       "--fp8-recipe")
     return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
-                        flash_attention=args.flash_attention, attention_kernel=args.attention_kernel,
+                        fp8_recipe=recipe or "delayed", flash_attention=args.flash_attention,
+                        attention_kernel=args.attention_kernel,
                         cross_entropy=args.cross_entropy or "fused",
                         pipeline_schedule=getattr(args, "pipeline_schedule", None) or "1f1b",
                         moe_capacity_factor=args.moe_capacity_factor,

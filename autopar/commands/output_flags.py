@@ -142,6 +142,13 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
                       f"default global batch (micro-batch × dp) {imported}")
             raise InputError(name, f"{flag} {typed} contradicts the Megatron-LM command's {theirs}; drop {flag} (or "
                                    "edit the command)")
+    typed_recipe, imported_recipe = getattr(args, "fp8_recipe", None), run.training.get("fp8_recipe")
+    if typed_recipe is not None and str(typed_recipe).strip().lower() != imported_recipe:
+        theirs = ("bf16 (no --fp8-format)" if imported_recipe is None else
+                  f"--fp8-recipe {imported_recipe}" if "--fp8-recipe" in run.flags else
+                  f"fp8 recipe {imported_recipe} (Megatron-Core's default without --fp8-recipe)")
+        raise InputError("fp8_recipe", f"--fp8-recipe {typed_recipe} contradicts the Megatron-LM command's {theirs}; "
+                                       "drop --fp8-recipe (or edit the command)")
     stream = stderr if stderr is not None else sys.stderr
     typed_gpus = getattr(args, "num_gpus", None)
     if run.num_gpus is not None and typed_gpus is not None and typed_gpus != run.num_gpus:

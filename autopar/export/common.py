@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, ModelSpec, MoEDispatcher
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, Fp8Recipe, ModelSpec, MoEDispatcher, Precision
 from costmodels.steptime import ep_a2a_overlap_applies
 
 
@@ -280,6 +280,35 @@ def expert_gemm_note(estimate: Estimate, runs: ExpertGemm, how: str) -> list[str
 MEGATRON_EXPERT_GEMM = (ExpertGemm.CUBLAS, "Megatron-Core runs a cuBLAS GEMM per expert (TEGroupedMLP -> Transformer "
                                            "Engine's GroupedLinear, nvte_multi_stream_cublas_gemm)")
 """What every Megatron-Core export (Megatron-LM, NeMo, Megatron-Bridge, verl) runs the experts' GEMMs as."""
+
+
+NEMO_FP8_PRESETS = {"delayed": "bf16_with_fp8_mixed", "tensorwise": "bf16_with_fp8_current_scaling_mixed",
+                    "blockwise": "bf16_with_fp8_subchannel_scaling_mixed", "mxfp8": "bf16_with_mxfp8_mixed"}
+"""NeMo 2's precision plugin for each fp8 recipe (nemo/collections/llm/recipes/precision/mixed_precision.py; the
+subchannel one, 1x128 / 128x128 blocks, in later NeMo 2 releases, as scripts/performance imports it)."""
+BRIDGE_FP8_PRESETS = {"delayed": "bf16_with_fp8_delayed_scaling_mixed",
+                      "tensorwise": "bf16_with_fp8_current_scaling_mixed",
+                      "blockwise": "bf16_with_fp8_subchannel_scaling_mixed", "mxfp8": "bf16_with_mxfp8_mixed"}
+"""Megatron-Bridge's mixed-precision preset for each fp8 recipe (src/megatron/bridge/training/mixed_precision.py:
+each sets fp8_recipe to the recipe)."""
+
+
+def fp8_preset_notes(estimate: Estimate) -> list[str]:
+    """What NeMo's and Megatron-Bridge's fp8 presets change beside the recipe, which the estimate does not price:
+    current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each); delayed and
+    current scaling keep fp8 parameters (fp8_param_gather, which sets fp8_param: fp8 weights, and the distributed
+    optimizer's all-gather in fp8), where the estimate prices bf16 weights and gathers, an over-estimate of both."""
+    training = estimate.training
+    if training.precision is not Precision.FP8:
+        return []
+    notes = []
+    if training.fp8_recipe is Fp8Recipe.TENSORWISE:
+        notes.append("the current-scaling preset keeps the first and the last transformer layer in bf16 "
+                     "(first_last_layers_bf16); the estimate priced every layer in fp8")
+    if training.fp8_recipe in (Fp8Recipe.DELAYED, Fp8Recipe.TENSORWISE):
+        notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weights and "
+                     "parameter all-gathers, a little more memory and time than the job spends")
+    return notes
 
 
 def loss_kernel_note(estimate: Estimate) -> list[str]:

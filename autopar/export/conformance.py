@@ -54,6 +54,7 @@ from autopar.export.capabilities import Unsupported
 from autopar.export.common import LaunchConfig, gradient_accumulation_steps, mcore_router_fields, stage_layers
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
+from costmodels.specs import Precision
 
 OUTCOMES = ("accepted", "refused_with_reason", "rejected", "silently_changed")
 
@@ -267,6 +268,12 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
         router = {**defaults, **mcore_router_fields(model)}
         expected.update({f"router {name}": value for name, value in router.items()})
         actual.update({f"router {name}": getattr(core, name) for name in router})
+    # the precision the step time priced: fp8 on, with its recipe (TransformerConfig.fp8 / fp8_recipe)
+    fp8 = estimate.training.precision is Precision.FP8
+    expected["fp8"], actual["fp8"] = fp8, core.fp8 is not None
+    if fp8:
+        expected["fp8_recipe"], actual["fp8_recipe"] = estimate.training.fp8_recipe.value, str(
+            getattr(core.fp8_recipe, "value", core.fp8_recipe))
     # the EP all-to-all overlap the step time hid needs a stream of its own: accepted under one hardware queue, it
     # would run serialised (validate_args only warns)
     expected["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
@@ -570,7 +577,34 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                                      "recompute_num_layers", "recompute_modules",
                                                      "moe_grouped_gemm"}}
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
-            + _transformer_config(estimate, final))
+            + _transformer_config(estimate, final) + _bridge_precision(estimate, cfg.mixed_precision))
+
+
+def _bridge_precision(estimate: Estimate, preset: object) -> list[str]:
+    """The mixed-precision preset `preset` as Megatron-Bridge builds it, against the precision and fp8 recipe the
+    estimate priced: its factory read from the installed src/megatron/bridge/training/mixed_precision.py (importing
+    it needs Transformer Engine), as get_mixed_precision_config resolves the name (hyphens read as underscores; an
+    unknown name is its ValueError)."""
+    import ast
+    import importlib.metadata
+
+    name = str(preset).replace("-", "_")
+    source = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file(
+        "megatron/bridge/training/mixed_precision.py")))
+    factories = {node.name: node for node in ast.parse(source.read_text(encoding="utf-8")).body
+                 if isinstance(node, ast.FunctionDef)
+                 and any(isinstance(d, ast.Name) and d.id == "register" for d in node.decorator_list)}
+    if name not in factories:
+        raise ValueError(f"unknown mixed-precision recipe {preset!r} (megatron-bridge get_mixed_precision_config)")
+    fields = {"fp8": None, "fp8_recipe": None}
+    for node in ast.walk(factories[name]):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute) \
+                and node.targets[0].attr in fields and isinstance(node.value, ast.Constant):
+            fields[node.targets[0].attr] = node.value.value
+    fp8 = estimate.training.precision is Precision.FP8
+    expected = {"fp8": fp8, "fp8_recipe": estimate.training.fp8_recipe.value if fp8 else None}
+    actual = {"fp8": fields["fp8"] is not None, "fp8_recipe": fields["fp8_recipe"] if fields["fp8"] else None}
+    return _differences(expected, actual)
 
 
 def _plain(value: object) -> object:

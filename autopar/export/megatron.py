@@ -14,7 +14,7 @@ time (TrainingSpec overlap options), where they apply; see export.common.data_pa
 model_parallel_overlap), --no-overlap-p2p-communication (on by default for the interleaved schedule; written when
 the user turned it off, export.common.pipeline_p2p_overlap), --moe-token-dispatcher-type /
 --moe-flex-dispatcher-backend (always for a MoE model, export.common.moe_dispatcher_fields),
-`_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format), `_add_network_size_args`
+`_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format, --fp8-recipe), `_add_network_size_args`
 (--num-layers, --hidden-size, ..., --rotary-base, --rotary-percent, --use-rope-scaling, --rope-scaling-factor,
 --qk-layernorm). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
@@ -129,8 +129,8 @@ def memory_flags(estimate: Estimate) -> list[Flag]:
                   ("--no-gradient-accumulation-fusion", None),
                   ("--ckpt-format", "fsdp_dtensor")]
     flags.append(("--bf16", None))
-    if estimate.training.precision is Precision.FP8:
-        flags.append(("--fp8-format", "hybrid"))
+    if estimate.training.precision is Precision.FP8:   # Megatron-Core's TransformerConfig.fp8 / fp8_recipe
+        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", estimate.training.fp8_recipe.value)]
     return flags
 
 

@@ -5,7 +5,8 @@ MegatronStrategy (`trainer.strategy.tensor_model_parallel_size`, ...), the batch
 (`data.micro_batch_size`, `data.global_batch_size`, `data.seq_length`), Megatron-Core TransformerConfig fields on
 `model.config.*`, the optimizer's on `optim.config.*`, precision as a `trainer.plugins` preset. Names as used in
 NVIDIA/NeMo docs/source/features/parallelisms.rst and nemo/collections/llm/recipes (e.g. llama3_70b.py,
-precision/mixed_precision.py: bf16_mixed, bf16_with_fp8_mixed). Data-parallel overlap: the strategy's `ddp`
+precision/mixed_precision.py: bf16_mixed and a preset per fp8 recipe, common.NEMO_FP8_PRESETS). Data-parallel
+overlap: the strategy's `ddp`
 (Megatron-Core DistributedDataParallelConfig: `trainer.strategy.ddp.overlap_grad_reduce`, `.overlap_param_gather`),
 as the recipes set it (nemo/collections/llm/recipes/*.py `ddp=run.Config(DistributedDataParallelConfig,
 overlap_grad_reduce=True, overlap_param_gather=True, ...)`; docs/source/features/optimizations/
@@ -27,8 +28,9 @@ data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_g
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
-                                   loss_fusion, loss_kernel_note, mcore_moe_fields,
+from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, LaunchConfig,
+                                   data_parallel_overlap, expert_gemm_note, fp8_preset_notes, loss_fusion,
+                                   loss_kernel_note, mcore_moe_fields,
                                    mcore_parallel_fields, pipeline_p2p_overlap, plan_caption, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
@@ -110,11 +112,12 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
         overrides += ["trainer.strategy.fsdp=megatron", "trainer.strategy.ddp.use_megatron_fsdp=true",
                       f"trainer.strategy.ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
                       "trainer.strategy.save_ckpt_format=fsdp_dtensor"]
-    overrides.append("trainer.plugins=" + ("bf16_with_fp8_mixed" if training.precision is Precision.FP8
-                                           else "bf16_mixed"))
+    overrides.append("trainer.plugins=" + (NEMO_FP8_PRESETS[training.fp8_recipe.value]
+                                           if training.precision is Precision.FP8 else "bf16_mixed"))
     return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory <recipe> ...): "
                    f"{plan_caption(estimate)}", NEMO_SOURCES, overrides,
-                   loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM))
+                   loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
+                   + fp8_preset_notes(estimate))
 
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
@@ -137,11 +140,12 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
                       f"ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
                       "checkpoint.ckpt_format=fsdp_dtensor"]
     overrides += [f"ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
-    overrides.append("mixed_precision=" + ("bf16_with_fp8_current_scaling_mixed"
+    overrides.append("mixed_precision=" + (BRIDGE_FP8_PRESETS[training.fp8_recipe.value]
                                            if training.precision is Precision.FP8 else "bf16_mixed"))
     return _render("bridge", f"{TARGET_VERSIONS['bridge']} (scripts/training/run_recipe.py --recipe <recipe> ...): "
                    f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides,
-                   loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM))
+                   loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
+                   + fp8_preset_notes(estimate))
 
 
 def _render(framework: str, caption: str, sources: tuple[str, ...], overrides: list[str],

@@ -30,6 +30,17 @@ from costmodels.specs import CrossEntropyKernel, ExpertGemm, ModelSpec, Precisio
 SOURCES = ("pytorch/torchtitan torchtitan/config/configs.py", "pytorch/torchtitan torchtitan/config/manager.py",
            "pytorch/torchtitan torchtitan/distributed/pipeline_parallel.py")
 
+TORCHTITAN_FP8_LINE = {
+    "mxfp8": "# fp8: add MXFP8LinearConverter.Config() to the model_spec converters (torchao MXFP8, SM100)",
+    **{recipe: f"# not expressible: fp8 recipe {recipe}: torchtitan 0.3.0's Float8LinearConverter runs torchao's "
+                f"rowwise scaling (recipe_name rowwise), which this estimate did not price; estimate with "
+                f"--fp8-recipe mxfp8 on Blackwell, or add Float8LinearConverter.Config() knowing the casts differ"
+       for recipe in ("delayed", "tensorwise", "blockwise")},
+}
+"""The line a torchtitan 0.3.0 config gets for each fp8 recipe (torchtitan/components/quantization: float8.py
+Float8LinearConverter, recipe_name 'rowwise' | 'rowwise_with_gw_hp'; mx.py MXFP8LinearConverter, SM100 and later)."""
+
+
 REGISTRY_CONFIGS = (  # (words in the model name, torchtitan 0.3.0 model package, config function, flavor, bf16 base)
     (("deepseek", "v3"), "torchtitan.models.deepseek_v3", "deepseek_v3_671b", "671B", None),
     (("llama", "405b"), "torchtitan.models.llama3", "llama3_405b", "405B", "llama3_70b"),
@@ -95,7 +106,7 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
              "--config autopar_plan",
              f"# key names: {'; '.join(SOURCES)}"]
     if training.precision is Precision.FP8:
-        lines.append("# fp8: add Float8LinearConverter.Config() to the model_spec converters (torchao)")
+        lines.append(TORCHTITAN_FP8_LINE[training.fp8_recipe.value])
     lines += ["from torchtitan.config import ParallelismConfig"]
     if plan.recompute is Recompute.FULL:
         lines.append("from torchtitan.distributed.activation_checkpoint import FullAC")

@@ -72,8 +72,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
     notes = []
     if training.precision is Precision.FP8:
-        notes.append("fp8: pass it as override_transformer_config fp8=hybrid (Transformer Engine) if your verl "
-                     "build has Transformer Engine")
+        notes.append(f"fp8: pass it as override_transformer_config fp8=hybrid fp8_recipe="
+                     f"{training.fp8_recipe.value} (Transformer Engine) if your verl build has Transformer Engine")
     overrides = [f"trainer.nnodes={cluster.num_nodes}",
                  f"trainer.n_gpus_per_node={min(cluster.gpus_per_node, cluster.num_gpus)}",
                  f"data.train_batch_size={training.global_batch_size}",

@@ -66,7 +66,9 @@ def assumptions(front: ParetoFront) -> list[str]:
         f"{cluster.memory_limit_bytes / GIB:.1f} GiB; the peak of a plan is that of its fullest pipeline stage.",
         "Mixed precision as in Megatron-LM: bf16 weights, fp32 gradients and Adam states (18 bytes per parameter "
         "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP.",
-        f"GEMMs run in {training.precision.value}; attention "
+        f"GEMMs run in {training.precision.value}"
+        + (f" ({training.fp8_recipe.value} scaling: Transformer Engine's casts priced at HBM bandwidth, SP "
+           "all-gathers in fp8)" if training.precision.value == "fp8" else "") + "; attention "
         + ("uses a fused kernel (no s x s score matrix kept)" if training.flash_attention
            else "keeps the s x s score matrix")
         + "; the loss " + LOSS_TEXT[training.cross_entropy.value],

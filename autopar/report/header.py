@@ -33,7 +33,8 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                     f"per GPU ({1 - c['headroom']:.0%} of {format_gib(c['hbm_bytes'], 0)} HBM)"
                     f"{_sustained_clock_text(c)} [{c['profile_source']}]")
     training_text = (f"seq_len {t['seq_len']}, global batch {t['global_batch_size']} "
-                     f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}, "
+                     f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}"
+                     f"{' (' + t['fp8_recipe'] + ' scaling)' if t.get('fp8_recipe') else ''}, "
                      f"flash attention {_attention_text(t)}, "
                      f"cross entropy {t['cross_entropy']}, pipeline schedule {t.get('pipeline_schedule', '1f1b')}")
     if model.moe is not None:
