@@ -61,7 +61,8 @@ from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
 from costmodels.plan import PlanArrays, Recompute, RecomputeModule, layers_on_stage, recomputes_module
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, Fp8Recipe, MlpKind, ModelSpec, Precision, TrainingSpec
+from costmodels.specs import (CrossEntropyKernel, ExpertGemm, Fp8Recipe, MlpKind, ModelSpec, Precision, TrainingSpec,
+                              fp8_copy_bytes_per_element)
 
 BACKWARD_TO_FORWARD = 2.0
 """Backward runs two GEMMs (data gradient and weight gradient) per forward GEMM (arXiv 2104.04473, appendix)."""
@@ -497,16 +498,10 @@ def routed_expert_activation_bytes(model: ModelSpec, training: TrainingSpec, pla
 
 FP8_CAST_READ_BYTES = 2.0
 """A cast reads its bf16 input once (TE `nvte_quantize`, `cast_transpose`, the MXFP8 and block quantize kernels)."""
-FP8_COPY_BYTES = 1.0
-"""... and writes each FP8 copy it makes at one byte per element."""
 FP8_AMAX_PASS_BYTES = 2.0
 """Per-tensor current scaling (Fp8Recipe.TENSORWISE) reads the input once more, in a reduction kernel before the cast
 that finds the amax the scale comes from (TE csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl:
 nvte_compute_amax, then nvte_compute_scale_from_amax, then nvte_quantize)."""
-FP8_SCALE_BYTES_PER_ELEMENT = {"mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0}
-"""Scale bytes each FP8 copy carries: MXFP8 an E8M0 byte per 32 elements (OCP Microscaling Formats v1.0 §5.2; TE
-MXFP8BlockScaling), block scaling an fp32 per 1×128 block of activations and gradients (TE Float8BlockScaling, the
-recipe of DeepSeek-V3, arXiv 2412.19437 §3.3.2); per-tensor recipes one scale a tensor, nothing per element."""
 
 
 def fp8_copies_per_cast(profile: HardwareProfile, recipe: Fp8Recipe) -> float:
@@ -523,12 +518,12 @@ def fp8_copies_per_cast(profile: HardwareProfile, recipe: Fp8Recipe) -> float:
 
 def fp8_cast_bytes_per_element(profile: HardwareProfile, recipe: Fp8Recipe) -> float:
     """HBM bytes per element of one forward FP8 cast of a linear layer's bf16 input, by recipe (Fp8Recipe): read it
-    (plus current scaling's amax pass), write each copy with its scales. Delayed scaling: 4 on Hopper, 3 on Blackwell;
+    (plus current scaling's amax pass), write each copy with its scales (specs.fp8_copy_bytes_per_element). Delayed scaling: 4 on Hopper, 3 on Blackwell;
     current scaling 2 more; MXFP8 and block scaling ~4.06. The backward casts the output gradient the same way, which
     `BACKWARD_TO_FORWARD` applies. Weights are cast once per step (TE `is_first_microbatch`) and not counted here."""
     copies = fp8_copies_per_cast(profile, recipe)
     amax = FP8_AMAX_PASS_BYTES if recipe is Fp8Recipe.TENSORWISE else 0.0
-    return FP8_CAST_READ_BYTES + amax + copies * (FP8_COPY_BYTES + FP8_SCALE_BYTES_PER_ELEMENT.get(recipe.value, 0.0))
+    return FP8_CAST_READ_BYTES + amax + copies * fp8_copy_bytes_per_element(recipe)
 
 
 def fp8_cast_bytes(gemms: list[Gemm], profile: HardwareProfile, training: TrainingSpec,

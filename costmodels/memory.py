@@ -41,8 +41,8 @@ from costmodels import params
 from costmodels.errors import InputError
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
                              layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
-from costmodels.specs import (ClusterSpec, CrossEntropyKernel, MlpKind, ModelSpec, NormKind, PipelineSchedule,
-                              TrainingSpec)
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Fp8Recipe, MlpKind, ModelSpec, NormKind,
+                              PipelineSchedule, Precision, TrainingSpec, fp8_copy_bytes_per_element)
 from costmodels.structure import stage_list
 
 BF16_BYTES = 2
@@ -313,6 +313,38 @@ def embedding_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
 #     (ModelSpec.dropout > 0: GPT-2/3 and Megatron GPT at 0.1; Llama, Mistral, Qwen, DeepSeek, BLOOM and MPT at 0).
 #   - norms: each stores its input (2h per token) and its fp32 statistics: LayerNorm mean and rstd (8 bytes per
 #     token), RMSNorm rstd only (4 bytes per token).
+#   - fp8 (Transformer Engine): a linear layer keeps the quantized copy of its input its weight gradient reads, not
+#     the bf16 one (`saved_linear_input_bytes`): QKV, fc1 and fc2 inputs shrink to about a byte an element, while
+#     flash attention still keeps the bf16 output the projection's fp8 copy was made from.
+
+def saved_linear_input_bytes(training: TrainingSpec) -> float:
+    """Bytes per element of a linear layer's input that Transformer Engine keeps for its weight gradient: the bf16
+    input; in fp8 the quantized copy the backward reads instead, one layout with its scales (TE module/linear.py and
+    grouped_linear.py: the rowwise data is discarded, 'not needed in backward pass', and `saved_inputmat = inputmat`;
+    specs.fp8_copy_bytes_per_element)."""
+    if training.precision is not Precision.FP8:
+        return BF16_BYTES
+    return fp8_copy_bytes_per_element(training.fp8_recipe)
+
+
+def _qkv_input_bytes_per_element(model: ModelSpec, training: TrainingSpec) -> float:
+    """The attention's input as stored: what its QKV linear keeps. MLA's q and kv down projections each keep an fp8
+    copy of the one norm output, which in fp8 is about the one bf16 tensor they share in bf16: priced as that."""
+    return BF16_BYTES if model.mla is not None else saved_linear_input_bytes(training)
+
+
+def _mlp_input_bytes_per_element(model: ModelSpec, training: TrainingSpec, moe_layer: bool) -> float:
+    """The MLP's input as stored: a dense MLP's fc1 keeps its (fp8) copy; a MoE layer's router, a plain bf16 linear
+    (moe/router.py), keeps the bf16 input, and a shared expert adds an fp8 copy only under delayed scaling
+    (moe/shared_experts.py sets save_original_input for the other recipes; TE refuses it with DelayedScaling)."""
+    if not moe_layer:
+        return saved_linear_input_bytes(training)
+    assert model.moe is not None
+    extra = 0.0
+    if model.moe.num_shared_experts and training.precision is Precision.FP8 \
+            and training.fp8_recipe is Fp8Recipe.DELAYED:
+        extra = saved_linear_input_bytes(training)
+    return BF16_BYTES + extra
 
 def _uses_dropout(model: ModelSpec) -> bool:
     return bool(model.dropout)
@@ -324,10 +356,11 @@ def _norm_bytes_per_token(model: ModelSpec) -> float:
     return BF16_BYTES * model.hidden_size + stats
 
 
-def _mlp_bytes_per_token(model: ModelSpec, width: float) -> float:
-    """Inside the TP region, per token of an MLP `width` wide (before splitting by t)."""
-    per_width = 6 if model.mlp is MlpKind.GATED else 4
-    return per_width * width
+def _mlp_bytes_per_token(model: ModelSpec, training: TrainingSpec, width: float) -> float:
+    """Inside the TP region, per token of an MLP `width` wide (before splitting by t): the activation's bf16 input
+    (gated 2·width, plain width) and the second linear's input (`saved_linear_input_bytes`, width)."""
+    activation_input = 2 * BF16_BYTES if model.mlp is MlpKind.GATED else BF16_BYTES
+    return (activation_input + saved_linear_input_bytes(training)) * width
 
 
 def _norms_activation_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
@@ -341,7 +374,8 @@ def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape:
     h, a = model.hidden_size, model.num_attention_heads
     dropout = _uses_dropout(model)
     flash = training.flash_attention
-    outside = BF16_BYTES * h + (MASK_BYTES * h if dropout else 0)          # QKV input; output dropout mask
+    # the QKV input; the output's dropout mask
+    outside = _qkv_input_bytes_per_element(model, training) * h + (MASK_BYTES * h if dropout else 0)
     if model.mla is not None:
         mla = model.mla
         q_width = a * mla.qk_head_dim
@@ -359,7 +393,11 @@ def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape:
         k_width = model.kv_size * kv_replication if flash else model.q_size
         v_width = k_width
         out_width = model.q_size
-    inside = BF16_BYTES * (q_width + k_width + v_width + out_width)           # Q, K, V, output-projection input
+    # Q, K, V, and the output-projection input: flash attention keeps its bf16 output for the backward, the
+    # projection its own copy (the same tensor in bf16, an fp8 one beside it in fp8)
+    fp8 = training.precision is Precision.FP8
+    out_bytes = saved_linear_input_bytes(training) + (BF16_BYTES if flash and fp8 else 0)
+    inside = BF16_BYTES * (q_width + k_width + v_width) + out_bytes * out_width
     if flash:
         # flash attention keeps only the fp32 log-sum-exp per head and query
         score_bytes_per_query = FP32_BYTES
@@ -371,16 +409,19 @@ def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape:
     return outside * shape.tokens_outside_tp + inside * shape.tokens_inside_tp + scores
 
 
-def _mlp_input_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
-    """MLP (or router / dispatch) input 2sbh and the MLP's output dropout mask sbh, outside the TP region."""
-    per_token = BF16_BYTES * model.hidden_size + (MASK_BYTES * model.hidden_size if _uses_dropout(model) else 0)
+def _mlp_input_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape, moe_layer: bool) -> np.ndarray:
+    """MLP (or router / dispatch) input 2sbh (`_mlp_input_bytes_per_element`) and the MLP's output dropout mask sbh,
+    outside the TP region."""
+    per_token = _mlp_input_bytes_per_element(model, training, moe_layer) * model.hidden_size \
+        + (MASK_BYTES * model.hidden_size if _uses_dropout(model) else 0)
     return per_token * shape.tokens_outside_tp
 
 
 def _dense_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape,
                                   keep_scores: "np.ndarray | bool") -> np.ndarray:
     """One dense decoder layer: sbh(34 + 5as/h) for GPT without parallelism."""
-    mlp = _mlp_input_bytes(model, shape) + _mlp_bytes_per_token(model, model.ffn_hidden_size) * shape.tokens_inside_tp
+    mlp = _mlp_input_bytes(model, training, shape, moe_layer=False) \
+        + _mlp_bytes_per_token(model, training, model.ffn_hidden_size) * shape.tokens_inside_tp
     attention = _attention_activation_bytes(model, training, shape, keep_scores)
     return _norms_activation_bytes(model, shape) + attention + mlp
 
@@ -389,9 +430,9 @@ def _moe_layer_non_expert_bytes(model: ModelSpec, training: TrainingSpec, shape:
                                 keep_scores: "np.ndarray | bool") -> np.ndarray:
     """One MoE layer without its routing and routed experts: norms, attention, MLP input, shared experts."""
     assert model.moe is not None
-    shared = _mlp_bytes_per_token(model, model.moe.shared_expert_ffn_hidden_size) * shape.tokens_inside_tp
+    shared = _mlp_bytes_per_token(model, training, model.moe.shared_expert_ffn_hidden_size) * shape.tokens_inside_tp
     return (_norms_activation_bytes(model, shape) + _attention_activation_bytes(model, training, shape, keep_scores)
-            + _mlp_input_bytes(model, shape) + shared)
+            + _mlp_input_bytes(model, training, shape, moe_layer=True) + shared)
 
 
 # ---- MoE: router, dispatch, routed experts (per MoE layer, per micro-batch, per GPU) ------------------------------
@@ -440,11 +481,11 @@ def _expert_mlp_bytes_per_layer(model: ModelSpec, training: TrainingSpec, shape:
     Per pipeline stage a micro-batch step routes dp·s·b·k token copies; the stage's N/pp GPUs form edp·ep
     expert-tensor-parallel groups of etp GPUs that each process the same tokens, so one GPU receives
     s·b·k·etp/(tp·cp) = T·k·etp/t tokens on average (× the load factor). Each stores the expert input (2h, whole in
-    the etp group) and the MLP intermediates of its F_e/etp columns.
+    the etp group; what TE's GroupedLinear keeps, fp8 in fp8) and the MLP intermediates of its F_e/etp columns.
     """
     assert model.moe is not None
-    per_token = (BF16_BYTES * model.hidden_size
-                 + _mlp_bytes_per_token(model, model.moe.expert_ffn_hidden_size) / shape.plans.etp)
+    per_token = (saved_linear_input_bytes(training) * model.hidden_size
+                 + _mlp_bytes_per_token(model, training, model.moe.expert_ffn_hidden_size) / shape.plans.etp)
     return _expert_copies_received(model, training, shape) * per_token
 
 
@@ -470,7 +511,7 @@ def layer_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: Sta
     Megatron-Core's --recompute-modules drop what `selective_dropped_bytes_per_layer` lists."""
     keep_scores = ~recomputes_module(shape.plans, RecomputeModule.CORE_ATTN)
     dense, moe = _stored_layer_counts(model, shape)
-    dropped_dense, dropped_moe = selective_dropped_bytes_per_layer(model, shape)
+    dropped_dense, dropped_moe = selective_dropped_bytes_per_layer(model, training, shape)
     per_microbatch = dense * (_dense_layer_activation_bytes(model, training, shape, keep_scores) - dropped_dense)
     if model.moe is not None:
         per_microbatch = per_microbatch + moe * (_moe_layer_non_expert_bytes(model, training, shape, keep_scores)
@@ -478,11 +519,14 @@ def layer_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: Sta
     return per_microbatch * shape.in_flight
 
 
-def selective_dropped_bytes_per_layer(model: ModelSpec, shape: StageShape) -> tuple[np.ndarray, np.ndarray]:
+def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
+                                      shape: StageShape) -> tuple[np.ndarray, np.ndarray]:
     """(dense layer, MoE layer outside its routed experts) activation bytes per micro-batch that the selected
     recompute modules do not keep (Megatron-Core transformer_layer.py / mlp.py / moe_layer.py / multi_latent_attention
     .py: CheckpointWithoutOutput around the module; its input stays stored, its outputs and interior go):
-    - layernorm: the two norm outputs, the QKV and FC1 GEMM inputs (2h each per token, outside the TP region);
+    - layernorm: the two norm outputs, the QKV and FC1 GEMM inputs (2h each per token, outside the TP region; in
+      fp8 the linear layers then keep the original input, TE set_save_original_input, so what goes is what they
+      would have kept: `_qkv_input_bytes_per_element`, `_mlp_input_bytes_per_element`);
     - mlp: a dense MLP's interior (_mlp_bytes_per_token of its width, inside TP);
     - shared_experts: the shared-expert MLP's interior;
     - mla_up_proj: Q, K and V as the up projections produce them (a·(d_qk + d_qk + d_v), inside TP).
@@ -490,8 +534,12 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, shape: StageShape) -> tu
     and dispatch terms)."""
     plans = shape.plans
     zeros = np.zeros(len(plans))
-    norm = np.where(recomputes_module(plans, RecomputeModule.LAYERNORM),
-                    2.0 * BF16_BYTES * model.hidden_size * shape.tokens_outside_tp, 0.0)
+    norms = recomputes_module(plans, RecomputeModule.LAYERNORM)
+    qkv_input = _qkv_input_bytes_per_element(model, training)
+
+    def norm_outputs(moe_layer: bool) -> np.ndarray:
+        per_element = qkv_input + _mlp_input_bytes_per_element(model, training, moe_layer)
+        return np.where(norms, per_element * model.hidden_size * shape.tokens_outside_tp, 0.0)
     mla = zeros
     if model.mla is not None:
         a = model.num_attention_heads
@@ -499,13 +547,14 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, shape: StageShape) -> tu
         mla = np.where(recomputes_module(plans, RecomputeModule.MLA_UP_PROJ),
                        BF16_BYTES * width * shape.tokens_inside_tp, 0.0)
     dense_mlp = np.where(recomputes_module(plans, RecomputeModule.MLP),
-                         _mlp_bytes_per_token(model, model.ffn_hidden_size) * shape.tokens_inside_tp, 0.0)
+                         _mlp_bytes_per_token(model, training, model.ffn_hidden_size) * shape.tokens_inside_tp, 0.0)
     shared = zeros
     if model.moe is not None and model.moe.num_shared_experts:
         shared = np.where(recomputes_module(plans, RecomputeModule.SHARED_EXPERTS),
-                          _mlp_bytes_per_token(model, model.moe.shared_expert_ffn_hidden_size)
+                          _mlp_bytes_per_token(model, training, model.moe.shared_expert_ffn_hidden_size)
                           * shape.tokens_inside_tp, 0.0)
-    return norm + mla + dense_mlp, norm + mla + shared
+    moe_norms = norm_outputs(moe_layer=True) if model.moe is not None else zeros
+    return norm_outputs(moe_layer=False) + mla + dense_mlp, moe_norms + mla + shared
 
 
 def recomputed_layer_inputs_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
@@ -536,13 +585,14 @@ def moe_dispatch_activations_bytes(model: ModelSpec, training: TrainingSpec, sha
 
 def expert_mlp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Routed-expert activations; module moe_act drops the activation's output (the down projection's input, 2 bytes
-    per expert column), module moe all of them."""
+    per expert column, what fc2 would keep in fp8: it keeps the original then, experts.py set_save_original_input),
+    module moe all of them."""
     if model.moe is None:
         return np.zeros(len(shape.plans))
     moe = _stored_layer_counts(model, shape)[1]
     per_layer = _expert_mlp_bytes_per_layer(model, training, shape)
-    act_output = (_expert_copies_received(model, training, shape) * BF16_BYTES * model.moe.expert_ffn_hidden_size
-                  / shape.plans.etp)
+    act_output = (_expert_copies_received(model, training, shape) * saved_linear_input_bytes(training)
+                  * model.moe.expert_ffn_hidden_size / shape.plans.etp)
     per_layer = per_layer - np.where(recomputes_module(shape.plans, RecomputeModule.MOE_ACT), act_output, 0.0)
     return moe * per_layer * shape.in_flight * _moe_kept(shape)
 

@@ -375,6 +375,18 @@ class Fp8Recipe(str, enum.Enum):
     (compute capability 10.x) only."""
 
 
+FP8_SCALE_BYTES_PER_ELEMENT = {Fp8Recipe.MXFP8: 1.0 / 32.0, Fp8Recipe.BLOCKWISE: 4.0 / 128.0}
+"""Scale bytes each FP8 copy of a tensor carries: MXFP8 an E8M0 byte per 32 elements (OCP Microscaling Formats v1.0
+§5.2; TE MXFP8BlockScaling), block scaling an fp32 per 1×128 block of activations and gradients (TE
+Float8BlockScaling, the recipe of DeepSeek-V3, arXiv 2412.19437 §3.3.2); the per-tensor recipes one scale a tensor,
+nothing per element."""
+
+
+def fp8_copy_bytes_per_element(recipe: Fp8Recipe) -> float:
+    """Bytes per element of one FP8 copy of a tensor under `recipe`: the byte and its share of the scales."""
+    return 1.0 + FP8_SCALE_BYTES_PER_ELEMENT.get(recipe, 0.0)
+
+
 class AttentionKernel(str, enum.Enum):
     """The fused attention kernel the core runs (costmodels.compute.attention_efficiency prices each with its own
     measured curve); ignored without flash attention."""

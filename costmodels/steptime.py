@@ -29,7 +29,8 @@ from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubbl
                                  interleaved_warmup_chunks, p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
-from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, MoEDispatcher, Precision, TrainingSpec
+from costmodels.specs import (ClusterSpec, Fp8Recipe, ModelSpec, MoEDispatcher, Precision, TrainingSpec,
+                              fp8_copy_bytes_per_element)
 from costmodels.structure import per_knobs, per_structure, stage_list
 
 GRAD_BYTES = 4
@@ -256,7 +257,7 @@ def tp_gather_bytes_per_element(training: TrainingSpec) -> float:
     userbuffers; the reduce-scatters carry the bf16 GEMM outputs. In bf16, the bf16 activation."""
     if training.precision is not Precision.FP8:
         return float(ACTIVATION_BYTES)
-    return compute_model.FP8_COPY_BYTES + compute_model.FP8_SCALE_BYTES_PER_ELEMENT.get(training.fp8_recipe.value, 0.0)
+    return fp8_copy_bytes_per_element(training.fp8_recipe)
 
 
 AMAX_BYTES = 4

@@ -13,7 +13,7 @@ import pytest
 from autopar.cli import main
 from autopar.export import launch_config
 from autopar.megatron_args import parse_megatron_args
-from costmodels import compute, steptime
+from costmodels import compute, memory, steptime
 from costmodels.comm import group_collective_time_s, tp_group
 from costmodels.errors import InputError
 from costmodels.hardware import load_profile
@@ -135,6 +135,48 @@ def test_recipes_order_as_their_kernels_on_one_layout():
     assert b200["delayed"] < b200["mxfp8"] < b200["tensorwise"]
     bf16 = step(H100, TrainingSpec(seq_len=8192, global_batch_size=64)).step_time_s
     assert max(h100.values()) < bf16
+
+
+# ---- what fp8 activations keep ---------------------------------------------------------------------------------
+
+def layer_activations(training, plan, model=LLAMA_70B, profile=H100):
+    cluster = ClusterSpec(profile=profile, num_gpus=64)
+    plans = PlanArrays.from_plans([plan])
+    return float(memory.memory_terms_bytes(model, cluster, training, plans, 0,
+                                           only=("layer_activations",))["layer_activations"][0])
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "mxfp8"])
+def test_fp8_layers_keep_the_quantized_linear_inputs(recipe):
+    """Transformer Engine keeps the fp8 copy of a linear layer's input for the weight gradient: per token the QKV and
+    fc1 inputs (h each, outside TP) and fc2's (F, inside TP) drop from 2 bytes to one plus scales, while flash
+    attention's bf16 output stays beside the projection's fp8 copy of it (+ q_size, inside TP)."""
+    plan = Plan(tp=8, sp=True, mbs=1, zero=1)
+    bf16, fp8_ = (layer_activations(t, plan, profile=B200) for t in (
+        TrainingSpec(seq_len=8192, global_batch_size=64), fp8(recipe)))
+    copy = 1.0 + (1.0 / 32.0 if recipe == "mxfp8" else 0.0)
+    h, f, q = LLAMA_70B.hidden_size, LLAMA_70B.ffn_hidden_size, LLAMA_70B.q_size
+    tokens = 8192 / 8                                                      # SP: every term is per 1/tp of the tokens
+    shape = memory.stage_shape(LLAMA_70B, ClusterSpec(profile=B200, num_gpus=64), fp8(recipe),
+                               PlanArrays.from_plans([plan]), 0)
+    per_layer = tokens * ((2 - copy) * (2 * h + f) - copy * q)
+    assert bf16 - fp8_ == pytest.approx(per_layer * float(shape.layers[0]) * float(shape.in_flight[0]))
+    assert fp8_ < bf16
+
+
+def test_layernorm_recompute_in_fp8_drops_what_the_linears_would_have_kept():
+    """With --recompute-modules layernorm the QKV and fc1 linears keep their original input (Megatron-Core
+    set_save_original_input under fp8), which the recompute frees: nothing of those inputs is stored either way."""
+    base = Plan(tp=8, sp=True, mbs=1, zero=1)
+    recomputed = dataclasses.replace(base, recompute="selective", recompute_modules=("core_attn", "layernorm"))
+    core_only = dataclasses.replace(base, recompute="selective", recompute_modules=("core_attn",))
+    for training in (TrainingSpec(seq_len=8192, global_batch_size=64), fp8("tensorwise")):
+        cluster = ClusterSpec(profile=H100, num_gpus=64)
+        shape = memory.stage_shape(LLAMA_70B, cluster, training, PlanArrays.from_plans([recomputed]), 0)
+        saved = memory.saved_linear_input_bytes(training)
+        dropped = 2 * saved * LLAMA_70B.hidden_size * 8192 / 8 * float(shape.layers[0]) * float(shape.in_flight[0])
+        assert layer_activations(training, core_only) - layer_activations(training, recomputed) \
+            == pytest.approx(dropped)
 
 
 # ---- CLI, reader and exports -----------------------------------------------------------------------------------
