@@ -1,7 +1,7 @@
 """Each framework's OWN code on the launch configs autopar emits (the `conformance` extra: pip install -e
 '.[conformance]'; without it these tests skip, naming what is missing).
 
-For a bounded sample of the five fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
+For a bounded sample of the six fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
 config must be accepted by the framework's validator with the plan's values intact, or refused by autopar with the
 knob named; and each framework's validator is shown to reject the config autopar used to emit (the defects of issue
 13), so these checks can fail.

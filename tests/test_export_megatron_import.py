@@ -233,7 +233,10 @@ def test_cli_says_when_the_command_overrides_the_typed_dispatcher():
 
 
 @pytest.mark.parametrize("typed, command", [(("--seq-len", "8192"), "--seq-length 2048"),
-                                            (("--global-batch", "512"), "--global-batch-size 128")])
+                                            (("--global-batch", "512"), "--global-batch-size 128"),
+                                            # typed values equal to autopar's own defaults are typed all the same
+                                            (("--seq-len", "4096"), "--seq-length 2048"),
+                                            (("--global-batch", "1024"), "--global-batch-size 128")])
 def test_cli_refuses_a_typed_training_flag_the_command_contradicts(typed, command):
     done = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args",
                     f"pretrain_gpt.py --tensor-model-parallel-size 2 {command}", *typed)

@@ -398,3 +398,16 @@ def test_memory_conflict_is_minimal_over_pins():
                 kept = without_control(kept, label)
         nearest = least_memory_plan(model, cluster, training, kept)
         assert nearest is not None and nearest.peak_memory_bytes <= cluster.memory_limit_bytes
+
+
+def test_a_compute_gap_from_recompute_names_what_the_better_point_does():
+    """The guide's 'selective instead of full' only where the better point recomputes selectively; against a point
+    that recomputes nothing (or fewer layers) the cause says so."""
+    from autopar.search.explain import _compute_cause
+    from costmodels.plan import Plan
+
+    full, selective, none = (Plan(recompute=r) for r in ("full", "selective", "none"))
+    assert "'selective' instead of 'full'" in _compute_cause(full, selective)
+    assert "does without (selective recompute" in _compute_cause(selective, none)
+    assert "does without (full recompute re-runs whole layers" in _compute_cause(full, none)
+    assert "re-runs some of them" in _compute_cause(full, Plan(recompute="full", recompute_layers=1))

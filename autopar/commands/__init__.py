@@ -80,10 +80,12 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--seq-len", "--seq-length", dest="seq_len", type=integer, default=DEFAULT_SEQ_LEN,
+    # defaults None, filled in by training_from_args: a typed value, even the default's, is told from none
+    # (commands.output_flags checks typed ones against --from-megatron-args)
+    group.add_argument("--seq-len", "--seq-length", dest="seq_len", type=integer, default=None,
                        metavar="S", help=f"sequence length in tokens; default {DEFAULT_SEQ_LEN}")
     group.add_argument("--global-batch", "--global-batch-size", "--gbs", dest="global_batch", type=integer,
-                       default=DEFAULT_GLOBAL_BATCH, metavar="B",
+                       default=None, metavar="B",
                        help=f"global batch in sequences per step; default {DEFAULT_GLOBAL_BATCH}")
     group.add_argument("--precision", default="bf16", metavar="{bf16,fp8}",
                        help="GEMM precision; default bf16 (fp8 needs H100 or later)")
@@ -254,7 +256,9 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
 
         raise InputError("fp8_recipe", f"--fp8-recipe {recipe} only applies with --precision fp8; add it or drop "
                                        "--fp8-recipe")
-    return TrainingSpec(seq_len=args.seq_len, global_batch_size=args.global_batch, precision=args.precision,
+    seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+    global_batch = DEFAULT_GLOBAL_BATCH if args.global_batch is None else args.global_batch
+    return TrainingSpec(seq_len=seq_len, global_batch_size=global_batch, precision=args.precision,
                         fp8_recipe=recipe or "delayed", flash_attention=args.flash_attention,
                         attention_kernel=args.attention_kernel,
                         cross_entropy=args.cross_entropy or "fused",

@@ -129,15 +129,12 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
         raise InputError("from-megatron-args", f"the plan comes from the Megatron-LM command; drop "
                                                f"{', '.join(typed)} (or edit the command)")
     run = parse_megatron_args(read_megatron_source(source), num_layers=num_layers)
-    from costmodels.specs import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN
-
-    untyped = {"seq_len": DEFAULT_SEQ_LEN, "global_batch": DEFAULT_GLOBAL_BATCH}   # a value besides these was typed
     seq_flag = "--seq-length" if "--seq-length" in run.flags else "--encoder-seq-length"
     for name, flag, command_flag in (("seq_len", "--seq-len", seq_flag),
                                      ("global_batch", "--global-batch", "--global-batch-size")):
         typed, imported = getattr(args, name, None), run.training.get(
             "seq_len" if name == "seq_len" else "global_batch_size")
-        if imported is not None and typed not in (None, untyped[name], imported):
+        if imported is not None and typed is not None and typed != imported:
             theirs = (f"{command_flag} {imported}" if command_flag in run.flags else
                       f"default global batch (micro-batch × dp) {imported}")
             raise InputError(name, f"{flag} {typed} contradicts the Megatron-LM command's {theirs}; drop {flag} (or "

@@ -1,9 +1,10 @@
-"""The five fronts the launch configs are checked on (tests/test_conformance_*.py, benchmarks/conformance.py).
+"""The six fronts the launch configs are checked on (tests/test_conformance_*.py, benchmarks/conformance.py).
 
 Each is a Pareto front a user would ask for, chosen so that together they exercise every knob the exporters write:
 dense TP/PP/DP with ZeRO (Llama 3.1 70B), interleaving with uneven first/last stages and the embedding/loss slots
 (Llama 3.1 405B on 512 GPUs), expert parallelism (Mixtral 8x22B), expert parallelism with MLA and multi-token
-prediction (DeepSeek-V3), and context parallelism at 128K tokens (Llama 3.1 70B, seq_len 131072).
+prediction (DeepSeek-V3), context parallelism at 128K tokens (Llama 3.1 70B, seq_len 131072), and fp8 with its
+recipe on Blackwell (Llama 3.1 70B in MXFP8 on 64 B200).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ class FrontCase:
     seq_len: int
     global_batch_size: int
     gpu: str = "h100-80gb"
+    precision: str = "bf16"
+    fp8_recipe: str = "delayed"
 
 
 FRONT_CASES: tuple[FrontCase, ...] = (
@@ -27,6 +30,7 @@ FRONT_CASES: tuple[FrontCase, ...] = (
     FrontCase("mixtral", "mixtral-8x22b", 128, 4096, 1024),
     FrontCase("deepseek-v3", "deepseek-v3", 1024, 4096, 4096),
     FrontCase("128k-cp", "llama-3.1-70b", 128, 131072, 64),
+    FrontCase("fp8-b200", "llama-3.1-70b", 64, 8192, 512, gpu="b200-180gb", precision="fp8", fp8_recipe="mxfp8"),
 )
 
 
@@ -37,7 +41,8 @@ def case_specs(case: FrontCase):
     from costmodels.specs import ClusterSpec, TrainingSpec
 
     return (load_model(case.model), ClusterSpec(profile=load_profile(case.gpu), num_gpus=case.num_gpus),
-            TrainingSpec(seq_len=case.seq_len, global_batch_size=case.global_batch_size))
+            TrainingSpec(seq_len=case.seq_len, global_batch_size=case.global_batch_size, precision=case.precision,
+                         fp8_recipe=case.fp8_recipe))
 
 
 def solve_case(case: FrontCase, framework: str | None = None):

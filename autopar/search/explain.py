@@ -239,6 +239,13 @@ TERM_CAUSES = {
 def _compute_cause(plan: Plan, better: Plan) -> str:
     if plan.recompute > better.recompute or (plan.recompute == better.recompute == Recompute.FULL
                                              and (plan.recompute_layers == 0) > (better.recompute_layers == 0)):
+        if better.recompute == Recompute.NONE:
+            rerun = "whole layers" if plan.recompute == Recompute.FULL else "the selected modules"
+            return (f"recomputation the better point does without ({plan.recompute.label} recompute re-runs {rerun} "
+                    "in the backward; that point fits with none)")
+        if plan.recompute == better.recompute:
+            return ("excessive recomputation: every layer re-run where the better point re-runs some of them "
+                    "(--recompute-layers)")
         return "excessive recomputation (guide: use 'selective' instead of 'full')"
     if plan.mbs < better.mbs:
         return "micro-batch too small, so smaller, less efficient GEMMs (guide: increase micro_batch_size)"
