@@ -66,6 +66,7 @@ LAUNCHER_FLAGS = frozenset({  # torchrun / torch.distributed.launch / the deepsp
 })
 VALUE_FLAGS = VALUE_FLAGS | LAUNCHER_FLAGS
 SWITCH_FLAGS = frozenset({
+    "--fp8-param-gather", "--first-last-layers-bf16",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--use-torch-fsdp2", "--bf16", "--fp16", "--recompute-activations", "--group-query-attention",
     "--multi-latent-attention",
@@ -547,7 +548,17 @@ def _fp8_recipe(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, s
     if recipe not in FP8_RECIPES:
         raise InputError(INPUT_NAME, f"--fp8-recipe {recipe}: autopar prices {', '.join(FP8_RECIPES)} (a 'custom' "
                                      "quantizer factory's kernels are unknown); use one of them")
+    for flag, what in FP8_UNMODELLED_FLAGS.items():
+        if flags.get(flag):
+            notes.append(f"{flag}: {what} not modelled; priced as if absent")
     return {"fp8_recipe": recipe}
+
+
+FP8_UNMODELLED_FLAGS = {
+    "--fp8-param-gather": "fp8 weights and fp8 parameter all-gathers (the estimate prices bf16 ones, a little more)",
+    "--first-last-layers-bf16": "bf16 first and last layers (the estimate prices every layer in fp8)",
+}
+"""fp8 switches of Megatron-Core's TransformerConfig / DistributedDataParallelConfig that no cost term reads."""
 
 
 def _model_fields(flags: dict[str, "str | bool"]) -> dict[str, int]:

@@ -325,6 +325,12 @@ def dp_cp_group(plans, num_gpus: int, domain_gpus: int) -> GroupPlacement:
     return place_group(num_gpus / (plans.tp * plans.pp), plans.tp, domain_gpus)
 
 
+def stage_group(plans, num_gpus: int, domain_gpus: int) -> GroupPlacement:
+    """Every rank of one pipeline stage, tp·cp·dp = num_gpus / pp consecutive ranks (Megatron-Core's amax reduction
+    group, parallel_state get_amax_reduction_group(with_context_parallel=True))."""
+    return place_group(num_gpus / plans.pp, 1, domain_gpus)
+
+
 def etp_group(plans, domain_gpus: int) -> GroupPlacement:
     """Expert tensor parallel: innermost of the expert-layer order."""
     return place_group(plans.etp, 1, domain_gpus)

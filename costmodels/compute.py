@@ -256,6 +256,12 @@ class Gemm:
     sp_gathered_input: bool = False
     """A column-parallel linear layer whose input sequence parallelism all-gathers over the tp group (fused QKV, an
     MLP's first GEMM): in FP8 its cast runs on the local shard before the gather (`fp8_cast_bytes`)."""
+    bf16_only: bool = False
+    """Not a Transformer Engine layer: bf16 in either precision, no fp8 cast (a MoE router, moe/router.py
+    torch.nn.functional.linear)."""
+    norm_fused_input: bool = False
+    """Its input comes from a norm fused into the layer, Transformer Engine's LayerNormLinear (Megatron-Core's TE
+    spec: the fused QKV without MLA, a dense MLP's fc1): in FP8 the norm kernel casts (`fp8_cast_bytes_per_element`)."""
 
 
 def _tokens(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -288,7 +294,7 @@ def attention_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays)
         qk_dim, v_dim = mla.qk_head_dim, mla.v_head_dim
     else:
         gemms = [dataclasses.replace(_linear(tokens, h, (model.q_size + 2 * model.kv_size) / tp),
-                                     sp_gathered_input=True),                              # fused QKV
+                                     sp_gathered_input=True, norm_fused_input=True),       # fused QKV
                  _linear(tokens, model.q_size / tp, h)]                                    # output projection
         qk_dim = v_dim = model.head_dim
     # attention core: 2·s²·a·(d_qk + d_v) per sequence forward when the full score matrix is computed and masked
@@ -330,10 +336,13 @@ def local_attention_core_fraction(model: ModelSpec, training: TrainingSpec) -> f
         / model.num_layers
 
 
-def mlp_gemms(model: ModelSpec, tokens: np.ndarray, width: float, tp: np.ndarray) -> list[Gemm]:
-    """A dense MLP of intermediate size `width`, column- then row-parallel over `tp`."""
+def mlp_gemms(model: ModelSpec, tokens: np.ndarray, width: float, tp: np.ndarray,
+              norm_fused: bool = False) -> list[Gemm]:
+    """A dense MLP of intermediate size `width`, column- then row-parallel over `tp`; `norm_fused` where the pre-MLP
+    norm is fused into its fc1 (a dense layer's MLP; a MoE layer keeps the norm apart for the router)."""
     up = 2 * width if model.mlp is MlpKind.GATED else width                                # gate and up fused
-    return [dataclasses.replace(_linear(tokens, model.hidden_size, up / tp), sp_gathered_input=True),
+    return [dataclasses.replace(_linear(tokens, model.hidden_size, up / tp), sp_gathered_input=True,
+                                norm_fused_input=norm_fused),
             _linear(tokens, width / tp, model.hidden_size)]
 
 
@@ -364,7 +373,8 @@ def moe_mlp_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
     moe = model.moe
     tokens = _tokens(training, plans)
     tp = plans.tp.astype(float)
-    gemms = [_linear(tokens / tp, model.hidden_size, moe.num_experts)]                    # router (on SP tokens)
+    gemms = [dataclasses.replace(_linear(tokens / tp, model.hidden_size, moe.num_experts),
+                                 bf16_only=True)]                                          # router (on SP tokens)
     expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training)
     local_experts = moe.num_experts / plans.ep
     for gemm in mlp_gemms(model, expert_tokens, moe.expert_ffn_hidden_size, plans.etp.astype(float)):
@@ -504,26 +514,48 @@ that finds the amax the scale comes from (TE csrc/quantizer.cpp Float8CurrentSca
 nvte_compute_amax, then nvte_compute_scale_from_amax, then nvte_quantize)."""
 
 
-def fp8_copies_per_cast(profile: HardwareProfile, recipe: Fp8Recipe) -> float:
-    """FP8 copies one cast of a linear layer's input writes: the GEMM's (rowwise) and, for the weight-gradient GEMM,
-    a second layout (TE Linear's input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input)). Per-tensor
-    scaling makes the second one a transpose only where FP8 GEMMs take just the TN layout, Hopper and Ada (TE
-    quantizer.cpp: `with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()`; Blackwell's GEMMs read
-    the one copy either way); block scaling's scales run along one axis, so the second layout is quantized anew on
-    every GPU. A profile that states no compute capability is priced as TN-only."""
-    if recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE) or profile.compute_capability < 10.0:
-        return 2.0
-    return 1.0
+FP8_TRANSPOSE_BYTES = 2.0
+"""A transpose of an fp8 tensor reads it (1 byte an element) and writes the transposed copy (1 byte)."""
 
 
-def fp8_cast_bytes_per_element(profile: HardwareProfile, recipe: Fp8Recipe) -> float:
-    """HBM bytes per element of one forward FP8 cast of a linear layer's bf16 input, by recipe (Fp8Recipe): read it
-    (plus current scaling's amax pass), write each copy with its scales (specs.fp8_copy_bytes_per_element). Delayed scaling: 4 on Hopper, 3 on Blackwell;
-    current scaling 2 more; MXFP8 and block scaling ~4.06. The backward casts the output gradient the same way, which
-    `BACKWARD_TO_FORWARD` applies. Weights are cast once per step (TE `is_first_microbatch`) and not counted here."""
-    copies = fp8_copies_per_cast(profile, recipe)
-    amax = FP8_AMAX_PASS_BYTES if recipe is Fp8Recipe.TENSORWISE else 0.0
-    return FP8_CAST_READ_BYTES + amax + copies * fp8_copy_bytes_per_element(recipe)
+def fp8_tn_only(profile: HardwareProfile) -> bool:
+    """Whether the GPU's FP8 GEMMs take only the TN layout, so the weight-gradient GEMM needs a transposed copy of a
+    per-tensor-scaled input (TE common/transformer_engine.cpp nvte_is_non_tn_fp8_gemm_supported: Blackwell 10.x
+    reads either layout; Hopper, Ada and 12.x do not). A profile that states no compute capability counts as
+    TN-only."""
+    return not 10.0 <= profile.compute_capability < 12.0
+
+
+def fp8_cast_bytes_per_element(profile: HardwareProfile, recipe: Fp8Recipe, norm_fused: bool = False,
+                               gathered: bool = False) -> tuple[float, float]:
+    """HBM bytes of one forward FP8 cast of a linear layer's bf16 input: (per element the GPU casts, per element of
+    the all-gathered tensor). The cast reads the input (FP8_CAST_READ_BYTES) and writes the GEMM's copy
+    (specs.fp8_copy_bytes_per_element), plus a second layout for the weight gradient (TE Linear
+    input_quantizer.set_usage(columnwise=backward_needs_input)):
+    - block scaling (mxfp8, blockwise) quantizes it anew, both copies in the one kernel, on every GPU;
+    - per-tensor scaling on a TN-only GPU (`fp8_tn_only`) writes it as a transpose in the same pass (cast_transpose),
+      except for an input sequence parallelism gathers: the shard is cast rowwise only ('All-gather is not supported
+      with FP8 column-wise data', TE module/linear.py) and the gathered tensor is transposed after the gather
+      (distributed.py _all_gather_fp8: _create_transpose), FP8_TRANSPOSE_BYTES per gathered element.
+    A norm fused into the layer (`norm_fused`, TE's LayerNormLinear; csrc/extensions/normalization.cpp) casts in the
+    norm kernel: delayed scaling writes fp8 directly (FULLY_FUSED: no cast of its own, a separate transpose where
+    one is needed), current scaling takes the amax from the norm (FUSED_NORM_AMAX_FP8, then quantize_with_amax: no
+    amax pass); block scaling runs unfused. Current scaling otherwise reads the input once more for its amax
+    (FP8_AMAX_PASS_BYTES). Delayed scaling, unfused, no SP: 4 bytes on Hopper, 3 on Blackwell; current scaling 2
+    more; block scaling ~4.06. The backward casts the output gradient much the same way, which `BACKWARD_TO_FORWARD`
+    applies; weights are cast once per step (TE `is_first_microbatch`) and not counted here."""
+    copy = fp8_copy_bytes_per_element(recipe)
+    norm_writes_fp8 = norm_fused and recipe is Fp8Recipe.DELAYED
+    read = 0.0 if norm_writes_fp8 else FP8_CAST_READ_BYTES
+    amax = FP8_AMAX_PASS_BYTES if recipe is Fp8Recipe.TENSORWISE and not norm_fused else 0.0
+    first = 0.0 if norm_writes_fp8 else copy
+    if recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+        return read + amax + first + copy, 0.0
+    if not fp8_tn_only(profile):
+        return read + amax + first, 0.0
+    if gathered:
+        return read + amax + first, FP8_TRANSPOSE_BYTES
+    return read + amax + first + (FP8_TRANSPOSE_BYTES if norm_writes_fp8 else copy), 0.0
 
 
 def fp8_cast_bytes(gemms: list[Gemm], profile: HardwareProfile, training: TrainingSpec,
@@ -534,13 +566,19 @@ def fp8_cast_bytes(gemms: list[Gemm], profile: HardwareProfile, training: Traini
     stay bf16 and are priced as such: FP8 speeds up the GEMMs only."""
     if training.precision is not Precision.FP8:
         return np.zeros(len(plans))
-    per_element = fp8_cast_bytes_per_element(profile, training.fp8_recipe)
-    shard = np.where(plans.sp, plans.tp, 1).astype(float)
+    recipe = training.fp8_recipe
+    tp = plans.tp.astype(float)
     total = np.zeros(len(plans))
     for gemm in gemms:
-        if not gemm.attention_core:
-            elements = gemm.m * gemm.k * (gemm.flops / (2.0 * gemm.m * gemm.n * gemm.k))
-            total = total + per_element * elements / (shard if gemm.sp_gathered_input else 1.0)
+        if gemm.attention_core or gemm.bf16_only:
+            continue
+        elements = gemm.m * gemm.k * (gemm.flops / (2.0 * gemm.m * gemm.n * gemm.k))
+        unsharded, _ = fp8_cast_bytes_per_element(profile, recipe, gemm.norm_fused_input, gathered=False)
+        if gemm.sp_gathered_input:
+            shard, gathered = fp8_cast_bytes_per_element(profile, recipe, gemm.norm_fused_input, gathered=True)
+            total = total + elements * np.where(plans.sp, shard / tp + gathered, unsharded)
+        else:
+            total = total + elements * unsharded
     return total
 
 
@@ -575,8 +613,9 @@ def _gemms_time_s(profile: HardwareProfile, training: TrainingSpec, gemms: list[
             total = total + moe_kernels.grouped_gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k, precision,
                                                             profile.sustained_clock_fraction)
         else:
+            bf16 = gemm.attention_core or gemm.bf16_only
             total = total + sustained_compute_s(profile, gemm_time_s(profile, gemm.flops, gemm.m, gemm.n, gemm.k,
-                                                                     "bf16" if gemm.attention_core else precision))
+                                                                     "bf16" if bf16 else precision))
     return total
 
 
@@ -696,7 +735,7 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         + BACKWARD_TO_FORWARD * score_bytes * seconds_per_byte
     projections_s = _gemms_time_s(profile, training, attention, attention_core=False)
     attention_s = projections_s + core_s + fp8_cast_bytes(attention, profile, training, plans) * cast_s_per_byte
-    dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+    dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp, norm_fused=True)
     dense_mlp_s = _gemms_time_s(profile, training, dense_mlp)
     dense_weight_s = projections_s + dense_mlp_s
     dense_s = attention_s + dense_mlp_s + dense_bytes * seconds_per_byte \
@@ -774,7 +813,8 @@ def moe_backward_extra_s(profile: HardwareProfile, training: TrainingSpec, moe_m
 def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
                           core_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dense layer, MoE layer) seconds of re-running the selected --recompute-modules in the backward pass:
-    core_attn the attention core; layernorm the two norms (read 2h, write 2h bytes per token each, HBM-bound);
+    core_attn the attention core; layernorm the norms that are modules of their own (ModelSpec.separate_norms; read
+    2h, write 2h bytes per token each, HBM-bound);
     mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: reads
     the fused gate/up output, 4 bytes, writes 2, per expert column); moe the router and routed-expert GEMMs and
     permutation (its all-to-alls are re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's
@@ -785,7 +825,7 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     tp = plans.tp.astype(float)
     per_byte = 1.0 / profile.hbm_bandwidth_bytes_per_s
     outside = tokens / np.where(plans.sp, tp, 1.0)
-    norms = 2.0 * 4.0 * model.hidden_size * outside * per_byte
+    norm = 4.0 * model.hidden_size * outside * per_byte            # one norm module: read 2h, write 2h a token
     mla = np.zeros(n)
     if model.mla is not None:
         up = [g for g in attention_gemms(model, training, plans)[:-1]]
@@ -799,9 +839,9 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     def pick(module: RecomputeModule, seconds) -> np.ndarray:
         return np.where(recomputes_module(plans, module), seconds, 0.0)
 
-    common = pick(RecomputeModule.CORE_ATTN, core_s) + pick(RecomputeModule.LAYERNORM, norms) \
-        + pick(RecomputeModule.MLA_UP_PROJ, mla)
-    dense = common + pick(RecomputeModule.MLP, dense_mlp)
+    common = pick(RecomputeModule.CORE_ATTN, core_s) + pick(RecomputeModule.MLA_UP_PROJ, mla)
+    dense = common + pick(RecomputeModule.LAYERNORM, model.separate_norms(moe_layer=False) * norm) \
+        + pick(RecomputeModule.MLP, dense_mlp)
     moe = np.zeros(n)
     if model.moe is not None:
         spec = model.moe
@@ -812,7 +852,8 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
         permute = moe_dispatch_bytes(model, training, plans) * per_byte
         shared = _gemms_time_s(profile, training, routed_gemms[len(routed_gemms) - shared_count:]) \
             if shared_count else np.zeros(n)
-        moe = common + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,
+        moe = common + pick(RecomputeModule.LAYERNORM, model.separate_norms(moe_layer=True) * norm) \
+            + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,
                                 pick(RecomputeModule.MOE_ACT, act)) + pick(RecomputeModule.SHARED_EXPERTS, shared)
     return dense, moe
 

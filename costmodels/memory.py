@@ -314,8 +314,8 @@ def embedding_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
 #   - norms: each stores its input (2h per token) and its fp32 statistics: LayerNorm mean and rstd (8 bytes per
 #     token), RMSNorm rstd only (4 bytes per token).
 #   - fp8 (Transformer Engine): a linear layer keeps the quantized copy of its input its weight gradient reads, not
-#     the bf16 one (`saved_linear_input_bytes`): QKV, fc1 and fc2 inputs shrink to about a byte an element, while
-#     flash attention still keeps the bf16 output the projection's fp8 copy was made from.
+#     the bf16 one (`saved_linear_input_bytes`): QKV, fc1 and fc2 inputs shrink to about a byte an element; the
+#     output projection keeps flash attention's bf16 output (delayed scaling: an fp8 copy beside it).
 
 def saved_linear_input_bytes(training: TrainingSpec) -> float:
     """Bytes per element of a linear layer's input that Transformer Engine keeps for its weight gradient: the bf16
@@ -345,6 +345,7 @@ def _mlp_input_bytes_per_element(model: ModelSpec, training: TrainingSpec, moe_l
             and training.fp8_recipe is Fp8Recipe.DELAYED:
         extra = saved_linear_input_bytes(training)
     return BF16_BYTES + extra
+
 
 def _uses_dropout(model: ModelSpec) -> bool:
     return bool(model.dropout)
@@ -393,10 +394,12 @@ def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape:
         k_width = model.kv_size * kv_replication if flash else model.q_size
         v_width = k_width
         out_width = model.q_size
-    # Q, K, V, and the output-projection input: flash attention keeps its bf16 output for the backward, the
-    # projection its own copy (the same tensor in bf16, an fp8 one beside it in fp8)
-    fp8 = training.precision is Precision.FP8
-    out_bytes = saved_linear_input_bytes(training) + (BF16_BYTES if flash and fp8 else 0)
+    # Q, K, V, and the output-projection input: flash attention keeps its bf16 output for the backward and the
+    # projection the same tensor; under fp8 delayed scaling the projection keeps an fp8 copy of it beside, under the
+    # other recipes Megatron-Core has it keep the original (attention.py: set_save_original_input(linear_proj) when
+    # fp8_recipe != 'delayed', "to avoid the extra memory usage of the quantized tensor")
+    delayed = training.precision is Precision.FP8 and training.fp8_recipe is Fp8Recipe.DELAYED
+    out_bytes = (saved_linear_input_bytes(training) + (BF16_BYTES if flash else 0)) if delayed else BF16_BYTES
     inside = BF16_BYTES * (q_width + k_width + v_width) + out_bytes * out_width
     if flash:
         # flash attention keeps only the fp32 log-sum-exp per head and query
@@ -524,9 +527,11 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
     """(dense layer, MoE layer outside its routed experts) activation bytes per micro-batch that the selected
     recompute modules do not keep (Megatron-Core transformer_layer.py / mlp.py / moe_layer.py / multi_latent_attention
     .py: CheckpointWithoutOutput around the module; its input stays stored, its outputs and interior go):
-    - layernorm: the two norm outputs, the QKV and FC1 GEMM inputs (2h each per token, outside the TP region; in
-      fp8 the linear layers then keep the original input, TE set_save_original_input, so what goes is what they
-      would have kept: `_qkv_input_bytes_per_element`, `_mlp_input_bytes_per_element`);
+    - layernorm: the outputs of the norms Megatron-Core runs as modules of their own (ModelSpec.separate_norms: the
+      input norm under MLA, the pre-MLP norm of a MoE layer; the others are fused into the linear layer after them
+      and recompute nothing), 2h per token each outside the TP region, what the layers after them keep
+      (`_qkv_input_bytes_per_element`, `_mlp_input_bytes_per_element`; under fp8 those keep the original input then,
+      set_save_original_input);
     - mlp: a dense MLP's interior (_mlp_bytes_per_token of its width, inside TP);
     - shared_experts: the shared-expert MLP's interior;
     - mla_up_proj: Q, K and V as the up projections produce them (a·(d_qk + d_qk + d_v), inside TP).
@@ -535,10 +540,10 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
     plans = shape.plans
     zeros = np.zeros(len(plans))
     norms = recomputes_module(plans, RecomputeModule.LAYERNORM)
-    qkv_input = _qkv_input_bytes_per_element(model, training)
 
     def norm_outputs(moe_layer: bool) -> np.ndarray:
-        per_element = qkv_input + _mlp_input_bytes_per_element(model, training, moe_layer)
+        per_element = (_qkv_input_bytes_per_element(model, training) if model.mla is not None else 0.0) \
+            + (_mlp_input_bytes_per_element(model, training, moe_layer=True) if moe_layer else 0.0)
         return np.where(norms, per_element * model.hidden_size * shape.tokens_outside_tp, 0.0)
     mla = zeros
     if model.mla is not None:
@@ -550,9 +555,12 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
                          _mlp_bytes_per_token(model, training, model.ffn_hidden_size) * shape.tokens_inside_tp, 0.0)
     shared = zeros
     if model.moe is not None and model.moe.num_shared_experts:
+        # its interior, and under delayed scaling the fp8 copy of its input its fc1 keeps (the checkpoint keeps the
+        # original: _mlp_input_bytes_per_element's extra)
+        fc1_copy = _mlp_input_bytes_per_element(model, training, moe_layer=True) - BF16_BYTES
         shared = np.where(recomputes_module(plans, RecomputeModule.SHARED_EXPERTS),
                           _mlp_bytes_per_token(model, training, model.moe.shared_expert_ffn_hidden_size)
-                          * shape.tokens_inside_tp, 0.0)
+                          * shape.tokens_inside_tp + fc1_copy * model.hidden_size * shape.tokens_outside_tp, 0.0)
     moe_norms = norm_outputs(moe_layer=True) if model.moe is not None else zeros
     return norm_outputs(moe_layer=False) + mla + dense_mlp, moe_norms + mla + shared
 

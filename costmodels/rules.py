@@ -22,7 +22,7 @@ from costmodels import memory
 from costmodels.errors import InputError
 from costmodels.plan import (PLAN_FIELDS, Plan, PlanArrays, Recompute, RecomputeModule, as_plan_arrays,
                              embedding_loss_slots)
-from costmodels.specs import ClusterSpec, ModelSpec, PipelineSchedule, TrainingSpec
+from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, PipelineSchedule, Precision, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -306,6 +306,26 @@ def _explain_recompute(problem: Problem, plan: Plan) -> str:
             f"pipeline chunk (pp={plan.pp}, vpp={plan.vpp}); {fix} to recompute them all")
 
 
+FP8_DELAYED_UNRECOMPUTABLE = RecomputeModule.LAYERNORM | RecomputeModule.MOE_ACT
+"""Modules Megatron-Core will not recompute under fp8 delayed scaling: their recompute has the linear layer after them
+keep its original (bf16) input, which TE's DelayedScaling quantizers refuse (TransformerConfig.__post_init__:
+'Delayed scaling does not support moe_act and layernorm recompute for fp8')."""
+
+
+def _fp8_delayed_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
+    training = problem.training
+    if training.precision is not Precision.FP8 or training.fp8_recipe is not Fp8Recipe.DELAYED:
+        return np.ones(len(p), dtype=bool)
+    return (p.recompute != Recompute.SELECTIVE) | ((p.recompute_modules & int(FP8_DELAYED_UNRECOMPUTABLE)) == 0)
+
+
+def _explain_fp8_delayed_recompute(problem: Problem, plan: Plan) -> str:
+    modules = RecomputeModule.names(int(plan.recompute_modules) & int(FP8_DELAYED_UNRECOMPUTABLE))
+    return (f"recompute modules {', '.join(modules)} with fp8 delayed scaling: Megatron-Core refuses them ('Delayed "
+            "scaling does not support moe_act and layernorm recompute for fp8'); use --fp8-recipe tensorwise (or "
+            "blockwise, mxfp8), or other modules")
+
+
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
     raise AssertionError("the memory rule needs the peak memory: use memory_holds")
 
@@ -348,6 +368,9 @@ RULES: tuple[Rule, ...] = (
          "Megatron --recompute-method block / --recompute-modules",
          ("recompute", "recompute_layers", "recompute_modules", "pp", "vpp", "first_stage_layers", "last_stage_layers"),
          False, _recompute, _explain_recompute),
+    Rule("fp8_delayed_recompute", "fp8 delayed scaling cannot recompute the layernorm or moe_act modules",
+         "Megatron-Core TransformerConfig.__post_init__ (TE's DelayedScaling has no save_original_input)",
+         ("recompute", "recompute_modules"), False, _fp8_delayed_recompute, _explain_fp8_delayed_recompute),
     Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
          PLAN_FIELDS, False, _memory_placeholder),
 )

@@ -335,6 +335,14 @@ class ModelSpec:
             return False
         return (layer_index + 1) % self.moe.layer_freq == 0
 
+    def separate_norms(self, moe_layer: bool) -> int:
+        """Norms of a decoder layer that Megatron-Core's Transformer Engine layer spec runs as modules of their own
+        (models/gpt/gpt_layer_specs.py): the input norm only under MLA (otherwise it is fused into linear_qkv,
+        TELayerNormColumnParallelLinear, and input_layernorm is IdentityOp), the pre-MLP norm only in a MoE layer
+        (the router reads its output; a dense MLP fuses it into fc1). `--recompute-modules layernorm` recomputes
+        these only (transformer_layer.py: `if not isinstance(self.input_layernorm, IdentityOp)`)."""
+        return int(self.mla is not None) + int(moe_layer)
+
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
@@ -362,14 +370,16 @@ class Fp8Recipe(str, enum.Enum):
 
     DELAYED = "delayed"
     """DelayedScaling: one scale per tensor from the amax history of earlier steps, so the cast needs no pass of its
-    own to find the amax (it updates the history in the same kernel)."""
+    own to find the amax (it updates the history in the same kernel); the amaxes a pass recorded are all-reduced over
+    the stage's ranks when it leaves the fp8 autocast (costmodels.steptime.fp8_delayed_amax_reduction_s)."""
     TENSORWISE = "tensorwise"
     """Float8CurrentScaling: one scale per tensor from this tensor's own amax, found by a separate reduction kernel
     before the cast (TE csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax, then
     nvte_quantize), and with sequence parallelism all-reduced over the TP group first."""
     BLOCKWISE = "blockwise"
     """Float8BlockScaling (DeepSeek-V3's): an fp32 scale per 1×128 block of activations and gradients (128×128 of
-    weights), found inside the cast kernel; Hopper and later with CUDA 12.9."""
+    weights), found inside the cast kernel; Hopper and later with CUDA 12.9 (on Blackwell TE runs it through MXFP8's
+    GEMMs with power-of-2 scales)."""
     MXFP8 = "mxfp8"
     """MXFP8BlockScaling (OCP microscaling): an E8M0 scale per 32 elements, applied by the tensor cores; Blackwell
     (compute capability 10.x) only."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from costmodels import compute as compute_model
 from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
-                             group_collective_time_s, tp_group)
+                             group_collective_time_s, stage_group, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
 from costmodels.params import moe_layers_before, moe_layers_on_stage, stage_params_per_gpu
 from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubble_microbatch_equivalents,
@@ -182,6 +182,8 @@ class LayerComm:
     """One SP reduce-scatter on the tp group."""
     tp_amax_s: np.ndarray
     """One FP8 amax all-reduce on the tp group (per-tensor current scaling with SP; else 0)."""
+    tp_backward_extra_s: np.ndarray
+    """What one TP block's backward all-gather costs beyond its forward one (block-scaled fp8 with SP; else 0)."""
     cp_forward_s: np.ndarray
     """Exposed CP ring exchange of one layer's forward pass."""
     cp_backward_s: np.ndarray
@@ -192,11 +194,11 @@ class LayerComm:
 
 def layer_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                  times: compute_model.LayerTimes) -> LayerComm:
-    tp_block, etp_block, gather, scatter, amax = tp_block_s(model, cluster, training, plans)
+    tp_block, etp_block, gather, scatter, amax, backward_extra = tp_block_s(model, cluster, training, plans)
     cp_forward, cp_backward = cp_exchange_s(model, cluster, training, plans, times.attention_core_fwd_s,
                                             times.core_backward_s(training))
     return LayerComm(tp_block_s=tp_block, etp_block_s=etp_block, tp_gather_s=gather, tp_scatter_s=scatter,
-                     tp_amax_s=amax, cp_forward_s=cp_forward, cp_backward_s=cp_backward,
+                     tp_amax_s=amax, tp_backward_extra_s=backward_extra, cp_forward_s=cp_forward, cp_backward_s=cp_backward,
                      ep_all_to_all_s=ep_all_to_all_one_s(model, cluster, training, plans))
 
 
@@ -249,15 +251,18 @@ def stage_weight_grad_s(model: ModelSpec, plans: PlanArrays, times: compute_mode
     return per_layers + np.where(stage == plans.pp - 1, times.logits_fwd_s, 0.0)
 
 
-def tp_gather_bytes_per_element(training: TrainingSpec) -> float:
+def tp_gather_bytes_per_element(training: TrainingSpec, backward: bool = False) -> float:
     """Bytes per element of a sequence-parallel all-gather into a linear layer: in FP8, Transformer Engine casts the
     local shard first and gathers the FP8 copy with its scales (TE module/linear.py: `inputmat =
-    input_quantizer(inputmat)` then `gather_along_first_dim(inputmat, tp_group, quantizer=...)`; the row-parallel
-    backward gathers its quantized output gradient alike, module/base.py grad_output_preprocess), with or without
-    userbuffers; the reduce-scatters carry the bf16 GEMM outputs. In bf16, the bf16 activation."""
+    input_quantizer(inputmat)` then `gather_along_first_dim(inputmat, tp_group, quantizer=...)`), with or without
+    userbuffers; the reduce-scatters carry the bf16 GEMM outputs. The row-parallel `backward` gathers its quantized
+    output gradient alike (module/base.py grad_output_preprocess), both layouts under block scaling (the quantizer
+    wants rowwise and columnwise data there, and distributed.py _all_gather_mxfp8 / _start_all_gather_fp8_blockwise
+    gather each with its scales): 2 copies, a little more than bf16. In bf16, the bf16 activation."""
     if training.precision is not Precision.FP8:
         return float(ACTIVATION_BYTES)
-    return fp8_copy_bytes_per_element(training.fp8_recipe)
+    copies = 2.0 if backward and training.fp8_recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE) else 1.0
+    return copies * fp8_copy_bytes_per_element(training.fp8_recipe)
 
 
 AMAX_BYTES = 4
@@ -278,14 +283,37 @@ def fp8_amax_reduction_s(cluster: ClusterSpec, training: TrainingSpec, plans: Pl
     return np.where(plans.sp & (plans.tp > 1), reduce_s, 0.0)
 
 
+AMAXES_PER_LINEAR_PASS = 3
+"""Amaxes one Transformer Engine linear layer records per pass under delayed scaling: input, weight and output
+(forward), or the gradients (backward) (TE's fp8 meta: 3 forward, 2 backward scaling factors per GEMM; 3, an upper
+bound, for both)."""
+
+
+def fp8_delayed_amax_reduction_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                                 stage: np.ndarray) -> np.ndarray:
+    """One pass's amax all-reduce under delayed scaling: Megatron-Core wraps a stage's layers in one fp8 autocast
+    (transformer_block.py) whose amax reduction group spans the stage's ranks, tp·cp·dp (fp8_utils.py
+    get_fp8_context: get_amax_reduction_group(with_context_parallel=True)), and TE reduces every amax the pass
+    recorded in one blocking all-reduce when it leaves the autocast, forward and backward (pytorch/quantization.py
+    reduce_and_update_fp8_tensors: all_reduce(MAX)). A few hundred bytes: its latency over a group that crosses
+    nodes once dp > 1. 0 in bf16 and under the other recipes (current and block scaling take each tensor's own)."""
+    if training.precision is not Precision.FP8 or training.fp8_recipe is not Fp8Recipe.DELAYED:
+        return np.zeros(len(plans))
+    linears = 4.0 * layers_on_stage(model.num_layers, plans, stage)      # qkv, proj, fc1, fc2 per layer
+    amax_bytes = linears * AMAXES_PER_LINEAR_PASS * AMAX_BYTES
+    return group_collective_time_s(cluster.profile, stage_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus),
+                                   "all_reduce", amax_bytes)
+
+
 def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tp block, etp block, tp all-gather, tp reduce-scatter, amax all-reduce) seconds of one TP block's collectives
-    (see tp_comm_s): 2 all-reduces of the b·(s/cp)·h activation, or with SP an all-gather (FP8 in fp8,
-    `tp_gather_bytes_per_element`) + reduce-scatter of the same elements, plus current scaling's amax all-reduce
-    (`fp8_amax_reduction_s`; each also returned alone, for --tp-comm-overlap); a routed-expert block moves
-    top_k·etp/tp of it (× the load factor, bf16: the dispatcher's own collectives) on the etp group (0 for a dense
-    model)."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tp block, etp block, tp all-gather, tp reduce-scatter, amax all-reduce, backward extra) seconds of one TP
+    block's collectives in a forward pass (see tp_comm_s): 2 all-reduces of the b·(s/cp)·h activation, or with SP an
+    all-gather (FP8 in fp8, `tp_gather_bytes_per_element`) + reduce-scatter of the same elements, plus current
+    scaling's amax all-reduce (`fp8_amax_reduction_s`; each also returned alone, for --tp-comm-overlap); what the
+    backward's all-gather costs beyond the forward's (block scaling gathers two copies there); a routed-expert block
+    moves top_k·etp/tp of it (× the load factor, bf16: the dispatcher's own collectives) on the etp group (0 for a
+    dense model)."""
     profile = cluster.profile
     activation_elements = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size
     activation_bytes = activation_elements * ACTIVATION_BYTES
@@ -300,13 +328,16 @@ def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     gather_s = group_collective_time_s(profile, tp_placement, "all_gather",
                                        activation_elements * tp_gather_bytes_per_element(training))
     scatter_s = group_collective_time_s(profile, tp_placement, "reduce_scatter", activation_bytes)
+    backward_gather_s = group_collective_time_s(
+        profile, tp_placement, "all_gather", activation_elements * tp_gather_bytes_per_element(training, backward=True))
+    backward_extra_s = np.where(plans.sp, backward_gather_s - gather_s, 0.0)
     amax_s = fp8_amax_reduction_s(cluster, training, plans)
     tp_block = np.where(plans.sp, gather_s + scatter_s + amax_s,
                         group_collective_time_s(profile, tp_placement, "all_reduce", activation_bytes))
     etp_block = np.zeros(len(plans))
     if model.moe is not None:
         etp_block = expert_tp_block_s(model, cluster, training, plans, block_s, activation_bytes)
-    return tp_block, etp_block, gather_s, scatter_s, amax_s
+    return tp_block, etp_block, gather_s, scatter_s, amax_s, backward_extra_s
 
 
 def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -325,9 +356,9 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     profile's `overlap.tp_comm` fraction (default 0) applies on top of the collectives, for calibrated profiles.
     """
     profile = cluster.profile
-    tp_block, etp_block, gather_s, scatter_s, amax_s = (
-        (comm.tp_block_s, comm.etp_block_s, comm.tp_gather_s, comm.tp_scatter_s, comm.tp_amax_s) if comm is not None
-        else tp_block_s(model, cluster, training, plans))
+    tp_block, etp_block, gather_s, scatter_s, amax_s, backward_extra_s = (
+        (comm.tp_block_s, comm.etp_block_s, comm.tp_gather_s, comm.tp_scatter_s, comm.tp_amax_s,
+         comm.tp_backward_extra_s) if comm is not None else tp_block_s(model, cluster, training, plans))
     layers = layers_on_stage(model.num_layers, plans, stage)
     moe_layers = moe_layers_on_stage(model, plans, stage)
     recomputed = compute_model.recomputed_layer_fraction(plans, layers)
@@ -337,8 +368,9 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # gather is FP8 in fp8 like the others'; only --moe-shared-expert-overlap, not modelled, gathers outside TE)
     has_shared = model.moe is not None and bool(model.moe.num_shared_experts)
     shared_expert_blocks = moe_layers if has_shared else 0.0
-    total = per_block * (2.0 * layers - moe_layers + shared_expert_blocks) * tp_block
-    if training.tp_comm_overlap and overlap is not None:
+    block_count = 2.0 * layers - moe_layers + shared_expert_blocks
+    total = per_block * block_count * tp_block + block_count * backward_extra_s
+    if training.tp_comm_overlap and overlap is not None:    # userbuffers gather one copy: no backward extra
         def blocks(block):
             return (layers * block(overlap.attention_in_s, overlap.attention_out_s)
                     + (layers - moe_layers) * block(overlap.mlp_in_s, overlap.mlp_out_s)
@@ -354,7 +386,10 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         margin = 0.0
     if model.moe is not None:
         total = total + per_block * moe_layers * etp_block
-    return (1.0 - overlap_fraction(profile, "tp_comm")) * total + margin
+    # delayed scaling's amax all-reduce, once a pass (forward, backward, a recomputed forward) for the whole stage
+    passes = 2.0 + np.minimum(recomputed * layers, 1.0)
+    amax_s = passes * fp8_delayed_amax_reduction_s(model, cluster, training, plans, stage)
+    return (1.0 - overlap_fraction(profile, "tp_comm")) * total + margin + amax_s
 
 
 def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays, block_s,

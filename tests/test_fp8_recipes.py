@@ -17,7 +17,7 @@ from costmodels import compute, memory, steptime
 from costmodels.comm import group_collective_time_s, tp_group
 from costmodels.errors import InputError
 from costmodels.hardware import load_profile
-from costmodels.plan import Plan, PlanArrays
+from costmodels.plan import Plan, PlanArrays, RecomputeModule
 from costmodels.scoring import estimate
 from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, TrainingSpec
 
@@ -62,31 +62,68 @@ def test_an_unknown_recipe_names_the_choices():
         TrainingSpec(precision="fp8", fp8_recipe="nvfp4")
 
 
+def test_delayed_scaling_does_not_recompute_layernorm_or_moe_act():
+    """Megatron-Core refuses them under delayed scaling; other recipes and other modules pass, and no fp8 front
+    searched with delayed scaling holds one."""
+    from costmodels.scoring import rule_violations
+
+    modules = Plan(tp=2, sp=True, mbs=1, zero=1, recompute="selective", recompute_modules=("core_attn", "layernorm"))
+    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    broken = rule_violations(LLAMA_70B, cluster, fp8("delayed"), modules)
+    message = broken["fp8_delayed_recompute"]
+    assert "layernorm" in message and "--fp8-recipe tensorwise" in message
+    assert "fp8_delayed_recompute" not in rule_violations(LLAMA_70B, cluster, fp8("tensorwise"), modules)
+    assert "fp8_delayed_recompute" not in rule_violations(LLAMA_70B, cluster, TrainingSpec(), modules)
+    core = dataclasses.replace(modules, recompute_modules=("core_attn",))
+    assert "fp8_delayed_recompute" not in rule_violations(LLAMA_70B, cluster, fp8("delayed"), core)
+    from autopar.models import load_model
+    from autopar.search.solve import solve
+
+    front = solve(load_model("mixtral-8x7b"), cluster, fp8("delayed"))
+    refused = int(RecomputeModule.LAYERNORM | RecomputeModule.MOE_ACT)
+    assert front.points and not any(p.plan.recompute_modules & refused for p in front.points)
+
+
 # ---- what the casts move ---------------------------------------------------------------------------------------
 
 def test_cast_bytes_follow_each_recipes_kernels():
-    """Per element of a linear layer's input: read 2 bytes, write each fp8 copy. Hopper's TN-only FP8 GEMMs need a
-    transposed copy under per-tensor scaling, Blackwell's do not; block scaling writes both layouts everywhere, with
-    its scales; current scaling reads the input once more for the amax."""
-    per = compute.fp8_cast_bytes_per_element
-    assert per(H100, Fp8Recipe.DELAYED) == 4.0 and per(B200, Fp8Recipe.DELAYED) == 3.0
-    assert per(H100, Fp8Recipe.TENSORWISE) == per(H100, Fp8Recipe.DELAYED) + 2.0
-    assert per(B200, Fp8Recipe.MXFP8) == pytest.approx(4.0 + 2.0 / 32.0)
-    assert per(H100, Fp8Recipe.BLOCKWISE) == per(B200, Fp8Recipe.BLOCKWISE) == pytest.approx(4.0 + 8.0 / 128.0)
+    """(per element cast, per element of the gathered tensor). Unfused, not gathered: read 2 bytes, write each copy;
+    Hopper's TN-only FP8 GEMMs need a transposed copy under per-tensor scaling, Blackwell's do not; block scaling
+    writes both layouts everywhere, with its scales; current scaling reads the input once more for the amax."""
+    def per(profile, recipe, **how):
+        return compute.fp8_cast_bytes_per_element(profile, recipe, **how)
+
+    assert per(H100, Fp8Recipe.DELAYED) == (4.0, 0.0) and per(B200, Fp8Recipe.DELAYED) == (3.0, 0.0)
+    assert per(H100, Fp8Recipe.TENSORWISE) == (6.0, 0.0)
+    assert per(B200, Fp8Recipe.MXFP8)[0] == pytest.approx(4.0 + 2.0 / 32.0)
+    assert per(H100, Fp8Recipe.BLOCKWISE)[0] == per(B200, Fp8Recipe.BLOCKWISE)[0] == pytest.approx(4.0 + 8.0 / 128.0)
+    # a sequence-parallel input on Hopper: the shard cast rowwise only, the gathered tensor transposed after
+    assert per(H100, Fp8Recipe.DELAYED, gathered=True) == (3.0, 2.0)
+    assert per(B200, Fp8Recipe.DELAYED, gathered=True) == (3.0, 0.0)
+    # a norm fused into the layer casts in the norm kernel: delayed writes fp8 itself (only Hopper's transpose
+    # stays), current scaling takes its amax from the norm; block scaling is not fused
+    assert per(H100, Fp8Recipe.DELAYED, norm_fused=True) == (2.0, 0.0)
+    assert per(H100, Fp8Recipe.DELAYED, norm_fused=True, gathered=True) == (0.0, 2.0)
+    assert per(B200, Fp8Recipe.DELAYED, norm_fused=True) == (0.0, 0.0)
+    assert per(H100, Fp8Recipe.TENSORWISE, norm_fused=True) == (4.0, 0.0)
+    assert per(B200, Fp8Recipe.MXFP8, norm_fused=True) == per(B200, Fp8Recipe.MXFP8)
 
 
 def test_a_sequence_parallel_input_is_cast_on_its_own_shard():
-    """QKV and fc1 read the all-gathered sequence; TE casts the GPU's 1/tp shard before the gather, so with SP their
-    cast bytes are 1/tp of those without it, while the row-parallel inputs (already per-rank) are unchanged."""
-    training = fp8("delayed")
+    """QKV reads the all-gathered sequence; TE casts the GPU's 1/tp shard before the gather (and on Hopper transposes
+    the gathered tensor after it), while the row-parallel input of the projection is already per rank."""
+    training = fp8("tensorwise")
     with_sp, without = (PlanArrays.from_plans([Plan(tp=8, sp=sp, mbs=1)]) for sp in (True, False))
     tokens = 8192.0
     qkv, proj = compute.attention_gemms(LLAMA_70B, training, with_sp)[:2]
-    per = compute.fp8_cast_bytes_per_element(H100, Fp8Recipe.DELAYED)
-    for plans, shard in ((with_sp, 8.0), (without, 1.0)):
+    assert qkv.norm_fused_input and qkv.sp_gathered_input and not proj.sp_gathered_input
+    shard, gathered = compute.fp8_cast_bytes_per_element(H100, Fp8Recipe.TENSORWISE, norm_fused=True, gathered=True)
+    whole, _ = compute.fp8_cast_bytes_per_element(H100, Fp8Recipe.TENSORWISE, norm_fused=True)
+    plain, _ = compute.fp8_cast_bytes_per_element(H100, Fp8Recipe.TENSORWISE)
+    qkv_elements, proj_elements = tokens * 8192, tokens * LLAMA_70B.q_size / 8
+    for plans, qkv_bytes in ((with_sp, shard / 8 + gathered), (without, whole)):
         cast = compute.fp8_cast_bytes([qkv, proj], H100, training, plans)
-        expected = per * (tokens * 8192 / shard + tokens * LLAMA_70B.q_size / 8)
-        assert float(cast[0]) == pytest.approx(expected)
+        assert float(cast[0]) == pytest.approx(qkv_elements * qkv_bytes + proj_elements * plain)
     assert float(compute.fp8_cast_bytes([qkv, proj], H100, TrainingSpec(), with_sp)[0]) == 0.0
 
 
@@ -107,6 +144,48 @@ def test_fp8_gathers_carry_one_byte_an_element_and_reduce_scatters_stay_bf16():
     assert float(delayed[4][0]) == float(bf16[4][0]) == 0.0                 # no amax all-reduce
 
 
+def test_block_scaling_gathers_both_layouts_in_the_backward():
+    """The row-parallel backward gathers its output gradient with rowwise and columnwise data under MXFP8 (and
+    blockwise): two copies with their scales, against one in the forward and under per-tensor recipes."""
+    cluster = ClusterSpec(profile=B200, num_gpus=64)
+    plans = PlanArrays.from_plans([TP8])
+    group = tp_group(plans, cluster.nvlink_domain_gpus)
+    elements = 8192.0 * LLAMA_70B.hidden_size
+
+    def gather(bytes_per_element):
+        return float(group_collective_time_s(B200, group, "all_gather", elements * bytes_per_element)[0])
+
+    mxfp8 = steptime.tp_block_s(LLAMA_70B, cluster, fp8("mxfp8"), plans)
+    copy = 1.0 + 1.0 / 32.0
+    assert float(mxfp8[2][0]) == pytest.approx(gather(copy))
+    assert float(mxfp8[5][0]) == pytest.approx(gather(2 * copy) - gather(copy))
+    assert float(steptime.tp_block_s(LLAMA_70B, cluster, fp8("delayed"), plans)[5][0]) == 0.0
+
+
+def test_delayed_scaling_all_reduces_its_amaxes_over_the_stage_once_a_pass(monkeypatch):
+    """Megatron-Core's one fp8 autocast per stage: TE all-reduces the pass's amaxes over tp·cp·dp on leaving it,
+    forward and backward (and a recomputed forward)."""
+    from costmodels.comm import stage_group
+
+    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    stage = np.zeros(1, dtype=int)
+    plans = PlanArrays.from_plans([Plan(tp=8, sp=True, mbs=1, zero=1)])
+    one_pass = float(steptime.fp8_delayed_amax_reduction_s(LLAMA_70B, cluster, fp8("delayed"), plans, stage)[0])
+    amax_bytes = 4 * LLAMA_70B.num_layers * steptime.AMAXES_PER_LINEAR_PASS * 4
+    assert one_pass > 0.0 and one_pass == pytest.approx(float(group_collective_time_s(
+        H100, stage_group(plans, 64, cluster.nvlink_domain_gpus), "all_reduce", amax_bytes)[0]))
+    for training in (fp8("tensorwise"), fp8("blockwise"), TrainingSpec()):
+        assert float(steptime.fp8_delayed_amax_reduction_s(LLAMA_70B, cluster, training, plans, stage)[0]) == 0.0
+    for plan, passes in ((Plan(tp=8, sp=True, mbs=1, zero=1), 2.0), (TP8, 3.0)):       # TP8: full recompute
+        plans = PlanArrays.from_plans([plan])
+        times = compute.layer_times_s(LLAMA_70B, H100, fp8("delayed"), plans)
+        with_amax = float(steptime.tp_comm_s(LLAMA_70B, cluster, fp8("delayed"), plans, stage, times.tp_overlap)[0])
+        with monkeypatch.context() as patch:
+            patch.setattr(steptime, "fp8_delayed_amax_reduction_s", lambda *args: np.zeros(1))
+            without = float(steptime.tp_comm_s(LLAMA_70B, cluster, fp8("delayed"), plans, stage, times.tp_overlap)[0])
+        assert with_amax - without == pytest.approx(passes * one_pass)
+
+
 @pytest.mark.parametrize("tp_comm_overlap", [False, True])
 def test_current_scaling_pays_an_amax_all_reduce_per_tp_block_and_pass(tp_comm_overlap):
     """Forward (column-parallel input), backward (row-parallel output gradient) and the recomputed forward each
@@ -123,7 +202,8 @@ def test_current_scaling_pays_an_amax_all_reduce_per_tp_block_and_pass(tp_comm_o
              - steptime.tp_comm_s(LLAMA_70B, cluster, delayed, plans, stage, times.tp_overlap))
     passes = 3.0                                            # full recompute: forward, backward, recomputed forward
     blocks = 2.0 * LLAMA_70B.num_layers                     # attention and MLP per layer
-    assert float(extra[0]) == pytest.approx(passes * blocks * amax_s)
+    delayed_own = passes * float(steptime.fp8_delayed_amax_reduction_s(LLAMA_70B, cluster, delayed, plans, stage)[0])
+    assert float(extra[0]) == pytest.approx(passes * blocks * amax_s - delayed_own)
     no_sp = PlanArrays.from_plans([dataclasses.replace(TP8, sp=False)])
     assert float(steptime.fp8_amax_reduction_s(cluster, tensorwise, no_sp)[0]) == 0.0
 
@@ -149,8 +229,9 @@ def layer_activations(training, plan, model=LLAMA_70B, profile=H100):
 @pytest.mark.parametrize("recipe", ["delayed", "mxfp8"])
 def test_fp8_layers_keep_the_quantized_linear_inputs(recipe):
     """Transformer Engine keeps the fp8 copy of a linear layer's input for the weight gradient: per token the QKV and
-    fc1 inputs (h each, outside TP) and fc2's (F, inside TP) drop from 2 bytes to one plus scales, while flash
-    attention's bf16 output stays beside the projection's fp8 copy of it (+ q_size, inside TP)."""
+    fc1 inputs (h each, outside TP) and fc2's (F, inside TP) drop from 2 bytes to one plus scales. The projection
+    keeps flash attention's bf16 output, and under delayed scaling an fp8 copy beside it (+ q_size, inside TP;
+    Megatron-Core has the other recipes keep the original, attention.py set_save_original_input)."""
     plan = Plan(tp=8, sp=True, mbs=1, zero=1)
     bf16, fp8_ = (layer_activations(t, plan, profile=B200) for t in (
         TrainingSpec(seq_len=8192, global_batch_size=64), fp8(recipe)))
@@ -159,23 +240,25 @@ def test_fp8_layers_keep_the_quantized_linear_inputs(recipe):
     tokens = 8192 / 8                                                      # SP: every term is per 1/tp of the tokens
     shape = memory.stage_shape(LLAMA_70B, ClusterSpec(profile=B200, num_gpus=64), fp8(recipe),
                                PlanArrays.from_plans([plan]), 0)
-    per_layer = tokens * ((2 - copy) * (2 * h + f) - copy * q)
+    projection_copy = copy * q if recipe == "delayed" else 0.0
+    per_layer = tokens * ((2 - copy) * (2 * h + f) - projection_copy)
     assert bf16 - fp8_ == pytest.approx(per_layer * float(shape.layers[0]) * float(shape.in_flight[0]))
     assert fp8_ < bf16
 
 
-def test_layernorm_recompute_in_fp8_drops_what_the_linears_would_have_kept():
-    """With --recompute-modules layernorm the QKV and fc1 linears keep their original input (Megatron-Core
-    set_save_original_input under fp8), which the recompute frees: nothing of those inputs is stored either way."""
-    base = Plan(tp=8, sp=True, mbs=1, zero=1)
-    recomputed = dataclasses.replace(base, recompute="selective", recompute_modules=("core_attn", "layernorm"))
-    core_only = dataclasses.replace(base, recompute="selective", recompute_modules=("core_attn",))
+def test_layernorm_recompute_drops_a_moe_layers_pre_mlp_norm_in_fp8_as_in_bf16():
+    """The pre-MLP norm of a MoE layer is a module of its own (the router keeps its bf16 output, and under fp8 the
+    shared expert keeps the original too): recomputing it drops 2h bytes per token in either precision."""
+    from autopar.models import load_model
+
+    model = load_model("qwen3-30b-a3b")
+    base = Plan(tp=2, sp=True, ep=8, etp=1, mbs=1, zero=1, recompute="selective", recompute_modules=("core_attn",))
+    with_norm = dataclasses.replace(base, recompute_modules=("core_attn", "layernorm"))
     for training in (TrainingSpec(seq_len=8192, global_batch_size=64), fp8("tensorwise")):
-        cluster = ClusterSpec(profile=H100, num_gpus=64)
-        shape = memory.stage_shape(LLAMA_70B, cluster, training, PlanArrays.from_plans([recomputed]), 0)
-        saved = memory.saved_linear_input_bytes(training)
-        dropped = 2 * saved * LLAMA_70B.hidden_size * 8192 / 8 * float(shape.layers[0]) * float(shape.in_flight[0])
-        assert layer_activations(training, core_only) - layer_activations(training, recomputed) \
+        shape = memory.stage_shape(model, ClusterSpec(profile=H100, num_gpus=64), training,
+                                   PlanArrays.from_plans([with_norm]), 0)
+        dropped = 2 * model.hidden_size * 8192 / 2 * float(shape.moe_layers[0]) * float(shape.in_flight[0])
+        assert layer_activations(training, base, model=model) - layer_activations(training, with_norm, model=model) \
             == pytest.approx(dropped)
 
 
@@ -228,6 +311,11 @@ def test_a_typed_recipe_that_contradicts_the_command_is_bad_input(capsys):
     code, _, _ = run_cli(capsys, "estimate", "llama-3.1-8b", "--gpu", "h100", "--gpus", "8",
                          "--from-megatron-args", command + " --fp8-recipe tensorwise", "--fp8-recipe", "tensorwise")
     assert code == 0
+    code, _, err = run_cli(capsys, "estimate", "llama-3.1-8b", "--gpu", "h100", "--gpus", "8",
+                           "--from-megatron-args", command, "--precision", "bf16")
+    assert code == 2 and "--precision bf16 contradicts the Megatron-LM command's fp8 (--fp8-format)" in err
+    run = parse_megatron_args(command + " --fp8-param-gather")
+    assert any(note.startswith("--fp8-param-gather: fp8 weights") for note in run.notes)
 
 
 @pytest.mark.parametrize("recipe, nemo, bridge", [

@@ -91,7 +91,7 @@ def test_import_takes_training_and_gpu_count_from_the_command_and_leaves_the_fla
                                                   "--fp8-format e4m3")
     run = import_megatron_run(args, io.StringIO())
     assert run.plan.tp == 4
-    assert (args.seq_len, args.global_batch, args.precision, args.num_gpus) == (None, None, "bf16", None)  # untyped
+    assert (args.seq_len, args.global_batch, args.precision, args.num_gpus) == (None, None, None, None)  # untyped
     _, cluster, training = specs_from_args(args, load_model=dense_model, imported=run)
     assert (training.seq_len, training.global_batch_size, training.precision.value) == (8192, 64, "fp8")
     assert cluster.num_gpus == 16

@@ -47,15 +47,19 @@ def test_fp8_casts_cost_hbm_traffic(monkeypatch):
     fp8 = dataclasses.replace(bf16, precision=Precision.FP8)
     tokens = np.array([8192.0])
     gemms = compute.mlp_gemms(LLAMA_8B, tokens, LLAMA_8B.ffn_hidden_size, np.array([1.0]))
-    # up (gated: 2F wide) reads an 8192 x 4096 input, down an 8192 x 14336 one; delayed scaling on Hopper: read 2
-    # bytes, write the fp8 copy and its transpose, 4 bytes per input element
+    # up (gated: 2F wide) reads an 8192 x 4096 input, down an 8192 x 14336 one; delayed scaling on Hopper, no norm
+    # fused in: read 2 bytes, write the fp8 copy and its transpose, 4 bytes per input element
     mlp_bytes = 4.0 * 8192 * (4096 + 14336)
     assert compute.fp8_cast_bytes(gemms, H100, fp8, plans)[0] == pytest.approx(mlp_bytes)
     assert np.all(compute.fp8_cast_bytes(gemms, H100, bf16, plans) == 0)
     attention = compute.attention_gemms(LLAMA_8B, fp8, plans)
-    layer_bytes = mlp_bytes + compute.fp8_cast_bytes(attention, H100, fp8, plans)[0]
+    # the layer's own MLP has the pre-MLP norm fused into fc1 (TE LayerNormLinear): delayed casts in the norm there
+    layer_mlp = compute.mlp_gemms(LLAMA_8B, tokens, LLAMA_8B.ffn_hidden_size, np.array([1.0]), norm_fused=True)
+    layer_bytes = compute.fp8_cast_bytes(layer_mlp, H100, fp8, plans)[0] + compute.fp8_cast_bytes(attention, H100, fp8,
+                                                                                                  plans)[0]
+    assert compute.fp8_cast_bytes(layer_mlp, H100, fp8, plans)[0] == pytest.approx(8192 * (2.0 * 4096 + 4.0 * 14336))
     with_casts = compute.layer_times_s(LLAMA_8B, H100, fp8, plans).dense_layer_fwd_s[0]
-    monkeypatch.setattr(compute, "fp8_cast_bytes_per_element", lambda profile, recipe: 0.0)
+    monkeypatch.setattr(compute, "fp8_cast_bytes_per_element", lambda *args, **kwargs: (0.0, 0.0))
     without = compute.layer_times_s(LLAMA_8B, H100, fp8, plans).dense_layer_fwd_s[0]
     assert with_casts - without == pytest.approx(layer_bytes / H100.hbm_bandwidth_bytes_per_s)
     assert with_casts < compute.layer_times_s(LLAMA_8B, H100, bf16, plans).dense_layer_fwd_s[0]

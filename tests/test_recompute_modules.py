@@ -50,11 +50,23 @@ def test_each_dense_module_saves_its_bytes_and_costs_time():
     stored = result.memory_terms_bytes["layer_activations"]
     compute_s = result.time_terms_s["compute"]
     tokens = 4096                                                         # mbs 1, tp 1, no SP: s tokens
-    # layernorm drops the two norm outputs: 2 x 2h bytes per token per layer, every layer stored
-    assert stored[0] - stored[1] == pytest.approx(8 * 2 * BF16_BYTES * 4096 * tokens)
+    # layernorm recomputes nothing here: Megatron-Core's TE layers fuse both norms into the linear layers after them
+    # (input_layernorm and a dense layer's pre_mlp_layernorm are IdentityOp)
+    assert stored[0] == stored[1] and compute_s[0] == compute_s[1]
     # mlp drops the SwiGLU interior: 6 bytes per intermediate column per token
     assert stored[0] - stored[2] == pytest.approx(8 * 6 * 14336 * tokens)
-    assert compute_s[0] < compute_s[1] < compute_s[2]
+    assert compute_s[0] < compute_s[2]
+
+
+def test_layernorm_recomputes_the_norms_that_are_modules_of_their_own():
+    """A MoE layer's pre-MLP norm (the router reads it) and, under MLA, the input norm: their outputs go (2h bytes
+    per token each) and their kernels re-run; a dense layer's fused norms neither."""
+    result = run(MOE, [sel("core_attn"), sel("core_attn,layernorm")])
+    stored = result.memory_terms_bytes["layer_activations"]
+    tokens = 4096
+    assert stored[0] - stored[1] == pytest.approx(MOE.num_moe_layers * BF16_BYTES * MOE.hidden_size * tokens)
+    assert result.time_terms_s["compute"][0] < result.time_terms_s["compute"][1]
+    assert (MOE.separate_norms(moe_layer=True), MOE.separate_norms(moe_layer=False)) == (1, 0)
 
 
 def test_moe_modules_drop_expert_activations_and_rerun_the_all_to_all():
@@ -68,7 +80,8 @@ def test_moe_modules_drop_expert_activations_and_rerun_the_all_to_all():
 
 
 def test_searched_sets_are_few_and_model_aware():
-    assert selective_module_sets(DENSE) == sorted([0, 3, 7])
+    core, norm, mlp = (int(m) for m in (RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM, RecomputeModule.MLP))
+    assert selective_module_sets(DENSE) == [0, core | mlp]                       # layernorm recomputes nothing here
     moe_sets = selective_module_sets(MOE)
     assert 0 in moe_sets and len(moe_sets) == 5
     assert all(not s & RecomputeModule.MLP for s in moe_sets)                  # no dense layers to recompute
@@ -104,7 +117,8 @@ def test_modules_a_model_lacks_are_warned_about():
 
     dense = autopar.load_model("llama-3.1-8b")
     warnings = plan_input_warnings(dense, TrainingSpec(), sel("moe,mla_up_proj,layernorm"))
-    assert len(warnings) == 2 and "moe has no effect" in warnings[0] and "mla_up_proj has no effect" in warnings[1]
-    assert plan_input_warnings(dense, TrainingSpec(), sel("layernorm,mlp")) == []
+    assert len(warnings) == 3 and "moe has no effect" in warnings[0] and "mla_up_proj has no effect" in warnings[1]
+    assert "layernorm has no effect" in warnings[2] and "IdentityOp" in warnings[2]
+    assert plan_input_warnings(dense, TrainingSpec(), sel("mlp")) == []
     moe = autopar.load_model("deepseek-v3")
     assert plan_input_warnings(moe, TrainingSpec(), sel("moe_act,mla_up_proj,shared_experts")) == []

@@ -87,7 +87,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--global-batch", "--global-batch-size", "--gbs", dest="global_batch", type=integer,
                        default=None, metavar="B",
                        help=f"global batch in sequences per step; default {DEFAULT_GLOBAL_BATCH}")
-    group.add_argument("--precision", default="bf16", metavar="{bf16,fp8}",
+    group.add_argument("--precision", default=None, metavar="{bf16,fp8}",
                        help="GEMM precision; default bf16 (fp8 needs H100 or later)")
     group.add_argument("--fp8-recipe", default=None, metavar="{delayed,tensorwise,blockwise,mxfp8}",
                        help="how Transformer Engine scales the fp8 tensors (Megatron-Core --fp8-recipe): delayed "
@@ -250,7 +250,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     from costmodels.specs import TrainingSpec
 
     recipe = getattr(args, "fp8_recipe", None)
-    if recipe is not None and str(args.precision).strip().lower() != "fp8" \
+    precision = args.precision or "bf16"
+    if recipe is not None and str(precision).strip().lower() != "fp8" \
             and getattr(args, "from_megatron_args", None) is None:   # an imported command's precision: output_flags
         from costmodels.errors import InputError
 
@@ -258,7 +259,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                                        "--fp8-recipe")
     seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
     global_batch = DEFAULT_GLOBAL_BATCH if args.global_batch is None else args.global_batch
-    return TrainingSpec(seq_len=seq_len, global_batch_size=global_batch, precision=args.precision,
+    return TrainingSpec(seq_len=seq_len, global_batch_size=global_batch, precision=precision,
                         fp8_recipe=recipe or "delayed", flash_attention=args.flash_attention,
                         attention_kernel=args.attention_kernel,
                         cross_entropy=args.cross_entropy or "fused",
@@ -332,7 +333,10 @@ def plan_input_warnings(model: "ModelSpec", training: "TrainingSpec", plan: "Pla
     modules = RecomputeModule.names(plan.recompute_modules)
     for idle, lacks in (([m for m in modules if m in MOE_ONLY_MODULES and not model.is_moe], "no MoE layers"),
                         ([m for m in modules if m == "mla_up_proj" and model.mla is None],
-                         "no multi-latent attention")):
+                         "no multi-latent attention"),
+                        ([m for m in modules if m == "layernorm" and not model.separate_norms(model.is_moe)],
+                         "its norms fused into the linear layers after them (Transformer Engine's "
+                         "LayerNormLinear: input_layernorm and pre_mlp_layernorm are IdentityOp)")):
         if idle:
             warnings.append(f"--recompute-modules {','.join(idle)} has no effect: {model.name} has {lacks} "
                             "(Megatron-Core recomputes nothing there)")

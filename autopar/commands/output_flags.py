@@ -139,6 +139,11 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
                       f"default global batch (micro-batch × dp) {imported}")
             raise InputError(name, f"{flag} {typed} contradicts the Megatron-LM command's {theirs}; drop {flag} (or "
                                    "edit the command)")
+    typed_precision = getattr(args, "precision", None)
+    if typed_precision is not None and str(typed_precision).strip().lower() != run.training["precision"]:
+        theirs = "fp8 (--fp8-format)" if run.training["precision"] == "fp8" else "bf16 (no --fp8-format)"
+        raise InputError("precision", f"--precision {typed_precision} contradicts the Megatron-LM command's "
+                                      f"{theirs}; drop --precision (or edit the command)")
     typed_recipe, imported_recipe = getattr(args, "fp8_recipe", None), run.training.get("fp8_recipe")
     if typed_recipe is not None and str(typed_recipe).strip().lower() != imported_recipe:
         theirs = ("bf16 (no --fp8-format)" if imported_recipe is None else

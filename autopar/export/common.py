@@ -293,11 +293,17 @@ BRIDGE_FP8_PRESETS = {"delayed": "bf16_with_fp8_delayed_scaling_mixed",
 each sets fp8_recipe to the recipe)."""
 
 
-def fp8_preset_notes(estimate: Estimate) -> list[str]:
-    """What NeMo's and Megatron-Bridge's fp8 presets change beside the recipe, which the estimate does not price:
-    current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each); delayed and
-    current scaling keep fp8 parameters (fp8_param_gather, which sets fp8_param: fp8 weights, and the distributed
-    optimizer's all-gather in fp8), where the estimate prices bf16 weights and gathers, an over-estimate of both."""
+FP8_PARAM_GATHER_PRESETS = {"nemo": ("delayed", "tensorwise"), "bridge": ("delayed", "tensorwise", "mxfp8")}
+"""The recipes whose preset sets fp8_param_gather (fp8 weights, fp8 parameter all-gathers): NeMo 2's
+bf16_with_fp8_mixed and bf16_with_fp8_current_scaling_mixed (its MXFP8 preset leaves it off); Megatron-Bridge's
+delayed, current-scaling and MXFP8 presets (its subchannel one leaves it off)."""
+
+
+def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
+    """What `framework`'s (nemo, bridge) fp8 preset changes beside the recipe, which the estimate does not price:
+    current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each);
+    fp8_param_gather (FP8_PARAM_GATHER_PRESETS) sets fp8_param, fp8 weights and fp8 parameter all-gathers, where
+    the estimate prices bf16 weights and gathers, an over-estimate of both."""
     training = estimate.training
     if training.precision is not Precision.FP8:
         return []
@@ -305,7 +311,7 @@ def fp8_preset_notes(estimate: Estimate) -> list[str]:
     if training.fp8_recipe is Fp8Recipe.TENSORWISE:
         notes.append("the current-scaling preset keeps the first and the last transformer layer in bf16 "
                      "(first_last_layers_bf16); the estimate priced every layer in fp8")
-    if training.fp8_recipe in (Fp8Recipe.DELAYED, Fp8Recipe.TENSORWISE):
+    if training.fp8_recipe.value in FP8_PARAM_GATHER_PRESETS[framework]:
         notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weights and "
                      "parameter all-gathers, a little more memory and time than the job spends")
     return notes

@@ -229,9 +229,12 @@ def selective_module_sets(model: ModelSpec) -> list[int]:
     drops more than the one before it), as Megatron-Core's MoE recipes use them (ModelZoo: 'norm, act'; DeepSeek-V3
     on GB200: 'mlp, moe_act'; Qwen3 long context: 'layernorm, moe'):
     dense: core_attn; + layernorm; + mlp. MoE: also layernorm + moe_act, with core_attn, and core_attn + layernorm
-    + moe; a model's dense layers add mlp, its shared experts shared_experts, MLA mla_up_proj to the MoE sets."""
-    core, norm = RecomputeModule.CORE_ATTN, RecomputeModule.LAYERNORM
-    sets = [0, int(core | norm)]
+    + moe; a model's dense layers add mlp, its shared experts shared_experts, MLA mla_up_proj to the MoE sets.
+    layernorm only where a norm is a module of its own (ModelSpec.separate_norms: a dense model without MLA fuses
+    both norms into the linear layers after them, and recomputes nothing)."""
+    core = RecomputeModule.CORE_ATTN
+    norm = RecomputeModule.LAYERNORM if model.separate_norms(moe_layer=model.is_moe) else RecomputeModule(0)
+    sets = [0, int(core | norm)] if norm else [0]          # 0 is core_attn alone
     has_dense = model.moe is None or model.moe.first_dense_layers > 0 or model.moe.layer_freq > 1
     if model.moe is None:
         return sets + [int(core | norm | RecomputeModule.MLP)]
