@@ -99,7 +99,7 @@ class HardwareProfile:
     compute_capability: float = 0.0
     """CUDA compute capability (YAML `compute.compute_capability`, optional, e.g. 9.0; absent: 0, not stated; NVIDIA's
     CUDA GPUs list): which FP8 recipes Transformer Engine runs (`require_fp8_recipe`) and whether its FP8 GEMMs take
-    only the TN layout, so every cast also writes a transposed copy (costmodels.compute.fp8_cast_bytes_per_element)."""
+    only the TN layout, so a per-tensor cast also writes a transposed copy (costmodels.compute.fp8_tn_only)."""
     sustained_clock_fraction: float = 1.0
     """SM clock a training step sustains at the board's power limit over the clock the compute microbenchmarks
     ran at (YAML `compute.sustained_clock_fraction`, optional; absent = 1, no throttling). Tensor-core throughput

@@ -198,7 +198,8 @@ def layer_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     cp_forward, cp_backward = cp_exchange_s(model, cluster, training, plans, times.attention_core_fwd_s,
                                             times.core_backward_s(training))
     return LayerComm(tp_block_s=tp_block, etp_block_s=etp_block, tp_gather_s=gather, tp_scatter_s=scatter,
-                     tp_amax_s=amax, tp_backward_extra_s=backward_extra, cp_forward_s=cp_forward, cp_backward_s=cp_backward,
+                     tp_amax_s=amax, tp_backward_extra_s=backward_extra, cp_forward_s=cp_forward,
+                     cp_backward_s=cp_backward,
                      ep_all_to_all_s=ep_all_to_all_one_s(model, cluster, training, plans))
 
 
@@ -354,6 +355,9 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     (`overlap`, see `tp_block_overlapped_s`); the routed experts' etp collectives are not userbuffer-fused and stay
     exposed; the GEMMs Transformer Engine runs beside its userbuffer SMs pay `tp_overlap_sm_margin_s`. The
     profile's `overlap.tp_comm` fraction (default 0) applies on top of the collectives, for calibrated profiles.
+    In fp8 the SP all-gathers carry fp8 (`tp_gather_bytes_per_element`), current scaling adds its amax all-reduce
+    per block and pass (`fp8_amax_reduction_s`), delayed scaling one amax all-reduce per pass over the stage's ranks
+    (`fp8_delayed_amax_reduction_s`), counted here with the other collectives of the stage's micro-batch.
     """
     profile = cluster.profile
     tp_block, etp_block, gather_s, scatter_s, amax_s, backward_extra_s = (
@@ -388,8 +392,8 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         total = total + per_block * moe_layers * etp_block
     # delayed scaling's amax all-reduce, once a pass (forward, backward, a recomputed forward) for the whole stage
     passes = 2.0 + np.minimum(recomputed * layers, 1.0)
-    amax_s = passes * fp8_delayed_amax_reduction_s(model, cluster, training, plans, stage)
-    return (1.0 - overlap_fraction(profile, "tp_comm")) * total + margin + amax_s
+    delayed_amax_s = passes * fp8_delayed_amax_reduction_s(model, cluster, training, plans, stage)
+    return (1.0 - overlap_fraction(profile, "tp_comm")) * total + margin + delayed_amax_s
 
 
 def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays, block_s,
