@@ -548,15 +548,19 @@ def _fp8_recipe(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, s
     if recipe not in FP8_RECIPES:
         raise InputError(INPUT_NAME, f"--fp8-recipe {recipe}: autopar prices {', '.join(FP8_RECIPES)} (a 'custom' "
                                      "quantizer factory's kernels are unknown); use one of them")
+    if recipe == "delayed" and flags.get("--first-last-layers-bf16"):   # TransformerConfig.__post_init__
+        raise InputError(INPUT_NAME, "--first-last-layers-bf16 with delayed scaling: Megatron-Core refuses it "
+                                     "('Delayed scaling does not support first / last layer in BF16'); add "
+                                     "--fp8-recipe tensorwise or drop the flag")
     for flag, what in FP8_UNMODELLED_FLAGS.items():
         if flags.get(flag):
-            notes.append(f"{flag}: {what} not modelled; priced as if absent")
+            notes.append(f"{flag}: {what}")
     return {"fp8_recipe": recipe}
 
 
 FP8_UNMODELLED_FLAGS = {
-    "--fp8-param-gather": "fp8 weights and fp8 parameter all-gathers (the estimate prices bf16 ones, a little more)",
-    "--first-last-layers-bf16": "bf16 first and last layers (the estimate prices every layer in fp8)",
+    "--fp8-param-gather": "fp8 weights and parameter all-gathers not modelled (priced in bf16, a little more)",
+    "--first-last-layers-bf16": "bf16 first and last layers not modelled (every layer priced in fp8)",
 }
 """fp8 switches of Megatron-Core's TransformerConfig / DistributedDataParallelConfig that no cost term reads."""
 

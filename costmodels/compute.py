@@ -520,10 +520,11 @@ FP8_TRANSPOSE_BYTES = 2.0
 
 def fp8_tn_only(profile: HardwareProfile) -> bool:
     """Whether the GPU's FP8 GEMMs take only the TN layout, so the weight-gradient GEMM needs a transposed copy of a
-    per-tensor-scaled input (TE common/transformer_engine.cpp nvte_is_non_tn_fp8_gemm_supported: Blackwell 10.x
-    reads either layout; Hopper, Ada and 12.x do not). A profile that states no compute capability counts as
+    per-tensor-scaled input (TE common/transformer_engine.cpp nvte_is_non_tn_fp8_gemm_supported: 10.x and 13.0 on
+    read either layout; Hopper, Ada and 12.x do not). A profile that states no compute capability counts as
     TN-only."""
-    return not 10.0 <= profile.compute_capability < 12.0
+    cc = profile.compute_capability
+    return not (10.0 <= cc < 12.0 or cc >= 13.0)
 
 
 def fp8_cast_bytes_per_element(profile: HardwareProfile, recipe: Fp8Recipe, norm_fused: bool = False,
@@ -813,7 +814,7 @@ def moe_backward_extra_s(profile: HardwareProfile, training: TrainingSpec, moe_m
 def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
                           core_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dense layer, MoE layer) seconds of re-running the selected --recompute-modules in the backward pass:
-    core_attn the attention core; layernorm the norms that are modules of their own (ModelSpec.separate_norms; read
+    core_attn the attention core; layernorm the norms that are modules of their own (ModelSpec.num_separate_norms; read
     2h, write 2h bytes per token each, HBM-bound);
     mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: reads
     the fused gate/up output, 4 bytes, writes 2, per expert column); moe the router and routed-expert GEMMs and
@@ -840,7 +841,7 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
         return np.where(recomputes_module(plans, module), seconds, 0.0)
 
     common = pick(RecomputeModule.CORE_ATTN, core_s) + pick(RecomputeModule.MLA_UP_PROJ, mla)
-    dense = common + pick(RecomputeModule.LAYERNORM, model.separate_norms(moe_layer=False) * norm) \
+    dense = common + pick(RecomputeModule.LAYERNORM, model.num_separate_norms(moe_layer=False) * norm) \
         + pick(RecomputeModule.MLP, dense_mlp)
     moe = np.zeros(n)
     if model.moe is not None:
@@ -852,7 +853,7 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
         permute = moe_dispatch_bytes(model, training, plans) * per_byte
         shared = _gemms_time_s(profile, training, routed_gemms[len(routed_gemms) - shared_count:]) \
             if shared_count else np.zeros(n)
-        moe = common + pick(RecomputeModule.LAYERNORM, model.separate_norms(moe_layer=True) * norm) \
+        moe = common + pick(RecomputeModule.LAYERNORM, model.num_separate_norms(moe_layer=True) * norm) \
             + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,
                                 pick(RecomputeModule.MOE_ACT, act)) + pick(RecomputeModule.SHARED_EXPERTS, shared)
     return dense, moe

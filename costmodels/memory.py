@@ -527,7 +527,7 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
     """(dense layer, MoE layer outside its routed experts) activation bytes per micro-batch that the selected
     recompute modules do not keep (Megatron-Core transformer_layer.py / mlp.py / moe_layer.py / multi_latent_attention
     .py: CheckpointWithoutOutput around the module; its input stays stored, its outputs and interior go):
-    - layernorm: the outputs of the norms Megatron-Core runs as modules of their own (ModelSpec.separate_norms: the
+    - layernorm: the outputs of the norms Megatron-Core runs as modules of their own (ModelSpec.num_separate_norms: the
       input norm under MLA, the pre-MLP norm of a MoE layer; the others are fused into the linear layer after them
       and recompute nothing), 2h per token each outside the TP region, what the layers after them keep
       (`_qkv_input_bytes_per_element`, `_mlp_input_bytes_per_element`; under fp8 those keep the original input then,

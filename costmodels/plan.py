@@ -53,7 +53,8 @@ class RecomputeModule(enum.IntFlag):
     CORE_ATTN = 1
     """The attention core (Korthikanti et al., arXiv 2205.05198 §4.2): Megatron's default module."""
     LAYERNORM = 2
-    """Both norms: their outputs (the inputs of the QKV and FC1 GEMMs) are not kept."""
+    """The norms that are modules of their own (ModelSpec.num_separate_norms: a MoE layer's pre-MLP norm, MLA's input
+    norm; Transformer Engine fuses the others into the linear layer after them): their outputs are not kept."""
     MLP = 4
     """A dense layer's whole MLP: only its input is kept."""
     MOE_ACT = 8

@@ -335,7 +335,7 @@ class ModelSpec:
             return False
         return (layer_index + 1) % self.moe.layer_freq == 0
 
-    def separate_norms(self, moe_layer: bool) -> int:
+    def num_separate_norms(self, moe_layer: bool) -> int:
         """Norms of a decoder layer that Megatron-Core's Transformer Engine layer spec runs as modules of their own
         (models/gpt/gpt_layer_specs.py): the input norm only under MLA (otherwise it is fused into linear_qkv,
         TELayerNormColumnParallelLinear, and input_layernorm is IdentityOp), the pre-MLP norm only in a MoE layer

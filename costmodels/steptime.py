@@ -292,12 +292,14 @@ bound, for both)."""
 
 def fp8_delayed_amax_reduction_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                                  stage: np.ndarray) -> np.ndarray:
-    """One pass's amax all-reduce under delayed scaling: Megatron-Core wraps a stage's layers in one fp8 autocast
-    (transformer_block.py) whose amax reduction group spans the stage's ranks, tp·cp·dp (fp8_utils.py
+    """One pass's amax all-reduce under delayed scaling: Megatron-Core wraps a model chunk's layers in one fp8
+    autocast (transformer_block.py) whose amax reduction group spans the stage's ranks, tp·cp·dp (fp8_utils.py
     get_fp8_context: get_amax_reduction_group(with_context_parallel=True)), and TE reduces every amax the pass
     recorded in one blocking all-reduce when it leaves the autocast, forward and backward (pytorch/quantization.py
     reduce_and_update_fp8_tensors: all_reduce(MAX)). A few hundred bytes: its latency over a group that crosses
-    nodes once dp > 1. 0 in bf16 and under the other recipes (current and block scaling take each tensor's own)."""
+    nodes once dp > 1; the bytes count the four linear layers of a layer (not MLA's extra ones nor each expert's),
+    which the latency dwarfs. 0 in bf16 and under the other recipes (current and block scaling take each tensor's
+    own)."""
     if training.precision is not Precision.FP8 or training.fp8_recipe is not Fp8Recipe.DELAYED:
         return np.zeros(len(plans))
     linears = 4.0 * layers_on_stage(model.num_layers, plans, stage)      # qkv, proj, fc1, fc2 per layer
@@ -390,8 +392,9 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         margin = 0.0
     if model.moe is not None:
         total = total + per_block * moe_layers * etp_block
-    # delayed scaling's amax all-reduce, once a pass (forward, backward, a recomputed forward) for the whole stage
-    passes = 2.0 + np.minimum(recomputed * layers, 1.0)
+    # delayed scaling's amax all-reduce, once a pass (forward, backward, a recomputed forward) per model chunk: each
+    # of the vpp chunks is a TransformerBlock with its own fp8 autocast (transformer_block.py)
+    passes = (2.0 + np.minimum(recomputed * layers, 1.0)) * plans.vpp
     delayed_amax_s = passes * fp8_delayed_amax_reduction_s(model, cluster, training, plans, stage)
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total + margin + delayed_amax_s
 

@@ -82,6 +82,13 @@ def test_delayed_scaling_does_not_recompute_layernorm_or_moe_act():
     front = solve(load_model("mixtral-8x7b"), cluster, fp8("delayed"))
     refused = int(RecomputeModule.LAYERNORM | RecomputeModule.MOE_ACT)
     assert front.points and not any(p.plan.recompute_modules & refused for p in front.points)
+    # what Megatron-Core allows under delayed scaling is still searched: the routed MLP's recompute (moe)
+    from autopar.search.space import selective_module_sets
+
+    searched = selective_module_sets(load_model("mixtral-8x7b"), fp8("delayed"))
+    assert any(s & RecomputeModule.MOE for s in searched) and not any(s & refused for s in searched)
+    assert any(s & RecomputeModule.LAYERNORM for s in selective_module_sets(load_model("mixtral-8x7b"),
+                                                                          fp8("tensorwise")))
 
 
 # ---- what the casts move ---------------------------------------------------------------------------------------
@@ -106,6 +113,9 @@ def test_cast_bytes_follow_each_recipes_kernels():
     assert per(H100, Fp8Recipe.DELAYED, norm_fused=True, gathered=True) == (0.0, 2.0)
     assert per(B200, Fp8Recipe.DELAYED, norm_fused=True) == (0.0, 0.0)
     assert per(H100, Fp8Recipe.TENSORWISE, norm_fused=True) == (4.0, 0.0)
+    # which GPUs' FP8 GEMMs take only TN (TE nvte_is_non_tn_fp8_gemm_supported): Hopper and 12.x, not 10.x or 13.x
+    assert [compute.fp8_tn_only(dataclasses.replace(B200, compute_capability=cc)) for cc in (9.0, 10.0, 12.0, 13.0)] \
+        == [True, False, True, False]
     assert per(B200, Fp8Recipe.MXFP8, norm_fused=True) == per(B200, Fp8Recipe.MXFP8)
 
 
@@ -316,6 +326,12 @@ def test_a_typed_recipe_that_contradicts_the_command_is_bad_input(capsys):
     assert code == 2 and "--precision bf16 contradicts the Megatron-LM command's fp8 (--fp8-format)" in err
     run = parse_megatron_args(command + " --fp8-param-gather")
     assert any(note.startswith("--fp8-param-gather: fp8 weights") for note in run.notes)
+    with pytest.raises(InputError, match="--first-last-layers-bf16 with delayed scaling"):
+        parse_megatron_args(command + " --first-last-layers-bf16")
+    assert parse_megatron_args(command + " --fp8-recipe tensorwise --first-last-layers-bf16").notes
+    code, _, err = run_cli(capsys, "estimate", "llama-3.1-8b", "--gpu", "h100", "--gpus", "8",
+                           "--from-megatron-args", command, "--precision", "fp9")
+    assert code == 2 and "unknown precision 'fp9'" in err
 
 
 @pytest.mark.parametrize("recipe, nemo, bridge", [

@@ -66,7 +66,7 @@ def test_layernorm_recomputes_the_norms_that_are_modules_of_their_own():
     tokens = 4096
     assert stored[0] - stored[1] == pytest.approx(MOE.num_moe_layers * BF16_BYTES * MOE.hidden_size * tokens)
     assert result.time_terms_s["compute"][0] < result.time_terms_s["compute"][1]
-    assert (MOE.separate_norms(moe_layer=True), MOE.separate_norms(moe_layer=False)) == (1, 0)
+    assert (MOE.num_separate_norms(moe_layer=True), MOE.num_separate_norms(moe_layer=False)) == (1, 0)
 
 
 def test_moe_modules_drop_expert_activations_and_rerun_the_all_to_all():

@@ -334,7 +334,7 @@ def plan_input_warnings(model: "ModelSpec", training: "TrainingSpec", plan: "Pla
     for idle, lacks in (([m for m in modules if m in MOE_ONLY_MODULES and not model.is_moe], "no MoE layers"),
                         ([m for m in modules if m == "mla_up_proj" and model.mla is None],
                          "no multi-latent attention"),
-                        ([m for m in modules if m == "layernorm" and not model.separate_norms(model.is_moe)],
+                        ([m for m in modules if m == "layernorm" and not model.num_separate_norms(model.is_moe)],
                          "its norms fused into the linear layers after them (Transformer Engine's "
                          "LayerNormLinear: input_layernorm and pre_mlp_layernorm are IdentityOp)")):
         if idle:

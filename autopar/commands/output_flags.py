@@ -140,6 +140,10 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
             raise InputError(name, f"{flag} {typed} contradicts the Megatron-LM command's {theirs}; drop {flag} (or "
                                    "edit the command)")
     typed_precision = getattr(args, "precision", None)
+    if typed_precision is not None:
+        from costmodels.specs import TrainingSpec
+
+        TrainingSpec(precision=typed_precision)           # an unknown value is named as such, not a contradiction
     if typed_precision is not None and str(typed_precision).strip().lower() != run.training["precision"]:
         theirs = "fp8 (--fp8-format)" if run.training["precision"] == "fp8" else "bf16 (no --fp8-format)"
         raise InputError("precision", f"--precision {typed_precision} contradicts the Megatron-LM command's "

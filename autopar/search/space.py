@@ -41,7 +41,8 @@ import numpy as np
 
 from costmodels.errors import InputError
 from costmodels.plan import PLAN_FIELDS, PlanArrays, Recompute, RecomputeModule
-from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
+from costmodels.rules import FP8_DELAYED_UNRECOMPUTABLE
+from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, Precision, TrainingSpec
 
 KNOBS: tuple[str, ...] = PLAN_FIELDS
 """Every knob of a plan, in Plan's field order."""
@@ -223,30 +224,37 @@ class SearchSpace:
         return columns
 
 
-def selective_module_sets(model: ModelSpec) -> list[int]:
+def selective_module_sets(model: ModelSpec, training: "TrainingSpec | None" = None) -> list[int]:
     """The --recompute-modules sets searched with selective recompute (a RecomputeModule bit set each; 0 is
     Megatron-Core's default, core_attn). Not all 2^7 subsets: the ones that trade memory for time in order (each
     drops more than the one before it), as Megatron-Core's MoE recipes use them (ModelZoo: 'norm, act'; DeepSeek-V3
     on GB200: 'mlp, moe_act'; Qwen3 long context: 'layernorm, moe'):
     dense: core_attn; + layernorm; + mlp. MoE: also layernorm + moe_act, with core_attn, and core_attn + layernorm
     + moe; a model's dense layers add mlp, its shared experts shared_experts, MLA mla_up_proj to the MoE sets.
-    layernorm only where a norm is a module of its own (ModelSpec.separate_norms: a dense model without MLA fuses
-    both norms into the linear layers after them, and recomputes nothing)."""
+    layernorm only where a norm is a module of its own (ModelSpec.num_separate_norms: a dense model without MLA fuses
+    both norms into the linear layers after them, and recomputes nothing). Under fp8 delayed scaling (`training`)
+    without layernorm and moe_act, which Megatron-Core refuses there (rule fp8_delayed_recompute): the same sets
+    with those taken out, so moe, mlp, shared_experts and mla_up_proj are still searched."""
     core = RecomputeModule.CORE_ATTN
-    norm = RecomputeModule.LAYERNORM if model.separate_norms(moe_layer=model.is_moe) else RecomputeModule(0)
+    norm = RecomputeModule.LAYERNORM if model.num_separate_norms(moe_layer=model.is_moe) else RecomputeModule(0)
     sets = [0, int(core | norm)] if norm else [0]          # 0 is core_attn alone
-    has_dense = model.moe is None or model.moe.first_dense_layers > 0 or model.moe.layer_freq > 1
     if model.moe is None:
-        return sets + [int(core | norm | RecomputeModule.MLP)]
-    extra = RecomputeModule(0)
-    if has_dense:
-        extra |= RecomputeModule.MLP
-    if model.moe.num_shared_experts:
-        extra |= RecomputeModule.SHARED_EXPERTS
-    if model.mla is not None:
-        extra |= RecomputeModule.MLA_UP_PROJ
-    for moe in (norm | RecomputeModule.MOE_ACT, core | norm | RecomputeModule.MOE_ACT, core | norm | RecomputeModule.MOE):
-        sets.append(int(moe | extra))
+        sets.append(int(core | norm | RecomputeModule.MLP))
+    else:
+        has_dense = model.moe.first_dense_layers > 0 or model.moe.layer_freq > 1
+        extra = RecomputeModule(0)
+        if has_dense:
+            extra |= RecomputeModule.MLP
+        if model.moe.num_shared_experts:
+            extra |= RecomputeModule.SHARED_EXPERTS
+        if model.mla is not None:
+            extra |= RecomputeModule.MLA_UP_PROJ
+        for moe in (norm | RecomputeModule.MOE_ACT, core | norm | RecomputeModule.MOE_ACT,
+                    core | norm | RecomputeModule.MOE):
+            sets.append(int(moe | extra))
+    if training is not None and training.precision is Precision.FP8 and training.fp8_recipe is Fp8Recipe.DELAYED:
+        refused = int(FP8_DELAYED_UNRECOMPUTABLE)
+        sets = [0] + [s & ~refused for s in sets if s & ~refused not in (0, int(core))]
     return sorted(set(sets))
 
 
@@ -366,7 +374,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     recomputes = []
     for rc in recompute_values:
         layer_options = [0] + (partial if rc == Recompute.FULL else [])
-        module_options = selective_module_sets(model) if rc == Recompute.SELECTIVE else [0]
+        module_options = selective_module_sets(model, training) if rc == Recompute.SELECTIVE else [0]
         for r in _within(layer_options, "recompute_layers", controls):
             for modules in _within(module_options, "recompute_modules", controls):
                 recomputes.append((rc, r, modules))
