@@ -58,7 +58,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     "profile_provenance": dict(profile.provenance)},
         "training": {"seq_len": training.seq_len, "global_batch_size": training.global_batch_size,
                      "precision": training.precision.value,
-                     "fp8_recipe": training.fp8_recipe.value if training.precision.value == "fp8" else None,
+                     "fp8_recipe": training.fp8_scaling.value if training.fp8_scaling else None,
                      "flash_attention": training.flash_attention,
                      "attention_kernel": training.attention_kernel.value,
                      "attention_kernel_runs": compute.attention_kernel_runs(profile, training),

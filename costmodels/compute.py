@@ -550,7 +550,7 @@ def fp8_cast_bytes_per_element(profile: HardwareProfile, recipe: Fp8Recipe, norm
     read = 0.0 if norm_writes_fp8 else FP8_CAST_READ_BYTES
     amax = FP8_AMAX_PASS_BYTES if recipe is Fp8Recipe.TENSORWISE and not norm_fused else 0.0
     first = 0.0 if norm_writes_fp8 else copy
-    if recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+    if recipe.block_scaled:
         return read + amax + first + copy, 0.0
     if not fp8_tn_only(profile):
         return read + amax + first, 0.0
@@ -565,9 +565,9 @@ def fp8_cast_bytes(gemms: list[Gemm], profile: HardwareProfile, training: Traini
     `fp8_cast_bytes_per_element`, a sequence-parallel input (Gemm.sp_gathered_input) cast on the GPU's own 1/tp
     shard before the all-gather (steptime.tp_gather_bytes_per_element). The attention core and the elementwise kernels
     stay bf16 and are priced as such: FP8 speeds up the GEMMs only."""
-    if training.precision is not Precision.FP8:
+    recipe = training.fp8_scaling
+    if recipe is None:
         return np.zeros(len(plans))
-    recipe = training.fp8_recipe
     tp = plans.tp.astype(float)
     total = np.zeros(len(plans))
     for gemm in gemms:

@@ -26,8 +26,9 @@ Tokens of one micro-batch, per GPU:
 Not counted, on purpose: Megatron's DDP gradient buckets (views into the fp32 gradient buffer) and the distributed
 optimizer's parameter all-gather (into the bf16 parameter buffer itself) need no memory of their own; allocator
 fragmentation is what the cluster's headroom (20% by default) is for; the activation gradients alive during the
-backward pass are a few s·b·h and, like Korthikanti and Megatron, left out. Precision fp8 is costed as bf16 here
-(Transformer Engine's fp8 weight copies and fp8-stored activations are not modelled).
+backward pass are a few s·b·h and, like Korthikanti and Megatron, left out. Under fp8 the linear layers' saved inputs
+are fp8 (`saved_linear_input_bytes`); weights stay bf16 (Transformer Engine's fp8 weight copies and fp8_param are not
+modelled).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from costmodels.errors import InputError
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
                              layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
 from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Fp8Recipe, MlpKind, ModelSpec, NormKind,
-                              PipelineSchedule, Precision, TrainingSpec, fp8_copy_bytes_per_element)
+                              PipelineSchedule, TrainingSpec, fp8_copy_bytes_per_element)
 from costmodels.structure import stage_list
 
 BF16_BYTES = 2
@@ -322,9 +323,8 @@ def saved_linear_input_bytes(training: TrainingSpec) -> float:
     input; in fp8 the quantized copy the backward reads instead, one layout with its scales (TE module/linear.py and
     grouped_linear.py: the rowwise data is discarded, 'not needed in backward pass', and `saved_inputmat = inputmat`;
     specs.fp8_copy_bytes_per_element)."""
-    if training.precision is not Precision.FP8:
-        return BF16_BYTES
-    return fp8_copy_bytes_per_element(training.fp8_recipe)
+    recipe = training.fp8_scaling
+    return BF16_BYTES if recipe is None else fp8_copy_bytes_per_element(recipe)
 
 
 def _qkv_input_bytes_per_element(model: ModelSpec, training: TrainingSpec) -> float:
@@ -341,8 +341,7 @@ def _mlp_input_bytes_per_element(model: ModelSpec, training: TrainingSpec, moe_l
         return saved_linear_input_bytes(training)
     assert model.moe is not None
     extra = 0.0
-    if model.moe.num_shared_experts and training.precision is Precision.FP8 \
-            and training.fp8_recipe is Fp8Recipe.DELAYED:
+    if model.moe.num_shared_experts and training.fp8_scaling is Fp8Recipe.DELAYED:
         extra = saved_linear_input_bytes(training)
     return BF16_BYTES + extra
 
@@ -398,7 +397,7 @@ def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape:
     # projection the same tensor; under fp8 delayed scaling the projection keeps an fp8 copy of it beside, under the
     # other recipes Megatron-Core has it keep the original (attention.py: set_save_original_input(linear_proj) when
     # fp8_recipe != 'delayed', "to avoid the extra memory usage of the quantized tensor")
-    delayed = training.precision is Precision.FP8 and training.fp8_recipe is Fp8Recipe.DELAYED
+    delayed = training.fp8_scaling is Fp8Recipe.DELAYED
     out_bytes = (saved_linear_input_bytes(training) + (BF16_BYTES if flash else 0)) if delayed else BF16_BYTES
     inside = BF16_BYTES * (q_width + k_width + v_width) + out_bytes * out_width
     if flash:

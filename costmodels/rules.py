@@ -22,7 +22,7 @@ from costmodels import memory
 from costmodels.errors import InputError
 from costmodels.plan import (PLAN_FIELDS, Plan, PlanArrays, Recompute, RecomputeModule, as_plan_arrays,
                              embedding_loss_slots)
-from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, PipelineSchedule, Precision, TrainingSpec
+from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, PipelineSchedule, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -313,8 +313,7 @@ keep its original (bf16) input, which TE's DelayedScaling quantizers refuse (Tra
 
 
 def _fp8_delayed_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
-    training = problem.training
-    if training.precision is not Precision.FP8 or training.fp8_recipe is not Fp8Recipe.DELAYED:
+    if problem.training.fp8_scaling is not Fp8Recipe.DELAYED:
         return np.ones(len(p), dtype=bool)
     return (p.recompute != Recompute.SELECTIVE) | ((p.recompute_modules & int(FP8_DELAYED_UNRECOMPUTABLE)) == 0)
 

@@ -384,6 +384,11 @@ class Fp8Recipe(str, enum.Enum):
     """MXFP8BlockScaling (OCP microscaling): an E8M0 scale per 32 elements, applied by the tensor cores; Blackwell
     (compute capability 10.x) only."""
 
+    @property
+    def block_scaled(self) -> bool:
+        """Scales per block along one axis (mxfp8, blockwise): a tensor's two layouts are two quantized copies."""
+        return self in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE)
+
 
 FP8_SCALE_BYTES_PER_ELEMENT = {Fp8Recipe.MXFP8: 1.0 / 32.0, Fp8Recipe.BLOCKWISE: 4.0 / 128.0}
 """Scale bytes each FP8 copy of a tensor carries: MXFP8 an E8M0 byte per 32 elements (OCP Microscaling Formats v1.0
@@ -584,6 +589,11 @@ class TrainingSpec:
         except ValueError:
             raise InputError(name, f"unknown {what} {value!r}; use "
                                    f"{', '.join(member.value for member in choices)}") from None
+
+    @property
+    def fp8_scaling(self) -> "Fp8Recipe | None":
+        """The recipe the fp8 GEMMs run (fp8_recipe), None in bf16."""
+        return self.fp8_recipe if self.precision is Precision.FP8 else None
 
     @property
     def tokens_per_step(self) -> int:

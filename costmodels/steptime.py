@@ -260,10 +260,10 @@ def tp_gather_bytes_per_element(training: TrainingSpec, backward: bool = False) 
     output gradient alike (module/base.py grad_output_preprocess), both layouts under block scaling (the quantizer
     wants rowwise and columnwise data there, and distributed.py _all_gather_mxfp8 / _start_all_gather_fp8_blockwise
     gather each with its scales): 2 copies, a little more than bf16. In bf16, the bf16 activation."""
-    if training.precision is not Precision.FP8:
+    recipe = training.fp8_scaling
+    if recipe is None:
         return float(ACTIVATION_BYTES)
-    copies = 2.0 if backward and training.fp8_recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE) else 1.0
-    return copies * fp8_copy_bytes_per_element(training.fp8_recipe)
+    return (2.0 if backward and recipe.block_scaled else 1.0) * fp8_copy_bytes_per_element(recipe)
 
 
 AMAX_BYTES = 4
@@ -277,7 +277,7 @@ def fp8_amax_reduction_s(cluster: ClusterSpec, training: TrainingSpec, plans: Pl
     module/linear.py set_quantizer_amax_reduction_group; csrc/quantizer.cpp quantize_impl: allreduce(MAX) and wait
     before nvte_compute_scale_from_amax). A 4-byte all-reduce: its latency, on the critical path beside nothing
     (userbuffers do not carry it). 0 for other recipes, bf16, without SP or at tp 1."""
-    if training.precision is not Precision.FP8 or training.fp8_recipe is not Fp8Recipe.TENSORWISE:
+    if training.fp8_scaling is not Fp8Recipe.TENSORWISE:
         return np.zeros(len(plans))
     reduce_s = group_collective_time_s(cluster.profile, tp_group(plans, cluster.nvlink_domain_gpus), "all_reduce",
                                        float(AMAX_BYTES))
@@ -300,7 +300,7 @@ def fp8_delayed_amax_reduction_s(model: ModelSpec, cluster: ClusterSpec, trainin
     nodes once dp > 1; the bytes count the four linear layers of a layer (not MLA's extra ones nor each expert's),
     which the latency dwarfs. 0 in bf16 and under the other recipes (current and block scaling take each tensor's
     own)."""
-    if training.precision is not Precision.FP8 or training.fp8_recipe is not Fp8Recipe.DELAYED:
+    if training.fp8_scaling is not Fp8Recipe.DELAYED:
         return np.zeros(len(plans))
     linears = 4.0 * layers_on_stage(model.num_layers, plans, stage)      # qkv, proj, fc1, fc2 per layer
     amax_bytes = linears * AMAXES_PER_LINEAR_PASS * AMAX_BYTES

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, Fp8Recipe, ModelSpec, MoEDispatcher, Precision
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, Fp8Recipe, ModelSpec, MoEDispatcher
 from costmodels.steptime import ep_a2a_overlap_applies
 
 
@@ -304,14 +304,14 @@ def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
     current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each);
     fp8_param_gather (FP8_PARAM_GATHER_PRESETS) sets fp8_param, fp8 weights and fp8 parameter all-gathers, where
     the estimate prices bf16 weights and gathers, an over-estimate of both."""
-    training = estimate.training
-    if training.precision is not Precision.FP8:
+    recipe = estimate.training.fp8_scaling
+    if recipe is None:
         return []
     notes = []
-    if training.fp8_recipe is Fp8Recipe.TENSORWISE:
+    if recipe is Fp8Recipe.TENSORWISE:
         notes.append("the current-scaling preset keeps the first and the last transformer layer in bf16 "
                      "(first_last_layers_bf16); the estimate priced every layer in fp8")
-    if training.fp8_recipe.value in FP8_PARAM_GATHER_PRESETS[framework]:
+    if recipe.value in FP8_PARAM_GATHER_PRESETS[framework]:
         notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weights and "
                      "parameter all-gathers, a little more memory and time than the job spends")
     return notes

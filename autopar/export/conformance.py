@@ -54,7 +54,6 @@ from autopar.export.capabilities import Unsupported
 from autopar.export.common import LaunchConfig, gradient_accumulation_steps, mcore_router_fields, stage_layers
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
-from costmodels.specs import Precision
 
 OUTCOMES = ("accepted", "refused_with_reason", "rejected", "silently_changed")
 
@@ -269,11 +268,11 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
         expected.update({f"router {name}": value for name, value in router.items()})
         actual.update({f"router {name}": getattr(core, name) for name in router})
     # the precision the step time priced: fp8 on, with its recipe (TransformerConfig.fp8 / fp8_recipe)
-    fp8 = estimate.training.precision is Precision.FP8
-    expected["fp8"], actual["fp8"] = fp8, core.fp8 is not None
-    if fp8:
-        expected["fp8_recipe"], actual["fp8_recipe"] = estimate.training.fp8_recipe.value, str(
-            getattr(core.fp8_recipe, "value", core.fp8_recipe))
+    recipe = estimate.training.fp8_scaling
+    expected["fp8"], actual["fp8"] = recipe is not None, core.fp8 is not None
+    if recipe is not None:
+        expected["fp8_recipe"], actual["fp8_recipe"] = recipe.value, str(getattr(core.fp8_recipe, "value",
+                                                                                  core.fp8_recipe))
     # the EP all-to-all overlap the step time hid needs a stream of its own: accepted under one hardware queue, it
     # would run serialised (validate_args only warns)
     expected["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
@@ -601,8 +600,8 @@ def _bridge_precision(estimate: Estimate, preset: object) -> list[str]:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute) \
                 and node.targets[0].attr in fields and isinstance(node.value, ast.Constant):
             fields[node.targets[0].attr] = node.value.value
-    fp8 = estimate.training.precision is Precision.FP8
-    expected = {"fp8": fp8, "fp8_recipe": estimate.training.fp8_recipe.value if fp8 else None}
+    recipe = estimate.training.fp8_scaling
+    expected = {"fp8": recipe is not None, "fp8_recipe": recipe.value if recipe else None}
     actual = {"fp8": fields["fp8"] is not None, "fp8_recipe": fields["fp8_recipe"] if fields["fp8"] else None}
     return _differences(expected, actual)
 

@@ -42,7 +42,7 @@ import numpy as np
 from costmodels.errors import InputError
 from costmodels.plan import PLAN_FIELDS, PlanArrays, Recompute, RecomputeModule
 from costmodels.rules import FP8_DELAYED_UNRECOMPUTABLE
-from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, Precision, TrainingSpec
+from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, TrainingSpec
 
 KNOBS: tuple[str, ...] = PLAN_FIELDS
 """Every knob of a plan, in Plan's field order."""
@@ -252,7 +252,7 @@ def selective_module_sets(model: ModelSpec, training: "TrainingSpec | None" = No
         for moe in (norm | RecomputeModule.MOE_ACT, core | norm | RecomputeModule.MOE_ACT,
                     core | norm | RecomputeModule.MOE):
             sets.append(int(moe | extra))
-    if training is not None and training.precision is Precision.FP8 and training.fp8_recipe is Fp8Recipe.DELAYED:
+    if training is not None and training.fp8_scaling is Fp8Recipe.DELAYED:
         refused = int(FP8_DELAYED_UNRECOMPUTABLE)
         sets = [0] + [s & ~refused for s in sets if s & ~refused not in (0, int(core))]
     return sorted(set(sets))
