@@ -198,6 +198,24 @@ def test_fp8_rows_fit_their_own_roll_off_and_fractions_stay_at_most_one():
     assert fit_gemm_efficiency(impossible, base).params["peak_fraction"] <= 1.0
 
 
+def test_a_gemm_fit_below_the_base_curve_keeps_the_grouped_roofline_as_it_was():
+    """A throttled GPU (its curve at 0.3 of the bundled one) fits best from a scaled-down guess; the grouped
+    expert-GEMM roofline's keys, which the dense curve does not read, must come back at the base's values (they were
+    once returned at whichever guess won: B200's fp8 grouped fraction written as 0.0008)."""
+    import dataclasses
+    base = load_profile("h100-80gb")
+    slow = dataclasses.replace(base, gemm_efficiency={name: base.gemm_efficiency[name] * 0.3
+                                                      for name in ("peak_fraction", "half_saturation_dim")})
+    rows = []
+    for m, n, k in ((256, 4096, 4096), (1024, 8192, 2048), (4096, 4096, 4096), (8192, 8192, 8192)):
+        rate = base.peak_flops_per_s["bf16"] * float(gemm_efficiency(slow, m, n, k, "bf16"))
+        rows.append(GemmMeasurement("bf16", m, n, k, _timing(2.0 * m * n * k / rate)))
+    result = fit_gemm_efficiency(rows, base)
+    assert result.params["peak_fraction"] == pytest.approx(slow.gemm_efficiency["peak_fraction"], rel=1e-2)
+    for key in ("grouped_peak_fraction", "grouped_hbm_efficiency"):
+        assert result.params[key] == base.gemm_efficiency[key], key
+
+
 def test_attention_rows_fit_the_attention_curve_and_leave_the_gemm_curve_alone():
     import dataclasses
 

@@ -225,6 +225,12 @@ def measured_gemm_efficiency(row: GemmMeasurement, profile: HardwareProfile) -> 
     return row.achieved_flops_per_s / profile.peak_flops_per_s[row.precision]
 
 
+OTHER_CURVES_PREFIXES = ("attention_", "grouped_")
+"""compute.gemm_efficiency keys of other curves (fused attention, the grouped expert-GEMM roofline): the dense GEMM
+curve does not read them, so its fit keeps them at the base's value (fitted, they would stay at whichever initial
+guess won, e.g. the base's value scaled down 1000×)."""
+
+
 def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
                         gemm_efficiency: GemmEfficiency | None = None, fixed: Sequence[str] = ()) -> FitResult:
     """The named parameters of the profile's GEMM-efficiency curve, fitted to measured efficiencies.
@@ -239,7 +245,7 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
     rows = [row for row in rows if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
 
     kept = {name: float(value) for name, value in base.gemm_efficiency.items()
-            if name in (*fixed, *ATTENTION_PARAMETERS) or name.startswith("attention_")}
+            if name in (*fixed, *ATTENTION_PARAMETERS) or name.startswith(OTHER_CURVES_PREFIXES)}
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
         profile = dataclasses.replace(base, gemm_efficiency={**kept, **params})
