@@ -20,14 +20,18 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
   (--use-megatron-fsdp/--use-custom-fsdp with --data-parallel-sharding-strategy), --use-torch-fsdp2, --bf16, --fp16,
   --fp8-format with --fp8-recipe;
 - MoE dispatch: --moe-token-dispatcher-type with --moe-flex-dispatcher-backend (or the older --moe-enable-deepep);
+  token dropping: --moe-expert-capacity-factor, with --moe-pad-expert-input-to-capacity (`_capacity`);
 - the pipeline schedule of sail-sg's zero-bubble fork: --enable-zero-bubble with --zero-bubble-max-pending-backward
   pp or 2·pp (zb-1p, zb-2p); without them 1f1b;
 - the GPU count, when the script says it: torchrun/launch `--nproc-per-node` × `--nnodes`, a `WORLD_SIZE=`
   assignment, or `#SBATCH --nodes` × `--gpus-per-node`/`--ntasks-per-node`;
 - model shape flags (--num-layers, --hidden-size, ...), returned in `model` to check against the MODEL given.
 
-Every other flag is ignored. Anything that cannot be read (an unset shell variable in a flag that matters, a
---pipeline-model-parallel-layout) is an `InputError` naming the flag and the fix.
+Flags known to change memory or step time that autopar does not price (CPU offloading, a precision-aware or
+offloaded optimizer, CUDA graphs, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each with
+what it changes. Every other flag (data, logging, checkpoints, the learning-rate schedule) is ignored. Anything that
+cannot be read (an unset shell variable in a flag that matters, a bad --pipeline-model-parallel-layout) is an
+`InputError` naming the flag and the fix.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ VALUE_FLAGS = frozenset({
     "--fp8-format", "--fp8-recipe", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
-    "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward",
+    "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
 })
 LIST_FLAGS = frozenset({"--recompute-modules"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -74,6 +78,7 @@ SWITCH_FLAGS = frozenset({
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
     "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
+    "--moe-pad-expert-input-to-capacity",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -115,7 +120,8 @@ class MegatronRun:
     training: dict[str, Any]
     """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8'), fp8_recipe, the overlap
     switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap, overlap_p2p_comm), the
-    attention backend, the MoE dispatcher and the loss kernels (cross_entropy)."""
+    attention backend, the MoE dispatcher and capacity (moe_capacity_factor, moe_imbalance_factor when padded) and the
+    loss kernels (cross_entropy)."""
     num_gpus: int | None
     """GPU count when the script says it (launcher, WORLD_SIZE or #SBATCH), else None."""
     model: dict[str, int] = field(default_factory=dict)
@@ -493,6 +499,115 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
     return {"moe_dispatcher": "deepep"}
 
 
+def _capacity(flags: dict[str, "str | bool"], dispatcher: "str | None", notes: list[str]) -> dict[str, float]:
+    """TrainingSpec.moe_capacity_factor from --moe-expert-capacity-factor (TransformerConfig: None = dropless, a
+    negative value is reset to None); with --moe-pad-expert-input-to-capacity every expert runs exactly its capacity
+    (MoEAlltoAllTokenDispatcher's drop_and_pad: num_out_tokens = capacity × experts), read as a load of the capacity
+    factor on every expert (moe_imbalance_factor = max(1, capacity), so min(imbalance, capacity) is the capacity)."""
+    text = flags.get("--moe-expert-capacity-factor")
+    pad = bool(flags.get("--moe-pad-expert-input-to-capacity"))
+    capacity = None
+    if text is not None:
+        try:
+            capacity = float(str(text))
+        except ValueError:
+            raise InputError(INPUT_NAME, f"--moe-expert-capacity-factor: expected a number, got {text!r}") from None
+        if not math.isfinite(capacity) or capacity == 0:
+            raise InputError(INPUT_NAME, f"--moe-expert-capacity-factor {text}: expected a positive capacity "
+                                         "(or a negative one for dropless routing)")
+        if capacity < 0:            # TransformerConfig.__post_init__ resets a negative factor to None (dropless)
+            notes.append(f"--moe-expert-capacity-factor {text}: negative, dropless routing (Megatron-Core resets it "
+                         "to None)")
+            capacity = None
+    if pad and capacity is None:    # TransformerConfig.__post_init__
+        raise InputError(INPUT_NAME, "--moe-pad-expert-input-to-capacity without a positive "
+                                     "--moe-expert-capacity-factor: Megatron-Core refuses it ('moe_expert_capacity_"
+                                     "factor must be set to use moe_pad_expert_input_to_capacity'); add the factor")
+    if pad and dispatcher == "deepep":
+        raise InputError(INPUT_NAME, "--moe-pad-expert-input-to-capacity with the flex dispatcher's DeepEP backend: "
+                                     "Megatron-Core refuses it ('Flex token dispatcher with deepep backend does not "
+                                     "support moe_pad_expert_input_to_capacity'); use --moe-token-dispatcher-type "
+                                     "alltoall or drop the padding")
+    if capacity is None:
+        return {}
+    if pad:
+        notes.append(f"--moe-pad-expert-input-to-capacity: every expert runs its capacity ({capacity:g}× the balanced "
+                     "load), read as --moe-imbalance-factor " + f"{max(1.0, capacity):g}")
+        return {"moe_capacity_factor": capacity, "moe_imbalance_factor": max(1.0, capacity)}
+    return {"moe_capacity_factor": capacity}
+
+
+COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
+    # flag: (the value that changes nothing, or None for a switch; what it changes that the estimate does not price)
+    "--use-precision-aware-optimizer": (None, "optimizer states and master weights in --exp-avg-dtype / "
+                                              "--exp-avg-sq-dtype / --main-params-dtype: the estimate keeps them "
+                                              "in fp32"),
+    "--exp-avg-dtype": ("fp32", "Adam's first moment in that dtype (with --use-precision-aware-optimizer): the "
+                                "estimate keeps it in fp32"),
+    "--exp-avg-sq-dtype": ("fp32", "Adam's second moment in that dtype (with --use-precision-aware-optimizer): the "
+                                   "estimate keeps it in fp32"),
+    "--main-params-dtype": ("fp32", "master weights in that dtype (with --use-precision-aware-optimizer): the "
+                                    "estimate keeps them in fp32"),
+    "--main-grads-dtype": ("fp32", "main gradients in that dtype: the estimate keeps them in fp32"),
+    "--grad-reduce-in-bf16": (None, "gradients reduced in bf16: the estimate prices the data-parallel "
+                                    "reduce-scatter / all-reduce of fp32 gradients, twice the bytes"),
+    "--num-distributed-optimizer-instances": ("1", "the distributed optimizer shards over dp / instances, not "
+                                                   "all of dp: more optimizer memory per GPU than estimated"),
+    "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
+    "--overlap-param-gather-with-optimizer-step": (None, "the first parameter all-gather overlapped with the "
+                                                         "optimizer step: the estimate exposes it"),
+    "--cpu-offloading": (None, "activations offloaded to host memory: less GPU memory than estimated, and the "
+                               "copies' time"),
+    "--fine-grained-activation-offloading": (None, "activations of --offload-modules offloaded to host memory: less "
+                                                   "GPU memory than estimated, and the copies' time"),
+    "--cuda-graph-impl": ("none", "kernels replayed from CUDA graphs: the estimate prices eager launches"),
+    "--enable-cuda-graph": (None, "kernels replayed from CUDA graphs: the estimate prices eager launches"),
+    "--external-cuda-graph": (None, "kernels replayed from CUDA graphs: the estimate prices eager launches"),
+    "--delay-wgrad-compute": (None, "weight-gradient GEMMs deferred to overlap the expert all-to-all: the estimate "
+                                    "runs them in place"),
+    "--moe-shared-expert-overlap": (None, "the shared experts computed beside the token dispatch: the estimate runs "
+                                          "them in turn"),
+    "--no-gradient-accumulation-fusion": (None, "weight gradients accumulated by a separate kernel, not inside the "
+                                                "GEMM: more HBM traffic than estimated"),
+    "--no-masked-softmax-fusion": (None, "unfused softmax kernels: more HBM traffic than estimated"),
+    "--no-bias-gelu-fusion": (None, "unfused bias + GeLU: more HBM traffic than estimated"),
+    "--no-bias-swiglu-fusion": (None, "unfused bias + SwiGLU: more HBM traffic than estimated"),
+    "--no-bias-dropout-fusion": (None, "unfused bias + dropout + residual: more HBM traffic than estimated"),
+    "--no-rope-fusion": (None, "unfused rotary embedding: more HBM traffic than estimated"),
+}
+"""Megatron-LM flags (megatron/training/arguments.py, and those generated from TransformerConfig's fields by
+ArgumentGroupFactory: --cpu-offloading, --fine-grained-activation-offloading, --cuda-graph-impl,
+--delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
+reads. A command that sets one (to anything but the value that changes nothing) gets a note saying what the
+estimate leaves out, so that an imported estimate is not mistaken for the command's own."""
+
+
+def unpriced_flag_notes(words: list[str], zero: int) -> list[str]:
+    """One note per COST_FLAGS_NOT_PRICED flag the command sets (the last occurrence wins, as with argparse). Under
+    Megatron-FSDP's gradient sharding (`zero` >= 2), which needs --no-gradient-accumulation-fusion (its README),
+    that flag is not named: the step time reduce-scatters each microbatch's gradients there and accumulates none."""
+    stated: dict[str, str | None] = {}
+    for index, word in enumerate(words):
+        name, has_inline, inline = word.partition("=")
+        if name not in COST_FLAGS_NOT_PRICED or (name == "--no-gradient-accumulation-fusion" and zero >= 2):
+            continue
+        neutral, _ = COST_FLAGS_NOT_PRICED[name]
+        if neutral is None:
+            stated[name] = None
+        elif has_inline:
+            stated[name] = inline
+        elif index + 1 < len(words) and not words[index + 1].startswith("--"):
+            stated[name] = words[index + 1]
+    notes = []
+    for name, value in stated.items():
+        neutral, what = COST_FLAGS_NOT_PRICED[name]
+        if neutral is not None and (value is None or value.lower() == neutral):
+            continue
+        shown = name if value is None else f"{name} {value}"
+        notes.append(f"{shown}: {what}")
+    return notes
+
+
 def _cross_entropy(flags: dict[str, "str | bool"]) -> str:
     """TrainingSpec.cross_entropy: fused with --cross-entropy-loss-fusion, else Megatron-LM's default unfused loss
     (TransformerConfig.cross_entropy_loss_fusion = False), which keeps an fp32 copy of the logits."""
@@ -728,6 +843,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
+    training.update(_capacity(flags, training.get("moe_dispatcher"), notes))
     if "--num-experts" in flags:   # TEGroupedMLP / SequentialMLP: a cuBLAS GEMM per expert (TrainingSpec.expert_gemm)
         training["expert_gemm"] = "cublas"
     training["cross_entropy"] = _cross_entropy(flags)
@@ -744,5 +860,6 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     else:
         notes.append("no --global-batch-size and no GPU count in the command: Megatron-LM's default (micro-batch × "
                      "dp) is unknown here, so the global batch is --global-batch's")
+    notes += unpriced_flag_notes(words, plan.zero)
     return MegatronRun(plan=plan, training=training, num_gpus=num_gpus, model=model, flags=flags,
                        notes=tuple(notes))

@@ -232,6 +232,17 @@ def test_cli_says_when_the_command_overrides_the_typed_dispatcher():
     assert "dispatcher alltoall" in " ".join(result.stdout.split())
 
 
+def test_cli_prices_the_commands_expert_capacity_over_a_typed_one():
+    command = ("--tensor-model-parallel-size 2 --expert-model-parallel-size 8 --sequence-parallel --micro-batch-size 1 "
+               "--global-batch-size 256 --seq-length 4096 --bf16 --num-experts 8 --moe-token-dispatcher-type alltoall "
+               "--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity")
+    result = _autopar("estimate", "mixtral-8x7b", "--gpus", "64", "--moe-capacity-factor", "2",
+                      "--from-megatron-args", command)
+    assert result.returncode in (0, 1), result.stderr
+    assert "note: --moe-capacity-factor 2 ignored: the Megatron-LM command runs 1.25" in result.stderr
+    assert "MoE capacity factor 1.25, imbalance 1.25" in " ".join(result.stdout.split())
+
+
 @pytest.mark.parametrize("typed, command", [(("--seq-len", "8192"), "--seq-length 2048"),
                                             (("--global-batch", "512"), "--global-batch-size 128"),
                                             # typed values equal to autopar's own defaults are typed all the same
@@ -244,3 +255,55 @@ def test_cli_refuses_a_typed_training_flag_the_command_contradicts(typed, comman
     same = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args",
                     f"pretrain_gpt.py --tensor-model-parallel-size 2 {command}", typed[0], command.split()[1])
     assert same.returncode in (0, 1), same.stderr
+
+
+MOE_COMMAND = ("pretrain_gpt.py --num-experts 8 --moe-router-topk 2 --micro-batch-size 1 --bf16 "
+               "--moe-token-dispatcher-type alltoall")
+
+
+def test_expert_capacity_is_read_and_padding_runs_every_expert_at_its_capacity():
+    """--moe-expert-capacity-factor caps the busiest expert; with --moe-pad-expert-input-to-capacity every expert
+    runs its capacity (Megatron-Core's drop-and-pad), read as that load; a negative factor is dropless, as
+    TransformerConfig resets it."""
+    capped = parse_megatron_args(MOE_COMMAND + " --moe-expert-capacity-factor 1.5")
+    assert capped.training["moe_capacity_factor"] == 1.5 and "moe_imbalance_factor" not in capped.training
+    padded = parse_megatron_args(MOE_COMMAND + " --moe-expert-capacity-factor=1.5 --moe-pad-expert-input-to-capacity")
+    spec = padded.training_spec(TrainingSpec())
+    assert (spec.moe_capacity_factor, spec.moe_imbalance_factor) == (1.5, 1.5)
+    assert any(note.startswith("--moe-pad-expert-input-to-capacity") for note in padded.notes)
+    under_one = parse_megatron_args(MOE_COMMAND + " --moe-expert-capacity-factor 0.5 "
+                                                  "--moe-pad-expert-input-to-capacity").training_spec(TrainingSpec())
+    assert (under_one.moe_capacity_factor, under_one.moe_imbalance_factor) == (0.5, 1.0)   # min(1, 0.5): 0.5
+    dropless = parse_megatron_args(MOE_COMMAND + " --moe-expert-capacity-factor -1")
+    assert "moe_capacity_factor" not in dropless.training
+    assert any("dropless" in note for note in dropless.notes)
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("--moe-pad-expert-input-to-capacity", ["--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor"]),
+    ("--moe-expert-capacity-factor 1.2 --moe-pad-expert-input-to-capacity --moe-token-dispatcher-type flex "
+     "--moe-flex-dispatcher-backend deepep", ["deepep", "alltoall"]),
+    ("--moe-expert-capacity-factor lots", ["--moe-expert-capacity-factor", "lots"]),
+    ("--moe-expert-capacity-factor 0", ["--moe-expert-capacity-factor", "positive"]),
+])
+def test_expert_capacity_that_megatron_core_refuses_is_bad_input(extra, words):
+    with pytest.raises(InputError) as error:
+        parse_megatron_args(MOE_COMMAND + " " + extra)
+    assert error.value.field == "from-megatron-args"
+    assert all(word in error.value.message for word in words), error.value.message
+
+
+def test_flags_that_change_cost_without_a_cost_term_are_named_in_the_notes():
+    """Offloading, a precision-aware optimizer, CUDA graphs, unfused kernels: each named with what the estimate
+    leaves out; at the value that changes nothing (fp32 states, one optimizer instance, no graphs) no note."""
+    run = parse_megatron_args(MOE_COMMAND + " --use-precision-aware-optimizer --exp-avg-dtype bf16 "
+                              "--exp-avg-sq-dtype fp32 --num-distributed-optimizer-instances 1 "
+                              "--cuda-graph-impl=transformer_engine --cpu-offloading --no-rope-fusion "
+                              "--lr 3e-4 --save /ckpt")
+    flagged = {note.split(":")[0] for note in run.notes}
+    assert {"--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--cuda-graph-impl transformer_engine",
+            "--cpu-offloading", "--no-rope-fusion"} <= flagged
+    assert not any(note.startswith(("--exp-avg-sq-dtype", "--num-distributed-optimizer-instances", "--lr",
+                                    "--save")) for note in run.notes)
+    quiet = parse_megatron_args(MOE_COMMAND + " --cuda-graph-impl none --num-distributed-optimizer-instances 1")
+    assert not any("CUDA graphs" in note or "instances" in note for note in quiet.notes)

@@ -122,3 +122,38 @@ def test_p2p_overlap_round_trips_and_the_pre_2023_10_switch_is_read(overlap):
     old = parse_megatron_args("pretrain_gpt.py --pipeline-model-parallel-size 4 --num-layers 16 "
                               "--num-layers-per-virtual-pipeline-stage 2 --overlap-p2p-communication")
     assert old.training.get("overlap_p2p_comm") is True
+
+
+def test_expert_capacity_round_trips_and_is_written_for_every_megatron_core_framework():
+    """A capped estimate launches capped (--moe-expert-capacity-factor / moe_expert_capacity_factor), and the command
+    reads back as the same cap; a dropless one writes none (Megatron-Core's default)."""
+    import dataclasses
+
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, moe_capacity_factor=1.25)
+    estimate = synthetic_estimate(moe_model(), cluster(64), training, Plan(tp=2, sp=True, ep=8, zero=1))
+    text = emit(estimate, "megatron")
+    assert "--moe-expert-capacity-factor 1.25" in text
+    run = parse_megatron_args(text)
+    assert run.training["moe_capacity_factor"] == 1.25 and "moe_imbalance_factor" not in run.training
+    assert run.training_spec(dataclasses.replace(training, moe_capacity_factor=None)) == training
+    for framework, key in (("nemo", "model.config.moe_expert_capacity_factor=1.25"),
+                           ("bridge", "model.moe_expert_capacity_factor=1.25"),
+                           ("verl", "override_transformer_config.moe_expert_capacity_factor=1.25")):
+        assert key in emit(estimate, framework), framework
+    dropless = synthetic_estimate(moe_model(), cluster(64), dataclasses.replace(training, moe_capacity_factor=None),
+                                  Plan(tp=2, sp=True, ep=8, zero=1))
+    assert all("capacity" not in emit(dropless, framework) for framework in ("megatron", "nemo", "bridge", "verl"))
+
+
+@pytest.mark.parametrize("capacity", [1.25, None])
+def test_frameworks_outside_megatron_core_say_how_they_route_against_the_priced_cap(capacity):
+    """DeepSpeed's MoE layer caps at capacity_factor=1.0 and drops by default: its note names the cap the estimate
+    priced, or drop_tokens=False for a dropless one; torchtitan drops nothing, which a capped estimate is told."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, moe_capacity_factor=capacity)
+    estimate = synthetic_estimate(moe_model(), cluster(64), training, Plan(tp=1, ep=8, etp=1, zero=2, mbs=1))
+    from autopar.export import launch_config
+
+    deepspeed = " ".join(launch_config(estimate, "deepspeed").unexpressed)   # JSON has no comments: the notes
+    assert ("capacity_factor=1.25" if capacity else "drop_tokens=False") in deepspeed
+    torchtitan = emit(estimate, "torchtitan")
+    assert ("moe_capacity_factor 1.25: torchtitan's MoE drops no token" in torchtitan) is (capacity is not None)

@@ -101,7 +101,7 @@ def report_stream(args: argparse.Namespace, stdout: TextIO | None = None,
 def add_megatron_import_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-megatron-args", default=None, metavar="COMMAND|FILE",
                         help="take the plan, sequence length, global batch, precision, overlap switches, attention "
-                             "backend, MoE dispatcher, loss kernels and pipeline schedule (and the GPU count, when "
+                             "backend, MoE dispatcher and capacity, loss kernels and pipeline schedule (and the GPU count, when "
                              "the launcher says it) from an existing Megatron-LM command line or launch script; "
                              "plan flags (--tp, ...) cannot be given with it (edit the command instead); MODEL's "
                              "layer count is used when the command has no --num-layers")
@@ -164,6 +164,12 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if imported_dispatcher is not None and typed_dispatcher not in (None, "alltoall", imported_dispatcher):
         print(f"autopar: note: --moe-dispatcher {typed_dispatcher} ignored: the Megatron-LM command runs "
               f"{imported_dispatcher}", file=stream)
+    for name, flag, default in (("moe_capacity_factor", "--moe-capacity-factor", None),
+                                ("moe_imbalance_factor", "--moe-imbalance-factor", 1.0)):
+        typed_value, imported_value = getattr(args, name, None), run.training.get(name)
+        if imported_value is not None and typed_value not in (None, default, imported_value):
+            print(f"autopar: note: {flag} {typed_value:g} ignored: the Megatron-LM command runs {imported_value:g} "
+                  "(--moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity)", file=stream)
     typed_gemm, imported_gemm = getattr(args, "expert_gemm", None), run.training.get("expert_gemm")
     if imported_gemm is not None and typed_gemm not in (None, imported_gemm):
         print(f"autopar: note: --expert-gemm {typed_gemm} ignored: the Megatron-LM command runs {imported_gemm} "

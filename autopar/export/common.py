@@ -153,7 +153,16 @@ def mcore_moe_fields(estimate: Estimate) -> dict[str, object]:
     use, and which Megatron-Core requires for recompute_modules 'moe_act' (TransformerConfig.__post_init__: 'moe_act
     in recompute_modules is only supported with moe_grouped_gemm'); and the token dispatcher the step time priced
     (`moe_dispatcher_fields`)."""
-    return {"moe_grouped_gemm": True, **moe_dispatcher_fields(estimate)} if estimate.model.is_moe else {}
+    return {"moe_grouped_gemm": True, **moe_dispatcher_fields(estimate), **moe_capacity_fields(estimate)} \
+        if estimate.model.is_moe else {}
+
+
+def moe_capacity_fields(estimate: Estimate) -> dict[str, float]:
+    """TransformerConfig.moe_expert_capacity_factor for TrainingSpec.moe_capacity_factor (None: Megatron-Core's
+    dropless default, not written). Megatron-Core accepts it with its default aux_loss balancing (it refuses other
+    balancing types) and drops, without padding, what exceeds an expert's capacity: the cap the step time priced."""
+    capacity = estimate.training.moe_capacity_factor
+    return {"moe_expert_capacity_factor": capacity} if estimate.model.is_moe and capacity is not None else {}
 
 
 def mcore_router_fields(model: ModelSpec) -> dict[str, object]:

@@ -56,7 +56,12 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                      + (f", topology=PipeModelDataParallelTopology(num_pp={plan.pp}, num_mp={plan.tp}, "
                         f"num_dp={estimate.dp})" if plan.tp > 1 else "") + ")")
     if estimate.model.is_moe:
-        notes.append(f"ep={plan.ep}: experts are set in model code: deepspeed.moe.layer.MoE(..., ep_size={plan.ep})")
+        # deepspeed/moe/layer.py MoE: capacity_factor=1.0 with drop_tokens=True by default, a cap the estimate
+        # priced only where it has one
+        moe, capacity = estimate.model.moe, training.moe_capacity_factor
+        routing = "drop_tokens=False" if capacity is None else f"capacity_factor={capacity:g}"
+        notes.append(f"ep={plan.ep}: experts are set in model code: deepspeed.moe.layer.MoE(..., "
+                     f"num_experts={moe.num_experts}, ep_size={plan.ep}, k={moe.top_k}, {routing})")
     if plan.recompute is not Recompute.NONE:
         which = f"the first {plan.recompute_layers} layers of each stage" if plan.recompute_layers else "every layer"
         notes.append(f"recompute=full: wrap {which} in deepspeed.checkpointing.checkpoint (model code)")

@@ -14,6 +14,7 @@ time (TrainingSpec overlap options), where they apply; see export.common.data_pa
 model_parallel_overlap), --no-overlap-p2p-communication (on by default for the interleaved schedule; written when
 the user turned it off, export.common.pipeline_p2p_overlap), --moe-token-dispatcher-type /
 --moe-flex-dispatcher-backend (always for a MoE model, export.common.moe_dispatcher_fields),
+--moe-expert-capacity-factor (where the estimate caps the experts, export.common.moe_capacity_fields),
 `_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format, --fp8-recipe), `_add_network_size_args`
 (--num-layers, --hidden-size, ..., --rotary-base, --rotary-percent, --use-rope-scaling, --rope-scaling-factor,
 --qk-layernorm). `validate_args` there fixes two rules followed here: an uneven split with
@@ -30,7 +31,7 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    flash_version_note, is_uneven, loss_fusion, loss_kernel_note,
                                    mcore_recompute_fields, mcore_router_fields, megatron_attention_backend,
-                                   model_parallel_overlap, moe_dispatcher_fields, router_note,
+                                   model_parallel_overlap, moe_capacity_fields, moe_dispatcher_fields, router_note,
                                    one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
@@ -99,6 +100,8 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
     # the MoE token dispatcher the step time priced (export.common.moe_dispatcher_fields)
     flags += [("--" + name.replace("_", "-"), value) for name, value in moe_dispatcher_fields(estimate).items()
               if estimate.model.is_moe]
+    # the expert capacity the step time priced (export.common.moe_capacity_fields; dropless when absent)
+    flags += [("--" + name.replace("_", "-"), f"{value:g}") for name, value in moe_capacity_fields(estimate).items()]
     return flags
 
 
