@@ -27,8 +27,8 @@ Not counted, on purpose: Megatron's DDP gradient buckets (views into the fp32 gr
 optimizer's parameter all-gather (into the bf16 parameter buffer itself) need no memory of their own; allocator
 fragmentation is what the cluster's headroom (20% by default) is for; the activation gradients alive during the
 backward pass are a few s·b·h and, like Korthikanti and Megatron, left out. Under fp8 the linear layers' saved inputs
-are fp8 (`saved_linear_input_bytes`); weights stay bf16 (Transformer Engine's fp8 weight copies and fp8_param are not
-modelled).
+are fp8 (`saved_linear_input_bytes`); weights stay bf16, and Transformer Engine keeps fp8 copies of them beside
+(`fp8_weight_copies_bytes`); fp8_param (fp8 weights in place of the bf16 ones) is not modelled.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels import params
+from costmodels.compute import fp8_tn_only
 from costmodels.errors import InputError
+from costmodels.hardware import HardwareProfile
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
                              layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
 from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Fp8Recipe, MlpKind, ModelSpec, NormKind,
@@ -86,6 +88,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "cross_entropy_buffers": ("tp", "cp", "pp", "mbs"),
     "pending_output_wgrad": ("tp", "sp", "cp", "pp", "mbs"),
     "mtp_activations": ("tp", "sp", "cp", "pp", "mbs", "etp"),
+    "fp8_weight_copies": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
 }
@@ -97,7 +100,7 @@ _VARIES_WITH_LAYERS_IN_FLIGHT = "layers_in_flight"   # ... and the micro-batches
 TERM_STAGE_DEPENDENCE: dict[str, str] = {
     **{name: _VARIES_WITH_LAYERS for name in (
         "weights", "gradients", "optimizer_states", "expert_weights", "expert_gradients", "expert_optimizer_states",
-        "recompute_working_set", "zero_gradient_buckets", "zero3_prefetch_buffers")},
+        "fp8_weight_copies", "recompute_working_set", "zero_gradient_buckets", "zero3_prefetch_buffers")},
     **{name: "first_and_last" for name in (
         "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
     **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
@@ -117,8 +120,9 @@ STAGE_INDEPENDENT_TERMS: frozenset[str] = frozenset()
 
 MODEL_STATE_TERMS: tuple[str, ...] = (
     "weights", "gradients", "optimizer_states", "expert_weights", "expert_gradients", "expert_optimizer_states",
-    "embedding_weights", "embedding_gradients", "embedding_optimizer_states")
-"""Weights, gradients and optimizer states (what Korthikanti and Megatron call 'weights and optimizer')."""
+    "embedding_weights", "embedding_gradients", "embedding_optimizer_states", "fp8_weight_copies")
+"""Weights (and their fp8 copies), gradients and optimizer states (what Korthikanti and Megatron call 'weights and
+optimizer')."""
 
 ACTIVATION_TERMS: tuple[str, ...] = (
     "layer_activations", "recomputed_layer_inputs", "recompute_working_set", "moe_router_activations",
@@ -276,6 +280,44 @@ def expert_gradients_bytes(shape: StageShape) -> np.ndarray:
 def expert_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
     """Megatron-Core's distributed optimizer shards expert states over the expert-data-parallel group."""
     return shape.expert_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.edp)
+
+
+def fp8_weight_copies_per_param_bytes(profile: HardwareProfile, training: TrainingSpec) -> float:
+    """Bytes per weight element of the fp8 copies Transformer Engine keeps of an fp8 linear layer's weight (0 in
+    bf16). Megatron-Core's TE wrappers pass `is_first_microbatch` (extensions/transformer_engine.py, unless
+    disable_parameter_transpose_cache), so TE quantizes the weight on a step's first micro-batch into a workspace it
+    keeps in the module (`self._fp8_workspaces[cache_name]`, module/linear.py, layernorm_linear.py,
+    layernorm_mlp.py, grouped_linear.py) and reuses it for the other micro-batches and the backward: a permanent
+    copy beside the bf16 weight. The weight quantizer is set for both usages (linear.py:
+    `weight_quantizer.set_usage(rowwise=True, columnwise=...)`, the data gradient dX = dY·W reads the other layout):
+    block scaling quantizes each layout on its own (two copies, each with its scales: MXFP8's byte per 32 elements,
+    specs.fp8_copy_bytes_per_element; blockwise scales a weight per 128×128 block, TE Float8BlockScaling
+    w_block_scaling_dim = 2, WEIGHT_BLOCK_SCALE_BYTES); per-tensor scaling keeps a transpose on a TN-only GPU
+    (`compute.fp8_tn_only`: two copies) and one buffer for both usages elsewhere (tensor/float8_tensor.py: 'on
+    non-TN-capable archs (Blackwell+) a single _data buffer backs both row- and column-wise usage'). Delayed or
+    current scaling: 2 bytes per weight on H100, 1 on B200; MXFP8 ~2.06; blockwise ~2."""
+    recipe = training.fp8_scaling
+    if recipe is None:
+        return 0.0
+    copy = 1.0 + WEIGHT_BLOCK_SCALE_BYTES if recipe is Fp8Recipe.BLOCKWISE else fp8_copy_bytes_per_element(recipe)
+    copies = 2.0 if recipe.block_scaled or fp8_tn_only(profile) else 1.0
+    return copies * copy
+
+
+WEIGHT_BLOCK_SCALE_BYTES = 4.0 / (128 * 128)
+"""Blockwise scaling's weight scales: one fp32 per 128×128 block (TE recipe Float8BlockScaling w_block_scaling_dim 2;
+DeepSeek-V3 arXiv 2412.19437 §3.3.2), against 1×128 blocks for activations and gradients."""
+
+
+def fp8_weight_copies_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Transformer Engine's fp8 weight workspaces (`fp8_weight_copies_per_param_bytes`) of the rank's decoder layers,
+    dense and routed-expert weights alike (the norms' and router's few parameters, which stay bf16, are counted
+    with them: under 1% of a layer). The embedding and output layer run in bf16 and have none. ZeRO-3 gathers a
+    layer's weights only for its use and keeps no copy (TE keeps none under FSDP2: `cache_name = None` when
+    is_fsdp2)."""
+    per_param = fp8_weight_copies_per_param_bytes(profile, training)
+    return np.where(shape.plans.zero >= 3, 0.0,
+                    (shape.layer_params_per_gpu + shape.expert_params_per_gpu) * per_param)
 
 
 def embedding_weights_bytes(shape: StageShape) -> np.ndarray:
@@ -775,6 +817,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("expert_weights", moe, lambda: expert_weights_bytes(shape)),
         ("expert_gradients", moe, lambda: expert_gradients_bytes(shape)),
         ("expert_optimizer_states", moe, lambda: expert_optimizer_states_bytes(shape)),
+        ("fp8_weight_copies", training.fp8_scaling is not None,
+         lambda: fp8_weight_copies_bytes(cluster.profile, training, shape)),
         ("layer_activations", True, lambda: layer_activations_bytes(model, training, shape)),
         ("recomputed_layer_inputs", True, lambda: recomputed_layer_inputs_bytes(model, shape)),
         ("recompute_working_set", True, lambda: recompute_working_set_bytes(model, training, shape)),

@@ -256,6 +256,28 @@ def test_fp8_layers_keep_the_quantized_linear_inputs(recipe):
     assert fp8_ < bf16
 
 
+@pytest.mark.parametrize("profile, recipe, per_param", [
+    (H100, "delayed", 2.0), (H100, "tensorwise", 2.0), (H100, "blockwise", 2.0 * (1 + 4.0 / 128**2)),
+    (B200, "delayed", 1.0), (B200, "tensorwise", 1.0), (B200, "mxfp8", 2.0 * (1 + 1.0 / 32.0)),
+])
+def test_transformer_engine_keeps_fp8_copies_of_the_layer_weights(profile, recipe, per_param):
+    """TE caches each fp8 linear's quantized weight across micro-batches (is_first_microbatch), both layouts: a
+    transpose beside a per-tensor copy on Hopper (TN-only), one buffer on Blackwell, two block-scaled copies for
+    MXFP8 and blockwise; the layers' weights only (dense and routed experts), none in bf16 nor under ZeRO-3."""
+    from test_report_support import moe_model
+
+    for model, plan in ((LLAMA_70B, Plan(tp=8, sp=True, mbs=1, zero=1)), (moe_model(), Plan(tp=2, ep=4, mbs=1))):
+        cluster, plans = ClusterSpec(profile=profile, num_gpus=64), PlanArrays.from_plans([plan])
+        terms = memory.memory_terms_bytes(model, cluster, fp8(recipe), plans, 0)
+        shape = memory.stage_shape(model, cluster, fp8(recipe), plans, 0)
+        weights = float(shape.layer_params_per_gpu[0] + shape.expert_params_per_gpu[0])
+        assert float(terms["fp8_weight_copies"][0]) == pytest.approx(weights * per_param)
+        assert "fp8_weight_copies" not in memory.memory_terms_bytes(model, cluster, TrainingSpec(), plans, 0)
+    zero3 = PlanArrays.from_plans([Plan(tp=8, sp=True, mbs=1, zero=3)])
+    assert float(memory.memory_terms_bytes(LLAMA_70B, ClusterSpec(profile=profile, num_gpus=64), fp8(recipe), zero3,
+                                           0)["fp8_weight_copies"][0]) == 0.0
+
+
 def test_layernorm_recompute_drops_a_moe_layers_pre_mlp_norm_in_fp8_as_in_bf16():
     """The pre-MLP norm of a MoE layer is a module of its own (the router keeps its bf16 output, and under fp8 the
     shared expert keeps the original too): recomputing it drops 2h bytes per token in either precision."""
