@@ -369,6 +369,23 @@ def test_nemo_and_bridge_get_the_recipes_preset(recipe, nemo, bridge):
         assert "first_last_layers_bf16" in nemo_text and "first_last_layers_bf16" in bridge_text
 
 
+def test_a_preset_with_fp8_parameters_says_how_much_bf16_weight_it_does_without():
+    """Bridge's delayed preset sets fp8_param_gather: the note gives the tightest stage's bf16 layer weights, which
+    fp8 parameters replace (the fp8 copies priced beside them become the weights); the subchannel preset does not
+    set it and gets no such note."""
+    from autopar.export.common import fp8_param_saving_gib
+
+    point = step(H100, fp8("delayed"), Plan(tp=2, sp=True, mbs=1, zero=1))
+    terms = point.stages[point.worst_stage].terms_bytes
+    assert fp8_param_saving_gib(point) == pytest.approx(terms["weights"] / 2**30)
+    assert terms["fp8_weight_copies"] == pytest.approx(terms["weights"])          # Hopper: 2 bytes each
+    notes = " ".join(launch_config(point, "bridge").unexpressed)
+    assert f"fp8_param_gather): the estimate priced bf16 weights beside their fp8 copies " \
+           f"({fp8_param_saving_gib(point):.1f} GiB" in notes
+    blockwise = launch_config(step(H100, fp8("blockwise"), Plan(tp=2, sp=True, mbs=1, zero=1)), "bridge")
+    assert "fp8_param_gather" not in " ".join(blockwise.unexpressed)
+
+
 def test_torchtitan_gets_mxfp8_or_a_note_for_recipes_it_lacks():
     mxfp8 = launch_config(step(B200, fp8("mxfp8"), Plan(tp=2, sp=True, mbs=1)), "torchtitan").text
     assert "MXFP8LinearConverter" in mxfp8

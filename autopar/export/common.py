@@ -312,7 +312,8 @@ def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
     """What `framework`'s (nemo, bridge) fp8 preset changes beside the recipe, which the estimate does not price:
     current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each);
     fp8_param_gather (FP8_PARAM_GATHER_PRESETS) sets fp8_param, fp8 weights and fp8 parameter all-gathers, where
-    the estimate prices bf16 weights and gathers, an over-estimate of both."""
+    the estimate prices bf16 weights (beside Transformer Engine's fp8 copies, `fp8_param_saving_gib`) and gathers,
+    an over-estimate of both."""
     recipe = estimate.training.fp8_scaling
     if recipe is None:
         return []
@@ -320,10 +321,24 @@ def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
     if recipe is Fp8Recipe.TENSORWISE:
         notes.append("the current-scaling preset keeps the first and the last transformer layer in bf16 "
                      "(first_last_layers_bf16); the estimate priced every layer in fp8")
-    if recipe.value in FP8_PARAM_GATHER_PRESETS[framework]:
-        notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weights and "
-                     "parameter all-gathers, a little more memory and time than the job spends")
+    if recipe.value in FP8_PARAM_GATHER_PRESETS[framework] and estimate.plan.zero >= 3:
+        notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weight shards and "
+                     "bf16 parameter all-gathers, about twice the bytes of the fp8 ones the job keeps and gathers")
+    elif recipe.value in FP8_PARAM_GATHER_PRESETS[framework]:
+        notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weights beside "
+                     f"their fp8 copies ({fp8_param_saving_gib(estimate):.1f} GiB per GPU on the tightest stage, "
+                     "which fp8 parameters do without) and bf16 parameter all-gathers, more memory and time than "
+                     "the job spends")
     return notes
+
+
+def fp8_param_saving_gib(estimate: Estimate) -> float:
+    """The bf16 decoder-layer weights (dense and expert) of the estimate's tightest stage: what fp8 parameters
+    (Megatron-Core fp8_param_gather: the weights are kept as Transformer Engine fp8 tensors, the distributed
+    optimizer's fp32 master shard beside them) leave out, the fp8 copies (memory term fp8_weight_copies) becoming
+    the weights."""
+    terms = estimate.stages[estimate.worst_stage].terms_bytes
+    return (terms.get("weights", 0.0) + terms.get("expert_weights", 0.0)) / 2**30
 
 
 def loss_kernel_note(estimate: Estimate) -> list[str]:
