@@ -27,9 +27,9 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
   assignment, or `#SBATCH --nodes` × `--gpus-per-node`/`--ntasks-per-node`;
 - model shape flags (--num-layers, --hidden-size, ...), returned in `model` to check against the MODEL given.
 
-Flags known to change memory or step time that autopar does not price (CPU offloading, a precision-aware or
-offloaded optimizer, CUDA graphs, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each with
-what it changes. Every other flag (data, logging, checkpoints, the learning-rate schedule) is ignored. Anything that
+Flags known to change memory or step time that autopar does not price (CPU offloading, optimizer states in
+another dtype or offloaded, CUDA graphs, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each
+with what it changes. Every other flag (data, logging, checkpoints, the learning-rate schedule) is ignored. Anything that
 cannot be read (an unset shell variable in a flag that matters, a bad --pipeline-model-parallel-layout) is an
 `InputError` naming the flag and the fix.
 """
@@ -63,7 +63,7 @@ VALUE_FLAGS = frozenset({
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
 })
-LIST_FLAGS = frozenset({"--recompute-modules"})
+LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
 LAUNCHER_FLAGS = frozenset({  # torchrun / torch.distributed.launch / the deepspeed launcher
     "--nproc-per-node", "--nproc_per_node", "--nnodes", "--num_gpus", "--num_nodes", "--num-gpus", "--num-nodes",
@@ -499,11 +499,19 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
     return {"moe_dispatcher": "deepep"}
 
 
-def _capacity(flags: dict[str, "str | bool"], dispatcher: "str | None", notes: list[str]) -> dict[str, float]:
+CAPACITY_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+"""The router load-balancing types TransformerConfig.__post_init__ accepts a capacity factor with ('moe_expert_
+capacity_factor only works with aux_loss, seq_aux_loss, global_aux_loss or none load balancing'); Megatron's
+default is aux_loss."""
+
+
+def _capacity(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, float]:
     """TrainingSpec.moe_capacity_factor from --moe-expert-capacity-factor (TransformerConfig: None = dropless, a
     negative value is reset to None); with --moe-pad-expert-input-to-capacity every expert runs exactly its capacity
     (MoEAlltoAllTokenDispatcher's drop_and_pad: num_out_tokens = capacity × experts), read as a load of the capacity
-    factor on every expert (moe_imbalance_factor = max(1, capacity), so min(imbalance, capacity) is the capacity)."""
+    factor on every expert (moe_imbalance_factor = max(1, capacity), so min(imbalance, capacity) is the capacity).
+    What TransformerConfig refuses is refused: padding without a factor, padding under the flex dispatcher's DeepEP
+    backend (HybridEP pads), a factor with a load-balancing type outside CAPACITY_BALANCING_TYPES."""
     text = flags.get("--moe-expert-capacity-factor")
     pad = bool(flags.get("--moe-pad-expert-input-to-capacity"))
     capacity = None
@@ -523,13 +531,23 @@ def _capacity(flags: dict[str, "str | bool"], dispatcher: "str | None", notes: l
         raise InputError(INPUT_NAME, "--moe-pad-expert-input-to-capacity without a positive "
                                      "--moe-expert-capacity-factor: Megatron-Core refuses it ('moe_expert_capacity_"
                                      "factor must be set to use moe_pad_expert_input_to_capacity'); add the factor")
-    if pad and dispatcher == "deepep":
+    deepep = bool(flags.get("--moe-enable-deepep")) or (
+        flags.get("--moe-token-dispatcher-type") == "flex"
+        and flags.get("--moe-flex-dispatcher-backend", "deepep") == "deepep")
+    if pad and deepep:
         raise InputError(INPUT_NAME, "--moe-pad-expert-input-to-capacity with the flex dispatcher's DeepEP backend: "
                                      "Megatron-Core refuses it ('Flex token dispatcher with deepep backend does not "
                                      "support moe_pad_expert_input_to_capacity'); use --moe-token-dispatcher-type "
                                      "alltoall or drop the padding")
     if capacity is None:
         return {}
+    balancing = str(flags.get("--moe-router-load-balancing-type") or "aux_loss").split()
+    refused = [kind for kind in balancing if kind not in CAPACITY_BALANCING_TYPES]
+    if refused:
+        raise InputError(INPUT_NAME, f"--moe-expert-capacity-factor with --moe-router-load-balancing-type "
+                                     f"{refused[0]}: Megatron-Core refuses it ('moe_expert_capacity_factor only works "
+                                     f"with {', '.join(CAPACITY_BALANCING_TYPES)} load balancing'); use one of those "
+                                     "or drop the factor")
     if pad:
         notes.append(f"--moe-pad-expert-input-to-capacity: every expert runs its capacity ({capacity:g}× the balanced "
                      "load), read as --moe-imbalance-factor " + f"{max(1.0, capacity):g}")
@@ -539,9 +557,6 @@ def _capacity(flags: dict[str, "str | bool"], dispatcher: "str | None", notes: l
 
 COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     # flag: (the value that changes nothing, or None for a switch; what it changes that the estimate does not price)
-    "--use-precision-aware-optimizer": (None, "optimizer states and master weights in --exp-avg-dtype / "
-                                              "--exp-avg-sq-dtype / --main-params-dtype: the estimate keeps them "
-                                              "in fp32"),
     "--exp-avg-dtype": ("fp32", "Adam's first moment in that dtype (with --use-precision-aware-optimizer): the "
                                 "estimate keeps it in fp32"),
     "--exp-avg-sq-dtype": ("fp32", "Adam's second moment in that dtype (with --use-precision-aware-optimizer): the "
@@ -556,8 +571,9 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
     "--overlap-param-gather-with-optimizer-step": (None, "the first parameter all-gather overlapped with the "
                                                          "optimizer step: the estimate exposes it"),
-    "--cpu-offloading": (None, "activations offloaded to host memory: less GPU memory than estimated, and the "
-                               "copies' time"),
+    "--cpu-offloading-num-layers": ("0", "that many layers offloaded to host memory (validate_args turns "
+                                         "cpu_offloading on): less GPU memory than estimated, and the copies' "
+                                         "time"),
     "--fine-grained-activation-offloading": (None, "activations of --offload-modules offloaded to host memory: less "
                                                    "GPU memory than estimated, and the copies' time"),
     "--cuda-graph-impl": ("none", "kernels replayed from CUDA graphs: the estimate prices eager launches"),
@@ -576,9 +592,10 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--no-rope-fusion": (None, "unfused rotary embedding: more HBM traffic than estimated"),
 }
 """Megatron-LM flags (megatron/training/arguments.py, and those generated from TransformerConfig's fields by
-ArgumentGroupFactory: --cpu-offloading, --fine-grained-activation-offloading, --cuda-graph-impl,
+ArgumentGroupFactory: --cpu-offloading-num-layers, --fine-grained-activation-offloading, --cuda-graph-impl,
 --delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
-reads. A command that sets one (to anything but the value that changes nothing) gets a note saying what the
+reads; the optimizer-state dtypes take effect with --use-precision-aware-optimizer, which alone (fp32 states)
+changes neither. A command that sets one (to anything but the value that changes nothing) gets a note saying what the
 estimate leaves out, so that an imported estimate is not mistaken for the command's own."""
 
 
@@ -843,7 +860,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
-    training.update(_capacity(flags, training.get("moe_dispatcher"), notes))
+    training.update(_capacity(flags, notes))
     if "--num-experts" in flags:   # TEGroupedMLP / SequentialMLP: a cuBLAS GEMM per expert (TrainingSpec.expert_gemm)
         training["expert_gemm"] = "cublas"
     training["cross_entropy"] = _cross_entropy(flags)

@@ -274,19 +274,26 @@ def test_expert_capacity_is_read_and_padding_runs_every_expert_at_its_capacity()
     under_one = parse_megatron_args(MOE_COMMAND + " --moe-expert-capacity-factor 0.5 "
                                                   "--moe-pad-expert-input-to-capacity").training_spec(TrainingSpec())
     assert (under_one.moe_capacity_factor, under_one.moe_imbalance_factor) == (0.5, 1.0)   # min(1, 0.5): 0.5
+    hybridep = parse_megatron_args(MOE_COMMAND.replace("alltoall", "flex") + " --moe-flex-dispatcher-backend "
+                                   "hybridep --moe-expert-capacity-factor 1.2 --moe-pad-expert-input-to-capacity "
+                                   "--moe-router-load-balancing-type seq_aux_loss")
+    assert hybridep.training["moe_imbalance_factor"] == 1.2          # HybridEP pads (DeepEP alone refuses it)
     dropless = parse_megatron_args(MOE_COMMAND + " --moe-expert-capacity-factor -1")
     assert "moe_capacity_factor" not in dropless.training
     assert any("dropless" in note for note in dropless.notes)
 
 
 @pytest.mark.parametrize("extra, words", [
+    # TransformerConfig.__post_init__ refuses these three
     ("--moe-pad-expert-input-to-capacity", ["--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor"]),
     ("--moe-expert-capacity-factor 1.2 --moe-pad-expert-input-to-capacity --moe-token-dispatcher-type flex "
      "--moe-flex-dispatcher-backend deepep", ["deepep", "alltoall"]),
+    ("--moe-expert-capacity-factor 1.2 --moe-router-load-balancing-type sinkhorn", ["sinkhorn", "aux_loss"]),
+    # not a number (argparse refuses it), and a zero capacity (every token dropped): refused here
     ("--moe-expert-capacity-factor lots", ["--moe-expert-capacity-factor", "lots"]),
     ("--moe-expert-capacity-factor 0", ["--moe-expert-capacity-factor", "positive"]),
 ])
-def test_expert_capacity_that_megatron_core_refuses_is_bad_input(extra, words):
+def test_an_expert_capacity_that_cannot_run_is_bad_input(extra, words):
     with pytest.raises(InputError) as error:
         parse_megatron_args(MOE_COMMAND + " " + extra)
     assert error.value.field == "from-megatron-args"
@@ -294,16 +301,19 @@ def test_expert_capacity_that_megatron_core_refuses_is_bad_input(extra, words):
 
 
 def test_flags_that_change_cost_without_a_cost_term_are_named_in_the_notes():
-    """Offloading, a precision-aware optimizer, CUDA graphs, unfused kernels: each named with what the estimate
+    """Offloading, optimizer states in bf16, CUDA graphs, unfused kernels: each named with what the estimate
     leaves out; at the value that changes nothing (fp32 states, one optimizer instance, no graphs) no note."""
     run = parse_megatron_args(MOE_COMMAND + " --use-precision-aware-optimizer --exp-avg-dtype bf16 "
                               "--exp-avg-sq-dtype fp32 --num-distributed-optimizer-instances 1 "
-                              "--cuda-graph-impl=transformer_engine --cpu-offloading --no-rope-fusion "
+                              "--cuda-graph-impl=transformer_engine --cpu-offloading-num-layers 4 --no-rope-fusion "
                               "--lr 3e-4 --save /ckpt")
     flagged = {note.split(":")[0] for note in run.notes}
-    assert {"--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--cuda-graph-impl transformer_engine",
-            "--cpu-offloading", "--no-rope-fusion"} <= flagged
-    assert not any(note.startswith(("--exp-avg-sq-dtype", "--num-distributed-optimizer-instances", "--lr",
-                                    "--save")) for note in run.notes)
-    quiet = parse_megatron_args(MOE_COMMAND + " --cuda-graph-impl none --num-distributed-optimizer-instances 1")
-    assert not any("CUDA graphs" in note or "instances" in note for note in quiet.notes)
+    assert {"--exp-avg-dtype bf16", "--cuda-graph-impl transformer_engine", "--cpu-offloading-num-layers 4",
+            "--no-rope-fusion"} <= flagged
+    assert not any(note.startswith(("--use-precision-aware-optimizer", "--exp-avg-sq-dtype",
+                                    "--num-distributed-optimizer-instances", "--lr", "--save")) for note in run.notes)
+    quiet = parse_megatron_args(MOE_COMMAND + " --cuda-graph-impl none --num-distributed-optimizer-instances 1 "
+                                              "--cpu-offloading-num-layers 0 --use-precision-aware-optimizer")
+    assert not any(note.startswith(("--cuda-graph-impl", "--num-distributed-optimizer-instances",
+                                    "--cpu-offloading-num-layers", "--use-precision-aware-optimizer"))
+                   for note in quiet.notes)

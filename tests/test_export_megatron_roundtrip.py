@@ -147,13 +147,21 @@ def test_expert_capacity_round_trips_and_is_written_for_every_megatron_core_fram
 
 @pytest.mark.parametrize("capacity", [1.25, None])
 def test_frameworks_outside_megatron_core_say_how_they_route_against_the_priced_cap(capacity):
-    """DeepSpeed's MoE layer caps at capacity_factor=1.0 and drops by default: its note names the cap the estimate
-    priced, or drop_tokens=False for a dropless one; torchtitan drops nothing, which a capped estimate is told."""
-    training = TrainingSpec(seq_len=4096, global_batch_size=256, moe_capacity_factor=capacity)
-    estimate = synthetic_estimate(moe_model(), cluster(64), training, Plan(tp=1, ep=8, etp=1, zero=2, mbs=1))
+    """DeepSpeed's MoE layer caps at capacity_factor=1.0 and drops by default, and pads every expert to its capacity:
+    its note names the cap the estimate priced (and the load it pads to), or drop_tokens=False for a dropless one;
+    torchtitan has no expert capacity, which a capped estimate is told."""
+    import dataclasses
+
     from autopar.export import launch_config
 
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, moe_capacity_factor=capacity)
+    estimate = synthetic_estimate(moe_model(), cluster(64), training, Plan(tp=1, ep=8, etp=1, zero=2, mbs=1))
     deepspeed = " ".join(launch_config(estimate, "deepspeed").unexpressed)   # JSON has no comments: the notes
     assert ("capacity_factor=1.25" if capacity else "drop_tokens=False") in deepspeed
+    # DeepSpeed pads every expert to its capacity: 1.25x the balanced load against the 1x priced
+    assert ("DeepSpeed pads every expert to its capacity" in deepspeed) is (capacity is not None)
+    padded = synthetic_estimate(moe_model(), cluster(64), dataclasses.replace(training, moe_imbalance_factor=1.25),
+                                Plan(tp=1, ep=8, etp=1, zero=2, mbs=1))
+    assert "DeepSpeed pads" not in " ".join(launch_config(padded, "deepspeed").unexpressed)
     torchtitan = emit(estimate, "torchtitan")
-    assert ("moe_capacity_factor 1.25: torchtitan's MoE drops no token" in torchtitan) is (capacity is not None)
+    assert ("moe_capacity_factor 1.25: torchtitan's MoE has no expert capacity" in torchtitan) is (capacity is not None)

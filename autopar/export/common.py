@@ -159,8 +159,9 @@ def mcore_moe_fields(estimate: Estimate) -> dict[str, object]:
 
 def moe_capacity_fields(estimate: Estimate) -> dict[str, float]:
     """TransformerConfig.moe_expert_capacity_factor for TrainingSpec.moe_capacity_factor (None: Megatron-Core's
-    dropless default, not written). Megatron-Core accepts it with its default aux_loss balancing (it refuses other
-    balancing types) and drops, without padding, what exceeds an expert's capacity: the cap the step time priced."""
+    dropless default, not written). Megatron-Core accepts it with its default aux_loss balancing (and with
+    seq_aux_loss, global_aux_loss or none; not with sinkhorn or quantile balancing, which no export writes) and
+    drops, without padding, what exceeds an expert's capacity: the cap the step time priced."""
     capacity = estimate.training.moe_capacity_factor
     return {"moe_expert_capacity_factor": capacity} if estimate.model.is_moe and capacity is not None else {}
 

@@ -56,12 +56,7 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                      + (f", topology=PipeModelDataParallelTopology(num_pp={plan.pp}, num_mp={plan.tp}, "
                         f"num_dp={estimate.dp})" if plan.tp > 1 else "") + ")")
     if estimate.model.is_moe:
-        # deepspeed/moe/layer.py MoE: capacity_factor=1.0 with drop_tokens=True by default, a cap the estimate
-        # priced only where it has one
-        moe, capacity = estimate.model.moe, training.moe_capacity_factor
-        routing = "drop_tokens=False" if capacity is None else f"capacity_factor={capacity:g}"
-        notes.append(f"ep={plan.ep}: experts are set in model code: deepspeed.moe.layer.MoE(..., "
-                     f"num_experts={moe.num_experts}, ep_size={plan.ep}, k={moe.top_k}, {routing})")
+        notes += deepspeed_moe_notes(estimate)
     if plan.recompute is not Recompute.NONE:
         which = f"the first {plan.recompute_layers} layers of each stage" if plan.recompute_layers else "every layer"
         notes.append(f"recompute=full: wrap {which} in deepspeed.checkpointing.checkpoint (model code)")
@@ -79,3 +74,22 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     text = json.dumps(config, indent=2) + "\n"
     return LaunchConfig(framework="deepspeed", text=text, unexpressed=tuple(notes), sources=SOURCES,
                         target=TARGET_VERSIONS["deepspeed"])
+
+
+def deepspeed_moe_notes(estimate: Estimate) -> list[str]:
+    """How to build the MoE layer the estimate priced (deepspeed/moe/layer.py MoE: capacity_factor=1.0 and
+    drop_tokens=True by default). DeepSpeed dispatches dense [experts, capacity, hidden] tensors
+    (moe/sharded_moe.py: the gate's combine/dispatch masks of E×C slots), so every expert runs its whole capacity:
+    with a cap, cf× the balanced load, which the estimate priced only where its imbalance reaches the cap; dropless
+    (drop_tokens=False) the capacity is the busiest expert's count, the load the estimate priced."""
+    plan, moe, capacity = estimate.plan, estimate.model.moe, estimate.training.moe_capacity_factor
+    assert moe is not None
+    routing = "drop_tokens=False" if capacity is None else f"capacity_factor={capacity!r}"
+    notes = [f"ep={plan.ep}: experts are set in model code: deepspeed.moe.layer.MoE(..., "
+             f"num_experts={moe.num_experts}, ep_size={plan.ep}, k={moe.top_k}, {routing})"]
+    if capacity is not None and estimate.training.moe_imbalance_factor < capacity:
+        notes.append(f"capacity_factor {capacity!r}: DeepSpeed pads every expert to its capacity (dense "
+                     f"expert×capacity dispatch), a load of {capacity:g}× the balanced one; the estimate priced "
+                     f"{min(estimate.training.moe_imbalance_factor, capacity):g}× (estimate again with "
+                     f"--moe-imbalance-factor {max(1.0, capacity):g} for it)")
+    return notes

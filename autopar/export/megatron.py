@@ -101,7 +101,8 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
     flags += [("--" + name.replace("_", "-"), value) for name, value in moe_dispatcher_fields(estimate).items()
               if estimate.model.is_moe]
     # the expert capacity the step time priced (export.common.moe_capacity_fields; dropless when absent)
-    flags += [("--" + name.replace("_", "-"), f"{value:g}") for name, value in moe_capacity_fields(estimate).items()]
+    flags += [("--" + name.replace("_", "-"), repr(float(value)))
+              for name, value in moe_capacity_fields(estimate).items()]
     return flags
 
 

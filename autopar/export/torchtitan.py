@@ -147,9 +147,9 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                                     "torch._grouped_mm kernel over the local experts (MoEArgs.use_grouped_mm)"))
     capacity = estimate.training.moe_capacity_factor
     if estimate.model.is_moe and capacity is not None:
-        notes += (f"moe_capacity_factor {capacity:g}: torchtitan's MoE drops no token (its token dispatchers route "
-                  "every one; HybridEP's non_blocking_capacity_factor sizes a buffer), so the busiest expert can "
-                  "take more than the cap the estimate priced",)
+        notes += (f"moe_capacity_factor {capacity:g}: torchtitan's MoE has no expert capacity (its standard "
+                  "all-to-all dispatcher drops no token; HybridEP's non_blocking_capacity_factor caps a buffer per "
+                  "rank, not an expert), so the busiest expert can take more than the cap the estimate priced",)
     lines[1:1] = [f"# note: {note}" for note in notes]      # after the caption, which names the target
     text = "\n".join(lines) + "\n"
     return LaunchConfig(framework="torchtitan", text=text, unexpressed=notes, sources=SOURCES,
