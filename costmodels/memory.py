@@ -285,7 +285,8 @@ def expert_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
 def fp8_weight_copies_per_param_bytes(profile: HardwareProfile, training: TrainingSpec) -> float:
     """Bytes per weight element of the fp8 copies Transformer Engine keeps of an fp8 linear layer's weight (0 in
     bf16). Megatron-Core's TE wrappers pass `is_first_microbatch` (extensions/transformer_engine.py, unless
-    disable_parameter_transpose_cache), so TE quantizes the weight on a step's first micro-batch into a workspace it
+    TransformerConfig.disable_parameter_transpose_cache, which Megatron-LM's command line cannot set: arguments.py
+    excludes it; a Megatron-Bridge config can), so TE quantizes the weight on a step's first micro-batch into a workspace it
     keeps in the module (`self._fp8_workspaces[cache_name]`, module/linear.py, layernorm_linear.py,
     layernorm_mlp.py, grouped_linear.py) and reuses it for the other micro-batches and the backward: a permanent
     copy beside the bf16 weight. The weight quantizer is set for both usages (linear.py:
