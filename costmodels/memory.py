@@ -286,8 +286,8 @@ def fp8_weight_copies_per_param_bytes(profile: HardwareProfile, training: Traini
     """Bytes per weight element of the fp8 copies Transformer Engine keeps of an fp8 linear layer's weight (0 in
     bf16). Megatron-Core's TE wrappers pass `is_first_microbatch` (extensions/transformer_engine.py, unless
     TransformerConfig.disable_parameter_transpose_cache, which Megatron-LM's command line cannot set: arguments.py
-    excludes it; a Megatron-Bridge config can), so TE quantizes the weight on a step's first micro-batch into a workspace it
-    keeps in the module (`self._fp8_workspaces[cache_name]`, module/linear.py, layernorm_linear.py,
+    excludes it; a Megatron-Bridge config can), so TE quantizes the weight on a step's first micro-batch into a
+    workspace it keeps in the module (`self._fp8_workspaces[cache_name]`, module/linear.py, layernorm_linear.py,
     layernorm_mlp.py, grouped_linear.py) and reuses it for the other micro-batches and the backward: a permanent
     copy beside the bf16 weight. The weight quantizer is set for both usages (linear.py:
     `weight_quantizer.set_usage(rowwise=True, columnwise=...)`, the data gradient dX = dY·W reads the other layout):
@@ -313,12 +313,13 @@ DeepSeek-V3 arXiv 2412.19437 §3.3.2), against 1×128 blocks for activations and
 def fp8_weight_copies_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Transformer Engine's fp8 weight workspaces (`fp8_weight_copies_per_param_bytes`) of the rank's decoder layers,
     dense and routed-expert weights alike (the norms' and router's few parameters, which stay bf16, are counted
-    with them: under 1% of a layer). The embedding and output layer run in bf16 and have none. ZeRO-3 gathers a
-    layer's weights only for its use and keeps no copy (TE keeps none under FSDP2: `cache_name = None` when
-    is_fsdp2)."""
+    with them: under 1% of a layer). The embedding and output layer run in bf16 and have none. Whole, not sharded,
+    under every ZeRO stage: Megatron-FSDP unshards a layer by pointing its parameters at the gathered buffer, and
+    TE caches the quantized whole weight as under DDP (it skips the cache only for torch's FSDP2, `is_fsdp2`, and
+    for weights that are fp8 parameters already). Frameworks that call TE without `is_first_microbatch`, or run
+    torchao's fp8 (torchtitan), keep no copy: their exports say so."""
     per_param = fp8_weight_copies_per_param_bytes(profile, training)
-    return np.where(shape.plans.zero >= 3, 0.0,
-                    (shape.layer_params_per_gpu + shape.expert_params_per_gpu) * per_param)
+    return (shape.layer_params_per_gpu + shape.expert_params_per_gpu) * per_param
 
 
 def embedding_weights_bytes(shape: StageShape) -> np.ndarray:

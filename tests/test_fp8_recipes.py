@@ -263,7 +263,8 @@ def test_fp8_layers_keep_the_quantized_linear_inputs(recipe):
 def test_transformer_engine_keeps_fp8_copies_of_the_layer_weights(profile, recipe, per_param):
     """TE caches each fp8 linear's quantized weight across micro-batches (is_first_microbatch), both layouts: a
     transpose beside a per-tensor copy on Hopper (TN-only), one buffer on Blackwell, two block-scaled copies for
-    MXFP8 and blockwise; the layers' weights only (dense and routed experts), none in bf16 nor under ZeRO-3."""
+    MXFP8 and blockwise; the layers' weights only (dense and routed experts), whole under ZeRO-3 too (Megatron-FSDP
+    unshards into the parameters, and TE caches the whole weight), none in bf16."""
     from test_report_support import moe_model
 
     for model, plan in ((LLAMA_70B, Plan(tp=8, sp=True, mbs=1, zero=1)), (moe_model(), Plan(tp=2, ep=4, mbs=1))):
@@ -273,9 +274,10 @@ def test_transformer_engine_keeps_fp8_copies_of_the_layer_weights(profile, recip
         weights = float(shape.layer_params_per_gpu[0] + shape.expert_params_per_gpu[0])
         assert float(terms["fp8_weight_copies"][0]) == pytest.approx(weights * per_param)
         assert "fp8_weight_copies" not in memory.memory_terms_bytes(model, cluster, TrainingSpec(), plans, 0)
-    zero3 = PlanArrays.from_plans([Plan(tp=8, sp=True, mbs=1, zero=3)])
-    assert float(memory.memory_terms_bytes(LLAMA_70B, ClusterSpec(profile=profile, num_gpus=64), fp8(recipe), zero3,
-                                           0)["fp8_weight_copies"][0]) == 0.0
+    zero1, zero3 = (PlanArrays.from_plans([Plan(tp=8, sp=True, mbs=1, zero=zero)]) for zero in (1, 3))
+    copies = [float(memory.memory_terms_bytes(LLAMA_70B, ClusterSpec(profile=profile, num_gpus=64), fp8(recipe), p,
+                                              0)["fp8_weight_copies"][0]) for p in (zero1, zero3)]
+    assert copies[1] == copies[0] > 0
 
 
 def test_layernorm_recompute_drops_a_moe_layers_pre_mlp_norm_in_fp8_as_in_bf16():
@@ -384,6 +386,23 @@ def test_a_preset_with_fp8_parameters_says_how_much_bf16_weight_it_does_without(
            f"({fp8_param_saving_gib(point):.1f} GiB" in notes
     blockwise = launch_config(step(H100, fp8("blockwise"), Plan(tp=2, sp=True, mbs=1, zero=1)), "bridge")
     assert "fp8_param_gather" not in " ".join(blockwise.unexpressed)
+    # ZeRO-3 (Megatron-FSDP): fp8 parameters keep no copies, which the estimate counts whole
+    sharded = step(H100, fp8("delayed"), Plan(tp=2, sp=True, mbs=1, zero=3))
+    copies = sharded.stages[sharded.worst_stage].terms_bytes["fp8_weight_copies"] / 2**30
+    assert copies > 1.0 and f"keeps no fp8 copies of the weights, which the estimate counts ({copies:.1f} GiB" in \
+        " ".join(launch_config(sharded, "bridge").unexpressed)
+
+
+def test_frameworks_without_transformer_engines_weight_cache_say_what_the_estimate_counted():
+    """torchao's fp8 linears (torchtitan) and TE layers called without is_first_microbatch (DeepSpeed) keep no fp8
+    weight copies: the exports name the GiB the estimate counted; in bf16 there is nothing to say."""
+    for precision in ("fp8", "bf16"):
+        training = fp8("mxfp8") if precision == "fp8" else TrainingSpec(seq_len=8192, global_batch_size=64)
+        point = step(B200, training, Plan(tp=1, mbs=1, zero=2, recompute="full"))
+        for framework in ("torchtitan", "deepspeed"):
+            said = " ".join(launch_config(point, framework).unexpressed)
+            assert ("the estimate counts Transformer Engine's fp8 copies of the weights" in said) is (
+                precision == "fp8"), (framework, precision)
 
 
 def test_torchtitan_gets_mxfp8_or_a_note_for_recipes_it_lacks():

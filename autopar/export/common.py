@@ -323,14 +323,32 @@ def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
         notes.append("the current-scaling preset keeps the first and the last transformer layer in bf16 "
                      "(first_last_layers_bf16); the estimate priced every layer in fp8")
     if recipe.value in FP8_PARAM_GATHER_PRESETS[framework] and estimate.plan.zero >= 3:
-        notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weight shards and "
-                     "bf16 parameter all-gathers, about twice the bytes of the fp8 ones the job keeps and gathers")
+        notes.append("the preset keeps fp8 parameters (fp8_param_gather): Transformer Engine then keeps no fp8 copies "
+                     f"of the weights, which the estimate counts ({fp8_weight_copies_gib(estimate):.1f} GiB per GPU "
+                     "on the tightest stage), and the job shards fp8 weights where the estimate priced bf16 ones "
+                     "(half the bytes under per-tensor scaling; MXFP8 keeps both layouts, about as many), more "
+                     "memory than the job spends")
     elif recipe.value in FP8_PARAM_GATHER_PRESETS[framework]:
         notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weights beside "
                      f"their fp8 copies ({fp8_param_saving_gib(estimate):.1f} GiB per GPU on the tightest stage, "
                      "which fp8 parameters do without) and bf16 parameter all-gathers, more memory and time than "
                      "the job spends")
     return notes
+
+
+def fp8_weight_copies_gib(estimate: Estimate) -> float:
+    """The fp8 weight copies Transformer Engine keeps beside bf16 weights (memory term fp8_weight_copies) on the
+    estimate's tightest stage, GiB; 0 in bf16."""
+    return estimate.stages[estimate.worst_stage].terms_bytes.get("fp8_weight_copies", 0.0) / 2**30
+
+
+def fp8_weight_copies_note(estimate: Estimate, how: str) -> list[str]:
+    """For a framework that keeps no fp8 weight copies (`how` says why): what the estimate counts of them."""
+    copies = fp8_weight_copies_gib(estimate)
+    if copies == 0.0:
+        return []
+    return [f"the estimate counts Transformer Engine's fp8 copies of the weights ({copies:.1f} GiB per GPU on the "
+            f"tightest stage, as Megatron-Core keeps them), which {how}: less memory than estimated"]
 
 
 def fp8_param_saving_gib(estimate: Estimate) -> float:

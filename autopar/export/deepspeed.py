@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import LaunchConfig, gradient_accumulation_steps
+from autopar.export.common import LaunchConfig, fp8_weight_copies_note, gradient_accumulation_steps
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 from costmodels.specs import Precision
@@ -62,6 +62,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
         notes.append(f"recompute=full: wrap {which} in deepspeed.checkpointing.checkpoint (model code)")
     if training.precision is Precision.FP8:
         notes.append("fp8: DeepSpeed's config has no fp8 switch; use Transformer Engine layers in the model")
+        notes += fp8_weight_copies_note(estimate, "Transformer Engine keeps only when called with "
+                                                  "is_first_microbatch, as Megatron-Core calls it")
     config: dict[str, object] = {
         "train_batch_size": plan.mbs * accumulation * world,
         "train_micro_batch_size_per_gpu": plan.mbs,

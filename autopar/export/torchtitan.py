@@ -22,7 +22,8 @@ expert TP other than its own, Megatron's selective or partial recompute) are ref
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import LaunchConfig, chunk_layers_in_model_order, expert_gemm_note, one_line, plan_caption
+from autopar.export.common import (LaunchConfig, chunk_layers_in_model_order, expert_gemm_note, fp8_weight_copies_note,
+                                   one_line, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
 from costmodels.specs import CrossEntropyKernel, ExpertGemm, ModelSpec, Precision
@@ -145,6 +146,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
         "which moves more bytes per logit and keeps an fp32 copy of the logits the estimate did not price",)
     notes += tuple(expert_gemm_note(estimate, ExpertGemm.GROUPED, "torchtitan's GroupedExperts runs one "
                                     "torch._grouped_mm kernel over the local experts (MoEArgs.use_grouped_mm)"))
+    notes += tuple(fp8_weight_copies_note(estimate, "torchao's float8 and MXFP8 linears do not keep (they save the "
+                                                    "bf16 weight and quantize it again in the backward)"))
     capacity = estimate.training.moe_capacity_factor
     if estimate.model.is_moe and capacity is not None:
         notes += (f"moe_capacity_factor {capacity:g}: torchtitan's MoE has no expert capacity (its standard "
