@@ -29,8 +29,8 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
 
 Flags known to change memory or step time that autopar does not price (CPU offloading, optimizer states in
 another dtype or offloaded, CUDA graphs, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each
-with what it changes. Every other flag (data, logging, checkpoints, the learning-rate schedule) is ignored. Anything that
-cannot be read (an unset shell variable in a flag that matters, a bad --pipeline-model-parallel-layout) is an
+with what it changes. Every other flag (data, logging, checkpoints, the learning-rate schedule) is ignored. Anything
+that cannot be read (an unset shell variable in a flag that matters, a bad --pipeline-model-parallel-layout) is an
 `InputError` naming the flag and the fix.
 """
 
@@ -691,7 +691,9 @@ def _fp8_recipe(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, s
 
 
 FP8_UNMODELLED_FLAGS = {
-    "--fp8-param-gather": "fp8 weights and parameter all-gathers not modelled (priced in bf16, a little more)",
+    "--fp8-param-gather": "fp8 weights and parameter all-gathers not modelled (priced as bf16 weights beside "
+                          "Transformer Engine's fp8 copies, and bf16 gathers: more memory and time than the job "
+                          "spends)",
     "--first-last-layers-bf16": "bf16 first and last layers not modelled (every layer priced in fp8)",
 }
 """fp8 switches of Megatron-Core's TransformerConfig / DistributedDataParallelConfig that no cost term reads."""

@@ -101,10 +101,10 @@ def report_stream(args: argparse.Namespace, stdout: TextIO | None = None,
 def add_megatron_import_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-megatron-args", default=None, metavar="COMMAND|FILE",
                         help="take the plan, sequence length, global batch, precision, overlap switches, attention "
-                             "backend, MoE dispatcher and capacity, loss kernels and pipeline schedule (and the GPU count, when "
-                             "the launcher says it) from an existing Megatron-LM command line or launch script; "
-                             "plan flags (--tp, ...) cannot be given with it (edit the command instead); MODEL's "
-                             "layer count is used when the command has no --num-layers")
+                             "backend, MoE dispatcher and capacity, loss kernels and pipeline schedule (and the GPU "
+                             "count, when the launcher says it) from an existing Megatron-LM command line or launch "
+                             "script; plan flags (--tp, ...) cannot be given with it (edit the command instead); "
+                             "MODEL's layer count is used when the command has no --num-layers")
 
 
 def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,

@@ -613,8 +613,8 @@ def _plain(value: object) -> object:
 def _nemo_run_value(text: str) -> object:
     """One `key=value` value as NeMo-Run's CLI parser reads it for `nemo llm pretrain` (nemo_run/cli/cli_parser.py
     TypeParser: parse_optional 'none'/'null', parse_bool, parse_int, parse_float, parse_list by ast.literal_eval,
-    parse_str stripping one pair of surrounding quotes). A list must be a Python literal: Hydra's bare-word list [a,b] is the
-    ListParseError NeMo-Run raises."""
+    parse_str stripping one pair of surrounding quotes). A list must be a Python literal: Hydra's bare-word list
+    [a,b] is the ListParseError NeMo-Run raises."""
     import ast
 
     lowered = text.lower()
