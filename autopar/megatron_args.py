@@ -490,7 +490,7 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
         return {"moe_dispatcher": "alltoall"}
     if kind == "alltoall":
         return {"moe_dispatcher": "alltoall"}
-    backend = "deepep" if flags.get("--moe-enable-deepep") else flags.get("--moe-flex-dispatcher-backend", "deepep")
+    backend = _flex_backend(flags)
     if backend == "hybridep":
         notes.append("--moe-flex-dispatcher-backend hybridep priced as deepep (both send a token once per "
                      "destination node)")
@@ -531,10 +531,7 @@ def _capacity(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, flo
         raise InputError(INPUT_NAME, "--moe-pad-expert-input-to-capacity without a positive "
                                      "--moe-expert-capacity-factor: Megatron-Core refuses it ('moe_expert_capacity_"
                                      "factor must be set to use moe_pad_expert_input_to_capacity'); add the factor")
-    deepep = bool(flags.get("--moe-enable-deepep")) or (
-        flags.get("--moe-token-dispatcher-type") == "flex"
-        and flags.get("--moe-flex-dispatcher-backend", "deepep") == "deepep")
-    if pad and deepep:
+    if pad and _flex_backend(flags) == "deepep":   # TransformerConfig checks this under the flex dispatcher only
         raise InputError(INPUT_NAME, "--moe-pad-expert-input-to-capacity with the flex dispatcher's DeepEP backend: "
                                      "Megatron-Core refuses it ('Flex token dispatcher with deepep backend does not "
                                      "support moe_pad_expert_input_to_capacity'); use --moe-token-dispatcher-type "
@@ -623,6 +620,14 @@ def unpriced_flag_notes(words: list[str], zero: int) -> list[str]:
         shown = name if value is None else f"{name} {value}"
         notes.append(f"{shown}: {what}")
     return notes
+
+
+def _flex_backend(flags: dict[str, "str | bool"]) -> "str | None":
+    """The flex dispatcher's backend: --moe-flex-dispatcher-backend (default deepep), or deepep by the older
+    --moe-enable-deepep; None when the dispatcher is not flex."""
+    if flags.get("--moe-token-dispatcher-type") != "flex":
+        return None
+    return "deepep" if flags.get("--moe-enable-deepep") else str(flags.get("--moe-flex-dispatcher-backend", "deepep"))
 
 
 def _cross_entropy(flags: dict[str, "str | bool"]) -> str:

@@ -292,22 +292,16 @@ def fp8_weight_copies_per_param_bytes(profile: HardwareProfile, training: Traini
     copy beside the bf16 weight. The weight quantizer is set for both usages (linear.py:
     `weight_quantizer.set_usage(rowwise=True, columnwise=...)`, the data gradient dX = dY·W reads the other layout):
     block scaling quantizes each layout on its own (two copies, each with its scales: MXFP8's byte per 32 elements,
-    specs.fp8_copy_bytes_per_element; blockwise scales a weight per 128×128 block, TE Float8BlockScaling
-    w_block_scaling_dim = 2, WEIGHT_BLOCK_SCALE_BYTES); per-tensor scaling keeps a transpose on a TN-only GPU
-    (`compute.fp8_tn_only`: two copies) and one buffer for both usages elsewhere (tensor/float8_tensor.py: 'on
-    non-TN-capable archs (Blackwell+) a single _data buffer backs both row- and column-wise usage'). Delayed or
-    current scaling: 2 bytes per weight on H100, 1 on B200; MXFP8 ~2.06; blockwise ~2."""
+    blockwise's fp32 per 128×128 weight block, specs.fp8_copy_bytes_per_element(weight=True)); per-tensor scaling
+    keeps a transpose on a TN-only GPU (`compute.fp8_tn_only`: two copies) and one buffer for both usages elsewhere
+    (tensor/float8_tensor.py: 'on non-TN-capable archs (Blackwell+) a single _data buffer backs both row- and
+    column-wise usage'). Delayed or current scaling: 2 bytes per weight on H100, 1 on B200; MXFP8 ~2.06; blockwise
+    ~2."""
     recipe = training.fp8_scaling
     if recipe is None:
         return 0.0
-    copy = 1.0 + WEIGHT_BLOCK_SCALE_BYTES if recipe is Fp8Recipe.BLOCKWISE else fp8_copy_bytes_per_element(recipe)
     copies = 2.0 if recipe.block_scaled or fp8_tn_only(profile) else 1.0
-    return copies * copy
-
-
-WEIGHT_BLOCK_SCALE_BYTES = 4.0 / (128 * 128)
-"""Blockwise scaling's weight scales: one fp32 per 128×128 block (TE recipe Float8BlockScaling w_block_scaling_dim 2;
-DeepSeek-V3 arXiv 2412.19437 §3.3.2), against 1×128 blocks for activations and gradients."""
+    return copies * fp8_copy_bytes_per_element(recipe, weight=True)
 
 
 def fp8_weight_copies_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:

@@ -397,9 +397,16 @@ Float8BlockScaling, the recipe of DeepSeek-V3, arXiv 2412.19437 §3.3.2); the pe
 nothing per element."""
 
 
-def fp8_copy_bytes_per_element(recipe: Fp8Recipe) -> float:
-    """Bytes per element of one FP8 copy of a tensor under `recipe`: the byte and its share of the scales."""
-    return 1.0 + FP8_SCALE_BYTES_PER_ELEMENT.get(recipe, 0.0)
+FP8_WEIGHT_SCALE_BYTES_PER_ELEMENT = {**FP8_SCALE_BYTES_PER_ELEMENT, Fp8Recipe.BLOCKWISE: 4.0 / (128 * 128)}
+"""The same for a weight: block scaling scales one per 128×128 block (TE Float8BlockScaling w_block_scaling_dim 2;
+DeepSeek-V3 §3.3.2), MXFP8 per 32 elements as for any tensor."""
+
+
+def fp8_copy_bytes_per_element(recipe: Fp8Recipe, weight: bool = False) -> float:
+    """Bytes per element of one FP8 copy of a tensor (a `weight`) under `recipe`: the byte and its share of the
+    scales."""
+    scales = FP8_WEIGHT_SCALE_BYTES_PER_ELEMENT if weight else FP8_SCALE_BYTES_PER_ELEMENT
+    return 1.0 + scales.get(recipe, 0.0)
 
 
 class AttentionKernel(str, enum.Enum):

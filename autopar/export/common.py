@@ -336,10 +336,16 @@ def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
     return notes
 
 
+def tightest_stage_gib(estimate: Estimate, *terms: str) -> float:
+    """The named memory terms of the estimate's tightest stage, GiB (0 for a term it does not have)."""
+    stage = estimate.stages[estimate.worst_stage].terms_bytes
+    return sum(stage.get(term, 0.0) for term in terms) / 2**30
+
+
 def fp8_weight_copies_gib(estimate: Estimate) -> float:
     """The fp8 weight copies Transformer Engine keeps beside bf16 weights (memory term fp8_weight_copies) on the
     estimate's tightest stage, GiB; 0 in bf16."""
-    return estimate.stages[estimate.worst_stage].terms_bytes.get("fp8_weight_copies", 0.0) / 2**30
+    return tightest_stage_gib(estimate, "fp8_weight_copies")
 
 
 def fp8_weight_copies_note(estimate: Estimate, how: str) -> list[str]:
@@ -356,8 +362,7 @@ def fp8_param_saving_gib(estimate: Estimate) -> float:
     (Megatron-Core fp8_param_gather: the weights are kept as Transformer Engine fp8 tensors, the distributed
     optimizer's fp32 master shard beside them) leave out, the fp8 copies (memory term fp8_weight_copies) becoming
     the weights."""
-    terms = estimate.stages[estimate.worst_stage].terms_bytes
-    return (terms.get("weights", 0.0) + terms.get("expert_weights", 0.0)) / 2**30
+    return tightest_stage_gib(estimate, "weights", "expert_weights")
 
 
 def loss_kernel_note(estimate: Estimate) -> list[str]:
