@@ -62,6 +62,7 @@ VALUE_FLAGS = frozenset({
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
+    "--main-grads-dtype",
 })
 LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -78,7 +79,7 @@ SWITCH_FLAGS = frozenset({
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
     "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
-    "--moe-pad-expert-input-to-capacity",
+    "--moe-pad-expert-input-to-capacity", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -120,8 +121,8 @@ class MegatronRun:
     training: dict[str, Any]
     """TrainingSpec fields the command sets: seq_len, global_batch_size, precision ('bf16' | 'fp8'), fp8_recipe, the overlap
     switches (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, moe_a2a_overlap, overlap_p2p_comm), the
-    attention backend, the MoE dispatcher and capacity (moe_capacity_factor, moe_imbalance_factor when padded) and the
-    loss kernels (cross_entropy)."""
+    gradient reduce dtype (grad_reduce_in_fp32), the attention backend, the MoE dispatcher and capacity
+    (moe_capacity_factor, moe_imbalance_factor when padded) and the loss kernels (cross_entropy)."""
     num_gpus: int | None
     """GPU count when the script says it (launcher, WORLD_SIZE or #SBATCH), else None."""
     model: dict[str, int] = field(default_factory=dict)
@@ -560,9 +561,6 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
                                    "estimate keeps it in fp32"),
     "--main-params-dtype": ("fp32", "master weights in that dtype (with --use-precision-aware-optimizer): the "
                                     "estimate keeps them in fp32"),
-    "--main-grads-dtype": ("fp32", "main gradients in that dtype: the estimate keeps them in fp32"),
-    "--grad-reduce-in-bf16": (None, "gradients reduced in bf16: the estimate prices the data-parallel "
-                                    "reduce-scatter / all-reduce of fp32 gradients, twice the bytes"),
     "--num-distributed-optimizer-instances": ("1", "the distributed optimizer shards over dp / instances, not "
                                                    "all of dp: more optimizer memory per GPU than estimated"),
     "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
@@ -667,6 +665,23 @@ def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
         notes.append("neither --bf16 nor --fp16: Megatron-LM would train in fp32, which autopar does not model; "
                      "read as bf16")
     return "bf16"
+
+
+def _grad_reduce_in_fp32(flags: dict[str, "str | bool"]) -> bool:
+    """DistributedDataParallelConfig.grad_reduce_in_fp32 as Megatron-LM derives it for bf16 (arguments.py
+    validate_args; training.py passes accumulate_allreduce_grads_in_fp32 as grad_reduce_in_fp32):
+    --grad-reduce-in-bf16 turns it off; else --accumulate-allreduce-grads-in-fp32 or --main-grads-dtype fp32 (the
+    default) turn it on, and --main-grads-dtype bf16 alone leaves it off."""
+    main_grads = str(flags.get("--main-grads-dtype") or "fp32").lower()
+    if main_grads not in ("fp32", "bf16"):
+        raise InputError(INPUT_NAME, f"--main-grads-dtype {main_grads}: Megatron-LM takes fp32 or bf16")
+    if flags.get("--accumulate-allreduce-grads-in-fp32") and main_grads != "fp32":
+        raise InputError(INPUT_NAME, "--accumulate-allreduce-grads-in-fp32 with --main-grads-dtype bf16: Megatron-LM "
+                                     "asserts '--main-grads-dtype can only be fp32 when "
+                                     "--accumulate-allreduce-grads-in-fp32 is set'; drop one")
+    if flags.get("--grad-reduce-in-bf16"):
+        return False
+    return bool(flags.get("--accumulate-allreduce-grads-in-fp32")) or main_grads == "fp32"
 
 
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
@@ -865,6 +880,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training: dict[str, Any] = {"precision": _precision(flags, notes), **_fp8_recipe(flags, notes)}
     training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
     training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
+    training["grad_reduce_in_fp32"] = _grad_reduce_in_fp32(flags)
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
     training.update(_capacity(flags, notes))

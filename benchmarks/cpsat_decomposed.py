@@ -122,7 +122,7 @@ KIB_PER_MIB = 1024
 BYTES_PER_KIB = 1024
 BYTES_PER_MIB = 2**20
 ACTIVATION_BYTES = 2      # bf16
-GRADIENT_BYTES = 4        # fp32 gradients reduced over dp·cp (costmodels.steptime.GRAD_BYTES)
+GRADIENT_BYTES = 4        # fp32 gradients reduced over dp·cp (TrainingSpec.gradient_bytes_per_param, the default)
 PARAMETER_BYTES = 2       # bf16 parameters gathered with ZeRO >= 1 (costmodels.steptime.PARAM_BYTES)
 ADAM_BYTES_PER_PARAM = 34  # costmodels.steptime.ADAM_BYTES_PER_PARAM
 

@@ -313,7 +313,7 @@ def _fp8_recipe(text: str) -> Fp8Recipe:
 def llm_foundry() -> "list[Case | Unexpressed]":
     """mosaicml/llm-foundry MPT benchmarks: FSDP only (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), micro-batch
     per GPU, activation checkpointing on = full recompute; measured tokens/s/GPU. Attention: see
-    llm_foundry_attention."""
+    llm_foundry_attention. Gradient reduce dtype: the table's 'MP Mode' (LLM_FOUNDRY_REDUCE_IN_FP32)."""
     source, out = "llm-foundry", []
     for r in _read("llm_foundry_mpt_benchmarks.csv"):
         profile, why, _ = gpu_profile(r["gpu"])
@@ -327,7 +327,8 @@ def llm_foundry() -> "list[Case | Unexpressed]":
         kernel, attention_note = llm_foundry_attention(r, profile)
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 **_precision_fields(r["precision"]), attention_kernel=kernel,
-                                cross_entropy=LLM_FOUNDRY_LOSS)
+                                cross_entropy=LLM_FOUNDRY_LOSS,
+                                grad_reduce_in_fp32=LLM_FOUNDRY_REDUCE_IN_FP32[_fsdp_mp_mode(r["method"])])
         zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
         recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
         fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=_int(r, "micro_batch"), zero=zero, recompute=recompute)
@@ -336,6 +337,24 @@ def llm_foundry() -> "list[Case | Unexpressed]":
                         "tokens/s/GPU", step, category(profile, False),
                         (source, r["model"], profile.name, gpus, seq), (attention_note,)))
     return out
+
+
+LLM_FOUNDRY_REDUCE_IN_FP32 = {"PURE": False, "DEFAULT": True}
+"""Whether an llm-foundry run reduced its gradients in fp32, by the FSDP 'MP Mode' its table states (Composer's
+get_mixed_precision, composer/trainer/mosaic_fsdp_utils.py): PURE sets param, reduce and buffer dtypes all to the
+autocast precision (bf16) in every Composer release; DEFAULT sets reduce_dtype = float32 from Composer 0.16.4
+(d745fcb1b, 2023-10-10, 'patch default'), the lower bound llm-foundry pins from the commit that added the DEFAULT
+tables (b2a43a147, 2023-10-19: mosaicml>=0.16.4,<0.17; 5e85bd62d, 2024-01: >=0.17.2). The PURE rows are A100 rows
+already in the README on 2023-05-03 (300cc5c58). FSDP keeps the reduced shard in fp32 either way (it casts the
+gradient back to the fp32 sharded parameter's dtype), which only the memory would see; these rows are timed."""
+
+
+def _fsdp_mp_mode(method: str) -> str:
+    """The FSDP 'MP Mode' of an llm-foundry row's method text ('... FSDP mixed_precision=PURE')."""
+    mode = method.rpartition("mixed_precision=")[2].split()[0] if "mixed_precision=" in method else ""
+    if mode not in LLM_FOUNDRY_REDUCE_IN_FP32:
+        raise ValueError(f"llm-foundry row method {method!r}: no FSDP mixed_precision mode PURE or DEFAULT")
+    return mode
 
 
 LLM_FOUNDRY_LOSS = CrossEntropyKernel.XENTROPY

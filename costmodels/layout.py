@@ -174,7 +174,7 @@ def layout_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         times = compute_model.layer_times_s(model, cluster.profile, training, plans)
         piece = steptime.stage_microbatch(model, cluster, training, plans, times, stage)
         sync_s = (steptime.dp_comm_s(model, cluster, training, plans, stage, piece, microbatches)
-                  + steptime.optimizer_s(model, cluster, plans, stage))
+                  + steptime.optimizer_s(model, cluster, training, plans, stage))
         memory_bytes = memory.total_bytes(memory.memory_terms_bytes(model, cluster, training, plans, stage))
         one = plans.take([0])
         p2p_s = float(steptime.pp_p2p_s(model, cluster, training, one, microbatches[:1])[0])
@@ -304,7 +304,7 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         rank_piece = steptime.stage_microbatch(model, cluster, training, rank_plans, rank_times, rank_stage)
         ep_s = exposed_ep_s(model, cluster, training, plans, piece)
         dp_s = steptime.dp_comm_s(model, cluster, training, rank_plans, rank_stage, rank_piece, microbatches)
-        optimizer_s = steptime.optimizer_s(model, cluster, rank_plans, rank_stage)
+        optimizer_s = steptime.optimizer_s(model, cluster, training, rank_plans, rank_stage)
         memory_terms = memory.memory_terms_bytes(model, cluster, training, rank_plans, rank_stage)
         p2p_s = float(steptime.pp_p2p_s(model, cluster, training, rank_plans.take([0]), microbatches[:1])[0])
     stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + ep_s

@@ -5,7 +5,8 @@ stage is the explicit sum of the terms `memory_terms_bytes` returns, and `peak_m
 
 Conventions (Megatron-LM mixed precision, bf16):
 - weights bf16 (2 bytes/param); main gradients fp32 (4 bytes/param, Megatron accumulates and all-reduces gradients in
-  fp32 by default for bf16); Adam fp32 master copy + m + v (12 bytes/param) -> 18 bytes/param unsharded, as in
+  fp32 by default for bf16; 2 with TrainingSpec.grad_reduce_in_fp32 off, --grad-reduce-in-bf16); Adam fp32 master
+  copy + m + v (12 bytes/param) -> 18 bytes/param unsharded, as in
   Megatron's `megatron/training/theoretical_memory_usage.py` (`num_bytes_per_parameter = 18`).
 - zero=1 is Megatron's distributed optimizer: `6 + 12/dp` bytes/param (same file), where dp counts the CP ranks too:
   Megatron-Core builds the optimizer on the dp·cp group; zero=2 also shards the gradients and zero=3 also the weights (ZeRO, Rajbhandari et al., arXiv 1910.02054 §5: P_os, P_os+g, P_os+g+p).
@@ -53,7 +54,6 @@ FP32_BYTES = 4
 MASK_BYTES = 1          # dropout masks are uint8 / bool in PyTorch
 TOKEN_ID_BYTES = 8      # int64 token ids (Megatron theoretical_memory_usage: "8 * s * b" input to embedding)
 WEIGHT_BYTES_PER_PARAM = BF16_BYTES
-GRADIENT_BYTES_PER_PARAM = FP32_BYTES
 OPTIMIZER_BYTES_PER_PARAM = 3 * FP32_BYTES   # fp32 master weights + Adam m + Adam v
 
 # ---- which Plan fields each term depends on (besides model, cluster, training) --------------------------------------
@@ -258,9 +258,13 @@ def weights_bytes(shape: StageShape) -> np.ndarray:
     return shape.layer_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
 
 
-def gradients_bytes(shape: StageShape) -> np.ndarray:
-    """fp32 main gradients of the decoder layers; ZeRO-2/3 shard them over dp·cp."""
-    return shape.layer_params_per_gpu * _sharded(GRADIENT_BYTES_PER_PARAM, shape.plans.zero, 2, shape.dp_cp)
+def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Main gradients of the decoder layers, fp32 or bf16 (TrainingSpec.gradient_bytes_per_param: Megatron-Core's
+    grad buffer has the reduce dtype, param_and_grad_buffer.py `grad_dtype = torch.float if grad_reduce_in_fp32
+    else param.dtype`); ZeRO-2/3 shard them over dp·cp. With bf16 gradients the distributed optimizer copies its
+    shard to fp32 at the step (distrib_optimizer.py _copy_model_grads_to_main_grads: `shard_model_grad.float()`),
+    4/(dp·cp) bytes that live only while the activations are freed, so not at the peak."""
+    return shape.layer_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2, shape.dp_cp)
 
 
 def optimizer_states_bytes(shape: StageShape) -> np.ndarray:
@@ -273,8 +277,8 @@ def expert_weights_bytes(shape: StageShape) -> np.ndarray:
     return shape.expert_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.edp)
 
 
-def expert_gradients_bytes(shape: StageShape) -> np.ndarray:
-    return shape.expert_params_per_gpu * _sharded(GRADIENT_BYTES_PER_PARAM, shape.plans.zero, 2, shape.edp)
+def expert_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    return shape.expert_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2, shape.edp)
 
 
 def expert_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
@@ -321,8 +325,9 @@ def embedding_weights_bytes(shape: StageShape) -> np.ndarray:
     return shape.embedding_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
 
 
-def embedding_gradients_bytes(shape: StageShape) -> np.ndarray:
-    return shape.embedding_params_per_gpu * _sharded(GRADIENT_BYTES_PER_PARAM, shape.plans.zero, 2, shape.dp_cp)
+def embedding_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    return shape.embedding_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2,
+                                                     shape.dp_cp)
 
 
 def embedding_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
@@ -772,12 +777,12 @@ def _unsharded_layer_bytes(model: ModelSpec, shape: StageShape, layers_held: int
     return bytes_per_param * (held_non_expert * (1.0 - 1.0 / shape.dp_cp) + held_expert * (1.0 - 1.0 / shape.edp))
 
 
-def zero_gradient_buckets_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
-    """ZeRO-2/3: a layer's whole fp32 gradient exists until it is reduce-scattered (ZeRO §5.2 'bucketization';
-    DeepSpeed reduce_bucket_size; FSDP's unsharded gradient before its reduce-scatter). The GPU's own shard of it
-    is already in the gradient terms, so this is the other (1 - 1/(dp·cp)) of one layer."""
+def zero_gradient_buckets_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """ZeRO-2/3: a layer's whole gradient, in the reduce dtype, exists until it is reduce-scattered (ZeRO §5.2
+    'bucketization'; DeepSpeed reduce_bucket_size; FSDP's unsharded gradient before its reduce-scatter). The GPU's
+    own shard of it is already in the gradient terms, so this is the other (1 - 1/(dp·cp)) of one layer."""
     return np.where(shape.plans.zero >= 2,
-                    _unsharded_layer_bytes(model, shape, 1, GRADIENT_BYTES_PER_PARAM), 0.0)
+                    _unsharded_layer_bytes(model, shape, 1, training.gradient_bytes_per_param), 0.0)
 
 
 def zero3_prefetch_buffers_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
@@ -795,6 +800,25 @@ def fixed_overheads_bytes(cluster: ClusterSpec, num_plans: int) -> dict[str, np.
     return {name: np.full(num_plans, float(value)) for name, value in cluster.profile.memory_overheads_bytes.items()}
 
 
+# ---- the optimizer step, after the backward -------------------------------------------------------------------------
+
+def optimizer_step_grad_copy_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                                   plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
+    """The fp32 copy of bf16 main gradients (grad_reduce_in_fp32 off) that Megatron's optimizers make at the step,
+    4 bytes per parameter the GPU updates: its dp·cp shard (experts: edp) under the distributed optimizer
+    (distrib_optimizer.py _copy_model_grads_to_main_grads: `shard_main_param.grad = shard_model_grad.float()`),
+    every parameter without it (optimizer.py Float16OptimizerWithFloat16Params: `main_param.grad =
+    model_param.main_grad.float()`, a new tensor only when main_grad is not fp32 already). It exists only while
+    the backward's activations are freed, so it is not a term of the peak: the step's own peak is the model states,
+    the fixed overheads and this (`autopar estimate` warns where that is the higher one). Zero with fp32 gradients."""
+    if training.grad_reduce_in_fp32:
+        return np.zeros(len(plans))
+    shape = stage_shape(model, cluster, training, plans, stage)
+    sharded = shape.plans.zero >= 1
+    dense = (shape.layer_params_per_gpu + shape.embedding_params_per_gpu) / np.where(sharded, shape.dp_cp, 1)
+    return FP32_BYTES * (dense + shape.expert_params_per_gpu / np.where(sharded, shape.edp, 1))
+
+
 # ---- totals --------------------------------------------------------------------------------------------------------
 
 def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -805,13 +829,13 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     moe = model.moe is not None
     entries: list[tuple[str, bool, Callable[[], np.ndarray]]] = [
         ("weights", True, lambda: weights_bytes(shape)),
-        ("gradients", True, lambda: gradients_bytes(shape)),
+        ("gradients", True, lambda: gradients_bytes(training, shape)),
         ("optimizer_states", True, lambda: optimizer_states_bytes(shape)),
         ("embedding_weights", True, lambda: embedding_weights_bytes(shape)),
-        ("embedding_gradients", True, lambda: embedding_gradients_bytes(shape)),
+        ("embedding_gradients", True, lambda: embedding_gradients_bytes(training, shape)),
         ("embedding_optimizer_states", True, lambda: embedding_optimizer_states_bytes(shape)),
         ("expert_weights", moe, lambda: expert_weights_bytes(shape)),
-        ("expert_gradients", moe, lambda: expert_gradients_bytes(shape)),
+        ("expert_gradients", moe, lambda: expert_gradients_bytes(training, shape)),
         ("expert_optimizer_states", moe, lambda: expert_optimizer_states_bytes(shape)),
         ("fp8_weight_copies", training.fp8_scaling is not None,
          lambda: fp8_weight_copies_bytes(cluster.profile, training, shape)),
@@ -828,7 +852,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("pending_output_wgrad", training.pipeline_schedule is not PipelineSchedule.ONE_F_ONE_B,
          lambda: pending_output_wgrad_bytes(model, training, shape)),
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
-        ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, shape)),
+        ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, training, shape)),
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, shape)),
     ]
     terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}

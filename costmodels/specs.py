@@ -537,6 +537,14 @@ class TrainingSpec:
     moe_a2a_overlap: bool = False
     """Overlap the expert-parallel all-to-all of one micro-batch with the computation of another
     (--overlap-moe-expert-parallel-comm)."""
+    grad_reduce_in_fp32: bool = True
+    """Accumulate the main gradients and reduce them over the data-parallel group in fp32, 4 bytes per parameter
+    (Megatron-LM's default for bf16: validate_args sets accumulate_allreduce_grads_in_fp32, which becomes
+    DistributedDataParallelConfig.grad_reduce_in_fp32; NeMo's and Megatron-Bridge's bf16 presets set it). False:
+    the gradient buffer and its reduce-scatter / all-reduce in bf16, 2 bytes (--grad-reduce-in-bf16; NeMo
+    MegatronMixedPrecision(grad_reduce_in_fp32=False); Megatron-Bridge's performance recipes, perf_recipes/
+    _common.py `cfg.ddp.grad_reduce_in_fp32 = False`; FSDP MixedPrecision(reduce_dtype=bfloat16), llm-foundry's
+    mixed_precision PURE, torchtitan's mixed_precision_reduce = "bfloat16")."""
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     """The pipeline schedule (PipelineSchedule): 1f1b (Megatron-Core's, interleaved with vpp > 1), zb-1p or zb-2p."""
     overlap_p2p_comm: bool = True
@@ -575,7 +583,7 @@ class TrainingSpec:
         require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
                 f"must be >= 1, got {self.moe_imbalance_factor}")
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
-                     "overlap_p2p_comm"):
+                     "overlap_p2p_comm", "grad_reduce_in_fp32"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require(isinstance(self.nccl_ctas, int) and not isinstance(self.nccl_ctas, bool)
                 and 0 <= self.nccl_ctas <= MAX_NCCL_CTAS, "nccl_ctas",
@@ -601,6 +609,11 @@ class TrainingSpec:
     def fp8_scaling(self) -> "Fp8Recipe | None":
         """The recipe the fp8 GEMMs run (fp8_recipe), None in bf16."""
         return self.fp8_recipe if self.precision is Precision.FP8 else None
+
+    @property
+    def gradient_bytes_per_param(self) -> int:
+        """Bytes of one main-gradient element, in the gradient buffer and on the wire (grad_reduce_in_fp32)."""
+        return 4 if self.grad_reduce_in_fp32 else 2
 
     @property
     def tokens_per_step(self) -> int:

@@ -33,14 +33,16 @@ from costmodels.specs import (ClusterSpec, Fp8Recipe, ModelSpec, MoEDispatcher, 
                               fp8_copy_bytes_per_element)
 from costmodels.structure import per_knobs, per_structure, stage_list
 
-GRAD_BYTES = 4
-"""Gradients are accumulated and reduced in fp32 (Megatron sets accumulate_allreduce_grads_in_fp32 for bf16)."""
 PARAM_BYTES = 2
 """bf16 parameters, all-gathered by the distributed optimizer / ZeRO-3."""
 ADAM_BYTES_PER_PARAM = 34
 """HBM traffic of one fused Adam update per parameter: read fp32 param, grad, m, v (16), write fp32 param, m, v and
 the bf16 copy (14), plus the fp32 gradient read of the global-norm clip (4) (Megatron `optimizer/optimizer.py`:
 clip_grad_norm then Adam, apex/TE multi-tensor kernels)."""
+BF16_GRAD_COPY_BYTES_PER_PARAM = 6
+"""With bf16 main gradients (TrainingSpec.grad_reduce_in_fp32 off) Megatron's optimizers first copy each gradient
+to fp32 (distrib_optimizer.py _copy_model_grads_to_main_grads, optimizer.py Float16OptimizerWithFloat16Params:
+`.float()`): read 2 bytes, write 4."""
 DDP_BUCKET_PARAMS_MIN = 40_000_000
 """Megatron-Core DDP bucket size: max(40M, 1M·dp) parameters (`distributed/distributed_data_parallel.py`)."""
 
@@ -658,10 +660,12 @@ def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray,
 
 
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
-                 overlap_grad_reduce: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 overlap_grad_reduce: bool = False, grad_bytes: int = 4
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
     traffic per step (see dp_comm_s for the collectives and their sources), each the sum of its collectives
-    (`dp_collective_counts`; a ZeRO-3 "bucket" is one layer's unit); reads the structure knobs only."""
+    (`dp_collective_counts`; a ZeRO-3 "bucket" is one layer's unit), the gradients `grad_bytes` per element
+    (TrainingSpec.gradient_bytes_per_param); reads the structure knobs only."""
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
     dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
@@ -676,8 +680,8 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
         groups = ((dense_group, dense, counts[0]), (expert_group, expert, counts[1]))
         # each of `count` collectives carries p / count; a group with no parameters (a dense model's experts) none
         reduce = sum(np.where(p > 0, count, 0.0) * np.where(
-            sharded, group_collective_time_s(profile, g, "reduce_scatter", p / count * GRAD_BYTES),
-            group_collective_time_s(profile, g, "all_reduce", p / count * GRAD_BYTES)) for g, p, count in groups)
+            sharded, group_collective_time_s(profile, g, "reduce_scatter", p / count * grad_bytes),
+            group_collective_time_s(profile, g, "all_reduce", p / count * grad_bytes)) for g, p, count in groups)
         gather = sum(np.where(p > 0, count, 0.0) * np.where(
             sharded, group_collective_time_s(profile, g, "all_gather", p / count * PARAM_BYTES), 0.0)
             for g, p, count in groups)
@@ -696,7 +700,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     - ZeRO-0: all-reduce of the fp32 gradients; ZeRO-1 (Megatron distributed optimizer): reduce-scatter of the
       fp32 gradients once per step + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5;
-      Megatron-Core `distributed/param_and_grad_buffer.py`).
+      Megatron-Core `distributed/param_and_grad_buffer.py`). With training.grad_reduce_in_fp32 off every gradient
+      collective carries bf16, half the bytes.
     - ZeRO-2: the gradients are partitioned, so they are reduce-scattered after every microbatch's backward, not
       accumulated (ZeRO §5.2; DeepSpeed issue #2252: "for zero stage 2 (and 3), gradient reduction is required after
       every backward"), each hidden behind that backward.
@@ -713,8 +718,10 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length, whichever is larger.
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
-        plans, ("dp_traffic_s", id(model), id(cluster), training.overlap_grad_reduce),
-        lambda p, s: dp_traffic_s(model, cluster, p, s, training.overlap_grad_reduce), stage,
+        plans, ("dp_traffic_s", id(model), id(cluster), training.overlap_grad_reduce,
+                training.gradient_bytes_per_param),
+        lambda p, s: dp_traffic_s(model, cluster, p, s, training.overlap_grad_reduce,
+                                  training.gradient_bytes_per_param), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     share = overlap_contention_share(cluster.profile, training.nccl_ctas)
@@ -737,20 +744,25 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
 
 
-def optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
-    """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter); the
+def optimizer_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                stage: np.ndarray) -> np.ndarray:
+    """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter, and the
+    fp32 copy of bf16 gradients under Megatron's optimizers, zero <= 1: BF16_GRAD_COPY_BYTES_PER_PARAM); the
     distributed optimizer / ZeRO shards it over dp·cp (dense) and edp (experts)."""
-    return per_structure(plans, ("optimizer_s", id(model), id(cluster)),
-                         lambda p, s: _optimizer_s(model, cluster, p, s), stage, knobs=TERM_KNOBS["optimizer"])
+    copy = 0 if training.grad_reduce_in_fp32 else BF16_GRAD_COPY_BYTES_PER_PARAM
+    return per_structure(plans, ("optimizer_s", id(model), id(cluster), copy),
+                         lambda p, s: _optimizer_s(model, cluster, p, s, copy), stage, knobs=TERM_KNOBS["optimizer"])
 
 
-def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray) -> np.ndarray:
+def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
+                 grad_copy_bytes: int) -> np.ndarray:
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
     sharded = plans.zero >= 1
     dense_shards = np.where(sharded, cluster.num_gpus / (plans.tp * plans.pp), 1.0)
     expert_shards = np.where(sharded, cluster.num_gpus / (plans.etp * plans.ep * plans.pp), 1.0)
     local = dense_params / dense_shards + expert_params / expert_shards
-    return local * ADAM_BYTES_PER_PARAM / cluster.profile.hbm_bandwidth_bytes_per_s
+    per_param = ADAM_BYTES_PER_PARAM + np.where(plans.zero <= 1, grad_copy_bytes, 0)
+    return local * per_param / cluster.profile.hbm_bandwidth_bytes_per_s
 
 
 TERM_NAMES: tuple[str, ...] = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble", "pp_p2p", "dp_comm",
@@ -837,7 +849,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
         terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
                                   for stage, s in zip(stages, per_stage)])
     if "optimizer" in names:
-        terms["optimizer"] = worst([optimizer_s(model, cluster, plans, stage) for stage in stages])
+        terms["optimizer"] = worst([optimizer_s(model, cluster, training, plans, stage) for stage in stages])
     return {name: terms[name] for name in names}
 
 

@@ -1,7 +1,7 @@
 """Each framework's OWN code on the launch configs autopar emits (the `conformance` extra: pip install -e
 '.[conformance]'; without it these tests skip, naming what is missing).
 
-For a bounded sample of the six fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
+For a bounded sample of the seven fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
 config must be accepted by the framework's validator with the plan's values intact, or refused by autopar with the
 knob named; and each framework's validator is shown to reject the config autopar used to emit (the defects of issue
 13), so these checks can fail.
@@ -245,3 +245,24 @@ def test_bridge_preset_sets_the_fp8_recipe_the_estimate_priced(recipe):
         assert _run("bridge", point, current) == "silently_changed"
     assert _run("bridge", point, re.sub(r"mixed_precision=\S+", "mixed_precision=bf16_with_fp8_nonexistent",
                                         text)) == "rejected"
+
+
+def test_each_framework_reduces_gradients_in_the_dtype_the_estimate_priced_or_the_checker_says_so():
+    """bf16 gradients: without the line that sets them each framework falls back to its own default, and the checker
+    says so -- Megatron-LM's and verl's fp32; NeMo's preset's fp32, which the precision plugin applies over the
+    ddp field (so the ddp line alone changes nothing); DeepSpeed's written dtype read back from DeepSpeedConfig."""
+    point = _estimate("llama-3.1-8b", 32, {"grad_reduce_in_fp32": False}, tp=2, sp=True, zero=1, mbs=1)
+    edits = {"megatron": ("    --grad-reduce-in-bf16 \\\n", ""),
+             "nemo": (" \\\ntrainer.plugins.grad_reduce_in_fp32=false", ""),
+             "verl": ("override_ddp_config.grad_reduce_in_fp32=False", "override_ddp_config.grad_reduce_in_fp32=True")}
+    for framework, (old, new) in edits.items():
+        needs(framework)
+        text = launch_config(point, framework).text
+        assert _run(framework, point, text) == "accepted", framework
+        assert old in text, (framework, text)
+        assert _run(framework, point, text.replace(old, new)) == "silently_changed", framework
+    needs("deepspeed")
+    flat = _estimate("llama-3.1-8b", 32, {"grad_reduce_in_fp32": False}, zero=2, mbs=1)
+    config = json.loads(launch_config(flat, "deepspeed").text)
+    assert _run("deepspeed", flat, json.dumps(config)) == "accepted"
+    assert _run("deepspeed", flat, json.dumps({**config, "communication_data_type": "fp32"})) == "silently_changed"

@@ -321,3 +321,17 @@ def test_memory_table_uses_one_unit() -> None:
     # 256 KiB = 0.00024 GiB); Llama has no embedding dropout, and the embedding output is layer 0's input
     row = next(line for line in table.splitlines() if "embedding_activations" in line)
     assert "0.00024" in row and row.count(" - ") >= 1
+
+
+def test_estimate_warns_where_the_optimizer_steps_gradient_copy_is_the_peak() -> None:
+    """tp 8 on 8 GPUs, dp 1: the distributed optimizer's shard is every parameter, and its fp32 copy of the bf16
+    gradients (4 bytes each, ~3.7 GiB for 8B / 8) outweighs a one-sequence backward's activations."""
+    args = ("estimate", "llama-3.1-8b", "--tp", "8", "--num-gpus", "8", "--zero", "1", "--global-batch", "8")
+    warned = autopar(*args, "--grad-reduce-in-bf16")
+    assert warned.returncode == 0, warned.stderr
+    assert "autopar: warning: bf16 gradients: at the optimizer step" in warned.stderr
+    assert "GiB priced for the backward" in warned.stderr and "over the limit" not in warned.stderr
+    assert "optimizer step" not in autopar(*args).stderr        # fp32 gradients: no copy
+    # dp 8 shards the copy 8 ways: the backward stays the peak
+    assert "optimizer step" not in autopar("estimate", "llama-3.1-8b", "--tp", "1", "--num-gpus", "8", "--zero", "1",
+                                           "--global-batch", "8", "--grad-reduce-in-bf16").stderr

@@ -61,6 +61,25 @@ def test_solve_for_a_framework_that_can_run_nothing_says_so():
     assert "deepspeed:moe_zero3" in caught.value.rules
 
 
+@pytest.mark.parametrize("framework", ["bridge", "torchtitan"])
+def test_an_input_the_framework_cannot_run_is_named_as_the_input_not_searched(framework):
+    """bf16 gradient reduce: Megatron-Bridge's command line and torchtitan 0.3.0 cannot set it, whatever the
+    layout: the search says so by the rule alone (no other rule listed), and the export says no layout helps."""
+    bf16 = TrainingSpec(seq_len=4096, global_batch_size=256, grad_reduce_in_fp32=False)
+    with pytest.raises(Infeasible, match="refuses every plan") as caught:
+        autopar.solve(dense_model(), cluster(16), bf16, extra_rules=framework_rules(framework))
+    assert caught.value.rules == (f"{framework}:grad_reduce_in_fp32",)
+    fp32 = TrainingSpec(seq_len=4096, global_batch_size=256)
+    fp32_ctx = Context(dense_model(), cluster(16), fp32)
+    # a layout the framework runs with fp32 gradients
+    point = next(p for p in autopar.solve(dense_model(), cluster(16), bf16).points
+                 if not refusals(fp32_ctx, p.plan, framework))
+    with pytest.raises(Unsupported, match="no layout changes that") as refused:
+        launch_config(point, framework)
+    assert str(refused.value.with_nearest(point)) == str(refused.value)
+    assert autopar.solve(dense_model(), cluster(16), fp32, extra_rules=framework_rules(framework)).points
+
+
 def test_megatron_family_frameworks_refuse_nothing():
     estimate_plan = Plan(tp=4, pp=2, vpp=2, cp=2, ep=4, etp=2, sp=True, recompute=Recompute.FULL, zero=3)
     ctx = Context(moe_model(), cluster(64), TrainingSpec(seq_len=8192, global_batch_size=512))

@@ -347,3 +347,28 @@ def test_model_parallel_overlaps_written_where_they_apply():
     # no SP: Megatron refuses TP overlap; ep 1: nothing to overlap
     plain = emit(estimate_of(Plan(tp=8, sp=False, ep=1, zero=1), num_gpus=64, training=OVERLAPPED), "megatron")
     assert "--tp-comm-overlap" not in plain and "--overlap-moe-expert-parallel-comm" not in plain
+
+
+def test_the_gradient_reduce_dtype_is_written_as_the_memory_and_reduce_were_priced():
+    """bf16 gradients (grad_reduce_in_fp32 off): Megatron-LM's --grad-reduce-in-bf16; NeMo's plugin field, which is
+    applied over the strategy's ddp at setup, beside the ddp field; verl's override_ddp_config (an explicit value
+    wins over verl's own); DeepSpeed's communication_data_type, whose bf16 default is written either way. Megatron-
+    Bridge (a preset named on the command line re-applies fp32) and torchtitan (float32 only) refuse it."""
+    bf16 = dataclasses.replace(TRAINING, grad_reduce_in_fp32=False)
+    for training, on in ((TRAINING, True), (bf16, False)):
+        estimate = estimate_of(Plan(tp=2, pp=2, sp=True, zero=1), model=dense_model(), training=training)
+        assert ("--grad-reduce-in-bf16" in emit(estimate, "megatron")) is not on
+        nemo = overrides(emit(estimate, "nemo"))
+        assert nemo["trainer.strategy.ddp.grad_reduce_in_fp32"] == nemo["trainer.plugins.grad_reduce_in_fp32"] \
+            == str(on).lower()
+        verl = overrides(emit(estimate, "verl"))
+        assert verl["+actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32"] == str(on)
+        deepspeed = json.loads(emit(estimate_of(Plan(tp=1, zero=2), model=dense_model(), training=training),
+                                    "deepspeed"))
+        assert deepspeed["communication_data_type"] == ("fp32" if on else "bf16")
+    assert overrides(emit(estimate_of(Plan(tp=2, zero=1), model=dense_model()), "bridge"))[
+        "ddp.grad_reduce_in_fp32"] == "true"
+    for framework in ("bridge", "torchtitan"):
+        with pytest.raises(Unsupported, match="gradients reduced in bf16"):
+            emit(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=bf16), framework)
+        assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model()), framework)

@@ -53,7 +53,8 @@ def test_a_launch_script_is_read_like_the_shell_would():
     assert run.plan == Plan(tp=4, pp=4, vpp=4, sp=True, zero=1, recompute=Recompute.FULL, recompute_layers=2)
     # no --cross-entropy-loss-fusion in the script: Megatron-LM's default unfused loss
     assert run.training == {"seq_len": 8192, "global_batch_size": 512, "precision": "fp8", "fp8_recipe": "delayed",
-                            "cross_entropy": "unfused", "pipeline_schedule": "1f1b"}
+                            "cross_entropy": "unfused", "pipeline_schedule": "1f1b",
+                            "grad_reduce_in_fp32": True}     # validate_args' bf16 default
     fused = parse_megatron_args(LAUNCH_SCRIPT.replace("--bf16", "--bf16 --cross-entropy-loss-fusion"))
     assert fused.training["cross_entropy"] == "fused"
     assert run.num_gpus == 32  # --nproc_per_node 8 x --nnodes 4
@@ -152,6 +153,20 @@ def test_approximations_are_noted():
     assert run.training["global_batch_size"] == 2 * 4
 
 
+@pytest.mark.parametrize("flags, in_fp32", [
+    ("--bf16", True),                                                   # validate_args: main grads fp32 -> True
+    ("--bf16 --grad-reduce-in-bf16", False),
+    ("--bf16 --main-grads-dtype bf16", False),                          # no fp32 accumulation asked for
+    ("--bf16 --main-grads-dtype fp32 --accumulate-allreduce-grads-in-fp32", True),
+    ("--bf16 --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16", False),   # grad-reduce-in-bf16 wins
+])
+def test_the_gradient_reduce_dtype_is_read_as_validate_args_derives_it(flags, in_fp32):
+    run = parse_megatron_args(flags)
+    assert run.training["grad_reduce_in_fp32"] is in_fp32
+    assert run.training_spec(TrainingSpec()).gradient_bytes_per_param == (4 if in_fp32 else 2)
+    assert not any(note.startswith(("--grad-reduce-in-bf16", "--main-grads-dtype")) for note in run.notes)
+
+
 def test_an_unreadable_launcher_only_loses_the_gpu_count():
     run = parse_megatron_args("torchrun --nproc-per-node gpu --nnodes $NNODES pretrain_gpt.py --micro-batch-size 2")
     assert run.num_gpus is None and run.plan.mbs == 2
@@ -178,6 +193,8 @@ def test_shell_words_expand_variables_and_strings_of_flags():
     ("--hidden-dropout high", "--hidden-dropout 'high' is not a probability"),
     ("--attention-dropout 1.5", "--attention-dropout '1.5' is not a probability"),
     ("--fp16 --bf16", "--fp16 and --bf16 together"),
+    ("--bf16 --accumulate-allreduce-grads-in-fp32 --main-grads-dtype bf16", "can only be fp32 when"),
+    ("--bf16 --main-grads-dtype fp16", "--main-grads-dtype fp16: Megatron-LM takes fp32 or bf16"),
     ("--recompute-granularity full --recompute-method uniform --recompute-activations", "drop --recompute-method"),
     ("--recompute-granularity selective --recompute-method block", "drop --recompute-method"),
     ("--pipeline-model-parallel-size 2 --num-layers 32 --num-layers-per-virtual-pipeline-stage 4 "
@@ -255,6 +272,17 @@ def test_cli_refuses_a_typed_training_flag_the_command_contradicts(typed, comman
     same = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args",
                     f"pretrain_gpt.py --tensor-model-parallel-size 2 {command}", typed[0], command.split()[1])
     assert same.returncode in (0, 1), same.stderr
+
+
+def test_cli_says_when_the_command_reduces_gradients_in_fp32_over_a_typed_bf16():
+    command = "pretrain_gpt.py --tensor-model-parallel-size 2 --micro-batch-size 1 --bf16 --use-distributed-optimizer"
+    typed = _autopar("estimate", "llama-3.1-8b", "--grad-reduce-in-bf16", "--from-megatron-args", command)
+    assert typed.returncode in (0, 1), typed.stderr
+    assert "note: --grad-reduce-in-bf16 ignored: the Megatron-LM command reduces gradients in fp32" in typed.stderr
+    assert "gradients reduced in fp32" in " ".join(typed.stdout.split())
+    bf16 = _autopar("estimate", "llama-3.1-8b", "--from-megatron-args", command + " --grad-reduce-in-bf16")
+    assert bf16.returncode in (0, 1), bf16.stderr
+    assert "ignored" not in bf16.stderr and "gradients reduced in bf16" in " ".join(bf16.stdout.split())
 
 
 MOE_COMMAND = ("pretrain_gpt.py --num-experts 8 --moe-router-topk 2 --micro-batch-size 1 --bf16 "

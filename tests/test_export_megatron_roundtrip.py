@@ -19,6 +19,9 @@ FRONTS = [
                                                training=TrainingSpec(seq_len=16384, global_batch_size=256,
                                                                      precision=Precision.FP8))),
     ("moe-64", lambda: synthetic_front(moe_model(), MOE_PLANS, num_gpus=64)),
+    ("moe-64-bf16-grads", lambda: synthetic_front(moe_model(), MOE_PLANS, num_gpus=64,
+                                                  training=TrainingSpec(seq_len=4096, global_batch_size=512,
+                                                                        grad_reduce_in_fp32=False))),
     ("moe-8", lambda: synthetic_front(moe_model(), [Plan(tp=1, ep=8, etp=1, mbs=1),
                                                    Plan(tp=2, pp=2, vpp=2, ep=2, etp=2, sp=True)], num_gpus=8)),
 ]
@@ -36,7 +39,8 @@ def test_every_front_point_round_trips_through_megatron_flags(name, make_front):
                     "global_batch_size": estimate.training.global_batch_size,
                     "precision": estimate.training.precision.value,
                     "cross_entropy": estimate.training.cross_entropy.value,   # the default fused, written
-                    "pipeline_schedule": "1f1b"}                               # upstream's only schedules
+                    "pipeline_schedule": "1f1b",                               # upstream's only schedules
+                    "grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}
         if estimate.training.precision is Precision.FP8:   # the recipe the casts were priced for
             expected["fp8_recipe"] = estimate.training.fp8_recipe.value
         if estimate.model.is_moe:     # the dispatcher the step time priced is written for every MoE model

@@ -102,6 +102,44 @@ def test_toy_gpt_weights_and_optimizer():
     assert terms["weights"] + terms["gradients"] + terms["optimizer_states"] == pytest.approx(18 / 4 * 99968)
 
 
+def test_bf16_gradient_reduce_halves_every_gradient_term():
+    # grad_reduce_in_fp32 off (--grad-reduce-in-bf16): Megatron-Core's grad buffer has the parameters' dtype, 2 bytes
+    # per param instead of 4 -- decoder, embedding and expert gradients, and ZeRO-2's unsharded gradient bucket.
+    bf16_grads = dataclasses.replace(PAPER_TRAINING, grad_reduce_in_fp32=False)
+    assert bf16_grads.gradient_bytes_per_param == 2 and PAPER_TRAINING.gradient_bytes_per_param == 4
+    fp32 = terms_at(TOY_GPT, 1, PAPER_TRAINING, Plan())
+    bf16 = terms_at(TOY_GPT, 1, bf16_grads, Plan())
+    assert bf16["gradients"] == pytest.approx(2 * 99968)
+    assert bf16["embedding_gradients"] == pytest.approx(fp32["embedding_gradients"] / 2)
+    assert {k: v for k, v in bf16.items() if "gradient" not in k} == {k: v for k, v in fp32.items()
+                                                                     if "gradient" not in k}
+    # zero=2 on 4 GPUs: the shard 2/4 bytes per param; the bucket (the other 3/4 of one layer, 49984 params) 2 bytes
+    zero2 = terms_at(TOY_GPT, 4, bf16_grads, Plan(zero=2))
+    assert zero2["gradients"] == pytest.approx(2 / 4 * 99968)
+    assert zero2["zero_gradient_buckets"] == pytest.approx(
+        terms_at(TOY_GPT, 4, PAPER_TRAINING, Plan(zero=2))["zero_gradient_buckets"] / 2)
+    moe_training = TrainingSpec(seq_len=16, global_batch_size=8, grad_reduce_in_fp32=False)
+    assert terms_at(TOY_MOE, 8, moe_training, Plan(ep=4, etp=1, zero=1))["expert_gradients"] == pytest.approx(
+        2 * 24576)
+
+
+def test_the_optimizer_steps_fp32_copy_of_bf16_gradients_is_its_share_of_the_parameters():
+    # 99968 layer + 9344 embedding params; 4 bytes each at zero 0 (every parameter copied), a quarter on 4 GPUs
+    # under the distributed optimizer, none with fp32 gradients (main_grad.float() returns main_grad itself)
+    bf16_grads = dataclasses.replace(PAPER_TRAINING, grad_reduce_in_fp32=False)
+    def copy(training, num_gpus, plan):
+        return float(memory.optimizer_step_grad_copy_bytes(TOY_GPT, cluster(num_gpus), training, one(plan), 0)[0])
+    assert copy(bf16_grads, 1, Plan()) == pytest.approx(4 * (99968 + 9344))
+    assert copy(bf16_grads, 4, Plan(zero=1)) == pytest.approx(4 * (99968 + 9344) / 4)
+    assert copy(PAPER_TRAINING, 1, Plan()) == 0.0
+    moe_training = TrainingSpec(seq_len=16, global_batch_size=8, grad_reduce_in_fp32=False)
+    expert = float(memory.optimizer_step_grad_copy_bytes(TOY_MOE, cluster(8), moe_training,
+                                                         one(Plan(ep=4, etp=1, zero=1)), 0)[0])
+    dense = terms_at(TOY_MOE, 8, moe_training, Plan(ep=4, etp=1, zero=1))
+    # experts over edp = 2, the rest over dp = 8
+    assert expert == pytest.approx(4 * 24576 / 2 + 2 * (dense["weights"] + dense["embedding_weights"]) / 8)
+
+
 def test_toy_gpt_loss_side():
     # last stage (pp=1): unfused logits fp32 s·V/t = 16·128·4 = 8192; CE buffers: bf16 logits 16·128·2 = 4096 +
     # 3 fp32 per token 16·12 = 192 -> 4288; output side: final norm input 2h + stats 8 = 136 and output-layer input

@@ -161,7 +161,7 @@ def test_declared_knobs_are_all_the_shared_functions_read():
                     for v in steptime.dp_traffic_s(model, cluster, p, stage)]
 
         def optimizer(p):
-            return [steptime.optimizer_s(model, cluster, p, stage) for stage in steptime.candidate_stages(p)]
+            return [steptime.optimizer_s(model, cluster, training, p, stage) for stage in steptime.candidate_stages(p)]
 
         for fn, knobs in ((layer, steptime.LAYER_KNOBS), (microbatch, steptime.MICROBATCH_KNOBS),
                           (p2p, steptime.TERM_KNOBS["pp_p2p"]), (gradient_sync, steptime.TERM_KNOBS["optimizer"]),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, TextIO
 if TYPE_CHECKING:  # only for annotations: importing the specs pulls in numpy
     from autopar.megatron_args import MegatronRun
     from costmodels.plan import Plan
+    from costmodels.scoring import Estimate
     from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 from costmodels.specs import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN  # noqa: E402 (autopar.cli has it loaded already)
@@ -94,6 +95,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "(amax history), tensorwise (per-tensor current scaling: an amax pass before each cast), "
                             "blockwise (1x128 blocks, Hopper and later) or mxfp8 (32-element blocks, Blackwell only); "
                             "with --precision fp8; default delayed, Megatron-Core's")
+    group.add_argument("--grad-reduce-in-bf16", action="store_true",
+                       help="keep the main gradients and reduce them over data parallel in bf16 (Megatron-LM "
+                            "--grad-reduce-in-bf16; NeMo / Megatron-Bridge grad_reduce_in_fp32=False, as Bridge's "
+                            "performance recipes run): 2 bytes per gradient in memory and on the wire; default fp32")
     group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                        help="attention stores the a·s² score matrix (no FlashAttention / fused attention)")
     group.add_argument("--attention-kernel", default="auto", metavar="{auto,fa2,fa3,cudnn,fa1,fa_triton}",
@@ -269,7 +274,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         expert_gemm=args.expert_gemm,
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
-                        overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas)
+                        overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
+                        grad_reduce_in_fp32=not args.grad_reduce_in_bf16)
 
 
 def plan_from_args(args: argparse.Namespace) -> "Plan":
@@ -341,6 +347,29 @@ def plan_input_warnings(model: "ModelSpec", training: "TrainingSpec", plan: "Pla
             warnings.append(f"--recompute-modules {','.join(idle)} has no effect: {model.name} has {lacks} "
                             "(Megatron-Core recomputes nothing there)")
     return warnings
+
+
+def optimizer_step_warnings(result: "Estimate") -> list[str]:
+    """With bf16 gradients, where the optimizer step's fp32 gradient copy (costmodels.memory.
+    optimizer_step_grad_copy_bytes) outweighs the activations it replaces: the step, not the backward, is the peak
+    of that stage, which the estimate does not price; one line."""
+    from costmodels import memory
+    from costmodels.plan import PlanArrays
+
+    freed = set(memory.ACTIVATION_TERMS) | set(memory.BUFFER_TERMS)
+    plans = PlanArrays.from_plans([result.plan])
+    step_peaks = [(sum(v for name, v in stage.terms_bytes.items() if name not in freed)
+                   + float(memory.optimizer_step_grad_copy_bytes(result.model, result.cluster, result.training, plans,
+                                                                 stage.stage)[0]), stage.stage)
+                  for stage in result.stages]
+    peak, stage = max(step_peaks)
+    if peak <= result.peak_memory_bytes:
+        return []
+    over = " (over the limit: the step would run out of memory)" if peak > result.memory_limit_bytes else ""
+    return [f"bf16 gradients: at the optimizer step Megatron copies them to fp32 after the activations are freed, "
+            f"and stage {stage} then holds {peak / 2**30:.2f} GiB{over}, above the "
+            f"{result.peak_memory_bytes / 2**30:.2f} GiB priced for the backward"
+            + ("; the distributed optimizer (--zero 1) copies only its shard" if result.plan.zero == 0 else "")]
 
 
 MOE_ONLY_MODULES = ("moe_act", "moe", "shared_experts")

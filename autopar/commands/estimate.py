@@ -51,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import functools
 
-    from autopar.commands import model_from_args, plan_from_args, plan_input_warnings, specs_from_args
+    from autopar.commands import (model_from_args, optimizer_step_warnings, plan_from_args, plan_input_warnings,
+                                   specs_from_args)
     from autopar.commands.output_flags import (
         import_megatron_run,
         report_model_mismatches,
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     for warning in plan_input_warnings(model, training, plan):
         print(f"autopar: warning: {warning}", file=sys.stderr)
     result = estimate(model, cluster, training, plan, relax=args.relax)
+    for warning in optimizer_step_warnings(result):
+        print(f"autopar: warning: {warning}", file=sys.stderr)
     fixes = remedies(model, cluster, training, plan, relax=args.relax) if not result.fits else ()
     reasons = rule_violations(model, cluster, training, plan, relax=args.relax)
     if args.json:

@@ -38,13 +38,14 @@ TARGET_VERSIONS: dict[str, str] = {
 class Unsupported(InputError):
     """A launch config that the framework cannot run: which knobs it lacks and why (CLI exit 2)."""
 
-    def __init__(self, framework: str, plan: Plan, reasons: tuple[str, ...]) -> None:
+    def __init__(self, framework: str, plan: Plan, reasons: tuple[str, ...], inputs_only: bool = False) -> None:
         self.framework = framework
         self.reasons = tuple(reasons)
         self.plan = plan
+        hint = ("no layout changes that: change the inputs named" if inputs_only else
+                f"Search only the plans it can run with `autopar solve ... --framework {framework}`")
         super().__init__("emit", f"{framework} ({TARGET_VERSIONS[framework]}) cannot run plan '{plan.short()}': "
-                                 f"{'; '.join(self.reasons)}. Search only the plans it can run with "
-                                 f"`autopar solve ... --framework {framework}`")
+                                 f"{'; '.join(self.reasons)}. {hint}")
 
     def with_nearest(self, estimate) -> "Unsupported":
         """The same refusal, naming the nearest plan the framework can run: the fastest point of the front searched
@@ -201,6 +202,20 @@ def _zero_bubble_rule(framework: str, lacks: str, source: str) -> Rule:
     return Rule(f"{framework}:pipeline_schedule", reason, source, ("pp",), False, _one_f_one_b, explain)
 
 
+def _fp32_grad_reduce(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return np.full(len(p), ctx.training.grad_reduce_in_fp32)
+
+
+_BRIDGE_GRAD_REDUCE = _rule(
+    "bridge", "grad_reduce_in_fp32", "gradients reduced in bf16 (--grad-reduce-in-bf16): a mixed_precision preset "
+    "named on Megatron-Bridge's command line (bf16_mixed and the fp8 presets, grad_reduce_in_fp32=True) is applied "
+    "over ddp.grad_reduce_in_fp32 at setup, so no override line can launch it; set "
+    "cfg.mixed_precision.grad_reduce_in_fp32 = False in the recipe's Python, as Bridge's performance recipes do, "
+    "or solve without --grad-reduce-in-bf16",
+    "megatron/bridge/training/mixed_precision.py MixedPrecisionConfig.setup, update_config_with_precision_overrides; "
+    "perf_recipes/_common.py", (), _fp32_grad_reduce)
+
+
 _MEGATRON_SCHEDULES = ("Megatron-Core has 1F1B and interleaved 1F1B (and the combined 1F1B of the MoE all-to-all "
                        "overlap), no zero-bubble schedule")
 _MEGATRON_SCHEDULES_SOURCE = "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func"
@@ -209,7 +224,7 @@ _MEGATRON_SCHEDULES_SOURCE = "megatron/core/pipeline_parallel/schedules.py get_f
 CAPABILITIES: dict[str, tuple[Rule, ...]] = {
     "megatron": (_zero_bubble_rule("megatron", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
     "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
-    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
+    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE), _BRIDGE_GRAD_REDUCE),
     "verl": (_zero_bubble_rule("verl", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
     "torchtitan": (
         _rule("torchtitan", "zero", "zero=1: torchtitan's FSDP2 has no optimizer-only sharding (ZeRO-0 replicate, "
@@ -222,6 +237,9 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
         _rule("torchtitan", "recompute", "recompute: torchtitan has full AC of every block and per-op selective AC, "
               "not Megatron's attention-core selective recompute or recompute of k layers per stage",
               "torchtitan/distributed/activation_checkpoint.py", ("recompute", "recompute_layers"), _tt_recompute),
+        _rule("torchtitan", "grad_reduce_in_fp32", "gradients reduced in bf16 (--grad-reduce-in-bf16): torchtitan "
+              "0.3.0 reduces in float32 only (training.mixed_precision_reduce: Literal['float32'])",
+              "torchtitan/config/configs.py TrainingConfig.mixed_precision_reduce", (), _fp32_grad_reduce),
         _zero_bubble_rule("torchtitan", "torchtitan's zero-bubble schedules (InterleavedZeroBubble, ZBVZeroBubble, "
                           "DualPipeV) run several stages per rank, not the one-stage ZB-1p / ZB-2p priced here",
                           "torch/distributed/pipelining/schedules.py; torchtitan pipeline_llm"),
@@ -272,6 +290,9 @@ def refusals(ctx: Context, plan: Plan, framework: str) -> tuple[str, ...]:
 def require_runnable(estimate, framework: str) -> None:
     """Raise `Unsupported` (exit 2, with the reasons) when `framework` cannot run the estimate's plan."""
     name = framework_name(framework)
-    reasons = refusals(Context(estimate.model, estimate.cluster, estimate.training), estimate.plan, name)
+    ctx = Context(estimate.model, estimate.cluster, estimate.training)
+    reasons = refusals(ctx, estimate.plan, name)
     if reasons:
-        raise Unsupported(name, estimate.plan, reasons)
+        plans = PlanArrays.from_plans([estimate.plan])
+        broken = [rule for rule in framework_rules(name) if not bool(rule.holds(ctx, plans)[0])]
+        raise Unsupported(name, estimate.plan, reasons, inputs_only=all(not rule.knobs for rule in broken))

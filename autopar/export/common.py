@@ -242,6 +242,12 @@ def data_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
             and training.overlap_param_gather}
 
 
+def gradient_reduce_dtype(estimate: Estimate) -> dict[str, bool]:
+    """Megatron-Core DistributedDataParallelConfig.grad_reduce_in_fp32 as the memory and the data-parallel reduce
+    were priced (TrainingSpec.grad_reduce_in_fp32: the gradient buffer's dtype and the collectives' bytes)."""
+    return {"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}
+
+
 def model_parallel_overlap(estimate: Estimate) -> dict[str, bool]:
     """Megatron-Core ModelParallelConfig overlap switches as the user set them for the step time:
     tp_comm_overlap (needs sequence parallelism and tp > 1: Megatron asserts 'Tensor parallel communication/GEMM

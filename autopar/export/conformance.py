@@ -147,11 +147,14 @@ def _deepspeed(estimate: Estimate, config: LaunchConfig) -> list[str]:
         ds = DeepSpeedConfig(json.loads(config.text), mpu=mpu)
     expected = {"micro": plan.mbs, "accumulation": gradient_accumulation_steps(estimate), "zero": plan.zero,
                 "autotp": plan.tp if plan.pp == 1 and plan.tp > 1 else 0,
-                "sequences_per_step": estimate.training.global_batch_size}
+                "sequences_per_step": estimate.training.global_batch_size,
+                "gradient_reduce": "torch.float32" if estimate.training.grad_reduce_in_fp32 else "torch.bfloat16"}
     replicas = ds.world_size // (plan.tp if plan.pp == 1 else 1)   # AutoTP ranks of one replica read one batch
     actual = {"micro": ds.train_micro_batch_size_per_gpu, "accumulation": ds.gradient_accumulation_steps,
               "zero": ds.zero_optimization_stage, "autotp": ds.tensor_parallel_config.autotp_size,
-              "sequences_per_step": ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * replicas}
+              "sequences_per_step": ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * replicas,
+              # DeepSpeedEngine.communication_data_type: the config's, else bf16 under bf16.enabled
+              "gradient_reduce": str(ds.communication_data_type or "torch.bfloat16")}
     return _differences(expected, actual)
 
 
@@ -273,6 +276,10 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     if recipe is not None:
         expected["fp8_recipe"], actual["fp8_recipe"] = recipe.value, str(getattr(core.fp8_recipe, "value",
                                                                                   core.fp8_recipe))
+    # the gradient buffer's dtype and the reduce's bytes the estimate priced (training.py passes
+    # accumulate_allreduce_grads_in_fp32 as DistributedDataParallelConfig.grad_reduce_in_fp32)
+    expected["grad_reduce_in_fp32"] = estimate.training.grad_reduce_in_fp32
+    actual["grad_reduce_in_fp32"] = bool(args.accumulate_allreduce_grads_in_fp32)
     # the EP all-to-all overlap the step time hid needs a stream of its own: accepted under one hardware queue, it
     # would run serialised (validate_args only warns)
     expected["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
@@ -375,6 +382,10 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
     actual = {name: megatron.get(name) for name in expected if name in megatron}
     actual.update(train_batch_size=composed.data.train_batch_size * composed.actor_rollout_ref.rollout.n,
                   micro=composed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)
+    # an explicit override_ddp_config value wins over verl's own (engine/megatron/transformer_impl.py), whose
+    # default is fp32 without a low-precision precision-aware optimizer
+    expected["grad_reduce_in_fp32"] = estimate.training.grad_reduce_in_fp32
+    actual["grad_reduce_in_fp32"] = megatron.override_ddp_config.get("grad_reduce_in_fp32", True)
     return _differences(expected, actual) + _transformer_config(estimate, {
         **{name: megatron[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                              "virtual_pipeline_model_parallel_size", "context_parallel_size",
@@ -454,6 +465,18 @@ TransformerConfig at setup, whether the user set them or not (nemo/lightning/pyt
 NEMO_GPT_CONFIG_FIELDS = frozenset({"seq_length"})
 """GPTConfig's own fields beside TransformerConfig's (nemo/collections/llm/gpt/model/base.py GPTConfig)."""
 
+NEMO_PRECISION_PARAMETERS = frozenset({
+    "precision", "params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled", "grad_reduce_in_fp32", "fp8",
+    "fp8_recipe", "first_last_layers_bf16", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
+    "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention", "fp8_params", "fp8_param_gather", "fp4",
+    "fp4_recipe", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"})
+"""MegatronMixedPrecision's parameters (nemo/lightning/pytorch/plugins/mixed_precision.py __init__): the
+`trainer.plugins.<name>=` overrides NeMo 2 accepts after a precision preset."""
+NEMO_PRESET_GRAD_REDUCE_IN_FP32 = True
+"""bf16_mixed and the bf16 fp8 presets' grad_reduce_in_fp32 (nemo/collections/llm/recipes/precision/
+mixed_precision.py), which the plugin applies over the strategy's ddp config at setup (megatron_strategy.py
+update_config_with_dtype_overrides)."""
+
 NEMO_OTHER_KEYS = {"trainer": {"num_nodes", "devices", "plugins"}, "data": {"micro_batch_size", "global_batch_size",
                                                                           "seq_length"},
                    "optim.config": {"use_distributed_optimizer"}}
@@ -470,6 +493,7 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     strategy: dict[str, object] = {}
     model_config: dict[str, object] = {}
+    plugin: dict[str, object] = {}
     for override in command_words(config.text):
         key, _, text = override.partition("=")
         value = _nemo_run_value(text)
@@ -481,6 +505,10 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
         elif section == "trainer.strategy.ddp":
             if name not in ddp_fields:
                 raise KeyError(f"DistributedDataParallelConfig has no field {name!r}")
+        elif section == "trainer.plugins":
+            if name not in NEMO_PRECISION_PARAMETERS:
+                raise KeyError(f"MegatronMixedPrecision has no parameter {name!r}")
+            plugin[name] = value
         elif section == "model.config":
             if name not in transformer | NEMO_GPT_CONFIG_FIELDS:
                 raise KeyError(f"TransformerConfig has no field {name!r}")
@@ -494,7 +522,10 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     # NeMo's setup: the strategy's parallelism overwrites model.config (so split fields there would be lost)
     final = {**model_config, **{name: strategy.get(name, default) for name, default in
                                 NEMO_STRATEGY_PARALLELISM.items()}}
+    # ... and the precision plugin's dtype config overwrites the strategy's ddp config
+    reduce = {"grad_reduce_in_fp32": plugin.get("grad_reduce_in_fp32", NEMO_PRESET_GRAD_REDUCE_IN_FP32)}
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
+            + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}, reduce)
             + _transformer_config(estimate, final))
 
 

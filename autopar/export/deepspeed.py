@@ -70,6 +70,9 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
         "gradient_accumulation_steps": accumulation,
         "zero_optimization": {"stage": plan.zero},
         "bf16": {"enabled": True},
+        # the gradient reduce's dtype as priced: DeepSpeed's default with bf16 is bf16 (engine.py
+        # communication_data_type), Megatron's fp32 (TrainingSpec.grad_reduce_in_fp32)
+        "communication_data_type": "fp32" if training.grad_reduce_in_fp32 else "bf16",
     }
     if plan.tp > 1 and plan.pp == 1:
         config["tensor_parallel"] = {"autotp_size": plan.tp}

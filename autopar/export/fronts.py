@@ -1,10 +1,11 @@
-"""The six fronts the launch configs are checked on (tests/test_conformance_*.py, benchmarks/conformance.py).
+"""The seven fronts the launch configs are checked on (tests/test_conformance_*.py, benchmarks/conformance.py).
 
 Each is a Pareto front a user would ask for, chosen so that together they exercise every knob the exporters write:
 dense TP/PP/DP with ZeRO (Llama 3.1 70B), interleaving with uneven first/last stages and the embedding/loss slots
 (Llama 3.1 405B on 512 GPUs), expert parallelism (Mixtral 8x22B), expert parallelism with MLA and multi-token
 prediction (DeepSeek-V3), context parallelism at 128K tokens (Llama 3.1 70B, seq_len 131072), and fp8 with its
-recipe on Blackwell (Llama 3.1 70B in MXFP8 on 64 B200).
+recipe on Blackwell (Llama 3.1 70B in MXFP8 on 64 B200), and gradients reduced in bf16 (Llama 3.1 8B on 32 H100,
+--grad-reduce-in-bf16, as Megatron-Bridge's performance recipes run).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class FrontCase:
     gpu: str = "h100-80gb"
     precision: str = "bf16"
     fp8_recipe: str = "delayed"
+    grad_reduce_in_fp32: bool = True
 
 
 FRONT_CASES: tuple[FrontCase, ...] = (
@@ -31,6 +33,7 @@ FRONT_CASES: tuple[FrontCase, ...] = (
     FrontCase("deepseek-v3", "deepseek-v3", 1024, 4096, 4096),
     FrontCase("128k-cp", "llama-3.1-70b", 128, 131072, 64),
     FrontCase("fp8-b200", "llama-3.1-70b", 64, 8192, 512, gpu="b200-180gb", precision="fp8", fp8_recipe="mxfp8"),
+    FrontCase("bf16-grads", "llama-3.1-8b", 32, 8192, 256, grad_reduce_in_fp32=False),
 )
 
 
@@ -42,7 +45,7 @@ def case_specs(case: FrontCase):
 
     return (load_model(case.model), ClusterSpec(profile=load_profile(case.gpu), num_gpus=case.num_gpus),
             TrainingSpec(seq_len=case.seq_len, global_batch_size=case.global_batch_size, precision=case.precision,
-                         fp8_recipe=case.fp8_recipe))
+                         fp8_recipe=case.fp8_recipe, grad_reduce_in_fp32=case.grad_reduce_in_fp32))
 
 
 def solve_case(case: FrontCase, framework: str | None = None):

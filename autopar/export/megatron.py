@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
-                                   flash_version_note, is_uneven, loss_fusion, loss_kernel_note,
+                                   flash_version_note, gradient_reduce_dtype, is_uneven, loss_fusion, loss_kernel_note,
                                    mcore_recompute_fields, mcore_router_fields, megatron_attention_backend,
                                    model_parallel_overlap, moe_capacity_fields, moe_dispatcher_fields, router_note,
                                    one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
@@ -127,6 +127,8 @@ def memory_flags(estimate: Estimate) -> list[Flag]:
         flags.append(("--recompute-modules", " ".join(recompute["recompute_modules"])))
     if plan.zero >= 1:
         flags.append(("--use-distributed-optimizer", None))
+    if not gradient_reduce_dtype(estimate)["grad_reduce_in_fp32"]:   # Megatron-LM's bf16 default is fp32
+        flags.append(("--grad-reduce-in-bf16", None))
     if plan.zero >= 2:
         flags += [("--use-megatron-fsdp", None),
                   ("--data-parallel-sharding-strategy", ZERO_SHARDING_STRATEGY[plan.zero]),

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, LaunchConfig,
-                                   data_parallel_overlap, expert_gemm_note, fp8_preset_notes, loss_fusion,
-                                   loss_kernel_note, mcore_moe_fields,
-                                   mcore_parallel_fields, pipeline_p2p_overlap, plan_caption, shell_word)
+                                   data_parallel_overlap, expert_gemm_note, fp8_preset_notes, gradient_reduce_dtype,
+                                   loss_fusion, loss_kernel_note, mcore_moe_fields, mcore_parallel_fields,
+                                   pipeline_p2p_overlap, plan_caption, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -114,6 +114,10 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
                       "trainer.strategy.save_ckpt_format=fsdp_dtensor"]
     overrides.append("trainer.plugins=" + (NEMO_FP8_PRESETS[training.fp8_recipe.value]
                                            if training.precision is Precision.FP8 else "bf16_mixed"))
+    # the plugin's dtype config is applied over the strategy's ddp at setup (megatron_strategy.py
+    # update_config_with_dtype_overrides): MegatronMixedPrecision's grad_reduce_in_fp32 decides, both are written
+    overrides += [f"{section}.{name}={_value(on)}" for name, on in gradient_reduce_dtype(estimate).items()
+                  for section in ("trainer.strategy.ddp", "trainer.plugins")]
     return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory <recipe> ...): "
                    f"{plan_caption(estimate)}", NEMO_SOURCES, overrides,
                    loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
@@ -140,6 +144,8 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
                       f"ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
                       "checkpoint.ckpt_format=fsdp_dtensor"]
     overrides += [f"ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
+    # fp32 only: a preset's grad_reduce_in_fp32=True is applied over ddp's (capabilities: bridge:grad_reduce_in_fp32)
+    overrides += [f"ddp.{name}={_value(on)}" for name, on in gradient_reduce_dtype(estimate).items()]
     overrides.append("mixed_precision=" + (BRIDGE_FP8_PRESETS[training.fp8_recipe.value]
                                            if training.precision is Precision.FP8 else "bf16_mixed"))
     return _render("bridge", f"{TARGET_VERSIONS['bridge']} (scripts/training/run_recipe.py --recipe <recipe> ...): "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
-                                   flash_version_note, mcore_moe_fields,
+                                   flash_version_note, gradient_reduce_dtype, mcore_moe_fields,
                                    mcore_parallel_fields, megatron_attention_backend, one_line,
                                    pipeline_p2p_overlap, plan_caption, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
@@ -89,6 +89,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     overrides.append(f"{ACTOR}.megatron.use_distributed_optimizer={_value(plan.zero >= 1)}")
     overrides.append(f"{ACTOR}.megatron.use_megatron_fsdp={_value(plan.zero >= 2)}")
     overrides += [_override("override_ddp_config", name, on) for name, on in data_parallel_overlap(estimate).items()]
+    # an explicit override_ddp_config value wins over verl's own choice (engine/megatron/transformer_impl.py)
+    overrides += [_override("override_ddp_config", name, on) for name, on in gradient_reduce_dtype(estimate).items()]
     if plan.zero >= 2:
         overrides.append(_override("override_ddp_config", "data_parallel_sharding_strategy",
                                    ZERO_SHARDING_STRATEGY[plan.zero]))

@@ -64,8 +64,11 @@ def assumptions(front: ParetoFront) -> list[str]:
     lines = [
         f"Usable memory per GPU is (1 - headroom {cluster.headroom:g}) x {cluster.profile.hbm_bytes / GIB:g} GiB = "
         f"{cluster.memory_limit_bytes / GIB:.1f} GiB; the peak of a plan is that of its fullest pipeline stage.",
-        "Mixed precision as in Megatron-LM: bf16 weights, fp32 gradients and Adam states (18 bytes per parameter "
-        "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP.",
+        ("Mixed precision as in Megatron-LM: bf16 weights, fp32 gradients and Adam states (18 bytes per parameter "
+         if training.grad_reduce_in_fp32 else
+         "Mixed precision as in Megatron-LM with --grad-reduce-in-bf16: bf16 weights and gradients (reduced over "
+         "data parallel in bf16), fp32 Adam states (16 bytes per parameter ")
+        + "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP.",
         f"GEMMs run in {training.precision.value}"
         + (f" ({training.fp8_recipe.value} scaling: Transformer Engine's casts priced at HBM bandwidth, SP "
            "all-gathers in fp8)" if training.precision.value == "fp8" else "") + "; attention "

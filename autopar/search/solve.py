@@ -26,7 +26,7 @@ from autopar.search.space import (
     parse_knob_value,
 )
 from costmodels.errors import InputError
-from costmodels.plan import PlanArrays
+from costmodels.plan import Plan, PlanArrays
 from costmodels.rules import Problem, Rule, active_rules
 from costmodels.scoring import estimates, require_precision_supported
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -89,6 +89,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     rules = active_rules(controls.relax)
     rules = rules + tuple(extra_rules)
     problem = Problem(model, cluster, training)
+    refusing = inputs_refused(problem, extra_rules)
+    if refusing:   # a rule on no knob refuses every plan alike: name it, not the search
+        from autopar.errors import Infeasible
+
+        raise Infeasible(f"no plan runs with these inputs ({', '.join(r.id for r in refusing)} refuses every plan)",
+                         tuple(r.id for r in refusing), tuple(f"{r.id}: {r.reason}" for r in refusing))
     start = time.perf_counter()
     space = build_space(model, cluster, training, controls)
     chosen = solver if solver != "auto" else AUTO_SOLVER
@@ -142,6 +148,13 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,
                        rules=tuple(r.id for r in rules), relaxed_rules=tuple(controls.relax), solver=chosen,
                        solve_time_s=time.perf_counter() - start, search_space_size=space.size, notes=tuple(notes))
+
+
+def inputs_refused(problem: Problem, rules: Iterable[Rule]) -> tuple[Rule, ...]:
+    """The rules on no knob (knobs ()) that `problem` breaks: a training input a framework cannot run (e.g.
+    bridge:grad_reduce_in_fp32), which no plan can satisfy."""
+    one = PlanArrays.from_plans([Plan()])
+    return tuple(r for r in rules if not r.knobs and not bool(r.holds(problem, one)[0]))
 
 
 def checked_front(points: tuple[Estimate, ...]) -> tuple[tuple[Estimate, ...], list[str]]:
