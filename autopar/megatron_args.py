@@ -62,7 +62,7 @@ VALUE_FLAGS = frozenset({
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
-    "--main-grads-dtype",
+    "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype",
 })
 LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -667,11 +667,34 @@ def _precision(flags: dict[str, "str | bool"], notes: list[str]) -> str:
     return "bf16"
 
 
-def _grad_reduce_in_fp32(flags: dict[str, "str | bool"]) -> bool:
-    """DistributedDataParallelConfig.grad_reduce_in_fp32 as Megatron-LM derives it for bf16 (arguments.py
-    validate_args; training.py passes accumulate_allreduce_grads_in_fp32 as grad_reduce_in_fp32):
+MEGATRON_FSDP_GRAD_DTYPES = ("auto", "fp32", "bf16", "fp16")
+"""--megatron-fsdp-main-grads-dtype / --megatron-fsdp-grad-comm-dtype choices (arguments.py)."""
+
+
+def _grad_reduce_in_fp32(flags: dict[str, "str | bool"], notes: list[str]) -> bool:
+    """Whether the command keeps and reduces its main gradients in fp32 (TrainingSpec.grad_reduce_in_fp32).
+
+    The distributed optimizer / DDP: DistributedDataParallelConfig.grad_reduce_in_fp32 as Megatron-LM derives it for
+    bf16 (arguments.py validate_args; training.py passes accumulate_allreduce_grads_in_fp32 as grad_reduce_in_fp32):
     --grad-reduce-in-bf16 turns it off; else --accumulate-allreduce-grads-in-fp32 or --main-grads-dtype fp32 (the
-    default) turn it on, and --main-grads-dtype bf16 alone leaves it off."""
+    default) turn it on, and --main-grads-dtype bf16 alone leaves it off. Megatron-FSDP does not read it: its main
+    gradients have --megatron-fsdp-main-grads-dtype, whose default 'auto' is the parameters' dtype, bf16
+    (megatron_fsdp/param_and_grad_buffer.py _resolve_group_grad_dtype), and --use-torch-fsdp2 shards the bf16
+    parameters with no MixedPrecisionPolicy (torch_fully_sharded_data_parallel.py), so it reduces in bf16."""
+    if flags.get("--use-torch-fsdp2"):
+        return False
+    if flags.get("--use-megatron-fsdp") or flags.get("--use-custom-fsdp"):
+        main, comm = (str(flags.get(flag) or "auto").lower() for flag in ("--megatron-fsdp-main-grads-dtype",
+                                                                          "--megatron-fsdp-grad-comm-dtype"))
+        for flag, value in (("--megatron-fsdp-main-grads-dtype", main), ("--megatron-fsdp-grad-comm-dtype", comm)):
+            if value not in MEGATRON_FSDP_GRAD_DTYPES:
+                raise InputError(INPUT_NAME, f"{flag} {value}: Megatron-LM takes one of "
+                                             f"{', '.join(MEGATRON_FSDP_GRAD_DTYPES)}")
+        in_fp32 = main == "fp32"
+        if comm != "auto" and (comm == "fp32") != in_fp32:
+            notes.append(f"--megatron-fsdp-grad-comm-dtype {comm} with main gradients in "
+                         f"{'fp32' if in_fp32 else 'bf16'}: priced with the main gradients' dtype on the wire too")
+        return in_fp32
     main_grads = str(flags.get("--main-grads-dtype") or "fp32").lower()
     if main_grads not in ("fp32", "bf16"):
         raise InputError(INPUT_NAME, f"--main-grads-dtype {main_grads}: Megatron-LM takes fp32 or bf16")
@@ -880,7 +903,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training: dict[str, Any] = {"precision": _precision(flags, notes), **_fp8_recipe(flags, notes)}
     training.update({field_name: True for flag, field_name in OVERLAP_FIELD_OF_FLAG.items() if flags.get(flag)})
     training.update({"overlap_p2p_comm": on for flag, on in P2P_OVERLAP_OF_FLAG.items() if flags.get(flag)})
-    training["grad_reduce_in_fp32"] = _grad_reduce_in_fp32(flags)
+    training["grad_reduce_in_fp32"] = _grad_reduce_in_fp32(flags, notes)
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
     training.update(_capacity(flags, notes))

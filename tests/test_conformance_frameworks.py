@@ -111,7 +111,7 @@ def test_megatron_rejects_a_launch_line_without_the_connections_setting():
 
 def test_verl_rejects_overrides_without_plus_or_train_batch_size():
     needs("verl")
-    point = front("dense-70b")[0]
+    point = front("dense-70b", "verl")[0]
     text = launch_config(point, "verl").text
     assert _run("verl", point, text.replace("+actor_rollout_ref", "actor_rollout_ref")) == "rejected"
     small = re.sub(r"data\.train_batch_size=\d+", "data.train_batch_size=8", text)
@@ -266,3 +266,18 @@ def test_each_framework_reduces_gradients_in_the_dtype_the_estimate_priced_or_th
     config = json.loads(launch_config(flat, "deepspeed").text)
     assert _run("deepspeed", flat, json.dumps(config)) == "accepted"
     assert _run("deepspeed", flat, json.dumps({**config, "communication_data_type": "fp32"})) == "silently_changed"
+
+
+def test_megatron_fsdp_keeps_its_gradients_in_the_dtype_the_estimate_priced_or_the_checker_says_so():
+    """zero>=2 runs Megatron-FSDP, which does not read grad_reduce_in_fp32: fp32 gradients need
+    --megatron-fsdp-main-grads-dtype fp32 (without it, 'auto' is the parameters' bf16), and NeMo, which cannot set
+    that field, runs a bf16-gradient zero>=2 plan as priced."""
+    needs("megatron")
+    point = _estimate("llama-3.1-8b", 32, {}, tp=2, sp=True, zero=2, mbs=1)
+    text = launch_config(point, "megatron").text
+    assert _run("megatron", point, text) == "accepted"
+    assert "--megatron-fsdp-main-grads-dtype fp32" in text, text
+    assert _run("megatron", point, text.replace("--megatron-fsdp-main-grads-dtype fp32", "")) == "silently_changed"
+    needs("nemo")
+    bf16 = _estimate("llama-3.1-8b", 32, {"grad_reduce_in_fp32": False}, tp=2, sp=True, zero=3, mbs=1)
+    assert _run("nemo", bf16, launch_config(bf16, "nemo").text) == "accepted"

@@ -61,10 +61,25 @@ def test_solve_for_a_framework_that_can_run_nothing_says_so():
     assert "deepspeed:moe_zero3" in caught.value.rules
 
 
-@pytest.mark.parametrize("framework", ["bridge", "torchtitan"])
+def test_the_gradient_dtype_splits_the_megatron_family_fronts_by_optimizer_sharding():
+    """NeMo, Bridge and verl cannot set Megatron-FSDP's gradient dtype (bf16): with fp32 gradients their fronts keep
+    zero <= 1; Bridge's preset re-applies fp32 under the distributed optimizer: with bf16 its front keeps zero >= 2."""
+    fp32 = TrainingSpec(seq_len=4096, global_batch_size=256)
+    bf16 = TrainingSpec(seq_len=4096, global_batch_size=256, grad_reduce_in_fp32=False)
+    assert any(p.plan.zero >= 2 for p in autopar.solve(dense_model(), cluster(16), fp32).points)
+    for framework in ("nemo", "bridge", "verl"):
+        front = autopar.solve(dense_model(), cluster(16), fp32, extra_rules=framework_rules(framework)).points
+        assert front and all(p.plan.zero <= 1 for p in front), framework
+    front = autopar.solve(dense_model(), cluster(16), bf16, extra_rules=framework_rules("bridge")).points
+    assert front and all(p.plan.zero >= 2 for p in front)
+    assert any(p.plan.zero <= 1 for p in autopar.solve(dense_model(), cluster(16), bf16,
+                                                        extra_rules=framework_rules("nemo")).points)
+
+
+@pytest.mark.parametrize("framework", ["torchtitan"])
 def test_an_input_the_framework_cannot_run_is_named_as_the_input_not_searched(framework):
-    """bf16 gradient reduce: Megatron-Bridge's command line and torchtitan 0.3.0 cannot set it, whatever the
-    layout: the search says so by the rule alone (no other rule listed), and the export says no layout helps."""
+    """bf16 gradient reduce: torchtitan 0.3.0 cannot set it, whatever the layout: the search says so by the rule
+    alone (no other rule listed), and the export says no layout helps."""
     bf16 = TrainingSpec(seq_len=4096, global_batch_size=256, grad_reduce_in_fp32=False)
     with pytest.raises(Infeasible, match="refuses every plan") as caught:
         autopar.solve(dense_model(), cluster(16), bf16, extra_rules=framework_rules(framework))
@@ -80,9 +95,11 @@ def test_an_input_the_framework_cannot_run_is_named_as_the_input_not_searched(fr
     assert autopar.solve(dense_model(), cluster(16), fp32, extra_rules=framework_rules(framework)).points
 
 
-def test_megatron_family_frameworks_refuse_nothing():
+def test_megatron_family_frameworks_refuse_no_layout():
+    # every knob at once, under Megatron-FSDP (zero 3) with the bf16 gradients it runs
     estimate_plan = Plan(tp=4, pp=2, vpp=2, cp=2, ep=4, etp=2, sp=True, recompute=Recompute.FULL, zero=3)
-    ctx = Context(moe_model(), cluster(64), TrainingSpec(seq_len=8192, global_batch_size=512))
+    ctx = Context(moe_model(), cluster(64), TrainingSpec(seq_len=8192, global_batch_size=512,
+                                                         grad_reduce_in_fp32=False))
     for framework in ("megatron", "nemo", "bridge", "verl"):
         assert refusals(ctx, estimate_plan, framework) == ()
     assert refusals(Context(dense_model(), cluster(64), TrainingSpec(seq_len=8192, global_batch_size=512)),

@@ -19,10 +19,18 @@ from costmodels.specs import Precision, TrainingSpec
 from test_report_support import DENSE_PLANS, MOE_PLANS, cluster, dense_model, moe_model, synthetic_estimate
 
 TRAINING = TrainingSpec(seq_len=4096, global_batch_size=512)
+BF16_GRADS = TrainingSpec(seq_len=4096, global_batch_size=512, grad_reduce_in_fp32=False)
+"""What Megatron-FSDP (zero >= 2 in NeMo, Megatron-Bridge and verl) runs: its main gradients in the parameters' bf16."""
 
 
 def estimate_of(plan: Plan, model=None, num_gpus: int = 64, training: TrainingSpec = TRAINING):
     return synthetic_estimate(model or moe_model(), cluster(num_gpus), training, plan)
+
+
+def megatron_fsdp_estimate_of(plan: Plan, model=None, num_gpus: int = 64):
+    """The estimate NeMo, Megatron-Bridge and verl launch `plan` as: fp32 gradients under the distributed optimizer,
+    bf16 under Megatron-FSDP (capabilities: megatron_fsdp_grads)."""
+    return estimate_of(plan, model, num_gpus, TRAINING if plan.zero <= 1 else BF16_GRADS)
 
 
 def titan(text: str) -> tuple[dict[str, object], dict[str, object]]:
@@ -118,7 +126,8 @@ def test_every_framework_emits_parsable_text(plan):
         with pytest.raises(Unsupported, match="deepspeed .*cannot run plan"):
             emit(estimate, "deepspeed")
 
-    verl = overrides(emit(estimate, "verl"))
+    megatron_family = megatron_fsdp_estimate_of(plan)
+    verl = overrides(emit(megatron_family, "verl"))
     actor = "actor_rollout_ref.actor."
     assert verl[actor + "megatron.tensor_model_parallel_size"] == str(plan.tp)
     assert verl[actor + "megatron.pipeline_model_parallel_size"] == str(plan.pp)
@@ -156,14 +165,14 @@ def test_every_framework_emits_parsable_text(plan):
         with pytest.raises(Unsupported, match="torchtitan"):
             emit(estimate, "torchtitan")
 
-    nemo = overrides(emit(estimate, "nemo"))
+    nemo = overrides(emit(megatron_family, "nemo"))
     assert nemo["trainer.strategy.tensor_model_parallel_size"] == str(plan.tp)
     assert nemo["trainer.strategy.virtual_pipeline_model_parallel_size"] == (str(plan.vpp) if plan.vpp > 1
                                                                              else "null")
     assert nemo["data.global_batch_size"] == str(TRAINING.global_batch_size)
     assert int(nemo["trainer.num_nodes"]) * int(nemo["trainer.devices"]) == 64
 
-    bridge = overrides(emit(estimate, "bridge"))
+    bridge = overrides(emit(megatron_family, "bridge"))
     assert bridge["model.pipeline_model_parallel_size"] == str(plan.pp)
     assert bridge["train.micro_batch_size"] == str(plan.mbs)
     assert bridge["ddp.use_distributed_optimizer"] == ("true" if plan.zero >= 1 else "false")
@@ -208,7 +217,8 @@ def test_a_plan_the_framework_cannot_run_is_refused_with_the_knob(plan, framewor
 def test_every_config_names_the_framework_version_it_targets():
     estimate = estimate_of(Plan(tp=1, ep=8, etp=1, zero=3))
     for framework in ("megatron", "nemo", "bridge", "verl", "torchtitan"):
-        config = launch_config(estimate, framework)
+        config = launch_config(estimate if framework in ("megatron", "torchtitan")
+                               else megatron_fsdp_estimate_of(estimate.plan), framework)
         assert config.target == TARGET_VERSIONS[framework] and config.target in config.text.splitlines()[0]
     deepspeed = launch_config(estimate_of(Plan(tp=1, ep=8, etp=1, zero=2)), "deepspeed")
     assert TARGET_VERSIONS["deepspeed"] in deepspeed.unexpressed[0]  # JSON has no comments: stderr notes
@@ -224,7 +234,7 @@ def test_megatron_sets_cuda_device_max_connections_as_megatron_asserts():
 
 
 def test_nemo_and_verl_express_megatron_fsdp():
-    estimate = estimate_of(Plan(tp=2, sp=True, ep=8, etp=1, zero=2))
+    estimate = megatron_fsdp_estimate_of(Plan(tp=2, sp=True, ep=8, etp=1, zero=2))
     nemo = overrides(emit(estimate, "nemo"))
     assert nemo["trainer.strategy.fsdp"] == "megatron"
     assert nemo["trainer.strategy.ddp.data_parallel_sharding_strategy"] == "optim_grads"
@@ -350,12 +360,13 @@ def test_model_parallel_overlaps_written_where_they_apply():
 
 
 def test_the_gradient_reduce_dtype_is_written_as_the_memory_and_reduce_were_priced():
-    """bf16 gradients (grad_reduce_in_fp32 off): Megatron-LM's --grad-reduce-in-bf16; NeMo's plugin field, which is
+    """The distributed optimizer (zero <= 1): Megatron-LM's --grad-reduce-in-bf16; NeMo's plugin field, which is
     applied over the strategy's ddp at setup, beside the ddp field; verl's override_ddp_config (an explicit value
-    wins over verl's own); DeepSpeed's communication_data_type, whose bf16 default is written either way. Megatron-
-    Bridge (a preset named on the command line re-applies fp32) and torchtitan (float32 only) refuse it."""
-    bf16 = dataclasses.replace(TRAINING, grad_reduce_in_fp32=False)
-    for training, on in ((TRAINING, True), (bf16, False)):
+    wins over verl's own). Megatron-FSDP (zero >= 2) reads neither: Megatron-LM gets its
+    --megatron-fsdp-main-grads-dtype, and NeMo, Bridge and verl, which cannot set that torch.dtype field, run only
+    its bf16 default. DeepSpeed's communication_data_type is written either way (its own bf16 default). Megatron-
+    Bridge's preset re-applies fp32 under the distributed optimizer, and torchtitan reduces in float32 only."""
+    for training, on in ((TRAINING, True), (BF16_GRADS, False)):
         estimate = estimate_of(Plan(tp=2, pp=2, sp=True, zero=1), model=dense_model(), training=training)
         assert ("--grad-reduce-in-bf16" in emit(estimate, "megatron")) is not on
         nemo = overrides(emit(estimate, "nemo"))
@@ -363,12 +374,20 @@ def test_the_gradient_reduce_dtype_is_written_as_the_memory_and_reduce_were_pric
             == str(on).lower()
         verl = overrides(emit(estimate, "verl"))
         assert verl["+actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32"] == str(on)
+        fsdp = emit(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=training), "megatron")
+        assert f"--megatron-fsdp-main-grads-dtype {'fp32' if on else 'bf16'}" in fsdp
+        assert "--grad-reduce-in-bf16" not in fsdp          # Megatron-FSDP does not read it
         deepspeed = json.loads(emit(estimate_of(Plan(tp=1, zero=2), model=dense_model(), training=training),
                                     "deepspeed"))
         assert deepspeed["communication_data_type"] == ("fp32" if on else "bf16")
     assert overrides(emit(estimate_of(Plan(tp=2, zero=1), model=dense_model()), "bridge"))[
         "ddp.grad_reduce_in_fp32"] == "true"
-    for framework in ("bridge", "torchtitan"):
-        with pytest.raises(Unsupported, match="gradients reduced in bf16"):
-            emit(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=bf16), framework)
-        assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model()), framework)
+    with pytest.raises(Unsupported, match="zero<=1 with gradients reduced in bf16"):
+        emit(estimate_of(Plan(tp=2, zero=1), model=dense_model(), training=BF16_GRADS), "bridge")
+    with pytest.raises(Unsupported, match="torchtitan 0.3.0 reduces in float32 only"):
+        emit(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=BF16_GRADS), "torchtitan")
+    assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model()), "torchtitan")
+    for framework in ("nemo", "bridge", "verl"):
+        with pytest.raises(Unsupported, match="Megatron-FSDP keeps and reduces its main gradients"):
+            emit(estimate_of(Plan(tp=2, zero=3), model=dense_model()), framework)
+        assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=BF16_GRADS), framework)

@@ -159,12 +159,32 @@ def test_approximations_are_noted():
     ("--bf16 --main-grads-dtype bf16", False),                          # no fp32 accumulation asked for
     ("--bf16 --main-grads-dtype fp32 --accumulate-allreduce-grads-in-fp32", True),
     ("--bf16 --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16", False),   # grad-reduce-in-bf16 wins
+    # Megatron-FSDP reads its own dtype, default 'auto': the parameters' bf16, whatever grad_reduce_in_fp32 says
+    ("--bf16 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params", False),
+    ("--bf16 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --accumulate-allreduce-grads-in-fp32",
+     False),
+    ("--bf16 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --megatron-fsdp-main-grads-dtype fp32",
+     True),
+    ("--bf16 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --megatron-fsdp-main-grads-dtype auto",
+     False),
+    ("--bf16 --use-torch-fsdp2", False),                                # bf16 parameters, no MixedPrecisionPolicy
 ])
 def test_the_gradient_reduce_dtype_is_read_as_validate_args_derives_it(flags, in_fp32):
     run = parse_megatron_args(flags)
     assert run.training["grad_reduce_in_fp32"] is in_fp32
     assert run.training_spec(TrainingSpec()).gradient_bytes_per_param == (4 if in_fp32 else 2)
     assert not any(note.startswith(("--grad-reduce-in-bf16", "--main-grads-dtype")) for note in run.notes)
+
+
+def test_a_megatron_fsdp_comm_dtype_unlike_its_main_gradients_is_noted():
+    run = parse_megatron_args("--bf16 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads "
+                              "--megatron-fsdp-main-grads-dtype fp32 --megatron-fsdp-grad-comm-dtype bf16")
+    assert run.training["grad_reduce_in_fp32"] is True
+    assert any(note.startswith("--megatron-fsdp-grad-comm-dtype bf16 with main gradients in fp32")
+               for note in run.notes), run.notes
+    same = parse_megatron_args("--bf16 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads "
+                               "--megatron-fsdp-main-grads-dtype fp32 --megatron-fsdp-grad-comm-dtype fp32")
+    assert not any(note.startswith("--megatron-fsdp-grad-comm-dtype") for note in same.notes)
 
 
 def test_an_unreadable_launcher_only_loses_the_gpu_count():
@@ -195,6 +215,8 @@ def test_shell_words_expand_variables_and_strings_of_flags():
     ("--fp16 --bf16", "--fp16 and --bf16 together"),
     ("--bf16 --accumulate-allreduce-grads-in-fp32 --main-grads-dtype bf16", "can only be fp32 when"),
     ("--bf16 --main-grads-dtype fp16", "--main-grads-dtype fp16: Megatron-LM takes fp32 or bf16"),
+    ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --megatron-fsdp-main-grads-dtype fp8",
+     "--megatron-fsdp-main-grads-dtype fp8: Megatron-LM takes one of auto, fp32, bf16, fp16"),
     ("--recompute-granularity full --recompute-method uniform --recompute-activations", "drop --recompute-method"),
     ("--recompute-granularity selective --recompute-method block", "drop --recompute-method"),
     ("--pipeline-model-parallel-size 2 --num-layers 32 --num-layers-per-virtual-pipeline-stage 4 "

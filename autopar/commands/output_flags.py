@@ -176,7 +176,7 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
               "(Transformer Engine's GroupedLinear, a cuBLAS GEMM per expert)", file=stream)
     if getattr(args, "grad_reduce_in_bf16", False) and run.training["grad_reduce_in_fp32"]:
         print("autopar: note: --grad-reduce-in-bf16 ignored: the Megatron-LM command reduces gradients in fp32 "
-              "(without --grad-reduce-in-bf16 or --main-grads-dtype bf16)", file=stream)
+              "(its own gradient dtype, as Megatron-LM derives it, is priced)", file=stream)
     from costmodels.specs import CrossEntropyKernel, PipelineSchedule
 
     imported_loss = run.training["cross_entropy"]

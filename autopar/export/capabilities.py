@@ -206,14 +206,37 @@ def _fp32_grad_reduce(ctx: Context, p: PlanArrays) -> np.ndarray:
     return np.full(len(p), ctx.training.grad_reduce_in_fp32)
 
 
+def _bridge_grad_reduce(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # Megatron-FSDP (zero >= 2) does not read grad_reduce_in_fp32: its bf16 default is what bf16 priced
+    return _fp32_grad_reduce(ctx, p) | (p.zero >= 2)
+
+
 _BRIDGE_GRAD_REDUCE = _rule(
-    "bridge", "grad_reduce_in_fp32", "gradients reduced in bf16 (--grad-reduce-in-bf16): a mixed_precision preset "
-    "named on Megatron-Bridge's command line (bf16_mixed and the fp8 presets, grad_reduce_in_fp32=True) is applied "
-    "over ddp.grad_reduce_in_fp32 at setup, so no override line can launch it; set "
-    "cfg.mixed_precision.grad_reduce_in_fp32 = False in the recipe's Python, as Bridge's performance recipes do, "
+    "bridge", "grad_reduce_in_fp32", "zero<=1 with gradients reduced in bf16 (--grad-reduce-in-bf16): a "
+    "mixed_precision preset named on Megatron-Bridge's command line (bf16_mixed and the fp8 presets, "
+    "grad_reduce_in_fp32=True) is applied over ddp.grad_reduce_in_fp32 at setup, so no override line can launch it; "
+    "set cfg.mixed_precision.grad_reduce_in_fp32 = False in the recipe's Python, as Bridge's performance recipes do, "
     "or solve without --grad-reduce-in-bf16",
     "megatron/bridge/training/mixed_precision.py MixedPrecisionConfig.setup, update_config_with_precision_overrides; "
-    "perf_recipes/_common.py", (), _fp32_grad_reduce)
+    "perf_recipes/_common.py", ("zero",), _bridge_grad_reduce)
+
+
+def _megatron_fsdp_grads(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (p.zero <= 1) | (not ctx.training.grad_reduce_in_fp32)
+
+
+def _megatron_fsdp_grads_rule(framework: str, where: str) -> Rule:
+    """zero >= 2 runs Megatron-FSDP, whose main gradients are in megatron_fsdp_main_grads_dtype, default None: the
+    parameters' dtype, bf16 (it does not read grad_reduce_in_fp32); a torch.dtype field that `where` passes on as
+    the string it reads, so fp32 cannot be set there. The Megatron-LM export writes --megatron-fsdp-main-grads-dtype."""
+    return _rule(framework, "megatron_fsdp_grads",
+                 "zero>=2 with gradients in fp32: Megatron-FSDP keeps and reduces its main gradients in "
+                 "megatron_fsdp_main_grads_dtype, by default the parameters' bf16 (it does not read "
+                 f"grad_reduce_in_fp32), and {where} cannot set that torch.dtype field; solve with "
+                 "--grad-reduce-in-bf16 to price what it runs, or emit Megatron-LM (--megatron-fsdp-main-grads-dtype)",
+                 "megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py "
+                 "_resolve_group_grad_dtype; distributed_data_parallel_config.py megatron_fsdp_main_grads_dtype",
+                 ("zero",), _megatron_fsdp_grads)
 
 
 _MEGATRON_SCHEDULES = ("Megatron-Core has 1F1B and interleaved 1F1B (and the combined 1F1B of the MoE all-to-all "
@@ -223,9 +246,14 @@ _MEGATRON_SCHEDULES_SOURCE = "megatron/core/pipeline_parallel/schedules.py get_f
 
 CAPABILITIES: dict[str, tuple[Rule, ...]] = {
     "megatron": (_zero_bubble_rule("megatron", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
-    "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
-    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE), _BRIDGE_GRAD_REDUCE),
-    "verl": (_zero_bubble_rule("verl", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
+    "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),
+             _megatron_fsdp_grads_rule("nemo", "NeMo-Run's command line (a value is a bool, number, list or string)")),
+    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE), _BRIDGE_GRAD_REDUCE,
+               _megatron_fsdp_grads_rule("bridge", "a Hydra override (a string stays a string where the recipe's "
+                                                   "value is None)")),
+    "verl": (_zero_bubble_rule("verl", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),
+             _megatron_fsdp_grads_rule("verl", "override_ddp_config (passed to DistributedDataParallelConfig as "
+                                               "given)")),
     "torchtitan": (
         _rule("torchtitan", "zero", "zero=1: torchtitan's FSDP2 has no optimizer-only sharding (ZeRO-0 replicate, "
               "ZeRO-2 reshard_after_forward=never, ZeRO-3 FSDP)", "torchtitan/config/configs.py ParallelismConfig",

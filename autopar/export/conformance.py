@@ -46,6 +46,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 from unittest import mock
 
@@ -276,10 +277,9 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     if recipe is not None:
         expected["fp8_recipe"], actual["fp8_recipe"] = recipe.value, str(getattr(core.fp8_recipe, "value",
                                                                                   core.fp8_recipe))
-    # the gradient buffer's dtype and the reduce's bytes the estimate priced (training.py passes
-    # accumulate_allreduce_grads_in_fp32 as DistributedDataParallelConfig.grad_reduce_in_fp32)
+    # the gradient buffer's dtype and the reduce's bytes the estimate priced
     expected["grad_reduce_in_fp32"] = estimate.training.grad_reduce_in_fp32
-    actual["grad_reduce_in_fp32"] = bool(args.accumulate_allreduce_grads_in_fp32)
+    actual["grad_reduce_in_fp32"] = megatron_grads_in_fp32(args)
     # the EP all-to-all overlap the step time hid needs a stream of its own: accepted under one hardware queue, it
     # would run serialised (validate_args only warns)
     expected["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
@@ -287,6 +287,21 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     actual["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
         env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
     return _differences(expected, actual)
+
+
+def megatron_grads_in_fp32(ddp) -> bool:
+    """Whether a Megatron-Core job keeps and reduces its main gradients in fp32, from Megatron-LM's args or a
+    DistributedDataParallelConfig (`ddp`): Megatron-FSDP by megatron_fsdp_main_grads_dtype, None being the
+    parameters' dtype, bf16 (megatron_fsdp/param_and_grad_buffer.py _resolve_group_grad_dtype; it does not read
+    grad_reduce_in_fp32); the distributed optimizer / DDP by grad_reduce_in_fp32 (Megatron-LM: training.py passes
+    accumulate_allreduce_grads_in_fp32 as it)."""
+    import torch
+
+    if getattr(ddp, "use_megatron_fsdp", False):
+        return getattr(ddp, "megatron_fsdp_main_grads_dtype", None) == torch.float32
+    if hasattr(ddp, "accumulate_allreduce_grads_in_fp32"):
+        return bool(ddp.accumulate_allreduce_grads_in_fp32)
+    return bool(ddp.grad_reduce_in_fp32)
 
 
 def _megatron_layers_per_rank(core, estimate: Estimate) -> list[int]:
@@ -383,9 +398,12 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
     actual.update(train_batch_size=composed.data.train_batch_size * composed.actor_rollout_ref.rollout.n,
                   micro=composed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)
     # an explicit override_ddp_config value wins over verl's own (engine/megatron/transformer_impl.py), whose
-    # default is fp32 without a low-precision precision-aware optimizer
+    # default is fp32 without a low-precision precision-aware optimizer; Megatron-FSDP reads neither
+    overrides = dict(megatron.override_ddp_config)
     expected["grad_reduce_in_fp32"] = estimate.training.grad_reduce_in_fp32
-    actual["grad_reduce_in_fp32"] = megatron.override_ddp_config.get("grad_reduce_in_fp32", True)
+    actual["grad_reduce_in_fp32"] = megatron_grads_in_fp32(SimpleNamespace(**{
+        **overrides, "use_megatron_fsdp": bool(megatron.use_megatron_fsdp),
+        "grad_reduce_in_fp32": overrides.get("grad_reduce_in_fp32", True)}))
     return _differences(expected, actual) + _transformer_config(estimate, {
         **{name: megatron[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                              "virtual_pipeline_model_parallel_size", "context_parallel_size",
@@ -494,6 +512,7 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     strategy: dict[str, object] = {}
     model_config: dict[str, object] = {}
     plugin: dict[str, object] = {}
+    ddp: dict[str, object] = {}
     for override in command_words(config.text):
         key, _, text = override.partition("=")
         value = _nemo_run_value(text)
@@ -505,6 +524,7 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
         elif section == "trainer.strategy.ddp":
             if name not in ddp_fields:
                 raise KeyError(f"DistributedDataParallelConfig has no field {name!r}")
+            ddp[name] = value
         elif section == "trainer.plugins":
             if name not in NEMO_PRECISION_PARAMETERS:
                 raise KeyError(f"MegatronMixedPrecision has no parameter {name!r}")
@@ -522,8 +542,9 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     # NeMo's setup: the strategy's parallelism overwrites model.config (so split fields there would be lost)
     final = {**model_config, **{name: strategy.get(name, default) for name, default in
                                 NEMO_STRATEGY_PARALLELISM.items()}}
-    # ... and the precision plugin's dtype config overwrites the strategy's ddp config
-    reduce = {"grad_reduce_in_fp32": plugin.get("grad_reduce_in_fp32", NEMO_PRESET_GRAD_REDUCE_IN_FP32)}
+    # ... and the precision plugin's dtype config overwrites the strategy's ddp config (Megatron-FSDP reads neither)
+    reduce = {"grad_reduce_in_fp32": megatron_grads_in_fp32(SimpleNamespace(**{
+        **ddp, "grad_reduce_in_fp32": plugin.get("grad_reduce_in_fp32", NEMO_PRESET_GRAD_REDUCE_IN_FP32)}))}
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
             + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}, reduce)
             + _transformer_config(estimate, final))
@@ -606,8 +627,18 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                                      "recompute_granularity", "recompute_method",
                                                      "recompute_num_layers", "recompute_modules",
                                                      "moe_grouped_gemm"}}
+    # the preset named on the command line sets ddp.grad_reduce_in_fp32 at setup; Megatron-FSDP reads neither
+    reduce = megatron_grads_in_fp32(SimpleNamespace(**{**OmegaConf.to_container(cfg.ddp),
+                                                       "grad_reduce_in_fp32": BRIDGE_PRESET_GRAD_REDUCE_IN_FP32}))
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
+            + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32},
+                           {"grad_reduce_in_fp32": reduce})
             + _transformer_config(estimate, final) + _bridge_precision(estimate, cfg.mixed_precision))
+
+
+BRIDGE_PRESET_GRAD_REDUCE_IN_FP32 = True
+"""grad_reduce_in_fp32 of bf16_mixed, which the fp8 presets start from (megatron/bridge/training/mixed_precision.py),
+applied over the ddp config by MixedPrecisionConfig.setup (update_config_with_precision_overrides)."""
 
 
 def _bridge_precision(estimate: Estimate, preset: object) -> list[str]:

@@ -127,11 +127,13 @@ def memory_flags(estimate: Estimate) -> list[Flag]:
         flags.append(("--recompute-modules", " ".join(recompute["recompute_modules"])))
     if plan.zero >= 1:
         flags.append(("--use-distributed-optimizer", None))
-    if not gradient_reduce_dtype(estimate)["grad_reduce_in_fp32"]:   # Megatron-LM's bf16 default is fp32
+    in_fp32 = gradient_reduce_dtype(estimate)["grad_reduce_in_fp32"]
+    if plan.zero <= 1 and not in_fp32:   # the distributed optimizer / DDP: Megatron-LM's bf16 default is fp32
         flags.append(("--grad-reduce-in-bf16", None))
-    if plan.zero >= 2:
+    if plan.zero >= 2:   # Megatron-FSDP reads its own dtype, whose default 'auto' is the parameters' bf16
         flags += [("--use-megatron-fsdp", None),
                   ("--data-parallel-sharding-strategy", ZERO_SHARDING_STRATEGY[plan.zero]),
+                  ("--megatron-fsdp-main-grads-dtype", "fp32" if in_fp32 else "bf16"),
                   ("--no-gradient-accumulation-fusion", None),
                   ("--ckpt-format", "fsdp_dtensor")]
     flags.append(("--bf16", None))
