@@ -711,14 +711,21 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """--fp8-recipe's choices that autopar prices (TransformerConfig.fp8_recipe; 'custom' takes a quantizer factory)."""
 
 
-def _fp8_recipe(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, str]:
-    """The FP8 recipe: --fp8-recipe, Megatron-Core's default 'delayed' without it; read only with --fp8-format."""
+def _fp8_recipe(flags: dict[str, "str | bool"], notes: list[str]) -> "dict[str, str | bool]":
+    """The FP8 recipe: --fp8-recipe, Megatron-Core's default 'delayed' without it; read only with --fp8-format. And
+    fp8 parameters, --fp8-param-gather (TransformerConfig.fp8_param, argument_utils.py), which TransformerConfig
+    refuses without fp8 and validate_args turns off under --use-torch-fsdp2 (Transformer Engine 2.x: 'FSDP2 FP8
+    param gather is not supported yet in TE 2.0, will fallback to bf16 all_gather')."""
     recipe = flags.get("--fp8-recipe")
     if not flags.get("--fp8-format"):
+        if flags.get("--fp8-param-gather"):
+            raise InputError(INPUT_NAME, "--fp8-param-gather without --fp8-format: Megatron-Core refuses it "
+                                         "('fp8_param must be used together with fp8 mode'); add --fp8-format or "
+                                         "drop the flag")
         if recipe:
             notes.append(f"--fp8-recipe {recipe} without --fp8-format: Megatron-LM trains without fp8, so it is "
                          "ignored")
-        return {}
+        return {"fp8_param_gather": False}
     recipe = str(recipe or "delayed")
     if recipe not in FP8_RECIPES:
         raise InputError(INPUT_NAME, f"--fp8-recipe {recipe}: autopar prices {', '.join(FP8_RECIPES)} (a 'custom' "
@@ -730,13 +737,15 @@ def _fp8_recipe(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, s
     for flag, what in FP8_UNMODELLED_FLAGS.items():
         if flags.get(flag):
             notes.append(f"{flag}: {what}")
-    return {"fp8_recipe": recipe}
+    fp8_params = bool(flags.get("--fp8-param-gather"))
+    if fp8_params and flags.get("--use-torch-fsdp2"):
+        notes.append("--fp8-param-gather with --use-torch-fsdp2: validate_args turns it off (Transformer Engine 2.x "
+                     "gathers bf16 under torch FSDP2), so bf16 weights are priced")
+        fp8_params = False
+    return {"fp8_recipe": recipe, "fp8_param_gather": fp8_params}
 
 
 FP8_UNMODELLED_FLAGS = {
-    "--fp8-param-gather": "fp8 weights and parameter all-gathers not modelled (priced as bf16 weights beside "
-                          "Transformer Engine's fp8 copies, and bf16 gathers: more memory and time than the job "
-                          "spends)",
     "--first-last-layers-bf16": "bf16 first and last layers not modelled (every layer priced in fp8)",
 }
 """fp8 switches of Megatron-Core's TransformerConfig / DistributedDataParallelConfig that no cost term reads."""

@@ -69,6 +69,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "moe_dispatcher": training.moe_dispatcher.value,
                      "expert_gemm": training.expert_gemm.value,
                      "grad_reduce_in_fp32": training.grad_reduce_in_fp32,
+                     "fp8_param_gather": training.fp8_param_gather,
                      "tokens_per_step": training.tokens_per_step,
                      "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
                                  "overlap_param_gather": training.overlap_param_gather,

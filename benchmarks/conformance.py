@@ -1,8 +1,8 @@
-"""Conformance of the launch configs: every point of seven fronts, emitted for every framework and fed to that
+"""Conformance of the launch configs: every point of eight fronts, emitted for every framework and fed to that
 framework's own parser / validator (autopar/export/conformance.py says what runs for each).
 
     pip install -e '.[conformance]'      # the frameworks, pinned (pyproject.toml)
-    python benchmarks/conformance.py                 # all seven fronts, every point (the full run)
+    python benchmarks/conformance.py                 # all eight fronts, every point (the full run)
     python benchmarks/conformance.py --sample 3      # the first 3 points of each front (CI's bounded sample)
     python benchmarks/conformance.py --framework deepspeed
 

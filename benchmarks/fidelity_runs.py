@@ -875,8 +875,9 @@ def dsv3_gb200() -> "list[Case | Unexpressed]":
             continue
         gpus, seq, pp = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "pp")
         layout, mtp = parse_megatron_layout("Et|(tt|)*30L", pp)
+        # the source's header: 'MXFP8 (--fp8-recipe mxfp8, fp8 param gather)'
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                **_precision_fields(r["precision"]), **TUNED_OVERLAP)
+                                **_precision_fields(r["precision"]), **TUNED_OVERLAP, fp8_param_gather=True)
         recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=pp, vpp=_int(r, "vpp"), cp=_int(r, "cp"), ep=_int(r, "ep"),
                      etp=_int(r, "etp"), mbs=_int(r, "micro_batch"), recompute=recompute,
@@ -887,7 +888,8 @@ def dsv3_gb200() -> "list[Case | Unexpressed]":
         step = megatron_flops_per_step(model, training, causal=True) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
         out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, {},
                         "TFLOP/s/GPU (MCore causal)", step, "MoE", (source, "deepseek-v3", profile.name, gpus, seq),
-                        (MXFP8_NOTE, "bf16 Adam moments priced as fp32 (memory only)",
+                        (MXFP8_NOTE, "fp8 parameters as the source states (MXFP8 weights with no bf16 copy, "
+                         "gathered in bf16)", "bf16 Adam moments priced as fp32 (memory only)",
                          "HybridEP dispatcher priced as all-to-all; forced load balancing = no imbalance",
                          "no MTP layer (the guide passes no MTP flag)", OVERLAP_NOTE),
                         routing=ROUTING_BALANCED))    # the source: --moe-router-force-load-balancing (benchmark)

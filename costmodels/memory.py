@@ -29,7 +29,8 @@ optimizer's parameter all-gather (into the bf16 parameter buffer itself) need no
 fragmentation is what the cluster's headroom (20% by default) is for; the activation gradients alive during the
 backward pass are a few s·b·h and, like Korthikanti and Megatron, left out. Under fp8 the linear layers' saved inputs
 are fp8 (`saved_linear_input_bytes`); weights stay bf16, and Transformer Engine keeps fp8 copies of them beside
-(`fp8_weight_copies_bytes`); fp8_param (fp8 weights in place of the bf16 ones) is not modelled.
+(`fp8_weight_copies_bytes`), unless the weights are fp8 parameters (TrainingSpec.fp8_param_gather): then the copies'
+layouts are the weights and there is no bf16 copy (`layer_weight_bytes_per_param`).
 """
 
 from __future__ import annotations
@@ -253,9 +254,22 @@ def _sharded(bytes_per_param: float, zero: np.ndarray, from_zero: int, shards: n
     return bytes_per_param / np.where(zero >= from_zero, shards, 1.0)
 
 
-def weights_bytes(shape: StageShape) -> np.ndarray:
-    """bf16 decoder-layer weights (non-expert); ZeRO-3 shards them over dp·cp."""
-    return shape.layer_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
+def layer_weight_bytes_per_param(profile: HardwareProfile, training: TrainingSpec) -> float:
+    """Bytes per decoder-layer weight (dense and routed-expert): bf16, 2; as fp8 parameters (fp8_param_gather) the
+    layouts Transformer Engine keeps of an fp8 weight (`fp8_weight_copies_per_param_bytes`: the per-tensor recipes'
+    byte in Megatron-Core's uint8 parameter buffer plus, on a TN-only GPU, the transpose post_all_gather_processing
+    keeps; block scaling's rowwise and columnwise data with their scales), in place of the bf16 weight and of TE's
+    workspace copies alike. The layers' few norm and router weights stay bf16 and are counted with them (under 1%
+    of a layer); the embedding and output layer are bf16 either way (`embedding_weights_bytes`)."""
+    if training.fp8_param_gather and training.fp8_scaling is not None:
+        return fp8_weight_copies_per_param_bytes(profile, training)
+    return WEIGHT_BYTES_PER_PARAM
+
+
+def weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Decoder-layer weights (non-expert) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over dp·cp."""
+    return shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training), shape.plans.zero,
+                                                 3, shape.dp_cp)
 
 
 def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -272,9 +286,11 @@ def optimizer_states_bytes(shape: StageShape) -> np.ndarray:
     return shape.layer_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.dp_cp)
 
 
-def expert_weights_bytes(shape: StageShape) -> np.ndarray:
-    """Routed-expert weights (already split over ep·etp); ZeRO-3 shards them over edp."""
-    return shape.expert_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.edp)
+def expert_weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Routed-expert weights (already split over ep·etp) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over
+    edp."""
+    return shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training), shape.plans.zero,
+                                                  3, shape.edp)
 
 
 def expert_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -314,7 +330,8 @@ def fp8_weight_copies_bytes(profile: HardwareProfile, training: TrainingSpec, sh
     with them: under 1% of a layer). The embedding and output layer run in bf16 and have none. Whole, not sharded,
     under every ZeRO stage: Megatron-FSDP unshards a layer by pointing its parameters at the gathered buffer, and
     TE caches the quantized whole weight as under DDP (it skips the cache only for torch's FSDP2, `is_fsdp2`, and
-    for weights that are fp8 parameters already). Frameworks that call TE without `is_first_microbatch`, or run
+    for weights that are fp8 parameters already: with fp8_param_gather the term is absent, the weights terms hold
+    those layouts instead). Frameworks that call TE without `is_first_microbatch`, or run
     torchao's fp8 (torchtitan), keep no copy: their exports say so."""
     per_param = fp8_weight_copies_per_param_bytes(profile, training)
     return (shape.layer_params_per_gpu + shape.expert_params_per_gpu) * per_param
@@ -785,12 +802,13 @@ def zero_gradient_buckets_bytes(model: ModelSpec, training: TrainingSpec, shape:
                     _unsharded_layer_bytes(model, shape, 1, training.gradient_bytes_per_param), 0.0)
 
 
-def zero3_prefetch_buffers_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
-    """ZeRO-3: the all-gathered bf16 weights of the layer being computed and of the one prefetched next (ZeRO §5.3;
+def zero3_prefetch_buffers_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """ZeRO-3: the all-gathered weights of the layer being computed and of the one prefetched next (ZeRO §5.3;
     DeepSpeed stage3_prefetch_bucket_size; FSDP forward/backward prefetch with limit_all_gathers), beyond the
-    GPU's own shard."""
+    GPU's own shard, at the bytes the all-gather carries (TrainingSpec.param_gather_bytes_per_param: bf16, or fp8
+    parameters' one fp8 layout)."""
     return np.where(shape.plans.zero == 3,
-                    _unsharded_layer_bytes(model, shape, 2, WEIGHT_BYTES_PER_PARAM), 0.0)
+                    _unsharded_layer_bytes(model, shape, 2, training.param_gather_bytes_per_param), 0.0)
 
 
 # ---- fixed overheads -----------------------------------------------------------------------------------------------
@@ -828,16 +846,16 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     shape = stage_shape(model, cluster, training, plans, stage)
     moe = model.moe is not None
     entries: list[tuple[str, bool, Callable[[], np.ndarray]]] = [
-        ("weights", True, lambda: weights_bytes(shape)),
+        ("weights", True, lambda: weights_bytes(cluster.profile, training, shape)),
         ("gradients", True, lambda: gradients_bytes(training, shape)),
         ("optimizer_states", True, lambda: optimizer_states_bytes(shape)),
         ("embedding_weights", True, lambda: embedding_weights_bytes(shape)),
         ("embedding_gradients", True, lambda: embedding_gradients_bytes(training, shape)),
         ("embedding_optimizer_states", True, lambda: embedding_optimizer_states_bytes(shape)),
-        ("expert_weights", moe, lambda: expert_weights_bytes(shape)),
+        ("expert_weights", moe, lambda: expert_weights_bytes(cluster.profile, training, shape)),
         ("expert_gradients", moe, lambda: expert_gradients_bytes(training, shape)),
         ("expert_optimizer_states", moe, lambda: expert_optimizer_states_bytes(shape)),
-        ("fp8_weight_copies", training.fp8_scaling is not None,
+        ("fp8_weight_copies", training.fp8_scaling is not None and not training.fp8_param_gather,
          lambda: fp8_weight_copies_bytes(cluster.profile, training, shape)),
         ("layer_activations", True, lambda: layer_activations_bytes(model, training, shape)),
         ("recomputed_layer_inputs", True, lambda: recomputed_layer_inputs_bytes(model, shape)),
@@ -853,7 +871,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
          lambda: pending_output_wgrad_bytes(model, training, shape)),
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
         ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, training, shape)),
-        ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, shape)),
+        ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, training, shape)),
     ]
     terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}
     modelled = {name for name, present, _ in entries if present}

@@ -325,6 +325,18 @@ def _explain_fp8_delayed_recompute(problem: Problem, plan: Plan) -> str:
             "blockwise, mxfp8), or other modules")
 
 
+def _fp8_param_gather(problem: Problem, p: PlanArrays) -> np.ndarray:
+    if not problem.training.fp8_param_gather:
+        return np.ones(len(p), dtype=bool)
+    return p.zero >= 1
+
+
+def _explain_fp8_param_gather(problem: Problem, plan: Plan) -> str:
+    return ("fp8 parameters (--fp8-param-gather) with zero=0: Megatron-LM runs them only with the distributed "
+            "optimizer or FSDP ('--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron "
+            "fsdp, or inference mode'); use --zero 1 or higher, or drop --fp8-param-gather")
+
+
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
     raise AssertionError("the memory rule needs the peak memory: use memory_holds")
 
@@ -370,6 +382,10 @@ RULES: tuple[Rule, ...] = (
     Rule("fp8_delayed_recompute", "fp8 delayed scaling cannot recompute the layernorm or moe_act modules",
          "Megatron-Core TransformerConfig.__post_init__ (TE's DelayedScaling has no save_original_input)",
          ("recompute", "recompute_modules"), False, _fp8_delayed_recompute, _explain_fp8_delayed_recompute),
+    Rule("fp8_param_gather", "fp8 parameters (--fp8-param-gather) need the distributed optimizer or FSDP: zero >= 1",
+         "Megatron-LM validate_args (arguments.py: '--fp8-param-gather only supported with distributed optimizer, "
+         "torch fsdp2, megatron fsdp, or inference mode')", ("zero",), False, _fp8_param_gather,
+         _explain_fp8_param_gather),
     Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
          PLAN_FIELDS, False, _memory_placeholder),
 )

@@ -545,6 +545,17 @@ class TrainingSpec:
     MegatronMixedPrecision(grad_reduce_in_fp32=False); Megatron-Bridge's performance recipes, perf_recipes/
     _common.py `cfg.ddp.grad_reduce_in_fp32 = False`; FSDP MixedPrecision(reduce_dtype=bfloat16), llm-foundry's
     mixed_precision PURE, torchtitan's mixed_precision_reduce = "bfloat16")."""
+    fp8_param_gather: bool = False
+    """Keep the weights as Transformer Engine fp8 tensors, with no bf16 copy, and all-gather them over data parallel
+    in fp8 (Megatron-LM --fp8-param-gather, TransformerConfig.fp8_param; NeMo's and Megatron-Bridge's fp8 presets
+    set it, Bridge's MXFP8 one with reuse_grad_buf_for_mxfp8_param_ag). Each weight is then stored in the layouts
+    Transformer Engine would otherwise cache beside the bf16 one (memory.fp8_weight_copies_per_param_bytes): the
+    per-tensor recipes' uint8 parameter buffer and, on a TN-only GPU, the transpose made after the gather; block
+    scaling's rowwise and columnwise data (Megatron-Core fp8_utils.post_all_gather_processing). Per-tensor and
+    blockwise parameters are gathered in fp8 (the distributed optimizer's uint8 buffer, param_and_grad_buffer.py
+    `param_dtype = torch.uint8`); MXFP8 ones in bf16, through the gradient buffer (its `shared_buffer`), and
+    quantized after the gather (`_post_param_sync`). Needs fp8 (TransformerConfig: 'fp8_param must be used together
+    with fp8 mode') and the distributed optimizer or FSDP, zero >= 1 (validate_args; rule fp8_param_gather)."""
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     """The pipeline schedule (PipelineSchedule): 1f1b (Megatron-Core's, interleaved with vpp > 1), zb-1p or zb-2p."""
     overlap_p2p_comm: bool = True
@@ -583,12 +594,15 @@ class TrainingSpec:
         require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
                 f"must be >= 1, got {self.moe_imbalance_factor}")
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
-                     "overlap_p2p_comm", "grad_reduce_in_fp32"):
+                     "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require(isinstance(self.nccl_ctas, int) and not isinstance(self.nccl_ctas, bool)
                 and 0 <= self.nccl_ctas <= MAX_NCCL_CTAS, "nccl_ctas",
                 f"must be a whole number of SMs from 0 to {MAX_NCCL_CTAS} (NCCL_MAX_CTAS's range), got "
                 f"{self.nccl_ctas!r}")
+        require(self.precision is Precision.FP8 or not self.fp8_param_gather, "fp8_param_gather",
+                "fp8 parameters need fp8 GEMMs (Megatron-Core TransformerConfig: 'fp8_param must be used together "
+                "with fp8 mode'); add --precision fp8 or drop --fp8-param-gather")
         require(self.overlap_grad_reduce or not self.overlap_param_gather, "overlap_param_gather",
                 "overlap_param_gather needs overlap_grad_reduce (Megatron-LM validate_args: 'Must use "
                 "--overlap-param-gather with --overlap-grad-reduce'); turn both on")
@@ -609,6 +623,16 @@ class TrainingSpec:
     def fp8_scaling(self) -> "Fp8Recipe | None":
         """The recipe the fp8 GEMMs run (fp8_recipe), None in bf16."""
         return self.fp8_recipe if self.precision is Precision.FP8 else None
+
+    @property
+    def param_gather_bytes_per_param(self) -> float:
+        """Bytes of one weight element in the data-parallel parameter all-gather (the distributed optimizer's, and
+        ZeRO-3's): bf16, 2; with fp8 parameters (fp8_param_gather) one fp8 copy with its scales, except MXFP8,
+        which Megatron-Core gathers in bf16 and quantizes after."""
+        recipe = self.fp8_scaling
+        if not self.fp8_param_gather or recipe is None or recipe is Fp8Recipe.MXFP8:
+            return 2.0
+        return fp8_copy_bytes_per_element(recipe, weight=True)
 
     @property
     def gradient_bytes_per_param(self) -> int:

@@ -24,7 +24,8 @@ from costmodels import compute as compute_model
 from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
                              group_collective_time_s, stage_group, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
-from costmodels.params import moe_layers_before, moe_layers_on_stage, stage_params_per_gpu
+from costmodels.params import (moe_layers_before, moe_layers_on_stage, stage_embedding_params_per_gpu,
+                               stage_params_per_gpu)
 from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubble_microbatch_equivalents,
                                  interleaved_warmup_chunks, p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
@@ -34,7 +35,8 @@ from costmodels.specs import (ClusterSpec, Fp8Recipe, ModelSpec, MoEDispatcher, 
 from costmodels.structure import per_knobs, per_structure, stage_list
 
 PARAM_BYTES = 2
-"""bf16 parameters, all-gathered by the distributed optimizer / ZeRO-3."""
+"""bf16 parameters, all-gathered by the distributed optimizer / ZeRO-3 (the embedding and output layer always; the
+decoder layers' at TrainingSpec.param_gather_bytes_per_param, fp8 with fp8_param_gather)."""
 ADAM_BYTES_PER_PARAM = 34
 """HBM traffic of one fused Adam update per parameter: read fp32 param, grad, m, v (16), write fp32 param, m, v and
 the bf16 copy (14), plus the fp32 gradient read of the global-norm clip (4) (Megatron `optimizer/optimizer.py`:
@@ -660,14 +662,19 @@ def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray,
 
 
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
-                 overlap_grad_reduce: bool = False, grad_bytes: int = 4
+                 overlap_grad_reduce: bool = False, grad_bytes: int = 4, layer_param_bytes: float = PARAM_BYTES
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
     traffic per step (see dp_comm_s for the collectives and their sources), each the sum of its collectives
     (`dp_collective_counts`; a ZeRO-3 "bucket" is one layer's unit), the gradients `grad_bytes` per element
-    (TrainingSpec.gradient_bytes_per_param); reads the structure knobs only."""
+    (TrainingSpec.gradient_bytes_per_param), the decoder layers' parameters `layer_param_bytes` per element in the
+    gather (TrainingSpec.param_gather_bytes_per_param) and the embedding's and output layer's PARAM_BYTES (a
+    bucket's bytes at its group's mean); reads the structure knobs only."""
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
+    embedding_params = stage_embedding_params_per_gpu(model, plans, stage)
+    dense_gather_bytes = layer_param_bytes + (PARAM_BYTES - layer_param_bytes) * embedding_params / np.maximum(
+        dense_params, 1.0)
     dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     expert_group = edp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     sharded = plans.zero >= 1
@@ -677,14 +684,15 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
                                                                                        (expert_params, True)))
 
     def traffic_s(dense, expert, counts):
-        groups = ((dense_group, dense, counts[0]), (expert_group, expert, counts[1]))
+        groups = ((dense_group, dense, counts[0], dense_gather_bytes),
+                  (expert_group, expert, counts[1], layer_param_bytes))
         # each of `count` collectives carries p / count; a group with no parameters (a dense model's experts) none
         reduce = sum(np.where(p > 0, count, 0.0) * np.where(
             sharded, group_collective_time_s(profile, g, "reduce_scatter", p / count * grad_bytes),
-            group_collective_time_s(profile, g, "all_reduce", p / count * grad_bytes)) for g, p, count in groups)
+            group_collective_time_s(profile, g, "all_reduce", p / count * grad_bytes)) for g, p, count, _ in groups)
         gather = sum(np.where(p > 0, count, 0.0) * np.where(
-            sharded, group_collective_time_s(profile, g, "all_gather", p / count * PARAM_BYTES), 0.0)
-            for g, p, count in groups)
+            sharded, group_collective_time_s(profile, g, "all_gather", p / count * gathered_bytes), 0.0)
+            for g, p, count, gathered_bytes in groups)
         return reduce, gather
 
     reduce_s, gather_s = traffic_s(dense_params, expert_params, (dense_count, expert_count))
@@ -701,7 +709,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     - ZeRO-0: all-reduce of the fp32 gradients; ZeRO-1 (Megatron distributed optimizer): reduce-scatter of the
       fp32 gradients once per step + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5;
       Megatron-Core `distributed/param_and_grad_buffer.py`). With training.grad_reduce_in_fp32 off every gradient
-      collective carries bf16, half the bytes.
+      collective carries bf16, half the bytes; with fp8 parameters (training.fp8_param_gather) the decoder
+      layers' gather carries fp8, MXFP8's bf16 (TrainingSpec.param_gather_bytes_per_param).
     - ZeRO-2: the gradients are partitioned, so they are reduce-scattered after every microbatch's backward, not
       accumulated (ZeRO §5.2; DeepSpeed issue #2252: "for zero stage 2 (and 3), gradient reduction is required after
       every backward"), each hidden behind that backward.
@@ -719,9 +728,9 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
         plans, ("dp_traffic_s", id(model), id(cluster), training.overlap_grad_reduce,
-                training.gradient_bytes_per_param),
+                training.gradient_bytes_per_param, training.param_gather_bytes_per_param),
         lambda p, s: dp_traffic_s(model, cluster, p, s, training.overlap_grad_reduce,
-                                  training.gradient_bytes_per_param), stage,
+                                  training.gradient_bytes_per_param, training.param_gather_bytes_per_param), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     share = overlap_contention_share(cluster.profile, training.nccl_ctas)

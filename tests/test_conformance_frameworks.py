@@ -1,7 +1,7 @@
 """Each framework's OWN code on the launch configs autopar emits (the `conformance` extra: pip install -e
 '.[conformance]'; without it these tests skip, naming what is missing).
 
-For a bounded sample of the seven fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
+For a bounded sample of the eight fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
 config must be accepted by the framework's validator with the plan's values intact, or refused by autopar with the
 knob named; and each framework's validator is shown to reject the config autopar used to emit (the defects of issue
 13), so these checks can fail.
@@ -69,6 +69,17 @@ def test_the_front_searched_for_a_framework_is_accepted_whole(framework):
     needs(framework)
     for point in front("mixtral", framework)[:SAMPLE] + front("dense-70b", framework)[:SAMPLE]:
         assert check(point, framework).outcome == "accepted"
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nemo", "bridge", "verl"])
+def test_the_fp8_parameter_front_searched_for_a_megatron_core_framework_is_accepted(framework):
+    """The fp8-params front's first points run under Megatron-FSDP, which NeMo, Bridge and verl refuse with fp32
+    gradients; the front each framework's own search returns has plans they launch with fp8 parameters."""
+    needs(framework)
+    points = front("fp8-params", framework)[:SAMPLE]
+    assert points and all(point.training.fp8_param_gather for point in points)
+    for point in points:
+        assert check(point, framework).outcome == "accepted", point.plan.short()
 
 
 def _run(framework: str, estimate, text: str) -> str:
@@ -281,3 +292,98 @@ def test_megatron_fsdp_keeps_its_gradients_in_the_dtype_the_estimate_priced_or_t
     needs("nemo")
     bf16 = _estimate("llama-3.1-8b", 32, {"grad_reduce_in_fp32": False}, tp=2, sp=True, zero=3, mbs=1)
     assert _run("nemo", bf16, launch_config(bf16, "nemo").text) == "accepted"
+
+
+def _fp8_estimate(recipe: str, params: bool, zero: int = 1):
+    import autopar
+
+    gpu = "b200" if recipe == "mxfp8" else "h100"
+    return autopar.estimate(autopar.load_model("llama-3.1-8b"), autopar.make_cluster(gpu=gpu, num_gpus=32),
+                            autopar.Training(seq_len=4096, global_batch_size=256, precision="fp8", fp8_recipe=recipe,
+                                             fp8_param_gather=params, grad_reduce_in_fp32=zero <= 1),
+                            autopar.Plan(tp=2, sp=True, mbs=1, zero=zero))
+
+
+def test_megatron_runs_the_fp8_parameters_the_estimate_priced_or_the_checker_says_so():
+    """MXFP8 fp8 parameters under the distributed optimizer: --fp8-param-gather with the gradient-buffer reuse.
+    Without the reuse flag the job gathers through a buffer of its own (silently changed); without the fp8
+    parameters Megatron-Core's DDP config refuses the reuse flag ('Reuse grad buffer only when keeping params in
+    MXFP8.'); fp8 parameters where bf16 weights were priced are silently changed too."""
+    needs("megatron")
+    point = _fp8_estimate("mxfp8", True)
+    text = launch_config(point, "megatron").text
+    assert "--fp8-param-gather \\\n" in text and "--reuse-grad-buf-for-mxfp8-param-ag \\\n" in text
+    assert _run("megatron", point, text) == "accepted"
+    assert _run("megatron", point, text.replace("--reuse-grad-buf-for-mxfp8-param-ag \\\n", "")) == \
+        "silently_changed"
+    assert _run("megatron", point, text.replace("--fp8-param-gather \\\n", "")) == "rejected"
+    bf16_weights = _fp8_estimate("delayed", False)
+    text = launch_config(bf16_weights, "megatron").text
+    assert "--fp8-param-gather" not in text and _run("megatron", bf16_weights, text) == "accepted"
+    assert _run("megatron", bf16_weights, text.replace("--fp8-recipe delayed", "--fp8-recipe delayed "
+                                                       "--fp8-param-gather")) == "silently_changed"
+
+
+def test_nemo_overrides_its_presets_fp8_parameters_or_the_checker_says_so():
+    """NeMo 2.7.3's MXFP8 preset keeps fp8 parameters (and the gradient-buffer reuse): an estimate priced with bf16
+    weights writes both off after it, and without those lines the preset's run. The fp8 presets are no NeMo-Run CLI
+    factories: named bare, NeMo-Run finds none; fp8_params beside a differing fp8_param_gather is
+    MegatronMixedPrecision's ValueError."""
+    needs("nemo")
+    point = _fp8_estimate("mxfp8", False)
+    text = launch_config(point, "nemo").text
+    off = " \\\ntrainer.plugins.fp8_param_gather=false \\\ntrainer.plugins.reuse_grad_buf_for_mxfp8_param_ag=false"
+    assert off in text and _run("nemo", point, text) == "accepted"
+    assert _run("nemo", point, text.replace(off, "")) == "silently_changed"
+    assert _run("nemo", point, text.replace("nemo.collections.llm.recipes.precision.mixed_precision.", "")) == \
+        "rejected"
+    assert _run("nemo", point, text + " \\\ntrainer.plugins.fp8_params=true") == "rejected"
+    params = _fp8_estimate("delayed", True)
+    text = launch_config(params, "nemo").text
+    assert _run("nemo", params, text) == "accepted"
+    assert _run("nemo", params, text.replace("fp8_param_gather=true", "fp8_param_gather=false")) == \
+        "silently_changed"
+
+
+def test_bridge_runs_its_preset_with_the_fp8_parameters_the_estimate_priced_or_the_checker_says_so():
+    """Bridge's delayed preset keeps fp8 parameters: an estimate priced with bf16 weights gets the preset's
+    MixedPrecisionConfig with fp8_param_gather off, which Bridge's own override loader instantiates. Named instead,
+    the preset runs fp8 parameters (silently changed); a node missing a preset field runs other scaling than the
+    preset's (silently changed); a node Bridge cannot instantiate is rejected; MXFP8 fp8 parameters without the
+    gradient-buffer reuse fail Bridge's assert."""
+    needs("bridge")
+    point = _fp8_estimate("delayed", False)
+    text = launch_config(point, "bridge").text
+    node = re.search(r'mixed_precision=("\{_target_:\S+)', text).group(1)
+    assert "fp8_param_gather:false" in node and _run("bridge", point, text) == "accepted"
+    assert _run("bridge", point, text.replace(node, "bf16_with_fp8_delayed_scaling_mixed")) == "silently_changed"
+    assert _run("bridge", point, text.replace("fp8_amax_history_len:1024,", "")) == "silently_changed"
+    assert _run("bridge", point, text.replace("MixedPrecisionConfig", "MixedPrecisionConfigs")) == "rejected"
+    params = _fp8_estimate("mxfp8", True)
+    text = launch_config(params, "bridge").text
+    assert "mixed_precision=bf16_with_mxfp8_mixed\n" in text and _run("bridge", params, text) == "accepted"
+    node = ('"{_target_:megatron.bridge.training.mixed_precision.MixedPrecisionConfig,bf16:true,'
+            'params_dtype:{_target_:torch.bfloat16,_call_:false},pipeline_dtype:{_target_:torch.bfloat16,_call_:false},'
+            'fp8:e4m3,fp8_recipe:mxfp8,fp8_param_gather:true}"')
+    assert _run("bridge", params, text.replace("bf16_with_mxfp8_mixed", node)) == "rejected"
+
+
+def test_verl_runs_the_fp8_and_fp8_parameters_the_estimate_priced_or_the_checker_says_so():
+    """verl takes fp8 as TransformerConfig, DDP and optimizer overrides: without the fp8_param line the model keeps
+    bf16 weights (silently changed), without fp8 Megatron-Core refuses fp8_param ('fp8_param must be used together
+    with fp8 mode'), and MXFP8's gradient-buffer reuse must be on in the DDP and optimizer configs alike."""
+    needs("verl")
+    point = _fp8_estimate("mxfp8", True)
+    text = launch_config(point, "verl").text
+    assert _run("verl", point, text) == "accepted"
+    prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config."
+    assert _run("verl", point, text.replace(f"{prefix}fp8_param=True", f"{prefix}fp8_param=False")) == \
+        "silently_changed"
+    assert _run("verl", point, re.sub(rf"{re.escape(prefix)}fp8=hybrid \\\n", "", text)) == "rejected"
+    ddp_reuse = "override_ddp_config.reuse_grad_buf_for_mxfp8_param_ag=True"
+    assert _run("verl", point, text.replace(ddp_reuse, ddp_reuse.replace("True", "False"))) == "silently_changed"
+    bf16_weights = _fp8_estimate("tensorwise", False)
+    text = launch_config(bf16_weights, "verl").text
+    assert _run("verl", bf16_weights, text) == "accepted"
+    assert _run("verl", bf16_weights, text.replace("fp8_recipe=tensorwise", "fp8_recipe=delayed")) == \
+        "silently_changed"

@@ -95,6 +95,22 @@ def test_an_input_the_framework_cannot_run_is_named_as_the_input_not_searched(fr
     assert autopar.solve(dense_model(), cluster(16), fp32, extra_rules=framework_rules(framework)).points
 
 
+@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed"])
+def test_fp8_parameters_are_an_input_torchtitan_and_deepspeed_cannot_run(framework):
+    """Neither keeps fp8 weights (torchao's fp8 linears and DeepSpeed's engine hold bf16 ones): with
+    --fp8-param-gather the search names that rule alone, and the same inputs without it have a front. The
+    Megatron-Core frameworks write the setting and refuse no plan for it."""
+    params = TrainingSpec(seq_len=4096, global_batch_size=256, precision="fp8", fp8_param_gather=True)
+    with pytest.raises(Infeasible, match="refuses every plan") as caught:
+        autopar.solve(dense_model(), cluster(16), params, extra_rules=framework_rules(framework))
+    assert caught.value.rules == (f"{framework}:fp8_param_gather",)
+    without = TrainingSpec(seq_len=4096, global_batch_size=256, precision="fp8")
+    assert autopar.solve(dense_model(), cluster(16), without, extra_rules=framework_rules(framework)).points
+    ctx = Context(dense_model(), cluster(16), params)
+    for megatron_core in ("megatron", "nemo", "bridge", "verl"):
+        assert refusals(ctx, Plan(tp=2, sp=True, zero=1), megatron_core) == ()
+
+
 def test_megatron_family_frameworks_refuse_no_layout():
     # every knob at once, under Megatron-FSDP (zero 3) with the bf16 gradients it runs
     estimate_plan = Plan(tp=4, pp=2, vpp=2, cp=2, ep=4, etp=2, sp=True, recompute=Recompute.FULL, zero=3)

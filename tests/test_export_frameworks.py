@@ -391,3 +391,80 @@ def test_the_gradient_reduce_dtype_is_written_as_the_memory_and_reduce_were_pric
         with pytest.raises(Unsupported, match="Megatron-FSDP keeps and reduces its main gradients"):
             emit(estimate_of(Plan(tp=2, zero=3), model=dense_model()), framework)
         assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=BF16_GRADS), framework)
+
+
+FP8_PRESET_HAS_PARAMS = {"delayed": True, "tensorwise": True, "blockwise": False, "mxfp8": True}
+"""Whether NeMo's and Megatron-Bridge's preset for the recipe sets fp8_param_gather (the subchannel ones do not)."""
+
+
+def fp8_estimate_of(recipe: str, params: bool, plan: Plan = Plan(tp=2, sp=True, zero=1), fp32_grads: bool = True):
+    """A dense fp8 estimate (MXFP8 on B200, the other recipes on H100) with fp8 parameters or without."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, precision="fp8", fp8_recipe=recipe,
+                            fp8_param_gather=params, grad_reduce_in_fp32=fp32_grads)
+    return synthetic_estimate(dense_model(), cluster(64, "b200-180gb" if recipe == "mxfp8" else "h100-80gb"),
+                              training, plan)
+
+
+@pytest.mark.parametrize("params", [False, True])
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
+def test_fp8_parameters_are_written_as_priced_whatever_the_preset(recipe, params):
+    """TrainingSpec.fp8_param_gather, in both directions: Megatron-LM's --fp8-param-gather (with
+    --reuse-grad-buf-for-mxfp8-param-ag for MXFP8 under the distributed optimizer), NeMo's plugin fields over its
+    preset, Megatron-Bridge's preset where it agrees and the preset's MixedPrecisionConfig with the setting changed
+    where it does not, verl's TransformerConfig / DDP / optimizer overrides; torchtitan and DeepSpeed keep bf16
+    weights and refuse fp8 parameters by the input alone."""
+    estimate = fp8_estimate_of(recipe, params)
+    mxfp8 = recipe == "mxfp8"
+    megatron = emit(estimate, "megatron")
+    assert ("--fp8-param-gather \\\n" in megatron) is params
+    assert ("--reuse-grad-buf-for-mxfp8-param-ag" in megatron) is (params and mxfp8)
+    nemo = overrides(emit(estimate, "nemo"))
+    assert nemo["trainer.plugins"].endswith(".bf16_with_mxfp8_mixed" if mxfp8 else "")
+    assert nemo["trainer.plugins.fp8_param_gather"] == str(params).lower()
+    assert nemo.get("trainer.plugins.reuse_grad_buf_for_mxfp8_param_ag") == (str(params).lower() if mxfp8 else None)
+    assert "fp8_params" not in " ".join(nemo)   # NeMo raises on fp8_params beside a differing fp8_param_gather
+    bridge = overrides(emit(estimate, "bridge"))["mixed_precision"]
+    if FP8_PRESET_HAS_PARAMS[recipe] == params:
+        assert bridge.startswith("bf16_with_") and "{" not in bridge
+    else:   # the preset's fields, spelled out, with fp8_param_gather as priced
+        assert bridge.startswith('"{_target_:megatron.bridge.training.mixed_precision.MixedPrecisionConfig,')
+        assert f"fp8_recipe:{recipe}," in bridge and f"fp8_param_gather:{str(params).lower()}" in bridge
+        assert ("reuse_grad_buf_for_mxfp8_param_ag:false" in bridge) is mxfp8
+    verl = overrides(emit(estimate, "verl"))
+    megatron_key = "+actor_rollout_ref.actor.megatron."
+    assert verl[megatron_key + "override_transformer_config.fp8"] == "hybrid"
+    assert verl[megatron_key + "override_transformer_config.fp8_recipe"] == recipe
+    assert verl[megatron_key + "override_transformer_config.fp8_param"] == str(params)
+    assert verl[megatron_key + "override_ddp_config.fp8_param_gather"] == str(params)
+    assert verl["+actor_rollout_ref.actor.optim.override_optimizer_config.fp8_recipe"] == recipe
+    assert verl.get(megatron_key + "override_ddp_config.reuse_grad_buf_for_mxfp8_param_ag") == \
+        verl.get("+actor_rollout_ref.actor.optim.override_optimizer_config.reuse_grad_buf_for_mxfp8_param_ag") == \
+        (str(params) if mxfp8 else None)
+    sharded = fp8_estimate_of(recipe, params, Plan(tp=1, zero=2))   # a plan both run in bf16
+    for framework in ("torchtitan", "deepspeed"):
+        if params:
+            with pytest.raises(Unsupported, match=r"fp8 parameters \(--fp8-param-gather\).*no layout changes that"):
+                emit(sharded, framework)
+        else:
+            assert emit(sharded, framework)
+
+
+def test_mxfp8_parameters_under_megatron_fsdp_are_gathered_without_the_gradient_buffer():
+    """Megatron-FSDP (zero >= 2) has no distributed-optimizer gradient buffer to gather MXFP8 parameters through
+    (Megatron-LM's validate_args and Bridge turn reuse_grad_buf_for_mxfp8_param_ag off there): the fp8 parameters are
+    written, the reuse flag off; Bridge's preset, which Bridge itself switches off under FSDP, is named."""
+    estimate = fp8_estimate_of("mxfp8", True, Plan(tp=2, sp=True, zero=3), fp32_grads=False)   # Megatron-FSDP's
+    megatron = emit(estimate, "megatron")
+    assert "--fp8-param-gather" in megatron and "--reuse-grad-buf-for-mxfp8-param-ag" not in megatron
+    assert overrides(emit(estimate, "nemo"))["trainer.plugins.reuse_grad_buf_for_mxfp8_param_ag"] == "false"
+    assert overrides(emit(estimate, "bridge"))["mixed_precision"] == "bf16_with_mxfp8_mixed"
+    assert overrides(emit(estimate, "verl"))[
+        "+actor_rollout_ref.actor.megatron.override_ddp_config.reuse_grad_buf_for_mxfp8_param_ag"] == "False"
+
+
+def test_bf16_writes_no_fp8_parameters():
+    estimate = estimate_of(Plan(tp=2, sp=True, zero=1), model=dense_model())
+    assert "fp8" not in emit(estimate, "megatron")
+    assert not [key for key in overrides(emit(estimate, "nemo")) if "fp8" in key]
+    assert overrides(emit(estimate, "bridge"))["mixed_precision"] == "bf16_mixed"
+    assert not [key for key in overrides(emit(estimate, "verl")) if "fp8" in key]

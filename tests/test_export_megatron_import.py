@@ -54,7 +54,8 @@ def test_a_launch_script_is_read_like_the_shell_would():
     # no --cross-entropy-loss-fusion in the script: Megatron-LM's default unfused loss
     assert run.training == {"seq_len": 8192, "global_batch_size": 512, "precision": "fp8", "fp8_recipe": "delayed",
                             "cross_entropy": "unfused", "pipeline_schedule": "1f1b",
-                            "grad_reduce_in_fp32": True}     # validate_args' bf16 default
+                            "grad_reduce_in_fp32": True,     # validate_args' bf16 default
+                            "fp8_param_gather": False}
     fused = parse_megatron_args(LAUNCH_SCRIPT.replace("--bf16", "--bf16 --cross-entropy-loss-fusion"))
     assert fused.training["cross_entropy"] == "fused"
     assert run.num_gpus == 32  # --nproc_per_node 8 x --nnodes 4

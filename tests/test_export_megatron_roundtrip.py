@@ -18,6 +18,10 @@ FRONTS = [
     ("dense-fp8-long", lambda: synthetic_front(dense_model(), DENSE_PLANS, num_gpus=128,
                                                training=TrainingSpec(seq_len=16384, global_batch_size=256,
                                                                      precision=Precision.FP8))),
+    ("dense-mxfp8-params", lambda: synthetic_front(dense_model(), [p for p in DENSE_PLANS if p.zero >= 1],
+                                                   num_gpus=64, training=TrainingSpec(
+                                                       seq_len=8192, global_batch_size=512, precision=Precision.FP8,
+                                                       fp8_recipe="mxfp8", fp8_param_gather=True))),
     ("moe-64", lambda: synthetic_front(moe_model(), MOE_PLANS, num_gpus=64)),
     ("moe-64-bf16-grads", lambda: synthetic_front(moe_model(), MOE_PLANS, num_gpus=64,
                                                   training=TrainingSpec(seq_len=4096, global_batch_size=512,
@@ -40,7 +44,8 @@ def test_every_front_point_round_trips_through_megatron_flags(name, make_front):
                     "precision": estimate.training.precision.value,
                     "cross_entropy": estimate.training.cross_entropy.value,   # the default fused, written
                     "pipeline_schedule": "1f1b",                               # upstream's only schedules
-                    "grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}
+                    "grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32,
+                    "fp8_param_gather": estimate.training.fp8_param_gather}     # --fp8-param-gather
         if estimate.training.precision is Precision.FP8:   # the recipe the casts were priced for
             expected["fp8_recipe"] = estimate.training.fp8_recipe.value
         if estimate.model.is_moe:     # the dispatcher the step time priced is written for every MoE model

@@ -349,7 +349,7 @@ def test_a_typed_recipe_that_contradicts_the_command_is_bad_input(capsys):
                            "--from-megatron-args", command, "--precision", "bf16")
     assert code == 2 and "--precision bf16 contradicts the Megatron-LM command's fp8 (--fp8-format)" in err
     run = parse_megatron_args(command + " --fp8-param-gather")
-    assert any(note.startswith("--fp8-param-gather: fp8 weights") for note in run.notes)
+    assert run.training["fp8_param_gather"] and not any("--fp8-param-gather" in note for note in run.notes)
     with pytest.raises(InputError, match="--first-last-layers-bf16 with delayed scaling"):
         parse_megatron_args(command + " --first-last-layers-bf16")
     assert parse_megatron_args(command + " --fp8-recipe tensorwise --first-last-layers-bf16").notes
@@ -364,34 +364,28 @@ def test_a_typed_recipe_that_contradicts_the_command_is_bad_input(capsys):
     ("blockwise", "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_fp8_subchannel_scaling_mixed"),
 ])
 def test_nemo_and_bridge_get_the_recipes_preset(recipe, nemo, bridge):
-    point = step(H100, fp8(recipe), Plan(tp=2, sp=True, mbs=1))
+    """Priced with the preset's own fp8 parameters (all but the subchannel presets keep them), each framework runs
+    the preset: NeMo's by its dotted path (only bf16_mixed and fp16_mixed are NeMo-Run CLI factories), Bridge's by
+    name."""
+    point = step(H100, fp8(recipe, fp8_param_gather=recipe != "blockwise"), Plan(tp=2, sp=True, mbs=1, zero=1))
     nemo_text, bridge_text = launch_config(point, "nemo").text, launch_config(point, "bridge").text
-    assert f"trainer.plugins={nemo}" in nemo_text and f"mixed_precision={bridge}" in bridge_text
+    assert f"trainer.plugins=nemo.collections.llm.recipes.precision.mixed_precision.{nemo} \\\n" in nemo_text
+    assert f"mixed_precision={bridge}\n" in bridge_text
     if recipe == "tensorwise":   # the preset's bf16 first and last layers are not what was priced: said
         assert "first_last_layers_bf16" in nemo_text and "first_last_layers_bf16" in bridge_text
 
 
-def test_a_preset_with_fp8_parameters_says_how_much_bf16_weight_it_does_without():
-    """Bridge's delayed preset sets fp8_param_gather: the note gives the tightest stage's bf16 layer weights, which
-    fp8 parameters replace (the fp8 copies priced beside them become the weights); the subchannel preset does not
-    set it and gets no such note."""
-    from autopar.export.common import fp8_param_saving_gib
-
-    point = step(H100, fp8("delayed"), Plan(tp=2, sp=True, mbs=1, zero=1))
-    terms = point.stages[point.worst_stage].terms_bytes
-    assert fp8_param_saving_gib(point) == pytest.approx(terms["weights"] / 2**30)
-    assert terms["fp8_weight_copies"] == pytest.approx(terms["weights"])          # Hopper: 2 bytes each
-    notes = " ".join(launch_config(point, "bridge").unexpressed)
-    assert f"fp8_param_gather): the estimate priced bf16 weights beside their fp8 copies " \
-           f"({fp8_param_saving_gib(point):.1f} GiB" in notes
-    blockwise = launch_config(step(H100, fp8("blockwise"), Plan(tp=2, sp=True, mbs=1, zero=1)), "bridge")
-    assert "fp8_param_gather" not in " ".join(blockwise.unexpressed)
-    # ZeRO-3 (Megatron-FSDP, which Bridge runs with its bf16 gradients): fp8 parameters keep no copies, which the
-    # estimate counts whole
-    sharded = step(H100, fp8("delayed", grad_reduce_in_fp32=False), Plan(tp=2, sp=True, mbs=1, zero=3))
-    copies = sharded.stages[sharded.worst_stage].terms_bytes["fp8_weight_copies"] / 2**30
-    assert copies > 1.0 and f"keeps no fp8 copies of the weights, which the estimate counts ({copies:.1f} GiB" in \
-        " ".join(launch_config(sharded, "bridge").unexpressed)
+@pytest.mark.parametrize("params", [False, True])
+def test_preset_notes_leave_fp8_parameters_to_the_written_setting(params):
+    """fp8 parameters are written as priced over NeMo's and Bridge's presets (export.common.fp8_param_fields), so
+    no note says a preset runs other weights or gathers than the estimate priced; the current-scaling preset's bf16
+    first and last layers, which no override turns off here, are still said."""
+    for recipe in ("delayed", "tensorwise", "blockwise"):
+        point = step(H100, fp8(recipe, fp8_param_gather=params), Plan(tp=2, sp=True, mbs=1, zero=1))
+        for framework in ("nemo", "bridge"):
+            notes = " ".join(launch_config(point, framework).unexpressed)
+            assert "fp8_param" not in notes and "fp8 parameters" not in notes, (recipe, framework)
+            assert ("first_last_layers_bf16" in notes) is (recipe == "tensorwise")
 
 
 def test_frameworks_without_transformer_engines_weight_cache_say_what_the_estimate_counted():

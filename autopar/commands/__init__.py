@@ -99,6 +99,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="keep the main gradients and reduce them over data parallel in bf16 (Megatron-LM "
                             "--grad-reduce-in-bf16; NeMo / Megatron-Bridge grad_reduce_in_fp32=False, as Bridge's "
                             "performance recipes run): 2 bytes per gradient in memory and on the wire; default fp32")
+    group.add_argument("--fp8-param-gather", action="store_true",
+                       help="keep the weights as fp8 parameters, with no bf16 copy, and all-gather them over data "
+                            "parallel in fp8 (MXFP8: in bf16, through the gradient buffer), as Megatron-LM "
+                            "--fp8-param-gather and NeMo's / Megatron-Bridge's fp8 presets run; with --precision fp8 "
+                            "and --zero 1 or higher")
     group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                        help="attention stores the a·s² score matrix (no FlashAttention / fused attention)")
     group.add_argument("--attention-kernel", default="auto", metavar="{auto,fa2,fa3,cudnn,fa1,fa_triton}",
@@ -275,7 +280,9 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
-                        grad_reduce_in_fp32=not args.grad_reduce_in_bf16)
+                        grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
+                        # an imported command says whether its weights are fp8 (output_flags notes a typed flag)
+                        fp8_param_gather=args.fp8_param_gather and getattr(args, "from_megatron_args", None) is None)
 
 
 def plan_from_args(args: argparse.Namespace) -> "Plan":

@@ -177,6 +177,9 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if getattr(args, "grad_reduce_in_bf16", False) and run.training["grad_reduce_in_fp32"]:
         print("autopar: note: --grad-reduce-in-bf16 ignored: the Megatron-LM command reduces gradients in fp32 "
               "(its own gradient dtype, as Megatron-LM derives it, is priced)", file=stream)
+    if getattr(args, "fp8_param_gather", False) and not run.training.get("fp8_param_gather", False):
+        print("autopar: note: --fp8-param-gather ignored: the Megatron-LM command keeps bf16 weights (without "
+              "--fp8-param-gather, or under --use-torch-fsdp2)", file=stream)
     from costmodels.specs import CrossEntropyKernel, PipelineSchedule
 
     imported_loss = run.training["cross_entropy"]

@@ -206,6 +206,10 @@ def _fp32_grad_reduce(ctx: Context, p: PlanArrays) -> np.ndarray:
     return np.full(len(p), ctx.training.grad_reduce_in_fp32)
 
 
+def _bf16_params(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return np.full(len(p), not ctx.training.fp8_param_gather)
+
+
 def _bridge_grad_reduce(ctx: Context, p: PlanArrays) -> np.ndarray:
     # Megatron-FSDP (zero >= 2) does not read grad_reduce_in_fp32: its bf16 default is what bf16 priced
     return _fp32_grad_reduce(ctx, p) | (p.zero >= 2)
@@ -214,9 +218,9 @@ def _bridge_grad_reduce(ctx: Context, p: PlanArrays) -> np.ndarray:
 _BRIDGE_GRAD_REDUCE = _rule(
     "bridge", "grad_reduce_in_fp32", "zero<=1 with gradients reduced in bf16 (--grad-reduce-in-bf16): a "
     "mixed_precision preset named on Megatron-Bridge's command line (bf16_mixed and the fp8 presets, "
-    "grad_reduce_in_fp32=True) is applied over ddp.grad_reduce_in_fp32 at setup, so no override line can launch it; "
-    "set cfg.mixed_precision.grad_reduce_in_fp32 = False in the recipe's Python, as Bridge's performance recipes do, "
-    "or solve without --grad-reduce-in-bf16",
+    "grad_reduce_in_fp32=True) is applied over ddp.grad_reduce_in_fp32 at setup, so the ddp override cannot launch "
+    "it; set cfg.mixed_precision.grad_reduce_in_fp32 = False in the recipe's Python, as Bridge's performance recipes "
+    "do, or solve without --grad-reduce-in-bf16",
     "megatron/bridge/training/mixed_precision.py MixedPrecisionConfig.setup, update_config_with_precision_overrides; "
     "perf_recipes/_common.py", ("zero",), _bridge_grad_reduce)
 
@@ -271,6 +275,15 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
         _zero_bubble_rule("torchtitan", "torchtitan's zero-bubble schedules (InterleavedZeroBubble, ZBVZeroBubble, "
                           "DualPipeV) run several stages per rank, not the one-stage ZB-1p / ZB-2p priced here",
                           "torch/distributed/pipelining/schedules.py; torchtitan pipeline_llm"),
+        # torchao's Float8Linear (recipe rowwise) and MXFP8Linear subclass the linear and keep its weight; the
+        # converters have no fp8-parameter or fp8-all-gather option in 0.3.0 (Float8LinearConverter.Config:
+        # recipe_name, filter_fqns, emulate; MXFP8LinearConverter.Config: fqns)
+        _rule("torchtitan", "fp8_param_gather", "fp8 parameters (--fp8-param-gather): torchtitan 0.3.0 keeps no fp8 "
+              "weights -- its torchao float8 and MXFP8 linears hold the weights in the training dtype and quantize "
+              "them at each forward, and FSDP2 gathers them in bf16 (mixed_precision_param) -- so the job keeps "
+              "bf16 weights and gathers; solve without --fp8-param-gather",
+              "torchtitan/components/quantization/float8.py Float8LinearConverter, mx.py MXFP8LinearConverter",
+              (), _bf16_params),
     ),
     "deepspeed": (
         _rule("deepspeed", "pipeline_zero", "zero >= 2 with pp > 1: DeepSpeed's pipeline engine asserts 'ZeRO-2 "
@@ -294,6 +307,13 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
               "deepspeed/runtime/activation_checkpointing/checkpointing.py", ("recompute",), _ds_recompute),
         _zero_bubble_rule("deepspeed", "DeepSpeed's pipeline engine runs TrainSchedule (1F1B) only",
                           "deepspeed/runtime/pipe/schedule.py"),
+        # nothing under deepspeed/runtime (engine, ZeRO stages 1-3, bf16_optimizer) knows an fp8 dtype: the fp8 of a
+        # DeepSpeed model is Transformer Engine's, cast at each forward from the weights the engine holds
+        _rule("deepspeed", "fp8_param_gather", "fp8 parameters (--fp8-param-gather): DeepSpeed 0.19.8 keeps, shards "
+              "and all-gathers the weights in bf16 (bf16.enabled; its engine and ZeRO have no fp8 parameter), and "
+              "Transformer Engine layers in the model cast them to fp8 at each forward -- so the job keeps bf16 "
+              "weights and gathers; solve without --fp8-param-gather",
+              "deepspeed/runtime/engine.py, deepspeed/runtime/zero/stage_1_and_2.py, stage3.py", (), _bf16_params),
     ),
 }
 """Per framework, the conditions a plan must meet for that framework to run it (beyond autopar's own rules)."""

@@ -301,45 +301,56 @@ MEGATRON_EXPERT_GEMM = (ExpertGemm.CUBLAS, "Megatron-Core runs a cuBLAS GEMM per
 NEMO_FP8_PRESETS = {"delayed": "bf16_with_fp8_mixed", "tensorwise": "bf16_with_fp8_current_scaling_mixed",
                     "blockwise": "bf16_with_fp8_subchannel_scaling_mixed", "mxfp8": "bf16_with_mxfp8_mixed"}
 """NeMo 2's precision plugin for each fp8 recipe (nemo/collections/llm/recipes/precision/mixed_precision.py; the
-subchannel one, 1x128 / 128x128 blocks, in later NeMo 2 releases, as scripts/performance imports it)."""
+subchannel one, 1x128 / 128x128 blocks, in later NeMo 2 releases, as scripts/performance imports it). All but the
+subchannel one keep fp8 parameters (fp8_param_gather; MXFP8's with reuse_grad_buf_for_mxfp8_param_ag since
+NVIDIA/NeMo#14445, nemo-toolkit 2.7.3): the export writes both as priced over the preset (`fp8_param_fields`)."""
+NEMO_PRECISION_MODULE = "nemo.collections.llm.recipes.precision.mixed_precision"
+"""Where NeMo 2's precision presets live. Only bf16_mixed and fp16_mixed are NeMo-Run CLI factories there
+(@run.cli.factory, nemo-toolkit 2.7.3); the fp8 presets are plain functions, which NeMo-Run's CLI parser finds by
+their dotted import path only (nemo_run/cli/cli_parser.py parse_factory: 'No matching factory found' for a bare
+name that is not registered), so the NeMo export names them by it."""
 BRIDGE_FP8_PRESETS = {"delayed": "bf16_with_fp8_delayed_scaling_mixed",
                       "tensorwise": "bf16_with_fp8_current_scaling_mixed",
                       "blockwise": "bf16_with_fp8_subchannel_scaling_mixed", "mxfp8": "bf16_with_mxfp8_mixed"}
 """Megatron-Bridge's mixed-precision preset for each fp8 recipe (src/megatron/bridge/training/mixed_precision.py:
-each sets fp8_recipe to the recipe)."""
+each sets fp8_recipe to the recipe). All but the subchannel one keep fp8 parameters (fp8_param_gather; MXFP8's with
+reuse_grad_buf_for_mxfp8_param_ag); the export names the preset where that is what the estimate priced
+(export.nemo.bridge_mixed_precision)."""
 
 
-FP8_PARAM_GATHER_PRESETS = {"nemo": ("delayed", "tensorwise"), "bridge": ("delayed", "tensorwise", "mxfp8")}
-"""The recipes whose preset sets fp8_param_gather (fp8 weights, fp8 parameter all-gathers): NeMo 2's
-bf16_with_fp8_mixed and bf16_with_fp8_current_scaling_mixed (its MXFP8 preset leaves it off); Megatron-Bridge's
-delayed, current-scaling and MXFP8 presets (its subchannel one leaves it off)."""
+def fp8_param_fields(estimate: Estimate) -> dict[str, bool]:
+    """Megatron-Core's fp8-parameter switches as the estimate priced them (TrainingSpec.fp8_param_gather); empty in
+    bf16, where every framework's default (off) is what was priced.
+
+    fp8_param_gather: TransformerConfig.fp8_param (the weights built as Transformer Engine fp8 tensors) and
+    DistributedDataParallelConfig.fp8_param_gather (the distributed optimizer's fp8 parameter buffer), which
+    Megatron-LM's --fp8-param-gather sets together (training/argument_utils.py `kw_args['fp8_param'] =
+    args.fp8_param_gather`) and NeMo's and Megatron-Bridge's precision configs keep equal.
+    reuse_grad_buf_for_mxfp8_param_ag (MXFP8 only; DistributedDataParallelConfig and OptimizerConfig): with fp8
+    parameters under the distributed optimizer (zero <= 1), MXFP8 weights are all-gathered in bf16 through the
+    gradient buffer, as the estimate prices them (TrainingSpec.param_gather_bytes_per_param); Megatron-Bridge asserts
+    it there (training/config.py: "When fp8_param_gather=True and fp8_recipe='mxfp8',
+    reuse_grad_buf_for_mxfp8_param_ag must be set to True"), DistributedDataParallelConfig refuses it without fp8
+    parameters ('Reuse grad buffer only when keeping params in MXFP8.'), and Megatron-FSDP (zero >= 2) has no such
+    buffer (Megatron-LM's validate_args and Bridge's config turn it off there)."""
+    recipe = estimate.training.fp8_scaling
+    if recipe is None:
+        return {}
+    on = estimate.training.fp8_param_gather
+    fields = {"fp8_param_gather": on}
+    if recipe is Fp8Recipe.MXFP8:
+        fields["reuse_grad_buf_for_mxfp8_param_ag"] = on and estimate.plan.zero <= 1
+    return fields
 
 
 def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
     """What `framework`'s (nemo, bridge) fp8 preset changes beside the recipe, which the estimate does not price:
-    current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each);
-    fp8_param_gather (FP8_PARAM_GATHER_PRESETS) sets fp8_param, fp8 weights and fp8 parameter all-gathers, where
-    the estimate prices bf16 weights (beside Transformer Engine's fp8 copies, `fp8_param_saving_gib`) and gathers,
-    an over-estimate of both."""
-    recipe = estimate.training.fp8_scaling
-    if recipe is None:
+    current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each). Its
+    fp8_param_gather is written as priced (`fp8_param_fields`), so it needs no note."""
+    if estimate.training.fp8_scaling is not Fp8Recipe.TENSORWISE:
         return []
-    notes = []
-    if recipe is Fp8Recipe.TENSORWISE:
-        notes.append("the current-scaling preset keeps the first and the last transformer layer in bf16 "
-                     "(first_last_layers_bf16); the estimate priced every layer in fp8")
-    if recipe.value in FP8_PARAM_GATHER_PRESETS[framework] and estimate.plan.zero >= 3:
-        notes.append("the preset keeps fp8 parameters (fp8_param_gather): Transformer Engine then keeps no fp8 copies "
-                     f"of the weights, which the estimate counts ({fp8_weight_copies_gib(estimate):.1f} GiB per GPU "
-                     "on the tightest stage), and the job shards fp8 weights where the estimate priced bf16 ones "
-                     "(half the bytes under per-tensor scaling; MXFP8 keeps both layouts, about as many), more "
-                     "memory than the job spends")
-    elif recipe.value in FP8_PARAM_GATHER_PRESETS[framework]:
-        notes.append("the preset keeps fp8 parameters (fp8_param_gather): the estimate priced bf16 weights beside "
-                     f"their fp8 copies ({fp8_param_saving_gib(estimate):.1f} GiB per GPU on the tightest stage, "
-                     "which fp8 parameters do without) and bf16 parameter all-gathers, more memory and time than "
-                     "the job spends")
-    return notes
+    return ["the current-scaling preset keeps the first and the last transformer layer in bf16 "
+            "(first_last_layers_bf16); the estimate priced every layer in fp8"]
 
 
 def tightest_stage_gib(estimate: Estimate, *terms: str) -> float:
@@ -361,14 +372,6 @@ def fp8_weight_copies_note(estimate: Estimate, how: str) -> list[str]:
         return []
     return [f"the estimate counts Transformer Engine's fp8 copies of the weights ({copies:.1f} GiB per GPU on the "
             f"tightest stage, as Megatron-Core keeps them), which {how}: less memory than estimated"]
-
-
-def fp8_param_saving_gib(estimate: Estimate) -> float:
-    """The bf16 decoder-layer weights (dense and expert) of the estimate's tightest stage: what fp8 parameters
-    (Megatron-Core fp8_param_gather: the weights are kept as Transformer Engine fp8 tensors, the distributed
-    optimizer's fp32 master shard beside them) leave out, the fp8 copies (memory term fp8_weight_copies) becoming
-    the weights."""
-    return tightest_stage_gib(estimate, "weights", "expert_weights")
 
 
 def loss_kernel_note(estimate: Estimate) -> list[str]:

@@ -13,24 +13,34 @@ when one is missing, so tests skip with the reason. Each checker states what it 
   set to the cluster's (no process group here); then its batch triple, ZeRO stage and AutoTP size.
 * megatron (megatron-core 0.19.2, which ships Megatron-LM's megatron/training): Megatron-LM's own argument parser
   (`add_megatron_arguments`) on the emitted flags, `validate_args` under the emitted CUDA_DEVICE_MAX_CONNECTIONS on an
-  H100 (device arch 9, compute capability 9.0), then `core_transformer_config_from_args` (TransformerConfig.__post_init__).
+  H100 (device arch 9, compute capability 9.0), then `core_transformer_config_from_args`
+  (TransformerConfig.__post_init__) and `get_megatron_ddp_config` (DistributedDataParallelConfig.__post_init__; the
+  fp8 parameters and MXFP8's gradient-buffer reuse, `fp8_params_priced`).
 * torchtitan (torchtitan 0.3.0): the emitted file loaded by torchtitan's `ConfigManager.parse_args(["--module",
   "autopar_plan", "--config", "autopar_plan"])` (tyro), then `ParallelDims` on the cluster's world size and the
   pipeline schedule class / microbatch checks torchtitan's pipeline_llm makes.
 * verl (verl 0.9.1): Hydra composes `ppo_megatron_trainer` with the emitted overrides (unknown keys without `+`
-  fail), then `verl.utils.config.validate_config` (data/actor batch checks, McoreEngineConfig, McoreActorConfig).
+  fail), then `verl.utils.config.validate_config` (data/actor batch checks, McoreEngineConfig, McoreActorConfig); the
+  DistributedDataParallelConfig verl builds from override_ddp_config and its `init_megatron_optim_config` on the
+  actor's optimizer (fp8 recipe, fp8 parameters, MXFP8's reuse flag in both).
 * nemo (NeMo 2 = nemo-toolkit 2.7.3, not installable next to megatron-core 0.19 and without CUDA: see README): the
   override words as the shell passes them, each value read as NeMo-Run's CLI parser reads it (`_nemo_run_value`), the
   keys checked against MegatronStrategy's parameters (NEMO_STRATEGY_PARAMETERS, from its __init__) and Megatron-Core's
   DistributedDataParallelConfig / TransformerConfig fields; then NeMo's precedence (the strategy's parallelism is
-  copied over model.config at setup) applied and Megatron-Core's TransformerConfig built from the result.
+  copied over model.config at setup; the precision plugin's preset, resolved as NeMo-Run resolves it, with its
+  `trainer.plugins.<name>=` fields over the model's fp8 and the ddp config: `nemo_precision`) applied and
+  Megatron-Core's TransformerConfig and DistributedDataParallelConfig built from the result.
 * bridge (megatron-bridge 0.6.2 installs but cannot be imported without Transformer Engine, a CUDA build): the
   recipe's own pipeline settings read from its installed source, the emitted overrides (split as the shell splits
   them) applied with Hydra's override parser in struct mode exactly as Bridge's `parse_hydra_overrides` does, and
-  Megatron-Core's TransformerConfig built from the resulting `model` section.
+  Megatron-Core's TransformerConfig built from the resulting `model` section; the `mixed_precision` value built by
+  Bridge's own training/mixed_precision.py and override loader (imported with stand-ins for the two packages that
+  need Transformer Engine: `_bridge_training_modules`), applied over the model, ddp and optimizer configs and
+  checked as ConfigContainer.validate does (`_bridge_precision`).
 
-Only the harness's view of the machine is simulated (world size, device arch, no Transformer Engine fusions);
-nothing in the emitted configs is changed before the framework sees them.
+Only the harness's view of the machine is simulated (world size, device arch, no Transformer Engine fusions, the
+Transformer-Engine-only packages Bridge's precision code does not use); nothing in the emitted configs is changed
+before the framework sees them.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ from autopar.export.capabilities import Unsupported
 from autopar.export.common import LaunchConfig, gradient_accumulation_steps, mcore_router_fields, stage_layers
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
+from costmodels.specs import Fp8Recipe
 
 OUTCOMES = ("accepted", "refused_with_reason", "rejected", "silently_changed")
 
@@ -280,6 +291,15 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     # the gradient buffer's dtype and the reduce's bytes the estimate priced
     expected["grad_reduce_in_fp32"] = estimate.training.grad_reduce_in_fp32
     actual["grad_reduce_in_fp32"] = megatron_grads_in_fp32(args)
+    # the fp8 parameters the estimate priced: TransformerConfig.fp8_param and the DistributedDataParallelConfig
+    # Megatron-LM builds from the args (training.py get_megatron_ddp_config; its __post_init__ refuses the MXFP8
+    # reuse flag without fp8 parameters)
+    from megatron.training.training import get_megatron_ddp_config
+
+    ddp = get_megatron_ddp_config(args)
+    expected.update(fp8_params_priced(estimate))
+    actual.update(fp8_param=bool(core.fp8_param), fp8_param_gather=bool(ddp.fp8_param_gather),
+                  reuse_grad_buf_for_mxfp8_param_ag=bool(ddp.reuse_grad_buf_for_mxfp8_param_ag))
     # the EP all-to-all overlap the step time hid needs a stream of its own: accepted under one hardware queue, it
     # would run serialised (validate_args only warns)
     expected["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
@@ -287,6 +307,18 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     actual["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
         env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
     return _differences(expected, actual)
+
+
+def fp8_params_priced(estimate: Estimate) -> dict[str, bool]:
+    """What a Megatron-Core job must end with to run the weights the estimate priced (TrainingSpec.fp8_param_gather):
+    TransformerConfig.fp8_param and DistributedDataParallelConfig.fp8_param_gather on with fp8 parameters, off
+    otherwise (and in bf16); reuse_grad_buf_for_mxfp8_param_ag on for MXFP8 fp8 parameters under the distributed
+    optimizer (zero <= 1), which gathers them in bf16 through the gradient buffer as the estimate prices them, off
+    everywhere else (Megatron-FSDP has no such buffer)."""
+    training = estimate.training
+    on = training.fp8_scaling is not None and training.fp8_param_gather
+    reuse = on and training.fp8_scaling is Fp8Recipe.MXFP8 and estimate.plan.zero <= 1
+    return {"fp8_param": on, "fp8_param_gather": on, "reuse_grad_buf_for_mxfp8_param_ag": reuse}
 
 
 def megatron_grads_in_fp32(ddp) -> bool:
@@ -404,13 +436,42 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
     actual["grad_reduce_in_fp32"] = megatron_grads_in_fp32(SimpleNamespace(**{
         **overrides, "use_megatron_fsdp": bool(megatron.use_megatron_fsdp),
         "grad_reduce_in_fp32": overrides.get("grad_reduce_in_fp32", True)}))
-    return _differences(expected, actual) + _transformer_config(estimate, {
-        **{name: megatron[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                             "virtual_pipeline_model_parallel_size", "context_parallel_size",
-                                             "sequence_parallel", "expert_model_parallel_size",
-                                             "expert_tensor_parallel_size")},
-        **{k: v for k, v in OmegaConf.to_container(megatron.override_transformer_config).items()
-           if k in _transformer_fields()}})
+    # the DDP config as verl builds it (megatron_utils.make_megatron_module -> Megatron-Bridge's create_ddp_config:
+    # its Megatron-FSDP defaults, then override_ddp_config; finalize() runs DistributedDataParallelConfig's
+    # __post_init__), and the optimizer's (verl/utils/megatron/optimizer.py init_megatron_optim_config, with
+    # override_optimizer_config; OptimizerConfig's __post_init__)
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from verl.utils.megatron.optimizer import init_megatron_optim_config
+
+    fsdp = {"use_distributed_optimizer": True, "check_for_nan_in_grad": True, "use_megatron_fsdp": True,
+            "data_parallel_sharding_strategy": "optim_grads_params", "overlap_grad_reduce": True} \
+        if megatron.use_megatron_fsdp else {}
+    ddp = DistributedDataParallelConfig(**{"use_distributed_optimizer": bool(megatron.use_distributed_optimizer),
+                                           **fsdp, **overrides})
+    with contextlib.redirect_stdout(io.StringIO()):
+        optimizer = init_megatron_optim_config(composed.actor_rollout_ref.actor.optim,
+                                               use_distributed_optimizer=bool(megatron.use_distributed_optimizer))
+    transformer = {k: v for k, v in OmegaConf.to_container(megatron.override_transformer_config).items()
+                   if k in _transformer_fields()}
+    fp8 = transformer.get("fp8")
+    recipe = transformer.get("fp8_recipe", "delayed")
+    # the distributed optimizer's fp8 handling reads the recipe and the reuse flag of its own config (Megatron-LM
+    # fills both from the same args as the model's and the DDP config's)
+    priced = estimate.training.fp8_scaling
+    expected["optimizer fp8_recipe"] = priced.value if priced is not None else None
+    actual["optimizer fp8_recipe"] = optimizer.fp8_recipe
+    expected["optimizer reuse_grad_buf_for_mxfp8_param_ag"] = \
+        fp8_params_priced(estimate)["reuse_grad_buf_for_mxfp8_param_ag"]
+    actual["optimizer reuse_grad_buf_for_mxfp8_param_ag"] = optimizer.reuse_grad_buf_for_mxfp8_param_ag
+    return (_differences(expected, actual)
+            + _fp8_differences(estimate, fp8, recipe, transformer.get("fp8_param", False), ddp)
+            + _transformer_config(estimate, {
+                **{name: megatron[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                     "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                                                     "sequence_parallel", "expert_model_parallel_size",
+                                                     "expert_tensor_parallel_size")},
+                **transformer}))
 
 
 # ---- Megatron-Core TransformerConfig (NeMo 2, Megatron-Bridge, verl) -------------------------------------------
@@ -487,13 +548,61 @@ NEMO_PRECISION_PARAMETERS = frozenset({
     "precision", "params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled", "grad_reduce_in_fp32", "fp8",
     "fp8_recipe", "first_last_layers_bf16", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
     "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention", "fp8_params", "fp8_param_gather", "fp4",
-    "fp4_recipe", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"})
-"""MegatronMixedPrecision's parameters (nemo/lightning/pytorch/plugins/mixed_precision.py __init__): the
-`trainer.plugins.<name>=` overrides NeMo 2 accepts after a precision preset."""
+    "fp4_recipe", "fp16_loss_scale", "fp16_initial_loss_scale", "fp16_min_loss_scale", "fp16_loss_scale_window",
+    "fp16_hysteresis", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+    "reuse_grad_buf_for_mxfp8_param_ag"})
+"""MegatronMixedPrecision's parameters (nemo/lightning/pytorch/plugins/mixed_precision.py __init__, nemo-toolkit
+2.7.3): the `trainer.plugins.<name>=` overrides NeMo 2 accepts after a precision preset."""
 NEMO_PRESET_GRAD_REDUCE_IN_FP32 = True
 """bf16_mixed and the bf16 fp8 presets' grad_reduce_in_fp32 (nemo/collections/llm/recipes/precision/
 mixed_precision.py), which the plugin applies over the strategy's ddp config at setup (megatron_strategy.py
 update_config_with_dtype_overrides)."""
+NEMO_PRECISION_PRESETS: dict[str, dict[str, object]] = {
+    "bf16_mixed": {},
+    "bf16_with_fp8_mixed": {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": True},
+    "bf16_with_fp8_current_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param_gather": True},
+    "bf16_with_fp8_subchannel_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
+    "bf16_with_mxfp8_mixed": {"fp8": "hybrid", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
+                              "reuse_grad_buf_for_mxfp8_param_ag": True},
+}
+"""The precision fields of NeMo 2.7.3's bf16 presets (nemo/collections/llm/recipes/precision/mixed_precision.py,
+read from the nemo-toolkit 2.7.3 wheel; all start from bf16_mixed), which this harness cannot import: the presets
+the export names. Another preset is refused here."""
+NEMO_CLI_FACTORIES = frozenset({"bf16_mixed", "fp16_mixed"})
+"""The presets registered as NeMo-Run CLI factories (@run.cli.factory) in 2.7.3; NeMo-Run finds any other function
+only by its dotted import path (nemo_run/cli/cli_parser.py parse_factory: 'No matching factory found')."""
+NEMO_MIXED_PRECISION_DEFAULTS = {"fp8": None, "fp8_recipe": "delayed", "fp8_params": None, "fp8_param_gather": None,
+                                 "reuse_grad_buf_for_mxfp8_param_ag": False,
+                                 "grad_reduce_in_fp32": NEMO_PRESET_GRAD_REDUCE_IN_FP32}
+"""MegatronMixedPrecision.__init__'s defaults for the fields checked here (grad_reduce_in_fp32: bf16_mixed's)."""
+
+
+def nemo_precision(preset: object, plugin: dict[str, object]) -> dict[str, object]:
+    """The precision fields NeMo 2's MegatronMixedPrecision ends with (its DtypeConfig, which setup copies onto the
+    model, optimizer and ddp configs) for the `trainer.plugins=` value `preset` and the `trainer.plugins.<name>=`
+    values `plugin`: the preset resolved as NeMo-Run resolves a factory (NEMO_CLI_FACTORIES, else a dotted path into
+    common.NEMO_PRECISION_MODULE), then __init__'s fp8_params / fp8_param_gather rule ('Getting conflicting values
+    for fp8_params and fp8_param_gather') and DtypeConfig(fp8_param=fp8_param_gather)."""
+    from autopar.export.common import NEMO_PRECISION_MODULE
+
+    module, _, name = str(preset).rpartition(".")
+    if (module and module != NEMO_PRECISION_MODULE) or (not module and name not in NEMO_CLI_FACTORIES):
+        raise ValueError(f"NeMo-Run: No matching factory found for: {preset}")
+    if name not in NEMO_PRECISION_PRESETS:
+        raise ValueError(f"{preset}: not one of the NeMo 2.7.3 presets this harness knows")
+    fields = {**NEMO_MIXED_PRECISION_DEFAULTS, **NEMO_PRECISION_PRESETS[name], **plugin}
+    gather = fields["fp8_param_gather"]
+    if fields["fp8_params"] is not None:
+        if gather is not None and gather != fields["fp8_params"]:
+            raise ValueError("Getting conflicting values for fp8_params and fp8_param_gather. Please only set "
+                             "fp8_param_gather.")
+        gather = fields["fp8_params"]
+    elif gather is None:
+        gather = False
+    return {"fp8": fields["fp8"], "fp8_recipe": fields["fp8_recipe"], "fp8_param": gather, "fp8_param_gather": gather,
+            "reuse_grad_buf_for_mxfp8_param_ag": fields["reuse_grad_buf_for_mxfp8_param_ag"],
+            "grad_reduce_in_fp32": fields["grad_reduce_in_fp32"]}
+
 
 NEMO_OTHER_KEYS = {"trainer": {"num_nodes", "devices", "plugins"}, "data": {"micro_batch_size", "global_batch_size",
                                                                           "seq_length"},
@@ -513,11 +622,14 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     model_config: dict[str, object] = {}
     plugin: dict[str, object] = {}
     ddp: dict[str, object] = {}
+    preset: object = None
     for override in command_words(config.text):
         key, _, text = override.partition("=")
         value = _nemo_run_value(text)
         section, _, name = key.rpartition(".")
-        if section == "trainer.strategy":
+        if key == "trainer.plugins":
+            preset = value
+        elif section == "trainer.strategy":
             if name not in NEMO_STRATEGY_PARAMETERS:
                 raise KeyError(f"MegatronStrategy has no parameter {name!r}")
             strategy[name] = value
@@ -542,12 +654,33 @@ def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
     # NeMo's setup: the strategy's parallelism overwrites model.config (so split fields there would be lost)
     final = {**model_config, **{name: strategy.get(name, default) for name, default in
                                 NEMO_STRATEGY_PARALLELISM.items()}}
-    # ... and the precision plugin's dtype config overwrites the strategy's ddp config (Megatron-FSDP reads neither)
+    # ... and the precision plugin's dtype config overwrites the strategy's ddp config (Megatron-FSDP reads neither),
+    # the model's fp8 fields and the optimizer's (nemo/lightning/pytorch/strategies/megatron_strategy.py
+    # update_config_with_dtype_overrides)
+    precision = nemo_precision(preset, plugin)
     reduce = {"grad_reduce_in_fp32": megatron_grads_in_fp32(SimpleNamespace(**{
-        **ddp, "grad_reduce_in_fp32": plugin.get("grad_reduce_in_fp32", NEMO_PRESET_GRAD_REDUCE_IN_FP32)}))}
+        **ddp, "grad_reduce_in_fp32": precision["grad_reduce_in_fp32"]}))}
+    ddp_config = DistributedDataParallelConfig(**{**ddp, **{name: precision[name] for name in (
+        "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag")}})       # its __post_init__ checks
+    final.update({name: precision[name] for name in ("fp8", "fp8_recipe", "fp8_param")})
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
             + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}, reduce)
+            + _fp8_differences(estimate, precision["fp8"], precision["fp8_recipe"], precision["fp8_param"],
+                               ddp_config)
             + _transformer_config(estimate, final))
+
+
+def _fp8_differences(estimate: Estimate, fp8: object, recipe: object, fp8_param: object, ddp) -> list[str]:
+    """The fp8 a Megatron-Core job ends with against the estimate's: fp8 on or off, its recipe, and the fp8
+    parameters (`fp8_params_priced`) on the model (TransformerConfig.fp8_param) and in the ddp config `ddp`."""
+    priced = estimate.training.fp8_scaling
+    expected = {"fp8": priced is not None, **fp8_params_priced(estimate)}
+    actual = {"fp8": fp8 is not None, "fp8_param": bool(fp8_param), "fp8_param_gather": bool(ddp.fp8_param_gather),
+              "reuse_grad_buf_for_mxfp8_param_ag": bool(ddp.reuse_grad_buf_for_mxfp8_param_ag)}
+    if priced is not None:
+        expected["fp8_recipe"] = priced.value
+        actual["fp8_recipe"] = str(getattr(recipe, "value", recipe)) if fp8 is not None else None
+    return _differences(expected, actual)
 
 
 # ---- Megatron-Bridge -------------------------------------------------------------------------------------------
@@ -607,7 +740,8 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                 "ddp": {f.name: None for f in dataclasses.fields(DistributedDataParallelConfig)},
                 "train": {"micro_batch_size": None, "global_batch_size": None}, "dataset": {"seq_length": None},
                 "optimizer": {"use_distributed_optimizer": None}, "dist": {"use_megatron_fsdp": None},
-                "checkpoint": {"ckpt_format": None}, "mixed_precision": None}
+                "checkpoint": {"ckpt_format": None},
+                "mixed_precision": "bf16_mixed"}   # the recipes' own (recipes/common.py _pretrain_common)
     cfg = OmegaConf.create({k: ({n: _plain(v) for n, v in s.items()} if isinstance(s, dict) else s)
                             for k, s in sections.items()})
     OmegaConf.set_struct(cfg, True)   # megatron/bridge/training/utils/omegaconf_utils.py parse_hydra_overrides
@@ -627,45 +761,116 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                                      "recompute_granularity", "recompute_method",
                                                      "recompute_num_layers", "recompute_modules",
                                                      "moe_grouped_gemm"}}
-    # the preset named on the command line sets ddp.grad_reduce_in_fp32 at setup; Megatron-FSDP reads neither
-    reduce = megatron_grads_in_fp32(SimpleNamespace(**{**OmegaConf.to_container(cfg.ddp),
-                                                       "grad_reduce_in_fp32": BRIDGE_PRESET_GRAD_REDUCE_IN_FP32}))
+    # the mixed precision applied over the model, ddp and optimizer configs at setup, then Bridge's checks
+    ddp = {name: value for name, value in OmegaConf.to_container(cfg.ddp).items() if value is not None}
+    model_fp8, ddp_config, changed = _bridge_precision(
+        estimate, OmegaConf.to_container(cfg)["mixed_precision"], ddp, bool(cfg.dist.use_megatron_fsdp))
+    final.update(model_fp8)
+    # Megatron-FSDP reads neither grad_reduce_in_fp32 (megatron_grads_in_fp32)
     return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
             + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32},
-                           {"grad_reduce_in_fp32": reduce})
-            + _transformer_config(estimate, final) + _bridge_precision(estimate, cfg.mixed_precision))
+                           {"grad_reduce_in_fp32": megatron_grads_in_fp32(ddp_config)})
+            + _fp8_differences(estimate, model_fp8["fp8"], model_fp8["fp8_recipe"], model_fp8["fp8_param"], ddp_config)
+            + changed + _transformer_config(estimate, final))
 
 
-BRIDGE_PRESET_GRAD_REDUCE_IN_FP32 = True
-"""grad_reduce_in_fp32 of bf16_mixed, which the fp8 presets start from (megatron/bridge/training/mixed_precision.py),
-applied over the ddp config by MixedPrecisionConfig.setup (update_config_with_precision_overrides)."""
+@dataclass
+class _BridgeContainer:
+    """The part of Megatron-Bridge's ConfigContainer the override loader writes `mixed_precision` into: the recipes'
+    own value, a preset name (recipes/common.py)."""
+    mixed_precision: object = "bf16_mixed"
 
 
-def _bridge_precision(estimate: Estimate, preset: object) -> list[str]:
-    """The mixed-precision preset `preset` as Megatron-Bridge builds it, against the precision and fp8 recipe the
-    estimate priced: its factory read from the installed src/megatron/bridge/training/mixed_precision.py (importing
-    it needs Transformer Engine), as get_mixed_precision_config resolves the name (hyphens read as underscores; an
-    unknown name is its ValueError)."""
-    import ast
+@contextlib.contextmanager
+def _bridge_training_modules():
+    """(mixed_precision, omegaconf_utils): Megatron-Bridge's installed training/mixed_precision.py and
+    training/utils/omegaconf_utils.py themselves, imported with stand-ins for the two packages whose __init__ needs
+    Transformer Engine (megatron.bridge, for its AutoBridge; megatron.bridge.models, whose GPTModelProvider and
+    T5ModelProvider mixed_precision.py imports for setup's type hints). Afterwards the megatron.bridge modules leave
+    sys.modules again, and megatron-core's instantiate gets back the target resolver that Bridge's
+    utils/instantiate_utils.py replaces with its allow-listed one on import."""
+    import importlib
     import importlib.metadata
+    import types
 
-    name = str(preset).replace("-", "_")
-    source = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file(
-        "megatron/bridge/training/mixed_precision.py")))
-    factories = {node.name: node for node in ast.parse(source.read_text(encoding="utf-8")).body
-                 if isinstance(node, ast.FunctionDef)
-                 and any(isinstance(d, ast.Name) and d.id == "register" for d in node.decorator_list)}
-    if name not in factories:
-        raise ValueError(f"unknown mixed-precision recipe {preset!r} (megatron-bridge get_mixed_precision_config)")
-    fields = {"fp8": None, "fp8_recipe": None}
-    for node in ast.walk(factories[name]):
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute) \
-                and node.targets[0].attr in fields and isinstance(node.value, ast.Constant):
-            fields[node.targets[0].attr] = node.value.value
+    from megatron.training.config import instantiate_utils
+
+    try:
+        root = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file("megatron/bridge")))
+    except importlib.metadata.PackageNotFoundError:
+        raise NotInstalled("megatron-bridge is not installed; pip install '.[conformance]'") from None
+
+    def bridge_modules() -> dict[str, object]:
+        return {name: module for name, module in sys.modules.items()
+                if name == "megatron.bridge" or name.startswith("megatron.bridge.")}
+
+    saved, resolve = bridge_modules(), instantiate_utils._resolve_target
+    package = types.ModuleType("megatron.bridge")
+    package.__path__ = [str(root)]
+    models = types.ModuleType("megatron.bridge.models")
+    models.GPTModelProvider = type("GPTModelProvider", (), {})
+    models.T5ModelProvider = type("T5ModelProvider", (), {})
+    for name in saved:
+        del sys.modules[name]
+    sys.modules.update({"megatron.bridge": package, "megatron.bridge.models": models})
+    try:
+        yield (importlib.import_module("megatron.bridge.training.mixed_precision"),
+               importlib.import_module("megatron.bridge.training.utils.omegaconf_utils"))
+    finally:
+        for name in bridge_modules():
+            del sys.modules[name]
+        sys.modules.update(saved)
+        instantiate_utils._resolve_target = resolve
+
+
+BRIDGE_FP8_PARAM_FIELDS = ("fp8_param", "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag")
+"""The MixedPrecisionConfig fields an export may change from the recipe's preset (export.nemo.bridge_mixed_precision):
+the fp8 parameters the estimate priced."""
+
+
+def _bridge_precision(estimate: Estimate, value: object, ddp: dict[str, object], fsdp: bool):
+    """(the model's fp8 / fp8_recipe / fp8_param, the DistributedDataParallelConfig, the MixedPrecisionConfig fields
+    that differ from the recipe's preset) for the `mixed_precision` value `value` as Megatron-Bridge builds it, with
+    its own code: a name through get_mixed_precision_config (an unknown one is its ValueError), a _target_ node through
+    the override loader's _apply_overrides (what run_recipe.py's process_config_with_overrides calls; a node it
+    cannot instantiate stays a dict, on which runtime_config_update's finalize() fails); then finalize() and setup()
+    over the model, optimizer and the `ddp` overrides' config, and ConfigContainer.validate's steps that read them
+    (training/config.py, which cannot be imported here): the ddp and optimizer configs' __post_init__ (finalize),
+    Megatron-FSDP (`fsdp`) turning the MXFP8 reuse flag off, the assert that MXFP8 fp8 parameters reuse the gradient
+    buffer otherwise. The preset the estimate's recipe names (common.BRIDGE_FP8_PRESETS) is built the same way and
+    compared field by field, fp8 parameters aside."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    from autopar.export.common import BRIDGE_FP8_PRESETS
+
     recipe = estimate.training.fp8_scaling
-    expected = {"fp8": recipe is not None, "fp8_recipe": recipe.value if recipe else None}
-    actual = {"fp8": fields["fp8"] is not None, "fp8_recipe": fields["fp8_recipe"] if fields["fp8"] else None}
-    return _differences(expected, actual)
+    with _bridge_training_modules() as (mixed_precision, omegaconf_utils):
+        if isinstance(value, str):
+            precision = mixed_precision.get_mixed_precision_config(value)
+        else:
+            container = _BridgeContainer()
+            with contextlib.redirect_stderr(io.StringIO()):
+                omegaconf_utils._apply_overrides(container, {"mixed_precision": value})
+            precision = container.mixed_precision
+        precision.finalize()
+        preset = mixed_precision.get_mixed_precision_config(BRIDGE_FP8_PRESETS[recipe.value] if recipe
+                                                            else "bf16_mixed")
+        preset.finalize()
+        model = SimpleNamespace(fp8=None, fp8_recipe="delayed", fp8_param=False)   # TransformerConfig's defaults
+        optimizer, ddp_config = OptimizerConfig(), DistributedDataParallelConfig(**ddp)
+        precision.setup(model, optimizer, ddp_config)
+    ddp_config.__post_init__()
+    optimizer.__post_init__()
+    if fsdp or ddp_config.use_megatron_fsdp:   # _validate_and_apply_megatron_fsdp_configs
+        ddp_config.reuse_grad_buf_for_mxfp8_param_ag = optimizer.reuse_grad_buf_for_mxfp8_param_ag = False
+    elif precision.fp8_param_gather and precision.fp8_recipe == "mxfp8":
+        assert precision.reuse_grad_buf_for_mxfp8_param_ag, (
+            "When fp8_param_gather=True and fp8_recipe='mxfp8', reuse_grad_buf_for_mxfp8_param_ag must be set to True")
+    changed = [f"mixed_precision {f.name}: preset {getattr(preset, f.name)!r}, launched {getattr(precision, f.name)!r}"
+               for f in dataclasses.fields(preset) if f.name not in BRIDGE_FP8_PARAM_FIELDS
+               and getattr(preset, f.name) != getattr(precision, f.name)]
+    return vars(model), ddp_config, changed
 
 
 def _plain(value: object) -> object:

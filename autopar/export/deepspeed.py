@@ -16,7 +16,8 @@ DeepSpeed's own count, not autopar's data-parallel size (`deepspeed_world_size`)
   global batch while every rank still reads `train_micro_batch_size_per_gpu` samples per micro-step.
 
 Plans DeepSpeed cannot run (pp > 1 with ZeRO >= 2, MoE with ZeRO-3, cp, interleaving, Megatron SP, expert TP) are
-refused (export.capabilities). JSON has no comments: what is set in model code (pipeline stages, the MoE layer's
+refused (export.capabilities), and so are estimates with fp8 parameters (TrainingSpec.fp8_param_gather): its engine
+and ZeRO hold and gather bf16 weights. JSON has no comments: what is set in model code (pipeline stages, the MoE layer's
 ep_size, activation checkpointing) is in `LaunchConfig.unexpressed`, which the CLI prints to stderr.
 """
 

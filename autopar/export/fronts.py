@@ -1,11 +1,13 @@
-"""The seven fronts the launch configs are checked on (tests/test_conformance_*.py, benchmarks/conformance.py).
+"""The eight fronts the launch configs are checked on (tests/test_conformance_*.py, benchmarks/conformance.py).
 
 Each is a Pareto front a user would ask for, chosen so that together they exercise every knob the exporters write:
 dense TP/PP/DP with ZeRO (Llama 3.1 70B), interleaving with uneven first/last stages and the embedding/loss slots
 (Llama 3.1 405B on 512 GPUs), expert parallelism (Mixtral 8x22B), expert parallelism with MLA and multi-token
 prediction (DeepSeek-V3), context parallelism at 128K tokens (Llama 3.1 70B, seq_len 131072), and fp8 with its
-recipe on Blackwell (Llama 3.1 70B in MXFP8 on 64 B200), and gradients reduced in bf16 (Llama 3.1 8B on 32 H100,
---grad-reduce-in-bf16, as Megatron-Bridge's performance recipes run).
+recipe on Blackwell (Llama 3.1 70B in MXFP8 on 64 B200, bf16 weights: the presets that keep fp8 ones are overridden),
+gradients reduced in bf16 (Llama 3.1 8B on 32 H100, --grad-reduce-in-bf16, as Megatron-Bridge's performance recipes
+run), and fp8 parameters (Llama 3.1 8B in delayed scaling on 32 H100, --fp8-param-gather: the weights kept and
+all-gathered in fp8, which torchtitan and DeepSpeed cannot run).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class FrontCase:
     precision: str = "bf16"
     fp8_recipe: str = "delayed"
     grad_reduce_in_fp32: bool = True
+    fp8_param_gather: bool = False
 
 
 FRONT_CASES: tuple[FrontCase, ...] = (
@@ -34,6 +37,7 @@ FRONT_CASES: tuple[FrontCase, ...] = (
     FrontCase("128k-cp", "llama-3.1-70b", 128, 131072, 64),
     FrontCase("fp8-b200", "llama-3.1-70b", 64, 8192, 512, gpu="b200-180gb", precision="fp8", fp8_recipe="mxfp8"),
     FrontCase("bf16-grads", "llama-3.1-8b", 32, 8192, 256, grad_reduce_in_fp32=False),
+    FrontCase("fp8-params", "llama-3.1-8b", 32, 8192, 256, precision="fp8", fp8_param_gather=True),
 )
 
 
@@ -45,7 +49,8 @@ def case_specs(case: FrontCase):
 
     return (load_model(case.model), ClusterSpec(profile=load_profile(case.gpu), num_gpus=case.num_gpus),
             TrainingSpec(seq_len=case.seq_len, global_batch_size=case.global_batch_size, precision=case.precision,
-                         fp8_recipe=case.fp8_recipe, grad_reduce_in_fp32=case.grad_reduce_in_fp32))
+                         fp8_recipe=case.fp8_recipe, grad_reduce_in_fp32=case.grad_reduce_in_fp32,
+                         fp8_param_gather=case.fp8_param_gather))
 
 
 def solve_case(case: FrontCase, framework: str | None = None):

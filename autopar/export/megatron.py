@@ -15,7 +15,8 @@ model_parallel_overlap), --no-overlap-p2p-communication (on by default for the i
 the user turned it off, export.common.pipeline_p2p_overlap), --moe-token-dispatcher-type /
 --moe-flex-dispatcher-backend (always for a MoE model, export.common.moe_dispatcher_fields),
 --moe-expert-capacity-factor (where the estimate caps the experts, export.common.moe_capacity_fields),
-`_add_mixed_precision_args` (--bf16), `_add_transformer_engine_args` (--fp8-format, --fp8-recipe), `_add_network_size_args`
+`_add_mixed_precision_args` (--bf16; --reuse-grad-buf-for-mxfp8-param-ag), `_add_transformer_engine_args` (--fp8-format,
+--fp8-recipe, --fp8-param-gather: fp8 parameters as priced, export.common.fp8_param_fields), `_add_network_size_args`
 (--num-layers, --hidden-size, ..., --rotary-base, --rotary-percent, --use-rope-scaling, --rope-scaling-factor,
 --qk-layernorm). `validate_args` there fixes two rules followed here: an uneven split with
 interleaving must use --num-virtual-stages-per-pipeline-rank, and the three virtual-pipeline flags are exclusive.
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
-                                   flash_version_note, gradient_reduce_dtype, is_uneven, loss_fusion, loss_kernel_note,
-                                   mcore_recompute_fields, mcore_router_fields, megatron_attention_backend,
-                                   model_parallel_overlap, moe_capacity_fields, moe_dispatcher_fields, router_note,
-                                   one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
+                                   flash_version_note, fp8_param_fields, gradient_reduce_dtype, is_uneven, loss_fusion,
+                                   loss_kernel_note, mcore_recompute_fields, mcore_router_fields,
+                                   megatron_attention_backend, model_parallel_overlap, moe_capacity_fields,
+                                   moe_dispatcher_fields, router_note, one_line, pipeline_p2p_overlap, pipeline_slots,
+                                   plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
@@ -139,6 +141,13 @@ def memory_flags(estimate: Estimate) -> list[Flag]:
     flags.append(("--bf16", None))
     if estimate.training.precision is Precision.FP8:   # Megatron-Core's TransformerConfig.fp8 / fp8_recipe
         flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", estimate.training.fp8_recipe.value)]
+    # fp8 parameters as priced (off is Megatron-LM's default): --fp8-param-gather sets TransformerConfig.fp8_param and
+    # DistributedDataParallelConfig.fp8_param_gather; MXFP8 gathers them through the gradient buffer at zero <= 1
+    params = fp8_param_fields(estimate)
+    if params.get("fp8_param_gather"):
+        flags.append(("--fp8-param-gather", None))
+    if params.get("reuse_grad_buf_for_mxfp8_param_ag"):
+        flags.append(("--reuse-grad-buf-for-mxfp8-param-ag", None))
     return flags
 
 

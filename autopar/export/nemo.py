@@ -5,8 +5,11 @@ MegatronStrategy (`trainer.strategy.tensor_model_parallel_size`, ...), the batch
 (`data.micro_batch_size`, `data.global_batch_size`, `data.seq_length`), Megatron-Core TransformerConfig fields on
 `model.config.*`, the optimizer's on `optim.config.*`, precision as a `trainer.plugins` preset. Names as used in
 NVIDIA/NeMo docs/source/features/parallelisms.rst and nemo/collections/llm/recipes (e.g. llama3_70b.py,
-precision/mixed_precision.py: bf16_mixed and a preset per fp8 recipe, common.NEMO_FP8_PRESETS). Data-parallel
-overlap: the strategy's `ddp`
+precision/mixed_precision.py: bf16_mixed and a preset per fp8 recipe, common.NEMO_FP8_PRESETS, named by their
+dotted path: common.NEMO_PRECISION_MODULE). The preset's MegatronMixedPrecision parameters are overridden after it
+(`trainer.plugins.<name>=`: grad_reduce_in_fp32, fp8_param_gather, reuse_grad_buf_for_mxfp8_param_ag; nemo/lightning/
+pytorch/plugins/mixed_precision.py), and the plugin applies them over the model, optimizer and ddp configs at setup
+(megatron_strategy.py update_config_with_dtype_overrides). Data-parallel overlap: the strategy's `ddp`
 (Megatron-Core DistributedDataParallelConfig: `trainer.strategy.ddp.overlap_grad_reduce`, `.overlap_param_gather`),
 as the recipes set it (nemo/collections/llm/recipes/*.py `ddp=run.Config(DistributedDataParallelConfig,
 overlap_grad_reduce=True, overlap_param_gather=True, ...)`; docs/source/features/optimizations/
@@ -16,7 +19,9 @@ vpp > 1) is written as the step time priced it.
 
 Megatron-Bridge (`scripts/training/run_recipe.py --recipe <recipe> key=value ...`, Hydra/OmegaConf overrides on the
 ConfigContainer): `model.*` for Megatron-Core fields, `train.micro_batch_size`, `train.global_batch_size`,
-`dataset.seq_length`, `ddp.*`/`optimizer.*` for the distributed optimizer, `mixed_precision=<preset>`. Names from
+`dataset.seq_length`, `ddp.*`/`optimizer.*` for the distributed optimizer, `mixed_precision=<preset>`: a preset name,
+or, where the estimate's fp8 parameters differ from the preset's, the preset's MixedPrecisionConfig spelled out as a
+`_target_` node with fp8_param_gather changed (`bridge_mixed_precision`). Names from
 NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md and src/megatron/bridge/training/config.py;
 Megatron-FSDP keys (dist/ddp.use_megatron_fsdp, ddp.data_parallel_sharding_strategy, checkpoint.ckpt_format) from
 its docs/training/megatron-fsdp.md; precision presets from src/megatron/bridge/training/mixed_precision.py;
@@ -28,19 +33,40 @@ data-parallel overlap on the `ddp` DistributedDataParallelConfig (`ddp.overlap_g
 from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
-from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, LaunchConfig,
-                                   data_parallel_overlap, expert_gemm_note, fp8_preset_notes, gradient_reduce_dtype,
-                                   loss_fusion, loss_kernel_note, mcore_moe_fields, mcore_parallel_fields,
-                                   pipeline_p2p_overlap, plan_caption, shell_word)
+from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, NEMO_PRECISION_MODULE,
+                                   LaunchConfig, data_parallel_overlap, expert_gemm_note, fp8_param_fields,
+                                   fp8_preset_notes, gradient_reduce_dtype, loss_fusion, loss_kernel_note,
+                                   mcore_moe_fields, mcore_parallel_fields, pipeline_p2p_overlap, plan_caption,
+                                   shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
 
 NEMO_SOURCES = ("NVIDIA/NeMo docs/source/features/parallelisms.rst",
-                "NVIDIA/NeMo nemo/collections/llm/recipes/precision/mixed_precision.py")
+                "NVIDIA/NeMo nemo/collections/llm/recipes/precision/mixed_precision.py",
+                "NVIDIA/NeMo nemo/lightning/pytorch/plugins/mixed_precision.py")
 BRIDGE_SOURCES = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md",
                   "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/config.py",
-                  "NVIDIA-NeMo/Megatron-Bridge docs/training/megatron-fsdp.md")
+                  "NVIDIA-NeMo/Megatron-Bridge docs/training/megatron-fsdp.md",
+                  "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/mixed_precision.py")
+
+BRIDGE_MIXED_PRECISION_CONFIG = "megatron.bridge.training.mixed_precision.MixedPrecisionConfig"
+BRIDGE_PRESET_FIELDS: dict[str, dict[str, object]] = {
+    "bf16_mixed": {"bf16": True, "params_dtype": "torch.bfloat16", "pipeline_dtype": "torch.bfloat16",
+                   "autocast_enabled": False, "grad_reduce_in_fp32": True},
+    "bf16_with_fp8_delayed_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_margin": 0,
+                                            "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max",
+                                            "fp8_param_gather": True},
+    "bf16_with_fp8_current_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "tensorwise", "first_last_layers_bf16": True,
+                                            "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1,
+                                            "fp8_param_gather": True},
+    "bf16_with_fp8_subchannel_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
+    "bf16_with_mxfp8_mixed": {"fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
+                              "reuse_grad_buf_for_mxfp8_param_ag": True},
+}
+"""The MixedPrecisionConfig fields each Megatron-Bridge preset sets (src/megatron/bridge/training/mixed_precision.py,
+0.6.2: every bf16 fp8 preset starts from bf16_mixed's); a torch dtype is written by its name. The conformance check
+instantiates the real presets and compares (autopar/export/conformance.py _bridge_precision)."""
 
 STRATEGY_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
@@ -112,12 +138,15 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
         overrides += ["trainer.strategy.fsdp=megatron", "trainer.strategy.ddp.use_megatron_fsdp=true",
                       f"trainer.strategy.ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
                       "trainer.strategy.save_ckpt_format=fsdp_dtensor"]
-    overrides.append("trainer.plugins=" + (NEMO_FP8_PRESETS[training.fp8_recipe.value]
+    overrides.append("trainer.plugins=" + (f"{NEMO_PRECISION_MODULE}.{NEMO_FP8_PRESETS[training.fp8_recipe.value]}"
                                            if training.precision is Precision.FP8 else "bf16_mixed"))
     # the plugin's dtype config is applied over the strategy's ddp at setup (megatron_strategy.py
     # update_config_with_dtype_overrides): MegatronMixedPrecision's grad_reduce_in_fp32 decides, both are written
     overrides += [f"{section}.{name}={_value(on)}" for name, on in gradient_reduce_dtype(estimate).items()
                   for section in ("trainer.strategy.ddp", "trainer.plugins")]
+    # fp8 parameters as priced, over the preset's (MegatronMixedPrecision copies fp8_param_gather to fp8_param; the
+    # dtype config sets them on the model, the optimizer and the ddp config at setup)
+    overrides += [f"trainer.plugins.{name}={_value(on)}" for name, on in fp8_param_fields(estimate).items()]
     return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory <recipe> ...): "
                    f"{plan_caption(estimate)}", NEMO_SOURCES, overrides,
                    loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
@@ -146,17 +175,59 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     overrides += [f"ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
     # fp32 only: a preset's grad_reduce_in_fp32=True is applied over ddp's (capabilities: bridge:grad_reduce_in_fp32)
     overrides += [f"ddp.{name}={_value(on)}" for name, on in gradient_reduce_dtype(estimate).items()]
-    overrides.append("mixed_precision=" + (BRIDGE_FP8_PRESETS[training.fp8_recipe.value]
-                                           if training.precision is Precision.FP8 else "bf16_mixed"))
+    precision = bridge_mixed_precision(estimate)
+    overrides.append("mixed_precision=" + precision)
+    remarks = [] if precision in BRIDGE_PRESET_FIELDS else [
+        f"mixed_precision: Megatron-Bridge's {_bridge_preset(estimate)} preset, fp8_param_gather="
+        f"{str(training.fp8_param_gather).lower()} as priced (named, the preset would set its own at setup)"]
     return _render("bridge", f"{TARGET_VERSIONS['bridge']} (scripts/training/run_recipe.py --recipe <recipe> ...): "
                    f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides,
                    loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
-                   + fp8_preset_notes(estimate, "bridge"))
+                   + fp8_preset_notes(estimate, "bridge"), remarks)
+
+
+def bridge_mixed_precision(estimate: Estimate) -> str:
+    """The `mixed_precision=` value for the estimate: the recipe's preset by name (bf16_mixed in bf16) where its
+    fp8_param_gather is what the estimate priced; else the same preset as a MixedPrecisionConfig node,
+    {_target_:megatron.bridge.training.mixed_precision.MixedPrecisionConfig,<its fields>}, with fp8_param_gather
+    (and MXFP8's reuse_grad_buf_for_mxfp8_param_ag) as priced (`fp8_param_fields`). A preset is applied over
+    model.fp8_param and the ddp and optimizer fields at setup (MixedPrecisionConfig.setup,
+    update_config_with_precision_overrides), so no model./ddp. line can change them, and the recipe's
+    mixed_precision is a string, which has no fields to override; a dict with a _target_ replaces it and is
+    instantiated by the override loader (training/utils/omegaconf_utils.py _apply_overrides; `megatron.` and
+    `torch.` targets are allowed, utils/instantiate_utils.py), a torch dtype as {_target_:torch.bfloat16,_call_:false}.
+    MixedPrecisionConfig keeps fp8_param equal to fp8_param_gather (__setattr__, finalize)."""
+    preset = _bridge_preset(estimate)
+    fields = {**BRIDGE_PRESET_FIELDS["bf16_mixed"], **BRIDGE_PRESET_FIELDS[preset]}
+    priced = fp8_param_fields(estimate)
+    if fields.get("fp8_param_gather", False) == priced.get("fp8_param_gather", False):
+        return preset
+    fields.update(priced)
+    return shell_word(_hydra_node({"_target_": BRIDGE_MIXED_PRECISION_CONFIG, **fields}))
+
+
+def _bridge_preset(estimate: Estimate) -> str:
+    recipe = estimate.training.fp8_scaling
+    return BRIDGE_FP8_PRESETS[recipe.value] if recipe is not None else "bf16_mixed"
+
+
+def _hydra_node(fields: dict[str, object]) -> str:
+    """A dict in Hydra's override grammar, {key:value,...}: booleans true/false, numbers and bare words as they are,
+    a torch dtype's name as a node that resolves to the dtype itself (_call_: false)."""
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str) and v.startswith("torch."):
+            return f"{{_target_:{v},_call_:false}}"
+        return str(v)
+
+    return "{" + ",".join(f"{name}:{value(v)}" for name, v in fields.items()) + "}"
 
 
 def _render(framework: str, caption: str, sources: tuple[str, ...], overrides: list[str],
-            notes: list[str]) -> LaunchConfig:
+            notes: list[str], remarks: "list[str] | tuple[str, ...]" = ()) -> LaunchConfig:
     lines = [f"# {caption}", f"# key names: {'; '.join(sources)}"]
+    lines += [f"# {remark}" for remark in remarks]
     lines += [f"# not expressible: {note}" for note in notes]
     text = "\n".join(lines) + "\n" + " \\\n".join(overrides) + "\n"
     return LaunchConfig(framework=framework, text=text, unexpressed=tuple(notes), sources=sources,

@@ -16,7 +16,8 @@ torchtitan/distributed/activation_checkpoint.py (FullAC; `Trainer.Config.activat
 
 zero maps onto torchtitan's two DP axes: zero 0 = replicate (DDP), zero 3 = FSDP, zero 2 = FSDP with parameters kept
 gathered between forward and backward (fsdp_reshard_after_forward = "never"). Plans torchtitan cannot run (zero 1,
-expert TP other than its own, Megatron's selective or partial recompute) are refused (export.capabilities).
+expert TP other than its own, Megatron's selective or partial recompute) are refused (export.capabilities), and so
+are estimates with fp8 parameters (TrainingSpec.fp8_param_gather): torchao's fp8 linears keep bf16 weights.
 """
 
 from __future__ import annotations

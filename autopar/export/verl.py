@@ -6,14 +6,24 @@ actor/megatron_actor.yaml with engine/megatron.yaml (`megatron.tensor_model_para
 `pipeline_model_parallel_size`, `virtual_pipeline_model_parallel_size`, `context_parallel_size`,
 `expert_model_parallel_size`, `expert_tensor_parallel_size`, `sequence_parallel`, `use_distributed_optimizer`,
 `use_megatron_fsdp`, `override_transformer_config` for Megatron-Core TransformerConfig fields and
-`override_ddp_config` for DistributedDataParallelConfig fields), actor/actor.yaml (`ppo_mini_batch_size`,
+`override_ddp_config` for DistributedDataParallelConfig fields), optim/megatron.yaml (`override_optimizer_config` for
+OptimizerConfig fields), actor/actor.yaml (`ppo_mini_batch_size`,
 `ppo_micro_batch_size_per_gpu`, `use_dynamic_bsz`), data/legacy_data.yaml (`train_batch_size`), trainer
 (`nnodes`, `n_gpus_per_node`).
 
+fp8 (Transformer Engine, which verl's Megatron backend builds on through Megatron-Bridge): TransformerConfig's fp8,
+fp8_recipe and fp8_param on override_transformer_config (verl/workers/engine/megatron/transformer_impl.py
+_build_tf_config: every key is set on the Megatron-Bridge model provider), fp8_param_gather (and MXFP8's
+reuse_grad_buf_for_mxfp8_param_ag) on override_ddp_config (verl/utils/megatron_utils.py: the overrides go to
+DistributedDataParallelConfig), the recipe (and the reuse flag) on the optimizer's override_optimizer_config
+(verl/utils/megatron/optimizer.py init_megatron_optim_config: passed to OptimizerConfig), as
+verl-project/verl-recipe low_precision/README.md sets them; fp8 parameters as priced (export.common.fp8_param_fields).
+
 Hydra refuses an override of a key the composed defaults do not have unless it is prefixed with `+`
 ("Could not override ... Key ... is not in struct"), and refuses `+` for a key they do have; `DEFAULT_KEYS` lists
-the defaults' keys under override_transformer_config / override_ddp_config (verl 0.9.1 engine/megatron.yaml:
-override_ddp_config is empty; override_transformer_config has the recompute_* fields and attention_backend).
+the defaults' keys under override_transformer_config / override_ddp_config / override_optimizer_config (verl 0.9.1
+engine/megatron.yaml: override_ddp_config is empty; override_transformer_config has the recompute_* fields and
+attention_backend; optim/megatron.yaml: override_optimizer_config is empty).
 
 Batch: verl's validate_config (verl/utils/config.py) checks data.train_batch_size × rollout.n against the
 Megatron data-parallel size × ppo_micro_batch_size_per_gpu, and the actor's validate that ppo_mini_batch_size
@@ -25,15 +35,15 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
-                                   flash_version_note, gradient_reduce_dtype, mcore_moe_fields,
+                                   flash_version_note, fp8_param_fields, gradient_reduce_dtype, mcore_moe_fields,
                                    mcore_parallel_fields, megatron_attention_backend, one_line,
                                    pipeline_p2p_overlap, plan_caption, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
-from costmodels.specs import Precision
 
 SOURCES = ("volcengine/verl verl/trainer/config/ppo_megatron_trainer.yaml",
            "volcengine/verl verl/trainer/config/engine/megatron.yaml",
+           "volcengine/verl verl/trainer/config/optim/megatron.yaml",
            "volcengine/verl verl/trainer/config/actor/actor.yaml",
            "volcengine/verl verl/utils/config.py validate_config")
 
@@ -47,8 +57,9 @@ OVERRIDE_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pip
 DEFAULT_KEYS = {"override_transformer_config": frozenset({"recompute_granularity", "recompute_modules",
                                                           "recompute_method", "recompute_num_layers",
                                                           "attention_backend"}),
-                "override_ddp_config": frozenset()}
-"""Keys verl 0.9.1's engine/megatron.yaml already has under each override dict (no `+` for these, `+` for others)."""
+                "override_ddp_config": frozenset(), "override_optimizer_config": frozenset()}
+"""Keys verl 0.9.1's engine/megatron.yaml (optim/megatron.yaml) already has under each override dict (no `+` for
+these, `+` for others)."""
 
 
 def _value(value: object) -> str:
@@ -63,7 +74,8 @@ def _value(value: object) -> str:
 
 def _override(section: str, name: str, value: object) -> str:
     plus = "" if name in DEFAULT_KEYS[section] else "+"
-    return f"{plus}{ACTOR}.megatron.{section}.{name}={_value(value)}"
+    parent = "optim" if section == "override_optimizer_config" else "megatron"
+    return f"{plus}{ACTOR}.{parent}.{section}.{name}={_value(value)}"
 
 
 def launch_config(estimate: Estimate) -> LaunchConfig:
@@ -71,9 +83,6 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
     notes = []
-    if training.precision is Precision.FP8:
-        notes.append(f"fp8: pass it as override_transformer_config fp8=hybrid fp8_recipe="
-                     f"{training.fp8_recipe.value} (Transformer Engine) if your verl build has Transformer Engine")
     overrides = [f"trainer.nnodes={cluster.num_nodes}",
                  f"trainer.n_gpus_per_node={min(cluster.gpus_per_node, cluster.num_gpus)}",
                  f"data.train_batch_size={training.global_batch_size}",
@@ -106,6 +115,7 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     backend = megatron_attention_backend(estimate)
     if backend is not None:
         overrides.append(_override("override_transformer_config", "attention_backend", backend))
+    overrides += fp8_overrides(estimate)
     notes += flash_version_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
     lines = [f"# {TARGET_VERSIONS['verl']}: {plan_caption(estimate)}",
              "# python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer <these overrides>",
@@ -118,3 +128,19 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     text = "\n".join(lines) + "\n" + " \\\n".join(overrides) + "\n"
     return LaunchConfig(framework="verl", text=text, unexpressed=tuple(notes), sources=SOURCES,
                         target=TARGET_VERSIONS["verl"])
+
+
+def fp8_overrides(estimate: Estimate) -> list[str]:
+    """fp8 as the estimate priced it (see the module docstring); none in bf16, verl's default. The format is hybrid
+    (e4m3 forward, e5m2 gradients), as the Megatron-LM export writes it."""
+    training = estimate.training
+    if training.fp8_scaling is None:
+        return []
+    recipe = training.fp8_scaling.value
+    params = fp8_param_fields(estimate)
+    reuse = {name: on for name, on in params.items() if name == "reuse_grad_buf_for_mxfp8_param_ag"}
+    return ([_override("override_transformer_config", name, value) for name, value in
+             (("fp8", "hybrid"), ("fp8_recipe", recipe), ("fp8_param", params["fp8_param_gather"]))]
+            + [_override("override_ddp_config", name, on) for name, on in params.items()]
+            + [_override("override_optimizer_config", name, value)
+               for name, value in {"fp8_recipe": recipe, **reuse}.items()])

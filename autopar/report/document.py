@@ -68,7 +68,11 @@ def assumptions(front: ParetoFront) -> list[str]:
          if training.grad_reduce_in_fp32 else
          "Mixed precision as in Megatron-LM with --grad-reduce-in-bf16: bf16 weights and gradients (reduced over "
          "data parallel in bf16), fp32 Adam states (16 bytes per parameter ")
-        + "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP.",
+        + "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP."
+        + (" The decoder layers' weights are fp8 parameters (--fp8-param-gather): Transformer Engine's fp8 layouts "
+           "in place of the bf16 copy, all-gathered over DP in "
+           + ("bf16 (MXFP8)." if training.fp8_recipe.value == "mxfp8" else "fp8.")
+           if training.fp8_param_gather else ""),
         f"GEMMs run in {training.precision.value}"
         + (f" ({training.fp8_recipe.value} scaling: Transformer Engine's casts priced at HBM bandwidth, SP "
            "all-gathers in fp8)" if training.precision.value == "fp8" else "") + "; attention "

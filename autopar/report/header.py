@@ -34,7 +34,8 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                     f"{_sustained_clock_text(c)} [{c['profile_source']}]")
     training_text = (f"seq_len {t['seq_len']}, global batch {t['global_batch_size']} "
                      f"({format_count(t['tokens_per_step'])} tokens), {t['precision']}"
-                     f"{' (' + t['fp8_recipe'] + ' scaling)' if t.get('fp8_recipe') else ''}, "
+                     f"{' (' + t['fp8_recipe'] + ' scaling)' if t.get('fp8_recipe') else ''}"
+                     f"{', fp8 parameters' if t.get('fp8_param_gather') else ''}, "
                      f"flash attention {_attention_text(t)}, "
                      f"cross entropy {t['cross_entropy']}, pipeline schedule {t.get('pipeline_schedule', '1f1b')}, "
                      f"gradients reduced in {'fp32' if t.get('grad_reduce_in_fp32', True) else 'bf16'}")
