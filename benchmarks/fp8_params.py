@@ -13,7 +13,7 @@ Two cases:
   the distributed optimizer with both overlaps, recipes/common.py): its configuration only, no published result.
 
 Model figures, not measurements: what costmodels prices (memory.layer_weight_bytes_per_param,
-TrainingSpec.param_gather_bytes_per_param, steptime.dp_traffic_s). Ends with one `fp8-params:` line per case.
+TrainingSpec.param_gather_bytes_by_zero, steptime.dp_traffic_s). Ends with one `fp8-params:` line per case.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def gather_s(result: Estimate) -> float:
     stage = plans.pp[:1] * 0 + result.worst_stage
     _, gathered, _, _ = steptime.dp_traffic_s(result.model, result.cluster, plans, stage,
                                               training.overlap_grad_reduce, training.gradient_bytes_per_param,
-                                              training.param_gather_bytes_per_param)
+                                              training.param_gather_bytes_by_zero)
     return float(gathered[0])
 
 

@@ -254,22 +254,35 @@ def _sharded(bytes_per_param: float, zero: np.ndarray, from_zero: int, shards: n
     return bytes_per_param / np.where(zero >= from_zero, shards, 1.0)
 
 
-def layer_weight_bytes_per_param(profile: HardwareProfile, training: TrainingSpec) -> float:
-    """Bytes per decoder-layer weight (dense and routed-expert): bf16, 2; as fp8 parameters (fp8_param_gather) the
-    layouts Transformer Engine keeps of an fp8 weight (`fp8_weight_copies_per_param_bytes`: the per-tensor recipes'
-    byte in Megatron-Core's uint8 parameter buffer plus, on a TN-only GPU, the transpose post_all_gather_processing
-    keeps; block scaling's rowwise and columnwise data with their scales), in place of the bf16 weight and of TE's
-    workspace copies alike. The layers' few norm and router weights stay bf16 and are counted with them (under 1%
-    of a layer); the embedding and output layer are bf16 either way (`embedding_weights_bytes`)."""
-    if training.fp8_param_gather and training.fp8_scaling is not None:
-        return fp8_weight_copies_per_param_bytes(profile, training)
-    return WEIGHT_BYTES_PER_PARAM
+def layer_weight_bytes_per_param(profile: HardwareProfile, training: TrainingSpec,
+                                 zero: "np.ndarray | int") -> np.ndarray:
+    """Bytes per decoder-layer weight (dense and routed-expert) a GPU keeps, at ZeRO stage `zero`: bf16, 2. As fp8
+    parameters (fp8_param_gather), in place of the bf16 weight and of TE's workspace copies alike:
+    - under the distributed optimizer (zero <= 1) the layouts Transformer Engine keeps of an fp8 weight
+      (`fp8_weight_copies_per_param_bytes`: the per-tensor recipes' byte in Megatron-Core's uint8 parameter buffer
+      plus, on a TN-only GPU, the transpose post_all_gather_processing keeps; block scaling's rowwise and columnwise
+      data with their scales);
+    - under Megatron-FSDP (zero >= 2) its uint8 buffers: one layout, the transpose or columnwise data made after a
+      backward gather and discarded at the module's release (megatron_fsdp.py fp8_create_transpose_cache,
+      release_params_fp8_transpose_cache; keep_fp8_transpose_cache off by default: `zero3_prefetch_buffers_bytes`
+      counts it on the layer being computed), except MXFP8, whose rowwise and transpose buffers both persist
+      (megatron_fsdp/param_and_grad_buffer.py transpose_weight_buffer).
+    The layers' few norm and router weights stay bf16 and are counted with them (under 1% of a layer); the
+    embedding and output layer are bf16 either way (`embedding_weights_bytes`)."""
+    zero = np.asarray(zero)
+    recipe = training.fp8_scaling
+    if not training.fp8_param_gather or recipe is None:
+        return np.full(zero.shape, float(WEIGHT_BYTES_PER_PARAM))
+    layouts = 2.0 if recipe is Fp8Recipe.MXFP8 else 1.0
+    megatron_fsdp = layouts * fp8_copy_bytes_per_element(recipe, weight=True)
+    return np.where(zero >= 2, megatron_fsdp, fp8_weight_copies_per_param_bytes(profile, training))
 
 
 def weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Decoder-layer weights (non-expert) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over dp·cp."""
-    return shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training), shape.plans.zero,
-                                                 3, shape.dp_cp)
+    zero = shape.plans.zero
+    return shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
+                                                 shape.dp_cp)
 
 
 def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -289,8 +302,9 @@ def optimizer_states_bytes(shape: StageShape) -> np.ndarray:
 def expert_weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Routed-expert weights (already split over ep·etp) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over
     edp."""
-    return shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training), shape.plans.zero,
-                                                  3, shape.edp)
+    zero = shape.plans.zero
+    return shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
+                                                  shape.edp)
 
 
 def expert_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -802,13 +816,20 @@ def zero_gradient_buckets_bytes(model: ModelSpec, training: TrainingSpec, shape:
                     _unsharded_layer_bytes(model, shape, 1, training.gradient_bytes_per_param), 0.0)
 
 
-def zero3_prefetch_buffers_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+def zero3_prefetch_buffers_bytes(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec,
+                                 shape: StageShape) -> np.ndarray:
     """ZeRO-3: the all-gathered weights of the layer being computed and of the one prefetched next (ZeRO §5.3;
     DeepSpeed stage3_prefetch_bucket_size; FSDP forward/backward prefetch with limit_all_gathers), beyond the
-    GPU's own shard, at the bytes the all-gather carries (TrainingSpec.param_gather_bytes_per_param: bf16, or fp8
-    parameters' one fp8 layout)."""
-    return np.where(shape.plans.zero == 3,
-                    _unsharded_layer_bytes(model, shape, 2, training.param_gather_bytes_per_param), 0.0)
+    GPU's own shard, at the bytes a gather carries (TrainingSpec.param_gather_bytes_by_zero: bf16, or fp8
+    parameters' one layout); with fp8 parameters other than MXFP8 (whose gathers bring either layout), the layer
+    being computed backward also holds the second layout Megatron-FSDP makes after the gather: the transpose on a
+    TN-only GPU, block scaling's columnwise data (fp8_weight_copies_per_param_bytes less the one gathered)."""
+    gathered = training.param_gather_bytes_by_zero[3]
+    made_after = 0.0
+    if training.fp8_param_gather and training.fp8_scaling not in (None, Fp8Recipe.MXFP8):
+        made_after = fp8_weight_copies_per_param_bytes(profile, training) - gathered
+    return np.where(shape.plans.zero == 3, _unsharded_layer_bytes(model, shape, 2, gathered)
+                    + _unsharded_layer_bytes(model, shape, 1, made_after), 0.0)
 
 
 # ---- fixed overheads -----------------------------------------------------------------------------------------------
@@ -871,7 +892,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
          lambda: pending_output_wgrad_bytes(model, training, shape)),
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
         ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, training, shape)),
-        ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, training, shape)),
+        ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, cluster.profile, training,
+                                                                              shape)),
     ]
     terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}
     modelled = {name for name, present, _ in entries if present}

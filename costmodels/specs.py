@@ -548,14 +548,13 @@ class TrainingSpec:
     fp8_param_gather: bool = False
     """Keep the weights as Transformer Engine fp8 tensors, with no bf16 copy, and all-gather them over data parallel
     in fp8 (Megatron-LM --fp8-param-gather, TransformerConfig.fp8_param; NeMo's and Megatron-Bridge's fp8 presets
-    set it, Bridge's MXFP8 one with reuse_grad_buf_for_mxfp8_param_ag). Each weight is then stored in the layouts
-    Transformer Engine would otherwise cache beside the bf16 one (memory.fp8_weight_copies_per_param_bytes): the
-    per-tensor recipes' uint8 parameter buffer and, on a TN-only GPU, the transpose made after the gather; block
-    scaling's rowwise and columnwise data (Megatron-Core fp8_utils.post_all_gather_processing). Per-tensor and
-    blockwise parameters are gathered in fp8 (the distributed optimizer's uint8 buffer, param_and_grad_buffer.py
-    `param_dtype = torch.uint8`); MXFP8 ones in bf16, through the gradient buffer (its `shared_buffer`), and
-    quantized after the gather (`_post_param_sync`). Needs fp8 (TransformerConfig: 'fp8_param must be used together
-    with fp8 mode') and the distributed optimizer or FSDP, zero >= 1 (validate_args; rule fp8_param_gather)."""
+    set it, their MXFP8 ones with reuse_grad_buf_for_mxfp8_param_ag). Each weight is then stored in the layouts
+    Transformer Engine would otherwise cache beside the bf16 one: under the distributed optimizer the per-tensor
+    recipes' uint8 parameter buffer and, on a TN-only GPU, the transpose made after the gather, block scaling's
+    rowwise and columnwise data (Megatron-Core fp8_utils.post_all_gather_processing); under Megatron-FSDP one
+    layout, MXFP8 two (memory.layer_weight_bytes_per_param). What a gather carries: `param_gather_bytes_by_zero`.
+    Needs fp8 (TransformerConfig: 'fp8_param must be used together with fp8 mode') and the distributed optimizer or
+    FSDP, zero >= 1 (validate_args; rule fp8_param_gather)."""
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     """The pipeline schedule (PipelineSchedule): 1f1b (Megatron-Core's, interleaved with vpp > 1), zb-1p or zb-2p."""
     overlap_p2p_comm: bool = True
@@ -625,14 +624,23 @@ class TrainingSpec:
         return self.fp8_recipe if self.precision is Precision.FP8 else None
 
     @property
-    def param_gather_bytes_per_param(self) -> float:
-        """Bytes of one weight element in the data-parallel parameter all-gather (the distributed optimizer's, and
-        ZeRO-3's): bf16, 2; with fp8 parameters (fp8_param_gather) one fp8 copy with its scales, except MXFP8,
-        which Megatron-Core gathers in bf16 and quantizes after."""
+    def param_gather_bytes_by_zero(self) -> tuple[float, float, float, float]:
+        """Bytes of one decoder-layer weight element in one data-parallel parameter all-gather, at zero 0, 1, 2, 3
+        (zero 0 gathers nothing): bf16, 2, without fp8 parameters. With them (fp8_param_gather) one fp8 layout with
+        its scales: the distributed optimizer's uint8 buffer (zero 1, param_and_grad_buffer.py `param_dtype =
+        torch.uint8`) and Megatron-FSDP's (zero >= 2, megatron_fsdp/param_and_grad_buffer.py), the transpose made
+        after the gather (fp8_utils.post_all_gather_processing, megatron_fsdp.py fp8_create_transpose_cache).
+        MXFP8 differs: the distributed optimizer gathers it in bf16 through the gradient buffer (its
+        `shared_buffer`, reuse_grad_buf_for_mxfp8_param_ag) and quantizes after (`_post_param_sync`); Megatron-FSDP
+        keeps a rowwise and a transpose buffer and gathers both once a step at zero 2 (optim_grads), one a gather at
+        zero 3 (the forward's rowwise, the backward's transpose: get_fsdp_buffer)."""
         recipe = self.fp8_scaling
-        if not self.fp8_param_gather or recipe is None or recipe is Fp8Recipe.MXFP8:
-            return 2.0
-        return fp8_copy_bytes_per_element(recipe, weight=True)
+        if not self.fp8_param_gather or recipe is None:
+            return (2.0, 2.0, 2.0, 2.0)
+        layout = fp8_copy_bytes_per_element(recipe, weight=True)
+        if recipe is Fp8Recipe.MXFP8:
+            return (2.0, 2.0, 2 * layout, layout)
+        return (layout, layout, layout, layout)
 
     @property
     def gradient_bytes_per_param(self) -> int:

@@ -36,7 +36,7 @@ from costmodels.structure import per_knobs, per_structure, stage_list
 
 PARAM_BYTES = 2
 """bf16 parameters, all-gathered by the distributed optimizer / ZeRO-3 (the embedding and output layer always; the
-decoder layers' at TrainingSpec.param_gather_bytes_per_param, fp8 with fp8_param_gather)."""
+decoder layers' at TrainingSpec.param_gather_bytes_by_zero, fp8 with fp8_param_gather)."""
 ADAM_BYTES_PER_PARAM = 34
 """HBM traffic of one fused Adam update per parameter: read fp32 param, grad, m, v (16), write fp32 param, m, v and
 the bf16 copy (14), plus the fp32 gradient read of the global-norm clip (4) (Megatron `optimizer/optimizer.py`:
@@ -662,17 +662,19 @@ def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray,
 
 
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
-                 overlap_grad_reduce: bool = False, grad_bytes: int = 4, layer_param_bytes: float = PARAM_BYTES
+                 overlap_grad_reduce: bool = False, grad_bytes: int = 4,
+                 layer_param_bytes_by_zero: tuple[float, ...] = (PARAM_BYTES,) * 4
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
     traffic per step (see dp_comm_s for the collectives and their sources), each the sum of its collectives
     (`dp_collective_counts`; a ZeRO-3 "bucket" is one layer's unit), the gradients `grad_bytes` per element
-    (TrainingSpec.gradient_bytes_per_param), the decoder layers' parameters `layer_param_bytes` per element in the
-    gather (TrainingSpec.param_gather_bytes_per_param) and the embedding's and output layer's PARAM_BYTES (a
-    bucket's bytes at its group's mean); reads the structure knobs only."""
+    (TrainingSpec.gradient_bytes_per_param), the decoder layers' parameters `layer_param_bytes_by_zero[zero]` per
+    element in a gather (TrainingSpec.param_gather_bytes_by_zero) and the embedding's and output layer's
+    PARAM_BYTES (a bucket's bytes at its group's mean); reads the structure knobs only."""
     profile = cluster.profile
     dense_params, expert_params = stage_params_per_gpu(model, plans, stage)
     embedding_params = stage_embedding_params_per_gpu(model, plans, stage)
+    layer_param_bytes = np.asarray(layer_param_bytes_by_zero, dtype=float)[plans.zero]
     dense_gather_bytes = layer_param_bytes + (PARAM_BYTES - layer_param_bytes) * embedding_params / np.maximum(
         dense_params, 1.0)
     dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
@@ -710,7 +712,7 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       fp32 gradients once per step + all-gather of the bf16 parameters (Rajbhandari et al., arXiv 1910.02054 §5;
       Megatron-Core `distributed/param_and_grad_buffer.py`). With training.grad_reduce_in_fp32 off every gradient
       collective carries bf16, half the bytes; with fp8 parameters (training.fp8_param_gather) the decoder
-      layers' gather carries fp8, MXFP8's bf16 (TrainingSpec.param_gather_bytes_per_param).
+      layers' gathers carry fp8 (MXFP8 under the distributed optimizer bf16: TrainingSpec.param_gather_bytes_by_zero).
     - ZeRO-2: the gradients are partitioned, so they are reduce-scattered after every microbatch's backward, not
       accumulated (ZeRO §5.2; DeepSpeed issue #2252: "for zero stage 2 (and 3), gradient reduction is required after
       every backward"), each hidden behind that backward.
@@ -728,9 +730,9 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     """
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
         plans, ("dp_traffic_s", id(model), id(cluster), training.overlap_grad_reduce,
-                training.gradient_bytes_per_param, training.param_gather_bytes_per_param),
+                training.gradient_bytes_per_param, training.param_gather_bytes_by_zero),
         lambda p, s: dp_traffic_s(model, cluster, p, s, training.overlap_grad_reduce,
-                                  training.gradient_bytes_per_param, training.param_gather_bytes_per_param), stage,
+                                  training.gradient_bytes_per_param, training.param_gather_bytes_by_zero), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     share = overlap_contention_share(cluster.profile, training.nccl_ctas)

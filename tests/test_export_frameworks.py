@@ -12,7 +12,7 @@ import pytest
 from autopar.export import FRAMEWORKS, emit, framework_name, launch_config
 from autopar.export.capabilities import TARGET_VERSIONS, Unsupported, refusals
 from costmodels.rules import Problem as Context
-from autopar.export.common import chunk_layers_in_model_order, mcore_parallel_fields, stage_layers
+from autopar.export.common import NEMO_FP8_PRESETS, chunk_layers_in_model_order, mcore_parallel_fields, stage_layers
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
 from costmodels.specs import Precision, TrainingSpec
@@ -419,7 +419,7 @@ def test_fp8_parameters_are_written_as_priced_whatever_the_preset(recipe, params
     assert ("--fp8-param-gather \\\n" in megatron) is params
     assert ("--reuse-grad-buf-for-mxfp8-param-ag" in megatron) is (params and mxfp8)
     nemo = overrides(emit(estimate, "nemo"))
-    assert nemo["trainer.plugins"].endswith(".bf16_with_mxfp8_mixed" if mxfp8 else "")
+    assert nemo["trainer.plugins"].endswith("." + NEMO_FP8_PRESETS[recipe])
     assert nemo["trainer.plugins.fp8_param_gather"] == str(params).lower()
     assert nemo.get("trainer.plugins.reuse_grad_buf_for_mxfp8_param_ag") == (str(params).lower() if mxfp8 else None)
     assert "fp8_params" not in " ".join(nemo)   # NeMo raises on fp8_params beside a differing fp8_param_gather

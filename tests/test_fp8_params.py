@@ -75,42 +75,61 @@ def test_routed_experts_are_fp8_parameters_too():
     assert b200_fp8["expert_weights"] == pytest.approx(b200_bf16["expert_weights"] / 2)      # one byte on B200
 
 
-def test_zero3_shards_the_fp8_weights_and_gathers_them_in_fp8():
+def test_megatron_fsdp_keeps_one_layout_and_gathers_one_layout():
+    """zero 3 (optim_grads_params): the shards hold the rowwise fp8 data (MXFP8 its rowwise and transpose buffers);
+    a gather brings one layout; the transpose Hopper needs, or block scaling's columnwise data, is made after the
+    backward gather on the layer being computed and dropped at its release."""
     plan = Plan(tp=4, pp=2, sp=True, mbs=1, recompute="full", zero=3)
-    _, bf16_weights = terms(B200, fp8("delayed", params=False), plan)
-    _, fp8_weights = terms(B200, fp8("delayed", params=True), plan)
-    assert fp8_weights["weights"] == pytest.approx(bf16_weights["weights"] / 2)   # 1 byte a weight, sharded alike
-    assert fp8_weights["zero3_prefetch_buffers"] == pytest.approx(bf16_weights["zero3_prefetch_buffers"] / 2)
+    for profile, recipe, second_layout in ((B200, "delayed", 0.0), (H100, "delayed", 1.0),
+                                           (H100, "blockwise", 1 + 4 / 128**2)):
+        _, bf16_weights = terms(profile, fp8(recipe, params=False), plan)
+        _, fp8_weights = terms(profile, fp8(recipe, params=True), plan)
+        layout = fp8(recipe, params=True).param_gather_bytes_by_zero[3]
+        assert fp8_weights["weights"] == pytest.approx(bf16_weights["weights"] / 2 * layout), recipe
+        two_layers_bf16 = bf16_weights["zero3_prefetch_buffers"]          # two gathered layers at 2 bytes a weight
+        assert fp8_weights["zero3_prefetch_buffers"] == pytest.approx(
+            two_layers_bf16 / 2 * layout + two_layers_bf16 / 4 * second_layout), (profile.name, recipe)
+    _, bf16_weights = terms(B200, fp8("mxfp8", params=False), plan)
     _, mxfp8 = terms(B200, fp8("mxfp8", params=True), plan)
-    assert mxfp8["zero3_prefetch_buffers"] == pytest.approx(bf16_weights["zero3_prefetch_buffers"])  # bf16 gather
+    assert mxfp8["weights"] == pytest.approx(bf16_weights["weights"] * (1 + 1 / 32))        # both buffers kept
+    assert mxfp8["zero3_prefetch_buffers"] == pytest.approx(bf16_weights["zero3_prefetch_buffers"] / 2 * (1 + 1 / 32))
+    zero2 = Plan(tp=4, pp=2, sp=True, mbs=1, recompute="full", zero=2)
+    _, hopper = terms(H100, fp8("delayed", params=True), zero2)
+    _, hopper_bf16 = terms(H100, fp8("delayed", params=False), zero2)
+    assert hopper["weights"] == pytest.approx(hopper_bf16["weights"] / 2)      # no transpose kept at zero 2 either
 
 
-def test_layer_weight_bytes_follow_the_recipe_and_the_switch():
-    assert memory.layer_weight_bytes_per_param(H100, TrainingSpec()) == 2
-    assert memory.layer_weight_bytes_per_param(H100, fp8("delayed", params=False)) == 2
-    assert memory.layer_weight_bytes_per_param(B200, fp8("delayed", params=True)) == 1
+def test_layer_weight_bytes_follow_the_recipe_the_switch_and_the_zero_stage():
+    zero = np.arange(4)
+    assert memory.layer_weight_bytes_per_param(H100, TrainingSpec(), zero).tolist() == [2, 2, 2, 2]
+    assert memory.layer_weight_bytes_per_param(H100, fp8("delayed", params=False), zero).tolist() == [2, 2, 2, 2]
+    assert memory.layer_weight_bytes_per_param(H100, fp8("delayed", params=True), zero).tolist() == [2, 2, 1, 1]
+    assert memory.layer_weight_bytes_per_param(B200, fp8("delayed", params=True), zero).tolist() == [1, 1, 1, 1]
 
 
 # ---- the data-parallel all-gather --------------------------------------------------------------------------------
 
 def test_the_parameter_all_gather_carries_fp8_and_mxfp8_gathers_bf16():
-    assert fp8("delayed", params=True).param_gather_bytes_per_param == 1.0
-    assert fp8("blockwise", params=True).param_gather_bytes_per_param == pytest.approx(1 + 4 / 128**2)
-    assert fp8("mxfp8", params=True).param_gather_bytes_per_param == 2.0      # quantized after the gather
-    assert fp8("delayed", params=False).param_gather_bytes_per_param == 2.0
+    assert fp8("delayed", params=True).param_gather_bytes_by_zero == (1.0,) * 4
+    assert fp8("blockwise", params=True).param_gather_bytes_by_zero == pytest.approx((1 + 4 / 128**2,) * 4)
+    # the distributed optimizer gathers MXFP8 in bf16 and quantizes after; Megatron-FSDP gathers both of its buffers
+    # once a step at zero 2, one a gather at zero 3
+    assert fp8("mxfp8", params=True).param_gather_bytes_by_zero == pytest.approx((2, 2, 2 + 2 / 32, 1 + 1 / 32))
+    assert fp8("delayed", params=False).param_gather_bytes_by_zero == (2.0,) * 4
     cluster = ClusterSpec(profile=H100, num_gpus=256)
     plans = PlanArrays.from_plans([Plan(tp=8, pp=2, sp=True, zero=1)])
     stage = np.zeros(1, dtype=int)
     bf16_reduce, bf16_gather, _, _ = steptime.dp_traffic_s(LLAMA_70B, cluster, plans, stage)
-    fp8_reduce, fp8_gather, _, _ = steptime.dp_traffic_s(LLAMA_70B, cluster, plans, stage, layer_param_bytes=1.0)
+    fp8_reduce, fp8_gather, _, _ = steptime.dp_traffic_s(LLAMA_70B, cluster, plans, stage,
+                                                         layer_param_bytes_by_zero=(1.0,) * 4)
     assert fp8_reduce[0] == bf16_reduce[0]                                  # gradients are not fp8
     # the embedding stage still gathers its bf16 embedding: more than half, less than all
     assert 0.5 * bf16_gather[0] < fp8_gather[0] < bf16_gather[0]
-    middle = np.ones(1, dtype=int) * 0
+    middle = np.ones(1, dtype=int)                                           # stage 1 of 4: decoder layers only
     only_layers = PlanArrays.from_plans([Plan(tp=8, pp=4, sp=True, zero=1)])
-    _, layer_gather, _, _ = steptime.dp_traffic_s(LLAMA_70B, cluster, only_layers, middle + 1)
-    _, layer_fp8_gather, _, _ = steptime.dp_traffic_s(LLAMA_70B, cluster, only_layers, middle + 1,
-                                                      layer_param_bytes=1.0)
+    _, layer_gather, _, _ = steptime.dp_traffic_s(LLAMA_70B, cluster, only_layers, middle)
+    _, layer_fp8_gather, _, _ = steptime.dp_traffic_s(LLAMA_70B, cluster, only_layers, middle,
+                                                      layer_param_bytes_by_zero=(1.0,) * 4)
     assert layer_fp8_gather[0] < 0.6 * layer_gather[0]                      # a middle stage: layers only
 
 

@@ -101,7 +101,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "performance recipes run): 2 bytes per gradient in memory and on the wire; default fp32")
     group.add_argument("--fp8-param-gather", action="store_true",
                        help="keep the weights as fp8 parameters, with no bf16 copy, and all-gather them over data "
-                            "parallel in fp8 (MXFP8: in bf16, through the gradient buffer), as Megatron-LM "
+                            "parallel in fp8 (MXFP8 at zero 1: in bf16, through the gradient buffer), as Megatron-LM "
                             "--fp8-param-gather and NeMo's / Megatron-Bridge's fp8 presets run; with --precision fp8 "
                             "and --zero 1 or higher")
     group.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",

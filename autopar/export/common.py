@@ -328,7 +328,7 @@ def fp8_param_fields(estimate: Estimate) -> dict[str, bool]:
     args.fp8_param_gather`) and NeMo's and Megatron-Bridge's precision configs keep equal.
     reuse_grad_buf_for_mxfp8_param_ag (MXFP8 only; DistributedDataParallelConfig and OptimizerConfig): with fp8
     parameters under the distributed optimizer (zero <= 1), MXFP8 weights are all-gathered in bf16 through the
-    gradient buffer, as the estimate prices them (TrainingSpec.param_gather_bytes_per_param); Megatron-Bridge asserts
+    gradient buffer, as the estimate prices them (TrainingSpec.param_gather_bytes_by_zero); Megatron-Bridge asserts
     it there (training/config.py: "When fp8_param_gather=True and fp8_recipe='mxfp8',
     reuse_grad_buf_for_mxfp8_param_ag must be set to True"), DistributedDataParallelConfig refuses it without fp8
     parameters ('Reuse grad buffer only when keeping params in MXFP8.'), and Megatron-FSDP (zero >= 2) has no such
@@ -343,8 +343,8 @@ def fp8_param_fields(estimate: Estimate) -> dict[str, bool]:
     return fields
 
 
-def fp8_preset_notes(estimate: Estimate, framework: str) -> list[str]:
-    """What `framework`'s (nemo, bridge) fp8 preset changes beside the recipe, which the estimate does not price:
+def fp8_preset_notes(estimate: Estimate) -> list[str]:
+    """What NeMo's and Megatron-Bridge's fp8 presets change beside the recipe, which the estimate does not price:
     current scaling keeps the first and last layer in bf16 (first_last_layers_bf16, one layer each). Its
     fp8_param_gather is written as priced (`fp8_param_fields`), so it needs no note."""
     if estimate.training.fp8_scaling is not Fp8Recipe.TENSORWISE:

@@ -150,7 +150,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory <recipe> ...): "
                    f"{plan_caption(estimate)}", NEMO_SOURCES, overrides,
                    loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
-                   + fp8_preset_notes(estimate, "nemo"))
+                   + fp8_preset_notes(estimate))
 
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
@@ -183,7 +183,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     return _render("bridge", f"{TARGET_VERSIONS['bridge']} (scripts/training/run_recipe.py --recipe <recipe> ...): "
                    f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides,
                    loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
-                   + fp8_preset_notes(estimate, "bridge"), remarks)
+                   + fp8_preset_notes(estimate), remarks)
 
 
 def bridge_mixed_precision(estimate: Estimate) -> str:

@@ -70,8 +70,8 @@ def assumptions(front: ParetoFront) -> list[str]:
          "data parallel in bf16), fp32 Adam states (16 bytes per parameter ")
         + "without sharding); zero 1 shards the optimizer states, 2 also the gradients, 3 also the weights over DP."
         + (" The decoder layers' weights are fp8 parameters (--fp8-param-gather): Transformer Engine's fp8 layouts "
-           "in place of the bf16 copy, all-gathered over DP in "
-           + ("bf16 (MXFP8)." if training.fp8_recipe.value == "mxfp8" else "fp8.")
+           "in place of the bf16 copy, all-gathered over DP in fp8"
+           + (" (in bf16 by the distributed optimizer, zero 1)" if training.fp8_recipe.value == "mxfp8" else "") + "."
            if training.fp8_param_gather else ""),
         f"GEMMs run in {training.precision.value}"
         + (f" ({training.fp8_recipe.value} scaling: Transformer Engine's casts priced at HBM bandwidth, SP "
