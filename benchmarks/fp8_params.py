@@ -22,6 +22,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autopar.models import load_model  # noqa: E402
@@ -51,7 +53,7 @@ def weight_gib(result: Estimate) -> float:
 def gather_s(result: Estimate) -> float:
     """The worst stage's data-parallel parameter all-gather per step, whole (before any overlap), seconds."""
     training, plans = result.training, PlanArrays.from_plans([result.plan])
-    stage = plans.pp[:1] * 0 + result.worst_stage
+    stage = np.full(1, result.worst_stage)
     _, gathered, _, _ = steptime.dp_traffic_s(result.model, result.cluster, plans, stage,
                                               training.overlap_grad_reduce, training.gradient_bytes_per_param,
                                               training.param_gather_bytes_by_zero)
@@ -92,8 +94,8 @@ def main() -> None:
           f"{cluster.memory_limit_bytes / GIB:.1f} GiB")
     print(header)
     print(row("gb200 mxfp8 (the recipe's)", off, on))
-    print(f"fp8-params: gb200 bridge-recipe peak {off.peak_memory_bytes / GIB:.2f}->{on.peak_memory_bytes / GIB:.2f}GiB "
-          f"fits {off.fits}->{on.fits} step {off.step_time_s:.3f}->{on.step_time_s:.3f}s")
+    print(f"fp8-params: gb200 bridge-recipe peak {off.peak_memory_bytes / GIB:.2f}->"
+          f"{on.peak_memory_bytes / GIB:.2f}GiB fits {off.fits}->{on.fits} step {off.step_time_s:.3f}->{on.step_time_s:.3f}s")
 
 
 if __name__ == "__main__":

@@ -62,10 +62,10 @@ from unittest import mock
 
 from autopar.export import launch_config
 from autopar.export.capabilities import Unsupported
-from autopar.export.common import LaunchConfig, gradient_accumulation_steps, mcore_router_fields, stage_layers
+from autopar.export.common import (LaunchConfig, fp8_param_fields, gradient_accumulation_steps, mcore_router_fields,
+                                   stage_layers)
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
-from costmodels.specs import Fp8Recipe
 
 OUTCOMES = ("accepted", "refused_with_reason", "rejected", "silently_changed")
 
@@ -311,14 +311,13 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
 
 def fp8_params_priced(estimate: Estimate) -> dict[str, bool]:
     """What a Megatron-Core job must end with to run the weights the estimate priced (TrainingSpec.fp8_param_gather):
-    TransformerConfig.fp8_param and DistributedDataParallelConfig.fp8_param_gather on with fp8 parameters, off
-    otherwise (and in bf16); reuse_grad_buf_for_mxfp8_param_ag on for MXFP8 fp8 parameters under the distributed
-    optimizer (zero <= 1), which gathers them in bf16 through the gradient buffer as the estimate prices them, off
-    everywhere else (Megatron-FSDP has no such buffer)."""
-    training = estimate.training
-    on = training.fp8_scaling is not None and training.fp8_param_gather
-    reuse = on and training.fp8_scaling is Fp8Recipe.MXFP8 and estimate.plan.zero <= 1
-    return {"fp8_param": on, "fp8_param_gather": on, "reuse_grad_buf_for_mxfp8_param_ag": reuse}
+    the switches `common.fp8_param_fields` says the estimate priced, each off where it names none (bf16, or MXFP8's
+    reuse flag for another recipe), TransformerConfig.fp8_param beside DistributedDataParallelConfig's
+    fp8_param_gather."""
+    fields = fp8_param_fields(estimate)
+    gather = fields.get("fp8_param_gather", False)
+    return {"fp8_param": gather, "fp8_param_gather": gather,
+            "reuse_grad_buf_for_mxfp8_param_ag": fields.get("reuse_grad_buf_for_mxfp8_param_ag", False)}
 
 
 def megatron_grads_in_fp32(ddp) -> bool:

@@ -138,9 +138,10 @@ def fp8_overrides(estimate: Estimate) -> list[str]:
         return []
     recipe = training.fp8_scaling.value
     params = fp8_param_fields(estimate)
-    reuse = {name: on for name, on in params.items() if name == "reuse_grad_buf_for_mxfp8_param_ag"}
+    optimizer = {"fp8_recipe": recipe}
+    if "reuse_grad_buf_for_mxfp8_param_ag" in params:   # MXFP8: the distributed optimizer reads its own copy
+        optimizer["reuse_grad_buf_for_mxfp8_param_ag"] = params["reuse_grad_buf_for_mxfp8_param_ag"]
     return ([_override("override_transformer_config", name, value) for name, value in
              (("fp8", "hybrid"), ("fp8_recipe", recipe), ("fp8_param", params["fp8_param_gather"]))]
             + [_override("override_ddp_config", name, on) for name, on in params.items()]
-            + [_override("override_optimizer_config", name, value)
-               for name, value in {"fp8_recipe": recipe, **reuse}.items()])
+            + [_override("override_optimizer_config", name, value) for name, value in optimizer.items()])
