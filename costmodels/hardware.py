@@ -223,18 +223,30 @@ def safe_yaml_load(text: str, origin: str, field: str = "profile") -> Any:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    def too_deep(line: int) -> InputError:
+        return InputError(field, f"{origin}: YAML nested deeper than {MAX_YAML_NESTING} levels at line {line}; "
+                                 "give a profile file")
+
     depth = 0
-    for event in yaml.parse(text, Loader=loader):
-        if isinstance(event, yaml.AliasEvent):
-            raise InputError(field, f"{origin}: YAML alias at line {event.start_mark.line + 1} is not accepted "
-                                    "(autopar files use none); write the values out")
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_YAML_NESTING:
-                raise InputError(field, f"{origin}: YAML nested deeper than {MAX_YAML_NESTING} levels at line "
-                                        f"{event.start_mark.line + 1}; give a profile file")
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=loader):
+            if isinstance(event, yaml.AliasEvent):
+                raise InputError(field, f"{origin}: YAML alias at line {event.start_mark.line + 1} is not "
+                                        "accepted (autopar files use none); write the values out")
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_NESTING:
+                    raise too_deep(event.start_mark.line + 1)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        # libyaml 0.2.6 (bundled in PyYAML >= 6.0.3's wheels) stops at 1,000 flow levels in its scanner, which reads
+        # up to 1,024 characters ahead of the event this loop sees: "exceeded maximum nesting depth". The depth is
+        # this check's to report; older libyaml and the pure-Python scanner have no limit and reach the loop above.
+        if "nesting depth" in f"{exc.problem} {exc.context}":
+            raise too_deep(exc.problem_mark.line + 1 if exc.problem_mark is not None else 1) from None
+        raise
     return yaml.load(text, Loader=loader)
 
 

@@ -163,6 +163,22 @@ def test_deeply_nested_yaml_as_profile(tmp_path: Path) -> None:
     assert_bad_input(run_cli("solve", "llama-3.1-8b", "--profile", str(deep)), "deep.yaml", "nested deeper")
 
 
+@pytest.mark.parametrize("text", [
+    "gpu: " + "[" * 65 + "]" * 65 + "\n",            # one level past autopar's limit, far below libyaml's
+    "gpu: " + "[" * 1_001 + "]" * 1_001 + "\n",      # past libyaml 0.2.6's own 1,000-level stop (PyYAML >= 6.0.3)
+    "gpu:\n" + "- " * 2_000 + "x\n",                 # block style
+    "a: {" * 3_000 + "}" * 3_000 + "\n",              # flow mappings
+], ids=["flow-65", "flow-1001", "block-2000", "mapping-3000"])
+def test_nested_yaml_refused_for_every_pyyaml(text: str) -> None:
+    # The same message whichever libyaml PyYAML carries (the pins allow 6.0 .. 6.0.4; 6.0.4's scanner raises its own
+    # "exceeded maximum nesting depth" 1,024 characters ahead of the events autopar counts).
+    from costmodels.errors import InputError
+    from costmodels.hardware import safe_yaml_load
+
+    with pytest.raises(InputError, match="nested deeper than 64 levels at line"):
+        safe_yaml_load(text, "deep.yaml")
+
+
 def test_fifo_as_profile(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "p.yaml")
     assert_bad_input(run_cli("solve", "llama-3.1-8b", "--profile", str(tmp_path / "p.yaml")), "p.yaml",
