@@ -549,7 +549,7 @@ def _capacity(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, flo
     if pad:
         notes.append(f"--moe-pad-expert-input-to-capacity: every expert runs its capacity ({capacity:g}× the balanced "
                      "load), read as --moe-imbalance-factor " + f"{max(1.0, capacity):g}")
-        return {"moe_capacity_factor": capacity, "moe_imbalance_factor": max(1.0, capacity)}
+        return {"moe_capacity_factor": capacity, "moe_imbalance_factor": max(1.0, capacity), "moe_pad_to_capacity": True}
     return {"moe_capacity_factor": capacity}
 
 

@@ -3,19 +3,18 @@
 - elementwise.traffic_per_activation_byte (A100 profile): the one value still fitted to end-to-end runs, on two
   sources (Narayanan et al. 2021 Table 1 and Korthikanti et al. 2022 Table 5; benchmarks/fit_profiles.py
   --elementwise-only). Each fold refits it on one source alone and predicts the other source's rows.
-- costmodels.overheads.KERNEL_LAUNCH_S: fitted from one source (the dgxc cpu_overhead sample); with a single source
-  no source can be left out, so the fold leaves out one measured size at a time instead and reports the spread.
+- the profiles' `host:` launch costs (costmodels.host), fitted to the host-dispatch microbenchmarks: each row of a
+  launch path measured more than once is left out, the rest refitted, and the row predicted.
 - The microbenchmark fits (collectives, GEMMs) have their own leave-one-file-out check:
   `python benchmarks/fidelity_microbench.py --cross-validate`.
 
     python benchmarks/fidelity_crossval.py
 
-Ends with `fidelity-crossval: elementwise_loso_mean=X% elementwise_loso_max=Y% launch_loo_max=Z%`.
+Ends with `fidelity-crossval: elementwise_loso_mean=X% elementwise_loso_max=Y% host_loo_max=Z%`.
 """
 
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -26,8 +25,6 @@ if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
 from benchmarks import fit_profiles  # noqa: E402
-from benchmarks.reference import reference_dir  # noqa: E402
-from costmodels import overheads  # noqa: E402
 from costmodels.hardware import load_profile  # noqa: E402
 
 ELEMENTWISE = ("traffic_per_activation_byte",)
@@ -48,17 +45,29 @@ def elementwise_folds() -> list[tuple[str, float, list[float]]]:
     return folds
 
 
-def launch_folds() -> tuple[float, list[float]]:
-    """(fitted value s, leave-one-size-out errors % of predicting the held-out size by the others' median)."""
-    path = reference_dir() / "microbench" / overheads.LAUNCH_SOURCE
-    with open(path, newline="", encoding="utf-8") as handle:
-        values = [float(r["avg_time_per_op_us"]) for r in csv.DictReader(
-            line for line in handle if not line.startswith("#"))]
-    errors = []
-    for i, held in enumerate(values):
-        rest = values[:i] + values[i + 1:]
-        errors.append(100.0 * (statistics.median(rest) - held) / held)
-    return statistics.median(values) * 1e-6, errors
+def host_folds() -> list[tuple[str, float, float]]:
+    """(launch path, the row held out, the error % of predicting it from the fit to the others) for every host row
+    of a path measured more than once (costmodels.host's `host:` section, autopar.calibrate.fit.fit_host_costs)."""
+    from autopar.calibrate.fit import fit_host_costs, predict_host_row_us
+    from benchmarks import microbench_tables as tables
+    from costmodels.hardware import load_profile
+
+    rows = [row.measurement for file in ("host_dispatch_launch_overhead_issue_threads.csv",
+                                         "launch_overhead_small_gemm_dgxc_sample.csv")
+            for row in tables.all_rows()[file]]
+    base = load_profile("h100-80gb")
+    out = []
+    for i, held in enumerate(rows):
+        if sum(1 for row in rows if row.path == held.path) < 2:
+            continue
+        fit = fit_host_costs(rows[:i] + rows[i + 1:], base)
+        values = {key: getattr(base.host_costs, key[:-3] + "_s") * 1e6 for key in fit.params} | fit.params
+        values = {**{key: getattr(base.host_costs, key[:-3] + "_s") * 1e6
+                     for key in ("aten_op_us", "aten_gemm_us", "triton_launch_us", "compiled_call_us",
+                                 "cuda_graph_replay_us", "cuda_graph_node_us", "launch_us", "sync_us")}, **values}
+        measured = held.timing.median_s * 1e6
+        out.append((held.path, measured, 100.0 * (predict_host_row_us(held, values) - measured) / measured))
+    return out
 
 
 def main() -> int:
@@ -69,12 +78,15 @@ def main() -> int:
         all_errors += [abs(e) for e in errors]
         print(f"{held:<26} {value:>8.3f} {len(errors):>5} {statistics.fmean(abs(e) for e in errors):>13.2f} "
               f"{max(abs(e) for e in errors):>12.2f}")
-    value, launch_errors = launch_folds()
-    print(f"\nkernel launch: {value * 1e6:.2f} us from one source ({overheads.LAUNCH_SOURCE}); no other source to "
-          f"leave out. Leave one size out: max |err| {max(abs(e) for e in launch_errors):.1f}% "
-          f"(sizes spread {min(launch_errors):+.1f}..{max(launch_errors):+.1f}%)")
+    folds = host_folds()
+    print("\nhost launch costs (the profiles' host: section): leave one row out, refit, predict it")
+    print(f"{'launch path':<20} {'rows':>5} {'max |err| %':>12}")
+    for path in dict.fromkeys(p for p, _, _ in folds):
+        errors = [abs(e) for p, _, e in folds if p == path]
+        print(f"{path:<20} {len(errors):>5} {max(errors):>12.1f}")
+    host_max = max(abs(e) for _, _, e in folds)
     print(f"fidelity-crossval: elementwise_loso_mean={statistics.fmean(all_errors):.2f}% "
-          f"elementwise_loso_max={max(all_errors):.2f}% launch_loo_max={max(abs(e) for e in launch_errors):.1f}%")
+          f"elementwise_loso_max={max(all_errors):.2f}% host_loo_max={host_max:.1f}%")
     return 0
 
 

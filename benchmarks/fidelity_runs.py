@@ -54,16 +54,36 @@ from costmodels import compute as compute_model  # noqa: E402
 from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import peak_memory  # noqa: E402
+from costmodels.params import total_params  # noqa: E402
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule  # noqa: E402
-from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, ExpertGemm, Fp8Recipe, MlpKind,  # noqa: E402
-                              ModelSpec, NormKind, PipelineSchedule, PositionEmbedding, Precision, TrainingSpec)
+from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, Engine, ExpertGemm, Fp8Recipe,  # noqa: E402
+                              LaunchPath, MlpKind, ModelSpec, NormKind, PipelineSchedule, PositionEmbedding,
+                              Precision, TrainingSpec)
 from costmodels.steptime import step_time_s  # noqa: E402
 
 MEMORY_HEADROOM = 0.05
 """Published runs are tuned to fill the GPU: a layout counts as fitting below 95% of HBM (not the 20% planning
 headroom autopar uses for new runs)."""
 
-CATEGORIES = ("dense A100", "dense H100/H200", "dense B200/GB200", "MoE")
+CATEGORIES = ("dense A100", "dense H100/H200", "dense B200/GB200", "MoE", "small-kernel")
+"""Each row's GPU-and-kind category (Case.category), and the small-kernel regime across them (`is_small_kernel`)."""
+SMALL_MODEL_PARAMS = 3e9
+"""The small-kernel category's models: under 3B parameters (issue 42)."""
+FINE_GRAINED_EXPERTS = 64
+FINE_GRAINED_EXPERT_WIDTH = 2048
+"""... and MoE models with at least 64 experts or experts at most 2048 wide."""
+
+
+def is_small_kernel(case: "Case") -> bool:
+    """The small-kernel regime: a row of its six files, a model under SMALL_MODEL_PARAMS, or a fine-grained MoE."""
+    moe = case.model.moe
+    fine = moe is not None and (moe.num_experts >= FINE_GRAINED_EXPERTS
+                                or moe.expert_ffn_hidden_size <= FINE_GRAINED_EXPERT_WIDTH)
+    return case.small_kernel or fine or total_params(case.model) < SMALL_MODEL_PARAMS
+
+
+def in_category(case: "Case", name: str) -> bool:
+    return is_small_kernel(case) if name == "small-kernel" else case.category == name
 
 
 # ---- rows ----------------------------------------------------------------------------------------------------------
@@ -94,6 +114,9 @@ class Case:
     full_matrix_step_s: float = 0.0
     """For a source read with the causal formula it does not state (FOLDING_FLOP_READING): the measured step had it
     counted the full attention matrix; 0 where the source states its convention or measured time directly."""
+    small_kernel: bool = False
+    """A row of the small-kernel regime's files (the category `small-kernel` holds them, and every row of a model
+    under SMALL_MODEL_PARAMS or of a fine-grained MoE: `is_small_kernel`)."""
 
 
 ROUTING_CAPPED = "capacity-capped"
@@ -328,7 +351,8 @@ def llm_foundry() -> "list[Case | Unexpressed]":
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 **_precision_fields(r["precision"]), attention_kernel=kernel,
                                 cross_entropy=LLM_FOUNDRY_LOSS,
-                                grad_reduce_in_fp32=LLM_FOUNDRY_REDUCE_IN_FP32[_fsdp_mp_mode(r["method"])])
+                                grad_reduce_in_fp32=LLM_FOUNDRY_REDUCE_IN_FP32[_fsdp_mp_mode(r["method"])],
+                                engine=Engine.PYTORCH)   # Composer's training loop, PyTorch FSDP over an eager MPT
         zero = 2 if "SHARD_GRAD_OP" in r["sharding"] else 3
         recompute = Recompute.FULL if "checkpointing True" in r["recompute"] else Recompute.NONE
         fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=_int(r, "micro_batch"), zero=zero, recompute=recompute)
@@ -591,7 +615,7 @@ def _torchao_llama4(source: str, r: dict, profile: HardwareProfile, label: str) 
     gpus, seq, mbs = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "micro_batch")
     training = TrainingSpec(seq_len=seq, global_batch_size=mbs * _int(r, "dp"), precision=Precision.BF16,
                             attention_kernel=AttentionKernel.CUDNN, cross_entropy=CrossEntropyKernel.UNFUSED,
-                            expert_gemm=ExpertGemm.GROUPED)
+                            expert_gemm=ExpertGemm.GROUPED, **torchtitan_engine(r["method"]))
     fixed = dict(tp=1, pp=1, cp=1, ep=_int(r, "ep"), etp=1, mbs=mbs, zero=3, recompute=Recompute.NONE)
     step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
     return Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "tokens/s/GPU", step,
@@ -600,6 +624,12 @@ def _torchao_llama4(source: str, r: dict, profile: HardwareProfile, label: str) 
                  "attention SDPA cudnn (torchtitan backend priority)", "torchtitan's eager cross entropy (unfused)",
                  "experts in one torch._grouped_mm kernel (torchtitan's GroupedExperts)",
                  "B200 at its sustained clock: table (C) states no power limit (table (A)'s B200s are power limited)"))
+
+
+def torchtitan_engine(method: str) -> dict:
+    """TrainingSpec's engine fields for a torchtitan run: torch.compile'd blocks where the source says so."""
+    return dict(engine=Engine.TORCHTITAN,
+                launch=LaunchPath.COMPILE if "compile" in method.lower() else LaunchPath.EAGER)
 
 
 def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note: str) -> "Case | Unexpressed":
@@ -619,7 +649,8 @@ def _fsdp_case(source: str, r: dict, profile: HardwareProfile, label: str, note:
     # torchtitan's loss: PyTorch's cross entropy on the logits, outside the compiled blocks (no fused kernel)
     kernel = AttentionKernel.CUDNN if profile.name.startswith("b200") else AttentionKernel.FA2
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs, **_precision_fields(r["precision"]),
-                            attention_kernel=kernel, cross_entropy=CrossEntropyKernel.UNFUSED)
+                            attention_kernel=kernel, cross_entropy=CrossEntropyKernel.UNFUSED,
+                            **torchtitan_engine(r["method"]))
     recompute = Recompute.FULL if "full" in r["recompute"] else (
         Recompute.SELECTIVE if "selective" in r["recompute"] else Recompute.NONE)
     fixed = dict(tp=tp, pp=pp, cp=cp, ep=1, mbs=mbs, zero=3, recompute=recompute, sp=tp > 1)
@@ -813,7 +844,8 @@ def modelzoo() -> "list[Case | Unexpressed]":
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 **_precision_fields(r["precision"]),
                                 moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""),
-                                moe_dispatcher="deepep" if "DeepEP" in r["method"] else "alltoall", **TUNED_OVERLAP)
+                                moe_dispatcher="deepep" if "DeepEP" in r["method"] else "alltoall", **TUNED_OVERLAP,
+                                **modelzoo_graphs(r["method"]))
         recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
                      ep=_int(r, "ep"), etp=_int(r, "etp", 1), recompute=recompute,
@@ -849,6 +881,18 @@ def modelzoo() -> "list[Case | Unexpressed]":
     return out
 
 
+MODELZOO_GRAPH_MODULES = ("attn", "moe_router", "moe_preprocess")
+"""The CUDA-graph scope of the ModelZoo's GB200/GB300 commands (the file's header: 'commands include ... CUDA graphs
+(attn, moe_router, moe_preprocess)'), as the DeepSeek-V3 GB200 guide's final configuration."""
+
+
+def modelzoo_graphs(method: str) -> dict:
+    """TrainingSpec's launch fields for a Megatron-Core row whose method names CUDA graphs."""
+    if "CUDA graphs" not in method:
+        return {}
+    return dict(launch=LaunchPath.CUDA_GRAPH, cuda_graph_modules=MODELZOO_GRAPH_MODULES)
+
+
 MXFP8_NOTE = ("MXFP8 priced as fp8 recipe mxfp8 (FP8 GEMMs at the fp8 peak, the casts with both layouts and "
               "their 1x32 block scales, SP all-gathers in fp8)")
 
@@ -877,7 +921,8 @@ def dsv3_gb200() -> "list[Case | Unexpressed]":
         layout, mtp = parse_megatron_layout("Et|(tt|)*30L", pp)
         # the source's header: 'MXFP8 (--fp8-recipe mxfp8, fp8 param gather)'
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
-                                **_precision_fields(r["precision"]), **TUNED_OVERLAP, fp8_param_gather=True)
+                                **_precision_fields(r["precision"]), **TUNED_OVERLAP, fp8_param_gather=True,
+                                **modelzoo_graphs("CUDA graphs"))   # the header: graphs on attn/moe_router/moe_preprocess
         recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=pp, vpp=_int(r, "vpp"), cp=_int(r, "cp"), ep=_int(r, "ep"),
                      etp=_int(r, "etp"), mbs=_int(r, "micro_batch"), recompute=recompute,
@@ -918,6 +963,216 @@ def internevo() -> "list[Case | Unexpressed]":
                         "architecture of the '7B model' not stated; ZeRO-1 group smaller than DP not expressible")
 
 
+
+# ---- the small-kernel regime (the last six files of shared/reference/runs/) --------------------------------------
+
+GPT2_HIDDEN_BY_DEPTH = {12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
+"""llm.c's GPT-2 shapes by depth (-e dN): train_gpt2.cu gpt2_build_from_descriptor, 'd12' -> channels 768 and 12
+heads, d24 -> 1024 / 16, d36 -> 1280 / 20, d48 -> 1600 / 25 (GPT-2 small, medium, large, XL)."""
+LLMC_VOCAB = 50304
+"""llm.c pads GPT-2's 50257-token vocabulary to 50304 (train_gpt2.cu: padded_vocab_size, a multiple of 128)."""
+NATIVE_NOTE = ("llm.c: every kernel launched from C (engine native), cuDNN attention, fused classifier, ZeRO-1 over "
+               "the 8 ranks")
+
+
+def llmc_training(seq: int, gbs: int, profile: HardwareProfile) -> TrainingSpec:
+    """llm.c's run: engine native, cuDNN attention (FlashAttention-2's curve where the profile has no cuDNN one:
+    LLMC_ATTENTION_NOTE), its fused classifier priced as the single-kernel xentropy loss."""
+    kernel = AttentionKernel.CUDNN if "cudnn" in compute_model.attention_kernels_of(profile) else AttentionKernel.FA2
+    return TrainingSpec(seq_len=seq, global_batch_size=gbs, engine=Engine.NATIVE, attention_kernel=kernel,
+                        cross_entropy=CrossEntropyKernel.XENTROPY)
+
+
+LLMC_ATTENTION_NOTE = "cuDNN attention priced with FlashAttention-2's curve on A100 (no cuDNN curve measured there)"
+
+
+def llmc_gpt2(name: str, layers: int, seq: int) -> ModelSpec:
+    hidden, heads = GPT2_HIDDEN_BY_DEPTH[layers]
+    return gpt(name, hidden, layers, heads, LLMC_VOCAB, seq)
+
+
+def llmc_scripts() -> "list[Case | Unexpressed]":
+    """llm.c's scripts/run_gpt2_*.sh header comments: the maintainer's approximate step time for GPT-2 124M-1558M
+    on 8 A100 80GB (the 1558M on 8 H100), micro-batch -b, sequence -t, tokens per step -d, ZeRO-1, no recompute."""
+    source, out = "llmc", []
+    for r in _read("llmc_gpt2_scripts.csv"):
+        label = f"{r['model'][:40]} {r['gpu']}"
+        layers = _int(r, "layers")
+        if layers not in GPT2_HIDDEN_BY_DEPTH:
+            out.append(Unexpressed(source, r["row_id"], label, "model flags (-e) not stated; the source's step time "
+                                                               "is flagged as inconsistent"))
+            continue
+        profile, _, _ = gpu_profile(r["gpu"])
+        gpus, seq, mbs = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "micro_batch")
+        gbs = _int(r, "global_batch_tokens") // seq
+        model = llmc_gpt2(r["model"], layers, seq)
+        training = llmc_training(seq, gbs, profile)
+        fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=mbs, zero=1, recompute=Recompute.NONE)
+        notes = (NATIVE_NOTE, "an approximate ('~') step time in a script comment") + (
+            (LLMC_ATTENTION_NOTE,) if training.attention_kernel is AttentionKernel.FA2 else ())
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "step s",
+                        _num(r, "step_time_s"), category(profile, False), (source, "gpt-2", profile.name, gpus, seq),
+                        notes, small_kernel=True))
+    return out
+
+
+MODDED_NANOGPT_NOTES = (
+    "modded-nanogpt: a torch.compile'd GPT, DDP over 8 ranks (engine pytorch, launch compile), PyTorch SDPA",
+    "Muon's Newton-Schulz iterations priced as Adam: ~1.5 TFLOP per step for the 124M model before record 6 spread "
+    "them over the ranks, ~2% of the step (derived)",
+    "architecture tweaks of the record (rotary, QK-norm, ReLU^2, value/skip connections) priced as a GPT of the same "
+    "width and depth")
+
+
+def modded_nanogpt() -> "list[Case | Unexpressed]":
+    """modded-nanogpt speedrun records on 8 H100 (README tables and the records' logs). Record 1 is llm.c (engine
+    native). Records 4-11 train a 124M-class GPT at 64 x 1024 tokens per rank with dense causal attention; record 12
+    onwards packs one 64K-token sequence per rank with FlexAttention block masks whose windows the rows do not state,
+    and the medium track likewise; the 1.5B scale-up is the 10/18/24 trainer at 52 layers x 1536."""
+    source, out = "modded-nanogpt", []
+    for r in _read("modded_nanogpt_speedrun_8xh100.csv"):
+        label = r["model"][:60]
+        profile, _, _ = gpu_profile(r["gpu"])
+        seq, hidden, layers, heads = _int(r, "seq_len"), _int(r, "hidden"), _int(r, "layers"), _int(r, "heads")
+        step = _num(r, "step_time_s")
+        if step is None or hidden is None or seq is None:
+            out.append(Unexpressed(source, r["row_id"], label, "no logged step time or architecture"))
+            continue
+        if seq > 1024 and "1.5B" not in r["model"]:
+            out.append(Unexpressed(source, r["row_id"], label, "FlexAttention over a packed 64K-token sequence with "
+                                                               "sliding-window block masks: the windows, and so the "
+                                                               "attention's work, are not stated"))
+            continue
+        gpus = _int(r, "num_gpus")
+        gbs = _int(r, "global_batch_tokens") // seq
+        if "llm.c" in r["method"]:
+            model = llmc_gpt2(r["model"], layers, seq)
+            training, notes, mbs, zero = llmc_training(seq, gbs, profile), (NATIVE_NOTE,), _int(r, "micro_batch"), 1
+        else:
+            heads = heads or 12
+            model = dataclasses.replace(gpt(r["model"], hidden, layers, heads, LLMC_VOCAB, seq), linear_bias=False,
+                                        dropout=0.0)
+            training = TrainingSpec(seq_len=seq, global_batch_size=gbs, engine=Engine.PYTORCH,
+                                    launch=LaunchPath.COMPILE, attention_kernel=AttentionKernel.FA2,
+                                    cross_entropy=CrossEntropyKernel.FUSED)   # Inductor fuses the loss's kernels
+            notes, mbs, zero = MODDED_NANOGPT_NOTES, _int(r, "micro_batch"), 0
+        fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=mbs, zero=zero, recompute=Recompute.NONE)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "step s", step,
+                        category(profile, False), (source, "records", profile.name, gpus, seq), notes,
+                        small_kernel=True))
+    return out
+
+
+TINYLLAMA_NOTE = ("TinyLlama: lit-gpt under Lightning Fabric's FSDP (engine pytorch, full sharding assumed), "
+                  "FlashAttention-2, fused RMSNorm, SwiGLU, RoPE and cross entropy (xentropy), no recompute")
+
+
+def tinyllama() -> "list[Case | Unexpressed]":
+    """TinyLlama README: 24k tokens/s per A100-40G for the 1.1B model, 16k tokens per GPU per micro-batch (8 x 2048),
+    2M tokens per step on 16 GPUs; the GPU-hour rows are run averages quoted second-hand."""
+    source, out = "tinyllama", []
+    for r in _read("tinyllama_pythia_a100_readme.csv"):
+        label = f"{r['model']} {r['gpu']}"
+        if r["row_id"] != "1":
+            out.append(Unexpressed(source, r["row_id"], label, "a run-level GPU-hour average over 300B tokens "
+                                                               "(quoted second-hand, no layout of the measured run)"))
+            continue
+        profile, _, _ = gpu_profile(r["gpu"])
+        seq, gpus = _int(r, "seq_len"), _int(r, "num_gpus")
+        model = ModelSpec(name="tinyllama-1.1b", hidden_size=_int(r, "hidden"), num_layers=_int(r, "layers"),
+                          num_attention_heads=_int(r, "heads"), num_kv_heads=_int(r, "kv_heads"),
+                          ffn_hidden_size=_int(r, "ffn"), vocab_size=32000, max_position_embeddings=seq)
+        training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"), engine=Engine.PYTORCH,
+                                attention_kernel=AttentionKernel.FA2, cross_entropy=CrossEntropyKernel.XENTROPY,
+                                fused_kernels=True)
+        fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=8, zero=3, recompute=Recompute.NONE)
+        step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
+                        "tokens/s/GPU", step, category(profile, False), (source, r["model"], profile.name, gpus, seq),
+                        (TINYLLAMA_NOTE, "vocabulary 32000 (Llama 2's tokenizer, the README's)",
+                         "micro-batch 8 from the README's 16k tokens per GPU"), small_kernel=True))
+    return out
+
+
+def ms_swift() -> "list[Case | Unexpressed]":
+    """ms-swift's Megatron-SWIFT benchmark on A800: Qwen3-30B-A3B full-parameter SFT, Megatron-Core (TP2 SP EP8,
+    grouped GEMM, full recompute, distributed optimizer) against transformers + DeepSpeed ZeRO-3 (Hugging Face's
+    per-expert loop); packed 8192-token samples, so tokens per step are an upper bound."""
+    source, out = "ms-swift", []
+    for r in _read("ms_swift_megatron_vs_deepspeed_a800.csv"):
+        label = f"{r['model'][:30]} {r['method'][:40]}"
+        profile, why, _ = gpu_profile(r["gpu"])
+        if profile is None:
+            out.append(Unexpressed(source, r["row_id"], label, why))
+            continue
+        out.append(Unexpressed(source, r["row_id"], label, "not read"))
+    return out
+
+
+DEEPEP_TITAN_NOTES = ("torchtitan: FSDP2 + EP 8, torch.compile, grouped-mm experts, forced load balance",
+                      "micro-batch = the local batch size; global batch = local batch x GPUs")
+
+
+def torchtitan_deepep() -> "list[Case | Unexpressed]":
+    """torchtitan PR #2500's DeepEP README: Qwen3-30B-A3B on 8-128 B200, FSDP over every GPU + EP 8, seq 4096, full
+    activation checkpointing, torch.compile, forced load balance; tokens/s per GPU (row 8: the default all-to-all
+    baseline at EP 8; row 7 ran out of memory)."""
+    source, out = "torchtitan-deepep", []
+    model = preset("qwen3-30b-a3b")
+    for r in _read("torchtitan_deepep_qwen3_30b_a3b_b200.csv"):
+        gpus, seq = _int(r, "num_gpus"), _int(r, "seq_len")
+        label = f"Qwen3-30B-A3B x{gpus} lbs{r['micro_batch'] or '?'} {'DeepEP' if 'DeepEP' in r['method'] else 'a2a'}"
+        rate = _num(r, "tokens_per_s_per_gpu")
+        if rate is None:
+            out.append(Unexpressed(source, r["row_id"], label, "no measurement (out of memory)"))
+            continue
+        profile, _, _ = gpu_profile(r["gpu"])
+        deepep = "DeepEP" in r["method"]
+        notes = DEEPEP_TITAN_NOTES
+        mbs = _int(r, "micro_batch")
+        if mbs is None:
+            mbs, notes = 8, notes + ("local batch 8 (the PR config's, not restated for this row)",)
+        training = TrainingSpec(seq_len=seq, global_batch_size=mbs * gpus, engine=Engine.TORCHTITAN,
+                                launch=LaunchPath.COMPILE, expert_gemm=ExpertGemm.GROUPED,
+                                moe_dispatcher="deepep" if deepep else "alltoall",
+                                attention_kernel=AttentionKernel.CUDNN, cross_entropy=CrossEntropyKernel.UNFUSED)
+        fixed = dict(tp=1, pp=1, cp=1, ep=_int(r, "ep"), etp=1, mbs=mbs, zero=3, recompute=Recompute.FULL)
+        step = training.tokens_per_step / (rate * gpus)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
+                        "tokens/s/GPU", step, "MoE", (source, "qwen3-30b-a3b", profile.name, gpus, seq, mbs),
+                        notes, routing=ROUTING_BALANCED, small_kernel=True))
+    return out
+
+
+def torchtitan_h200_ladder() -> "list[Case | Unexpressed]":
+    """A user's torchtitan tuning ladder for Qwen3-30B-A3B on one 8-H200 node (torchtitan's logged tokens/s per GPU):
+    FSDP2 over the ranks beside TP / EP / ETP; Experiments 2 and 3 do not restate their layout."""
+    source, out = "torchtitan-h200-ladder", []
+    model = preset("qwen3-30b-a3b")
+    for r in _read("torchtitan_fork_qwen3_30b_a3b_h200_ladder.csv"):
+        label = f"Qwen3-30B-A3B {r['source_table']}"
+        if _num(r, "tp") is None or _num(r, "ep") is None:
+            out.append(Unexpressed(source, r["row_id"], label, "parallel layout not restated for this experiment"))
+            continue
+        profile, _, _ = gpu_profile(r["gpu"])
+        gpus, seq, lbs = _int(r, "num_gpus"), _int(r, "seq_len"), _int(r, "micro_batch")
+        tp, ep, etp = _int(r, "tp"), _int(r, "ep"), _int(r, "etp")
+        compiled = "compile on" in r["method"]
+        training = TrainingSpec(seq_len=seq, global_batch_size=lbs * gpus // tp, engine=Engine.TORCHTITAN,
+                                launch=LaunchPath.COMPILE if compiled else LaunchPath.EAGER,
+                                expert_gemm=ExpertGemm.GROUPED, attention_kernel=AttentionKernel.FA2,
+                                cross_entropy=CrossEntropyKernel.UNFUSED)
+        recompute = Recompute.FULL if r["recompute"] == "full" else Recompute.SELECTIVE
+        fixed = dict(tp=tp, pp=1, cp=1, ep=ep, etp=etp, mbs=lbs, zero=3, recompute=recompute, sp=tp > 1)
+        step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
+        out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
+                        "tokens/s/GPU", step, "MoE", (source, "qwen3-30b-a3b", profile.name, gpus, seq),
+                        ("torchtitan fork, FSDP2 over the remaining ranks, one logged step per configuration",
+                         "dropless token-choice routing priced balanced",
+                         "torchtitan's selective AC priced as selective recompute"),
+                        routing=ROUTING_DROPLESS, small_kernel=True))
+    return out
+
 def all_rows() -> "list[Case | Unexpressed]":
     rows: list = []
     rows += llm_foundry() + megatron_readme() + megascale() + nemotron() + zero_bubble() + torchtitan() + torchao()
@@ -931,6 +1186,7 @@ def all_rows() -> "list[Case | Unexpressed]":
                          "DualPipe schedule not modelled (bidirectional pipeline overlapping forward and backward "
                          "chunks); run average over a batch ramp 3072 -> 15360; micro-batch not stated")
     rows += dsv3_gb200()
+    rows += modded_nanogpt() + llmc_scripts() + tinyllama() + ms_swift() + torchtitan_deepep() + torchtitan_h200_ladder()
     return rows
 
 
@@ -1080,7 +1336,7 @@ def run(verbose: bool = False) -> dict:
     print(f"{'category':<22} {'rows':>5} {'MAPE %':>8} {'max %':>8} {'bias %':>8} {'over memory':>12}")
     per_category = {}
     for name in CATEGORIES:
-        members = [r for r in results if r.case.category == name]
+        members = [r for r in results if in_category(r.case, name)]
         s = summarise(members)
         per_category[name] = s
         figures = f"{s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f}" if s.rows else f"{'-':>8} {'-':>8} {'-':>8}"

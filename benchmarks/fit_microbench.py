@@ -254,7 +254,8 @@ def _mark_extrapolated_attention(name: str, rows_by_file: dict[str, list[tables.
         if file == exclude:
             continue
         for row in rows:
-            if name not in row.profiles or row.role != "fit" or not row.extrapolated:
+            if name not in row.profiles or row.role != "fit" or not row.extrapolated \
+                    or getattr(row.measurement, "kind", "") != "attention":
                 continue
             key = f"compute.gemm_efficiency.attention_{row.measurement.attention_kernel}_" \
                   f"{row.measurement.attention_pass}"

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement, Measurements, Timing
+from autopar.calibrate.measurements import (CollectiveMeasurement, GemmMeasurement, HostMeasurement, Measurements,
+                                           Timing)
 from costmodels.comm import algorithm_factor
 from costmodels.hardware import load_profile
 
@@ -52,7 +53,7 @@ class Row:
     """One measurement for some bundled profiles."""
 
     profiles: tuple[str, ...]
-    measurement: "GemmMeasurement | CollectiveMeasurement"
+    measurement: "GemmMeasurement | CollectiveMeasurement | HostMeasurement"
     role: str = "fit"
     """'fit' or 'check' (predicted only; `why` says why)."""
     why: str = ""
@@ -539,6 +540,102 @@ def read_sdpa_b200(path: Path) -> Iterator[Row]:
                                  dispatch_exposed=True)
 
 
+
+# ---- host launch costs (costmodels.host): one set for every profile -------------------------------------------------
+
+X86_HOST_PROFILES = (*A100, *H100, *H200, *B200, *H800)
+"""Profiles of GPUs in x86 servers (HGX / DGX): a host cost is the CPU's, Python's, PyTorch's and the driver's, not
+the GPU's, so the rows measured on A100 and H100 hosts (and a laptop's raw launches) price them alike."""
+GRACE_HOST_PROFILES = GB200
+"""Profiles of GPUs driven by a Grace CPU (GB200 superchips)."""
+GRACE_HOST_FACTOR = 37.08 / 13.48
+"""Host time per op on Grace over x86 for the same PyTorch code: a torch.nn.Linear bf16 forward takes 37.08 µs of CPU
+on GB200 and 13.48 µs on an H100 DGX's Xeon 8480C (TransformerEngine issue #2053, benchmarks/microbench/
+host_cpu_linear_te_issue2053.csv; 33.17 µs on GH200)."""
+GRACE_RULE = (f"the x86 host's measurement x {GRACE_HOST_FACTOR:.2f}, Grace's host time per op over x86's for the same "
+              "torch linear (TransformerEngine issue #2053: 37.08 vs 13.48 µs)")
+
+
+def _host_rows(measurement: HostMeasurement) -> Iterator[Row]:
+    """A host row measured on an x86 server, for the x86 profiles, and scaled by GRACE_HOST_FACTOR for the Grace ones."""
+    yield Row(X86_HOST_PROFILES, measurement)
+    scaled = dataclasses.replace(measurement, timing=_timing(measurement.timing.median_s * GRACE_HOST_FACTOR))
+    yield Row(GRACE_HOST_PROFILES, scaled, extrapolated=GRACE_RULE)
+
+HOST_SMALL_SHAPES = {"(1, 4096)", "(16, 4096)", "512x512"}
+"""The FlagGems / Torch-FL shapes whose kernel is far shorter than its launch (the threads say so: 7.1 µs for 4K and
+64K elements alike); the 4096² and larger adds time the GPU kernel, not the host."""
+
+
+def _host(path: Path, kind: str, microseconds: float, label: str, kernels: int = 1) -> HostMeasurement:
+    return HostMeasurement(path=kind, timing=_timing(microseconds * 1e-6), kernels=kernels, label=label,
+                           source=path.name)
+
+
+def read_host_threads(path: Path) -> Iterator[Row]:
+    """host_dispatch_launch_overhead_issue_threads.csv, by launch path:
+    - aten_op: eager torch.add on tiny tensors (FlagGems #4558), the ATen CUDA op submitted back to back (Torch-FL #27,
+      512×512), a C++ custom op called from Python (vLLM's, helion #3009): one dispatch and one launch each;
+    - triton_launch: helion #3009's raw Triton launcher; compiled_call: its torch.compile'd op (one Triton kernel);
+    - launch: a raw cudaLaunchKernel enqueue (ocannl #488, async, one sync outside the timed region);
+    - cuda_graph_replay: ocannl's graphs of N no-op nodes, replay + sync (the author's fit: 15 µs + 0.58 µs a node);
+    - sync: Torch-FL's synchronised time per op less its back-to-back time per op, for the same 512×512 op.
+    Not used: FlagGems' and Helion's own Python wrappers (launchers no training engine here uses), the eager
+    multi-op reference (its op count is not stated), and autoparallel's fitted constant (not a measurement)."""
+    rows = _csv(path)
+    submitted: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if r["timing"] == "fit stated by the author":   # the graph sweep's summary ('15 + 0.58*N'): its rows are read
+            continue
+        value, variant, size = float(r["value"]), r["variant"], r["size"]
+        label = f"{r['workload']} {size} {variant}"
+        if variant.startswith("torch.add (eager") and size in HOST_SMALL_SHAPES:
+            yield from _host_rows(_host(path, "aten_op", value, label))
+        elif variant.startswith("vendor C++ dispatch") and size in HOST_SMALL_SHAPES:
+            if r["metric"].startswith("submit"):
+                submitted[("kCuda", size)] = value
+                yield from _host_rows(_host(path, "aten_op", value, label))
+            elif ("kCuda", size) in submitted:
+                yield from _host_rows(_host(path, "sync", value - submitted[("kCuda", size)],
+                                          f"{label}: synchronised less submitted"))
+        elif variant.startswith("vllm (CUDA C++ custom op)"):
+            yield from _host_rows(_host(path, "aten_op", value, label))
+        elif variant == "triton":
+            yield from _host_rows(_host(path, "triton_launch", value, label))
+        elif variant == "torch.compile":
+            yield from _host_rows(_host(path, "compiled_call", value, label))
+        elif variant.startswith("async enqueue"):
+            yield from _host_rows(_host(path, "launch", value, label))
+        elif variant.startswith("same chain stream-captured"):
+            nodes = int(size.removeprefix("N="))
+            yield from _host_rows(_host(path, "cuda_graph_replay", value, label, kernels=nodes))
+
+
+def read_dgxc_launch(path: Path) -> Iterator[Row]:
+    """launch_overhead_small_gemm_dgxc_sample.csv: back-to-back torch.matmul on tiny fp32 matrices, no sync in the
+    loop (NVIDIA dgxc-benchmarking cpu_overhead): the eager GEMM's host dispatch and launch (GPU not stated; the
+    host is what is timed)."""
+    for r in _csv(path):
+        label = f"torch.matmul {r['M']}x{r['N']}x{r['K']} {r['dtype']}"
+        yield from _host_rows(_host(path, "aten_gemm", float(r["avg_time_per_op_us"]), label))
+
+
+def read_te_linear_cpu(path: Path) -> Iterator[Row]:
+    """benchmarks/microbench/host_cpu_linear_te_issue2053.csv: the CPU time of one torch.nn.Linear bf16 forward, an
+    eager GEMM from Python (host path aten_gemm), on an H100 DGX's Xeon (the x86 profiles) and on GB200's Grace (the
+    Grace profiles, measured there). GH200 has no profile; the TE Linear rows give costmodels.engines'
+    TE_MODULE_TO_TORCH_LINEAR (checked against them by tests/test_host.py)."""
+    for r in _csv(path):
+        if r["module"] != "torch.nn.Linear":
+            continue
+        label = f"torch.nn.Linear bf16 forward, {r['system']} ({r['cpu']})"
+        measurement = HostMeasurement(path="aten_gemm", timing=_timing(float(r["cpu_us_per_call"]) * 1e-6),
+                                      label=label, source=path.name)
+        if r["system"] == "H100 DGX":
+            yield Row(X86_HOST_PROFILES, measurement)
+        elif r["system"] == "GB200":
+            yield Row(GRACE_HOST_PROFILES, measurement)
+
 TABLES = (
     Table("nccl_allreduce_a100_vtrain_lut.csv", read_vtrain, "collectives.nvlink.all_reduce (A100, n=2..8)"),
     Table("nccl_allreduce_sweeps_ml_engineering.csv", read_ml_engineering_sweeps,
@@ -574,11 +671,19 @@ TABLES = (
           "extrapolated), attention_fa1_*, attention_fa_triton_* (A100, extrapolated)"),
     Table("p2p_bandwidth_matrices_ml_engineering.csv", read_p2p_matrices,
           "collectives.nvlink.send_recv (GB200 tray; A100/H100 checked only)"),
+    Table("host_dispatch_launch_overhead_issue_threads.csv", read_host_threads,
+          "host.aten_op_us, triton_launch_us, compiled_call_us, launch_us, cuda_graph_replay_us, cuda_graph_node_us, "
+          "sync_us (every profile: a host cost)"),
+    Table("launch_overhead_small_gemm_dgxc_sample.csv", read_dgxc_launch, "host.aten_gemm_us (every profile)"),
+    Table("host_cpu_linear_te_issue2053.csv", read_te_linear_cpu,
+          "host.aten_gemm_us (x86 profiles: H100 DGX's Xeon; gb200-186gb: Grace)", in_repository=True),
 )
 
 UNUSED = {
     "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
-    "launch_overhead_small_gemm_dgxc_sample.csv": "GPU not stated; per-kernel fixed cost is a separate term",
+    "cuda_graphs_training_speedup_pytorch_blog.csv": (
+        "end-to-end speedups only (GPU, batch and kernel counts not stated): no per-launch cost follows from them; "
+        "benchmarks/microbatch_sweep.py prints the graphed-backbone ratio beside what the fitted costs imply"),
 }
 
 
@@ -608,7 +713,8 @@ def measurements_for(profile: str, rows_by_file: dict[str, list[Row]], role: str
     rows = [row.measurement for file, rows in rows_by_file.items() if file != exclude
             for row in rows if profile in row.profiles and row.role == role]
     return Measurements(gemm=tuple(r for r in rows if isinstance(r, GemmMeasurement)),
-                        collectives=tuple(r for r in rows if isinstance(r, CollectiveMeasurement)))
+                        collectives=tuple(r for r in rows if isinstance(r, CollectiveMeasurement)),
+                        host=tuple(r for r in rows if isinstance(r, HostMeasurement)))
 
 
 def relative_error(predicted: float, measured: float) -> float:

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodels import moe_kernels, overheads
+from costmodels import engines, moe_kernels
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
@@ -118,7 +118,7 @@ def attention_dispatch_parameter(kernel: str, attention_pass: str) -> str:
     """Profile key (compute.gemm_efficiency, microseconds) of the host dispatch that the benchmark a curve was fitted
     to timed with each call of `kernel` in `attention_pass` (benchmarks/microbench_tables.py SDPA_HARNESS_DISPATCH).
     A record of the fit, not a cost: a training step queues every kernel behind the previous ones, so the GPU never
-    waits for one call's dispatch (a host-bound layer is priced by costmodels.overheads' launch floor instead)."""
+    waits for one call's dispatch (where the host does set the pace, costmodels.host_timeline prices it)."""
     return f"attention_{kernel}_{attention_pass}_harness_dispatch_us"
 
 
@@ -729,6 +729,8 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     tp = plans.tp.astype(float)
     attention = attention_gemms(model, training, plans)
     seconds_per_byte = elementwise_traffic_factor(profile) / profile.hbm_bandwidth_bytes_per_s
+    # the engine's own non-GEMM kernels: more (eager, unfused) or fewer (compiled, hand-fused) bytes than Megatron's
+    layer_s_per_byte = seconds_per_byte * engines.elementwise_traffic_scale(model, training)
     cast_s_per_byte = 1.0 / profile.hbm_bandwidth_bytes_per_s
     dense_bytes, score_bytes = elementwise_bytes_per_layer(model, training, plans, moe_layer=False)
     core_s = _gemms_time_s(profile, training, attention, attention_core=True) + score_bytes * seconds_per_byte
@@ -739,10 +741,8 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
     dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp, norm_fused=True)
     dense_mlp_s = _gemms_time_s(profile, training, dense_mlp)
     dense_weight_s = projections_s + dense_mlp_s
-    dense_s = attention_s + dense_mlp_s + dense_bytes * seconds_per_byte \
+    dense_s = attention_s + dense_mlp_s + dense_bytes * layer_s_per_byte \
         + fp8_cast_bytes(dense_mlp, profile, training, plans) * cast_s_per_byte
-    # the host launch floor (costmodels.overheads): a layer takes at least its kernels' launch time
-    dense_s = np.maximum(dense_s, overheads.layer_launch_floor_s(moe_layer=False))
     moe_s = moe_weight_s = np.zeros(len(plans))
     if model.moe is not None:
         moe_bytes, _ = elementwise_bytes_per_layer(model, training, plans, moe_layer=True)
@@ -751,9 +751,8 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         activation_s = routed_expert_activation_bytes(model, training, plans) / profile.hbm_bandwidth_bytes_per_s
         moe_mlp_s = _gemms_time_s(profile, training, moe_mlp)
         moe_weight_s = projections_s + moe_mlp_s
-        moe_s = attention_s + moe_mlp_s + moe_bytes * seconds_per_byte \
+        moe_s = attention_s + moe_mlp_s + moe_bytes * layer_s_per_byte \
             + fp8_cast_bytes(moe_mlp, profile, training, plans) * cast_s_per_byte + dispatch_s + activation_s
-        moe_s = np.maximum(moe_s, overheads.layer_launch_floor_s(moe_layer=True))
         moe_bwd_extra = moe_backward_extra_s(profile, training, moe_mlp, dispatch_s)
         routed = [gemm for gemm in moe_mlp if gemm.grouped]
         routed_s = _gemms_time_s(profile, training, routed) \

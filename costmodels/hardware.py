@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from costmodels.errors import InputError
+from costmodels.host import DEFAULT_HOST_COSTS, HostCosts, parse_host_section
 from costmodels.limits import MAX_HBM_GIB, MAX_NUM_GPUS
 from costmodels.units import GIB
 
@@ -105,6 +106,9 @@ class HardwareProfile:
     ran at (YAML `compute.sustained_clock_fraction`, optional; absent = 1, no throttling). Tensor-core throughput
     is SMs × FLOP per clock × clock, so the step's compute-bound kernels run at their fitted (burst) rate × this;
     memory-bound kernels keep theirs (costmodels.compute.sustained_compute_s)."""
+    host_costs: HostCosts = DEFAULT_HOST_COSTS
+    """Host seconds per kernel launch by launch path (YAML `host:`, µs, optional; costmodels.host): a property of the
+    CPU and software stack the GPU is driven from, the same fitted values in every bundled profile."""
     aliases: tuple[str, ...] = ()
     provenance: Mapping[str, str] = field(default_factory=dict)
     """For each field (dotted path as in the YAML): where its value comes from."""
@@ -308,7 +312,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         raise InputError("profile", f"{origin}: provenance must be a mapping of field -> source")
     _check_overlap(reader, data.get("overlap"))
     known_keys = {"schema_version", "name", "display_name", "aliases", "gpus_per_node", "nvlink_domain_size", "memory",
-                  "compute", "links", "collectives", "provenance"}
+                  "compute", "links", "collectives", "provenance", "host"}
     gpus_per_node = int(reader.number("gpus_per_node", upper=MAX_NUM_GPUS))
     nvlink_domain_size = _nvlink_domain_size(reader, data, gpus_per_node)
     return HardwareProfile(
@@ -330,6 +334,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         exp2_per_clock_per_sm=_per_clock_rate(reader, data, "exp2_per_clock_per_sm"),
         compute_capability=_compute_capability(reader, data),
         sustained_clock_fraction=_sustained_clock_fraction(reader, data),
+        host_costs=parse_host_section(data.get("host"), origin),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
         source_path=origin,

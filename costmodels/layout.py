@@ -166,8 +166,8 @@ def layout_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         plans, stage = grid(np.array([0, -1, pp - 1]))
         times = compute_model.layer_times_s(model, cluster.profile, training, plans)
         piece = steptime.stage_microbatch(model, cluster, training, plans, times, stage)
-        stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + exposed_ep_s(model, cluster, training, plans,
-                                                                                    piece)
+        stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + piece.host_s \
+            + exposed_ep_s(model, cluster, training, plans, piece)
         # ranks: their parameters (sync, optimizer) and memory with their own in-flight micro-batches
         plans, stage = grid(np.arange(pp))
         microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
@@ -307,7 +307,7 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         optimizer_s = steptime.optimizer_s(model, cluster, training, rank_plans, rank_stage)
         memory_terms = memory.memory_terms_bytes(model, cluster, training, rank_plans, rank_stage)
         p2p_s = float(steptime.pp_p2p_s(model, cluster, training, rank_plans.take([0]), microbatches[:1])[0])
-    stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + ep_s
+    stage_s = piece.compute_s + piece.tp_comm_s + piece.cp_comm_s + ep_s + piece.host_s
     rank_s = np.array([stage_s[r::pp].sum() for r in range(pp)])
     largest = np.array([stage_s[r::pp].max() for r in range(pp)])
     slow = int(np.argmax(rank_s))
@@ -318,6 +318,7 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         "tp_comm": m * float(piece.tp_comm_s[slow::pp].sum()),
         "cp_comm": m * float(piece.cp_comm_s[slow::pp].sum()),
         "ep_comm": m * float(ep_s[slow::pp].sum()),
+        "host": m * float(np.broadcast_to(piece.host_s, stage_s.shape)[slow::pp].sum()),
         "pp_bubble": float(largest.sum() - largest.max()),
         "pp_p2p": p2p_s,
         "dp_comm": float(dp_s[sync]),

@@ -453,6 +453,47 @@ class ExpertGemm(str, enum.Enum):
     GROUPED = "grouped"
     """One grouped kernel over all local experts (torchtitan's torch._grouped_mm, a CUTLASS grouped GEMM; DeepGEMM):
     the grouped-GEMM roofline fitted to DeepGEMM's grouped tables (costmodels.moe_kernels)."""
+    LOOP = "loop"
+    """A Python loop over the experts, each an eager MLP on the tokens routed to it (Hugging Face transformers'
+    eager MoE blocks, e.g. Qwen3MoeSparseMoeBlock; DeepSpeed-MoE's Experts): the GEMMs as cublas, and per expert a
+    host synchronisation (`torch.where` on the routing mask has a data-dependent size) and its own launches
+    (costmodels.engines)."""
+
+
+class Engine(str, enum.Enum):
+    """The software that runs the step: which kernels it launches for a layer, from where (Python, C++, a compiled
+    graph), and where it makes the host wait for the GPU (costmodels.engines prices each; costmodels.host the
+    timeline). The GPU's arithmetic is the same in every engine; the host's share is not."""
+
+    MEGATRON = "megatron"
+    """Megatron-Core with Transformer Engine (Megatron-LM, NeMo 2, Megatron-Bridge, verl's Megatron backend)."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan: FSDP2 (fully_shard per block), DTensor TP, torch._grouped_mm experts, torch.compile per block."""
+    DEEPSPEED = "deepspeed"
+    """DeepSpeed's engine over an eager PyTorch model (Hugging Face transformers, Megatron-DeepSpeed): ZeRO's
+    per-module parameter fetch hooks, its pipeline engine's blocking stage-to-stage transfers."""
+    PYTORCH = "pytorch"
+    """A plain PyTorch training loop (DDP or FSDP, eager modules, nanoGPT / Hugging Face style), no framework."""
+    NATIVE = "native"
+    """A trainer written in CUDA C/C++ (llm.c): every kernel launched from C, no Python on the host path."""
+
+
+class LaunchPath(str, enum.Enum):
+    """How the engine's kernels reach the GPU (costmodels.host.HostCosts prices each path)."""
+
+    EAGER = "eager"
+    """One launch per op as the Python code runs it (TE's modules and C++ kernels under Megatron-Core)."""
+    COMPILE = "compile"
+    """torch.compile'd blocks (torchtitan's compile.enable, a compiled nanoGPT): Inductor's fused Triton kernels
+    launched from its generated Python wrapper, one guarded graph call per block and pass."""
+    CUDA_GRAPH = "cuda_graph"
+    """Megatron-Core CUDA graphs (--cuda-graph-impl transformer_engine / local): the captured modules replay as one
+    graph each (--cuda-graph-modules; none named = the whole layer)."""
+
+
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+"""Megatron-Core 0.19's --cuda-graph-modules choices for a transformer layer (transformer_config.py
+cuda_graph_modules; 'mamba' has no layer here)."""
 
 
 class CrossEntropyKernel(str, enum.Enum):
@@ -518,6 +559,10 @@ class TrainingSpec:
     """None: dropless routing (the busiest expert sets the pace). A float caps tokens per expert (GShard/Switch)."""
     moe_imbalance_factor: float = 1.0
     """Load on the busiest expert rank relative to a perfectly balanced one, with dropless routing (≥ 1)."""
+    moe_pad_to_capacity: bool = False
+    """Every expert padded to its capacity (Megatron-Core --moe-pad-expert-input-to-capacity, drop-and-pad): the
+    dispatcher knows its split sizes on the host, so it never waits for the GPU (costmodels.engines); needs a
+    capacity factor."""
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     """Token dispatcher of the MoE layers: alltoall (NCCL) or deepep (DeepEP through the flex dispatcher)."""
     expert_gemm: ExpertGemm = ExpertGemm.CUBLAS
@@ -563,6 +608,23 @@ class TrainingSpec:
     --no-overlap-p2p-communication turns it off; NeMo's MegatronCommOverlapCallback and Megatron-Bridge's
     CommOverlapConfig set it for vpp > 1). Only the interleaved schedule has it (pipeline.overlaps_p2p; which
     transfers it hides: pipeline.p2p_transfer_counts); off: every transfer blocks, as in Megatron before then."""
+    engine: Engine = Engine.MEGATRON
+    """The software that runs the step (Engine): its launches and host synchronisations are priced
+    (costmodels.engines, the `host` term)."""
+    launch: LaunchPath = LaunchPath.EAGER
+    """How its kernels are launched: eager, compile (torch.compile'd blocks) or cuda_graph (Megatron-Core)."""
+    cuda_graph_modules: tuple[str, ...] = ()
+    """With launch cuda_graph: the modules of a layer captured (CUDA_GRAPH_MODULES; empty = the whole layer)."""
+    fused_kernels: bool = False
+    """The model code's norms, RoPE and activations are fused kernels (apex / Transformer Engine / xformers /
+    flash-attn / Liger ops, one kernel each, as Megatron-Core runs them) rather than eager PyTorch ops: the elementwise
+    HBM traffic of a Megatron-Core layer (costmodels.engines.elementwise_bytes_per_token). Eager engines only
+    (pytorch, deepspeed)."""
+    zero3_serial_fetch: bool = False
+    """DeepSpeed's ZeRO-3 as released in 2021 (v0.3.13-v0.5.10): every parameter all-gathered on its own after a
+    torch.cuda.synchronize(), every submodule's fetch ending in another, no prefetch ahead of the compute
+    (partition_parameters.py _allgather_param, stage3.py _synchronize_communication); from v0.6 the fetch is
+    coalesced per module and prefetched. Engine deepspeed only."""
     nccl_ctas: int = 16
     """SMs one NCCL collective holds while it runs beside compute: NCCL launches one CTA (thread block, one SM)
     per channel, and an overlapped collective's CTAs take those SMs from the kernels beside it (NCCL env.rst,
@@ -587,13 +649,29 @@ class TrainingSpec:
         self._coerce_choice("expert_gemm", ExpertGemm, "expert GEMM kernel")
         self._coerce_choice("cross_entropy", CrossEntropyKernel, "cross-entropy kernel")
         self._coerce_choice("pipeline_schedule", PipelineSchedule, "pipeline schedule")
+        self._coerce_choice("engine", Engine, "engine")
+        self._coerce_choice("launch", LaunchPath, "launch path")
+        modules = self.cuda_graph_modules
+        require(isinstance(modules, (tuple, list, frozenset, set)) and all(m in CUDA_GRAPH_MODULES for m in modules),
+                "cuda_graph_modules", f"must name modules among {', '.join(CUDA_GRAPH_MODULES)}, got {modules!r}")
+        object.__setattr__(self, "cuda_graph_modules", tuple(m for m in CUDA_GRAPH_MODULES if m in modules))
+        require(not self.cuda_graph_modules or self.launch is LaunchPath.CUDA_GRAPH, "cuda_graph_modules",
+                "names the modules CUDA graphs capture; add --cuda-graph-impl transformer_engine (launch cuda_graph)")
+        require(self.launch is not LaunchPath.CUDA_GRAPH or self.engine is Engine.MEGATRON, "launch",
+                f"CUDA-graph capture is priced for Megatron-Core's per-layer graphs only, not for {self.engine.value}; "
+                "use launch eager or compile")
+        require(self.launch is not LaunchPath.COMPILE or self.engine in (Engine.TORCHTITAN, Engine.PYTORCH,
+                                                                         Engine.DEEPSPEED), "launch",
+                f"torch.compile of whole blocks is not how {self.engine.value} runs (Megatron-Core compiles its "
+                "small fusions itself, priced under eager); use launch eager")
         if self.moe_capacity_factor is not None:
             require(self.moe_capacity_factor > 0, "moe_capacity_factor",
                     f"must be > 0, got {self.moe_capacity_factor}")
         require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
                 f"must be >= 1, got {self.moe_imbalance_factor}")
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
-                     "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather"):
+                     "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
+                     "zero3_serial_fetch", "fused_kernels"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require(isinstance(self.nccl_ctas, int) and not isinstance(self.nccl_ctas, bool)
                 and 0 <= self.nccl_ctas <= MAX_NCCL_CTAS, "nccl_ctas",
@@ -602,6 +680,12 @@ class TrainingSpec:
         require(self.precision is Precision.FP8 or not self.fp8_param_gather, "fp8_param_gather",
                 "fp8 parameters need fp8 GEMMs (Megatron-Core TransformerConfig: 'fp8_param must be used together "
                 "with fp8 mode'); add --precision fp8 or drop --fp8-param-gather")
+        require(not self.moe_pad_to_capacity or self.moe_capacity_factor is not None, "moe_pad_to_capacity",
+                "padding every expert to its capacity needs a capacity factor (Megatron-Core: "
+                "'moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity'); add "
+                "--moe-capacity-factor")
+        require(not self.zero3_serial_fetch or self.engine is Engine.DEEPSPEED, "zero3_serial_fetch",
+                "the 2021 ZeRO-3 fetch is DeepSpeed's (before v0.6); use it with engine deepspeed")
         require(self.overlap_grad_reduce or not self.overlap_param_gather, "overlap_param_gather",
                 "overlap_param_gather needs overlap_grad_reduce (Megatron-LM validate_args: 'Must use "
                 "--overlap-param-gather with --overlap-grad-reduce'); turn both on")

@@ -1,6 +1,6 @@
 """Step time of a training iteration as an explicit sum of named terms, vectorised over plans.
 
-    step = compute + tp_comm + cp_comm + ep_comm + pp_bubble + pp_p2p + dp_comm + optimizer
+    step = compute + tp_comm + cp_comm + ep_comm + host + pp_bubble + pp_p2p + dp_comm + optimizer
 
 Per-microbatch terms (compute, tp_comm, cp_comm, ep_comm) are each taken on the pipeline stage where that term is
 largest (candidates: first, second, second-to-last and last rank) and multiplied by the microbatch count m; taking
@@ -8,6 +8,10 @@ each term's own worst stage keeps every term a function of few knobs (see TERM_K
 hold equal layers, conservative (by the logits/embedding imbalance) otherwise. The pipeline bubble is
 (p-1)/v of one microbatch's stage time (compute + exposed TP/CP + EP), arXiv 2104.04473 eq. 2, under 1F1B; the
 zero-bubble schedules fill part or all of it with weight-gradient passes (pipeline.zero_bubble_s).
+
+`host` is what the host adds to the GPU's work of a micro-batch on its worst stage: kernel launches the GPU waits
+for and the queue drained at every device-to-host synchronisation of the engine that runs the step (costmodels.engines
+counts them, costmodels.host_timeline turns them into GPU idle time); a micro-batch's pipeline bubble carries it too.
 
 Sources for each term are cited in the function that computes it; the formulas of the pieces live in
 costmodels.compute (FLOPs, GEMM efficiency), costmodels.comm (placement, alpha–beta) and costmodels.pipeline.
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels import compute as compute_model
+from costmodels import engines, host_timeline
 from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
                              group_collective_time_s, stage_group, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
@@ -60,11 +65,15 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     # ring exchange exposed beyond the attention core it overlaps with
     "cp_comm": ("tp", "cp", "pp", "mbs", "recompute", "recompute_layers", "recompute_modules", "vpp",
                 "first_stage_layers", "last_stage_layers"),
+    # the host's launches and synchronisations beside the micro-batch's GPU work (compute's and the collectives'
+    # knobs); zero under FSDP / ZeRO engines, whose per-layer gathers the host launches (engines.host_reads_zero)
+    "host": ("tp", "cp", "pp", "mbs", "sp", "recompute", "recompute_layers", "recompute_modules", "vpp", "ep",
+             "etp", "zero", "first_stage_layers", "last_stage_layers"),
     # with --overlap-moe-expert-parallel-comm: hidden behind another micro-batch's compute (compute's knobs)
     "ep_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers", "recompute_modules",
                 "vpp", "first_stage_layers", "last_stage_layers"),
-    # (p-1)/v × (per-microbatch compute + tp + cp + ep): the union of those four plus vpp
-    "pp_bubble": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
+    # (p-1)/v × (per-microbatch compute + tp + cp + ep + host): the union of those five plus vpp
+    "pp_bubble": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers",
                   "recompute_modules", "first_stage_layers", "last_stage_layers"),
     # with --overlap-p2p-communication the steady-state backward sends hide behind a chunk's forward (layer knobs)
     "pp_p2p": ("tp", "cp", "pp", "vpp", "mbs", "sp", "ep", "etp"),
@@ -149,6 +158,8 @@ class StageMicrobatch:
     """The part of backward_s that is weight-gradient GEMMs (the zero-bubble schedules' W; `stage_weight_grad_s`)."""
     ep_paired_exposed_s: "np.ndarray | float" = 0.0
     """What ep_comm_s adds where the EP-overlap schedule pairs this micro-batch with another (`ep_paired_exposed_s`)."""
+    host_s: "np.ndarray | float" = 0.0
+    """What the host adds to this micro-batch's GPU work on the stage (`stage_host_s`)."""
 
     @property
     def compute_s(self) -> np.ndarray:
@@ -604,16 +615,37 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     if comm is None:
         comm = layer_comm_s(model, cluster, training, plans, times)
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
+    tp = tp_comm_s(model, cluster, training, plans, stage, times.tp_overlap, comm)
+    cp = cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s,
+                   times.core_backward_s(training), comm)
+    ep = ep_comm_s(model, cluster, training, plans, stage, comm)
     return StageMicrobatch(
-        forward_s=forward, backward_s=backward, recompute_s=recompute,
-        tp_comm_s=tp_comm_s(model, cluster, training, plans, stage, times.tp_overlap, comm),
-        cp_comm_s=cp_comm_s(model, cluster, training, plans, stage, times.attention_core_fwd_s,
-                            times.core_backward_s(training), comm),
-        ep_comm_s=ep_comm_s(model, cluster, training, plans, stage, comm),
+        forward_s=forward, backward_s=backward, recompute_s=recompute, tp_comm_s=tp, cp_comm_s=cp, ep_comm_s=ep,
         weight_grad_s=stage_weight_grad_s(model, plans, times, stage),
         ep_paired_exposed_s=ep_paired_exposed_s(model, cluster.profile, training, plans, times, stage,
                                                 comm.ep_all_to_all_s),
+        host_s=stage_host_s(model, cluster, training, plans, times, stage, forward, backward, recompute,
+                            tp + cp + ep),
     )
+
+
+COLLECTIVES_FORWARD_SHARE = 1.0 / 3.0
+"""Of a micro-batch's exposed TP, CP and EP collectives, the forward pass's: one per block and pass forward, two
+backward (tp_comm_s, cp_comm_s, ep_all_to_all_s), so a third."""
+
+
+def stage_host_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                 times: compute_model.LayerTimes, stage, forward_s: np.ndarray, backward_s: np.ndarray,
+                 recompute_s: np.ndarray, collectives_s: np.ndarray) -> np.ndarray:
+    """What the host adds to one micro-batch's GPU work on `stage` (costmodels.host_timeline): the engine's
+    launches (costmodels.engines) beside the stage's passes, their GPU seconds with the exposed collectives."""
+    launches = engines.layer_launches(model, training, plans)
+    pieces = host_timeline.stage_pieces(
+        model, training, plans, times, launches, cluster.profile.host_costs, stage, forward_s, backward_s,
+        recompute_s, COLLECTIVES_FORWARD_SHARE * collectives_s, (1.0 - COLLECTIVES_FORWARD_SHARE) * collectives_s)
+    microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
+    return host_timeline.host_exposed_per_microbatch_s(pieces, launches, plans, cluster.profile.host_costs,
+                                                       microbatches)
 
 
 # ---- per-step terms -----------------------------------------------------------------------------------------------
@@ -759,10 +791,12 @@ def optimizer_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                 stage: np.ndarray) -> np.ndarray:
     """Adam step over the GPU's share of the parameters, HBM-bound (ADAM_BYTES_PER_PARAM per parameter, and the
     fp32 copy of bf16 gradients under Megatron's optimizers, zero <= 1: BF16_GRAD_COPY_BYTES_PER_PARAM); the
-    distributed optimizer / ZeRO shards it over dp·cp (dense) and edp (experts)."""
+    distributed optimizer / ZeRO shards it over dp·cp (dense) and edp (experts). Plus the host's share of the step
+    (engines.step_host_s: the engine's synchronisations around it and its launches after them)."""
     copy = 0 if training.grad_reduce_in_fp32 else BF16_GRAD_COPY_BYTES_PER_PARAM
     return per_structure(plans, ("optimizer_s", id(model), id(cluster), copy),
-                         lambda p, s: _optimizer_s(model, cluster, p, s, copy), stage, knobs=TERM_KNOBS["optimizer"])
+                         lambda p, s: _optimizer_s(model, cluster, p, s, copy), stage, knobs=TERM_KNOBS["optimizer"]) \
+        + engines.step_host_s(model, training, plans, cluster.profile.host_costs)
 
 
 def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
@@ -776,15 +810,20 @@ def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     return local * per_param / cluster.profile.hbm_bandwidth_bytes_per_s
 
 
-TERM_NAMES: tuple[str, ...] = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble", "pp_p2p", "dp_comm",
-                               "optimizer")
-PIPELINED_TERM_NAMES = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble")
-"""The terms that need every per-microbatch piece of a stage (compute and the TP/CP/EP collectives)."""
+TERM_NAMES: tuple[str, ...] = ("compute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_bubble", "pp_p2p",
+                               "dp_comm", "optimizer")
+PIPELINED_TERM_NAMES = ("compute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_bubble")
+"""The terms that need every per-microbatch piece of a stage (compute, the TP/CP/EP collectives, the host)."""
 MICROBATCH_KNOBS: tuple[str, ...] = tuple(dict.fromkeys(
     knob for term in ("compute", "tp_comm", "cp_comm", "ep_comm") for knob in TERM_KNOBS[term]))
-"""What `stage_microbatch` reads on the candidate stages: every knob but zero. A search evaluates it once per
-distinct combination in each batch (costmodels.structure.per_knobs) and copies it to the plans differing only in
-zero."""
+"""What `stage_microbatch` reads on the candidate stages: every knob but zero (and zero where the engine's host
+launches read it, engines.host_reads_zero). A search evaluates it once per distinct combination in each batch
+(costmodels.structure.per_knobs) and copies it to the plans differing only in the knobs it does not read."""
+
+
+def microbatch_knobs(training: TrainingSpec) -> tuple[str, ...]:
+    """MICROBATCH_KNOBS, with zero where the engine's launches depend on it."""
+    return MICROBATCH_KNOBS + (("zero",) if engines.host_reads_zero(training) else ())
 
 
 def pp_bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray,
@@ -795,7 +834,7 @@ def pp_bubble_s(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndar
     if bubble_is_proportional(training):
         return bubble_microbatch_equivalents(plans) * worst_microbatch_s
     shape = worst_microbatch_s.shape
-    stage_s = np.stack([np.broadcast_to(s.compute_s + s.tp_comm_s + s.cp_comm_s + s.ep_comm_s, shape)
+    stage_s = np.stack([np.broadcast_to(s.compute_s + s.tp_comm_s + s.cp_comm_s + s.ep_comm_s + s.host_s, shape)
                         for s in per_stage])
     weight_s = np.stack([np.broadcast_to(s.weight_grad_s, shape) for s in per_stage])
     return zero_bubble_s(training, plans, microbatches, stage_s, weight_s)
@@ -824,7 +863,7 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             times, comm = layer_pieces(model, cluster, training, sub)
             return [stage_microbatch(model, cluster, training, sub, times, s, comm) for s in candidate_stages(sub)]
 
-        per_stage = per_knobs(plans, MICROBATCH_KNOBS, stage_pieces)
+        per_stage = per_knobs(plans, microbatch_knobs(training), stage_pieces)
     elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
         def compute_pieces(sub: PlanArrays) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
             sub_times, _ = layer_pieces(model, cluster, training, sub)
@@ -844,13 +883,16 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
         cp_mb = worst([s.cp_comm_s for s in per_stage])
         ep_mb = worst([s.ep_comm_s for s in per_stage])
         ep_paired_mb = worst([np.broadcast_to(s.ep_paired_exposed_s, ep_mb.shape) for s in per_stage])
+        host_mb = worst([np.broadcast_to(s.host_s, ep_mb.shape) for s in per_stage])
         terms.update({
             "compute": microbatches * compute_mb,
             "tp_comm": microbatches * tp_mb,
             "cp_comm": microbatches * cp_mb,
             "ep_comm": microbatches * ep_exposed_per_microbatch_s(model, training, plans, ep_mb, ep_paired_mb,
                                                                   microbatches),
-            "pp_bubble": pp_bubble_s(training, plans, microbatches, per_stage, compute_mb + tp_mb + cp_mb + ep_mb),
+            "host": microbatches * host_mb,
+            "pp_bubble": pp_bubble_s(training, plans, microbatches, per_stage,
+                                     compute_mb + tp_mb + cp_mb + ep_mb + host_mb),
         })
     if "pp_p2p" in names:
         terms["pp_p2p"] = per_knobs(plans, TERM_KNOBS["pp_p2p"], lambda sub: pp_p2p_s(

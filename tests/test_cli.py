@@ -304,8 +304,11 @@ def test_interleaved_p2p_overlap_is_a_switch_shown_in_the_inputs() -> None:
     assert off["inputs"]["training"]["overlap"]["overlap_p2p_comm"] is False
     # Megatron-LM's default hides the steady-state backward sends; blocking on them costs more, nothing else changes
     assert on["time_terms_s"]["pp_p2p"] < off["time_terms_s"]["pp_p2p"]
-    assert {k: v for k, v in on["time_terms_s"].items() if k != "pp_p2p"} == \
-        {k: v for k, v in off["time_terms_s"].items() if k != "pp_p2p"}
+    # blocking transfers also drain the host's queue: Megatron-Core's batched p2p ends in torch.cuda.synchronize()
+    # (costmodels.engines), so the host's share (and the bubble that carries it) grows; nothing else changes
+    assert on["time_terms_s"]["host"] < off["time_terms_s"]["host"]
+    assert {k: v for k, v in on["time_terms_s"].items() if k not in ("pp_p2p", "host", "pp_bubble")} == \
+        {k: v for k, v in off["time_terms_s"].items() if k not in ("pp_p2p", "host", "pp_bubble")}
     header = autopar(*plan[:-1]).stdout
     assert "overlap: P2P of interleaved plans (others off)" in header
 

@@ -1,5 +1,5 @@
-"""Fixed per-kernel costs (costmodels/overheads.py), FP8 cast traffic and the fused-attention backward
-(costmodels/compute.py): each fitted or counted value checked against its source, each term against hand math."""
+"""FP8 cast traffic and the fused-attention backward (costmodels/compute.py): each counted value checked against its
+source, each term against hand math. The host's per-launch costs are tests/test_host.py's."""
 
 from __future__ import annotations
 
@@ -8,37 +8,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from costmodels import compute, overheads, steptime
+from costmodels import compute, steptime
 from costmodels.hardware import load_profile
 from costmodels.plan import Plan, PlanArrays
 from costmodels.specs import ModelSpec, Precision, TrainingSpec
 
 H100 = load_profile("h100-80gb")
-SMALL = ModelSpec(name="tiny", hidden_size=256, num_layers=4, num_attention_heads=4, ffn_hidden_size=1024,
-                  vocab_size=1000)
 LLAMA_8B = ModelSpec(name="llama-8b", hidden_size=4096, num_layers=32, num_attention_heads=32, num_kv_heads=8,
                      ffn_hidden_size=14336, vocab_size=128256)
-
-
-def test_launch_constant_is_the_median_of_the_microbenchmark():
-    try:
-        from benchmarks.reference import reference_dir
-        microbench = reference_dir() / "microbench"
-    except (ImportError, FileNotFoundError):
-        pytest.skip("shared/reference is not next to this checkout")
-    if not (microbench / overheads.LAUNCH_SOURCE).is_file():
-        pytest.skip("launch-overhead sample not present")
-    assert overheads.fit_kernel_launch_s(microbench) == pytest.approx(overheads.KERNEL_LAUNCH_S, rel=1e-3)
-
-
-def test_tiny_layers_are_launch_bound():
-    training = TrainingSpec(seq_len=128, global_batch_size=8)
-    plans = PlanArrays.from_plans([Plan(tp=1, mbs=1)])
-    times = compute.layer_times_s(SMALL, H100, training, plans)
-    assert times.dense_layer_fwd_s[0] == pytest.approx(overheads.layer_launch_floor_s(moe_layer=False))
-    # a large layer is far above the floor: the floor does not change it
-    big = compute.layer_times_s(LLAMA_8B, H100, TrainingSpec(seq_len=8192, global_batch_size=8), plans)
-    assert big.dense_layer_fwd_s[0] > 10 * overheads.layer_launch_floor_s(moe_layer=False)
 
 
 def test_fp8_casts_cost_hbm_traffic(monkeypatch):

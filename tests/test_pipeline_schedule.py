@@ -41,10 +41,11 @@ def stage_pieces(train: TrainingSpec, plan: Plan = PLAN):
     times, comm = steptime.layer_pieces(MODEL, CLUSTER, train, plans)
     pieces = [steptime.stage_microbatch(MODEL, CLUSTER, train, plans, times, s, comm)
               for s in steptime.candidate_stages(plans)]
-    stages = [(float((p.compute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s)[0]),
+    stages = [(float((p.compute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s + p.host_s)[0]),
                float(np.broadcast_to(p.weight_grad_s, (1,))[0])) for p in pieces]
     worst = max(float(p.compute_s[0]) for p in pieces) + max(float(p.tp_comm_s[0]) for p in pieces) \
-        + max(float(p.cp_comm_s[0]) for p in pieces) + max(float(p.ep_comm_s[0]) for p in pieces)
+        + max(float(p.cp_comm_s[0]) for p in pieces) + max(float(p.ep_comm_s[0]) for p in pieces) \
+        + max(float(p.host_s[0]) for p in pieces)
     return stages, worst, pieces
 
 

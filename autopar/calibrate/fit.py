@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement
+from autopar.calibrate.measurements import CollectiveMeasurement, GemmMeasurement, HostMeasurement
 from costmodels.hardware import CollectivePoint, HardwareProfile, LinkSpec
 
 Predict = Callable[[Mapping[str, float]], np.ndarray]
@@ -382,6 +382,51 @@ def fit_grouped_gemm(rows: Sequence[GemmMeasurement], base: HardwareProfile) -> 
     observed = [measured_gemm_efficiency(row, base) for row in rows]
     guesses = [start, {name: value * 0.5 for name, value in start.items()}]
     return least_squares(predict, observed, guesses, bounds={name: (1e-6, 1.0) for name in start})
+
+
+# ---- host costs per launch path -------------------------------------------------------------------------------------
+
+HOST_BOUNDS_US = (1e-3, 1e5)
+"""Every host cost stays within 1 ns .. 0.1 s a launch (costmodels.host.MAX_HOST_US)."""
+
+
+def host_row_parameters(row: HostMeasurement) -> tuple[str, ...]:
+    """The `host:` keys a host row's time is made of (costmodels.host.HOST_FIELDS): a compiled call is the graph's
+    entry plus its Triton launches, a replay the graph's fixed part plus its nodes, any other row its one path."""
+    if row.path == "compiled_call":
+        return ("compiled_call_us", "triton_launch_us")
+    if row.path == "cuda_graph_replay":
+        return ("cuda_graph_replay_us", "cuda_graph_node_us")
+    return (f"{row.path}_us",)
+
+
+def predict_host_row_us(row: HostMeasurement, values_us: Mapping[str, float]) -> float:
+    """The cost model's host time of one measured call (µs) from `host:` values."""
+    if row.path == "compiled_call":
+        return values_us["compiled_call_us"] + row.kernels * values_us["triton_launch_us"]
+    if row.path == "cuda_graph_replay":
+        return values_us["cuda_graph_replay_us"] + row.kernels * values_us["cuda_graph_node_us"]
+    return row.kernels * values_us[f"{row.path}_us"]
+
+
+def fit_host_costs(rows: Sequence[HostMeasurement], base: HardwareProfile) -> FitResult:
+    """The profile's `host:` values (µs, costmodels.host) the rows determine, by least squares on log ratios over
+    every row at once (a compiled call shares its Triton launches with the plain Triton rows); the keys no row
+    touches keep the base profile's value and are not in `params`."""
+    from costmodels.host import HOST_FIELDS
+
+    assert rows, "fit_host_costs needs host rows"
+    base_us = {key: getattr(base.host_costs, key[:-3] + "_s") * 1e6 for key in HOST_FIELDS}
+    fitted = tuple(key for key in HOST_FIELDS if any(key in host_row_parameters(row) for row in rows))
+
+    def predict(params: Mapping[str, float]) -> np.ndarray:
+        values = {**base_us, **params}
+        return np.array([predict_host_row_us(row, values) for row in rows])
+
+    observed = [row.timing.median_s * 1e6 for row in rows]
+    start = {key: base_us[key] for key in fitted}
+    return least_squares(predict, observed, [start, {key: value * 2.0 for key, value in start.items()}],
+                         bounds={key: HOST_BOUNDS_US for key in fitted})
 
 
 # ---- per-collective latency floor and bus bandwidth ------------------------------------------------------------------

@@ -115,6 +115,26 @@ class CollectiveMeasurement:
         return self.group_size // self.ranks_per_node if self.link == "ib" else self.group_size
 
 
+HOST_PATHS = ("aten_op", "aten_gemm", "triton_launch", "compiled_call", "cuda_graph_replay", "launch", "sync")
+"""How a host measurement launched its kernels (costmodels.host.HOST_FIELDS, without the `_us`): what its time is
+the host cost of. A `compiled_call` row times a whole call of a torch.compile'd function that launches `kernels`
+Triton kernels; a `cuda_graph_replay` row one replay of a graph of `kernels` nodes; a `sync` row what one
+device-to-host synchronisation adds to an op (synchronised time per op less the back-to-back time per op)."""
+
+
+@dataclass(frozen=True)
+class HostMeasurement:
+    """Wall-clock host time per call of one launch path, on a call too small for its kernels to matter (tiny tensors,
+    back-to-back calls with one synchronisation at the end: the host's enqueue rate)."""
+
+    path: str
+    timing: Timing
+    kernels: int = 1
+    """Kernels one call launches (graph nodes for a replay)."""
+    label: str = ""
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class Measurements:
     """Everything one calibration run measured. Empty parts were not measured (the notes say why)."""
@@ -123,6 +143,8 @@ class Measurements:
     collectives: tuple[CollectiveMeasurement, ...] = ()
     memory_overheads_bytes: Mapping[str, float] = field(default_factory=dict)
     """Measured fixed per-GPU memory terms by the profile's names (cuda_context, nccl_buffers, ...)."""
+    host: tuple[HostMeasurement, ...] = ()
+    """Host costs per launch path (costmodels.host)."""
 
     def collectives_on(self, link: str) -> tuple[CollectiveMeasurement, ...]:
         return tuple(c for c in self.collectives if c.link == link)
@@ -151,6 +173,8 @@ class Measurements:
                              **({"ranks_per_node": c.ranks_per_node} if c.ranks_per_node != 1 else {}),
                              **({"source": c.source} if c.source else {})} for c in self.collectives],
             "memory_overheads_gib": {name: value / gib for name, value in self.memory_overheads_bytes.items()},
+            **({"host": [{"path": h.path, "kernels": h.kernels, **_timing_dict(h.timing), "label": h.label,
+                          **({"source": h.source} if h.source else {})} for h in self.host]} if self.host else {}),
         }
 
 
@@ -164,10 +188,10 @@ def measurements_from_dict(data: Any, origin: str) -> Measurements:
     """Measurements from their YAML form; InputError('measurements', ...) naming file, row and field on any defect."""
     if not isinstance(data, dict):
         _fail(origin, "measurements", "must be a mapping with gemm, collectives and memory_overheads_gib")
-    unknown = set(data) - {"gemm", "collectives", "memory_overheads_gib"}
+    unknown = set(data) - {"gemm", "collectives", "memory_overheads_gib", "host"}
     if unknown:
         _fail(origin, "measurements", f"unknown section(s) {', '.join(sorted(map(str, unknown)))}; "
-                                      "expected gemm, collectives, memory_overheads_gib")
+                                      "expected gemm, collectives, memory_overheads_gib, host")
     gemm_rows = _rows(data, "gemm", origin)
     collective_rows = _rows(data, "collectives", origin)
     gemm = tuple(_gemm_row(row, f"measurements.gemm[{i}]", origin) for i, row in enumerate(gemm_rows))
@@ -178,9 +202,10 @@ def measurements_from_dict(data: Any, origin: str) -> Measurements:
         _fail(origin, "measurements.memory_overheads_gib", "must be a mapping of name -> GiB")
     memory_bytes = {str(name): _number(memory, name, "measurements.memory_overheads_gib", origin, allow_zero=True)
                     * 1024.0**3 for name in memory}
-    if not gemm and not collectives and not memory_bytes:
+    host = tuple(_host_row(row, f"measurements.host[{i}]", origin) for i, row in enumerate(_rows(data, "host", origin)))
+    if not gemm and not collectives and not memory_bytes and not host:
         _fail(origin, "measurements", "holds no measurement at all; run `autopar calibrate` again")
-    return Measurements(gemm=gemm, collectives=collectives, memory_overheads_bytes=memory_bytes)
+    return Measurements(gemm=gemm, collectives=collectives, memory_overheads_bytes=memory_bytes, host=host)
 
 
 def _rows(data: dict, key: str, origin: str) -> list:
@@ -273,6 +298,18 @@ def _collective_row(row: Any, where: str, origin: str) -> CollectiveMeasurement:
     return CollectiveMeasurement(link=link, kind=kind, group_size=group_size,
                                  bytes=_integer(row, "bytes", where, origin), timing=_timing(row, where, origin),
                                  ranks_per_node=ranks_per_node, source=str(row.get("source", "") or ""))
+
+
+def _host_row(row: Any, where: str, origin: str) -> HostMeasurement:
+    if not isinstance(row, dict):
+        _fail(origin, where, "must be a mapping with path, kernels, median_s, q1_s, q3_s, runs")
+    path = row.get("path")
+    if path not in HOST_PATHS:
+        _fail(origin, f"{where}.path", f"must be one of {', '.join(HOST_PATHS)}, got {path!r}")
+    label = row.get("label", "")
+    return HostMeasurement(path=path, timing=_timing(row, where, origin), kernels=_integer(row, "kernels", where, origin),
+                           label=label if isinstance(label, str) else str(label),
+                           source=str(row.get("source", "") or ""))
 
 
 def _number(row: dict, key: str, where: str, origin: str, allow_zero: bool = False) -> float:

@@ -34,8 +34,8 @@ from typing import Any, Mapping
 
 from autopar.calibrate.calibration_section import CPU_DEVICE
 from autopar.calibrate.fit import (CollectivePointFit, FitResult, attention_curves_measured, fit_attention_efficiency,
-                                   fit_collective_points, fit_gemm_efficiency, fit_grouped_gemm, fit_link,
-                                   fit_link_by_collective)
+                                   fit_collective_points, fit_gemm_efficiency, fit_grouped_gemm, fit_host_costs,
+                                   fit_link, fit_link_by_collective, host_row_parameters)
 from autopar.calibrate.measurements import LINK_DESCRIPTIONS, LINKS, Measurements, measurements_from_dict
 from costmodels.compute import attention_dispatch_parameter
 from costmodels.errors import InputError
@@ -91,6 +91,8 @@ class CalibrationFit:
     """(kernel, pass) -> that kernel's curve in that pass, where rows of it were measured."""
     grouped: FitResult | None = None
     """The grouped expert-GEMM roofline, where grouped GEMMs were measured."""
+    host: FitResult | None = None
+    """The `host:` costs per launch path (µs), where host launches were measured."""
 
 
 def fit_measurements(measurements: Measurements, base: HardwareProfile,
@@ -115,8 +117,9 @@ def fit_measurements(measurements: Measurements, base: HardwareProfile,
     by_collective = {link: fit_link_by_collective(rows, base.links[link]) for link, rows in single_link.items()
                      if rows}
     points = tuple(fit_collective_points(measurements.collectives, base)) if measurements.collectives else ()
+    host = fit_host_costs(measurements.host, base) if measurements.host else None
     return CalibrationFit(gemm=gemm, links=links, links_by_collective=by_collective, collective_points=points,
-                          attention=attention, attention_curves=curves, grouped=grouped)
+                          attention=attention, attention_curves=curves, grouped=grouped, host=host)
 
 
 # ---- the base profile -----------------------------------------------------------------------------------------------
@@ -248,6 +251,18 @@ def apply_fit(data: dict[str, Any], base: HardwareProfile, fit: CalibrationFit, 
             f"GEMMs{_from(grouped_rows)}, roofline of costmodels.moe_kernels, rms residual "
             f"{fit.grouped.rms_relative_residual:.1%}")
 
+    if fit.host is not None:
+        host_rows = measurements.host
+        data["host"] = {**(data.get("host") or {}), **{name: _round(value, 4) for name, value in fit.host.params.items()}}
+        residuals = dict(zip(host_rows, fit.host.relative_residuals))
+        for name in fit.host.params:
+            feeding = [row for row in host_rows if name in host_row_parameters(row)]
+            paths = ", ".join(sorted({row.path for row in feeding}))
+            rms = math.sqrt(sum(residuals[row] ** 2 for row in feeding) / len(feeding))
+            provenance[f"host.{name}"] = (
+                f"{stamp}: least squares over {len(feeding)} host launches ({paths}){_from(feeding)}, rms residual "
+                f"{rms:.1%}; a property of the host (CPU, Python, PyTorch, driver), not of the GPU")
+
     for link in LINKS:
         where = f"links.{link}"
         if link in fit.links:
@@ -343,6 +358,8 @@ def _fit_dict(fit: CalibrationFit) -> dict[str, Any]:
         }
     if links:
         out["links"] = links
+    if fit.host is not None:
+        out["host"] = {"params": {k: _round(v, 4) for k, v in fit.host.params.items()}, **fit.host.summary()}
     return out
 
 

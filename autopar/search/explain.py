@@ -231,8 +231,10 @@ TERM_CAUSES = {
     "tp_comm": "TP communication on every layer (guide: 'Too much TP')",
     "cp_comm": "CP ring exchange of K/V",
     "ep_comm": "EP all-to-all dispatch and combine",
+    "host": "the host: kernel launches the GPU waits for and the queue drained at each host synchronisation "
+            "(small kernels: small micro-batch, high TP, narrow experts, a fast GPU; MoE dispatch syncs)",
     "dp_comm": "data-parallel gradient synchronisation (exposed, plus the SMs its overlapped part takes)",
-    "optimizer": "optimizer step",
+    "optimizer": "optimizer step (and the host's synchronisations and launches around it)",
 }
 
 

@@ -56,7 +56,7 @@ TIME_RANKING_LIMIT_S = min(TIME_GROUP_UNITS_MAX * TIME_UNIT_S, TIME_UNITS_MAX * 
 """Step times below this are ranked exactly (within the tolerance above); longer ones may rank as ties."""
 
 BUBBLE_TERM = "pp_bubble"
-PIPELINED_TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm")
+PIPELINED_TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm", "host")
 """The terms pp_bubble scales (costmodels.steptime.TERM_KNOBS docstring)."""
 PIPELINE_FACTOR_KNOBS = ("tp", "cp", "pp", "vpp", "mbs")
 """bubble_microbatch_equivalents reads (pp, vpp); num_microbatches reads (tp, cp, pp, mbs)."""

@@ -1,0 +1,631 @@
+"""What each engine launches from the host for one layer, by launch path, and where it makes the host wait.
+
+costmodels.host prices a launch by its path (HostCosts) and turns launches and synchronisations into GPU idle time;
+this module counts them, per engine (specs.Engine), per launch path (specs.LaunchPath), per layer and pass, as the
+engines' own code issues them. The counts were read from the engines' sources (pinned below) and, for the eager
+PyTorch models, counted by a dispatch-mode op counter on torch 2.13 (one forward and one backward, views and
+allocations left out); each table cites where its numbers come from.
+
+    Megatron-Core core_v0.19.0 (5be96267) with Transformer Engine v2.17.1 (4329ff84), the TE it pins
+    torchtitan v0.2.2 (73a0e697); DeepSpeed v0.19.5 (cf443004) and, for ZeRO-3 as released in 2021, v0.3.13-v0.5.10
+    nanoGPT master (3adf61e1); Hugging Face transformers 5.25.0; torch 2.13.0; llm.c f1e2ace6
+
+Launch paths (`Launches` fields; `Launches.host_s` prices them with HostCosts):
+
+    aten_op      an eager ATen op (or a C++ extension op: TE's tex.*, a fused-RoPE autograd Function) from Python,
+                 or a backward op the autograd engine dispatches
+    aten_gemm    an eager matmul / linear from Python (cuBLAS handle, heuristic, launch)
+    te_module    one Transformer Engine module call (its Python prologue, autograd Function, and its GEMM or norm
+                 launch): TE_MODULE_TO_TORCH_LINEAR torch linears (TE issue #2053)
+    cublas       a further cuBLAS GEMM one C++ op launches (TE GroupedLinear's per-expert GEMMs, a TE linear's second
+                 backward GEMM, llm.c's matmuls): the GEMM's own host work, what a torch.matmul costs beyond a
+                 torch.add, plus a raw launch
+    launch       a further kernel one C++ op launches (TE's norm and cuDNN kernels, llm.c's kernels)
+    triton       a Triton kernel launched from Python (Inductor's wrapper, TE's Triton permutation kernels)
+    compiled     entering a torch.compile'd graph (guards, generated wrapper), its kernels counted apart
+    graph_replay, graph_node   a CUDA-graph replay and its kernel nodes
+    collective   a torch.distributed collective from Python (one dispatch, one NCCL launch)
+
+A layer's pieces (`LayerLaunches`): the dense layer's forward and backward; a MoE layer's forward split at the
+dispatcher's host synchronisation (`moe_pre_fwd` up to it, `moe_post_fwd` after), its backward; the embedding
+(`head`) and the final norm, output layer and loss (`tail`); and the synchronisations: per MoE layer forward, per
+micro-batch on the last stage, at every stage-to-stage transfer, per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels.errors import InputError
+from costmodels.host import HostCosts
+from costmodels.plan import PlanArrays, RecomputeModule, recomputes_module
+from costmodels.specs import (CrossEntropyKernel, Engine, ExpertGemm, LaunchPath, MlpKind, ModelSpec, MoEDispatcher,
+                              NormKind, PositionEmbedding, TrainingSpec)
+
+TE_MODULE_TO_TORCH_LINEAR = 99.66 / 37.08
+"""Host time of one Transformer Engine module call in torch linears: TE issue #2053 ('High CPU overhead on Grace
+systems', 2025-08) timed te.Linear's bf16 forward at 99.66 µs of CPU per call against 37.08 µs for torch's linear
+on GB200, 90.53 against 33.17 µs on GH200 (2.69 and 2.73 times); the TE prologue (quantizer setup, fp8 meta, NVTX,
+autograd Function) is Python work that scales like the torch call it wraps. A TE maintainer wrote in 2026-01 (issue
+#2126) that the gap had 'greatly reduced' since; no newer figure is published, so the measured ratio is used."""
+
+
+def _zero(n: int) -> np.ndarray:
+    return np.zeros(n)
+
+
+@dataclass(frozen=True)
+class Launches:
+    """Host launches by path (module docstring), each a count per plan (a float or an array)."""
+
+    aten_op: "np.ndarray | float" = 0.0
+    aten_gemm: "np.ndarray | float" = 0.0
+    te_module: "np.ndarray | float" = 0.0
+    cublas: "np.ndarray | float" = 0.0
+    launch: "np.ndarray | float" = 0.0
+    triton: "np.ndarray | float" = 0.0
+    compiled: "np.ndarray | float" = 0.0
+    graph_replay: "np.ndarray | float" = 0.0
+    graph_node: "np.ndarray | float" = 0.0
+    collective: "np.ndarray | float" = 0.0
+
+    def __add__(self, other: "Launches") -> "Launches":
+        return Launches(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
+
+    def times(self, count) -> "Launches":
+        return Launches(**{f.name: getattr(self, f.name) * count for f in dataclasses.fields(self)})
+
+    def where(self, mask, other: "Launches") -> "Launches":
+        """Per plan: these launches where `mask`, `other`'s elsewhere."""
+        return Launches(**{f.name: np.where(mask, getattr(self, f.name), getattr(other, f.name))
+                           for f in dataclasses.fields(self)})
+
+    @property
+    def kernels(self):
+        """GPU kernels these launches put on the GPU (a compiled-graph entry and a replay launch none of their own)."""
+        return (self.aten_op + self.aten_gemm + self.te_module + self.cublas + self.launch + self.triton
+                + self.graph_node + self.collective)
+
+    def host_s(self, costs: HostCosts):
+        """Host seconds to issue them (costmodels.host.HostCosts; TE modules and C++ GEMMs as derived above)."""
+        te_module_s = TE_MODULE_TO_TORCH_LINEAR * costs.aten_gemm_s
+        cublas_s = max(costs.aten_gemm_s - costs.aten_op_s, 0.0) + costs.launch_s
+        return (self.aten_op * costs.aten_op_s + self.aten_gemm * costs.aten_gemm_s + self.te_module * te_module_s
+                + self.cublas * cublas_s + self.launch * costs.launch_s + self.triton * costs.triton_launch_s
+                + self.compiled * costs.compiled_call_s + self.graph_replay * costs.cuda_graph_replay_s
+                + self.graph_node * costs.cuda_graph_node_s + self.collective * costs.aten_op_s)
+
+    def captured(self) -> "Launches":
+        """These launches replayed as one CUDA graph: one replay, a node per kernel (Megatron-Core's captured
+        modules; the Python that builds them runs once, at capture)."""
+        return Launches(graph_replay=np.where(np.asarray(self.kernels) > 0, 1.0, 0.0), graph_node=self.kernels)
+
+
+@dataclass(frozen=True)
+class LayerLaunches:
+    """One engine's launches per layer and pass (module docstring) and its host synchronisations."""
+
+    dense_fwd: Launches
+    dense_bwd: Launches
+    moe_pre_fwd: Launches
+    """A MoE layer's forward up to the dispatcher's host synchronisation (attention half, norm, router)."""
+    moe_post_fwd: Launches
+    """... after it (dispatch, experts, combine)."""
+    moe_bwd: Launches
+    head_fwd: Launches
+    head_bwd: Launches
+    tail_fwd: Launches
+    tail_bwd: Launches
+    dense_recompute: Launches
+    """What selective recompute re-runs per dense layer in the backward (full recompute re-runs `dense_fwd`)."""
+    moe_recompute: Launches
+    dispatch_syncs: np.ndarray
+    """Host synchronisations per MoE layer forward (a recomputed MoE forward repeats them)."""
+    moe_recompute_syncs: np.ndarray
+    """Of them, what selective recompute of the MoE module repeats per MoE layer in the backward."""
+    loss_syncs: float
+    """Per micro-batch, on the last stage, right after its forward."""
+    transfer_syncs: np.ndarray
+    """Whether every stage-to-stage transfer ends in a full device synchronisation (per plan)."""
+    step_syncs: float
+    """Per step, around the optimizer."""
+    optimizer: Launches
+    """The optimizer step's launches on a GPU, per step."""
+
+
+# ---- shapes of a layer the counts read ---------------------------------------------------------------------------
+
+def _gated(model: ModelSpec) -> bool:
+    return model.mlp is MlpKind.GATED
+
+
+def _rotary(model: ModelSpec) -> bool:
+    return model.position_embedding is PositionEmbedding.ROPE
+
+
+def _gqa(model: ModelSpec) -> bool:
+    return model.mla is None and model.num_kv_heads < model.num_attention_heads
+
+
+def local_experts(model: ModelSpec, plans: PlanArrays) -> np.ndarray:
+    return np.zeros(len(plans)) if model.moe is None else model.moe.num_experts / plans.ep.astype(float)
+
+
+def _tp_collectives(plans: PlanArrays, with_sp: int, without_sp: int) -> np.ndarray:
+    """Collectives of the tp group a block issues: `with_sp` under sequence parallelism, `without_sp` else, none at
+    tp 1."""
+    return np.where(plans.tp > 1, np.where(plans.sp, float(with_sp), float(without_sp)), 0.0)
+
+
+# ---- Megatron-Core + Transformer Engine ---------------------------------------------------------------------------
+# Counts: Megatron-Core core_v0.19.0 TE spec (gpt_layer_specs.py get_gpt_layer_with_transformer_engine_submodules)
+# with TE v2.17.1, bf16, as read from the sources (module docstring); the performance recipes' MoE fusions on
+# (--moe-router-fusion, --moe-permute-fusion, --moe-grouped-gemm). Megatron's jit_fuser is torch.compile
+# (megatron/core/jit.py), so its fused bias-dropout-add and activation functions are compiled calls of one Triton
+# kernel each.
+
+def _megatron_attention(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+    """(forward, backward) of the attention half of a layer: QKV LayerNormLinear (its norm kernel from C++), core
+    attention, output projection, bias-dropout-add. Forward (transformer_layer.py, attention.py): the fused-RoPE
+    tex kernel for q and k (rope_utils.py apply_rotary_pos_emb -> FusedRoPEFunc), the GQA query reshape copy
+    (attention.py get_query_key_value_tensors) and TE's v.contiguous() (dot_product_attention/utils.py
+    get_qkv_layout); TE DotProductAttention launches a seed kernel and cuDNN's SDPA (fused_attn_f16_arbitrary_seqlen.cu);
+    SP all-gather before QKV and reduce-scatter after the projection (an all-reduce without SP). MLA: its five
+    projections are TE linears. Backward: each TE Function's backward runs two GEMMs (dgrad, wgrad), the norm's
+    backward two kernels, cuDNN's SDPA backward ~3, RoPE's backward 2, torch.split's backward a cat, a residual add,
+    the DDP hook's add for the norm weight (distributed_data_parallel.py _make_backward_post_hook); SP: an
+    all-gather of the output gradient, one of the saved norm output, a reduce-scatter of the input gradient."""
+    n = len(plans)
+    linears = 5.0 if model.mla is not None else 2.0
+    rope = 2.0 if _rotary(model) else 0.0
+    fused = training.flash_attention
+    core_fwd = Launches(te_module=1.0, launch=2.0) if fused else \
+        Launches(aten_gemm=2.0, aten_op=3.0)                # unfused: baddbmm, masked softmax, dropout, bmm
+    core_bwd = Launches(te_module=1.0, launch=3.0) if fused else Launches(aten_gemm=4.0, aten_op=3.0)
+    norm_weights = 2.0 if model.norm is NormKind.LAYERNORM else 1.0
+    forward = Launches(te_module=linears, launch=1.0, aten_op=rope + (1.0 if _gqa(model) else 0.0) + 1.0,
+                       compiled=1.0, triton=1.0, collective=_tp_collectives(plans, 2, 1)) + core_fwd
+    backward = Launches(te_module=linears, cublas=linears, launch=2.0, aten_op=rope + 2.0 + norm_weights,
+                        compiled=1.0, triton=1.0, collective=_tp_collectives(plans, 3, 1)) + core_bwd
+    return forward + Launches(aten_op=_zero(n)), backward
+
+
+def _megatron_dense_mlp(plans: PlanArrays) -> tuple[Launches, Launches]:
+    """(forward, backward) of a dense MLP: fc1 LayerNormLinear (norm kernel from C++), the compiled activation
+    (fused_bias_swiglu / bias_gelu), fc2 Linear, the compiled bias-dropout-add; SP gather and scatter (an
+    all-reduce without SP). Backward: two GEMMs a linear, the norm's two kernels, the activation's compiled
+    backward, a residual add and the norm weight's DDP add; SP: three collectives as in the attention half."""
+    forward = Launches(te_module=2.0, launch=1.0, compiled=2.0, triton=2.0, collective=_tp_collectives(plans, 2, 1))
+    backward = Launches(te_module=2.0, cublas=2.0, launch=2.0, aten_op=2.0, compiled=1.0, triton=1.0,
+                        collective=_tp_collectives(plans, 3, 1))
+    return forward, backward
+
+
+def _megatron_moe_mlp(model: ModelSpec, training: TrainingSpec, plans: PlanArrays
+                      ) -> tuple[Launches, Launches, Launches]:
+    """(before the dispatch sync, after it, backward) of a MoE layer's MLP, alltoall dispatcher
+    (moe/token_dispatcher.py MoEAlltoAllTokenDispatcher) or DeepEP (MoEFlexTokenDispatcher), experts in TE
+    GroupedLinear (TEGroupedMLP).
+    Before: the pre-MLP TENorm (a module of its own in MoE layers), the router GEMM (RouterGatingLinearFunction),
+    the fused top-k (tex.fused_topk_with_score_function_fwd), the aux loss (scores, tokens-per-expert sum, loss
+    kernels, auto-scaler; moe_utils.py), the dispatcher's preprocess (~6 ops, the all-gather of counts over tp x ep,
+    3-5 non-blocking D2H copies) and TE's Triton permutation (4 kernels: make_row_id_map x3 + permute); shared
+    experts run in line (an MLP of TE linears).
+    After: the all-to-all of tokens and probs, the chunk sort (2 Triton kernels, > 1 local expert), GroupedLinear
+    fc1 and fc2 (`_grouped_gemm_launches`), the compiled weighted SwiGLU, the chunk unsort, the all-to-all back,
+    the unpermute, the compiled bias-dropout-add; etp > 1 adds an all-gather of tokens and probs and a
+    reduce-scatter. DeepEP replaces the permutation and all-to-alls by its layout, notify and dispatch / combine
+    kernels (fused_a2a.py).
+    Backward: the grouped linears' dgrad and wgrad, the permutation and sort backwards, three all-to-alls, the
+    router's two GEMMs and its DDP add, the aux-loss and top-k backwards, the norm's."""
+    experts = local_experts(model, plans)
+    sort = np.where(experts > 1, 2.0, 0.0)
+    etp_collectives = np.where(plans.etp > 1, 2.0, 0.0)
+    router = Launches(te_module=1.0, aten_gemm=1.0, aten_op=1.0 + 6.0, launch=1.0,
+                      collective=np.where(plans.tp * plans.cp > 1, 1.0, 0.0))
+    if training.moe_dispatcher is MoEDispatcher.DEEPEP:
+        pre = router + Launches(aten_op=2.0, launch=1.0)
+        dispatch, combine = Launches(launch=2.0), Launches(launch=1.0)
+    else:
+        pre = router + Launches(aten_op=6.0 + 4.0, triton=4.0,
+                                collective=np.where(plans.tp * plans.ep > 1, 1.0, 0.0))
+        dispatch, combine = Launches(collective=2.0, triton=sort), Launches(collective=1.0, triton=sort + 1.0)
+    grouped_fwd, grouped_bwd = _grouped_gemm_launches(training, experts)
+    post = dispatch + Launches(collective=etp_collectives, compiled=2.0, triton=2.0) + grouped_fwd + combine
+    backward = grouped_bwd + Launches(triton=sort + 2.0, collective=3.0 + etp_collectives, compiled=1.0,
+                                      aten_op=6.0 + 1.0 + 3.0, aten_gemm=2.0, te_module=1.0, launch=1.0)
+    if model.moe is not None and model.moe.num_shared_experts:    # an MLP of TE linears, no norm or BDA of its own
+        pre = pre + Launches(te_module=2.0, compiled=1.0, triton=1.0, collective=_tp_collectives(plans, 2, 1))
+        backward = backward + Launches(te_module=2.0, cublas=2.0, compiled=1.0, triton=1.0,
+                                       collective=_tp_collectives(plans, 3, 1))
+    return pre, post, backward
+
+
+def _grouped_gemm_launches(training: TrainingSpec, experts: np.ndarray) -> tuple[Launches, Launches]:
+    """(forward, backward) launches of a MoE layer's two grouped linears over `experts` local experts. TE 2.17's
+    GroupedLinear runs one cuBLASLt call per expert on four side streams (grouped_linear.py -> general_grouped_gemm
+    -> multi_stream_cublas_gemm; the single grouped kernels are opt-in): a TE module call and n - 1 further cuBLAS
+    GEMMs per linear forward, one and 2n - 1 backward (dgrad and wgrad per expert). ExpertGemm.GROUPED: one grouped
+    kernel per GEMM."""
+    if training.expert_gemm is ExpertGemm.GROUPED:
+        return Launches(te_module=2.0), Launches(te_module=2.0, cublas=2.0)
+    return (Launches(te_module=2.0, cublas=2.0 * np.maximum(experts - 1.0, 0.0)),
+            Launches(te_module=2.0, cublas=np.maximum(4.0 * experts - 2.0, 0.0)))
+
+
+def _megatron(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> LayerLaunches:
+    n = len(plans)
+    attention_fwd, attention_bwd = _megatron_attention(model, training, plans)
+    mlp_fwd, mlp_bwd = _megatron_dense_mlp(plans)
+    router_fwd, routed_fwd, moe_mlp_bwd = (_megatron_moe_mlp(model, training, plans) if model.moe is not None
+                                           else (Launches(), Launches(), Launches()))
+    dense_recompute, moe_recompute = _megatron_selective_recompute(training, plans, mlp_fwd, router_fwd, routed_fwd)
+    if training.launch is LaunchPath.CUDA_GRAPH:
+        attention_fwd, attention_bwd, mlp_fwd, mlp_bwd, router_fwd, routed_fwd, moe_mlp_bwd = _megatron_graphs(
+            model, training, attention_fwd, attention_bwd, mlp_fwd, mlp_bwd, router_fwd, routed_fwd, moe_mlp_bwd)
+    # embedding (+ its SP scatter / TP all-reduce); backward: the sort-based embedding backward, its DDP add
+    head_fwd = Launches(aten_op=1.0, collective=np.where(plans.tp > 1, 1.0, 0.0))
+    head_bwd = Launches(aten_op=3.0 + 1.0)
+    # final TENorm, output layer (Megatron's ColumnParallelLinear, an autograd Function over cuBLAS), the loss
+    # (fused: --cross-entropy-loss-fusion's compiled kernels; unfused: vocab-parallel cross entropy, ~8 ops and 3
+    # all-reduces over tp), loss_func's masking and sums (pretrain_gpt.py)
+    fused_loss = training.cross_entropy is not CrossEntropyKernel.UNFUSED
+    loss_fwd = Launches(compiled=3.0, triton=3.0) if fused_loss else Launches(aten_op=8.0)
+    tail_fwd = Launches(te_module=1.0, aten_gemm=1.0, aten_op=4.0,
+                        collective=np.where(plans.tp > 1, 2.0 if fused_loss else 3.0, 0.0)) + loss_fwd
+    tail_bwd = Launches(te_module=1.0, launch=1.0, aten_gemm=2.0, aten_op=1.0 + 3.0,
+                        collective=np.where(plans.tp > 1, 1.0, 0.0))
+    # token_dispatcher.py cuda_sync_point: one event.synchronize() per MoE forward, none under drop-and-pad; DeepEP:
+    # the CPU spins on its host-mapped receive counters (buffer.hpp intranode_dispatch), then 3 data-dependent-size
+    # ops in _indices_to_multihot (two boolean-mask indexings, repeat_interleave) on the default path
+    if training.moe_dispatcher is MoEDispatcher.DEEPEP:
+        dispatch_syncs = np.full(n, 4.0)
+    else:
+        dispatch_syncs = np.full(n, 0.0 if training.moe_pad_to_capacity else 1.0)
+    return LayerLaunches(
+        dense_fwd=attention_fwd + mlp_fwd, dense_bwd=attention_bwd + mlp_bwd,
+        moe_pre_fwd=attention_fwd + router_fwd, moe_post_fwd=routed_fwd, moe_bwd=attention_bwd + moe_mlp_bwd,
+        head_fwd=head_fwd, head_bwd=head_bwd, tail_fwd=tail_fwd, tail_bwd=tail_bwd,
+        dense_recompute=dense_recompute, moe_recompute=moe_recompute, dispatch_syncs=dispatch_syncs,
+        moe_recompute_syncs=np.where(recomputes_module(plans, RecomputeModule.MOE), dispatch_syncs, 0.0),
+        # loss_func's validate_result(torch.isnan / torch.isinf) under the default rerun mode (pretrain_gpt.py,
+        # rerun_state_machine.py): two bool() reads of a device tensor after each micro-batch's forward
+        loss_syncs=2.0,
+        # non-interleaved 1F1B: batch_p2p_comm with batch_p2p_sync (default) ends every _communicate in
+        # torch.cuda.synchronize() (p2p_communication.py); the interleaved schedule with overlap_p2p_comm issues
+        # isend/irecv and waits on the stream
+        transfer_syncs=(plans.pp > 1) & ((plans.vpp == 1) | (not training.overlap_p2p_comm)),
+        # per step: the DDP buckets' NaN checks (2), the rerun state machine's reduce (1), train_step's four reads
+        # after the optimizer and get_loss_scale().item() (training.py)
+        step_syncs=8.0,
+        # TE's multi-tensor Adam, the norm and the bf16 copy, a few launches per ~110 tensors
+        optimizer=Launches(aten_op=12.0),
+    )
+
+
+def _megatron_selective_recompute(training: TrainingSpec, plans: PlanArrays, mlp_fwd: Launches,
+                                  router_fwd: Launches, routed_fwd: Launches) -> tuple[Launches, Launches]:
+    """What --recompute-modules re-runs per layer in the backward (transformer_layer.py, attention.py
+    _checkpointed_attention_forward, moe_layer.py): core_attn the TE core attention (v copy, seed, cuDNN), mlp the
+    dense MLP, moe the whole MoE MLP (router, dispatch, experts, combine), moe_act the compiled activation,
+    layernorm a norm module of its own (MoE layers' pre-MLP norm)."""
+    def pick(module: RecomputeModule, launches: Launches) -> Launches:
+        return launches.where(recomputes_module(plans, module), Launches())
+
+    core = Launches(te_module=1.0, launch=2.0, aten_op=1.0) if training.flash_attention else         Launches(aten_gemm=2.0, aten_op=3.0)
+    common = pick(RecomputeModule.CORE_ATTN, core)
+    dense = common + pick(RecomputeModule.MLP, mlp_fwd)
+    moe = common + pick(RecomputeModule.MOE, router_fwd + routed_fwd) \
+        + pick(RecomputeModule.MOE_ACT, Launches(compiled=1.0, triton=1.0)) \
+        + pick(RecomputeModule.LAYERNORM, Launches(te_module=1.0))
+    return dense, moe
+
+
+def _megatron_graphs(model: ModelSpec, training: TrainingSpec, attention_fwd, attention_bwd, mlp_fwd, mlp_bwd,
+                     router_fwd, routed_fwd, moe_mlp_bwd):
+    """The layer's pieces under --cuda-graph-impl with --cuda-graph-modules (Megatron-Core cuda_graphs.py; docs
+    user-guide/features/cuda_graph.md): a captured module replays as one graph forward and one backward. 'attn' the
+    attention half, 'mlp' a dense MLP, 'moe_router' + 'moe_preprocess' a MoE layer's norm, router, aux loss,
+    dispatcher metadata and permutation (the dispatch's host sync stays, moved before the all-to-all), 'moe' the
+    whole MoE MLP, which Megatron-Core allows only under drop-and-pad (transformer_config.py); no module named =
+    the whole layer."""
+    modules = set(training.cuda_graph_modules) or {"attn", "mlp", "moe"}
+    if model.is_moe and "moe" in modules and not training.moe_pad_to_capacity:
+        raise InputError("cuda_graph_modules", "capturing the whole MoE layer (--cuda-graph-modules moe, or no "
+                                               "module named) needs drop-and-pad routing: Megatron-Core refuses "
+                                               "it otherwise; add --moe-expert-capacity-factor with "
+                                               "--moe-pad-expert-input-to-capacity, or name attn moe_router "
+                                               "moe_preprocess")
+
+    def maybe(captured: bool, forward: Launches, backward: Launches) -> tuple[Launches, Launches]:
+        return (forward.captured(), backward.captured()) if captured else (forward, backward)
+
+    attention_fwd, attention_bwd = maybe("attn" in modules, attention_fwd, attention_bwd)
+    mlp_fwd, mlp_bwd = maybe("mlp" in modules, mlp_fwd, mlp_bwd)
+    whole_moe = "moe" in modules
+    if whole_moe or {"moe_router", "moe_preprocess"} & modules:
+        router_fwd = router_fwd.captured()
+    if whole_moe:
+        routed_fwd, moe_mlp_bwd = routed_fwd.captured(), moe_mlp_bwd.captured()
+    return attention_fwd, attention_bwd, mlp_fwd, mlp_bwd, router_fwd, routed_fwd, moe_mlp_bwd
+
+
+# ---- eager PyTorch models: Hugging Face transformers, nanoGPT ------------------------------------------------------
+# CUDA kernels per decoder layer (an op counter under TorchDispatchMode on torch 2.13, count(L=2) - count(L=1), views
+# and allocations left out; CUDA kernels per op as the ops' CUDA implementations launch them):
+#   Hugging Face LlamaDecoderLayer (RMSNorm, rotary, gated MLP): 34 forward / 67 backward with SDPA, 42 / 76 with the
+#   eager ("math") attention; GEMMs 7 / 14, the math attention 2 / 4 more (bmm).
+#   nanoGPT Block (LayerNorm, learned positions, plain MLP, bias=False): 10 / 15 with SDPA, 19 / 24 with the math
+#   attention; GEMMs 4 / 8, the math attention 2 / 4 more. With biases (GPT-2) the backward adds a sum per linear.
+EAGER_LAYER_KERNELS = {  # (gated family?, fused attention?) -> (forward ops, backward ops, forward GEMMs, backward GEMMs)
+    (True, True): (34.0, 67.0, 7.0, 14.0), (True, False): (42.0, 76.0, 9.0, 18.0),
+    (False, True): (10.0, 15.0, 4.0, 8.0), (False, False): (19.0, 24.0, 6.0, 12.0),
+}
+
+
+def param_tensors_per_layer(model: ModelSpec) -> float:
+    """Weight (and bias) tensors of one decoder layer as an eager model holds them (separate q, k, v, o and gate,
+    up, down projections in Hugging Face models; a fused QKV and fc1 in GPT-2 / nanoGPT), its norms'."""
+    gated = _gated(model)
+    linears = (4.0 + 3.0) if gated else 4.0
+    norms = 2.0 * (2.0 if model.norm is NormKind.LAYERNORM else 1.0)
+    return linears * (2.0 if model.linear_bias else 1.0) + norms
+
+
+def param_modules_per_layer(model: ModelSpec) -> float:
+    """Submodules holding parameters in one eager decoder layer: its linears and its two norms (DeepSpeed ZeRO-3
+    fetches each on its own)."""
+    return (7.0 if _gated(model) else 4.0) + 2.0
+
+
+def _eager_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+    """(forward, backward) launches of one dense decoder layer of an eager PyTorch model (EAGER_LAYER_KERNELS), plus
+    a kernel per parameter tensor in the backward (AccumulateGrad's add while gradients accumulate, DDP's
+    bucket copy on the last micro-batch: reducer.cpp mark_variable_ready_dense) and tensor-parallel collectives
+    (DTensor: an all-gather and a reduce-scatter per block each way under SP)."""
+    ops_f, ops_b, gemm_f, gemm_b = EAGER_LAYER_KERNELS[(_gated(model), training.flash_attention)]
+    bias_sums = 4.0 if model.linear_bias else 0.0
+    forward = Launches(aten_op=ops_f - gemm_f, aten_gemm=gemm_f, collective=_tp_collectives(plans, 4, 2))
+    backward = Launches(aten_op=ops_b - gemm_b + bias_sums + param_tensors_per_layer(model), aten_gemm=gemm_b,
+                        collective=_tp_collectives(plans, 4, 2))
+    return forward, backward
+
+
+def _fsdp2_unit(plans: PlanArrays) -> tuple[Launches, Launches]:
+    """(forward, backward) of one FSDP2 unit (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py) at
+    zero 3 / 2: forward unshard = the param all-gather input copy (_foreach_copy_), the copy-in, the all-gather, the
+    copy-out (split_with_sizes_copy); backward: the unshard again when resharded after forward (zero 3), then
+    foreach_reduce's chunk_cat, a div and the reduce-scatter. FSDP2 never blocks the host (record_stream-free
+    design)."""
+    fsdp = plans.zero >= 2
+    unshard = Launches(aten_op=3.0, collective=1.0)
+    forward = unshard.where(fsdp, Launches())
+    backward = unshard.where(plans.zero >= 3, Launches()) + Launches(aten_op=2.0, collective=1.0).where(
+        fsdp, Launches())
+    return forward, backward
+
+
+def _eager_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, compiled: bool
+               ) -> tuple[Launches, Launches, Launches, np.ndarray]:
+    """(before the first sync, after it, backward, host syncs per forward) of an eager PyTorch MoE MLP.
+    torchtitan v0.2.2 (models/moe/moe.py, distributed/expert_parallel.py), ExpertGemm.GROUPED: router GEMM, scores,
+    top-k, histc counts, argsort reorder, torch._grouped_mm x3 (48 forward / 39 backward ops in all for a Qwen3-like
+    router); EP > 1 exchanges counts by all-to-all and reads the split sizes on the host (`.to("cpu",
+    non_blocking=False)`: one sync), dispatches and combines by all-to-all; DeepEP spins on its receive counters and
+    then indexes by a boolean mask and repeat_interleave (3 syncs). Compiled (apply_compile compiles the router,
+    reorderer, shared experts and the expert GEMM function apart): ~7 graph calls each way, eager glue between.
+    ExpertGemm.LOOP (Hugging Face's eager blocks, e.g. Qwen3MoeSparseMoeBlock; DeepSpeed-MoE): `expert_hit =
+    (mask.sum() > 0).nonzero()` and, per local expert, `torch.where(expert_mask[e])` -- each a host sync (data-
+    dependent size) -- then the expert's three linears, its activation and multiply, the routing-weight multiply
+    and index_add_."""
+    experts = local_experts(model, plans)
+    shared = model.moe is not None and bool(model.moe.num_shared_experts)
+    ep = plans.ep > 1
+    if training.expert_gemm is ExpertGemm.LOOP:
+        pre = Launches(aten_gemm=1.0, aten_op=8.0)
+        per_expert_fwd = Launches(aten_gemm=3.0, aten_op=5.0)
+        per_expert_bwd = Launches(aten_gemm=6.0, aten_op=6.0)
+        post = per_expert_fwd.times(experts) + Launches(collective=np.where(ep, 2.0, 0.0))
+        backward = per_expert_bwd.times(experts) + Launches(aten_gemm=2.0, aten_op=6.0,
+                                                            collective=np.where(ep, 2.0, 0.0))
+        syncs = 1.0 + experts
+    else:
+        deepep = training.moe_dispatcher is MoEDispatcher.DEEPEP
+        if compiled:
+            pre = Launches(compiled=3.0, triton=6.0, aten_gemm=1.0, aten_op=6.0)
+            post = Launches(compiled=4.0, triton=6.0, aten_gemm=3.0, aten_op=8.0)
+            backward = Launches(compiled=7.0, triton=10.0, aten_gemm=8.0, aten_op=12.0)
+        else:
+            pre = Launches(aten_gemm=1.0, aten_op=20.0)
+            post = Launches(aten_gemm=3.0, aten_op=24.0)
+            backward = Launches(aten_gemm=8.0, aten_op=31.0)
+        exchange = Launches(collective=np.where(ep, 1.0, 0.0), aten_op=np.where(ep, 4.0, 0.0))
+        pre = pre + exchange
+        post = post + Launches(collective=np.where(ep, 2.0, 0.0))
+        backward = backward + Launches(collective=np.where(ep, 2.0, 0.0))
+        syncs = np.where(ep, 3.0 if deepep else 1.0, 0.0)
+    if shared:
+        pre = pre + Launches(aten_gemm=3.0, aten_op=2.0)
+        backward = backward + Launches(aten_gemm=6.0, aten_op=3.0)
+    return pre, post, backward, np.broadcast_to(np.asarray(syncs, dtype=float), (len(plans),)).copy()
+
+
+def _torchtitan_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+    """(forward, backward) of a torchtitan v0.2.2 Llama block (models/llama3/model/model.py; the op counter: 16 / 33
+    CUDA kernels eager, 7 / 14 GEMMs; compiled with fullgraph (infra/parallelize.py apply_compile), one graph call
+    each way with ~4 / 5 Inductor kernels, the GEMMs as extern mm calls from the wrapper, SDPA and the complex-RoPE
+    fallbacks as ATen ops). TP (DTensor SequenceParallel/Colwise/Rowwise): an all-gather and a reduce-scatter per
+    block each way; a plain MLP has one GEMM fewer."""
+    mlp_gemms = 3.0 if _gated(model) else 2.0
+    if training.launch is LaunchPath.COMPILE:
+        forward = Launches(compiled=1.0, triton=4.0, aten_gemm=4.0 + mlp_gemms, aten_op=3.0)
+        backward = Launches(compiled=1.0, triton=5.0, aten_gemm=2.0 * (4.0 + mlp_gemms), aten_op=4.0, launch=2.0)
+    else:
+        forward = Launches(aten_gemm=4.0 + mlp_gemms, aten_op=9.0)
+        backward = Launches(aten_gemm=2.0 * (4.0 + mlp_gemms), aten_op=19.0)
+    tp = _tp_collectives(plans, 4, 2)
+    return forward + Launches(collective=tp), backward + Launches(collective=tp)
+
+
+def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> LayerLaunches:
+    """torchtitan, a plain PyTorch loop, and DeepSpeed's engine over an eager model."""
+    n = len(plans)
+    engine = training.engine
+    compiled = training.launch is LaunchPath.COMPILE
+    if engine is Engine.TORCHTITAN:
+        layer_fwd, layer_bwd = _torchtitan_layer(model, training, plans)
+        attention_share = 0.6         # of a block's launches before its MLP (attention norm .. residual add)
+    else:
+        layer_fwd, layer_bwd = _eager_layer(model, training, plans)
+        attention_share = 0.6
+        if compiled:   # a compiled eager model: Inductor's fusion of the block, one graph call each way
+            layer_fwd = Launches(compiled=1.0, triton=layer_fwd.aten_op * 0.4, aten_gemm=layer_fwd.aten_gemm,
+                                 collective=layer_fwd.collective)
+            layer_bwd = Launches(compiled=1.0, triton=layer_bwd.aten_op * 0.4, aten_gemm=layer_bwd.aten_gemm,
+                                 collective=layer_bwd.collective)
+    fsdp_fwd, fsdp_bwd = _fsdp2_unit(plans) if engine is not Engine.DEEPSPEED else _deepspeed_zero(model, plans)
+    attention_fwd = layer_fwd.times(attention_share)
+    if model.moe is not None:
+        pre, post, moe_bwd, dispatch_syncs = _eager_moe(model, training, plans, compiled)
+        moe_pre = attention_fwd + pre + fsdp_fwd
+        moe_bwd = layer_bwd.times(attention_share) + moe_bwd + fsdp_bwd
+    else:
+        moe_pre = moe_bwd = post = Launches()
+        dispatch_syncs = np.zeros(n)
+    deepspeed = engine is Engine.DEEPSPEED
+    serial = deepspeed and training.zero3_serial_fetch
+    return LayerLaunches(
+        dense_fwd=layer_fwd + fsdp_fwd, dense_bwd=layer_bwd + fsdp_bwd,
+        moe_pre_fwd=moe_pre, moe_post_fwd=post, moe_bwd=moe_bwd,
+        head_fwd=Launches(aten_op=2.0), head_bwd=Launches(aten_op=4.0),
+        # final norm, output GEMM, PyTorch's cross entropy (log_softmax + nll_loss, 2 kernels each way)
+        tail_fwd=Launches(aten_op=3.0, aten_gemm=1.0), tail_bwd=Launches(aten_op=4.0, aten_gemm=2.0),
+        # activation checkpointing re-runs the checkpointed block's forward (full), torchtitan's per-op SAC about a
+        # third of its launches
+        dense_recompute=layer_fwd.times(0.35), moe_recompute=(attention_fwd + post).times(0.35),
+        dispatch_syncs=dispatch_syncs, moe_recompute_syncs=np.zeros(n),
+        loss_syncs=0.0,
+        # torch.distributed.pipelining and DeepSpeed's PipelineEngine wait on the stream, not the host
+        transfer_syncs=np.zeros(n, dtype=bool),
+        # torchtitan v0.2.2: dist_sum(local_valid_tokens).item() at every step start (train.py train_step);
+        # nanoGPT: loss.item() every iteration (log_interval 1); DeepSpeed 0.19: none per step (2021: its timers
+        # called torch.cuda.synchronize() at start and stop of train_batch)
+        step_syncs=(2.0 if serial else 0.0) if deepspeed else 1.0,
+        # foreach AdamW: 8 ops a parameter group (2 groups), clip_grad_norm_: 8 (torch optim/adam.py,
+        # nn/utils/clip_grad.py), a few launches each
+        optimizer=Launches(aten_op=8.0 * 2.0 + 8.0),
+    )
+
+
+def _deepspeed_zero(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+    """(forward, backward) launches DeepSpeed's ZeRO adds to one eager decoder layer (v0.19.5 runtime/zero/
+    partitioned_param_coordinator.py, partition_parameters.py, stage3.py). ZeRO-3: per parameter-holding submodule
+    and pass one coalesced all-gather (its copy-in cat and the NCCL call), per parameter a cat copy-out; backward
+    the same fetch plus a copy of each gradient into the reduce bucket. ZeRO-1/2: a copy of each gradient into the
+    bucket. The 2021 per-parameter fetch (zero3_serial_fetch) is priced by costmodels.steptime.dp_comm_s."""
+    tensors = param_tensors_per_layer(model)
+    modules = param_modules_per_layer(model)
+    fetch = Launches(aten_op=modules + tensors, collective=modules)
+    forward = fetch.where(plans.zero >= 3, Launches())
+    backward = fetch.where(plans.zero >= 3, Launches()) + Launches(aten_op=tensors).where(plans.zero >= 1,
+                                                                                          Launches())
+    return forward, backward
+
+
+# ---- a CUDA-C trainer (llm.c) ---------------------------------------------------------------------------------------
+
+def _native(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> LayerLaunches:
+    """llm.c's train_gpt2.cu: per layer forward a fused residual + layernorm, four cuBLASLt matmuls (bias and GELU
+    in their epilogues), the cuDNN attention (~1 kernel forward, ~3 backward), a residual; backward about twice
+    the kernels; every launch from C (no Python); per step the loss copied back and a cudaDeviceSynchronize."""
+    n = len(plans)
+    forward = Launches(launch=3.0, cublas=4.0)
+    backward = Launches(launch=7.0, cublas=8.0)
+    return LayerLaunches(
+        dense_fwd=forward, dense_bwd=backward, moe_pre_fwd=Launches(), moe_post_fwd=Launches(), moe_bwd=Launches(),
+        head_fwd=Launches(launch=1.0), head_bwd=Launches(launch=2.0),
+        tail_fwd=Launches(launch=2.0, cublas=1.0), tail_bwd=Launches(launch=2.0, cublas=2.0),
+        dense_recompute=Launches(), moe_recompute=Launches(), dispatch_syncs=np.zeros(n),
+        moe_recompute_syncs=np.zeros(n), loss_syncs=0.0, transfer_syncs=np.zeros(n, dtype=bool), step_syncs=2.0,
+        optimizer=Launches(launch=4.0, collective=2.0))
+
+
+def layer_launches(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> LayerLaunches:
+    """The launches and synchronisations of `training.engine` for every plan."""
+    if training.engine is Engine.MEGATRON:
+        return _megatron(model, training, plans)
+    if training.engine is Engine.NATIVE:
+        return _native(model, training, plans)
+    return _eager_engine(model, training, plans)
+
+
+def host_reads_zero(training: TrainingSpec) -> bool:
+    """Whether the engine's launches per layer depend on the ZeRO stage (FSDP2's and DeepSpeed's per-layer parameter
+    gathers are host launches beside the compute; Megatron-Core's buckets are not per layer)."""
+    return training.engine in (Engine.TORCHTITAN, Engine.PYTORCH, Engine.DEEPSPEED)
+
+
+def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts) -> np.ndarray:
+    """The host's share of the optimizer step: its synchronisations' wake-ups and the launches after the last of
+    them, which nothing hides (LayerLaunches.step_syncs, .optimizer)."""
+    launches = layer_launches(model, training, plans)
+    return launches.step_syncs * costs.sync_s + np.broadcast_to(
+        np.asarray(launches.optimizer.host_s(costs), dtype=float), (len(plans),))
+
+
+# ---- the engine's elementwise kernels: HBM traffic ----------------------------------------------------------------
+
+def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec) -> float:
+    """HBM bytes per token one dense layer's non-GEMM kernels move in the forward as the engine runs them (bf16, 2
+    bytes an element; a kernel reads its inputs and writes its outputs once), itemised from the same sources as the
+    launch counts; q, kv the query and key/value widths, f the MLP width, h the hidden size:
+      Megatron-Core + TE: two norms fused into LayerNormLinear (read and write h: 4h each), fused RoPE on q and k
+        (4(q+kv)), the GQA query copy (4q) and TE's v.contiguous() (4kv), two compiled bias-dropout-adds (read x and
+        the residual, write: 6h each), the fused activation (gated: read 2f write f, 6f; else 4f);
+      torch.compile'd blocks: a fused norm (4h), RoPE fused into the projections' epilogue pointwise (4(q+kv)), the
+        residual add fused with the next norm (8h), the activation (6f / 4f), the block's last residual add (6h);
+      torchtitan eager: nn.RMSNorm's fused kernel (4h each), complex RoPE in fp32 (upcast, complex multiply, cast
+        back: 20(q+kv)), two residual adds (12h), SiLU and the gate multiply (10f);
+      Hugging Face's eager decoder layers under DeepSpeed (RMSNorm models): the norm as seven ops in fp32 (36h
+        each), rotate_half RoPE (slice, neg, cat, two multiplies and an add: 24(q+kv)), repeat_kv's copies of k and
+        v (8q), the head merge copy (4q), two residual adds (12h), SiLU and multiply (10f);
+      a plain PyTorch model of functional ops (nanoGPT; DeepSpeed's LayerNorm models): one kernel a norm (8h),
+        rotate_half RoPE (24(q+kv)), repeat_kv (8q), the head merge copy (4q), two residual adds (12h), the
+        activation (SiLU and multiply 10f, GELU 4f);
+      with TrainingSpec.fused_kernels (apex / TE / xformers / Liger ops) the eager engines' as Megatron-Core's;
+      llm.c: fused residual + layernorm twice (8h each), GELU in the GEMM epilogue writing its input beside (4f).
+    costmodels.compute scales its fitted elementwise traffic (the profile's, fitted on Megatron runs) by this over
+    Megatron-Core's (`elementwise_traffic_scale`)."""
+    h = float(model.hidden_size)
+    q, kv = float(model.q_size), float(model.kv_size)
+    f = float(model.ffn_hidden_size)
+    gated, rotary, gqa = _gated(model), _rotary(model), _gqa(model)
+    act = 6.0 * f if gated else 4.0 * f
+    rope = (q + kv) if rotary else 0.0
+    engine = training.engine
+    if engine is Engine.MEGATRON or (training.fused_kernels and engine in (Engine.PYTORCH, Engine.DEEPSPEED)):
+        return 8.0 * h + 4.0 * rope + (4.0 * q if gqa else 0.0) + 4.0 * kv + 12.0 * h + act
+    if engine is Engine.NATIVE:
+        return 16.0 * h + 4.0 * f
+    if training.launch is LaunchPath.COMPILE:
+        return 18.0 * h + 4.0 * rope + act
+    if engine is Engine.TORCHTITAN:
+        return 8.0 * h + 20.0 * rope + 12.0 * h + (10.0 * f if gated else 4.0 * f)
+    if model.norm is NormKind.RMSNORM and engine is Engine.DEEPSPEED:   # Hugging Face's eager decoder layers
+        return 72.0 * h + 24.0 * rope + (8.0 * q if gqa else 0.0) + 4.0 * q + 12.0 * h + (10.0 * f if gated
+                                                                                          else 4.0 * f)
+    # a plain PyTorch model of torch.nn.functional ops: one kernel per norm (F.layer_norm / F.rms_norm), RoPE by
+    # rotate_half, repeat_kv's copies under GQA, the head merge copy, two residual adds, SiLU and the gate multiply
+    return 8.0 * h + 24.0 * rope + (8.0 * q if gqa else 0.0) + 4.0 * q + 12.0 * h + (10.0 * f if gated else 4.0 * f)
+
+
+def elementwise_traffic_scale(model: ModelSpec, training: TrainingSpec) -> float:
+    """The engine's elementwise HBM traffic over Megatron-Core's for the same layer (`elementwise_bytes_per_token`)."""
+    if training.engine is Engine.MEGATRON:
+        return 1.0
+    megatron = dataclasses.replace(training, engine=Engine.MEGATRON, launch=LaunchPath.EAGER, cuda_graph_modules=(),
+                                   zero3_serial_fetch=False)
+    return elementwise_bytes_per_token(model, training) / elementwise_bytes_per_token(model, megatron)
