@@ -44,8 +44,9 @@ from costmodels import params
 from costmodels.compute import fp8_tn_only
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
-from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
-                             layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
+from costmodels.plan import (Plan, PlanArrays, Recompute, RecomputeModule, data_parallel_size,
+                             expert_data_parallel_size, layers_on_stage, layers_per_middle_stage, num_microbatches,
+                             recomputes_module)
 from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Fp8Recipe, MlpKind, ModelSpec, NormKind,
                               PipelineSchedule, TrainingSpec, fp8_copy_bytes_per_element)
 from costmodels.structure import stage_list
@@ -905,6 +906,16 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         if only is None or name in only:
             terms[name] = value
     return terms
+
+
+def layout_memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                              plan: Plan) -> dict[str, np.ndarray]:
+    """Named memory terms of every pipeline rank (index 0..pp-1) of a plan with a layout: each rank's own decoder and
+    MoE layers (params.layout_rank_content), its role and in-flight micro-batches from its index, as for the even
+    split (costmodels.layout)."""
+    ranks = params.layout_rank_content(model, plan.layout, plan.pp)
+    plans = PlanArrays.from_plans([plan]).take(np.zeros(plan.pp, dtype=np.int64))
+    return memory_terms_bytes(model, cluster, training, plans, ranks)
 
 
 def total_bytes(terms: dict[str, np.ndarray]) -> np.ndarray:
