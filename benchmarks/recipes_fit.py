@@ -103,6 +103,73 @@ def price_recipe(entry: dict, folder: Path) -> "Priced | str":
                   hbm_gib=cluster.profile.hbm_bytes / GIB, not_priced=list(run.not_priced))
 
 
+COMMON = "--bf16 --use-distributed-optimizer --sequence-parallel --cross-entropy-loss-fusion "
+ISSUE_LAYOUTS: tuple[tuple[str, str, str, int, str], ...] = (
+    ("Nemotron-4 340B, NeMo 2's performance script (bf16: precision-aware optimizer, fp32 states)",
+     "nemotron-4-340b", "h100", 128,
+     COMMON + "--use-precision-aware-optimizer --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 "
+     "--num-virtual-stages-per-pipeline-rank 12 --micro-batch-size 1 --seq-length 4096 --global-batch-size 32"),
+    ("Nemotron-4 340B, the same with bf16 gradients (Bridge's performance default)",
+     "nemotron-4-340b", "h100", 128,
+     COMMON + "--use-precision-aware-optimizer --grad-reduce-in-bf16 --tensor-model-parallel-size 8 "
+     "--pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 12 --micro-batch-size 1 "
+     "--seq-length 4096 --global-batch-size 32"),
+    ("GPT-OSS-120B tp1 pp4 ep8 mbs4 (Bridge's H100 recipe runs mbs 1; its B200 recipe mbs 4 on pp 1), layernorm and "
+     "moe_act recomputed as Bridge's gpt-oss recipes do", "gpt-oss-120b", "h100", 64,
+     "--bf16 --use-distributed-optimizer --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
+     "--recompute-granularity selective --recompute-modules layernorm moe_act --tensor-model-parallel-size 1 "
+     "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8 --micro-batch-size 4 --seq-length 4096 "
+     "--global-batch-size 1280 --num-experts 128 --moe-token-dispatcher-type alltoall"),
+    ("Llama 3.1 405B fp8 (tensorwise, fp8 parameters), embedding and loss counted as layers",
+     "llama-3.1-405b", "h100", 1024,
+     COMMON + "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --grad-reduce-in-bf16 "
+     "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 8 "
+     "--context-parallel-size 2 --micro-batch-size 1 --seq-length 8192 --global-batch-size 512 "
+     "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --num-layers 126"),
+    ("Llama 3.1 405B tp4 pp8 vpp8 cp2 (the layout Bridge's B200 recipe names in its docstring)",
+     "llama-3.1-405b", "b200", 128,
+     COMMON + "--grad-reduce-in-bf16 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 "
+     "--num-virtual-stages-per-pipeline-rank 8 --context-parallel-size 2 --micro-batch-size 1 --seq-length 8192 "
+     "--global-batch-size 768 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+     "--num-layers 126"),
+    ("DeepSeek-V3 tp1 pp16 ep8, mla_up_proj recomputed, bf16 Adam moments (Bridge's DeepSeek-V3 optimizer)",
+     "deepseek-v3", "b200", 256,
+     "--bf16 --use-distributed-optimizer --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 16 --expert-model-parallel-size 8 "
+     "--micro-batch-size 1 --seq-length 4096 --global-batch-size 2048 --num-experts 256 "
+     "--recompute-granularity selective --recompute-modules mla_up_proj --use-precision-aware-optimizer "
+     "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --moe-token-dispatcher-type flex "
+     "--pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'"),
+    ("DeepSeek-V3's own layout Et|(tt|)*30mL (estimate only: 61 layers on pp 8 vpp 4)",
+     "deepseek-v3", "h100", 1024,
+     "--bf16 --use-distributed-optimizer --sequence-parallel --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --expert-model-parallel-size 64 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --seq-length 4096 --global-batch-size 8192 "
+     "--num-experts 256 --recompute-granularity selective --recompute-modules mla_up_proj mlp "
+     "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 "
+     "--pipeline-model-parallel-layout 'Et|(tt|)*30mL'"),
+)
+"""The production layouts issue 43 names, each as the Megatron-LM command it ran with (as far as its framework's
+recipe says: the switches are in the command), read through --from-megatron-args (autopar.megatron_args)."""
+
+
+def issue_layouts() -> list[str]:
+    import autopar
+    from autopar.megatron_args import parse_megatron_args
+    from costmodels.scoring import estimate
+    from costmodels.specs import TrainingSpec
+
+    lines = []
+    for what, name, gpu, num_gpus, command in ISSUE_LAYOUTS:
+        run = parse_megatron_args(command)
+        cluster = autopar.make_cluster(gpu=gpu, num_gpus=num_gpus)
+        result = estimate(autopar.load_model(name), cluster, run.training_spec(TrainingSpec()), run.plan)
+        peak, hbm = result.peak_memory_bytes / GIB, cluster.profile.hbm_bytes / GIB
+        lines.append(f"  {peak:6.1f} of {hbm:4.0f} GiB ({100 * peak / hbm:3.0f}%)  {gpu} x{num_gpus}  "
+                     f"{run.plan.short()[:60]}  {what}")
+    return lines
+
+
 def main(argv: "list[str] | None" = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", type=Path, help="a folder benchmarks/bridge_recipes.py wrote (default: build "
@@ -158,11 +225,30 @@ def main(argv: "list[str] | None" = None) -> int:
         shown = ", ".join(names[:3]) + (f", ... ({len(names)} recipes)" if len(names) > 3 else "")
         print(f"  {count:3d}  {reason}: {shown}")
     print("  NeMo 2 recommended configs: not read (nemo_toolkit is not in the conformance extra)")
+    titan = torchtitan_configs(args.conformance_python)
+    print(f"  torchtitan 0.3.0 train configs ({titan}): not read (they name no GPU and no GPU count; autopar has no "
+          "reader for torchtitan's Trainer.Config)")
+    print("\nthe production layouts of issue 43 (through --from-megatron-args):")
+    for line in issue_layouts():
+        print(line)
     median = statistics.median(p.share for p in priced) if priced else float("nan")
     within = sum(1 for p in priced if p.share <= 1.0)
     print(f"recipes-fit: recipes={len(priced)} within_hbm={within} median_peak_of_hbm={100 * median:.0f}% "
           f"refused={len(refused)}")
     return 0
+
+
+def torchtitan_configs(python: str) -> str:
+    """How many train configs torchtitan's installed config registries define (`def <name>() -> Trainer.Config`)."""
+    import re
+
+    site = subprocess.run([python, "-c", "import torchtitan, os; print(os.path.dirname(torchtitan.__file__))"],
+                          capture_output=True, text=True)
+    if site.returncode != 0:
+        return "torchtitan not installed"
+    count = sum(len(re.findall(r"^def \w+\(\) -> Trainer\.Config", path.read_text(), re.MULTILINE))
+                for path in Path(site.stdout.strip()).rglob("config_registry.py"))
+    return f"{count} in its config registries"
 
 
 if __name__ == "__main__":
