@@ -138,3 +138,15 @@ def test_the_search_refines_a_structure_no_split_runs(dsv3):
     refined, refinements = refine_front(front, budget_s=20.0)
     assert any(r.parent.plan.vpp == 2 for r in refinements)
     assert any("no first/last split runs" in note for note in refined.notes)
+
+
+def test_frameworks_without_layouts_refuse_a_structure_only_a_layout_runs(dsv3):
+    """verl and DeepSpeed get the nearest first/last split of a layout plan (autopar.export.layout_fallback); where
+    none runs the structure they are refused with the reason, not handed a plan Megatron-Core would refuse."""
+    from autopar.export import launch_config
+
+    model, cluster, training = dsv3
+    result = autopar.estimate(model, cluster, training, Plan(**DSV3_KNOBS, recompute="full", layout=DSV3_LAYOUT))
+    with pytest.raises(InputError, match="no first/last split runs 61 layers on pp=8 × vpp=4"):
+        launch_config(result, "verl")
+    assert "--pipeline-model-parallel-layout" in launch_config(result, "megatron").text
