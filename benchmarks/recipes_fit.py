@@ -78,6 +78,11 @@ def price_recipe(entry: dict, folder: Path) -> "Priced | str":
     from costmodels.specs import TrainingSpec
 
     if "error" in entry:
+        import re
+
+        missing = re.search(r"Failed to load configuration from (\S+) ", entry["error"])
+        if missing:
+            return f"autopar bundles no config.json for {missing.group(1)} (the recipe reads it from the Hub)"
         return f"recipe does not build here: {entry['error']}"
     gpu = PROFILE_OF_GPU.get(entry["gpu"])
     if gpu is None:
