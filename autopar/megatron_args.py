@@ -63,6 +63,8 @@ VALUE_FLAGS = frozenset({
     "--vocab-size", "--attention-backend", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
     "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype",
+    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype",
+    "--microbatch-group-size-per-virtual-pipeline-stage",
 })
 LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
@@ -80,6 +82,7 @@ SWITCH_FLAGS = frozenset({
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
     "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
     "--moe-pad-expert-input-to-capacity", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
+    "--use-precision-aware-optimizer",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -131,6 +134,11 @@ class MegatronRun:
     """The recognised flags with their final values (last occurrence wins, as in argparse)."""
     notes: tuple[str, ...] = ()
     """Approximations made while reading (e.g. fp16 read as bf16)."""
+    not_priced: tuple[str, ...] = ()
+    """Settings the run has that change memory or step time and that no cost term reads, each with what it changes
+    (autopar.bridge_config; a Megatron-LM command's are among its notes)."""
+    hf_model_id: str = ""
+    """The Hugging Face model the run's config names (a Megatron-Bridge model provider's hf_model_id), if any."""
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.plan, self.training, self.num_gpus))
@@ -154,7 +162,7 @@ class MegatronRun:
             stated = _probability(self.flags, flag)
             if stated is not None:
                 how = f"has {stated:.10g}"
-            elif self.model:                    # a whole launch command (it gives the shape) leaves the default
+            elif self.model and self.flags:     # a whole launch command (it gives the shape) leaves the default
                 stated, how = MEGATRON_DEFAULT_DROPOUT, f"leaves Megatron-LM's default {MEGATRON_DEFAULT_DROPOUT:g}"
             else:
                 continue
@@ -555,12 +563,6 @@ def _capacity(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, flo
 
 COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     # flag: (the value that changes nothing, or None for a switch; what it changes that the estimate does not price)
-    "--exp-avg-dtype": ("fp32", "Adam's first moment in that dtype (with --use-precision-aware-optimizer): the "
-                                "estimate keeps it in fp32"),
-    "--exp-avg-sq-dtype": ("fp32", "Adam's second moment in that dtype (with --use-precision-aware-optimizer): the "
-                                   "estimate keeps it in fp32"),
-    "--main-params-dtype": ("fp32", "master weights in that dtype (with --use-precision-aware-optimizer): the "
-                                    "estimate keeps them in fp32"),
     "--num-distributed-optimizer-instances": ("1", "the distributed optimizer shards over dp / instances, not "
                                                    "all of dp: more optimizer memory per GPU than estimated"),
     "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
@@ -589,8 +591,7 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
 """Megatron-LM flags (megatron/training/arguments.py, and those generated from TransformerConfig's fields by
 ArgumentGroupFactory: --cpu-offloading-num-layers, --fine-grained-activation-offloading, --cuda-graph-impl,
 --delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
-reads; the optimizer-state dtypes take effect with --use-precision-aware-optimizer, which alone (fp32 states)
-changes neither. A command that sets one (to anything but the value that changes nothing) gets a note saying what the
+reads (the precision-aware optimizer's state dtypes are priced: TrainingSpec.optimizer_state_bytes). A command that sets one (to anything but the value that changes nothing) gets a note saying what the
 estimate leaves out, so that an imported estimate is not mistaken for the command's own."""
 
 
@@ -705,6 +706,29 @@ def _grad_reduce_in_fp32(flags: dict[str, "str | bool"], notes: list[str]) -> bo
     if flags.get("--grad-reduce-in-bf16"):
         return False
     return bool(flags.get("--accumulate-allreduce-grads-in-fp32")) or main_grads == "fp32"
+
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1,
+               "uint8": 1, "float8_e4m3fn": 1}
+"""Bytes of the dtypes Megatron-Core's precision-aware optimizer keeps its states in."""
+
+
+def optimizer_state_bytes(main_params: str, exp_avg: str, exp_avg_sq: str, fp8_params: bool, fp8_recipe: "str | None",
+                          store_param_remainders: bool = True) -> tuple[int, int, int]:
+    """TrainingSpec.optimizer_state_bytes of Megatron-Core's precision-aware optimizer (OptimizerConfig): the moments
+    in their dtypes; the master weights in main_params' dtype, or, when Transformer Engine's FusedAdam keeps them
+    (use_precision_aware_optimizer_no_fp8_or_ds_fp8: not fp32 masters beside fp8 weights of a recipe other than
+    delayed) with bf16 weights and store_param_remainders, as the 16 remainder bits of an fp32 master (2 bytes:
+    distrib_optimizer.py `init_shard(torch.int16)`)."""
+    names = {"main_params_dtype": main_params, "exp_avg_dtype": exp_avg, "exp_avg_sq_dtype": exp_avg_sq}
+    for name, dtype in names.items():
+        if dtype not in DTYPE_BYTES:
+            raise InputError(INPUT_NAME, f"{name} {dtype!r}: one of fp32, fp16, bf16, fp8 expected")
+    master = DTYPE_BYTES[main_params]
+    te_keeps_masters = main_params not in ("fp32", "float32") or not fp8_params or fp8_recipe in (None, "delayed")
+    if te_keeps_masters and master == 4 and store_param_remainders:
+        master = 2
+    return master, DTYPE_BYTES[exp_avg], DTYPE_BYTES[exp_avg_sq]
 
 
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
@@ -918,6 +942,17 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update(_capacity(flags, notes))
     if "--num-experts" in flags:   # TEGroupedMLP / SequentialMLP: a cuBLAS GEMM per expert (TrainingSpec.expert_gemm)
         training["expert_gemm"] = "cublas"
+    if flags.get("--use-precision-aware-optimizer"):   # TrainingSpec.optimizer_state_bytes
+        training["optimizer_state_bytes"] = optimizer_state_bytes(
+            str(flags.get("--main-params-dtype", "fp32")), str(flags.get("--exp-avg-dtype", "fp32")),
+            str(flags.get("--exp-avg-sq-dtype", "fp32")), bool(training.get("fp8_param_gather")),
+            training.get("fp8_recipe"))
+    group = _integer(flags, "--microbatch-group-size-per-virtual-pipeline-stage")
+    if group is not None and plan.vpp > 1:
+        if group < plan.pp:      # schedules.py: 'should range in [PP, M]'
+            raise InputError(INPUT_NAME, f"--microbatch-group-size-per-virtual-pipeline-stage {group} is below "
+                                         f"--pipeline-model-parallel-size {plan.pp}: Megatron-Core refuses it")
+        training["microbatch_group_size_per_vp_stage"] = group
     training["cross_entropy"] = _cross_entropy(flags)
     training["pipeline_schedule"] = _pipeline_schedule(flags, plan.pp)
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")

@@ -196,6 +196,26 @@ def load_model(source: "str | os.PathLike[str]", *, allow_network: bool = False)
     raise InputError("model", _unknown_preset_message(text))
 
 
+HUB_RENAMES = {"meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
+               "meta-llama/Meta-Llama-3.1-70B": "meta-llama/Llama-3.1-70B",
+               "meta-llama/Meta-Llama-3.1-405B": "meta-llama/Llama-3.1-405B"}
+"""Hugging Face repositories renamed since frameworks' recipes named them (the Hub redirects the old name)."""
+
+
+def preset_for_hub_id(repo_id: str) -> "str | None":
+    """The bundled preset whose config.json is that Hub repository's (its `autopar_source`), by the repository's
+    current or former name (HUB_RENAMES), any case; None when autopar bundles none."""
+    renames = {old.lower(): new.lower() for old, new in HUB_RENAMES.items()}
+    wanted = repo_id.strip().lower()
+    wanted = renames.get(wanted, wanted)
+    for name in preset_names():
+        source = str(json.loads((PRESETS_DIR / f"{name}.json").read_text()).get("autopar_source", ""))
+        match = re.match(r"https://huggingface\.co/([^/]+/[^/]+)/", source)
+        if match and match.group(1).lower() == wanted:
+            return name
+    return None
+
+
 def load_preset(name: str) -> ModelSpec:
     """A bundled preset, read as plain JSON through the same mapping as every config (no transformers import)."""
     path = PRESETS_DIR / f"{name}.json"

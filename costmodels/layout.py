@@ -50,7 +50,7 @@ import numpy as np
 from costmodels import compute as compute_model
 from costmodels import memory, steptime
 from costmodels.errors import InputError
-from costmodels.params import moe_layers_before
+from costmodels.params import layout_stage_layers, moe_layers_before
 from costmodels.plan import Plan, PlanArrays, StageContent, layers_on_stage, num_microbatches
 from costmodels.specs import ClusterSpec, ModelSpec, PipelineSchedule, TrainingSpec
 
@@ -58,12 +58,32 @@ TIME_UNIT_S = 1e-9
 MEMORY_UNIT_BYTES = 2**20
 
 
+def split_is_whole(model: ModelSpec, plan: Plan) -> bool:
+    """Whether the plan's own split (even, with its first/last-stage counts) places whole layers in vpp equal chunks
+    on every rank (the `layers` rule of a plan without a layout: costmodels.rules.split_holds)."""
+    from costmodels.rules import split_holds
+
+    return bool(split_holds(model.num_layers, PlanArrays.from_plans([plan]))[0])
+
+
+def balanced_layout(num_layers: int, stages: int) -> tuple[int, ...]:
+    """The composition of `num_layers` into `stages` virtual stages nearest the even split: ⌊L/S⌋ layers each, the
+    L mod S left over one each on the stages after the first (which holds the embedding) in model order."""
+    each, extra = divmod(num_layers, stages)
+    order = list(range(1, stages)) + [0]
+    bump = set(order[:extra])
+    return tuple(each + (i in bump) for i in range(stages))
+
+
 def uniform_layout(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     """The decoder layers of each virtual stage under the plan's own split (Megatron's even split, first/last-stage
     counts; a rank's layers split evenly over its vpp chunks; the embedding/loss slot split gives the slot's chunk
-    one layer fewer)."""
+    one layer fewer); where that split is not whole (pp·vpp does not divide the layers and no first/last split
+    does: only a layout runs it), the balanced layout (`balanced_layout`)."""
     from costmodels.plan import embedding_loss_slots
 
+    if not split_is_whole(model, plan):
+        return balanced_layout(model.num_layers, plan.pp * plan.vpp)
     plans = PlanArrays.from_plans([plan])
     per_rank = [int(round(float(layers_on_stage(model.num_layers, plans, r)[0]))) for r in range(plan.pp)]
     embedding_slot, loss_slot = (bool(x[0]) for x in embedding_loss_slots(model.num_layers, plans))
@@ -281,13 +301,13 @@ def exposed_ep_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-                     layout: tuple[int, ...]) -> LayoutBreakdown:
-    """The step-time formula of the module docstring in floats, with each term named, and every rank's memory."""
+                     layout: "tuple[float, ...]") -> LayoutBreakdown:
+    """The step-time formula of the module docstring in floats, with each term named, and every rank's memory.
+    `layout` may be fractional (`parent_layout` of a split that is not whole)."""
     pp, stages = plan.pp, plan.pp * plan.vpp
-    assert len(layout) == stages and sum(layout) == model.num_layers, (layout, stages, model.num_layers)
-    bounds = np.concatenate(([0], np.cumsum(layout))).astype(float)
-    moe = np.diff(moe_layers_before(model, bounds))
-    dense = np.asarray(layout, dtype=float) - moe
+    assert len(layout) == stages and math.isclose(sum(layout), model.num_layers), (layout, stages, model.num_layers)
+    layers, moe = layout_stage_layers(model, layout)
+    dense = layers - moe
     role_rank = np.array([(0, -1, pp - 1)[stage_role(i, stages)] for i in range(stages)])
     rank_dense = np.array([dense[r::pp].sum() for r in range(pp)])
     rank_moe = np.array([moe[r::pp].sum() for r in range(pp)])
@@ -325,14 +345,25 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         "optimizer": float(optimizer_s[sync]),
     }
     return LayoutBreakdown(
-        layout=tuple(int(x) for x in layout), stage_time_s=tuple(float(x) for x in stage_s),
-        rank_layers=tuple((int(d), int(e)) for d, e in zip(rank_dense, rank_moe)),
+        layout=tuple(layout), stage_time_s=tuple(float(x) for x in stage_s),
+        rank_layers=tuple((int(round(d)), int(round(e))) for d, e in zip(rank_dense, rank_moe)),
         rank_time_s=tuple(float(x) for x in rank_s),
         rank_memory_terms_bytes=tuple({k: float(v[r]) for k, v in memory_terms.items()} for r in range(pp)),
         time_terms_s=terms)
 
 
 # ---- the plan a layout refines -----------------------------------------------------------------------------------
+
+def parent_layout(model: ModelSpec, parent: Plan) -> "tuple[float, ...]":
+    """The layout the uniform model prices for `parent` (a plan without a layout): its `uniform_layout` where its
+    split is whole; else the even split itself, L/(pp·vpp) decoder layers on every virtual stage, fractional as the
+    uniform model takes it (costmodels.plan.layers_per_middle_stage is a float), so that a layout on a layer count
+    no split divides is compared within one model with the uniform model's price of its structure."""
+    if split_is_whole(model, parent):
+        return uniform_layout(model, parent)
+    stages = parent.pp * parent.vpp
+    return (model.num_layers / stages,) * stages
+
 
 GAP_TERM = "uniform_model_gap"
 """Time term of a layout plan's estimate: the uniform model's step time of the parent plan minus the per-stage

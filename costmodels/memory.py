@@ -44,8 +44,9 @@ from costmodels import params
 from costmodels.compute import fp8_tn_only
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
-from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, data_parallel_size, expert_data_parallel_size,
-                             layers_on_stage, layers_per_middle_stage, num_microbatches, recomputes_module)
+from costmodels.plan import (Plan, PlanArrays, Recompute, RecomputeModule, StageContent, data_parallel_size,
+                             embedding_loss_slots, expert_data_parallel_size, layers_on_stage,
+                             layers_per_middle_stage, num_microbatches, recomputes_module)
 from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Fp8Recipe, MlpKind, ModelSpec, NormKind,
                               PipelineSchedule, TrainingSpec, fp8_copy_bytes_per_element)
 from costmodels.structure import stage_list
@@ -189,17 +190,25 @@ class StageShape:
 
 
 def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: np.ndarray,
-                           schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B) -> np.ndarray:
+                           schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B, group: int = 0,
+                           layers: "np.ndarray | None" = None, embedding_slot: "np.ndarray | bool" = False,
+                           loss_slot: "np.ndarray | bool" = False) -> np.ndarray:
     """Micro-batches of activations held by pipeline rank `stage` at its peak, in units of the rank's whole layers.
 
     1F1B (PipeDream-Flush, Narayanan et al. arXiv 2104.04473 §2.2): rank r runs pp - r - 1 warm-up forwards and
     holds pp - r micro-batches when the first backward starts.
-    Interleaved 1F1B: Megatron's schedule (megatron/core/pipeline_parallel/schedules.py,
-    `forward_backward_pipelining_with_interleaving`) warms up (pp - r - 1)·2 + (vpp - 1)·pp chunk-micro-batches,
-    so rank r holds that + 1 chunks of L_r/vpp layers: [(pp - r - 1)·2 + (vpp - 1)·pp + 1]/vpp = pp + (pp - 2r - 1)/vpp
-    whole-rank micro-batches. For r = 0 this is pp·(1 + (pp - 1)/(pp·vpp)), Korthikanti §4.2.3's factor and
-    Megatron theoretical_memory_usage's `interleaved_schedule_memory_penalty`. For vpp = 1 it reduces to pp - r.
-    Never more than the step's micro-batches (same file: `min(1, num_microbatches / pp)`).
+    Interleaved 1F1B: Megatron-Core's schedule (megatron/core/pipeline_parallel/schedules.py,
+    `get_pp_rank_microbatches`) warms up W = (pp - r - 1)·2 + (vpp - 1)·g chunk-micro-batches, g the micro-batch
+    group (TrainingSpec.microbatch_group_size_per_vp_stage, default pp), and the first steady step adds one: the
+    rank holds N = W + 1 chunk-micro-batches (never more than the step's m·vpp), taken in the order of
+    `get_schedule_table`: g micro-batches through chunk 0, the same g through chunk 1, ..., then the next group.
+    With vpp equal chunks of L_r/vpp layers that is N/vpp whole-rank micro-batches; for g = pp and r = 0,
+    pp·(1 + (pp - 1)/(pp·vpp)), Korthikanti §4.2.3's factor and Megatron theoretical_memory_usage's
+    `interleaved_schedule_memory_penalty`; for vpp = 1, pp - r. Where the embedding (loss) takes a layer slot of
+    the first (last) rank (`--account-for-embedding/loss-in-pipeline-split`, costmodels.plan.embedding_loss_slots),
+    that rank's first (last) chunk holds one decoder layer fewer: its n_0 (n_last) held entries carry one layer
+    less each. `layers` (the rank's decoder layers) is needed for that weighting; without it chunks are equal.
+    Never more than the step's micro-batches (theoretical_memory_usage: `min(1, num_microbatches / pp)`).
     Zero-bubble schedules (not interleaved; arXiv 2401.10241 §2.3): worker r holds (p − r)·M_B + r·M_W under ZB-H1 /
     ZB-1p and (2p − 2r − 1)·M_B + 2r·M_W under ZB-H2 / ZB-2p, M_W the activations a pending W pass keeps (the
     layer input and the output gradient, Table 1: 32sbh against M_B's sb(34h + 5as)); priced at M_B, so p and
@@ -210,7 +219,24 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
         return np.minimum(np.broadcast_to(pp, np.shape(stage)), microbatches)
     if schedule is PipelineSchedule.ZB_2P:
         return np.minimum(np.broadcast_to(2.0 * pp - 1.0, np.shape(stage)), microbatches)
-    held = pp + (pp - 2.0 * stage - 1.0) / plans.vpp
+    vpp = plans.vpp.astype(float)
+    g = np.maximum(float(group), pp) if group else pp
+    warmup = (pp - stage - 1.0) * 2.0 + (vpp - 1.0) * g
+    entries = np.minimum(warmup + 1.0, np.asarray(microbatches, dtype=float) * vpp)
+    held = entries / vpp
+    if layers is not None:
+        # chunk 0 and chunk vpp-1 entries among the first N of the schedule table (groups of g per chunk)
+        per_group = g * vpp
+        full = np.floor(entries / per_group)
+        rest = entries - full * per_group
+        first_chunk = full * g + np.minimum(rest, g)
+        last_chunk = full * g + np.clip(rest - (vpp - 1.0) * g, 0.0, g)
+        e = np.asarray(embedding_slot, dtype=float) * (stage == 0)
+        loss = np.asarray(loss_slot, dtype=float) * (stage == plans.pp - 1)
+        rank_layers = np.asarray(layers, dtype=float)
+        chunk_layers = (rank_layers + e + loss) / vpp
+        held_layers = chunk_layers * entries - e * first_chunk - loss * last_chunk
+        held = np.where((vpp > 1) & (rank_layers > 0), held_layers / np.maximum(rank_layers, 1e-12), held)
     plain = pp - stage
     held = np.where(plans.vpp > 1, held, plain)
     return np.minimum(held, microbatches)
@@ -228,6 +254,9 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     per_rank = np.minimum(plans.recompute_layers * plans.vpp, layers)
     recomputed = np.where(plans.recompute == Recompute.FULL, np.where(recompute_all, layers, per_rank), 0.0)
     non_expert, expert = params.stage_params_per_gpu(model, plans, rank)
+    # the embedding / loss layer slots of the even split (a layout's chunks are its own: not known per rank here)
+    slots = ((False, False) if isinstance(rank, StageContent) else
+             embedding_loss_slots(model.num_layers, plans))
     embedding = params.stage_embedding_params_per_gpu(model, plans, rank)
     tokens = training.seq_len * plans.mbs / plans.cp
     return StageShape(
@@ -235,7 +264,7 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         layers=layers, moe_layers=moe_layers, recomputed_layers=recomputed,
         in_flight=in_flight_microbatches(
             plans, stage, num_microbatches(plans, cluster.num_gpus, training.global_batch_size),
-            training.pipeline_schedule),
+            training.pipeline_schedule, training.microbatch_group_size_per_vp_stage, layers, *slots),
         dp=data_parallel_size(plans, cluster.num_gpus), edp=expert_data_parallel_size(plans, cluster.num_gpus),
         dp_cp=data_parallel_size(plans, cluster.num_gpus) * plans.cp,
         layer_params_per_gpu=non_expert - embedding, expert_params_per_gpu=expert,
@@ -294,9 +323,11 @@ def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     return shape.layer_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2, shape.dp_cp)
 
 
-def optimizer_states_bytes(shape: StageShape) -> np.ndarray:
-    """fp32 master weights + Adam m, v of the decoder layers; zero >= 1 shards them over dp·cp."""
-    return shape.layer_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.dp_cp)
+def optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Master weights + Adam m, v of the decoder layers (fp32: 12 bytes; TrainingSpec.optimizer_state_bytes under the
+    precision-aware optimizer); zero >= 1 shards them over dp·cp."""
+    return shape.layer_params_per_gpu * _sharded(training.optimizer_bytes_per_param, shape.plans.zero, 1,
+                                                 shape.dp_cp)
 
 
 def expert_weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -311,9 +342,10 @@ def expert_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndar
     return shape.expert_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2, shape.edp)
 
 
-def expert_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
+def expert_optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Megatron-Core's distributed optimizer shards expert states over the expert-data-parallel group."""
-    return shape.expert_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.edp)
+    return shape.expert_params_per_gpu * _sharded(training.optimizer_bytes_per_param, shape.plans.zero, 1,
+                                                  shape.edp)
 
 
 def fp8_weight_copies_per_param_bytes(profile: HardwareProfile, training: TrainingSpec) -> float:
@@ -361,8 +393,9 @@ def embedding_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.n
                                                      shape.dp_cp)
 
 
-def embedding_optimizer_states_bytes(shape: StageShape) -> np.ndarray:
-    return shape.embedding_params_per_gpu * _sharded(OPTIMIZER_BYTES_PER_PARAM, shape.plans.zero, 1, shape.dp_cp)
+def embedding_optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    return shape.embedding_params_per_gpu * _sharded(training.optimizer_bytes_per_param, shape.plans.zero, 1,
+                                                     shape.dp_cp)
 
 
 # ---- activations of one decoder layer, one micro-batch, one GPU ---------------------------------------------------
@@ -869,13 +902,13 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     entries: list[tuple[str, bool, Callable[[], np.ndarray]]] = [
         ("weights", True, lambda: weights_bytes(cluster.profile, training, shape)),
         ("gradients", True, lambda: gradients_bytes(training, shape)),
-        ("optimizer_states", True, lambda: optimizer_states_bytes(shape)),
+        ("optimizer_states", True, lambda: optimizer_states_bytes(training, shape)),
         ("embedding_weights", True, lambda: embedding_weights_bytes(shape)),
         ("embedding_gradients", True, lambda: embedding_gradients_bytes(training, shape)),
-        ("embedding_optimizer_states", True, lambda: embedding_optimizer_states_bytes(shape)),
+        ("embedding_optimizer_states", True, lambda: embedding_optimizer_states_bytes(training, shape)),
         ("expert_weights", moe, lambda: expert_weights_bytes(cluster.profile, training, shape)),
         ("expert_gradients", moe, lambda: expert_gradients_bytes(training, shape)),
-        ("expert_optimizer_states", moe, lambda: expert_optimizer_states_bytes(shape)),
+        ("expert_optimizer_states", moe, lambda: expert_optimizer_states_bytes(training, shape)),
         ("fp8_weight_copies", training.fp8_scaling is not None and not training.fp8_param_gather,
          lambda: fp8_weight_copies_bytes(cluster.profile, training, shape)),
         ("layer_activations", True, lambda: layer_activations_bytes(model, training, shape)),
@@ -905,6 +938,16 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         if only is None or name in only:
             terms[name] = value
     return terms
+
+
+def layout_memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                              plan: Plan) -> dict[str, np.ndarray]:
+    """Named memory terms of every pipeline rank (index 0..pp-1) of a plan with a layout: each rank's own decoder and
+    MoE layers (params.layout_rank_content), its role and in-flight micro-batches from its index, as for the even
+    split (costmodels.layout)."""
+    ranks = params.layout_rank_content(model, plan.layout, plan.pp)
+    plans = PlanArrays.from_plans([plan]).take(np.zeros(plan.pp, dtype=np.int64))
+    return memory_terms_bytes(model, cluster, training, plans, ranks)
 
 
 def total_bytes(terms: dict[str, np.ndarray]) -> np.ndarray:

@@ -147,6 +147,22 @@ def moe_layers_before(model: ModelSpec, layer_index: np.ndarray) -> np.ndarray:
     return np.maximum(np.floor(upto / freq) - np.floor(k / freq), 0)
 
 
+def layout_stage_layers(model: ModelSpec, layout: "tuple[float, ...]") -> tuple[np.ndarray, np.ndarray]:
+    """(decoder layers, MoE layers) of every virtual stage of `layout` (decoder layers per virtual stage in model
+    order, costmodels.layout), the MoE layers by ModelSpec.is_moe_layer's closed form (`moe_layers_before`)."""
+    bounds = np.concatenate(([0.0], np.cumsum(np.asarray(layout, dtype=float))))
+    moe = np.diff(moe_layers_before(model, bounds))
+    return np.asarray(layout, dtype=float), moe
+
+
+def layout_rank_content(model: ModelSpec, layout: "tuple[float, ...]", pp: int) -> StageContent:
+    """Every pipeline rank (0..pp-1) of `layout` with its decoder and MoE layers, all its virtual stages together
+    (virtual stage i runs on rank i % pp: Megatron-Core's PipelineParallelLayerLayout)."""
+    layers, moe = layout_stage_layers(model, layout)
+    return StageContent.of(np.arange(pp), np.array([layers[r::pp].sum() for r in range(pp)]),
+                           np.array([moe[r::pp].sum() for r in range(pp)]))
+
+
 def moe_layers_on_stage(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:
     """MoE layers among the decoder layers of pipeline rank `stage` (contiguous assignment, or as a
     costmodels.plan.StageContent says)."""

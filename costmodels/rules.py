@@ -101,7 +101,12 @@ def _stage_layer_counts(num_layers: int, p: PlanArrays) -> tuple[np.ndarray, np.
 
 
 def _layers(problem: Problem, p: PlanArrays) -> np.ndarray:
-    num_layers = problem.model.num_layers
+    return split_holds(problem.model.num_layers, p)
+
+
+def split_holds(num_layers: int, p: PlanArrays) -> np.ndarray:
+    """Whether each plan's even split with its first/last-stage counts places whole layers in vpp equal chunks on
+    every rank (the `layers` rule of a plan without a layout)."""
     first, last, middle, middle_stages = _stage_layer_counts(num_layers, p)
     single = p.pp == 1
     ends_ok = np.where(single, (p.first_stage_layers == 0) & (p.last_stage_layers == 0), True)
@@ -119,6 +124,8 @@ def _layers(problem: Problem, p: PlanArrays) -> np.ndarray:
 
 def _explain_layers(problem: Problem, plan: Plan) -> str | None:
     num_layers = problem.model.num_layers
+    if plan.layout:
+        return layout_breaks(problem, plan).get("layers")
     if plan.pp == 1:
         if plan.first_stage_layers or plan.last_stage_layers:
             return "--first-stage-layers/--last-stage-layers need pp > 1"
@@ -299,8 +306,11 @@ def _explain_recompute(problem: Problem, plan: Plan) -> str:
         return "recompute modules need --recompute selective"
     if plan.recompute is not Recompute.FULL:
         return f"--recompute-layers {plan.recompute_layers} needs --recompute full (block recompute of N layers)"
-    first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, PlanArrays.from_plans([plan]))
-    chunk = int(max(first[0], last[0], middle[0]) // plan.vpp)
+    if plan.layout:
+        chunk = max(plan.layout)
+    else:
+        first, last, middle, _ = _stage_layer_counts(problem.model.num_layers, PlanArrays.from_plans([plan]))
+        chunk = int(max(first[0], last[0], middle[0]) // plan.vpp)
     fix = f"use 1 to {chunk - 1}, or drop it" if chunk > 1 else "drop it"
     return (f"--recompute-layers {plan.recompute_layers} must be fewer than the {chunk} layer(s) of the largest "
             f"pipeline chunk (pp={plan.pp}, vpp={plan.vpp}); {fix} to recompute them all")
@@ -439,13 +449,76 @@ def violated_rules(problem: Problem, plans: PlanArrays, rules: Sequence[Rule],
     return [tuple(name for name, mask in broken if mask[i]) for i in range(len(plans))]
 
 
+# ---- a plan with an explicit layout --------------------------------------------------------------------------------
+
+LAYOUT_RULES: tuple[str, ...] = ("layers", "recompute")
+"""The rules that read a plan's first/last split, which a layout replaces: a plan with a layout is checked against
+the layout's own rules for them (`layout_breaks`), on any layer count, as Megatron-Core takes a
+--pipeline-model-parallel-layout in place of the even split (TransformerConfig: the layout excludes every other
+split field, and pp need not divide num_layers)."""
+
+
+def layout_breaks(problem: Problem, plan: Plan) -> dict[str, str]:
+    """The LAYOUT_RULES a plan with a layout breaks, rule id -> message (empty when the layout is valid).
+
+    `layers`, as Megatron-Core's PipelineParallelLayerLayout validates a layout (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py: __init__ needs the virtual stages to be a multiple of pp;
+    validate_layer_layout: the embedding first, the loss last, each once, exactly num_layers decoder layers, the MTP
+    layers after every decoder layer in a rank's last virtual stage): autopar's layout lists decoder layers per
+    virtual stage with the embedding on the first and the loss and MTP on the last, so what is left to check is that
+    there are pp·vpp stages (Plan checks it), a pipeline (pp > 1) and that the decoder layers sum to the model's.
+    Stages may be empty (Megatron-Core builds an empty chunk: pretty_repr's '(empty stage)').
+    `recompute`: block recompute of n layers per virtual stage needs fewer than the largest stage's layers."""
+    broken: dict[str, str] = {}
+    num_layers = problem.model.num_layers
+    if plan.pp < 2:
+        broken["layers"] = "a pipeline layout needs pp > 1"
+    elif len(plan.layout) != plan.pp * plan.vpp:
+        broken["layers"] = (f"the layout has {len(plan.layout)} virtual stages; pp·vpp = {plan.pp}·{plan.vpp} = "
+                            f"{plan.pp * plan.vpp} needed")
+    elif sum(plan.layout) != num_layers:
+        broken["layers"] = (f"the layout places {sum(plan.layout)} decoder layers; {problem.model.name} has "
+                            f"{num_layers}: list every layer once")
+    modules_ok = not plan.recompute_modules or plan.recompute is Recompute.SELECTIVE
+    partial_ok = not plan.recompute_layers or (plan.recompute is Recompute.FULL
+                                               and plan.recompute_layers < max(plan.layout, default=0))
+    if not (modules_ok and partial_ok):
+        broken["recompute"] = RULES_BY_ID["recompute"].explain(problem, plan) or RULES_BY_ID["recompute"].reason
+    return broken
+
+
+def plan_violations(problem: Problem, plan: Plan, rules: Sequence[Rule],
+                    peak_memory_bytes: float | None = None) -> tuple[str, ...]:
+    """The ids of the rules in `rules` one plan breaks, in RULES order: `violated_rules`, with a layout's own rules
+    (`layout_breaks`) in place of the split's for a plan with a layout."""
+    peak = None if peak_memory_bytes is None else np.array([peak_memory_bytes])
+    if not plan.layout:
+        return violated_rules(problem, PlanArrays.from_plans([plan]), rules, peak)[0]
+    import dataclasses
+
+    bare = dataclasses.replace(plan, layout=())
+    others = violated_rules(problem, PlanArrays.from_plans([bare]), [r for r in rules if r.id not in LAYOUT_RULES],
+                            peak)[0]
+    broken = set(others) | (set(layout_breaks(problem, plan)) & {r.id for r in rules})
+    return tuple(rule.id for rule in RULES if rule.id in broken)
+
+
 def check_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan | PlanArrays,
                relax: Iterable[str] = ()) -> tuple[str, ...]:
-    """The ids of the rules `plan` breaks (memory included, from the cost model's peak); () when it is valid."""
+    """The ids of the rules `plan` breaks (memory included, from the cost model's peak: of every rank of its
+    layout, for a plan with one); () when it is valid."""
+    problem, rules = Problem(model, cluster, training), active_rules(relax)
+    if isinstance(plan, Plan) and plan.layout:
+        peak = None
+        if not layout_breaks(problem, plan):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                peak = float(memory.total_bytes(memory.layout_memory_terms_bytes(model, cluster, training,
+                                                                                 plan)).max())
+        return plan_violations(problem, plan, rules, peak)
     plans = as_plan_arrays(plan)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         try:
             peak, _, _ = memory.peak_memory(model, cluster, training, plans)
         except (ZeroDivisionError, ValueError, IndexError):   # a structurally broken plan may not be evaluable
             peak = None
-    return violated_rules(Problem(model, cluster, training), plans, active_rules(relax), peak)[0]
+    return violated_rules(problem, plans, rules, peak)[0]

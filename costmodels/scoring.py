@@ -22,7 +22,7 @@ from costmodels.errors import InputError
 from costmodels.evaluate import throughput
 from costmodels.memory import memory_terms_bytes
 from costmodels.plan import Plan, PlanArrays, Recompute, layers_on_stage, num_microbatches, plan_to_dict
-from costmodels.rules import RULES_BY_ID, Problem, active_rules, violated_rules
+from costmodels.rules import RULES_BY_ID, Problem, active_rules, plan_violations
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 from costmodels.steptime import require_precision_supported, step_time_terms_s
 from costmodels.units import whole_bytes, whole_number
@@ -128,7 +128,7 @@ def rule_violations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     are not checked (only relaxable ones may be named; see `costmodels.rules.active_rules`).
     """
     problem = Problem(model, cluster, training)
-    names = violated_rules(problem, PlanArrays.from_plans([plan]), active_rules(relax))[0]
+    names = plan_violations(problem, plan, active_rules(relax))
     return {name: RULES_BY_ID[name].why_broken(problem, plan) for name in names}
 
 
@@ -175,7 +175,9 @@ def plan_estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                    relax: Iterable[str] = ()) -> tuple[Estimate, ...]:
     """`estimate` of each plan, in order, the plans without a layout (and the parents of those with one) priced in
     one vectorised evaluation: each gets the same numbers as alone (the cost functions are elementwise over plans).
-    Raises InputError for the first plan that cannot be built."""
+    Raises InputError for the first plan that cannot be built. A plan with a layout is checked against the layout's
+    own rules (costmodels.rules.layout_breaks), not its parent's split, which may not be whole
+    (costmodels.layout.parent_plan): its parent is priced, never built."""
     from costmodels.layout import parent_plan
 
     require_precision_supported(cluster, training)
@@ -183,12 +185,13 @@ def plan_estimates(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     for plan in plans:
         if plan.layout:
             require_layout_plan(model, training, plan)
+    broken = {plan: tuple(require_buildable(model, cluster, training, plan, relax)) for plan in dict.fromkeys(plans)}
     parents = [parent_plan(model, cluster, training, plan) if plan.layout else plan for plan in plans]
     distinct = list(dict.fromkeys(parents))
-    broken = [tuple(require_buildable(model, cluster, training, plan, relax)) for plan in distinct]
-    priced = dict(zip(distinct, estimates(model, cluster, training, PlanArrays.from_plans(distinct), broken)))
-    return tuple(layout_estimate(model, cluster, training, plan, priced[parent]) if plan.layout else priced[plan]
-                 for plan, parent in zip(plans, parents))
+    priced = dict(zip(distinct, estimates(model, cluster, training, PlanArrays.from_plans(distinct),
+                                          [broken.get(parent, ()) for parent in distinct])))
+    return tuple(layout_estimate(model, cluster, training, plan, priced[parent], broken[plan]) if plan.layout
+                 else priced[plan] for plan, parent in zip(plans, parents))
 
 
 def require_layout_plan(model: ModelSpec, training: TrainingSpec, plan: Plan) -> None:
@@ -203,7 +206,7 @@ def require_layout_plan(model: ModelSpec, training: TrainingSpec, plan: Plan) ->
 
 
 def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
-                    base: Estimate) -> Estimate:
+                    base: Estimate, rules_broken: "tuple[str, ...]" = ()) -> Estimate:
     """A plan with a pipeline layout, every rank priced stage by stage (costmodels.layout); `base` is the estimate
     of its parent plan (costmodels.layout.parent_plan; `plan_estimates` checks the layout and prices the parent).
 
@@ -212,11 +215,14 @@ def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     it refines within one model: its terms are the per-stage model's plus `uniform_model_gap`, the uniform model's
     step time of the parent plan (same knobs, a valid first/last split) minus the per-stage time of the parent's own
     layout. The parent's own layout thus gets exactly the parent's estimate, and any other layout differs from it by
-    exactly what the per-stage model says. Memory: every rank's own terms on its own layers."""
-    from costmodels.layout import GAP_TERM, layout_breakdown, uniform_layout, with_layout
+    exactly what the per-stage model says. Where no first/last split of the structure is whole (a layer count that
+    only a layout runs), the parent is the even split itself, fractional (costmodels.layout.parent_layout), and the
+    gap is the two models' difference on it. Memory: every rank's own terms on its own layers. `rules_broken`: the
+    non-memory rules the plan breaks (costmodels.rules.plan_violations)."""
+    from costmodels.layout import GAP_TERM, layout_breakdown, parent_layout, with_layout
 
     layout, parent = plan.layout, base.plan
-    own = layout_breakdown(model, cluster, training, parent, uniform_layout(model, parent))
+    own = layout_breakdown(model, cluster, training, parent, parent_layout(model, parent))
     mine = layout_breakdown(model, cluster, training, parent, layout)
     terms = dict(mine.time_terms_s)
     terms[GAP_TERM] = base.step_time_s - own.step_time_s
@@ -224,7 +230,7 @@ def layout_estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                    for rank, rank_terms in enumerate(mine.rank_memory_terms_bytes))
     worst = max(range(len(stages)), key=lambda s: stages[s].total_bytes)
     fits = stages[worst].total_bytes <= cluster.memory_limit_bytes
-    violations = tuple(v for v in base.violations if v != MEMORY_RULE) + (() if fits else (MEMORY_RULE,))
+    violations = tuple(rules_broken) + (() if fits else (MEMORY_RULE,))
     speedup = base.step_time_s / sum(terms.values())
     return dataclasses.replace(
         base, plan=with_layout(parent, layout), stages=stages, worst_stage=worst, time_terms_s=terms,

@@ -625,6 +625,21 @@ class TrainingSpec:
     torch.cuda.synchronize(), every submodule's fetch ending in another, no prefetch ahead of the compute
     (partition_parameters.py _allgather_param, stage3.py _synchronize_communication); from v0.6 the fetch is
     coalesced per module and prefetched. Engine deepspeed only."""
+    optimizer_state_bytes: tuple[int, int, int] = (4, 4, 4)
+    """Bytes per parameter of the optimizer's (master weights, Adam first moment, Adam second moment): fp32 each,
+    Megatron-Core's default. Megatron-Core's precision-aware optimizer (OptimizerConfig.use_precision_aware_optimizer
+    with main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype; Megatron-LM --use-precision-aware-optimizer
+    --exp-avg-dtype ...) keeps them in those dtypes in Transformer Engine's FusedAdam (optimizer/__init__.py passes
+    exp_avg_dtype, exp_avg_sq_dtype and master_weight_dtype); with bf16 weights and store_param_remainders (its
+    default) an fp32 master weight is kept as the 16 bits the bf16 weight lacks, 2 bytes (distrib_optimizer.py:
+    `init_shard(torch.int16)`), unless fp8 weights with a recipe other than delayed scaling leave the master weights
+    to Megatron-Core (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8)."""
+    microbatch_group_size_per_vp_stage: int = 0
+    """Micro-batches the interleaved schedule runs through one virtual stage before the next (Megatron-Core
+    TransformerConfig.microbatch_group_size_per_vp_stage, --microbatch-group-size-per-virtual-pipeline-stage);
+    0 = pp, Megatron-Core's default. Each rank warms up (vpp - 1) groups more than pp (schedules.py
+    get_pp_rank_microbatches), so a larger group holds more micro-batches in flight
+    (memory.in_flight_microbatches). Megatron-Core refuses a group outside [pp, micro-batches per step]."""
     nccl_ctas: int = 16
     """SMs one NCCL collective holds while it runs beside compute: NCCL launches one CTA (thread block, one SM)
     per channel, and an overlapped collective's CTAs take those SMs from the kernels beside it (NCCL env.rst,
@@ -632,6 +647,11 @@ class TrainingSpec:
     count per communicator ('N coll channels'): 16 to 32 on 8-GPU H100 nodes; 16, the low end, is the default.
     NCCL_MAX_CTAS / NCCL_MIN_CTAS set it; 0 prices NCCL overlap as free (Transformer Engine's 16 userbuffer SMs
     under tp_comm_overlap stay, costmodels.steptime.TE_USERBUFFERS_SM_MARGIN)."""
+
+    @property
+    def optimizer_bytes_per_param(self) -> int:
+        """Master weights + Adam m + v per parameter (12 in fp32; `optimizer_state_bytes`)."""
+        return sum(self.optimizer_state_bytes)
 
     def __post_init__(self) -> None:
         require_positive_int(self.seq_len, "seq_len")
@@ -673,6 +693,12 @@ class TrainingSpec:
                      "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
                      "zero3_serial_fetch", "fused_kernels"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
+        state = tuple(self.optimizer_state_bytes)
+        require(len(state) == 3 and all(isinstance(b, int) and not isinstance(b, bool) and b in (1, 2, 4)
+                                        for b in state), "optimizer_state_bytes",
+                f"give (master weights, exp_avg, exp_avg_sq) bytes per parameter, each 1, 2 or 4; got {state!r}")
+        object.__setattr__(self, "optimizer_state_bytes", state)
         require(isinstance(self.nccl_ctas, int) and not isinstance(self.nccl_ctas, bool)
                 and 0 <= self.nccl_ctas <= MAX_NCCL_CTAS, "nccl_ctas",
                 f"must be a whole number of SMs from 0 to {MAX_NCCL_CTAS} (NCCL_MAX_CTAS's range), got "

@@ -262,7 +262,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     recipe = getattr(args, "fp8_recipe", None)
     precision = args.precision or "bf16"
     if recipe is not None and str(precision).strip().lower() != "fp8" \
-            and getattr(args, "from_megatron_args", None) is None:   # an imported command's precision: output_flags
+            and getattr(args, "from_megatron_args", None) is None \
+            and getattr(args, "from_bridge_config", None) is None:   # an imported run's precision: output_flags
         from costmodels.errors import InputError
 
         raise InputError("fp8_recipe", f"--fp8-recipe {recipe} only applies with --precision fp8; add it or drop "
@@ -282,7 +283,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
                         grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
                         # an imported command says whether its weights are fp8 (output_flags notes a typed flag)
-                        fp8_param_gather=args.fp8_param_gather and getattr(args, "from_megatron_args", None) is None)
+                        fp8_param_gather=args.fp8_param_gather and getattr(args, "from_megatron_args", None) is None
+                        and getattr(args, "from_bridge_config", None) is None)
 
 
 def plan_from_args(args: argparse.Namespace) -> "Plan":

@@ -105,6 +105,12 @@ def add_megatron_import_argument(parser: argparse.ArgumentParser) -> None:
                              "count, when the launcher says it) from an existing Megatron-LM command line or launch "
                              "script; plan flags (--tp, ...) cannot be given with it (edit the command instead); "
                              "MODEL's layer count is used when the command has no --num-layers")
+    parser.add_argument("--from-bridge-config", default=None, metavar="FILE",
+                        help="take the plan, sequence length, global batch, precision, optimizer state dtypes, "
+                             "overlap switches, MoE dispatcher and loss kernels from a Megatron-Bridge "
+                             "ConfigContainer YAML (what ConfigContainer.to_yaml writes: a run's run_config.yaml); "
+                             "give --gpus (the config has no GPU count); plan flags cannot be given with it; the "
+                             "settings that change memory and that autopar does not price are named")
 
 
 def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
@@ -119,6 +125,12 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     to stderr as notes.
     """
     source = getattr(args, "from_megatron_args", None)
+    if getattr(args, "from_bridge_config", None) is not None:
+        if source is not None:
+            from costmodels.errors import InputError
+
+            raise InputError("from-bridge-config", "give --from-megatron-args or --from-bridge-config, not both")
+        return import_bridge_config(args, stderr)
     if source is None:
         return None
     from autopar.megatron_args import parse_megatron_args, read_megatron_source
@@ -196,6 +208,37 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
               f"runs {imported_schedule}", file=stream)
     for note in run.notes:
         print(f"autopar: note: {note}", file=stream)
+    return run
+
+
+def import_bridge_config(args: argparse.Namespace, stderr: TextIO | None = None) -> "MegatronRun":
+    """Read --from-bridge-config (autopar.bridge_config): the plan and training settings of a Megatron-Bridge
+    config, as --from-megatron-args takes a command's. Plan flags beside it, or a --seq-len / --global-batch the
+    config contradicts, are a bad input; its notes and the settings autopar does not price go to stderr."""
+    from autopar.bridge_config import read_bridge_config
+    from costmodels.errors import InputError
+
+    typed = given_plan_flags(args)
+    if typed:
+        raise InputError("from-bridge-config", f"the plan comes from the Megatron-Bridge config; drop "
+                                               f"{', '.join(typed)} (or edit the config)")
+    run = read_bridge_config(args.from_bridge_config)
+    for name, flag, field_name, config_field in (("seq_len", "--seq-len", "seq_len", "model.seq_length"),
+                                                 ("global_batch", "--global-batch", "global_batch_size",
+                                                  "train.global_batch_size")):
+        typed_value, imported = getattr(args, name, None), run.training.get(field_name)
+        if imported is not None and typed_value is not None and typed_value != imported:
+            raise InputError(name, f"{flag} {typed_value} contradicts the config's {config_field} {imported}; drop "
+                                   f"{flag} (or edit the config)")
+    typed_precision = getattr(args, "precision", None)
+    if typed_precision is not None and str(typed_precision).strip().lower() != run.training["precision"]:
+        raise InputError("precision", f"--precision {typed_precision} contradicts the config's mixed_precision "
+                                      f"({run.training['precision']}); drop --precision (or edit the config)")
+    stream = stderr if stderr is not None else sys.stderr
+    for note in run.notes:
+        print(f"autopar: note: {note}", file=stream)
+    for switch in run.not_priced:
+        print(f"autopar: note: not priced: {switch}", file=stream)
     return run
 
 

@@ -31,11 +31,18 @@ express, and say so (`layout_fallback`)."""
 
 
 def layout_fallback(estimate: "Estimate") -> "Estimate":
-    """The plan without its layout, with the first/last split nearest to it (costmodels.layout.parent_plan)."""
-    from costmodels.layout import parent_plan
+    """The plan without its layout, with the first/last split nearest to it (costmodels.layout.parent_plan); an
+    InputError where no first/last split runs the structure (a layer count only a layout places, issue 43)."""
+    from costmodels.errors import InputError
+    from costmodels.layout import parent_plan, split_is_whole
     from costmodels.scoring import estimate as score
 
     parent = parent_plan(estimate.model, estimate.cluster, estimate.training, estimate.plan)
+    if not split_is_whole(estimate.model, parent):
+        plan = estimate.plan
+        raise InputError("emit", f"no first/last split runs {estimate.model.num_layers} layers on pp={plan.pp} × "
+                                 f"vpp={plan.vpp}, and only a per-stage layout does, which this framework cannot "
+                                 f"express; emit for one of {', '.join(LAYOUT_FRAMEWORKS)}, or change pp or vpp")
     return score(estimate.model, estimate.cluster, estimate.training, parent)
 
 

@@ -166,9 +166,9 @@ def near_front_candidates(front: ParetoFront, controls, extra_rules, exclude: se
     `seeds`: neighbours of the front's first `seeds` plans only (None: all); `resplit`: a pp or vpp the even split
     does not divide gets the nearest first/last split Megatron accepts (costmodels.layout.parent_plan)."""
     from autopar.search.space import Controls, build_space
-    from costmodels.layout import parent_plan
+    from costmodels.layout import parent_plan, split_is_whole
     from costmodels.plan import PlanArrays
-    from costmodels.rules import Problem, active_rules, structural_mask
+    from costmodels.rules import LAYOUT_RULES, Problem, active_rules, structural_mask
     from costmodels.scoring import estimates
 
     model, cluster, training = front.model, front.cluster, front.training
@@ -186,6 +186,15 @@ def near_front_candidates(front: ParetoFront, controls, extra_rules, exclude: se
     split = [p for p in split if p.first_stage_layers or p.last_stage_layers]
     split_ok = structural_mask(problem, PlanArrays.from_plans(split), rules) if split else []
     kept = [p for p, ok in zip(plans, keep) if ok] + [p for p, ok in zip(split, split_ok) if ok]
+    # a structure no first/last split runs but a layout does (every rule holds but the split's `layers`): its bare
+    # plan, priced by the uniform model at the even split, fractional, as the parent of the layouts
+    # refine_structure searches for it (costmodels.layout.parent_layout)
+    only_layout = [p for p, ok in zip(plans, keep) if not ok and not p.recompute_layers]
+    layout_rules = [r for r in rules if r.id not in LAYOUT_RULES]
+    if only_layout:
+        layout_ok = structural_mask(problem, PlanArrays.from_plans(only_layout), layout_rules)
+        parents = [parent_plan(model, cluster, training, p) for p, ok in zip(only_layout, layout_ok) if ok]
+        kept += list(dict.fromkeys(p for p in parents if not split_is_whole(model, p)))
     if not kept:
         return []
     scored = [e for e in estimates(model, cluster, training, PlanArrays.from_plans(kept)) if e.fits]
@@ -203,7 +212,9 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
     overtake it, added, and recomputed. `budget_s` None: the default fixed amount of work (DEFAULT_FRONT_STRUCTURES,
     repeatable); else a wall-clock budget. `controls` (autopar.search.space.Controls) and `extra_rules` are the
     search's own, so near-front candidates stay within them."""
-    from costmodels.layout import TIME_UNIT_S, layout_tables, price_layout, prices_layouts, uniform_layout, with_layout
+    from costmodels.layout import (TIME_UNIT_S, layout_tables, price_layout, prices_layouts, split_is_whole,
+                                   uniform_layout, with_layout)
+    from costmodels.rules import Problem, layout_breaks
     from costmodels.scoring import plan_estimates
 
     start = time.perf_counter()
@@ -273,9 +284,15 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
                                             seeds=DEFAULT_NEAR_SEEDS, resplit=False))
         for point in candidates:
             consider(point, is_near=True)
-    added = plan_estimates(model, cluster, training,
-                           [with_layout(r.parent.plan, r.best_layout) for r in refinements
-                            if r.best_layout != r.uniform_layout], relax=front.relaxed_rules)
+    # a structure only a layout runs (its parent's split is not whole) enters with its best layout even when that is
+    # the balanced one: its parent is a price, not a plan
+    # and a layout must pass the layout's own rules (costmodels.rules.layout_breaks: block recompute of n layers needs
+    # a virtual stage of more than n, which the search's tables do not see)
+    problem = Problem(model, cluster, training)
+    layout_plans = [with_layout(r.parent.plan, r.best_layout) for r in refinements
+                    if r.best_layout != r.uniform_layout or not split_is_whole(model, r.parent.plan)]
+    added = plan_estimates(model, cluster, training, [p for p in layout_plans if not layout_breaks(problem, p)],
+                           relax=front.relaxed_rules)
     points = list(front.points) + [p for p in added if not p.violations]
     kept = [p for p in points
             if not any((q.step_time_s <= p.step_time_s and q.peak_memory_bytes <= p.peak_memory_bytes)
@@ -283,6 +300,7 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
                        for q in points)]
     kept.sort(key=lambda p: (p.step_time_s, p.peak_memory_bytes))
     improved = [r for r in refinements if r.best_layout != r.uniform_layout]
+    only_layout = sum(1 for r in refinements if not split_is_whole(model, r.parent.plan))
     near = [r for r in refinements if r.near_front]
     on_front = sum(1 for p in kept if p.plan.layout)
     limit = (f"budget {budget_s:g} s" if budget_s is not None else
@@ -293,6 +311,9 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
             f"{len(near)} of {len(candidates)} near-front candidates; {bounded_out} skipped: their gain bound "
             f"rules a gain or an overtake out); {len(improved)} with a better layout, {on_front} layout plan"
             f"{'s' if on_front != 1 else ''} on the front")
+    if only_layout:
+        note += (f"; {only_layout} structure{'s' if only_layout != 1 else ''} no first/last split runs (the layers do "
+                 "not split over pp·vpp) searched through layouts alone")
     if improved:
         top = max(improved, key=lambda r: r.gain)
         note += f"; largest gain {100 * top.gain:.1f}% on {top.parent.plan.short()}"

@@ -1,0 +1,260 @@
+"""Do the layouts the frameworks ship fit? Every performance recipe of the framework packages the conformance extra
+installs, read through autopar's own readers and priced for memory (issue 43).
+
+    python benchmarks/recipes_fit.py [--recipes DIR] [--conformance-python PATH] [--all]
+
+- Megatron-Bridge 0.6.2's performance recipes (megatron/bridge/perf_recipes/<family>/<gpu>/*.py: one function per
+  model, GPU count, GPU and precision): benchmarks/bridge_recipes.py builds each recipe's ConfigContainer under the
+  conformance venv and writes it as the YAML Bridge writes (to_yaml); this script reads each YAML with
+  autopar.bridge_config.read_bridge_config (what `autopar estimate --from-bridge-config FILE` runs), takes the model
+  Bridge's config names (its hf_model_id, a bundled preset, with the shape the config sets), the GPU and GPU count
+  from the recipe's name, and prices its memory with autopar's cost model (costmodels.scoring.estimate).
+- NeMo 2's recommended configs: not read. nemo_toolkit is not in the conformance extra (its performance configs are a
+  CSV in NeMo's repository scripts, not in an installable package).
+- torchtitan 0.3.0: its bundled training configs name no GPU and no GPU count (torchtitan's run script takes NGPU
+  from the environment), so none counts towards the target; they are listed as refused with that reason.
+
+One line per recipe: the recipe, model, GPU × count, plan, predicted peak GiB (the worst pipeline stage), the GPU's HBM
+GiB, the peak's share of HBM, and the switches the recipe sets that change memory and that no cost term prices (each
+named once in a legend below the table). A recipe that cannot be priced is refused, with its reason (a GPU autopar has
+no profile for, a model it does not bundle, a setting it cannot represent). The last line:
+
+    recipes-fit: recipes=N within_hbm=K median_peak_of_hbm=P% refused=R
+
+N recipes priced, K of them with a peak within the GPU's HBM, P the median of peak / HBM over the N, R refused (each
+reason counted on the line before it). The peak is compared with the whole HBM, not autopar's planning limit (which
+keeps 20% free by default): these layouts ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+GIB = 2**30
+PROFILE_OF_GPU = {"h100": "h100", "b200": "b200", "gb200": "gb200"}
+"""Bridge's GPU folders -> autopar's bundled profiles. b300, gb300, vr200 and r100 have none (shared/reference has no
+measured or specified figures for them): their recipes are refused."""
+
+
+@dataclass
+class Priced:
+    recipe: str
+    model: str
+    gpu: str
+    num_gpus: int
+    plan: str
+    peak_gib: float
+    hbm_gib: float
+    not_priced: list[str] = field(default_factory=list)
+
+    @property
+    def share(self) -> float:
+        return self.peak_gib / self.hbm_gib
+
+
+def build_recipes(python: str, out: Path) -> None:
+    subprocess.run([python, str(REPO / "benchmarks" / "bridge_recipes.py"), str(out)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def price_recipe(entry: dict, folder: Path) -> "Priced | str":
+    """The recipe priced, or the reason it is refused."""
+    import autopar
+    from autopar.bridge_config import bridge_model_spec, read_bridge_config
+    from autopar.models import preset_for_hub_id
+    from costmodels.errors import InputError
+    from costmodels.scoring import estimate
+    from costmodels.specs import TrainingSpec
+
+    if "error" in entry:
+        import re
+
+        missing = re.search(r"Failed to load configuration from (\S+) ", entry["error"])
+        if missing:
+            return f"autopar bundles no config.json for {missing.group(1)} (the recipe reads it from the Hub)"
+        return f"recipe does not build here: {entry['error']}"
+    gpu = PROFILE_OF_GPU.get(entry["gpu"])
+    if gpu is None:
+        return f"no autopar profile for GPU {entry['gpu']}"
+    if not entry.get("num_gpus"):
+        return "the recipe's name gives no GPU count"
+    try:
+        run = read_bridge_config(folder / entry["yaml"])
+    except InputError as error:
+        return f"reader: {error.message}"
+    preset = preset_for_hub_id(run.hf_model_id) if run.hf_model_id else None
+    if preset is None:
+        return f"no bundled model for {run.hf_model_id or 'the config'}"
+    try:
+        model = bridge_model_spec(run, autopar.load_model(preset))
+        cluster = autopar.make_cluster(gpu=gpu, num_gpus=entry["num_gpus"])
+        training = run.training_spec(TrainingSpec())
+        result = estimate(model, cluster, training, run.plan)
+    except InputError as error:
+        return f"{error.field}: {error.message}"
+    return Priced(recipe=entry["function"].removesuffix("_config"), model=preset, gpu=gpu,
+                  num_gpus=entry["num_gpus"], plan=run.plan.short(), peak_gib=result.peak_memory_bytes / GIB,
+                  hbm_gib=cluster.profile.hbm_bytes / GIB, not_priced=list(run.not_priced))
+
+
+COMMON = "--bf16 --use-distributed-optimizer --sequence-parallel --cross-entropy-loss-fusion "
+ISSUE_LAYOUTS: tuple[tuple[str, str, str, int, str], ...] = (
+    ("Nemotron-4 340B, NeMo 2's performance script (bf16: precision-aware optimizer, fp32 states)",
+     "nemotron-4-340b", "h100", 128,
+     COMMON + "--use-precision-aware-optimizer --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 "
+     "--num-virtual-stages-per-pipeline-rank 12 --micro-batch-size 1 --seq-length 4096 --global-batch-size 32"),
+    ("Nemotron-4 340B, the same with bf16 gradients (Bridge's performance default)",
+     "nemotron-4-340b", "h100", 128,
+     COMMON + "--use-precision-aware-optimizer --grad-reduce-in-bf16 --tensor-model-parallel-size 8 "
+     "--pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 12 --micro-batch-size 1 "
+     "--seq-length 4096 --global-batch-size 32"),
+    ("GPT-OSS-120B tp1 pp4 ep8 mbs4 (Bridge's H100 recipe runs mbs 1; its B200 recipe mbs 4 on pp 1), layernorm and "
+     "moe_act recomputed as Bridge's gpt-oss recipes do", "gpt-oss-120b", "h100", 64,
+     "--bf16 --use-distributed-optimizer --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
+     "--recompute-granularity selective --recompute-modules layernorm moe_act --tensor-model-parallel-size 1 "
+     "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8 --micro-batch-size 4 --seq-length 4096 "
+     "--global-batch-size 1280 --num-experts 128 --moe-token-dispatcher-type alltoall"),
+    ("Llama 3.1 405B fp8 (tensorwise, fp8 parameters), embedding and loss counted as layers",
+     "llama-3.1-405b", "h100", 1024,
+     COMMON + "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --grad-reduce-in-bf16 "
+     "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 8 "
+     "--context-parallel-size 2 --micro-batch-size 1 --seq-length 8192 --global-batch-size 512 "
+     "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --num-layers 126"),
+    ("Llama 3.1 405B tp4 pp8 vpp8 cp2 (the layout Bridge's B200 recipe names in its docstring)",
+     "llama-3.1-405b", "b200", 128,
+     COMMON + "--grad-reduce-in-bf16 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 "
+     "--num-virtual-stages-per-pipeline-rank 8 --context-parallel-size 2 --micro-batch-size 1 --seq-length 8192 "
+     "--global-batch-size 768 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+     "--num-layers 126"),
+    ("DeepSeek-V3 tp1 pp16 ep8, mla_up_proj recomputed, bf16 Adam moments (Bridge's DeepSeek-V3 optimizer)",
+     "deepseek-v3", "b200", 256,
+     "--bf16 --use-distributed-optimizer --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
+     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 16 --expert-model-parallel-size 8 "
+     "--micro-batch-size 1 --seq-length 4096 --global-batch-size 2048 --num-experts 256 "
+     "--recompute-granularity selective --recompute-modules mla_up_proj --use-precision-aware-optimizer "
+     "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --moe-token-dispatcher-type flex "
+     "--pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'"),
+    ("DeepSeek-V3's own layout Et|(tt|)*30mL (estimate only: 61 layers on pp 8 vpp 4)",
+     "deepseek-v3", "h100", 1024,
+     "--bf16 --use-distributed-optimizer --sequence-parallel --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
+     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --expert-model-parallel-size 64 "
+     "--expert-tensor-parallel-size 1 --micro-batch-size 1 --seq-length 4096 --global-batch-size 8192 "
+     "--num-experts 256 --recompute-granularity selective --recompute-modules mla_up_proj mlp "
+     "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 "
+     "--pipeline-model-parallel-layout 'Et|(tt|)*30mL'"),
+)
+"""The production layouts issue 43 names, each as the Megatron-LM command it ran with (as far as its framework's
+recipe says: the switches are in the command), read through --from-megatron-args (autopar.megatron_args)."""
+
+
+def issue_layouts() -> list[str]:
+    import autopar
+    from autopar.megatron_args import parse_megatron_args
+    from costmodels.scoring import estimate
+    from costmodels.specs import TrainingSpec
+
+    lines = []
+    for what, name, gpu, num_gpus, command in ISSUE_LAYOUTS:
+        run = parse_megatron_args(command)
+        cluster = autopar.make_cluster(gpu=gpu, num_gpus=num_gpus)
+        result = estimate(autopar.load_model(name), cluster, run.training_spec(TrainingSpec()), run.plan)
+        peak, hbm = result.peak_memory_bytes / GIB, cluster.profile.hbm_bytes / GIB
+        lines.append(f"  {peak:6.1f} of {hbm:4.0f} GiB ({100 * peak / hbm:3.0f}%)  {gpu} x{num_gpus}  "
+                     f"{run.plan.short()[:60]}  {what}")
+    return lines
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", type=Path, help="a folder benchmarks/bridge_recipes.py wrote (default: build "
+                                                     "them now with --conformance-python)")
+    parser.add_argument("--conformance-python", default=str(REPO / ".venv-conformance" / "bin" / "python"),
+                        help="the conformance venv's python (megatron-bridge 0.6.2 installed)")
+    args = parser.parse_args(argv)
+    folder = args.recipes
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="autopar-recipes-"))
+        if not Path(args.conformance_python).exists():
+            print(f"recipes-fit: no conformance venv at {args.conformance_python}; build it as .ci/run does, or "
+                  "give --recipes", file=sys.stderr)
+            return 2
+        build_recipes(args.conformance_python, folder)
+    index = json.loads((folder / "index.json").read_text())
+    priced: list[Priced] = []
+    refused: list[tuple[str, str]] = []
+    for entry in index:
+        outcome = price_recipe(entry, folder)
+        name = (entry.get("function") or entry["module"]).removesuffix("_config")
+        if isinstance(outcome, str):
+            refused.append((name, outcome))
+        else:
+            priced.append(outcome)
+    legend: dict[str, str] = {}
+
+    def switch_ids(switches: list[str]) -> str:
+        ids = []
+        for text in switches:
+            key = text.split(":", 1)[0]
+            legend.setdefault(key, text.split(":", 1)[1].strip() if ":" in text else "")
+            ids.append(key)
+        return ", ".join(ids) or "-"
+
+    print(f"{'recipe':64} {'model':16} {'GPU':>11} {'plan':44} {'peak GiB':>8} {'HBM GiB':>7} {'of HBM':>6}  "
+          "not priced")
+    for p in priced:
+        print(f"{p.recipe:64} {p.model:16} {p.gpu + ' x' + str(p.num_gpus):>11} {p.plan:44} {p.peak_gib:8.1f} "
+              f"{p.hbm_gib:7.0f} {100 * p.share:5.0f}%  {switch_ids(p.not_priced)}")
+    if legend:
+        print("\nnot priced (what each changes):")
+        for key, what in legend.items():
+            print(f"  {key}: {what}")
+    over = [p for p in priced if p.share > 1.0]
+    if over:
+        print("\nover HBM:")
+        for p in over:
+            print(f"  {p.recipe}: {p.peak_gib:.1f} GiB of {p.hbm_gib:.0f} ({p.plan})")
+    print("\nrefused:")
+    for reason, count in Counter(reason for _, reason in refused).most_common():
+        names = [name for name, why in refused if why == reason]
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} recipes)" if len(names) > 3 else "")
+        print(f"  {count:3d}  {reason}: {shown}")
+    print("  NeMo 2 recommended configs: not read (nemo_toolkit is not in the conformance extra)")
+    titan = torchtitan_configs(args.conformance_python)
+    print(f"  torchtitan 0.3.0 train configs ({titan}): not read (they name no GPU and no GPU count; autopar has no "
+          "reader for torchtitan's Trainer.Config)")
+    print("\nthe production layouts of issue 43 (through --from-megatron-args):")
+    for line in issue_layouts():
+        print(line)
+    median = statistics.median(p.share for p in priced) if priced else float("nan")
+    within = sum(1 for p in priced if p.share <= 1.0)
+    print(f"recipes-fit: recipes={len(priced)} within_hbm={within} median_peak_of_hbm={100 * median:.0f}% "
+          f"refused={len(refused)}")
+    return 0
+
+
+def torchtitan_configs(python: str) -> str:
+    """How many train configs torchtitan's installed config registries define (`def <name>() -> Trainer.Config`)."""
+    import re
+
+    site = subprocess.run([python, "-c", "import torchtitan, os; print(os.path.dirname(torchtitan.__file__))"],
+                          capture_output=True, text=True)
+    if site.returncode != 0:
+        return "torchtitan not installed"
+    count = sum(len(re.findall(r"^def \w+\(\) -> Trainer\.Config", path.read_text(), re.MULTILINE))
+                for path in Path(site.stdout.strip()).rglob("config_registry.py"))
+    return f"{count} in its config registries"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
