@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 INPUT = "from-runs"
 MAX_LOG_BYTES = 256 * 2**20
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-LINE_PREFIX = re.compile(r"^(?:\s*\d+:\s|\[rank\d+\]:\s?|\[default\d+\]:\s?|\S+/\d+ \[default\d+\]:\s?|"
+LINE_PREFIX = re.compile(r"^(?:\d+:\s|\[rank\d+\]:\s?|\[default\d+\]:\s?|\S+/\d+ \[default\d+\]:\s?|"
                          r"\[\d{4}-\d\d-\d\d[T ][\d:.+\-]+\]\s)+")
 """Launcher prefixes in front of a log line: Slurm's `0: `, torchrun's `[rank0]:`, NeMo-Run's `pretrain/0
 [default0]:`, a `[2025-01-01T00:00:00+00:00] ` timestamp."""
@@ -230,7 +230,19 @@ def megatron_run(name: str, lines: list[LogLine], profile: "HardwareProfile",
         mismatches = launch.model_mismatches(model)
         if mismatches:
             raise _fail(name, start, f"the log's model is not --model {model.name}: {mismatches[0]}")
-    gbs = launch.training.get("global_batch_size")
+    steps = megatron_steps(name, lines, launch.training.get("global_batch_size"))
+    step_s, how = _median_step(name, steps, "'elapsed time per iteration (ms)'")
+    training = launch.training_spec(TrainingSpec())
+    fixed = {field_name: getattr(launch.plan, field_name) for field_name in PLAN_FIELDS}
+    run = MeasuredRun(name, f"lines {steps[0][0].number}-{steps[-1][0].number}",
+                      f"{model.name} x{world} {launch.plan.short()}", model, cluster_for(profile, world), training,
+                      fixed, {}, step_s, "elapsed time per iteration", (how, *launch.notes))
+    return _checked(name, start, run)
+
+
+def megatron_steps(name: str, lines: list[LogLine], gbs: "int | None") -> list[tuple[LogLine, int, float]]:
+    """(line, iteration, seconds) of every iteration line at the configured global batch (a batch-size ramp-up's
+    smaller steps are not the configured step); InputError for an iteration line that cannot be read."""
     steps = []
     for line in lines:
         if "elapsed time per iteration" not in line.text:
@@ -241,15 +253,9 @@ def megatron_run(name: str, lines: list[LogLine], profile: "HardwareProfile",
             raise _fail(name, line, "an iteration line whose iteration number or elapsed time cannot be read: "
                                     f"{line.text.strip()[:80]!r}")
         if batch is not None and gbs is not None and int(batch.group(1)) != gbs:
-            continue            # batch-size ramp-up: not the configured step
+            continue
         steps.append((line, int(iteration.group(1)), float(elapsed.group(1)) / 1000.0))
-    step_s, how = _median_step(name, steps, "'elapsed time per iteration (ms)'")
-    training = launch.training_spec(TrainingSpec())
-    fixed = {field_name: getattr(launch.plan, field_name) for field_name in PLAN_FIELDS}
-    run = MeasuredRun(name, f"lines {steps[0][0].number}-{steps[-1][0].number}",
-                      f"{model.name} x{world} {launch.plan.short()}", model, cluster_for(profile, world), training,
-                      fixed, {}, step_s, "elapsed time per iteration", (how, *launch.notes))
-    return _checked(name, start, run)
+    return steps
 
 
 PLAN_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_layers",

@@ -284,7 +284,7 @@ TOKENS_PER_STEP_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_
 def read_run_file(path: "str | Path", gpu: str) -> list[MeasuredRun]:
     """The runs of a run-format CSV measured on `gpu` (a bundled GPU name or alias); InputError on the first row
     that cannot be read, on a row measured on another GPU, and on a file with no row."""
-    from costmodels.hardware import load_profile, resolve_gpu_name, read_text_file
+    from costmodels.hardware import load_profile, read_text_file, resolve_gpu_name
 
     path = Path(path)
     name = path.name
@@ -300,32 +300,39 @@ def read_run_file(path: "str | Path", gpu: str) -> list[MeasuredRun]:
         raise InputError("from-runs", f"{name}: no column {', '.join(missing)} in the header; the run format's "
                                       "columns are listed in docs/run_format.md")
     if not any(column in header for column in TOKENS_PER_STEP_METRICS):
-        raise InputError("from-runs", f"{name}: no measurement column: give step_time_s, tokens_per_s_per_gpu, "
-                                      "tokens_per_s_total, samples_per_s_per_gpu or samples_per_s_total")
+        flops = " (only TFLOP/s or MFU columns: each framework counts FLOPs its own way, so they give no step time)" \
+            if {"tflops_per_gpu", "mfu_pct", "hfu_pct"} & set(header) else ""
+        raise InputError("from-runs", f"{name}: no measurement column{flops}: give step_time_s, "
+                                      "tokens_per_s_per_gpu, tokens_per_s_total, samples_per_s_per_gpu or "
+                                      "samples_per_s_total")
     wanted = resolve_gpu_name(gpu)
     profile = load_profile(wanted)
     runs = []
+    resolved: dict[str, tuple] = {}
     for index, raw in enumerate(reader, start=1):
         row = {(key or "").strip(): (value or "").strip() for key, value in raw.items() if key is not None}
         if None in raw:
             raise InputError("from-runs", f"{name}: row {index}: more cells than the header has columns")
         row_id = row.get("row_id") or str(index)
-        runs.append(run_from_row(row, f"{name}", f"row {row_id}", profile, wanted))
+        runs.append(run_from_row(row, name, f"row {row_id}", profile, wanted, resolved))
     if not runs:
         raise InputError("from-runs", f"{name}: no run rows after the header")
     return runs
 
 
 def run_from_row(row: Mapping[str, str], source: str, run_id: str, profile: "HardwareProfile",
-                 gpu_name: str) -> MeasuredRun:
+                 gpu_name: str, profiles: "dict[str, tuple] | None" = None) -> MeasuredRun:
     """One row of autopar's run format as a MeasuredRun priced on `profile`; InputError naming the row and the
-    column when a cell cannot be read."""
+    column when a cell cannot be read. `profiles` keeps the GPU cells already resolved (one file names a few)."""
     from costmodels.specs import TrainingSpec
 
     def fail(column: str, message: str) -> InputError:
         return InputError("from-runs", f"{source}: {run_id}: {column}: {message}")
 
-    row_profile, why, _ = gpu_profile(row.get("gpu", ""))
+    profiles = {} if profiles is None else profiles
+    if row.get("gpu", "") not in profiles:
+        profiles[row.get("gpu", "")] = gpu_profile(row.get("gpu", ""))
+    row_profile, why, _ = profiles[row.get("gpu", "")]
     if not row.get("gpu"):
         raise fail("gpu", "empty; give the GPU the run used (e.g. H100 80GB)")
     if row_profile is None:
@@ -349,13 +356,11 @@ def run_from_row(row: Mapping[str, str], source: str, run_id: str, profile: "Har
                  cp=_degree(row, "cp", fail), ep=_degree(row, "ep", fail), etp=_degree(row, "etp", fail) or 0,
                  mbs=_positive_integer(row, "micro_batch", fail, required=True),
                  zero=_sharding(row, fail), recompute=_recompute(row, fail))
-    fixed["sp"] = fixed["tp"] > 1
-    notes.append("sequence parallelism on with tp > 1 (the run format has no column for it)" if fixed["sp"] else "")
+    fixed["sp"] = fixed["tp"] > 1        # the run format has no column for it: on with tp > 1, as every recipe runs
     cluster = cluster_for(row_profile, gpus, gpus_per_node)
     step, metric = _measured_step(row, training.tokens_per_step, gbs, gpus, fail)
     label = f"{model.name} x{gpus} {_layout_label(fixed)}"
-    run = MeasuredRun(source, run_id, label, model, cluster, training, fixed, {}, step, metric,
-                      tuple(n for n in notes if n))
+    run = MeasuredRun(source, run_id, label, model, cluster, training, fixed, {}, step, metric, tuple(notes))
     if not candidate_plans(run):
         raise fail("tp/pp/micro_batch", f"the layout {_layout_label(fixed)} cannot run {model.name} on {gpus} GPUs "
                                         f"with global batch {gbs} (dp, micro-batches or layers do not divide)")

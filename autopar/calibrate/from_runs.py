@@ -61,8 +61,9 @@ model's max/overlap terms, small enough to stay local."""
 OUTER_ITERATIONS = 3
 """Rounds of (minimise the linearised problem, evaluate the model, Broyden-correct the rows)."""
 
-CONVERGED = 1e-3
-"""Relative decrease of the objective below which the outer rounds stop."""
+CONVERGED = 0.02
+"""Relative decrease of the objective (promised by the linearised model, or found by the model) below which the
+outer rounds stop: a round costs one model evaluation per run."""
 
 CORRELATION_WARNING = 0.95
 """|correlation| of two parameter estimates (from the runs alone) at which the runs are said not to separate them."""
@@ -405,7 +406,7 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
     """Fit the table's parameters to `runs` (all on `base`'s GPU); `base_data` is `base`'s YAML data; the model
     evaluations run in `jobs` processes (the result does not depend on it)."""
     from autopar.calibrate.fit import least_squares
-    from autopar.runs import choose_plan
+    from autopar.runs import candidate_plans, choose_plan
 
     started = time.perf_counter()
     if not runs:
@@ -417,14 +418,19 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
         else:
             skipped.append(f"{parameter.name}: {', '.join(parameter.paths)} not in profile {base.name} (the model "
                            "does not read it from this profile)")
-    plans, prior_s = [], []
+    plans: list = []
+    single = []
     for run in runs:
-        choice = choose_plan(run, dataclasses.replace(run.cluster, profile=base))
-        if choice is None:
+        candidates = candidate_plans(run)
+        if not candidates:
             raise InputError("from-runs", f"{run.where}: no buildable layout matches what the run states")
-        plans.append(choice.plan)
-        prior_s.append(choice.step_s)
+        if len(candidates) == 1:                 # the run states its whole layout: priced below with the rest
+            plans.append(candidates[0])
+            single.append(len(plans) - 1)
+        else:                                    # knobs left open: the fastest layout that fits, at the prior
+            plans.append(choose_plan(run, dataclasses.replace(run.cluster, profile=base)).plan)
     pricer = _Pricer(runs, plans, jobs)
+    prior_s = list(pricer.step_times([(i, base) for i in range(len(runs))]))
     measured = np.array([run.measured_step_s for run in runs])
     n, p = len(runs), len(active)
     exercised = np.array([[parameter.exercised(run) for parameter in active] for run in runs], dtype=bool)
@@ -475,8 +481,9 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
     best_cost = _cost(log_t, measured, theta, sigmas)
     for _ in range(OUTER_ITERATIONS if names else 0):
         candidate = solve(theta, theta_log_t, jacobian)
-        if np.allclose(candidate, theta, atol=1e-6):
-            break
+        promised = _cost(theta_log_t + jacobian @ (candidate - theta), measured, candidate, sigmas)
+        if best_cost - promised <= CONVERGED * best_cost:
+            break                           # the linearised model promises nothing worth a model evaluation
         trial, _ = profile_at(candidate)
         trial_log_t = np.log(pricer.step_times([(i, trial) for i in range(n)]))
         delta = candidate - theta
@@ -504,7 +511,7 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
                       for run, plan, m, b, f, l in zip(runs, plans, measured, prior_s, fitted_s, loo_s))
     return RunsFit(base=base, profile=fitted_profile, changes=changes, parameters=fits, skipped=tuple(skipped),
                    residuals=residuals, warnings=tuple(warnings), elapsed_s=time.perf_counter() - started,
-                   model_evaluations=pricer.evaluations + len(runs))
+                   model_evaluations=pricer.evaluations + len(runs) - len(single))
 
 
 def _cost(log_t: np.ndarray, measured: np.ndarray, theta: np.ndarray, sigmas: np.ndarray) -> float:
