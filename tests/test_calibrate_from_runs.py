@@ -9,7 +9,6 @@ of them apart. Fits to published runs are benchmarks/fit_runs.py's job.
 from __future__ import annotations
 
 import dataclasses
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autopar.calibrate.from_runs import (FREE_PARAMETERS, apply_to_profile, fit_profile_to_runs, parameter_named,
-                                         resolved_paths, scaled_values)
+from autopar.calibrate.from_runs import (FREE_PARAMETERS, apply_to_profile, fit_profile_to_runs, resolved_paths,
+                                         scaled_values)
 from autopar.calibrate.runs_profile import bundled_profile_data, fitted_profile_text, read_runs_section
 from autopar.runs import MeasuredRun, cluster_for, read_run_file, step_time_of_plan
 from costmodels.errors import InputError
@@ -84,7 +83,6 @@ def test_the_fast_profile_builder_agrees_with_parsing_the_changed_file(h100):
     scales = {parameter.name: 0.8 + 0.05 * i for i, parameter in enumerate(FREE_PARAMETERS)}
     changes = scaled_values(data, scales)
     fast = apply_to_profile(base, data, changes)
-    written = dict(data)
     written = yaml.safe_load(yaml.safe_dump(data))
     from autopar.calibrate.from_runs import _set
 

@@ -61,7 +61,7 @@ model's max/overlap terms, small enough to stay local."""
 OUTER_ITERATIONS = 3
 """Rounds of (minimise the linearised problem, evaluate the model, Broyden-correct the rows)."""
 
-CONVERGED = 0.02
+CONVERGED = 0.005
 """Relative decrease of the objective (promised by the linearised model, or found by the model) below which the
 outer rounds stop: a round costs one model evaluation per run."""
 
@@ -357,6 +357,7 @@ class _Pricer:
         self.plans = list(plans)
         self.jobs = jobs
         self.evaluations = 0
+        self._pool = None
 
     def step_times(self, requests: Sequence[tuple[int, "HardwareProfile"]]) -> np.ndarray:
         """[step time of run i on profile] for each (i, profile) request, in order."""
@@ -386,13 +387,19 @@ class _Pricer:
             local = {run: position for position, run in enumerate(run_ids)}
             tasks.append(([self.runs[r] for r in run_ids], [self.plans[r] for r in run_ids], profiles,
                           [(local[pairs[k][0]], pairs[k][1]) for k in chunk]))
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        if self._pool is None:             # started once per fit, on the first batch worth the processes
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
         out = np.empty(len(pairs))
-        with ProcessPoolExecutor(max_workers=self.jobs, mp_context=context) as pool:
-            for chunk, values in zip(chunks, pool.map(_price, tasks)):
-                out[chunk] = values
+        for chunk, values in zip(chunks, self._pool.map(_price, tasks)):
+            out[chunk] = values
         return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
 
 def _without_provenance(profile: "HardwareProfile") -> "HardwareProfile":
@@ -405,7 +412,6 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
                         parameters: Sequence[FreeParameter] = FREE_PARAMETERS, jobs: int = 1) -> RunsFit:
     """Fit the table's parameters to `runs` (all on `base`'s GPU); `base_data` is `base`'s YAML data; the model
     evaluations run in `jobs` processes (the result does not depend on it)."""
-    from autopar.calibrate.fit import least_squares
     from autopar.runs import candidate_plans, choose_plan
 
     started = time.perf_counter()
@@ -430,6 +436,18 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
         else:                                    # knobs left open: the fastest layout that fits, at the prior
             plans.append(choose_plan(run, dataclasses.replace(run.cluster, profile=base)).plan)
     pricer = _Pricer(runs, plans, jobs)
+    try:
+        return _fit(runs, base, base_data, active, skipped, plans, pricer, len(single), started)
+    finally:
+        pricer.close()
+
+
+def _fit(runs: Sequence["MeasuredRun"], base: "HardwareProfile", base_data: Mapping[str, Any],
+         active: list[FreeParameter], skipped: list[str], plans: list, pricer: _Pricer, chosen_once: int,
+         started: float) -> RunsFit:
+    """fit_profile_to_runs once the plans are chosen: the Jacobian, the rounds, the leave-one-out, the warnings."""
+    from autopar.calibrate.fit import least_squares
+
     prior_s = list(pricer.step_times([(i, base) for i in range(len(runs))]))
     measured = np.array([run.measured_step_s for run in runs])
     n, p = len(runs), len(active)
@@ -511,7 +529,7 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
                       for run, plan, m, b, f, l in zip(runs, plans, measured, prior_s, fitted_s, loo_s))
     return RunsFit(base=base, profile=fitted_profile, changes=changes, parameters=fits, skipped=tuple(skipped),
                    residuals=residuals, warnings=tuple(warnings), elapsed_s=time.perf_counter() - started,
-                   model_evaluations=pricer.evaluations + len(runs) - len(single))
+                   model_evaluations=pricer.evaluations + len(runs) - chosen_once)
 
 
 def _cost(log_t: np.ndarray, measured: np.ndarray, theta: np.ndarray, sigmas: np.ndarray) -> float:

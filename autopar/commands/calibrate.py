@@ -50,7 +50,8 @@ def _positive_int(text: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "calibrate", help="measure GEMMs and collectives here and write a hardware profile (needs torch)",
+        "calibrate", help="measure GEMMs and collectives here and write a hardware profile (needs torch), or fit "
+                          "the profile to runs already measured (--from-runs)",
         description="Microbenchmarks through torch and torch.distributed (NCCL on GPUs, gloo on CPU): GEMM "
                     "throughput over transformer shapes (bf16, and fp8 where supported), all-reduce, all-gather, "
                     "reduce-scatter, all-to-all and send/recv from 1 KiB up (intra-node and inter-node links "
@@ -58,8 +59,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "GEMM-efficiency parameters and writes a profile for `solve/estimate --profile FILE`. Run it "
                     "directly (one process) or under torchrun on every node: torchrun --nnodes 2 "
                     "--nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m autopar.calibrate "
-                    "--out my_cluster.yaml",
-        epilog=f"needs torch: {INSTALL_HINT}")
+                    "--out my_cluster.yaml. With --from-runs FILE... --gpu NAME it measures nothing: it fits the "
+                    "profile's free parameters (GEMM, attention and collective efficiencies, elementwise traffic) to "
+                    "the step times of runs a team already has (run-format CSV, Megatron-LM / NeMo / torchtitan "
+                    "logs; docs/calibrate_from_runs.md).",
+        epilog=f"the microbenchmarks need torch: {INSTALL_HINT}; --from-runs does not")
     parser.add_argument("--from-runs", nargs="+", default=None, metavar="FILE",
                         help="fit the profile to measured runs instead of microbenchmarking: run-format CSV files "
                              "(docs/run_format.md) and Megatron-LM / NeMo / torchtitan training logs; needs --gpu")
