@@ -35,20 +35,22 @@ Ends with `fidelity-runs: mape=X% max=Y% rows=N spearman_median=R regret_mean=Z%
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import itertools
 import math
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
+from autopar.runs import MEMORY_HEADROOM, choose_plan, cluster_for, gpu_profile  # noqa: E402
+from autopar.runs import integer as _int  # noqa: E402
+from autopar.runs import number as _num  # noqa: E402
+from autopar.runs import precision_fields as _precision_fields  # noqa: E402
+from autopar.runs import precision_of as _precision  # noqa: E402
+from autopar.runs import read_run_rows  # noqa: E402
 from benchmarks.reference import reference_dir  # noqa: E402
 from costmodels import compute as compute_model  # noqa: E402
 from costmodels.errors import InputError  # noqa: E402
@@ -56,14 +58,9 @@ from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import peak_memory  # noqa: E402
 from costmodels.params import total_params  # noqa: E402
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule  # noqa: E402
-from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, Engine, ExpertGemm, Fp8Recipe,  # noqa: E402
+from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, Engine, ExpertGemm,  # noqa: E402
                               LaunchPath, MlpKind, ModelSpec, NormKind, PipelineSchedule, PositionEmbedding,
                               Precision, TrainingSpec)
-from costmodels.steptime import step_time_s  # noqa: E402
-
-MEMORY_HEADROOM = 0.05
-"""Published runs are tuned to fill the GPU: a layout counts as fitting below 95% of HBM (not the 20% planning
-headroom autopar uses for new runs)."""
 
 CATEGORIES = ("dense A100", "dense H100/H200", "dense B200/GB200", "MoE", "small-kernel")
 """Each row's GPU-and-kind category (Case.category), and the small-kernel regime across them (`is_small_kernel`)."""
@@ -167,68 +164,10 @@ class Result:
 
 
 def _read(name: str) -> list[dict[str, str]]:
-    path = reference_dir() / "runs" / name
-    with open(path, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(line for line in handle if not line.startswith("#")))
-
-
-def _num(row: dict, key: str) -> "float | None":
-    text = (row.get(key) or "").strip()
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _int(row: dict, key: str, default: "int | None" = None) -> "int | None":
-    value = _num(row, key)
-    return default if value is None else int(round(value))
+    return read_run_rows(reference_dir() / "runs" / name)
 
 
 # ---- hardware ------------------------------------------------------------------------------------------------------
-
-def _profile(name: str) -> "HardwareProfile | None":
-    try:
-        return load_profile(name)
-    except (InputError, FileNotFoundError, OSError):
-        return None
-
-
-def gpu_profile(gpu: str) -> "tuple[HardwareProfile | None, str, str]":
-    """(profile or None, reason when None, assumption note) for a source's GPU string."""
-    text = gpu.lower()
-    if "gb300" in text:
-        return _profile("gb300"), ("no gb300 profile: shared/reference has no GB300 spec row or measurement (MAMF "
-                                   "measured B300 HGX only; GB300's memory and clocks are not stated)"), ""
-    if "gb200" in text:
-        return _profile("gb200"), "no gb200 profile", ""
-    if "h800" in text or "a800" in text:
-        key = "h800" if "h800" in text else "a800"
-        return _profile(key), f"no {key} profile bundled (NVLink cut to 400 GB/s)", ""
-    if "96gb" in text or "500w" in text:
-        return _profile("h100-96gb"), ("no profile for H100 96GB HBM2e at 500 W (Grand Teton): the source states "
-                                       "HBM (96 GB, 2.4 TB/s) but says the peak TFLOP/s at the 500 W cap is unknown, "
-                                       "and no microbenchmark measured the part: no stated fact scales H100 SXM "
-                                       "compute to it"), ""
-    if "b200" in text and "power" in text:   # the same reason as the 500 W H100 rows: not the part a profile describes
-        return None, ("B200 power-limited, the cap not stated: no stated fact scales B200 compute to it (as for the "
-                      "500 W H100 rows)"), ""
-    if "b200" in text:
-        return _profile("b200-180gb"), "no b200 profile", ""
-    if "h200" in text:
-        return _profile("h200-141gb"), "no h200 profile", ""
-    if "h100" in text:
-        return _profile("h100-80gb"), "no h100 profile", ""
-    if "a100" in text and "40" in text:
-        return _profile("a100-40gb"), "no a100-40gb profile", ""
-    if "a100" in text:
-        return _profile("a100-80gb"), "no a100-80gb profile", ""
-    if "ampere" in text:
-        return _profile("a100-80gb"), "", "GPU 'NVIDIA Ampere' (model not named): A100 80GB assumed, as its MFU implies"
-    return None, f"GPU {gpu!r} has no profile", ""
-
 
 def category(profile: HardwareProfile, moe: bool) -> str:
     if moe:
@@ -298,8 +237,7 @@ def megatron_flops_per_step(model: ModelSpec, training: TrainingSpec, causal: bo
 # ---- sources -------------------------------------------------------------------------------------------------------
 
 def _cluster(profile: HardwareProfile, num_gpus: int, gpus_per_node: int = 0) -> ClusterSpec:
-    return ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=gpus_per_node or 0,
-                       headroom=MEMORY_HEADROOM)
+    return cluster_for(profile, num_gpus, gpus_per_node)
 
 
 TUNED_OVERLAP = dict(overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True)
@@ -309,28 +247,6 @@ OVERLAP_NOTE = "DP/TP overlap unstated: on (tuned run)"
 # Attention kernel of the Megatron-LM / Megatron-Core / NeMo sources: TrainingSpec's default `auto`, what
 # --attention-backend auto gets from Transformer Engine (cuDNN fused attention on Hopper+, FlashAttention-2 on
 # Ampere; costmodels.compute.resolve_attention_kernel); none of them states another backend.
-
-
-def _precision(text: str) -> Precision:
-    text = (text or "").lower()
-    return Precision.FP8 if ("fp8" in text or "float8" in text) else Precision.BF16
-
-
-def _precision_fields(text: str) -> dict[str, object]:
-    """TrainingSpec's precision and fp8_recipe from a source's precision column."""
-    return {"precision": _precision(text), "fp8_recipe": _fp8_recipe(text)}
-
-
-def _fp8_recipe(text: str) -> Fp8Recipe:
-    """The FP8 recipe a source's precision column names: MXFP8 as such; torchao's float8 (torchtitan's Float8Linear,
-    dynamic per-tensor scaling) as per-tensor current scaling; Transformer Engine's fp8 where no recipe is named
-    (llm-foundry's amp_fp8: te.fp8_autocast with DelayedScaling; 'fp8 (delayed scaling)') as delayed scaling."""
-    text = (text or "").lower()
-    if "mxfp8" in text:
-        return Fp8Recipe.MXFP8
-    if "float8" in text:
-        return Fp8Recipe.TENSORWISE
-    return Fp8Recipe.DELAYED
 
 
 def llm_foundry() -> "list[Case | Unexpressed]":
@@ -1192,50 +1108,11 @@ def all_rows() -> "list[Case | Unexpressed]":
 
 # ---- prediction ----------------------------------------------------------------------------------------------------
 
-def candidate_plans(case: Case) -> list[Plan]:
-    """Every buildable plan of the free choices, once: Plan normalises knobs that do not apply (recompute_modules
-    without selective recompute), so different choices can build the same plan."""
-    names = list(case.free)
-    plans: dict[Plan, None] = {}
-    for values in itertools.product(*(case.free[n] for n in names)):
-        knobs = dict(case.fixed)
-        knobs.update(zip(names, values))
-        try:
-            plan = Plan(**knobs)
-        except InputError:
-            continue
-        if _buildable(case, plan):
-            plans[plan] = None
-    return list(plans)
-
-
-def _buildable(case: Case, plan: Plan) -> bool:
-    gpus, model = case.cluster.num_gpus, case.model
-    dp = plan.dp(gpus)
-    if dp == 0 or plan.edp(gpus) == 0:
-        return False
-    if case.training.global_batch_size % (dp * plan.mbs):
-        return False
-    if plan.pp > 1 and not plan.first_stage_layers and not plan.layout and model.num_layers % (plan.pp * plan.vpp):
-        return False
-    if plan.vpp > 1 and plan.pp == 1:
-        return False
-    if model.is_moe and model.moe.num_experts % plan.ep:
-        return False
-    return True
-
-
 def predict(case: Case) -> "Result | None":
-    plans = candidate_plans(case)
-    if not plans:
+    choice = choose_plan(case)
+    if choice is None:
         return None
-    arrays = PlanArrays.from_plans(plans)
-    times = step_time_s(case.model, case.cluster, case.training, arrays)
-    peak, _, _ = peak_memory(case.model, case.cluster, case.training, arrays)
-    fits = peak <= case.cluster.memory_limit_bytes
-    order = np.lexsort((times, ~fits))                                   # fitting plans first, then fastest
-    best = int(order[0])
-    return Result(case, plans[best], float(times[best]), bool(fits[best]), float(peak[best]))
+    return Result(case, choice.plan, choice.step_s, choice.fits, choice.peak_memory_bytes)
 
 
 # ---- statistics ----------------------------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ The layers, lowest first; a unit is `costmodels`, a subpackage or top-level modu
 
     costmodels                                    specs, cost terms, rules, scoring one plan (numpy and pyyaml only)
     atomic_write                                  the one writer of every file autopar writes (temp, fsync, rename)
-    errors, models, megatron_args, calibrate      inputs: error channels, model configs, launch commands, profiles
+    errors, models, megatron_args                 inputs: error channels, model configs, launch commands
+    bridge_config                                 Megatron-Bridge configs, read through the launch-command reader
+    runs                                          measured runs: autopar's run format, the layout a run is priced at
+    run_logs, calibrate                           training logs read as runs; hardware profiles (measured, fitted)
     results, remedies                             answers as plain typed data; the guide's memory remedies
     search                                        space, oracle, CP-SAT, Pareto front, explanations
     export                                        launch configs of a plan
@@ -28,7 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(units) for units in (
     {"costmodels"},
     {"autopar.atomic_write"},
-    {"autopar.errors", "autopar.models", "autopar.megatron_args", "autopar.calibrate"},
+    {"autopar.errors", "autopar.models", "autopar.megatron_args"},
+    {"autopar.bridge_config"},
+    {"autopar.runs"},
+    {"autopar.run_logs", "autopar.calibrate"},
     {"autopar.results", "autopar.remedies"},
     {"autopar.search"},
     {"autopar.export"},

@@ -20,9 +20,12 @@ REFERENCE_GEMMS = ((8192, 8192, 8192, "square 8192"), (4096, 8192, 1024, "4096 t
 """(m, n, k, label): a large square GEMM and a thin tensor-parallel one."""
 
 
-def bundled_counterpart(profile: HardwareProfile, section: CalibrationSection | None) -> HardwareProfile | None:
-    """The bundled profile to compare with: the calibration's base, else one the profile's name resolves to."""
+def bundled_counterpart(profile: HardwareProfile, section: CalibrationSection | None,
+                        runs_section: "dict[str, Any] | None" = None) -> HardwareProfile | None:
+    """The bundled profile to compare with: the calibration's (or the fit to runs') base, else one the profile's
+    name resolves to."""
     candidates = [section.base_profile] if section is not None else []
+    candidates += [runs_section["base_profile"]] if runs_section is not None else []
     candidates += [profile.name, profile.name.removesuffix("-calibrated"), *profile.aliases]
     for candidate in candidates:
         try:
@@ -34,8 +37,12 @@ def bundled_counterpart(profile: HardwareProfile, section: CalibrationSection | 
 
 def summarise(profile: HardwareProfile, against: str | None = None) -> dict[str, Any]:
     """JSON-ready summary (base units) with the human-readable `lines` the text view prints."""
+    from autopar.calibrate.runs_profile import read_runs_section, runs_section_lines
+
     section = read_calibration_section(profile)
-    bundled = load_profile(resolve_gpu_name(against)) if against else bundled_counterpart(profile, section)
+    runs_section = read_runs_section(profile)
+    bundled = load_profile(resolve_gpu_name(against)) if against else \
+        bundled_counterpart(profile, section, runs_section)
     measured_links = set(section.measurements.links_measured) if section else set()
     summary: dict[str, Any] = {
         "file": profile.source_path, "name": profile.name, "display_name": profile.display_name,
@@ -60,6 +67,11 @@ def summarise(profile: HardwareProfile, against: str | None = None) -> dict[str,
                      f"{run['ranks_per_node']}, device {run['device_name']}, torch {run['torch_version']}, "
                      f"backend {run['backend']}")
         lines.append(f"base profile {section.base_profile} ({section.base_profile_reason})")
+    elif runs_section is not None:
+        summary["fitted_to_runs"] = {key: runs_section[key] for key in (
+            "base_profile", "fitted_at_utc", "files", "mape_bundled", "mape_fitted", "mape_leave_one_out",
+            "parameters", "warnings") if key in runs_section}
+        lines += runs_section_lines(runs_section)
     else:
         lines.append("not a calibrated profile (no calibration section): spec-sheet and initial values")
     if bundled is not None:
@@ -70,6 +82,7 @@ def summarise(profile: HardwareProfile, against: str | None = None) -> dict[str,
     summary["compute"] = _compute(profile, bundled, section, lines)
     summary["links"] = {link: _link(profile, bundled, link, link in measured_links, section, lines) for link in LINKS}
     summary["collectives"] = _collectives(profile, bundled, lines)
+    summary["elementwise"] = _elementwise(profile, bundled, lines)
     summary["memory_overheads"] = _memory(profile, bundled, section, lines)
     summary["notes"] = list(section.notes) if section else []
     summary["lines"] = lines
@@ -210,6 +223,18 @@ def _memory(profile: HardwareProfile, bundled: HardwareProfile | None, section: 
             parts.append(f"{name} {value / GIB:.3g} GiB (measured, not a profile term)")
     lines.append("memory overheads: " + "; ".join(parts))
     return out
+
+
+def _elementwise(profile: HardwareProfile, bundled: HardwareProfile | None, lines: list[str]) -> dict[str, Any]:
+    from costmodels.compute import elementwise_traffic_factor
+
+    value = elementwise_traffic_factor(profile)
+    reference = elementwise_traffic_factor(bundled) if bundled else None
+    text = f"elementwise traffic {value:.4g} HBM bytes per stored activation byte"
+    if reference is not None:
+        text += f" vs bundled {reference:.4g}{_change(value, reference)}"
+    lines.append(text)
+    return {"traffic_per_activation_byte": value, "bundled": reference}
 
 
 def render_text(summary: dict[str, Any]) -> str:
