@@ -23,12 +23,14 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
   token dropping: --moe-expert-capacity-factor, with --moe-pad-expert-input-to-capacity (`_capacity`);
 - the pipeline schedule of sail-sg's zero-bubble fork: --enable-zero-bubble with --zero-bubble-max-pending-backward
   pp or 2·pp (zb-1p, zb-2p); without them 1f1b;
+- CUDA graphs: --cuda-graph-impl and --cuda-graph-modules (and the deprecated --enable-cuda-graph,
+  --external-cuda-graph, --cuda-graph-scope), the launch path the step is priced with (`_cuda_graphs`);
 - the GPU count, when the script says it: torchrun/launch `--nproc-per-node` × `--nnodes`, a `WORLD_SIZE=`
   assignment, or `#SBATCH --nodes` × `--gpus-per-node`/`--ntasks-per-node`;
 - model shape flags (--num-layers, --hidden-size, ...), returned in `model` to check against the MODEL given.
 
-Flags known to change memory or step time that autopar does not price (CPU offloading, optimizer states in
-another dtype or offloaded, CUDA graphs, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each
+Flags known to change memory or step time that autopar does not price (CPU offloading, optimizer states
+offloaded, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each
 with what it changes. Every other flag (data, logging, checkpoints, the learning-rate schedule) is ignored. Anything
 that cannot be read (an unset shell variable in a flag that matters, a bad --pipeline-model-parallel-layout) is an
 `InputError` naming the flag and the fix.
@@ -64,9 +66,10 @@ VALUE_FLAGS = frozenset({
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
     "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype",
     "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype",
-    "--microbatch-group-size-per-virtual-pipeline-stage",
+    "--microbatch-group-size-per-virtual-pipeline-stage", "--cuda-graph-impl",
 })
-LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type"})
+LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type", "--cuda-graph-modules",
+                        "--cuda-graph-scope"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
 LAUNCHER_FLAGS = frozenset({  # torchrun / torch.distributed.launch / the deepspeed launcher
     "--nproc-per-node", "--nproc_per_node", "--nnodes", "--num_gpus", "--num_nodes", "--num-gpus", "--num-nodes",
@@ -82,7 +85,7 @@ SWITCH_FLAGS = frozenset({
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
     "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
     "--moe-pad-expert-input-to-capacity", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
-    "--use-precision-aware-optimizer",
+    "--use-precision-aware-optimizer", "--enable-cuda-graph", "--external-cuda-graph",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -561,6 +564,49 @@ def _capacity(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, flo
     return {"moe_capacity_factor": capacity}
 
 
+CUDA_GRAPH_MODULE_NAMES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+"""--cuda-graph-modules values a transformer layer has (transformer_config.py cuda_graph_modules; 'mamba' has none
+here); 'full' in the deprecated --cuda-graph-scope meant the whole layer."""
+
+
+def _cuda_graphs(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, Any]:
+    """TrainingSpec's launch fields from Megatron-LM 0.19's CUDA-graph flags (arguments.py, transformer_config.py):
+    --cuda-graph-impl local / transformer_engine captures the layers' --cuda-graph-modules (none named: the whole
+    layer); the deprecated --enable-cuda-graph (local), --external-cuda-graph (transformer_engine) and
+    --cuda-graph-scope (the modules; 'full_iteration' the impl) are migrated as validate_args migrates them.
+    full_iteration (the whole forward-backward captured) is priced as every module of every layer captured."""
+    impl = str(flags.get("--cuda-graph-impl") or "none")
+    if flags.get("--enable-cuda-graph"):
+        impl = "local"
+    if flags.get("--external-cuda-graph"):
+        impl = "transformer_engine"
+    words = []
+    for flag in ("--cuda-graph-scope", "--cuda-graph-modules"):
+        value = flags.get(flag)
+        if isinstance(value, str):
+            words += value.replace(",", " ").split()
+    if "full_iteration" in words:
+        impl, words = "full_iteration", [w for w in words if w != "full_iteration"]
+    if impl == "none":
+        if words:
+            notes.append("--cuda-graph-modules without --cuda-graph-impl: nothing is captured (Megatron-LM's default "
+                         "impl is none)")
+        return {}
+    if impl not in ("local", "transformer_engine", "full_iteration"):
+        raise InputError(INPUT_NAME, f"--cuda-graph-impl {impl}: expected none, local, transformer_engine or "
+                                     "full_iteration")
+    modules = tuple(w for w in words if w != "full")
+    unknown = [w for w in modules if w not in CUDA_GRAPH_MODULE_NAMES]
+    if unknown:
+        raise InputError(INPUT_NAME, f"--cuda-graph-modules {unknown[0]}: expected some of "
+                                     f"{', '.join(CUDA_GRAPH_MODULE_NAMES)}")
+    if impl == "full_iteration":
+        notes.append("--cuda-graph-impl full_iteration: priced as every module of every layer captured (the "
+                     "embedding, loss and optimizer launches stay eager in the estimate)")
+        modules = ()
+    return {"launch": "cuda_graph", "cuda_graph_modules": modules}
+
+
 COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     # flag: (the value that changes nothing, or None for a switch; what it changes that the estimate does not price)
     "--num-distributed-optimizer-instances": ("1", "the distributed optimizer shards over dp / instances, not "
@@ -573,9 +619,6 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
                                          "time"),
     "--fine-grained-activation-offloading": (None, "activations of --offload-modules offloaded to host memory: less "
                                                    "GPU memory than estimated, and the copies' time"),
-    "--cuda-graph-impl": ("none", "kernels replayed from CUDA graphs: the estimate prices eager launches"),
-    "--enable-cuda-graph": (None, "kernels replayed from CUDA graphs: the estimate prices eager launches"),
-    "--external-cuda-graph": (None, "kernels replayed from CUDA graphs: the estimate prices eager launches"),
     "--delay-wgrad-compute": (None, "weight-gradient GEMMs deferred to overlap the expert all-to-all: the estimate "
                                     "runs them in place"),
     "--moe-shared-expert-overlap": (None, "the shared experts computed beside the token dispatch: the estimate runs "
@@ -589,8 +632,7 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--no-rope-fusion": (None, "unfused rotary embedding: more HBM traffic than estimated"),
 }
 """Megatron-LM flags (megatron/training/arguments.py, and those generated from TransformerConfig's fields by
-ArgumentGroupFactory: --cpu-offloading-num-layers, --fine-grained-activation-offloading, --cuda-graph-impl,
---delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
+ArgumentGroupFactory: --cpu-offloading-num-layers, --fine-grained-activation-offloading, --delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
 reads (the precision-aware optimizer's state dtypes are priced: TrainingSpec.optimizer_state_bytes). A command that sets one (to anything but the value that changes nothing) gets a note saying what the
 estimate leaves out, so that an imported estimate is not mistaken for the command's own."""
 
@@ -953,6 +995,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
             raise InputError(INPUT_NAME, f"--microbatch-group-size-per-virtual-pipeline-stage {group} is below "
                                          f"--pipeline-model-parallel-size {plan.pp}: Megatron-Core refuses it")
         training["microbatch_group_size_per_vp_stage"] = group
+    training.update(_cuda_graphs(flags, notes))
     training["cross_entropy"] = _cross_entropy(flags)
     training["pipeline_schedule"] = _pipeline_schedule(flags, plan.pp)
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")

@@ -133,10 +133,31 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="MoE token dispatcher: alltoall (NCCL all-to-all, one copy per routed expert) or deepep "
                             "(DeepEP through Megatron-Core's flex dispatcher: one copy per destination node over "
                             "InfiniBand); default alltoall")
-    group.add_argument("--expert-gemm", default="cublas", metavar="{cublas,grouped}",
+    group.add_argument("--expert-gemm", default=None, metavar="{cublas,grouped,loop}",
                        help="how the routed experts' GEMMs run: cublas (a cuBLAS GEMM per expert: Megatron-Core with "
-                            "Transformer Engine's GroupedLinear) or grouped (one grouped kernel: torchtitan's "
-                            "torch._grouped_mm); default cublas")
+                            "Transformer Engine's GroupedLinear), grouped (one grouped kernel: torchtitan's "
+                            "torch._grouped_mm) or loop (a Python loop over the experts: Hugging Face's eager MoE "
+                            "blocks); default: the framework's (cublas; grouped for torchtitan; loop for deepspeed "
+                            "and pytorch)")
+    engine = parser.add_argument_group("engine (what runs the step: its kernel launches and host synchronisations "
+                                       "are priced; --framework picks it, megatron by default)")
+    engine.add_argument("--compile", action="store_true",
+                        help="torch.compile'd blocks (torchtitan's [compile] enable, a compiled PyTorch model): "
+                             "Inductor's fused kernels, one graph call per block and pass; torchtitan, pytorch, "
+                             "deepspeed")
+    engine.add_argument("--cuda-graph-impl", default=None, metavar="{none,local,transformer_engine}",
+                        help="Megatron-Core CUDA graphs (Megatron-LM's flag): the captured modules of every layer "
+                             "replay as one graph each; megatron, nemo, bridge, verl; default none")
+    engine.add_argument("--cuda-graph-modules", nargs="+", default=None, metavar="M",
+                        help="with --cuda-graph-impl: the modules captured, of attn, mlp, moe, moe_router, "
+                             "moe_preprocess (Megatron-LM's flag); default the whole layer")
+    engine.add_argument("--fused-kernels", action="store_true",
+                        help="the model's norms, RoPE and activations are fused kernels (apex, Transformer Engine, "
+                             "xformers, flash-attn or Liger ops) rather than eager PyTorch ops; pytorch, deepspeed")
+    engine.add_argument("--deepspeed-version", default=None, metavar="V",
+                        help="the DeepSpeed release that runs the step (with --framework deepspeed): before 0.6, "
+                             "ZeRO-3 gathered every parameter on its own behind a device synchronisation; default "
+                             "the release autopar targets (0.19)")
     overlap = parser.add_argument_group("communication overlap (Megatron-LM flag names and defaults: off but for "
                                         "the interleaved schedule's P2P; the exports write what you set)")
     overlap.add_argument("--overlap-grad-reduce", action="store_true",
@@ -256,6 +277,66 @@ def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -
                        headroom=args.headroom, nvlink_domain=domain or 0)
 
 
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
+"""Megatron-LM 0.19's --cuda-graph-impl choices that capture layers (full_iteration graphs a whole step)."""
+EXPERT_GEMM_OF_ENGINE = {"megatron": "cublas", "torchtitan": "grouped", "deepspeed": "loop", "pytorch": "loop",
+                         "native": "cublas"}
+"""How each engine runs routed experts unless --expert-gemm says: TE's GroupedLinear (a cuBLAS GEMM per expert),
+torchtitan's torch._grouped_mm, Hugging Face's eager loop over experts (DeepSpeed's and a plain PyTorch loop's
+models)."""
+
+
+def engine_fields(args: argparse.Namespace) -> dict[str, object]:
+    """TrainingSpec's engine fields from --framework (or --emit), --compile, --cuda-graph-impl/-modules,
+    --fused-kernels and --deepspeed-version; each refused where the engine has no such thing."""
+    from autopar.export.names import ENGINE_OF_FRAMEWORK, framework_name
+    from costmodels.errors import InputError
+
+    framework = getattr(args, "framework", None) or getattr(args, "emit", None)
+    name = framework_name(framework, field="framework") if framework else "megatron"
+    engine = ENGINE_OF_FRAMEWORK[name]
+    impl = getattr(args, "cuda_graph_impl", None)
+    modules = getattr(args, "cuda_graph_modules", None)
+    if impl is not None and impl not in CUDA_GRAPH_IMPLS:
+        raise InputError("cuda_graph_impl", f"unknown --cuda-graph-impl {impl!r}; use one of "
+                                            f"{', '.join(CUDA_GRAPH_IMPLS)} (full_iteration graphs are not priced)")
+    graphs = impl not in (None, "none")
+    if modules is not None and not graphs:
+        raise InputError("cuda_graph_modules", "--cuda-graph-modules names what --cuda-graph-impl captures; add "
+                                               "--cuda-graph-impl transformer_engine")
+    if graphs and engine != "megatron":
+        raise InputError("cuda_graph_impl", f"--cuda-graph-impl is Megatron-Core's; {name} does not run it")
+    compiled = bool(getattr(args, "compile", False))
+    if compiled and engine not in ("torchtitan", "pytorch", "deepspeed"):
+        raise InputError("compile", f"--compile is torch.compile of whole blocks, which {name} does not run "
+                                    "(Megatron-Core compiles its small fusions itself, priced as it runs them); use "
+                                    "--framework torchtitan, pytorch or deepspeed, or drop --compile")
+    fused = bool(getattr(args, "fused_kernels", False))
+    if fused and engine not in ("pytorch", "deepspeed"):
+        raise InputError("fused_kernels", f"--fused-kernels describes an eager PyTorch model's kernels; {name} "
+                                          "runs its own (priced as they are); drop it or use --framework pytorch or "
+                                          "deepspeed")
+    version = getattr(args, "deepspeed_version", None)
+    serial = False
+    if version is not None:
+        if engine != "deepspeed":
+            raise InputError("deepspeed_version", "--deepspeed-version goes with --framework deepspeed")
+        serial = _version_below(version, (0, 6), "deepspeed_version")
+    return dict(engine=engine, launch="cuda_graph" if graphs else ("compile" if compiled else "eager"),
+                cuda_graph_modules=tuple(modules or ()), fused_kernels=fused, zero3_serial_fetch=serial,
+                expert_gemm=getattr(args, "expert_gemm", None) or EXPERT_GEMM_OF_ENGINE[engine])
+
+
+def _version_below(text: str, limit: tuple[int, ...], field: str) -> bool:
+    """Whether a release number like '0.5.10' is below `limit`; InputError for anything else."""
+    from costmodels.errors import InputError
+
+    parts = text.strip().lstrip("v").split(".")
+    if not 1 <= len(parts) <= 4 or not all(part.isdigit() and len(part) <= 6 for part in parts):
+        raise InputError(field, f"expected a release number such as 0.5.10, got {text[:40]!r}")
+    return tuple(int(part) for part in parts) < limit
+
+
 def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     from costmodels.specs import TrainingSpec
 
@@ -277,7 +358,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         pipeline_schedule=getattr(args, "pipeline_schedule", None) or "1f1b",
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
-                        expert_gemm=args.expert_gemm,
+                        **engine_fields(args),
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
@@ -387,7 +468,7 @@ MOE_ONLY_MODULES = ("moe_act", "moe", "shared_experts")
 
 def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
     """Inputs autopar accepts but that have no effect, or that the model was not built for; one line each."""
-    from costmodels.specs import ExpertGemm, MoEDispatcher, PositionEmbedding
+    from costmodels.specs import MoEDispatcher, PositionEmbedding
 
     warnings = []
     if model.moe is None and training.moe_capacity_factor is not None:
@@ -399,7 +480,7 @@ def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
     if model.moe is None and training.moe_dispatcher is not MoEDispatcher.ALLTOALL:
         warnings.append(f"--moe-dispatcher {training.moe_dispatcher.value} has no effect: {model.name} is a dense "
                         "model (no experts)")
-    if model.moe is None and training.expert_gemm is not ExpertGemm.CUBLAS:
+    if model.moe is None and training.expert_gemm.value != EXPERT_GEMM_OF_ENGINE[training.engine.value]:
         warnings.append(f"--expert-gemm {training.expert_gemm.value} has no effect: {model.name} is a dense "
                         "model (no experts)")
     if 0 < model.max_position_embeddings < training.seq_len:

@@ -47,8 +47,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min", action="append", default=[], metavar="KNOB=V", help="lower bound on a knob; repeatable")
     add_relax_argument(parser)
     group.add_argument("--framework", default=None, metavar="FRAMEWORK",
-                       help="search only the plans this framework can run (megatron, nemo, bridge, verl, torchtitan, "
-                            "deepspeed; autopar/export/capabilities.py), so the front is the one it can launch")
+                       help="the framework that runs the step: search only the plans it can run (megatron, nemo, "
+                            "bridge, verl, torchtitan, deepspeed, pytorch, llmc; autopar/export/capabilities.py) and "
+                            "price them as its engine runs them (its launches and host synchronisations), so the "
+                            "front is the one it can launch")
     group.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                        help="stop searching after this long and show the front found so far (marked not proven)")
     group.add_argument("--top", type=int, default=None, metavar="K", help="show only the K fastest front points")

@@ -248,6 +248,22 @@ _MEGATRON_SCHEDULES = ("Megatron-Core has 1F1B and interleaved 1F1B (and the com
 _MEGATRON_SCHEDULES_SOURCE = "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func"
 
 
+def _data_parallel_only(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (p.tp == 1) & (p.pp == 1) & (p.cp == 1) & (p.ep == 1)
+
+
+def _llmc_zero(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return p.zero <= 1
+
+
+def _plain_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (p.recompute != Recompute.SELECTIVE) & (p.recompute_layers == 0)
+
+
+def _no_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return p.recompute == Recompute.NONE
+
+
 CAPABILITIES: dict[str, tuple[Rule, ...]] = {
     "megatron": (_zero_bubble_rule("megatron", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
     "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),
@@ -285,6 +301,25 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
               "torchtitan/components/quantization/float8.py Float8LinearConverter, mx.py MXFP8LinearConverter",
               (), _bf16_params),
     ),
+    # a plain PyTorch training loop (DDP, or FSDP for zero >= 2; torch.utils.checkpoint per block) and llm.c
+    # (train_gpt2.cu: data parallel over MPI/NCCL with -z 0/1, recompute -r of the GELU/layernorm only, priced none)
+    "pytorch": (
+        _rule("pytorch", "data_parallel", "a plain PyTorch loop runs data parallel only (DDP, FSDP): no TP, PP, CP "
+              "or EP without a framework", "torch.nn.parallel.DistributedDataParallel, torch.distributed.fsdp",
+              ("tp", "pp", "cp", "ep"), _data_parallel_only),
+        _rule("pytorch", "recompute", "recompute: torch.utils.checkpoint recomputes whole blocks (full), not "
+              "Megatron's module-level selective recompute or k layers per stage", "torch/utils/checkpoint.py",
+              ("recompute", "recompute_layers"), _plain_recompute),
+    ),
+    "llmc": (
+        _rule("llmc", "data_parallel", "llm.c trains data parallel only (train_gpt2.cu over MPI/NCCL)",
+              "karpathy/llm.c train_gpt2.cu", ("tp", "pp", "cp", "ep"), _data_parallel_only),
+        _rule("llmc", "zero", "llm.c shards the optimizer state at most (-z 0 or 1)", "karpathy/llm.c train_gpt2.cu "
+              "zero_stage", ("zero",), _llmc_zero),
+        _rule("llmc", "recompute", "llm.c keeps every activation but what -r 1/2 recomputes inside the GELU and "
+              "layernorm kernels (not priced: recompute none)", "karpathy/llm.c train_gpt2.cu recompute",
+              ("recompute",), _no_recompute),
+    ),
     "deepspeed": (
         _rule("deepspeed", "pipeline_zero", "zero >= 2 with pp > 1: DeepSpeed's pipeline engine asserts 'ZeRO-2 "
               "and ZeRO-3 are incompatible with pipeline parallelism'", "deepspeed/runtime/pipe/engine.py",
@@ -320,8 +355,10 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
 
 
 def framework_rules(framework: str) -> tuple[Rule, ...]:
-    """The capability rules of `framework` (canonical name or alias), for the search."""
-    return CAPABILITIES[framework_name(framework)]
+    """The capability rules of `framework` (canonical name or alias), for the search; none for a framework priced
+    but not exported (names.PRICED_ONLY: a plain PyTorch loop, llm.c), whose layouts autopar cannot check."""
+    name = framework_name(framework, field="framework")
+    return CAPABILITIES.get(name, ())
 
 
 def refusals(ctx: Context, plan: Plan, framework: str) -> tuple[str, ...]:
