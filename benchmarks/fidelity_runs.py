@@ -1012,17 +1012,52 @@ def tinyllama() -> "list[Case | Unexpressed]":
 
 def ms_swift() -> "list[Case | Unexpressed]":
     """ms-swift's Megatron-SWIFT benchmark on A800: Qwen3-30B-A3B full-parameter SFT, Megatron-Core (TP2 SP EP8,
-    grouped GEMM, full recompute, distributed optimizer) against transformers + DeepSpeed ZeRO-3 (Hugging Face's
-    per-expert loop); packed 8192-token samples, so tokens per step are an upper bound."""
+    grouped GEMM, full recompute of every layer, distributed optimizer; MSWIFT_MEGATRON_NOTE) against transformers +
+    DeepSpeed ZeRO-3 (Hugging Face's per-expert loop; MSWIFT_DEEPSPEED_NOTE); packed 8192-token samples, 16 a step,
+    so the tokens per step are an upper bound, priced full. The dense Qwen2.5-14B rows state neither layout nor
+    batch."""
     source, out = "ms-swift", []
+    model = preset("qwen3-30b-a3b")
     for r in _read("ms_swift_megatron_vs_deepspeed_a800.csv"):
         label = f"{r['model'][:30]} {r['method'][:40]}"
+        step = _num(r, "step_time_s")
+        if step is None:
+            out.append(Unexpressed(source, r["row_id"], label, "no measurement (out of memory)"))
+            continue
+        if not r["model"].startswith("Qwen3-30B-A3B"):
+            out.append(Unexpressed(source, r["row_id"], label, "layout, micro-batch and global batch not stated"))
+            continue
         profile, why, _ = gpu_profile(r["gpu"])
         if profile is None:
             out.append(Unexpressed(source, r["row_id"], label, why))
             continue
-        out.append(Unexpressed(source, r["row_id"], label, "not read"))
+        gpus, seq = _int(r, "num_gpus"), _int(r, "seq_len")
+        cluster = _cluster(profile, gpus)
+        if "DeepSpeed" in r["method"]:
+            training = TrainingSpec(seq_len=seq, global_batch_size=16, engine=Engine.DEEPSPEED,
+                                    expert_gemm=ExpertGemm.LOOP, cross_entropy=CrossEntropyKernel.UNFUSED)
+            fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=1, zero=3, recompute=Recompute.FULL)
+            notes = (MSWIFT_DEEPSPEED_NOTE, MSWIFT_PACKING_NOTE)
+        else:
+            training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
+                                    expert_gemm=ExpertGemm.CUBLAS, cross_entropy=CrossEntropyKernel.FUSED)
+            fixed = dict(tp=_int(r, "tp"), pp=1, cp=1, ep=_int(r, "ep"), etp=_int(r, "tp"), mbs=_int(r, "micro_batch"),
+                         sp=True, zero=1, recompute=Recompute.FULL)
+            notes = (MSWIFT_MEGATRON_NOTE, MSWIFT_PACKING_NOTE)
+        out.append(Case(source, r["row_id"], label, model, cluster, training, fixed, {}, "step s", step, "MoE",
+                        (source, "qwen3-30b-a3b", profile.name, gpus, seq), notes, routing=ROUTING_DROPLESS,
+                        small_kernel=True))
     return out
+
+
+MSWIFT_PACKING_NOTE = "16 packed samples of up to 8192 tokens a step, priced full (the source's upper bound)"
+MSWIFT_MEGATRON_NOTE = ("Megatron-SWIFT: Megatron-Core with TE, TP2 with sequence parallelism, EP8, expert TP = TP "
+                        "(Megatron's default), grouped GEMM, full recompute of every layer, distributed optimizer, "
+                        "fused cross entropy")
+MSWIFT_DEEPSPEED_NOTE = ("transformers + DeepSpeed ZeRO-3: Hugging Face's Qwen3MoeSparseMoeBlock loops over the "
+                         "128 experts (engine deepspeed, expert GEMMs loop), every GPU a data-parallel rank of "
+                         "micro-batch 1, gradient checkpointing (swift's default), batch as the Megatron row's "
+                         "(the source: 'assumed comparable')")
 
 
 DEEPEP_TITAN_NOTES = ("torchtitan: FSDP2 + EP 8, torch.compile, grouped-mm experts, forced load balance",
@@ -1037,13 +1072,13 @@ def torchtitan_deepep() -> "list[Case | Unexpressed]":
     model = preset("qwen3-30b-a3b")
     for r in _read("torchtitan_deepep_qwen3_30b_a3b_b200.csv"):
         gpus, seq = _int(r, "num_gpus"), _int(r, "seq_len")
-        label = f"Qwen3-30B-A3B x{gpus} lbs{r['micro_batch'] or '?'} {'DeepEP' if 'DeepEP' in r['method'] else 'a2a'}"
+        deepep = "DeepEP" in r["method"] and "no DeepEP" not in r["method"]
+        label = f"Qwen3-30B-A3B x{gpus} lbs{r['micro_batch'] or '?'} {'DeepEP' if deepep else 'all-to-all'}"
         rate = _num(r, "tokens_per_s_per_gpu")
         if rate is None:
             out.append(Unexpressed(source, r["row_id"], label, "no measurement (out of memory)"))
             continue
         profile, _, _ = gpu_profile(r["gpu"])
-        deepep = "DeepEP" in r["method"]
         notes = DEEPEP_TITAN_NOTES
         mbs = _int(r, "micro_batch")
         if mbs is None:
@@ -1055,7 +1090,9 @@ def torchtitan_deepep() -> "list[Case | Unexpressed]":
         fixed = dict(tp=1, pp=1, cp=1, ep=_int(r, "ep"), etp=1, mbs=mbs, zero=3, recompute=Recompute.FULL)
         step = training.tokens_per_step / (rate * gpus)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
-                        "tokens/s/GPU", step, "MoE", (source, "qwen3-30b-a3b", profile.name, gpus, seq, mbs),
+                        "tokens/s/GPU", step, "MoE",
+                        # a group compares layouts: the dispatcher is software, so each has its own group
+                        (source, "qwen3-30b-a3b", profile.name, gpus, seq, mbs, training.moe_dispatcher.value),
                         notes, routing=ROUTING_BALANCED, small_kernel=True))
     return out
 

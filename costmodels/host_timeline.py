@@ -35,15 +35,16 @@ from costmodels.plan import PlanArrays, Recompute, layers_on_stage
 def pick(mask, a: Segment, b: Segment) -> Segment:
     """Per plan: `a` where `mask`, `b` elsewhere."""
     return Segment(*(np.where(mask, getattr(a, name), getattr(b, name))
-                     for name in ("host_s", "gpu_s", "drained_s", "first_host_s")))
+                     for name in ("host_s", "gpu_s", "drained_s", "first_host_s", "last_gpu_s")))
 
 
 def piece(launches: Launches, gpu_s, costs: HostCosts) -> Segment:
-    """A piece of work: its launches' host time and its GPU seconds; the GPU idles for its first launch after a
-    drained queue (one kernel's share of the piece's host time)."""
+    """A piece of work: its launches' host time and its GPU seconds, spread evenly over its kernels (the GPU idles
+    for one kernel's share of the host time after a drained queue, and the last kernel takes one kernel's share of
+    the GPU time)."""
     host_s = np.asarray(launches.host_s(costs), dtype=float)
     kernels = np.maximum(np.asarray(launches.kernels, dtype=float), 1.0)
-    return Segment.of(host_s, gpu_s, host_s / kernels)
+    return Segment.of(host_s, gpu_s, host_s / kernels, np.asarray(gpu_s, dtype=float) / kernels)
 
 
 @dataclass

@@ -677,7 +677,7 @@ def pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
 
 def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray, params: np.ndarray,
                          bucket_params: np.ndarray, overlap_grad_reduce: bool, experts: bool = False,
-                         zero3_collectives_per_layer: float = 1.0) -> np.ndarray:
+                         zero3_per_layer: float = 1.0) -> np.ndarray:
     """How many collectives carry `params` of `stage` per reduce (or gather): every one pays its own latency.
 
     ZeRO-0..2, Megatron-Core DDP / distributed optimizer (`distributed/distributed_data_parallel.py`): buckets of
@@ -685,34 +685,36 @@ def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray,
     bucket_size to infinity if overlap_grad_reduce is False'). ZeRO-3 (FSDP): one unit per decoder layer, plus the
     embedding on the first stage and the output layer on the last (torchtitan's and llm-foundry's per-block
     wrapping); the `experts`' parameters one unit per MoE layer. DeepSpeed's ZeRO-3 fetches per parameter-holding
-    submodule, or (before v0.6) per parameter: `zero3_collectives_per_layer` collectives a layer
-    (`zero3_collectives_per_layer`)."""
+    submodule, or (before v0.6) per parameter: `zero3_per_layer` collectives a layer (`zero3_collectives_per_layer`)."""
     buckets = np.maximum(np.ceil(params / bucket_params), 1.0) if overlap_grad_reduce else np.ones(len(plans))
     if experts:
-        units = moe_layers_on_stage(model, plans, stage) * zero3_collectives_per_layer
+        units = moe_layers_on_stage(model, plans, stage) * zero3_per_layer
     else:
         ranks = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
-        units = layers_on_stage(model.num_layers, plans, stage) * zero3_collectives_per_layer \
+        units = layers_on_stage(model.num_layers, plans, stage) * zero3_per_layer \
             + (ranks == 0) + (ranks == plans.pp - 1)
     return np.where(plans.zero >= 3, np.maximum(units, 1.0), buckets)
 
 
-def zero3_collectives_per_layer(model: ModelSpec, training: TrainingSpec) -> float:
-    """Collectives one decoder layer's ZeRO-3 gather (and reduce-scatter) takes: one for an FSDP unit (torchtitan,
-    FSDP, Megatron-FSDP); DeepSpeed's fetch all-gathers per parameter-holding submodule (v0.6+: coalesced,
-    partitioned_param_coordinator.py fetch_sub_module), and before v0.6 every parameter alone
-    (partition_parameters.py _allgather_param, TrainingSpec.zero3_serial_fetch)."""
+def zero3_collectives_per_layer(model: ModelSpec, training: TrainingSpec) -> tuple[float, float]:
+    """Collectives one decoder layer's ZeRO-3 gather (and reduce-scatter) takes, for its dense parameters and for a
+    MoE layer's experts: one each for an FSDP unit (torchtitan, FSDP, Megatron-FSDP); DeepSpeed's fetch all-gathers
+    per parameter-holding submodule (v0.6+: coalesced, partitioned_param_coordinator.py fetch_sub_module) -- an eager
+    MoE block's experts are three linears each -- and before v0.6 every parameter alone (partition_parameters.py
+    _allgather_param, TrainingSpec.zero3_serial_fetch)."""
     if training.engine is not Engine.DEEPSPEED:
-        return 1.0
+        return 1.0, 1.0
+    experts = 3.0 * model.moe.num_experts if model.moe is not None else 1.0
     if training.zero3_serial_fetch:
-        return engines.param_tensors_per_layer(model)
-    return engines.param_modules_per_layer(model)
+        return engines.param_tensors_per_layer(model), experts
+    return engines.param_modules_per_layer(model), experts
 
 
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
                  overlap_grad_reduce: bool = False, grad_bytes: int = 4,
                  layer_param_bytes_by_zero: tuple[float, ...] = (PARAM_BYTES,) * 4,
-                 zero3_collectives: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 zero3_collectives: tuple[float, float] = (1.0, 1.0)
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
     traffic per step (see dp_comm_s for the collectives and their sources), each the sum of its collectives
     (`dp_collective_counts`; a ZeRO-3 "bucket" is one layer's unit), the gradients `grad_bytes` per element
@@ -730,8 +732,9 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     sharded = plans.zero >= 1
     bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
     dense_count, expert_count = (dp_collective_counts(model, plans, stage, params, bucket, overlap_grad_reduce,
-                                                      experts, zero3_collectives)
-                                 for params, experts in ((dense_params, False), (expert_params, True)))
+                                                      experts, per_layer)
+                                 for params, experts, per_layer in ((dense_params, False, zero3_collectives[0]),
+                                                                    (expert_params, True, zero3_collectives[1])))
 
     def traffic_s(dense, expert, counts):
         groups = ((dense_group, dense, counts[0], dense_gather_bytes),
