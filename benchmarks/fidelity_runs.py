@@ -1,4 +1,4 @@
-"""Fidelity of the step-time model against published end-to-end training runs (shared/reference/runs/, 522 rows).
+"""Fidelity of the step-time model against published end-to-end training runs (shared/reference/runs/, 600 rows).
 
 Validation only: nothing here is fitted, and no row changes a profile. Each source's row is turned into autopar's
 inputs (model, cluster, training, and the layout the source states); the measured figure is turned into a step time
