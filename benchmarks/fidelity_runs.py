@@ -932,8 +932,24 @@ def llmc_scripts() -> "list[Case | Unexpressed]":
     return out
 
 
+def sdpa_kernel(method: str, profile: HardwareProfile) -> AttentionKernel:
+    """The kernel PyTorch's F.scaled_dot_product_attention runs under its default backend order, from the PyTorch
+    version the row states: 2.5.0 put cuDNN attention first on sm90 ('enabled by default for all users of SDPA on
+    H100 or newer GPUs', PyTorch 2.5 release blog); pytorch#138522, cherry-picked into 2.5.1, made it opt-in again,
+    so 2.4 and 2.5.1 onwards (up to the cuDNN 9.15 threshold of later releases) run the flash backend
+    (FlashAttention-2)."""
+    if "PyTorch 2.5.0" in method and "cudnn" in compute_model.attention_kernels_of(profile):
+        return AttentionKernel.CUDNN
+    return AttentionKernel.FA2
+
+
+MODDED_NANOGPT_LOSS_NOTE = ("the loss inside torch.compile: Inductor fuses upcast, log-softmax and NLL into one "
+                            "two-loop reduction over the bf16 logits forward and one kernel backward that writes the "
+                            "bf16 gradient, the bytes of the xentropy kernel (4 + 4 per logit)")
 MODDED_NANOGPT_NOTES = (
-    "modded-nanogpt: a torch.compile'd GPT, DDP over 8 ranks (engine pytorch, launch compile), PyTorch SDPA",
+    "modded-nanogpt: a torch.compile'd GPT, DDP over 8 ranks (engine pytorch, launch compile), PyTorch SDPA with "
+    "its default backend order of the row's PyTorch (sdpa_kernel)",
+    MODDED_NANOGPT_LOSS_NOTE,
     "Muon's Newton-Schulz iterations priced as Adam: ~1.5 TFLOP per step for the 124M model before record 6 spread "
     "them over the ranks, ~2% of the step (derived)",
     "architecture tweaks of the record (rotary, QK-norm, ReLU^2, value/skip connections) priced as a GPT of the same "
@@ -969,8 +985,8 @@ def modded_nanogpt() -> "list[Case | Unexpressed]":
             model = dataclasses.replace(gpt(r["model"], hidden, layers, heads, LLMC_VOCAB, seq), linear_bias=False,
                                         dropout=0.0)
             training = TrainingSpec(seq_len=seq, global_batch_size=gbs, engine=Engine.PYTORCH,
-                                    launch=LaunchPath.COMPILE, attention_kernel=AttentionKernel.FA2,
-                                    cross_entropy=CrossEntropyKernel.FUSED)   # Inductor fuses the loss's kernels
+                                    launch=LaunchPath.COMPILE, attention_kernel=sdpa_kernel(r["method"], profile),
+                                    cross_entropy=CrossEntropyKernel.XENTROPY)   # MODDED_NANOGPT_LOSS_NOTE
             notes, mbs, zero = MODDED_NANOGPT_NOTES, _int(r, "micro_batch"), 0
         fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=mbs, zero=zero, recompute=Recompute.NONE)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "step s", step,
