@@ -9,6 +9,7 @@ import autopar
 from autopar.errors import Infeasible
 from autopar.export import FRAMEWORKS, launch_config
 from autopar.export.capabilities import CAPABILITIES, TARGET_VERSIONS, Unsupported, framework_rules, refusals
+from autopar.export.names import PRICED_ONLY
 from costmodels.rules import Problem as Context
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
@@ -17,7 +18,8 @@ from test_report_support import cluster, dense_model, moe_model
 
 
 def test_every_framework_has_a_version_and_a_table():
-    assert set(TARGET_VERSIONS) == set(FRAMEWORKS) == set(CAPABILITIES)
+    assert set(TARGET_VERSIONS) == set(FRAMEWORKS) == set(CAPABILITIES) - set(PRICED_ONLY)
+    assert set(PRICED_ONLY) <= set(CAPABILITIES) and not set(PRICED_ONLY) & set(FRAMEWORKS)
     for rules in CAPABILITIES.values():
         for rule in rules:
             assert not rule.relaxable and rule.source and rule.reason
