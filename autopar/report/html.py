@@ -108,22 +108,14 @@ SCRIPT = r"""
     }
     return value.toFixed(0) + " B";
   }
-  function seconds(value) {
+  function seconds(value) {          // always seconds (autopar.report.units.TIME_UNIT)
     if (value === null || value === undefined) { return "n/a"; }
     if (value === 0) { return "0 s"; }
-    var size = Math.abs(value);
-    if (size >= 120) { return sig(value / 60, 3) + " min"; }
-    if (size >= 1) { return sig(value, 3) + " s"; }
-    if (size >= 1e-3) { return sig(value * 1e3, 3) + " ms"; }
-    return sig(value * 1e6, 3) + " \u00b5s";
+    return sig(value, 3) + " s";
   }
-  function rate(value) {
+  function rate(value) {             // always whole tokens/s (autopar.report.units.RATE_UNIT)
     if (value === null || value === undefined) { return "n/a"; }
-    var prefixes = [["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]];
-    for (var i = 0; i < prefixes.length; i++) {
-      if (Math.abs(value) >= prefixes[i][1]) { return sig(value / prefixes[i][1], 3) + " " + prefixes[i][0] + "tok/s"; }
-    }
-    return sig(value, 3) + " tok/s";
+    return Math.round(value).toLocaleString("en-US") + " tokens/s";
   }
   function percent(value) { return value === null || value === undefined ? "n/a" : (100 * value).toFixed(1) + "%"; }
 
@@ -340,9 +332,7 @@ def _stacked_bars(document: dict[str, Any], kind: str) -> str:
                   (document["inputs"]["cluster"]["hbm_bytes"], "hbm")]
     else:
         values = [p["time_terms_s"] for p in points]
-        fmt, unit_scale, unit, limits = format_seconds, 1.0, "s", []
-        if all(sum(v or 0 for v in terms.values()) < 1.0 for terms in values):
-            unit_scale, unit = 1e-3, "ms"
+        fmt, unit_scale, unit, limits = format_seconds, 1.0, "s", []   # always seconds, as every report
     terms = ordered_union(values)
     colors = _term_colors(terms)
     totals = [sum(max(v or 0.0, 0.0) for v in terms_of.values()) for terms_of in values]
