@@ -12,7 +12,7 @@ file only builds the parser from the fixed tuple of command modules and maps err
 The parser refuses what argparse alone lets through: an option given twice (argparse keeps the last silently), and
 reads a value that starts with a dash and a digit (`--layout -1,9,12,12`) as a value, never as an unknown option.
 On a terminal or pipe whose encoding is not UTF-8 (`LC_ALL=C`, `PYTHONIOENCODING=ascii` or latin-1) the output is
-transliterated to ASCII (`×` as `x`, `→` as `->`) rather than failing on the first such character.
+ASCII, with `×` written `x` and `→` written `->`, rather than failing on the first such character.
 
 Start-up stays fast: nothing heavy (transformers, ortools, torch, rich, numpy) is imported here or at the top of a
 command module; each command imports what it needs inside `run`.
@@ -148,9 +148,10 @@ def ascii_spelling(char: str) -> str:
     if char in ASCII_SPELLINGS:
         return ASCII_SPELLINGS[char]
     name = unicodedata.name(char, "")
-    if name.startswith("BOX DRAWINGS"):
-        return "-" if "HORIZONTAL" in name and "VERTICAL" not in name else \
-            "|" if "VERTICAL" in name and "HORIZONTAL" not in name else "+"
+    if name.startswith("BOX DRAWINGS"):       # a line across, a line down, or a corner / junction
+        across = any(word in name for word in ("HORIZONTAL", "LEFT", "RIGHT"))
+        down = any(word in name for word in ("VERTICAL", "UP", "DOWN"))
+        return "+" if across and down else "-" if across else "|"
     plain = unicodedata.normalize("NFKD", char).encode("ascii", "ignore").decode("ascii")
     return plain or "?"
 
@@ -163,7 +164,7 @@ def _ascii_errors(error: UnicodeError) -> tuple[str, int]:
 
 
 def use_ascii_where_not_utf8(*streams: Any) -> None:
-    """Let each text stream whose encoding is not UTF-8 write what it cannot encode in ASCII (ascii_spelling)
+    """Let each text stream whose encoding is not UTF-8 write ASCII, spelling what ASCII lacks (ascii_spelling)
     instead of raising UnicodeEncodeError; rich then also draws its tables with ASCII borders (it reads the
     stream's encoding). Streams that cannot be reconfigured (a test's capture buffer) are left alone."""
     try:
@@ -177,7 +178,7 @@ def use_ascii_where_not_utf8(*streams: Any) -> None:
         except LookupError:
             is_utf = False
         if not is_utf and hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors=ASCII_ERRORS)
+            stream.reconfigure(encoding="ascii", errors=ASCII_ERRORS)   # latin-1 too: one plain form everywhere
 
 
 def _stdout_closed() -> int:
