@@ -62,12 +62,13 @@ GEMM_EFFICIENCY_FIELDS: tuple[tuple[str, float, float, str], ...] = (
     (rf"(fp8_|grouped_|grouped_bf16_|attention_|attention_({_KERNELS})_(fwd|bwd)_)?peak_fraction", 1e-6, 1.0,
      "a fraction of the dense peak"),
     (r"grouped_hbm_efficiency", 1e-6, 1.0, "a fraction of the HBM bandwidth"),
-    (r"(fp8_)?half_saturation_dim", 1e-6, 1e12, "a GEMM dimension (elements)"),
-    (rf"attention_(({_KERNELS})_(fwd|bwd)_)?half_saturation_seq", 1e-6, 1e12, "a sequence length (tokens)"),
+    (r"(fp8_)?half_saturation_dim", 0.0, 1e12, "a GEMM dimension (elements)"),
+    (rf"attention_(({_KERNELS})_(fwd|bwd)_)?half_saturation_seq", 0.0, 1e12, "a sequence length (tokens)"),
     (rf"attention_({_KERNELS})_(fwd|bwd)_harness_dispatch_us", 0.0, 1e6, "microseconds"),
 )
 """The keys of `compute.gemm_efficiency` (costmodels.compute, costmodels.moe_kernels) with their ranges: fractions
-in [1e-6, 1] (autopar.calibrate.fit's bounds), lengths and times positive and bounded."""
+in [1e-6, 1] (autopar.calibrate.fit's bounds), half-saturation lengths in [0, 1e12] (0: no roll-off; a fit that
+ends on its 1e-12 bound, as a CPU calibration's does), times bounded."""
 
 RATE_BOUNDS: Mapping[str, tuple[float, float]] = {
     "compute.peak_tflops": (1e-3, 1e5),               # B200 fp8 4,500 TFLOP/s; a CPU's GFLOP/s at the bottom

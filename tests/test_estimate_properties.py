@@ -71,7 +71,7 @@ def drawn_profiles(draw: st.DrawFn):
         if key.endswith("peak_fraction") or key.endswith("hbm_efficiency"):
             curve[key] = draw(in_range(1e-6, 1.0))
         elif "half_saturation" in key:
-            curve[key] = draw(in_range(1e-6, 1e12))
+            curve[key] = draw(st.one_of(st.just(0.0), in_range(1e-12, 1e12)))
     compute["sustained_clock_fraction"] = draw(in_range(0.25, 1.0))
     data["memory"]["hbm_tb_per_s"] = draw(in_range(*RATE_BOUNDS["memory.hbm_tb_per_s"]))
     data["memory"]["hbm_gib"] = draw(st.sampled_from([16, 80, 192, limits.MAX_HBM_GIB]))
