@@ -165,7 +165,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "bubble); the zero-bubble ones run in "
                             "sail-sg's Megatron-LM fork, which no export targets; default 1f1b")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
-                       help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")
+                       help="cap tokens per expert at F × the balanced share (GShard/Switch; Megatron-Core "
+                            "--moe-expert-capacity-factor): the tokens past it are dropped, not computed and not "
+                            "counted in model FLOPs or MFU; default dropless")
     group.add_argument("--moe-imbalance-factor", type=number, default=1.0, metavar="F",
                        help="busiest expert rank's load over a balanced one, dropless routing (>= 1); default 1")
     group.add_argument("--moe-dispatcher", default="alltoall", metavar="{alltoall,deepep}",

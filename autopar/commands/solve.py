@@ -88,6 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from autopar.commands.output_flags import add_output_arguments  # F: --out, --emit, --pick
 
     add_output_arguments(parser)
+    for action in parser._actions:                     # here --emit also chooses the plans searched
+        if action.dest == "emit":
+            action.help = (f"{action.help}. Here it also searches only the plans FRAMEWORK can run, as --framework FRAMEWORK does "
+                           "(the two must agree), and prints the config of the fastest")
     parser.set_defaults(run=run)
 
 

@@ -97,7 +97,7 @@ def _print_time(console: Any, result: "Estimate") -> None:
     table.add_column("share", justify="right")
     zero = [term for term, seconds in result.time_terms_s.items() if not seconds]
     shown = [(term, seconds) for term, seconds in result.time_terms_s.items() if term not in zero]
-    cells = column_cells([seconds for _, seconds in shown] + [step], scale)
+    cells = column_cells([seconds for _, seconds in shown] + [step], scale, digits=4)
     for (term, seconds), cell in zip(shown, cells):
         table.add_row(term, cell, format_percent(seconds / step) if step else "-")
     table.add_section()
@@ -143,7 +143,7 @@ def _print_remedies(console: Any, result: "Estimate", fixes: "tuple[Remedy, ...]
     applied = [fix for fix in fixes if fix.applied]
     times = [result.step_time_s] + [fix.step_time_s for fix in applied]
     unit = TIME_UNIT                                 # one unit per column, named in the header
-    time_cells = iter(column_cells(times, 1.0))
+    time_cells = iter(column_cells(times, 1.0, digits=4))
     memory_cells = iter(column_cells([result.peak_memory_bytes] + [fix.peak_memory_bytes for fix in applied],
                                      1024**3, digits=4))
     table = Table(title="Remedies (the guide's order, each applied on top of the ones before; stops once memory "

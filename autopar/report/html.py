@@ -108,6 +108,12 @@ SCRIPT = r"""
     }
     return value.toFixed(0) + " B";
   }
+  function gib(value) {              // a cell of a table in GiB: '-' for none, small values kept visible
+    if (value === null || value === undefined) { return "n/a"; }
+    if (value === 0) { return "-"; }
+    var g = value / Math.pow(1024, 3);
+    return Math.abs(g) >= 0.005 ? g.toFixed(2) : sig(g, 2);
+  }
   function seconds(value) {          // always seconds (autopar.report.units.TIME_UNIT)
     if (value === null || value === undefined) { return "n/a"; }
     if (value === 0) { return "0 s"; }
@@ -151,17 +157,17 @@ SCRIPT = r"""
     var knobs = Object.keys(p.plan).filter(function (k) { return k !== "dp" && k !== "edp"; });
     left.appendChild(el("h3", "Plan"));
     left.appendChild(table(["knob", "value"], knobs.map(function (k) { return [k, String(p.plan[k])]; }), 1));
-    right.appendChild(el("h3", "Memory per pipeline stage"));
+    right.appendChild(el("h3", "Memory per pipeline stage, GiB"));   // one unit for the whole table
     var terms = [];
     p.stages.forEach(function (s) { Object.keys(s.terms_bytes).forEach(function (t) {
       if (terms.indexOf(t) < 0) { terms.push(t); } }); });
     right.appendChild(table(["stage", "layers", "total"].concat(terms), p.stages.map(function (s) {
-      return [String(s.stage), String(s.layers), bytes(s.total_bytes)].concat(terms.map(function (t) {
-        return t in s.terms_bytes ? bytes(s.terms_bytes[t]) : ""; }));
+      return [String(s.stage), String(s.layers), gib(s.total_bytes)].concat(terms.map(function (t) {
+        return t in s.terms_bytes ? gib(s.terms_bytes[t]) : ""; }));
     }), 1));
-    right.appendChild(el("h3", "Step time"));
-    right.appendChild(table(["term", "time"], Object.keys(p.time_terms_s).map(function (t) {
-      return [t, seconds(p.time_terms_s[t])]; }).concat([["total", seconds(p.step_time_s)]]), 1));
+    right.appendChild(el("h3", "Step time, s"));
+    right.appendChild(table(["term", "time (s)"], Object.keys(p.time_terms_s).map(function (t) {
+      return [t, sig(p.time_terms_s[t], 4)]; }).concat([["total", sig(p.step_time_s, 4)]]), 1));
     right.appendChild(el("h3", "Megatron-LM flags"));
     right.appendChild(el("pre", p.megatron_flags.join(" ")));
     document.querySelectorAll("[data-index]").forEach(function (node) {
