@@ -18,8 +18,9 @@ The check (CI runs it from .ci/run, cheap figures only, under a minute on 2 core
 two at a time, compares every quoted figure and block with the fresh output, and prints one line per drifted figure
 naming the figure, the file and the command, then `docs-figures: checked=N drifted=M ...`; exit 1 if any drifted.
 `--update` writes the fresh values into the files instead (after a change to the cost model, one run refreshes every
-figure; review the diff). Figures whose command takes longer than CI affords (EXPENSIVE) are checked and updated
-only with --all. Wall-clock timings are not figures here: they differ from machine to machine and run to run, and the
+figure; review the diff). Figures whose command takes longer than CI affords (`expensive`) are checked and updated
+only with --all; those of benchmarks that read shared/reference are skipped, and counted, in a checkout without it
+beside (CI clones the repository next to a copy of shared/). Wall-clock timings are not figures here: they differ from machine to machine and run to run, and the
 documents quote them as measurements, with the command and the date.
 """
 
@@ -216,12 +217,19 @@ def argv_of(command: str) -> list[str]:
     raise ValueError(f"a figure's command starts with autopar or python, not {words[0]!r}: {command}")
 
 
+NO_REFERENCE = "\x00no shared/reference\x00"
+"""What `run` returns for a benchmark that needs shared/reference where the checkout has none beside it (a plain
+clone): its figures are skipped and counted, as the tests that read the reference skip (tests/conftest.py)."""
+
+
 def run(command: str) -> str:
     """stdout, then stderr, of `command` in the repository, offline, without colour, in UTF-8."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", NO_COLOR="1", PYTHONIOENCODING="utf-8", PYTHONPATH=str(ROOT))
     env.pop("COLUMNS", None)
     done = subprocess.run(argv_of(command), capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     if done.returncode not in (0, 1):
+        if "shared/reference" in done.stderr and "not found" in done.stderr:
+            return NO_REFERENCE
         raise RuntimeError(f"`{command}` exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return done.stdout + "\n\x00stderr\x00\n" + done.stderr
 
@@ -299,6 +307,7 @@ class Report:
     checked: int = 0
     drifted: list[str] = field(default_factory=list)
     skipped: int = 0
+    no_reference: int = 0
     updated: int = 0
 
 
@@ -315,6 +324,10 @@ def check_or_update(paths: list[Path], include_expensive: bool, update: bool, wo
     commands = sorted({c for q in wanted for c in (commands_of(q.name) if q.name else {q.command})})
     with ThreadPoolExecutor(max_workers=workers) as pool:
         outputs = dict(zip(commands, pool.map(runner, commands)))
+    missing = {command for command, output in outputs.items() if output == NO_REFERENCE}
+    runnable = [q for q in wanted if not (commands_of(q.name) if q.name else {q.command}) & missing]
+    report.no_reference = len(wanted) - len(runnable)
+    wanted = runnable
     values = figure_values({q.name for q in wanted if q.name}, outputs)
     fresh: dict[int, str] = {}
     for q in wanted:
@@ -379,7 +392,9 @@ def main(argv: "list[str] | None" = None) -> int:
     for line in report.drifted:
         print(f"docs-figures: {'updated' if args.update else 'DRIFTED'}: {line}")
     print(f"docs-figures: checked={report.checked} drifted={len(report.drifted)} updated={report.updated} "
-          f"skipped_expensive={report.skipped}{'' if args.all else ' (--all checks them)'}")
+          f"skipped_expensive={report.skipped}{'' if args.all else ' (--all checks them)'} "
+          f"skipped_no_reference={report.no_reference}"
+          + (" (shared/reference is not next to this checkout)" if report.no_reference else ""))
     return 1 if report.drifted and not args.update else 0
 
 

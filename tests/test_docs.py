@@ -134,3 +134,16 @@ def test_an_unknown_figure_name_is_refused(tmp_path: Path) -> None:
     page.write_text("<!-- fig no-such-figure -->1<!-- /fig -->")
     with pytest.raises(SystemExit, match="no-such-figure"):
         docs_figures.check_or_update([page], include_expensive=True, update=False, runner=fake_runner({}))
+
+
+def test_figures_of_benchmarks_without_their_reference_data_are_skipped_and_counted(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(SAMPLE)
+    outputs = sample_outputs()
+    outputs[docs_figures.FIGURES["runs-mape"].command] = docs_figures.NO_REFERENCE
+
+    def run(command: str) -> str:
+        return outputs[command] if outputs[command] == docs_figures.NO_REFERENCE else outputs[command] + "\n\x00stderr\x00\n"
+
+    report = docs_figures.check_or_update([page], include_expensive=True, update=False, runner=run)
+    assert report.no_reference == 1 and report.checked == 3
