@@ -374,7 +374,8 @@ def list_figures(paths: list[Path]) -> None:
         files = ", ".join(sorted(set(where.get(name, [])))) or "not quoted"
         print(f"{name:28s} {cost:9s} {files:40s} {command}")
     for relative, command in blocks:
-        print(f"{'(output block)':28s} {'cheap':9s} {relative:40s} {command}")
+        cost = "expensive" if command.split(" | ")[0] in expensive_commands() else "cheap"
+        print(f"{'(output block)':28s} {cost:9s} {relative:40s} {command}")
 
 
 def main(argv: "list[str] | None" = None) -> int:
