@@ -35,9 +35,9 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, NEMO_PRECISION_MODULE,
                                    LaunchConfig, data_parallel_overlap, expert_gemm_note, fp8_param_fields,
-                                   fp8_preset_notes, gradient_reduce_dtype, loss_fusion, loss_kernel_note,
-                                   mcore_moe_fields, mcore_parallel_fields, pipeline_p2p_overlap, plan_caption,
-                                   shell_word)
+                                   fp8_preset_notes, gradient_reduce_dtype, hf_model_source, loss_fusion,
+                                   loss_kernel_note, mcore_moe_fields, mcore_parallel_fields, model_parallel_overlap,
+                                   one_line, pipeline_p2p_overlap, plan_caption, preset_name, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import Precision
@@ -67,6 +67,66 @@ BRIDGE_PRESET_FIELDS: dict[str, dict[str, object]] = {
 """The MixedPrecisionConfig fields each Megatron-Bridge preset sets (src/megatron/bridge/training/mixed_precision.py,
 0.6.2: every bf16 fp8 preset starts from bf16_mixed's); a torch dtype is written by its name. The conformance check
 instantiates the real presets and compares (autopar/export/conformance.py _bridge_precision)."""
+
+NEMO_RECIPES = {
+    "llama-3.1-8b": "llama31_8b", "llama-3.1-70b": "llama31_70b", "llama-3.1-405b": "llama31_405b",
+    "mixtral-8x7b": "mixtral_8x7b", "mixtral-8x22b": "mixtral_8x22b", "deepseek-v3": "deepseek_v3",
+    "qwen3-8b": "qwen3_8b", "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
+    "gpt-oss-20b": "gpt_oss_20b", "gpt-oss-120b": "gpt_oss_120b", "nemotron-4-15b": "nemotron4_15b",
+    "nemotron-4-340b": "nemotron4_340b"}
+"""NeMo 2.7.3's pretraining recipe (`nemo llm pretrain --factory NAME`, nemo/collections/llm/recipes/NAME.py) for each
+bundled model that has one."""
+NEMO_FAMILY_RECIPES = (("moe", "qwen3_30b_a3b"), ("qk_layernorm", "qwen3_8b"), ("dense", "llama3_8b"))
+"""For a model without a recipe: the NeMo 2.7.3 recipe whose model config class (Qwen3Config30B_A3B, Qwen3Config8B,
+Llama3Config8B: nemo/collections/llm/gpt/model/{qwen3,llama}.py) the launch starts from, by architecture; the model's
+own shape is written over its fields (`nemo_model_shape`)."""
+
+BRIDGE_RECIPES = {
+    "llama-3.1-8b": "llama31_8b_pretrain_config", "llama-3.1-70b": "llama31_70b_pretrain_config",
+    "llama-3.1-405b": "llama31_405b_pretrain_config", "llama-2-7b": "llama2_7b_pretrain_config",
+    "deepseek-v3": "deepseek_v3_pretrain_config", "deepseek-v2-lite": "deepseek_v2_lite_pretrain_config",
+    "qwen3-8b": "qwen3_8b_pretrain_config", "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_config",
+    "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_config", "qwen2.5-7b": "qwen25_7b_pretrain_config",
+    "gpt-oss-20b": "gpt_oss_20b_pretrain_config", "gpt-oss-120b": "gpt_oss_120b_pretrain_config"}
+"""Megatron-Bridge 0.6.2's pretraining recipe (megatron.bridge.recipes, `run_recipe.py --recipe NAME`) for each bundled
+model that has one; another model is built by AutoBridge from its Hugging Face config (`bridge_base`)."""
+
+
+def nemo_factory(estimate: Estimate) -> tuple[str, bool]:
+    """(the `--factory` recipe, whether the model's shape must be written over its model config): the model's own
+    recipe, else the family recipe of NEMO_FAMILY_RECIPES."""
+    model = estimate.model
+    name = preset_name(model)
+    if name in NEMO_RECIPES:
+        return NEMO_RECIPES[name], False
+    kind = "moe" if model.is_moe else "qk_layernorm" if model.qk_layernorm else "dense"
+    return dict(NEMO_FAMILY_RECIPES)[kind], True
+
+
+def nemo_model_shape(estimate: Estimate) -> dict[str, object]:
+    """The model's shape in NeMo's GPTConfig / TransformerConfig field names (nemo/collections/llm/gpt/model/base.py
+    GPTConfig: seq_length, rotary_base, share_embeddings_and_output_weights; TransformerConfig's own)."""
+    model = estimate.model
+    shape: dict[str, object] = {
+        "num_layers": model.num_layers, "hidden_size": model.hidden_size, "ffn_hidden_size": model.ffn_hidden_size,
+        "num_attention_heads": model.num_attention_heads, "num_query_groups": model.num_kv_heads,
+        "kv_channels": model.head_dim, "share_embeddings_and_output_weights": model.tied_embeddings}
+    if model.rope is not None:
+        shape["rotary_base"] = float(model.rope.theta)
+    if model.moe is not None:
+        shape.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k,
+                     moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
+    return shape
+
+
+def bridge_base(estimate: Estimate) -> tuple[str, str]:
+    """("recipe", the Megatron-Bridge recipe function) for a model with one, else ("autobridge", the Hugging Face id
+    or local model folder AutoBridge.from_hf_pretrained reads its config.json from)."""
+    name = preset_name(estimate.model)
+    if name in BRIDGE_RECIPES:
+        return "recipe", BRIDGE_RECIPES[name]
+    return "autobridge", hf_model_source(estimate.model)
+
 
 STRATEGY_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
@@ -120,8 +180,11 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
                                    num_mtp_layers=estimate.model.num_mtp_layers)
+    factory, reshape = nemo_factory(estimate)
     overrides = [f"trainer.num_nodes={cluster.num_nodes}",
                  f"trainer.devices={min(cluster.gpus_per_node, cluster.num_gpus)}"]
+    if reshape:
+        overrides += [f"model.config.{name}={_value(value)}" for name, value in nemo_model_shape(estimate).items()]
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
     overrides += [f"trainer.strategy.{name}={_value(value)}" for name, value in split_overrides(fields).items()]
     overrides += [f"model.config.{name}={_value(fields[name])}"
@@ -138,8 +201,10 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
         overrides += ["trainer.strategy.fsdp=megatron", "trainer.strategy.ddp.use_megatron_fsdp=true",
                       f"trainer.strategy.ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
                       "trainer.strategy.save_ckpt_format=fsdp_dtensor"]
-    overrides.append("trainer.plugins=" + (f"{NEMO_PRECISION_MODULE}.{NEMO_FP8_PRESETS[training.fp8_recipe.value]}"
-                                           if training.precision is Precision.FP8 else "bf16_mixed"))
+    # every preset by its dotted path: the plugins field is a Union NeMo-Run's parser cannot match a bare factory
+    # name against ("Failed to parse 'bf16_mixed' as typing.Union[...Precision, ...]")
+    overrides.append("trainer.plugins=" + NEMO_PRECISION_MODULE + "." + (
+        NEMO_FP8_PRESETS[training.fp8_recipe.value] if training.precision is Precision.FP8 else "bf16_mixed"))
     # the plugin's dtype config is applied over the strategy's ddp at setup (megatron_strategy.py
     # update_config_with_dtype_overrides): MegatronMixedPrecision's grad_reduce_in_fp32 decides, both are written
     overrides += [f"{section}.{name}={_value(on)}" for name, on in gradient_reduce_dtype(estimate).items()
@@ -147,10 +212,14 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     # fp8 parameters as priced, over the preset's (MegatronMixedPrecision copies fp8_param_gather to fp8_param; the
     # dtype config sets them on the model, the optimizer and the ddp config at setup)
     overrides += [f"trainer.plugins.{name}={_value(on)}" for name, on in fp8_param_fields(estimate).items()]
-    return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory <recipe> ...): "
+    remarks = [f"recipe: {factory}"]
+    if reshape:
+        remarks.append(f"NeMo 2.7.3 has no recipe for {one_line(estimate.model.name)}: {factory}'s model config class "
+                       "with this model's shape written over its fields (model.config.*)")
+    return _render("nemo", f"{TARGET_VERSIONS['nemo']} (nemo llm pretrain --factory {factory} <these overrides>): "
                    f"{plan_caption(estimate)}", NEMO_SOURCES, overrides,
                    loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
-                   + fp8_preset_notes(estimate))
+                   + fp8_preset_notes(estimate), remarks)
 
 
 def bridge_config(estimate: Estimate) -> LaunchConfig:
@@ -173,17 +242,53 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
                       f"ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
                       "checkpoint.ckpt_format=fsdp_dtensor"]
     overrides += [f"ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
-    # fp32 only: a preset's grad_reduce_in_fp32=True is applied over ddp's (capabilities: bridge:grad_reduce_in_fp32)
     overrides += [f"ddp.{name}={_value(on)}" for name, on in gradient_reduce_dtype(estimate).items()]
+    if plan.zero >= 2 and training.grad_reduce_in_fp32:
+        # Megatron-FSDP keeps its main gradients in megatron_fsdp_main_grads_dtype (None: the parameters' bf16); a
+        # torch dtype is a node the override loader instantiates (omegaconf_utils._apply_overrides), as Bridge's
+        # own recipes set it (recipes/nemotronh/gb200/nemotron_3_nano.py: torch.float32)
+        overrides.append("ddp.megatron_fsdp_main_grads_dtype=" + shell_word("{_target_:torch.float32,_call_:false}"))
+    overrides.append("comm_overlap=" + bridge_comm_overlap(estimate))
     precision = bridge_mixed_precision(estimate)
     overrides.append("mixed_precision=" + precision)
     remarks = [] if precision in BRIDGE_PRESET_FIELDS else [
-        f"mixed_precision: Megatron-Bridge's {_bridge_preset(estimate)} preset, fp8_param_gather="
-        f"{str(training.fp8_param_gather).lower()} as priced (named, the preset would set its own at setup)"]
-    return _render("bridge", f"{TARGET_VERSIONS['bridge']} (scripts/training/run_recipe.py --recipe <recipe> ...): "
-                   f"{plan_caption(estimate)}", BRIDGE_SOURCES, overrides,
-                   loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
-                   + fp8_preset_notes(estimate), remarks)
+        f"mixed_precision: Megatron-Bridge's {_bridge_preset(estimate)} preset with grad_reduce_in_fp32 and "
+        "fp8_param_gather as priced (a named preset would set its own over ddp at setup)"]
+    kind, base = bridge_base(estimate)
+    if kind == "recipe":
+        remarks.insert(0, f"recipe: {base}")
+        launch = f"scripts/training/run_recipe.py --recipe {base} <these overrides>"
+    else:
+        remarks.insert(0, f"autobridge: {base}")
+        remarks.insert(1, f"Megatron-Bridge 0.6.2 has no recipe for {one_line(estimate.model.name)}: cfg = "
+                          "recipes.common._pretrain_common(); cfg.model = AutoBridge.from_hf_pretrained("
+                          f"{base!r}).to_megatron_provider(load_weights=False); then these overrides through "
+                          "process_config_with_overrides(cfg, cli_overrides=...) and pretrain(cfg, forward_step)")
+        launch = "the AutoBridge config below, <these overrides>"
+    notes = loss_kernel_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM) + fp8_preset_notes(estimate)
+    if model_parallel_overlap(estimate)["tp_comm_overlap"]:
+        notes.append("tp_comm_overlap: Transformer Engine's default userbuffers settings (comm_overlap is written "
+                     "whole, without a recipe's tuned tp_comm_overlap_cfg)")
+    return _render("bridge", f"{TARGET_VERSIONS['bridge']} ({launch}): {plan_caption(estimate)}", BRIDGE_SOURCES,
+                   overrides, notes, remarks)
+
+
+BRIDGE_COMM_OVERLAP_CONFIG = "megatron.bridge.training.comm_overlap.CommOverlapConfig"
+
+
+def bridge_comm_overlap(estimate: Estimate) -> str:
+    """The `comm_overlap=` value: a CommOverlapConfig node with every overlap the step time priced. Megatron-Bridge's
+    runtime_config_update runs CommOverlapConfig.setup after the overrides (training/config.py), and setup writes its
+    own choices over model.* and ddp.* (comm_overlap.py _get_optimizer_overlap_cfgs: overlap_grad_reduce and
+    overlap_param_gather on whenever dp > 1; tp_comm_overlap from the recipe) except where the CommOverlapConfig's
+    own field is set (_override_user_cfgs): so the priced values are written there, on a node that replaces the
+    recipe's (or its None) whole and that the override loader instantiates."""
+    fields = {"tp_comm_overlap": model_parallel_overlap(estimate)["tp_comm_overlap"],
+              **data_parallel_overlap(estimate),
+              "overlap_moe_expert_parallel_comm": model_parallel_overlap(estimate)["overlap_moe_expert_parallel_comm"],
+              **(pipeline_p2p_overlap(estimate) or {"overlap_p2p_comm": False,
+                                                     "batch_p2p_comm": estimate.plan.pp > 1})}
+    return shell_word(_hydra_node({"_target_": BRIDGE_COMM_OVERLAP_CONFIG, **fields}))
 
 
 def bridge_mixed_precision(estimate: Estimate) -> str:
@@ -199,8 +304,8 @@ def bridge_mixed_precision(estimate: Estimate) -> str:
     MixedPrecisionConfig keeps fp8_param equal to fp8_param_gather (__setattr__, finalize)."""
     preset = _bridge_preset(estimate)
     fields = {**BRIDGE_PRESET_FIELDS["bf16_mixed"], **BRIDGE_PRESET_FIELDS[preset]}
-    priced = fp8_param_fields(estimate)
-    if fields.get("fp8_param_gather", False) == priced.get("fp8_param_gather", False):
+    priced = {**fp8_param_fields(estimate), **gradient_reduce_dtype(estimate)}
+    if all(fields.get(name, False) == on for name, on in priced.items()):
         return preset
     fields.update(priced)
     return shell_word(_hydra_node({"_target_": BRIDGE_MIXED_PRECISION_CONFIG, **fields}))
