@@ -684,196 +684,175 @@ def _fp8_differences(estimate: Estimate, fp8: object, recipe: object, fp8_param:
 
 # ---- Megatron-Bridge -------------------------------------------------------------------------------------------
 
-BRIDGE_RECIPES = {"llama-3.1-405b": ("megatron.bridge.recipes.llama.h100.llama3",
-                                     "llama31_405b_pretrain_256gpu_h100_bf16_config"),
-                  "llama-3.1-70b": ("megatron.bridge.recipes.llama.h100.llama3",
-                                    "llama31_70b_pretrain_32gpu_h100_bf16_config"),
-                  "deepseek-v3": ("megatron.bridge.recipes.deepseek.h100.deepseek_v3",
-                                  "deepseek_v3_pretrain_1024gpu_h100_bf16_config")}
-"""The real recipe each front's model starts from (its pipeline defaults are what the overrides must clear)."""
-
-
-def bridge_recipe_model_settings(model_name: str) -> dict[str, object]:
-    """`cfg.model.<field> = <literal>` settings of the model's Megatron-Bridge recipe, read from the installed
-    recipe source (importing it needs Transformer Engine); a recipe that sets its layout through a helper
-    (DeepSeek-V3: set_deepseek_v3_pipeline_model_parallel_layout) gets that helper's marker layout."""
-    import ast
-    import importlib.metadata
-
-    key = next((k for k in BRIDGE_RECIPES if k in model_name.lower().replace(" ", "-")), None)
-    if key is None:
-        return {}
-    module, function = BRIDGE_RECIPES[key]
-    try:   # the file itself: importing megatron.bridge.recipes needs Transformer Engine
-        source = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file(
-            module.replace(".", "/") + ".py")))
-    except importlib.metadata.PackageNotFoundError:
-        raise NotInstalled("megatron-bridge is not installed; pip install '.[conformance]'") from None
-    tree = ast.parse(source.read_text())
-    body = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function)
-    settings: dict[str, object] = {}
-    for node in ast.walk(body):
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
-            target = ast.unparse(node.targets[0])
-            if target.startswith("cfg.model.") and target.count(".") == 2:
-                try:
-                    settings[node.targets[0].attr] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-        if isinstance(node, ast.Call) and "pipeline_model_parallel_layout" in ast.unparse(node.func):
-            settings["pipeline_model_parallel_layout"] = "Et|(tt|)*30mL"   # any layout the recipe builds
-    return settings
-
-
-def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
-    _require("megatron.core", "megatron-core")
-    _require("hydra", "hydra-core")
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from omegaconf import OmegaConf
-
-    recipe = bridge_recipe_model_settings(estimate.model.name)
-    model = {name: None for name in _transformer_fields()} | {"seq_length": None} | recipe
-    sections = {"model": model,
-                "ddp": {f.name: None for f in dataclasses.fields(DistributedDataParallelConfig)},
-                "train": {"micro_batch_size": None, "global_batch_size": None}, "dataset": {"seq_length": None},
-                "optimizer": {"use_distributed_optimizer": None}, "dist": {"use_megatron_fsdp": None},
-                "checkpoint": {"ckpt_format": None},
-                "mixed_precision": "bf16_mixed"}   # the recipes' own (recipes/common.py _pretrain_common)
-    cfg = OmegaConf.create({k: ({n: _plain(v) for n, v in s.items()} if isinstance(s, dict) else s)
-                            for k, s in sections.items()})
-    OmegaConf.set_struct(cfg, True)   # megatron/bridge/training/utils/omegaconf_utils.py parse_hydra_overrides
-    parsed = OverridesParser.create().parse_overrides(overrides=command_words(config.text))
-    ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
-    final = {name: value for name, value in OmegaConf.to_container(cfg.model).items()
-             if name in _transformer_fields() and value is not None and name not in ("num_layers",)}
-    for name in ("pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
-                 "num_layers_in_last_pipeline_stage", "virtual_pipeline_model_parallel_size"):
-        final[name] = cfg.model.get(name)
-    final = {k: v for k, v in final.items() if k in {*_plan_fields(estimate), "pipeline_model_parallel_layout",
-                                                     "num_layers_in_first_pipeline_stage",
-                                                     "num_layers_in_last_pipeline_stage",
-                                                     "account_for_embedding_in_pipeline_split",
-                                                     "account_for_loss_in_pipeline_split",
-                                                     "expert_model_parallel_size", "expert_tensor_parallel_size",
-                                                     "recompute_granularity", "recompute_method",
-                                                     "recompute_num_layers", "recompute_modules",
-                                                     "moe_grouped_gemm"}}
-    # the mixed precision applied over the model, ddp and optimizer configs at setup, then Bridge's checks
-    ddp = {name: value for name, value in OmegaConf.to_container(cfg.ddp).items() if value is not None}
-    model_fp8, ddp_config, changed = _bridge_precision(
-        estimate, OmegaConf.to_container(cfg)["mixed_precision"], ddp, bool(cfg.dist.use_megatron_fsdp))
-    final.update(model_fp8)
-    # Megatron-FSDP reads neither grad_reduce_in_fp32 (megatron_grads_in_fp32)
-    return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
-            + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32},
-                           {"grad_reduce_in_fp32": megatron_grads_in_fp32(ddp_config)})
-            + _fp8_differences(estimate, model_fp8["fp8"], model_fp8["fp8_recipe"], model_fp8["fp8_param"], ddp_config)
-            + changed + _transformer_config(estimate, final))
-
-
-@dataclass
-class _BridgeContainer:
-    """The part of Megatron-Bridge's ConfigContainer the override loader writes `mixed_precision` into: the recipes'
-    own value, a preset name (recipes/common.py)."""
-    mixed_precision: object = "bf16_mixed"
+def header_value(text: str, key: str) -> str | None:
+    """The value of an emitted config's `# key: value` comment line (export.nemo writes `# recipe: NAME` and
+    `# autobridge: SOURCE`), or None."""
+    for line in text.splitlines():
+        if line.startswith(f"# {key}: "):
+            return line[len(f"# {key}: "):].strip()
+    return None
 
 
 @contextlib.contextmanager
-def _bridge_training_modules():
-    """(mixed_precision, omegaconf_utils): Megatron-Bridge's installed training/mixed_precision.py and
-    training/utils/omegaconf_utils.py themselves, imported with stand-ins for the two packages whose __init__ needs
-    Transformer Engine (megatron.bridge, for its AutoBridge; megatron.bridge.models, whose GPTModelProvider and
-    T5ModelProvider mixed_precision.py imports for setup's type hints). Afterwards the megatron.bridge modules leave
-    sys.modules again, and megatron-core's instantiate gets back the target resolver that Bridge's
-    utils/instantiate_utils.py replaces with its allow-listed one on import."""
+def hf_config_cache(model, repo_ids: tuple[str, ...]):
+    """The machine's Hugging Face cache as a user's would hold it: the model's config.json (its bundled preset, the
+    one autopar priced) under each id in `repo_ids`, read offline (huggingface_hub's HF_HUB_CACHE / HF_HUB_OFFLINE,
+    which hf_hub_download reads at each call). No weights: Bridge's recipes build the provider with
+    load_weights=False."""
+    from huggingface_hub import constants
+
+    from autopar.export.common import preset_name
+    from autopar.models import PRESETS_DIR
+
+    name = preset_name(model)
+    source = PRESETS_DIR / f"{name}.json" if name else Path(str(model.source))
+    with tempfile.TemporaryDirectory() as cache:
+        for repo in repo_ids:
+            if "/" not in repo or Path(repo).exists():
+                continue
+            folder = Path(cache, "models--" + repo.replace("/", "--"))
+            (folder / "refs").mkdir(parents=True)
+            (folder / "refs" / "main").write_text("0" * 40)
+            (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
+            (folder / "snapshots" / ("0" * 40) / "config.json").write_text(source.read_text())
+        with mock.patch.object(constants, "HF_HUB_CACHE", cache), mock.patch.object(constants, "HF_HUB_OFFLINE", True), \
+                _environment({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache, "TRANSFORMERS_OFFLINE": "1"}):
+            yield cache
+
+
+def _import_bridge():
+    """Megatron-Bridge imported whole, as `import megatron.bridge` runs on a GPU machine, with one stand-in: its LoRA
+    layers (megatron/bridge/peft/lora_layers.py, PEFT only, the one module of the package that imports Transformer
+    Engine unguarded; TE is a CUDA build). Every other module is Bridge's own, and sees no Transformer Engine."""
     import importlib
-    import importlib.metadata
     import types
 
-    from megatron.training.config import instantiate_utils
-
+    _require("megatron.core", "megatron-core")
+    name = "megatron.bridge.peft.lora_layers"
+    if name not in sys.modules:
+        try:
+            importlib.import_module("transformer_engine.pytorch")
+        except Exception:   # noqa: BLE001 - no TE here: the stand-in
+            stand_in = types.ModuleType(name)
+            stand_in.__doc__ = "autopar conformance stand-in: LoRA layers need Transformer Engine (a CUDA build)"
+            for cls in ("LinearAdapter", "LoRALinear", "LoRATopKRouter", "TEFusedLoRALinear"):
+                setattr(stand_in, cls, type(cls, (), {}))
+            sys.modules[name] = stand_in
     try:
-        root = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file("megatron/bridge")))
-    except importlib.metadata.PackageNotFoundError:
-        raise NotInstalled("megatron-bridge is not installed; pip install '.[conformance]'") from None
-
-    def bridge_modules() -> dict[str, object]:
-        return {name: module for name, module in sys.modules.items()
-                if name == "megatron.bridge" or name.startswith("megatron.bridge.")}
-
-    saved, resolve = bridge_modules(), instantiate_utils._resolve_target
-    package = types.ModuleType("megatron.bridge")
-    package.__path__ = [str(root)]
-    models = types.ModuleType("megatron.bridge.models")
-    models.GPTModelProvider = type("GPTModelProvider", (), {})
-    models.T5ModelProvider = type("T5ModelProvider", (), {})
-    for name in saved:
-        del sys.modules[name]
-    sys.modules.update({"megatron.bridge": package, "megatron.bridge.models": models})
-    try:
-        yield (importlib.import_module("megatron.bridge.training.mixed_precision"),
-               importlib.import_module("megatron.bridge.training.utils.omegaconf_utils"))
-    finally:
-        for name in bridge_modules():
-            del sys.modules[name]
-        sys.modules.update(saved)
-        instantiate_utils._resolve_target = resolve
+        return importlib.import_module("megatron.bridge")
+    except ImportError as error:
+        raise NotInstalled(f"megatron-bridge is not importable here ({error}); pip install '.[conformance]'") from None
 
 
-BRIDGE_FP8_PARAM_FIELDS = ("fp8_param", "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag")
-"""The MixedPrecisionConfig fields an export may change from the recipe's preset (export.nemo.bridge_mixed_precision):
-the fp8 parameters the estimate priced."""
+def bridge_recipe_repo_ids(function) -> tuple[str, ...]:
+    """The Hugging Face ids a Bridge recipe function passes to AutoBridge.from_hf_pretrained (read from its source)."""
+    import inspect
+    import re
+
+    return tuple(re.findall(r'from_hf_pretrained\(\s*"([^"]+)"', inspect.getsource(function)))
 
 
-def _bridge_precision(estimate: Estimate, value: object, ddp: dict[str, object], fsdp: bool):
-    """(the model's fp8 / fp8_recipe / fp8_param, the DistributedDataParallelConfig, the MixedPrecisionConfig fields
-    that differ from the recipe's preset) for the `mixed_precision` value `value` as Megatron-Bridge builds it, with
-    its own code: a name through get_mixed_precision_config (an unknown one is its ValueError), a _target_ node through
-    the override loader's _apply_overrides (what run_recipe.py's process_config_with_overrides calls; a node it
-    cannot instantiate stays a dict, on which runtime_config_update's finalize() fails); then finalize() and setup()
-    over the model, optimizer and the `ddp` overrides' config, and ConfigContainer.validate's steps that read them
-    (training/config.py, which cannot be imported here): the ddp and optimizer configs' __post_init__ (finalize),
-    Megatron-FSDP (`fsdp`) turning the MXFP8 reuse flag off, the assert that MXFP8 fp8 parameters reuse the gradient
-    buffer otherwise. The preset the estimate's recipe names (common.BRIDGE_FP8_PRESETS) is built the same way and
-    compared field by field, fp8 parameters aside."""
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
+def bridge_launch(estimate: Estimate, text: str):
+    """The ConfigContainer Megatron-Bridge's pretrain() runs for an emitted config: the named recipe function (or,
+    for `# autobridge:`, recipes.common._pretrain_common with AutoBridge.from_hf_pretrained(SOURCE)
+    .to_megatron_provider(load_weights=False)), the overrides through process_config_with_overrides (run_recipe.py's
+    path: Hydra's parser in struct mode, then _apply_overrides, which instantiates _target_ nodes), then
+    runtime_config_update (pretrain()'s first step: mixed precision setup, data-parallel size, CommOverlapConfig
+    setup, ConfigContainer.validate). The machine: WORLD_SIZE = the cluster's GPUs, Transformer Engine present for
+    comm_overlap.py's tp_comm_overlap check (HAVE_TE), the model's config.json in the Hugging Face cache."""
+    import importlib
 
-    from autopar.export.common import BRIDGE_FP8_PRESETS
+    _import_bridge()
+    from megatron.bridge.training import comm_overlap
+    from megatron.bridge.training.config import runtime_config_update
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
 
-    recipe = estimate.training.fp8_scaling
-    with _bridge_training_modules() as (mixed_precision, omegaconf_utils):
-        if isinstance(value, str):
-            precision = mixed_precision.get_mixed_precision_config(value)
-        else:
-            container = _BridgeContainer()
-            with contextlib.redirect_stderr(io.StringIO()):
-                omegaconf_utils._apply_overrides(container, {"mixed_precision": value})
-            precision = container.mixed_precision
-        precision.finalize()
-        preset = mixed_precision.get_mixed_precision_config(BRIDGE_FP8_PRESETS[recipe.value] if recipe
-                                                            else "bf16_mixed")
-        preset.finalize()
-        model = SimpleNamespace(fp8=None, fp8_recipe="delayed", fp8_param=False)   # TransformerConfig's defaults
-        optimizer, ddp_config = OptimizerConfig(), DistributedDataParallelConfig(**ddp)
-        precision.setup(model, optimizer, ddp_config)
-    ddp_config.__post_init__()
-    optimizer.__post_init__()
-    if fsdp or ddp_config.use_megatron_fsdp:   # _validate_and_apply_megatron_fsdp_configs
-        ddp_config.reuse_grad_buf_for_mxfp8_param_ag = optimizer.reuse_grad_buf_for_mxfp8_param_ag = False
-    elif precision.fp8_param_gather and precision.fp8_recipe == "mxfp8":
-        assert precision.reuse_grad_buf_for_mxfp8_param_ag, (
-            "When fp8_param_gather=True and fp8_recipe='mxfp8', reuse_grad_buf_for_mxfp8_param_ag must be set to True")
-    changed = [f"mixed_precision {f.name}: preset {getattr(preset, f.name)!r}, launched {getattr(precision, f.name)!r}"
-               for f in dataclasses.fields(preset) if f.name not in BRIDGE_FP8_PARAM_FIELDS
-               and getattr(preset, f.name) != getattr(precision, f.name)]
-    return vars(model), ddp_config, changed
+    recipe, autobridge = header_value(text, "recipe"), header_value(text, "autobridge")
+    if header_value(text, "provider"):
+        from megatron.bridge.recipes.common import _pretrain_common
+
+        build, repos = _pretrain_common, ()
+    elif recipe:
+        recipes = importlib.import_module("megatron.bridge.recipes")
+        if not hasattr(recipes, recipe):
+            raise ValueError(f"Megatron-Bridge has no recipe {recipe!r}")
+        build, repos = getattr(recipes, recipe), bridge_recipe_repo_ids(getattr(recipes, recipe))
+    elif autobridge:
+        from megatron.bridge import AutoBridge
+        from megatron.bridge.recipes.common import _pretrain_common
+
+        def build():
+            cfg = _pretrain_common()
+            cfg.model = AutoBridge.from_hf_pretrained(autobridge).to_megatron_provider(load_weights=False)
+            return cfg
+
+        repos = (autobridge,)
+    else:
+        raise ValueError("the config names neither a Megatron-Bridge recipe nor an AutoBridge model")
+    with hf_config_cache(estimate.model, repos), _environment({"WORLD_SIZE": str(estimate.cluster.num_gpus)}), \
+            mock.patch.object(comm_overlap, "HAVE_TE", True), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        cfg = build()
+        cfg = process_config_with_overrides(cfg, cli_overrides=command_words(text))
+        # the kernel fusions Megatron-Core refuses without Transformer Engine (TransformerConfig: 'apply_rope_fusion
+        # is not available. Please install TE >= 1.4.'): not plan knobs, off as on this CPU machine's Megatron-LM
+        # check (_megatron)
+        cfg.model.apply_rope_fusion = False
+        runtime_config_update(cfg)
+    return cfg
 
 
-def _plain(value: object) -> object:
-    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+def _model_shape(estimate: Estimate, config) -> list[str]:
+    """The model a Megatron-Core config builds against the one priced (its shape)."""
+    model = estimate.model
+    expected = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                "num_attention_heads": model.num_attention_heads, "num_query_groups": model.num_kv_heads,
+                "ffn_hidden_size": model.ffn_hidden_size if model.moe is None or model.moe.first_dense_layers
+                else None}
+    actual = {name: getattr(config, name, None) for name in expected}
+    if expected["ffn_hidden_size"] is None:
+        del expected["ffn_hidden_size"], actual["ffn_hidden_size"]
+    if model.moe is not None:
+        expected.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k)
+        actual.update(num_moe_experts=config.num_moe_experts, moe_router_topk=config.moe_router_topk)
+    return _differences(expected, actual)
+
+
+def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    from autopar.export.common import data_parallel_overlap, model_parallel_overlap, pipeline_p2p_overlap
+
+    cfg = bridge_launch(estimate, config.text)
+    model, ddp, plan = cfg.model, cfg.ddp, estimate.plan
+    expected = dict(_plan_fields(estimate), expert_model_parallel_size=plan.ep,
+                    micro_batch_size=plan.mbs, global_batch_size=estimate.training.global_batch_size,
+                    seq_length=estimate.training.seq_len, data_parallel_size=estimate.dp,
+                    use_distributed_optimizer=plan.zero >= 1, use_megatron_fsdp=plan.zero >= 2,
+                    layers_per_rank=stage_layers(estimate.model.num_layers, plan),
+                    grad_reduce_in_fp32=estimate.training.grad_reduce_in_fp32,
+                    recompute_granularity=None if plan.recompute is Recompute.NONE else plan.recompute.label,
+                    precision_aware_optimizer=False,
+                    **data_parallel_overlap(estimate),
+                    tp_comm_overlap=model_parallel_overlap(estimate)["tp_comm_overlap"],
+                    overlap_moe_expert_parallel_comm=model_parallel_overlap(estimate)[
+                        "overlap_moe_expert_parallel_comm"],
+                    overlap_p2p_comm=pipeline_p2p_overlap(estimate).get("overlap_p2p_comm", False))
+    actual = {name: getattr(model, name, None) for name in _plan_fields(estimate)}
+    actual.update(expert_model_parallel_size=model.expert_model_parallel_size,
+                  micro_batch_size=cfg.train.micro_batch_size, global_batch_size=cfg.train.global_batch_size,
+                  seq_length=model.seq_length, data_parallel_size=cfg.data_parallel_size,
+                  use_distributed_optimizer=bool(ddp.use_distributed_optimizer),
+                  use_megatron_fsdp=bool(ddp.use_megatron_fsdp and cfg.dist.use_megatron_fsdp),
+                  layers_per_rank=_megatron_layers_per_rank(model, estimate),
+                  grad_reduce_in_fp32=megatron_grads_in_fp32(ddp),
+                  recompute_granularity=model.recompute_granularity,
+                  precision_aware_optimizer=bool(cfg.optimizer.use_precision_aware_optimizer),
+                  overlap_grad_reduce=bool(ddp.overlap_grad_reduce),
+                  overlap_param_gather=bool(ddp.overlap_param_gather),
+                  tp_comm_overlap=bool(model.tp_comm_overlap),
+                  overlap_moe_expert_parallel_comm=bool(model.overlap_moe_expert_parallel_comm),
+                  overlap_p2p_comm=bool(model.overlap_p2p_comm))
+    return (_differences(expected, actual) + _model_shape(estimate, model)
+            + _fp8_differences(estimate, model.fp8, model.fp8_recipe, model.fp8_param, ddp))
 
 
 def _nemo_run_value(text: str) -> object:

@@ -36,11 +36,12 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, NEMO_PRECISION_MODULE,
                                    LaunchConfig, data_parallel_overlap, expert_gemm_note, fp8_param_fields,
                                    fp8_preset_notes, gradient_reduce_dtype, hf_model_source, loss_fusion,
-                                   loss_kernel_note, mcore_moe_fields, mcore_parallel_fields, model_parallel_overlap,
+                                   loss_kernel_note, mcore_moe_fields, mcore_parallel_fields, mcore_router_fields,
+                                   model_parallel_overlap,
                                    one_line, pipeline_p2p_overlap, plan_caption, preset_name, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
-from costmodels.specs import Precision
+from costmodels.specs import MlpKind, NormKind, PositionEmbedding, Precision
 
 NEMO_SOURCES = ("NVIDIA/NeMo docs/source/features/parallelisms.rst",
                 "NVIDIA/NeMo nemo/collections/llm/recipes/precision/mixed_precision.py",
@@ -120,12 +121,47 @@ def nemo_model_shape(estimate: Estimate) -> dict[str, object]:
 
 
 def bridge_base(estimate: Estimate) -> tuple[str, str]:
-    """("recipe", the Megatron-Bridge recipe function) for a model with one, else ("autobridge", the Hugging Face id
-    or local model folder AutoBridge.from_hf_pretrained reads its config.json from)."""
+    """("recipe", the Megatron-Bridge recipe function) for a bundled model with one; ("provider", the provider class)
+    for another bundled model (its Hugging Face architecture may have no Bridge converter: Mixtral and Nemotron-4 in
+    0.6.2), built from the model's spec (`bridge_provider_fields`); ("autobridge", the folder or Hugging Face id)
+    for a user's config.json, which AutoBridge.from_hf_pretrained converts with Bridge's own model bridge."""
     name = preset_name(estimate.model)
     if name in BRIDGE_RECIPES:
         return "recipe", BRIDGE_RECIPES[name]
+    if name:
+        return "provider", BRIDGE_GPT_PROVIDER
     return "autobridge", hf_model_source(estimate.model)
+
+
+BRIDGE_GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
+BRIDGE_ACTIVATIONS = {MlpKind.GATED: "torch.nn.functional.silu", MlpKind.PLAIN: "torch.nn.functional.gelu",
+                      MlpKind.SQUARED_RELU: "megatron.core.activations.squared_relu"}
+"""The activation a GPTModelProvider (TransformerConfig.activation_func) gets for each MLP kind: SwiGLU's silu under
+gated_linear_unit, GELU, Nemotron-4's squared ReLU."""
+
+
+def bridge_provider_fields(estimate: Estimate) -> dict[str, object]:
+    """The model's spec as Megatron-Bridge GPTModelProvider fields (models/gpt_provider.py, TransformerConfig's):
+    shape, norm, MLP, positions, MoE and router."""
+    model = estimate.model
+    fields: dict[str, object] = {
+        "num_layers": model.num_layers, "hidden_size": model.hidden_size, "ffn_hidden_size": model.ffn_hidden_size,
+        "num_attention_heads": model.num_attention_heads, "num_query_groups": model.num_kv_heads,
+        "kv_channels": model.head_dim, "vocab_size": model.vocab_size,
+        "share_embeddings_and_output_weights": model.tied_embeddings, "add_bias_linear": model.linear_bias,
+        "add_qkv_bias": model.qkv_bias, "qk_layernorm": model.qk_layernorm,
+        "normalization": "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm",
+        "gated_linear_unit": model.mlp is MlpKind.GATED,
+        "activation_func": {"_target_": BRIDGE_ACTIVATIONS[model.mlp], "_call_": False},
+        "position_embedding_type": {PositionEmbedding.ROPE: "rope",
+                                    PositionEmbedding.LEARNED: "learned_absolute"}.get(model.position_embedding,
+                                                                                       "none")}
+    if model.rope is not None:
+        fields.update(rotary_base=float(model.rope.theta), rotary_percent=float(model.rope.rotary_fraction))
+    if model.moe is not None:
+        fields.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k,
+                      moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size, **mcore_router_fields(model))
+    return fields
 
 
 STRATEGY_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -228,15 +264,25 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
                                    num_mtp_layers=estimate.model.num_mtp_layers)
     split = split_overrides(fields)
-    overrides = [f"model.{name}={_value(value)}" for name, value in fields.items() if name not in split]
-    overrides += [f"model.{name}={_value(value)}" for name, value in mcore_moe_fields(estimate).items()]
-    overrides += [f"model.{name}={_value(value)}" for name, value in split.items()]
-    overrides += [f"model.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
-    overrides += [f"model.{name}={_value(on)}" for name, on in pipeline_p2p_overlap(estimate).items()]
+    model = {name: value for name, value in fields.items() if name not in split}
+    model.update(mcore_moe_fields(estimate))
+    model.update(split)
+    model.update(loss_fusion(estimate))
+    model.update(pipeline_p2p_overlap(estimate))
+    model["seq_length"] = training.seq_len
+    kind, base = bridge_base(estimate)
+    if kind == "provider":   # the provider node carries every model field (a struct config has no model.* keys)
+        overrides = ["++model=" + shell_word(_hydra_node({"_target_": base, **bridge_provider_fields(estimate),
+                                                          **model}))]
+    else:
+        overrides = [f"model.{name}={_value(value)}" for name, value in model.items()]
     overrides += [f"train.micro_batch_size={plan.mbs}", f"train.global_batch_size={training.global_batch_size}",
-                  f"model.seq_length={training.seq_len}", f"dataset.seq_length={training.seq_len}",
+                  f"dataset.seq_length={training.seq_len}",
                   f"ddp.use_distributed_optimizer={_value(plan.zero >= 1)}",
-                  f"optimizer.use_distributed_optimizer={_value(plan.zero >= 1)}"]
+                  f"optimizer.use_distributed_optimizer={_value(plan.zero >= 1)}",
+                  # fp32 main parameters and Adam moments, as the memory was priced (recipes such as DeepSeek-V3's
+                  # turn on the precision-aware optimizer with bf16 moments)
+                  "optimizer.use_precision_aware_optimizer=false"]
     if plan.zero >= 2:
         overrides += ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true",
                       f"ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",
@@ -248,16 +294,23 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
         # torch dtype is a node the override loader instantiates (omegaconf_utils._apply_overrides), as Bridge's
         # own recipes set it (recipes/nemotronh/gb200/nemotron_3_nano.py: torch.float32)
         overrides.append("ddp.megatron_fsdp_main_grads_dtype=" + shell_word("{_target_:torch.float32,_call_:false}"))
-    overrides.append("comm_overlap=" + bridge_comm_overlap(estimate))
+    # `++`: replace the recipe's node whatever it holds (a dataclass node refuses a plain `=`: "Could not override")
+    overrides.append("++comm_overlap=" + bridge_comm_overlap(estimate))
     precision = bridge_mixed_precision(estimate)
-    overrides.append("mixed_precision=" + precision)
+    overrides.append("++mixed_precision=" + precision)
     remarks = [] if precision in BRIDGE_PRESET_FIELDS else [
         f"mixed_precision: Megatron-Bridge's {_bridge_preset(estimate)} preset with grad_reduce_in_fp32 and "
         "fp8_param_gather as priced (a named preset would set its own over ddp at setup)"]
-    kind, base = bridge_base(estimate)
     if kind == "recipe":
         remarks.insert(0, f"recipe: {base}")
         launch = f"scripts/training/run_recipe.py --recipe {base} <these overrides>"
+    elif kind == "provider":
+        remarks.insert(0, "provider: GPTModelProvider")
+        remarks.insert(1, f"Megatron-Bridge 0.6.2 has no recipe for {one_line(estimate.model.name)}: cfg = "
+                          "recipes.common._pretrain_common(), then these overrides through "
+                          "process_config_with_overrides(cfg, cli_overrides=...) (the ++model node is its "
+                          "GPTModelProvider with the model's shape) and pretrain(cfg, forward_step)")
+        launch = "the GPTModelProvider config below, <these overrides>"
     else:
         remarks.insert(0, f"autobridge: {base}")
         remarks.insert(1, f"Megatron-Bridge 0.6.2 has no recipe for {one_line(estimate.model.name)}: cfg = "
@@ -320,10 +373,18 @@ def _hydra_node(fields: dict[str, object]) -> str:
     """A dict in Hydra's override grammar, {key:value,...}: booleans true/false, numbers and bare words as they are,
     a torch dtype's name as a node that resolves to the dtype itself (_call_: false)."""
     def value(v: object) -> str:
+        if v is None:
+            return "null"
         if isinstance(v, bool):
             return "true" if v else "false"
+        if isinstance(v, dict):
+            return _hydra_node(v)
+        if isinstance(v, list):
+            return "[" + ",".join(value(item) for item in v) + "]"
         if isinstance(v, str) and v.startswith("torch."):
             return f"{{_target_:{v},_call_:false}}"
+        if isinstance(v, str) and any(c in v for c in "|*(),= '[]{}:"):
+            return _quoted(v)
         return str(v)
 
     return "{" + ",".join(f"{name}:{value(v)}" for name, v in fields.items()) + "}"
