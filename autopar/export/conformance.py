@@ -82,14 +82,16 @@ class Verdict:
     detail: str = ""
 
 
-def check(estimate: Estimate, framework: str) -> Verdict:
-    """Emit `estimate` for `framework` and run the framework's own code on it (see the module docstring)."""
+def check(estimate: Estimate, framework: str, **options: object) -> Verdict:
+    """Emit `estimate` for `framework` (with export `options`: verl_algorithm) and run the framework's own code on it
+    (see the module docstring)."""
     try:
-        config = launch_config(estimate, framework)
+        config = launch_config(estimate, framework, **options)
     except Unsupported as refused:
         return Verdict(framework, estimate.plan.short(), "refused_with_reason", "; ".join(refused.reasons))
+    priced = config.priced or estimate   # a setting autopar chose for the framework is priced (export.launch_config)
     try:
-        changed = CHECKERS[framework](estimate, config)
+        changed = CHECKERS[framework](priced, config)
     except NotInstalled:
         raise
     except (Exception, SystemExit) as error:  # the framework refused the config (argparse exits, asserts, ...)
@@ -380,7 +382,17 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
             sys.modules.pop(module, None)
     parallelism = loaded.parallelism
     dims = ParallelDims.from_config(parallelism, estimate.cluster.num_gpus)   # torchtitan's own mesh arithmetic
+    from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
+
+    with _fake_process_group(estimate.cluster.num_gpus):   # build_mesh() as rank 0 of the job builds it
+        dims.build_mesh()
+        fsdp_degree = _torchtitan_shard_degree(dims)
+    # what apply_fsdp_to_decoder resolves the policy to (torchtitan/distributed/fsdp.py)
+    reshard = get_fsdp_reshard_after_forward_policy(parallelism.fsdp_reshard_after_forward, dims.pp_enabled)
+    layers_per_rank = [estimate.model.num_layers]
     if plan.pp > 1:   # what pipeline_llm / _build_pipeline_schedule check before building stages
+        from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
+
         schedule = get_schedule_class(parallelism.pipeline_parallel_schedule)
         parts = parallelism.module_fqns_per_model_part
         per_rank = len(parts) // dims.pp
@@ -390,67 +402,149 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
                              f"on pp={dims.pp}")
         if loaded.training.local_batch_size % parallelism.pipeline_parallel_microbatch_size:
             raise ValueError("local_batch_size must be divisible by pipeline_parallel_microbatch_size")
+        # the rank-to-stage map torchtitan builds its stages with: decoder layers each pipeline rank holds
+        layers_per_rank = [sum(sum(module.startswith("layers.") for module in parts[stage])
+                               for stage in _get_pp_rank_to_stage_indices_mapping(
+                                   rank, dims.pp, parallelism.pipeline_parallel_schedule, len(parts)))
+                           for rank in range(dims.pp)]
     dp = estimate.dp
     expected = {"dp_replicate": 1 if plan.zero >= 2 else dp, "dp_shard": dp if plan.zero >= 2 else 1,
                 "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep,
-                "sequence_parallel": plan.sp or plan.tp == 1, "reshard_after_forward":
-                    "never" if plan.zero == 2 else "default",
+                "sequence_parallel": plan.sp or plan.tp == 1,
+                "parameters sharded over": dp * plan.cp if plan.zero >= 2 else 1,
+                "reshard_after_forward": plan.zero == 3,
                 "model_parts": plan.pp * plan.vpp if plan.pp > 1 else 1,
+                "layers_per_rank": stage_layers(estimate.model.num_layers, plan),
                 "full_ac": plan.recompute is Recompute.FULL,
-                "global_batch_size": estimate.training.global_batch_size}
+                "global_batch_size": estimate.training.global_batch_size,
+                "seq_len": estimate.training.seq_len,
+                "reduce_dtype": "float32"}
     actual = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
               "cp": dims.cp, "ep": dims.ep, "sequence_parallel": parallelism.enable_sequence_parallel,
-              "reshard_after_forward": parallelism.fsdp_reshard_after_forward,
+              "parameters sharded over": fsdp_degree,
+              "reshard_after_forward": reshard if fsdp_degree > 1 else False,
               "model_parts": len(parallelism.module_fqns_per_model_part) if plan.pp > 1 else 1,
+              "layers_per_rank": layers_per_rank,
               "full_ac": type(loaded.activation_checkpoint).__qualname__ == "FullAC.Config",
-              "global_batch_size": loaded.training.global_batch_size}
+              "global_batch_size": loaded.training.global_batch_size,
+              "seq_len": loaded.training.seq_len,
+              "reduce_dtype": loaded.training.mixed_precision_reduce}
+    if not estimate.training.grad_reduce_in_fp32:
+        expected["reduce_dtype"] = "bfloat16"
     return _differences(expected, actual)
+
+
+def _torchtitan_shard_degree(dims) -> int:
+    """Over how many ranks torchtitan's fully_shard shards the dense parameters: the shard axes of the mesh its
+    parallelize passes to apply_fsdp_to_decoder (spmd_types / full_dtensor: full_dtensor.resolve_fsdp_mesh, dp_shard
+    and cp; the legacy backend: the flattened `fsdp` mesh, dp_shard·cp)."""
+    if dims.spmd_backend in ("full_dtensor", "spmd_types"):
+        from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh
+
+        mesh, mesh_dims = resolve_fsdp_mesh(dims)
+        if mesh_dims is None or mesh_dims.shard is None:
+            return 1
+        axes = mesh_dims.shard if isinstance(mesh_dims.shard, tuple) else (mesh_dims.shard,)
+        degree = 1
+        for axis in axes:
+            degree *= mesh[axis].size()
+        return degree
+    return dims.get_mesh("fsdp").size() if dims.fsdp_enabled else 1
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int):
+    """torch.distributed initialised with PyTorch's fake backend (torch/testing/_internal/distributed/fake_pg.py):
+    rank 0 of `world_size`, no communication, so torchtitan's DeviceMesh is built as on the cluster."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- verl ------------------------------------------------------------------------------------------------------
 
 def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    """verl's main_ppo path up to the workers: Hydra composes ppo_megatron_trainer with the overrides,
+    validate_config(config, need_reference_policy(config), need_critic(config)) as main() calls it, then
+    OmegaConf.resolve (TaskRunner.run) and, for the actor and (GAE) the critic, the DistributedDataParallelConfig
+    verl's megatron_utils builds through Megatron-Bridge's create_ddp_config and the optimizer config
+    init_megatron_optim_config builds."""
     verl_config = _require("verl.trainer.config", "verl")
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
+
+    from autopar.export.verl import ALGORITHMS, sequence_lengths
 
     with initialize_config_dir(config_dir=os.path.dirname(verl_config.__file__), version_base=None):
         composed = compose(config_name="ppo_megatron_trainer", overrides=command_words(config.text))
-    with contextlib.redirect_stdout(io.StringIO()):
-        validate_config(composed, use_reference_policy=True, use_critic=False)
-    megatron = composed.actor_rollout_ref.actor.megatron
-    plan = estimate.plan
-    expected = dict(_plan_fields(estimate), sequence_parallel=plan.sp, expert_model_parallel_size=plan.ep,
-                    use_megatron_fsdp=plan.zero >= 2, use_distributed_optimizer=plan.zero >= 1,
-                    train_batch_size=estimate.training.global_batch_size, micro=plan.mbs)
-    actual = {name: megatron.get(name) for name in expected if name in megatron}
-    actual.update(train_batch_size=composed.data.train_batch_size * composed.actor_rollout_ref.rollout.n,
-                  micro=composed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)
-    # an explicit override_ddp_config value wins over verl's own (engine/megatron/transformer_impl.py), whose
-    # default is fp32 without a low-precision precision-aware optimizer; Megatron-FSDP reads neither
-    overrides = dict(megatron.override_ddp_config)
-    expected["grad_reduce_in_fp32"] = estimate.training.grad_reduce_in_fp32
-    actual["grad_reduce_in_fp32"] = megatron_grads_in_fp32(SimpleNamespace(**{
-        **overrides, "use_megatron_fsdp": bool(megatron.use_megatron_fsdp),
-        "grad_reduce_in_fp32": overrides.get("grad_reduce_in_fp32", True)}))
-    # the DDP config as verl builds it (megatron_utils.make_megatron_module -> Megatron-Bridge's create_ddp_config:
-    # its Megatron-FSDP defaults, then override_ddp_config; finalize() runs DistributedDataParallelConfig's
-    # __post_init__), and the optimizer's (verl/utils/megatron/optimizer.py init_megatron_optim_config, with
-    # override_optimizer_config; OptimizerConfig's __post_init__)
-    from megatron.core.distributed import DistributedDataParallelConfig
+    critic = need_critic(composed)
+    paths = tuple({str(composed.actor_rollout_ref.model.path), str(composed.critic.model.path)})
+    from verl.workers.config import model as verl_model_config
+
+    # the model's tokenizer files are not on this machine (its config.json is: hf_config_cache): HFModelConfig gets
+    # a tokenizer with no special tokens and no processor, and reads everything else itself
+    tokenizer = SimpleNamespace(bos_token_id=None, eos_token_id=None, pad_token_id=None, chat_template=None)
+    with hf_config_cache(estimate.model, paths), contextlib.redirect_stdout(io.StringIO()), \
+            mock.patch.object(verl_model_config, "hf_tokenizer", return_value=tokenizer), \
+            mock.patch.object(verl_model_config, "hf_processor", return_value=None):
+        validate_config(composed, use_reference_policy=need_reference_policy(composed), use_critic=critic)
+    OmegaConf.resolve(composed)
+    algorithm = str(composed.algorithm.adv_estimator)
+    plan, training = estimate.plan, estimate.training
+    prompt, response = sequence_lengths(training.seq_len)
+    rollout = composed.actor_rollout_ref.rollout
+    expected = {"sequence": training.seq_len, "rollout sequence": training.seq_len,
+                "critic": ALGORITHMS.get(algorithm, False),
+                "train_batch_size": training.global_batch_size, "micro": plan.mbs}
+    actual = {"sequence": composed.data.max_prompt_length + composed.data.max_response_length,
+              "rollout sequence": rollout.prompt_length + rollout.response_length, "critic": critic,
+              "train_batch_size": composed.data.train_batch_size * rollout.n,
+              "micro": composed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}
+    changed = _differences(expected, actual)
+    workers = [("actor", composed.actor_rollout_ref.actor)] + ([("critic", composed.critic)] if critic else [])
+    for role, worker in workers:
+        changed += [f"{role} {line}" for line in _verl_engine(estimate, worker)]
+    return changed
+
+
+def _verl_engine(estimate: Estimate, worker) -> list[str]:
+    """One verl Megatron worker's engine (`worker`: the actor's or the critic's resolved section) against the plan."""
+    from omegaconf import OmegaConf
 
     from verl.utils.megatron.optimizer import init_megatron_optim_config
 
-    fsdp = {"use_distributed_optimizer": True, "check_for_nan_in_grad": True, "use_megatron_fsdp": True,
-            "data_parallel_sharding_strategy": "optim_grads_params", "overlap_grad_reduce": True} \
-        if megatron.use_megatron_fsdp else {}
-    ddp = DistributedDataParallelConfig(**{"use_distributed_optimizer": bool(megatron.use_distributed_optimizer),
-                                           **fsdp, **overrides})
+    megatron, plan = worker.megatron, estimate.plan
+    expected = dict(_plan_fields(estimate), sequence_parallel=plan.sp, expert_model_parallel_size=plan.ep,
+                    use_megatron_fsdp=plan.zero >= 2, use_distributed_optimizer=plan.zero >= 1)
+    actual = {name: megatron.get(name) for name in expected if name in megatron}
+    overrides = OmegaConf.to_container(megatron.override_ddp_config)
     with contextlib.redirect_stdout(io.StringIO()):
-        optimizer = init_megatron_optim_config(composed.actor_rollout_ref.actor.optim,
+        optimizer = init_megatron_optim_config(worker.optim,
                                                use_distributed_optimizer=bool(megatron.use_distributed_optimizer))
+    # engine/megatron/transformer_impl.py _resolve_override_ddp_config: fp32 reduction unless given (or a
+    # low-precision precision-aware optimizer), then megatron_utils -> Bridge's create_ddp_config (its
+    # Megatron-FSDP defaults, the overrides, finalize: DistributedDataParallelConfig.__post_init__)
+    if "grad_reduce_in_fp32" not in overrides:
+        overrides["grad_reduce_in_fp32"] = not (optimizer.use_precision_aware_optimizer
+                                                and optimizer.main_grads_dtype != _torch_dtype("float32"))
+    _import_bridge()
+    from megatron.bridge.training.utils.config_utils import create_ddp_config
+
+    ddp = create_ddp_config(wrap_with_ddp=True, use_distributed_optimizer=bool(megatron.use_distributed_optimizer),
+                            use_megatron_fsdp=bool(megatron.use_megatron_fsdp), overrides=overrides)
+    from autopar.export.common import data_parallel_overlap
+
+    expected.update(grad_reduce_in_fp32=estimate.training.grad_reduce_in_fp32, **data_parallel_overlap(estimate))
+    actual.update(grad_reduce_in_fp32=megatron_grads_in_fp32(ddp), overlap_grad_reduce=bool(ddp.overlap_grad_reduce),
+                  overlap_param_gather=bool(ddp.overlap_param_gather))
     transformer = {k: v for k, v in OmegaConf.to_container(megatron.override_transformer_config).items()
                    if k in _transformer_fields()}
     fp8 = transformer.get("fp8")
@@ -471,6 +565,12 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                                      "sequence_parallel", "expert_model_parallel_size",
                                                      "expert_tensor_parallel_size")},
                 **transformer}))
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
 
 
 # ---- Megatron-Core TransformerConfig (NeMo 2, Megatron-Bridge, verl) -------------------------------------------
@@ -797,9 +897,15 @@ def bridge_launch(estimate: Estimate, text: str):
         # the kernel fusions Megatron-Core refuses without Transformer Engine (TransformerConfig: 'apply_rope_fusion
         # is not available. Please install TE >= 1.4.'): not plan knobs, off as on this CPU machine's Megatron-LM
         # check (_megatron)
-        cfg.model.apply_rope_fusion = False
+        for fusion in TE_ONLY_FUSIONS:
+            if hasattr(cfg.model, fusion):
+                setattr(cfg.model, fusion, False)
         runtime_config_update(cfg)
     return cfg
+
+
+TE_ONLY_FUSIONS = ("apply_rope_fusion", "moe_permute_fusion", "moe_router_fusion", "gradient_accumulation_fusion")
+"""TransformerConfig kernel fusions that need Transformer Engine (absent here): no plan knob among them."""
 
 
 def _model_shape(estimate: Estimate, config) -> list[str]:

@@ -283,6 +283,8 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
                   # fp32 main parameters and Adam moments, as the memory was priced (recipes such as DeepSeek-V3's
                   # turn on the precision-aware optimizer with bf16 moments)
                   "optimizer.use_precision_aware_optimizer=false"]
+    overrides += [f"optimizer.{name}=" + shell_word("{_target_:torch.float32,_call_:false}")
+                  for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")]
     if plan.zero >= 2:
         overrides += ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true",
                       f"ddp.data_parallel_sharding_strategy={ZERO_SHARDING_STRATEGY[plan.zero]}",

@@ -166,7 +166,8 @@ def launch_config(estimate: Estimate, verl_algorithm_name: object = None, **_: o
                  f"{ACTOR}.use_kl_loss={_value(algorithm in KL_LOSS_ALGORITHMS)}"]
     overrides += engine_overrides(estimate, f"{ACTOR}.megatron", f"{ACTOR}.optim")
     if critic:   # GAE's value model: its own Megatron engine, on the plan's layout (critic/megatron_critic.yaml)
-        overrides += [f"critic.ppo_micro_batch_size_per_gpu={plan.mbs}"]
+        overrides += [f"critic.model.path={hf_model_source(estimate.model)}",
+                      f"critic.ppo_micro_batch_size_per_gpu={plan.mbs}"]
         overrides += engine_overrides(estimate, "critic.megatron", "critic.optim")
         notes.append(f"{algorithm} trains a critic (a value model of the same shape, critic.model.path = the "
                      "actor's) with this layout: the estimate prices one model's training step, and the critic's "
