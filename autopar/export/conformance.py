@@ -85,13 +85,42 @@ class Verdict:
 def check(estimate: Estimate, framework: str, **options: object) -> Verdict:
     """Emit `estimate` for `framework` (with export `options`: verl_algorithm) and run the framework's own code on it
     (see the module docstring)."""
+    return check_all([estimate], framework, **options)[0]
+
+
+def check_all(estimates: list[Estimate], framework: str, **options: object) -> list[Verdict]:
+    """`check` of many estimates; NeMo's run in one process of its environment (its import takes a while)."""
+    verdicts: list[Verdict | None] = [None] * len(estimates)
+    pending: list[tuple[int, Estimate, LaunchConfig]] = []
+    for index, estimate in enumerate(estimates):
+        try:
+            config = launch_config(estimate, framework, **options)
+        except Unsupported as refused:
+            verdicts[index] = Verdict(framework, estimate.plan.short(), "refused_with_reason",
+                                      "; ".join(refused.reasons))
+            continue
+        # a setting autopar chose for the framework is priced (export.launch_config): that estimate is compared
+        pending.append((index, config.priced or estimate, config))
+    if framework == "nemo":
+        jobs, runnable = [], []
+        for index, priced, config in pending:
+            try:
+                jobs.append(_nemo_job(config))
+                runnable.append((index, priced))
+            except ValueError as error:
+                verdicts[index] = Verdict(framework, priced.plan.short(), "rejected", str(error))
+        results = nemo_launch(jobs) if jobs else []
+        for (index, priced), result in zip(runnable, results):
+            verdicts[index] = _judge(framework, priced, lambda: _nemo_compare(priced, _nemo_values(result)))
+    else:
+        for index, priced, config in pending:
+            verdicts[index] = _judge(framework, priced, lambda: CHECKERS[framework](priced, config))
+    return verdicts
+
+
+def _judge(framework: str, estimate: Estimate, run: Callable[[], list[str]]) -> Verdict:
     try:
-        config = launch_config(estimate, framework, **options)
-    except Unsupported as refused:
-        return Verdict(framework, estimate.plan.short(), "refused_with_reason", "; ".join(refused.reasons))
-    priced = config.priced or estimate   # a setting autopar chose for the framework is priced (export.launch_config)
-    try:
-        changed = CHECKERS[framework](priced, config)
+        changed = run()
     except NotInstalled:
         raise
     except (Exception, SystemExit) as error:  # the framework refused the config (argparse exits, asserts, ...)
@@ -610,163 +639,95 @@ def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[s
                         {"layers_per_rank": _megatron_layers_per_rank(core, estimate)})
 
 
-NEMO_STRATEGY_PARAMETERS = frozenset({
-    # nemo/lightning/pytorch/strategies/megatron_strategy.py (nemo-toolkit 2.7.3) MegatronStrategy.__init__
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "pipeline_model_parallel_comm_backend",
-    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "virtual_pipeline_model_parallel_size",
-    "microbatch_group_size_per_vp_stage", "context_parallel_size", "sequence_parallel", "expert_model_parallel_size",
-    "moe_extended_tp", "expert_tensor_parallel_size", "encoder_tensor_model_parallel_size",
-    "encoder_pipeline_model_parallel_size", "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split", "data_sampler", "parallel_devices", "cluster_environment", "checkpoint_io",
-    "find_unused_parameters", "ckpt_load_optimizer", "ckpt_save_optimizer", "ckpt_load_main_params", "ddp", "fsdp",
-    "lazy_init", "pipeline_dtype", "use_te_rng_tracker", "use_sharp", "save_ckpt_format", "ckpt_async_save",
-    "ckpt_torch_dist_multiproc", "ckpt_assume_constant_structure", "ckpt_parallel_save",
-    "ckpt_parallel_save_within_dp", "ckpt_parallel_load", "ckpt_parallel_save_optim",
-    "ckpt_load_directly_on_device", "ckpt_load_strictness", "ckpt_optim_fully_reshardable",
-    "distrib_optim_fully_reshardable_mem_efficient", "setup_optimizers", "init_model_parallel",
-    "replace_progress_bar", "progress_interval", "restore_config", "megatron_log_level", "use_tp_pp_dp_mapping",
-    "num_distributed_optimizer_instances", "nccl_communicator_config_path", "pipeline_model_parallel_layout",
-    "use_gloo_process_groups",
-})
-"""MegatronStrategy's parameters: `trainer.strategy.<name>=` overrides NeMo 2 accepts."""
-
-NEMO_STRATEGY_PARALLELISM = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                             "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
-                             "virtual_pipeline_model_parallel_size": None, "context_parallel_size": 1,
-                             "sequence_parallel": False, "expert_model_parallel_size": 1,
-                             "expert_tensor_parallel_size": None, "account_for_embedding_in_pipeline_split": False,
-                             "account_for_loss_in_pipeline_split": False, "pipeline_model_parallel_layout": None}
-"""MegatronStrategy.parallelism's fields, with MegatronStrategy.__init__'s defaults, that NeMo copies onto the model's
-TransformerConfig at setup, whether the user set them or not (nemo/lightning/pytorch/strategies/megatron_strategy.py
-`parallelism`, nemo/lightning/megatron_parallel.py)."""
-
-NEMO_GPT_CONFIG_FIELDS = frozenset({"seq_length"})
-"""GPTConfig's own fields beside TransformerConfig's (nemo/collections/llm/gpt/model/base.py GPTConfig)."""
-
-NEMO_PRECISION_PARAMETERS = frozenset({
-    "precision", "params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled", "grad_reduce_in_fp32", "fp8",
-    "fp8_recipe", "first_last_layers_bf16", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
-    "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention", "fp8_params", "fp8_param_gather", "fp4",
-    "fp4_recipe", "fp16_loss_scale", "fp16_initial_loss_scale", "fp16_min_loss_scale", "fp16_loss_scale_window",
-    "fp16_hysteresis", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
-    "reuse_grad_buf_for_mxfp8_param_ag"})
-"""MegatronMixedPrecision's parameters (nemo/lightning/pytorch/plugins/mixed_precision.py __init__, nemo-toolkit
-2.7.3): the `trainer.plugins.<name>=` overrides NeMo 2 accepts after a precision preset."""
-NEMO_PRESET_GRAD_REDUCE_IN_FP32 = True
-"""bf16_mixed and the bf16 fp8 presets' grad_reduce_in_fp32 (nemo/collections/llm/recipes/precision/
-mixed_precision.py), which the plugin applies over the strategy's ddp config at setup (megatron_strategy.py
-update_config_with_dtype_overrides)."""
-NEMO_PRECISION_PRESETS: dict[str, dict[str, object]] = {
-    "bf16_mixed": {},
-    "bf16_with_fp8_mixed": {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": True},
-    "bf16_with_fp8_current_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param_gather": True},
-    "bf16_with_fp8_subchannel_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
-    "bf16_with_mxfp8_mixed": {"fp8": "hybrid", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
-                              "reuse_grad_buf_for_mxfp8_param_ag": True},
-}
-"""The precision fields of NeMo 2.7.3's bf16 presets (nemo/collections/llm/recipes/precision/mixed_precision.py,
-read from the nemo-toolkit 2.7.3 wheel; all start from bf16_mixed), which this harness cannot import: the presets
-the export names. Another preset is refused here."""
-NEMO_CLI_FACTORIES = frozenset({"bf16_mixed", "fp16_mixed"})
-"""The presets registered as NeMo-Run CLI factories (@run.cli.factory) in 2.7.3; NeMo-Run finds any other function
-only by its dotted import path (nemo_run/cli/cli_parser.py parse_factory: 'No matching factory found')."""
-NEMO_MIXED_PRECISION_DEFAULTS = {"fp8": None, "fp8_recipe": "delayed", "fp8_params": None, "fp8_param_gather": None,
-                                 "reuse_grad_buf_for_mxfp8_param_ag": False,
-                                 "grad_reduce_in_fp32": NEMO_PRESET_GRAD_REDUCE_IN_FP32}
-"""MegatronMixedPrecision.__init__'s defaults for the fields checked here (grad_reduce_in_fp32: bf16_mixed's)."""
+def nemo_python() -> str:
+    """The Python of NeMo's environment: $AUTOPAR_NEMO_PYTHON, else the repository's .venv-nemo (built as .ci/run
+    builds it); NotInstalled without one. NeMo 2.7.3 imports megatron-core 0.16 (0.19 removed modules it imports),
+    so it cannot share the other checks' environment."""
+    path = os.environ.get("AUTOPAR_NEMO_PYTHON") or str(Path(__file__).resolve().parents[2] / ".venv-nemo" / "bin"
+                                                        / "python")
+    if not Path(path).is_file():
+        raise NotInstalled(f"NeMo 2's environment is not here ({path}); build .venv-nemo as .ci/run does, or set "
+                           "AUTOPAR_NEMO_PYTHON")
+    return path
 
 
-def nemo_precision(preset: object, plugin: dict[str, object]) -> dict[str, object]:
-    """The precision fields NeMo 2's MegatronMixedPrecision ends with (its DtypeConfig, which setup copies onto the
-    model, optimizer and ddp configs) for the `trainer.plugins=` value `preset` and the `trainer.plugins.<name>=`
-    values `plugin`: the preset resolved as NeMo-Run resolves a factory (NEMO_CLI_FACTORIES, else a dotted path into
-    common.NEMO_PRECISION_MODULE), then __init__'s fp8_params / fp8_param_gather rule ('Getting conflicting values
-    for fp8_params and fp8_param_gather') and DtypeConfig(fp8_param=fp8_param_gather)."""
-    from autopar.export.common import NEMO_PRECISION_MODULE
+def nemo_launch(jobs: list[tuple[str, list[str]]]) -> list[dict]:
+    """NeMo's launch path (export/nemo_entry.py, in NeMo's environment) for (recipe, overrides) jobs, in one process:
+    per job {"values": ...} or {"error": ...}."""
+    import subprocess
 
-    module, _, name = str(preset).rpartition(".")
-    if (module and module != NEMO_PRECISION_MODULE) or (not module and name not in NEMO_CLI_FACTORIES):
-        raise ValueError(f"NeMo-Run: No matching factory found for: {preset}")
-    if name not in NEMO_PRECISION_PRESETS:
-        raise ValueError(f"{preset}: not one of the NeMo 2.7.3 presets this harness knows")
-    fields = {**NEMO_MIXED_PRECISION_DEFAULTS, **NEMO_PRECISION_PRESETS[name], **plugin}
-    gather = fields["fp8_param_gather"]
-    if fields["fp8_params"] is not None:
-        if gather is not None and gather != fields["fp8_params"]:
-            raise ValueError("Getting conflicting values for fp8_params and fp8_param_gather. Please only set "
-                             "fp8_param_gather.")
-        gather = fields["fp8_params"]
-    elif gather is None:
-        gather = False
-    return {"fp8": fields["fp8"], "fp8_recipe": fields["fp8_recipe"], "fp8_param": gather, "fp8_param_gather": gather,
-            "reuse_grad_buf_for_mxfp8_param_ag": fields["reuse_grad_buf_for_mxfp8_param_ag"],
-            "grad_reduce_in_fp32": fields["grad_reduce_in_fp32"]}
-
-
-NEMO_OTHER_KEYS = {"trainer": {"num_nodes", "devices", "plugins"}, "data": {"micro_batch_size", "global_batch_size",
-                                                                          "seq_length"},
-                   "optim.config": {"use_distributed_optimizer"}}
-"""Recipe keys outside the strategy and TransformerConfig (nemo/collections/llm/recipes/*.py: trainer, data module,
-OptimizerConfig)."""
+    python = nemo_python()
+    with tempfile.TemporaryDirectory() as folder:
+        jobs_path, results_path = Path(folder, "jobs.json"), Path(folder, "results.json")
+        jobs_path.write_text(json.dumps([{"factory": factory, "overrides": overrides,
+                                          "te_only_fusions": list(TE_ONLY_FUSIONS)} for factory, overrides in jobs]))
+        done = subprocess.run([python, str(Path(__file__).with_name("nemo_entry.py")), str(jobs_path),
+                               str(results_path)], capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0 or not results_path.is_file():
+            raise NotInstalled(f"NeMo's environment did not run ({done.stderr.strip().splitlines()[-1:]})")
+        return json.loads(results_path.read_text())
 
 
 def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
-    _require("megatron.core", "megatron-core")
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
+    return _nemo_compare(estimate, _nemo_values(nemo_launch([_nemo_job(config)])[0]))
 
-    transformer = _transformer_fields()
-    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
-    strategy: dict[str, object] = {}
-    model_config: dict[str, object] = {}
-    plugin: dict[str, object] = {}
-    ddp: dict[str, object] = {}
-    preset: object = None
-    for override in command_words(config.text):
-        key, _, text = override.partition("=")
-        value = _nemo_run_value(text)
-        section, _, name = key.rpartition(".")
-        if key == "trainer.plugins":
-            preset = value
-        elif section == "trainer.strategy":
-            if name not in NEMO_STRATEGY_PARAMETERS:
-                raise KeyError(f"MegatronStrategy has no parameter {name!r}")
-            strategy[name] = value
-        elif section == "trainer.strategy.ddp":
-            if name not in ddp_fields:
-                raise KeyError(f"DistributedDataParallelConfig has no field {name!r}")
-            ddp[name] = value
-        elif section == "trainer.plugins":
-            if name not in NEMO_PRECISION_PARAMETERS:
-                raise KeyError(f"MegatronMixedPrecision has no parameter {name!r}")
-            plugin[name] = value
-        elif section == "model.config":
-            if name not in transformer | NEMO_GPT_CONFIG_FIELDS:
-                raise KeyError(f"TransformerConfig has no field {name!r}")
-            if name in transformer:
-                model_config[name] = value
-        elif section == "optim.config":
-            if name not in {f.name for f in dataclasses.fields(OptimizerConfig)}:
-                raise KeyError(f"OptimizerConfig has no field {name!r}")
-        elif name not in NEMO_OTHER_KEYS.get(section, ()):
-            raise KeyError(f"unknown NeMo 2 recipe key {key!r}")
-    # NeMo's setup: the strategy's parallelism overwrites model.config (so split fields there would be lost)
-    final = {**model_config, **{name: strategy.get(name, default) for name, default in
-                                NEMO_STRATEGY_PARALLELISM.items()}}
-    # ... and the precision plugin's dtype config overwrites the strategy's ddp config (Megatron-FSDP reads neither),
-    # the model's fp8 fields and the optimizer's (nemo/lightning/pytorch/strategies/megatron_strategy.py
-    # update_config_with_dtype_overrides)
-    precision = nemo_precision(preset, plugin)
-    reduce = {"grad_reduce_in_fp32": megatron_grads_in_fp32(SimpleNamespace(**{
-        **ddp, "grad_reduce_in_fp32": precision["grad_reduce_in_fp32"]}))}
-    ddp_config = DistributedDataParallelConfig(**{**ddp, **{name: precision[name] for name in (
-        "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag")}})       # its __post_init__ checks
-    final.update({name: precision[name] for name in ("fp8", "fp8_recipe", "fp8_param")})
-    return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
-            + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}, reduce)
-            + _fp8_differences(estimate, precision["fp8"], precision["fp8_recipe"], precision["fp8_param"],
-                               ddp_config)
-            + _transformer_config(estimate, final))
+
+def _nemo_job(config: LaunchConfig) -> tuple[str, list[str]]:
+    recipe = header_value(config.text, "recipe")
+    if not recipe:
+        raise ValueError("the config names no NeMo recipe (--factory)")
+    return recipe, command_words(config.text)
+
+
+def _nemo_values(result: dict) -> dict:
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result["values"]
+
+
+def _nemo_compare(estimate: Estimate, values: dict) -> list[str]:
+    """What the NeMo job ends with (nemo_entry.py's values) against the estimate."""
+    from autopar.export.common import data_parallel_overlap
+
+    model, ddp, plan = values["model"], values["ddp"], estimate.plan
+    expected = dict(_plan_fields(estimate), expert_model_parallel_size=plan.ep,
+                    micro_batch_size=plan.mbs, global_batch_size=estimate.training.global_batch_size,
+                    seq_length=estimate.training.seq_len, model_seq_length=estimate.training.seq_len,
+                    gpus=estimate.cluster.num_gpus, use_distributed_optimizer=plan.zero >= 1,
+                    precision_aware_optimizer=False, optimizer_dtypes=["torch.float32"] * 4,
+                    use_megatron_fsdp=plan.zero >= 2,
+                    recompute_granularity=None if plan.recompute is Recompute.NONE else plan.recompute.label,
+                    grad_reduce_in_fp32=estimate.training.grad_reduce_in_fp32, **data_parallel_overlap(estimate))
+    fsdp = bool(ddp.get("use_megatron_fsdp"))
+    grads_fp32 = (ddp["grad_reduce_in_fp32"] if not fsdp or values["fsdp_reads_grad_reduce_in_fp32"]
+                  else ddp.get("megatron_fsdp_main_grads_dtype") == "torch.float32")
+    actual = {name: model[name] for name in _plan_fields(estimate)}
+    actual.update(expert_model_parallel_size=model["expert_model_parallel_size"],
+                  micro_batch_size=values["data"]["micro_batch_size"],
+                  global_batch_size=values["data"]["global_batch_size"], seq_length=values["data"]["seq_length"],
+                  model_seq_length=model["seq_length"],
+                  gpus=int(values["trainer"]["num_nodes"]) * int(values["trainer"]["devices"]),
+                  use_distributed_optimizer=bool(values["optimizer"]["use_distributed_optimizer"]),
+                  precision_aware_optimizer=bool(values["optimizer"]["use_precision_aware_optimizer"]),
+                  optimizer_dtypes=values["optimizer"]["dtypes"],
+                  use_megatron_fsdp=fsdp, recompute_granularity=model["recompute_granularity"],
+                  grad_reduce_in_fp32=bool(grads_fp32), overlap_grad_reduce=bool(ddp["overlap_grad_reduce"]),
+                  overlap_param_gather=bool(ddp["overlap_param_gather"]))
+    split = {name: model[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                            "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                                            "sequence_parallel", "expert_model_parallel_size",
+                                            "expert_tensor_parallel_size", "num_layers_in_first_pipeline_stage",
+                                            "num_layers_in_last_pipeline_stage",
+                                            "account_for_embedding_in_pipeline_split",
+                                            "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
+                                            "recompute_granularity", "recompute_method", "recompute_num_layers")}
+    if split["pipeline_model_parallel_layout"] is None:
+        del split["pipeline_model_parallel_layout"]
+    ddp_view = SimpleNamespace(fp8_param_gather=ddp.get("fp8_param_gather", False),
+                               reuse_grad_buf_for_mxfp8_param_ag=ddp.get("reuse_grad_buf_for_mxfp8_param_ag", False))
+    return (_differences(expected, actual) + _model_shape(estimate, SimpleNamespace(**model))
+            + _fp8_differences(estimate, model["fp8"], model["fp8_recipe"], model["fp8_param"], ddp_view)
+            + _transformer_config(estimate, split))
 
 
 def _fp8_differences(estimate: Estimate, fp8: object, recipe: object, fp8_param: object, ddp) -> list[str]:

@@ -93,6 +93,14 @@ BRIDGE_RECIPES = {
 model that has one; another model is built by AutoBridge from its Hugging Face config (`bridge_base`)."""
 
 
+def recipe_moe_fields(estimate: Estimate) -> dict[str, object]:
+    """MoE switches NeMo's and Bridge's recipes turn on that the step time does not price: the shared experts'
+    overlap with the dispatch (moe_shared_expert_overlap, set by the DeepSeek-V3 recipes; Megatron-Core also refuses
+    it beside recomputing 'shared_experts'), written off."""
+    moe = estimate.model.moe
+    return {"moe_shared_expert_overlap": False} if moe is not None and moe.num_shared_experts else {}
+
+
 def nemo_factory(estimate: Estimate) -> tuple[str, bool]:
     """(the `--factory` recipe, whether the model's shape must be written over its model config): the model's own
     recipe, else the family recipe of NEMO_FAMILY_RECIPES."""
@@ -226,12 +234,18 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     overrides += [f"model.config.{name}={_value(fields[name])}"
                   for name in ("recompute_granularity", "recompute_method", "recompute_num_layers",
                                "recompute_modules")]
-    overrides += [f"model.config.{name}={_value(value)}" for name, value in mcore_moe_fields(estimate).items()]
+    overrides += [f"model.config.{name}={_value(value)}" for name, value in
+                  {**mcore_moe_fields(estimate), **recipe_moe_fields(estimate)}.items()]
     overrides += [f"model.config.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
     overrides += [f"model.config.{name}={_value(on)}" for name, on in pipeline_p2p_overlap(estimate).items()]
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
-                  f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}"]
+                  f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}",
+                  # fp32 main parameters and Adam moments, as the memory was priced (the DeepSeek-V3 recipe turns on
+                  # the precision-aware optimizer with bf16 moments)
+                  "optim.config.use_precision_aware_optimizer=false"]
+    overrides += [f"optim.config.{name}=torch.float32"
+                  for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")]
     overrides += [f"trainer.strategy.ddp.{name}={_value(on)}" for name, on in data_parallel_overlap(estimate).items()]
     if plan.zero >= 2:   # MegatronStrategy(fsdp="megatron") with the DDP config's sharding strategy
         overrides += ["trainer.strategy.fsdp=megatron", "trainer.strategy.ddp.use_megatron_fsdp=true",
@@ -266,6 +280,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     split = split_overrides(fields)
     model = {name: value for name, value in fields.items() if name not in split}
     model.update(mcore_moe_fields(estimate))
+    model.update(recipe_moe_fields(estimate))
     model.update(split)
     model.update(loss_fusion(estimate))
     model.update(pipeline_p2p_overlap(estimate))
