@@ -755,11 +755,11 @@ def header_value(text: str, key: str) -> str | None:
 
 
 @contextlib.contextmanager
-def hf_config_cache(model, repo_ids: tuple[str, ...]):
+def hf_config_cache(model, repo_ids: tuple[str, ...], revisions: tuple[str, ...] = ()):
     """The machine's Hugging Face cache as a user's would hold it: the model's config.json (its bundled preset, the
     one autopar priced) under each id in `repo_ids`, read offline (huggingface_hub's HF_HUB_CACHE / HF_HUB_OFFLINE,
-    which hf_hub_download reads at each call). No weights: Bridge's recipes build the provider with
-    load_weights=False."""
+    which hf_hub_download reads at each call), at its main ref and at each commit in `revisions` (recipes pin one).
+    No weights: Bridge's recipes build the provider with load_weights=False."""
     from huggingface_hub import constants
 
     from autopar.export.common import preset_name
@@ -774,8 +774,9 @@ def hf_config_cache(model, repo_ids: tuple[str, ...]):
             folder = Path(cache, "models--" + repo.replace("/", "--"))
             (folder / "refs").mkdir(parents=True)
             (folder / "refs" / "main").write_text("0" * 40)
-            (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
-            (folder / "snapshots" / ("0" * 40) / "config.json").write_text(source.read_text())
+            for commit in ("0" * 40, *revisions):
+                (folder / "snapshots" / commit).mkdir(parents=True)
+                (folder / "snapshots" / commit / "config.json").write_text(source.read_text())
         with mock.patch.object(constants, "HF_HUB_CACHE", cache), mock.patch.object(constants, "HF_HUB_OFFLINE", True), \
                 _environment({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache, "TRANSFORMERS_OFFLINE": "1"}):
             yield cache
@@ -806,11 +807,21 @@ def _import_bridge():
 
 
 def bridge_recipe_repo_ids(function) -> tuple[str, ...]:
-    """The Hugging Face ids a Bridge recipe function passes to AutoBridge.from_hf_pretrained (read from its source)."""
+    """The Hugging Face ids a Bridge recipe may pass to AutoBridge.from_hf_pretrained: every 'org/name' string in
+    its module's source (some recipes pass the id through a helper's argument)."""
     import inspect
     import re
 
-    return tuple(re.findall(r'from_hf_pretrained\(\s*"([^"]+)"', inspect.getsource(function)))
+    return tuple(sorted(set(re.findall(r'"([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)"',
+                                       inspect.getsource(inspect.getmodule(function))))))
+
+
+def bridge_recipe_revisions(function) -> tuple[str, ...]:
+    """The Hugging Face commits a Bridge recipe's module pins (40 hex digits)."""
+    import inspect
+    import re
+
+    return tuple(sorted(set(re.findall(r'"([0-9a-f]{40})"', inspect.getsource(inspect.getmodule(function))))))
 
 
 def bridge_launch(estimate: Estimate, text: str):
@@ -832,12 +843,13 @@ def bridge_launch(estimate: Estimate, text: str):
     if header_value(text, "provider"):
         from megatron.bridge.recipes.common import _pretrain_common
 
-        build, repos = _pretrain_common, ()
+        build, repos, revisions = _pretrain_common, (), ()
     elif recipe:
         recipes = importlib.import_module("megatron.bridge.recipes")
         if not hasattr(recipes, recipe):
             raise ValueError(f"Megatron-Bridge has no recipe {recipe!r}")
-        build, repos = getattr(recipes, recipe), bridge_recipe_repo_ids(getattr(recipes, recipe))
+        build = getattr(recipes, recipe)
+        repos, revisions = bridge_recipe_repo_ids(build), bridge_recipe_revisions(build)
     elif autobridge:
         from megatron.bridge import AutoBridge
         from megatron.bridge.recipes.common import _pretrain_common
@@ -847,10 +859,10 @@ def bridge_launch(estimate: Estimate, text: str):
             cfg.model = AutoBridge.from_hf_pretrained(autobridge).to_megatron_provider(load_weights=False)
             return cfg
 
-        repos = (autobridge,)
+        repos, revisions = (autobridge,), ()
     else:
         raise ValueError("the config names neither a Megatron-Bridge recipe nor an AutoBridge model")
-    with hf_config_cache(estimate.model, repos), _environment({"WORLD_SIZE": str(estimate.cluster.num_gpus)}), \
+    with hf_config_cache(estimate.model, repos, revisions), _environment({"WORLD_SIZE": str(estimate.cluster.num_gpus)}), \
             mock.patch.object(comm_overlap, "HAVE_TE", True), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()):
         cfg = build()

@@ -73,10 +73,13 @@ NEMO_RECIPES = {
     "llama-3.1-8b": "llama31_8b", "llama-3.1-70b": "llama31_70b", "llama-3.1-405b": "llama31_405b",
     "mixtral-8x7b": "mixtral_8x7b", "mixtral-8x22b": "mixtral_8x22b", "deepseek-v3": "deepseek_v3",
     "qwen3-8b": "qwen3_8b", "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
-    "gpt-oss-20b": "gpt_oss_20b", "gpt-oss-120b": "gpt_oss_120b", "nemotron-4-15b": "nemotron4_15b",
-    "nemotron-4-340b": "nemotron4_340b"}
+    "nemotron-4-15b": "nemotron4_15b", "nemotron-4-340b": "nemotron4_340b"}
 """NeMo 2.7.3's pretraining recipe (`nemo llm pretrain --factory NAME`, nemo/collections/llm/recipes/NAME.py) for each
 bundled model that has one."""
+NEMO_MODEL_FACTORIES = {"gpt-oss-20b": "gpt_oss_20b", "gpt-oss-120b": "gpt_oss_120b"}
+"""Bundled models NeMo 2.7.3 has a model factory for but no pretraining recipe (recipes/gpt_oss_120b.py registers
+`model` and a finetune recipe only): the family recipe's trainer with `model=NAME`, NeMo's GPTOSSModel and its
+GPTOSSConfig."""
 NEMO_FAMILY_RECIPES = (("moe", "qwen3_30b_a3b"), ("qk_layernorm", "qwen3_8b"), ("dense", "llama3_8b"))
 """For a model without a recipe: the NeMo 2.7.3 recipe whose model config class (Qwen3Config30B_A3B, Qwen3Config8B,
 Llama3Config8B: nemo/collections/llm/gpt/model/{qwen3,llama}.py) the launch starts from, by architecture; the model's
@@ -101,15 +104,18 @@ def recipe_moe_fields(estimate: Estimate) -> dict[str, object]:
     return {"moe_shared_expert_overlap": False} if moe is not None and moe.num_shared_experts else {}
 
 
-def nemo_factory(estimate: Estimate) -> tuple[str, bool]:
-    """(the `--factory` recipe, whether the model's shape must be written over its model config): the model's own
-    recipe, else the family recipe of NEMO_FAMILY_RECIPES."""
+def nemo_factory(estimate: Estimate) -> tuple[str, str | None, bool]:
+    """(the `--factory` recipe, the model factory put in its place or None, whether the model's shape is written
+    over its model config): the model's own recipe; else the family recipe of NEMO_FAMILY_RECIPES with NeMo's model
+    factory for the model (NEMO_MODEL_FACTORIES), or with the model's shape over the family's config class."""
     model = estimate.model
     name = preset_name(model)
     if name in NEMO_RECIPES:
-        return NEMO_RECIPES[name], False
+        return NEMO_RECIPES[name], None, False
     kind = "moe" if model.is_moe else "qk_layernorm" if model.qk_layernorm else "dense"
-    return dict(NEMO_FAMILY_RECIPES)[kind], True
+    if name in NEMO_MODEL_FACTORIES:
+        return dict(NEMO_FAMILY_RECIPES)[kind], NEMO_MODEL_FACTORIES[name], False
+    return dict(NEMO_FAMILY_RECIPES)[kind], None, True
 
 
 def nemo_model_shape(estimate: Estimate) -> dict[str, object]:
@@ -120,8 +126,8 @@ def nemo_model_shape(estimate: Estimate) -> dict[str, object]:
         "num_layers": model.num_layers, "hidden_size": model.hidden_size, "ffn_hidden_size": model.ffn_hidden_size,
         "num_attention_heads": model.num_attention_heads, "num_query_groups": model.num_kv_heads,
         "kv_channels": model.head_dim, "share_embeddings_and_output_weights": model.tied_embeddings}
-    if model.rope is not None:
-        shape["rotary_base"] = float(model.rope.theta)
+    if model.rope is not None:   # GPTConfig.rotary_base is an int field in the Llama and Qwen3 configs
+        shape["rotary_base"] = int(model.rope.theta) if float(model.rope.theta).is_integer() else model.rope.theta
     if model.moe is not None:
         shape.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k,
                      moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
@@ -224,9 +230,11 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
                                    num_mtp_layers=estimate.model.num_mtp_layers)
-    factory, reshape = nemo_factory(estimate)
+    factory, model_factory, reshape = nemo_factory(estimate)
     overrides = [f"trainer.num_nodes={cluster.num_nodes}",
                  f"trainer.devices={min(cluster.gpus_per_node, cluster.num_gpus)}"]
+    if model_factory:
+        overrides.append(f"model={model_factory}")
     if reshape:
         overrides += [f"model.config.{name}={_value(value)}" for name, value in nemo_model_shape(estimate).items()]
     overrides += [f"trainer.strategy.{name}={_value(fields[name])}" for name in STRATEGY_FIELDS if name in fields]
@@ -263,6 +271,9 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     # dtype config sets them on the model, the optimizer and the ddp config at setup)
     overrides += [f"trainer.plugins.{name}={_value(on)}" for name, on in fp8_param_fields(estimate).items()]
     remarks = [f"recipe: {factory}"]
+    if model_factory:
+        remarks.append(f"NeMo 2.7.3 has no pretraining recipe for {one_line(estimate.model.name)}: {factory}'s "
+                       f"trainer with NeMo's {model_factory} model (model={model_factory})")
     if reshape:
         remarks.append(f"NeMo 2.7.3 has no recipe for {one_line(estimate.model.name)}: {factory}'s model config class "
                        "with this model's shape written over its fields (model.config.*)")
