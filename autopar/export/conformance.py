@@ -931,7 +931,29 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                   overlap_moe_expert_parallel_comm=bool(model.overlap_moe_expert_parallel_comm),
                   overlap_p2p_comm=bool(model.overlap_p2p_comm))
     return (_differences(expected, actual) + _model_shape(estimate, model)
-            + _fp8_differences(estimate, model.fp8, model.fp8_recipe, model.fp8_param, ddp))
+            + _fp8_differences(estimate, model.fp8, model.fp8_recipe, model.fp8_param, ddp)
+            + _bridge_preset_differences(estimate, cfg.mixed_precision))
+
+
+BRIDGE_PRICED_PRECISION_FIELDS = ("fp8_param", "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag",
+                                  "grad_reduce_in_fp32")
+"""The MixedPrecisionConfig fields an export may change from the recipe's preset (export.nemo.bridge_mixed_precision):
+the fp8 parameters and the gradient dtype the estimate priced (checked on the model and ddp configs above)."""
+
+
+def _bridge_preset_differences(estimate: Estimate, precision) -> list[str]:
+    """The launched MixedPrecisionConfig against the preset of the estimate's recipe (get_mixed_precision_config),
+    field by field, the priced fields aside: a node written without a preset field runs other scaling."""
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    from autopar.export.common import BRIDGE_FP8_PRESETS
+
+    recipe = estimate.training.fp8_scaling
+    preset = get_mixed_precision_config(BRIDGE_FP8_PRESETS[recipe.value] if recipe else "bf16_mixed")
+    preset.finalize()
+    return [f"mixed_precision {f.name}: preset {getattr(preset, f.name)!r}, launched {getattr(precision, f.name)!r}"
+            for f in dataclasses.fields(preset) if f.name not in BRIDGE_PRICED_PRECISION_FIELDS
+            and getattr(preset, f.name) != getattr(precision, f.name)]
 
 
 def _nemo_run_value(text: str) -> object:

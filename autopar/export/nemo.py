@@ -73,7 +73,9 @@ NEMO_RECIPES = {
     "llama-3.1-8b": "llama31_8b", "llama-3.1-70b": "llama31_70b", "llama-3.1-405b": "llama31_405b",
     "mixtral-8x7b": "mixtral_8x7b", "mixtral-8x22b": "mixtral_8x22b", "deepseek-v3": "deepseek_v3",
     "qwen3-8b": "qwen3_8b", "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
-    "nemotron-4-15b": "nemotron4_15b", "nemotron-4-340b": "nemotron4_340b"}
+    "nemotron-4-15b": "nemotron4_15b", "nemotron-4-340b": "nemotron4_340b", "deepseek-v2-lite": "deepseek_v2_lite",
+    "llama-2-7b": "llama2_7b", "mistral-7b": "mistral_7b", "qwen2.5-7b": "qwen25_7b",
+    "llama-4-scout-17b-16e": "llama4_e16", "llama-4-maverick-17b-128e": "llama4_e128"}
 """NeMo 2.7.3's pretraining recipe (`nemo llm pretrain --factory NAME`, nemo/collections/llm/recipes/NAME.py) for each
 bundled model that has one."""
 NEMO_MODEL_FACTORIES = {"gpt-oss-20b": "gpt_oss_20b", "gpt-oss-120b": "gpt_oss_120b"}
