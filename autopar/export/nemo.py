@@ -368,9 +368,11 @@ def bridge_comm_overlap(estimate: Estimate) -> str:
     recipe's (or its None) whole and that the override loader instantiates."""
     fields = {"tp_comm_overlap": model_parallel_overlap(estimate)["tp_comm_overlap"],
               **data_parallel_overlap(estimate),
-              "overlap_moe_expert_parallel_comm": model_parallel_overlap(estimate)["overlap_moe_expert_parallel_comm"],
               **(pipeline_p2p_overlap(estimate) or {"overlap_p2p_comm": False,
                                                      "batch_p2p_comm": estimate.plan.pp > 1})}
+    if estimate.model.is_moe:   # setup turns it off unless set (dense models have nothing to overlap)
+        fields["overlap_moe_expert_parallel_comm"] = \
+            model_parallel_overlap(estimate)["overlap_moe_expert_parallel_comm"]
     return shell_word(_hydra_node({"_target_": BRIDGE_COMM_OVERLAP_CONFIG, **fields}))
 
 
@@ -417,7 +419,7 @@ def _hydra_node(fields: dict[str, object]) -> str:
             return _quoted(v)
         return str(v)
 
-    return "{" + ",".join(f"{name}:{value(v)}" for name, v in fields.items()) + "}"
+    return "{" + ",".join(f"{name}:{v if name == '_target_' else value(v)}" for name, v in fields.items()) + "}"
 
 
 def _render(framework: str, caption: str, sources: tuple[str, ...], overrides: list[str],
