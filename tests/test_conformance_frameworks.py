@@ -163,13 +163,22 @@ def test_bridge_recipe_split_must_be_cleared():
     assert _run("bridge", point, kept) in ("rejected", "silently_changed")   # the recipe's slots stay
 
 
-def test_nemo_split_on_model_config_is_overwritten_by_the_strategy():
+def test_nemo_runs_the_plans_pipeline_split_or_the_checker_says_so():
+    """The split is the strategy's (MegatronStrategy.connect copies its parallelism over model.config and runs
+    TransformerConfig.__post_init__ again): one layer moved from the last stage to the first, or the embedding slot
+    dropped, is a different split."""
     needs("nemo")
     point = next(p for p in front("405b-interleaved") if p.plan.first_stage_layers or p.plan.last_stage_layers)
     text = launch_config(point, "nemo").text
-    old = re.sub(r"trainer\.strategy\.(num_layers_in_|account_for_)", r"model.config.\1", text)
-    ran, moved = _runs("nemo", point, text, old)
-    assert ran == "accepted" and moved in ("rejected", "silently_changed")
+    first = re.search(r"trainer\.strategy\.num_layers_in_first_pipeline_stage=(\d+)", text)
+    if first:
+        moved = text.replace(first.group(0), first.group(0)[:-len(first.group(1))] + str(int(first.group(1)) + 1))
+    else:
+        moved = text.replace("trainer.strategy.account_for_embedding_in_pipeline_split=true",
+                             "trainer.strategy.account_for_embedding_in_pipeline_split=false")
+    assert moved != text
+    ran, changed = _runs("nemo", point, text, moved)
+    assert ran == "accepted" and changed in ("rejected", "silently_changed")
 
 
 def test_torchtitan_refuses_cuda_graphs_with_pipeline_parallelism():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autopar.export import launch_config
+from autopar.export.capabilities import Unsupported
 from autopar.export.conformance import header_value
 from autopar.export.fronts import CONFIG_MODELS
 from autopar.export.verl import sequence_lengths
@@ -72,8 +73,8 @@ def test_models_without_a_recipe_are_built_from_the_frameworks_model_classes():
         assert field in node
     assert header_value(launch_config(mixtral, "nemo").text, "recipe") == "mixtral_8x22b"
     gpt_oss = _estimate("gpt-oss-120b", 64, Plan(tp=1, pp=4, ep=8, etp=1, zero=1))
-    nemo = launch_config(gpt_oss, "nemo").text
-    assert "model=gpt_oss_120b \\" in nemo and header_value(nemo, "recipe") == "qwen3_30b_a3b"
+    with pytest.raises(Unsupported, match="quick_gelu"):   # NeMo 2.7.3's GPT-OSS config needs a newer Megatron-Core
+        launch_config(gpt_oss, "nemo")
     assert header_value(launch_config(gpt_oss, "bridge").text, "recipe") == "gpt_oss_120b_pretrain_config"
     small = _estimate(str(CONFIG_MODELS / "llama-3.2-1b" / "config.json"), 8, Plan(zero=1))
     assert header_value(launch_config(small, "bridge").text, "autobridge") == str(CONFIG_MODELS / "llama-3.2-1b")

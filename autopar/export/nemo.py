@@ -79,6 +79,14 @@ NEMO_RECIPES = {
 """NeMo 2.7.3's pretraining recipe (`nemo llm pretrain --factory NAME`, nemo/collections/llm/recipes/NAME.py) for each
 bundled model that has one."""
 NEMO_MODEL_FACTORIES = {"gpt-oss-20b": "gpt_oss_20b", "gpt-oss-120b": "gpt_oss_120b"}
+NEMO_UNBUILDABLE_MODELS = {
+    "gpt-oss-20b": "NeMo 2.7.3's GPTOSSConfig takes megatron.core.activations.quick_gelu, which the megatron-core it "
+                   "runs on here (0.16.1; 0.19 drops modules NeMo 2.7.3 imports) lacks: its TransformerConfig refuses "
+                   "the config ('When bias_activation_fusion is True, activation function should be either gelu, "
+                   "swiglu, or quick_geglu'); emit Megatron-LM or Megatron-Bridge (gpt_oss recipes) instead"}
+NEMO_UNBUILDABLE_MODELS["gpt-oss-120b"] = NEMO_UNBUILDABLE_MODELS["gpt-oss-20b"]
+"""Bundled models NeMo 2.7.3 cannot build in its environment (nemo/collections/llm/gpt/model/gpt_oss.py:
+safe_import_from('megatron.core.activations', 'quick_gelu', alt=object)), refused with the reason."""
 """Bundled models NeMo 2.7.3 has a model factory for but no pretraining recipe (recipes/gpt_oss_120b.py registers
 `model` and a finetune recipe only): the family recipe's trainer with `model=NAME`, NeMo's GPTOSSModel and its
 GPTOSSConfig."""
@@ -229,6 +237,11 @@ def _quoted(text: str) -> str:
 
 def nemo2_config(estimate: Estimate) -> LaunchConfig:
     require_runnable(estimate, "nemo")
+    if preset_name(estimate.model) in NEMO_UNBUILDABLE_MODELS:
+        from autopar.export.capabilities import Unsupported
+
+        raise Unsupported("nemo", estimate.plan, (NEMO_UNBUILDABLE_MODELS[preset_name(estimate.model)],),
+                          inputs_only=True)
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
                                    num_mtp_layers=estimate.model.num_mtp_layers)
