@@ -16,31 +16,24 @@ when one is missing, so tests skip with the reason. Each checker states what it 
   H100 (device arch 9, compute capability 9.0), then `core_transformer_config_from_args`
   (TransformerConfig.__post_init__) and `get_megatron_ddp_config` (DistributedDataParallelConfig.__post_init__; the
   fp8 parameters and MXFP8's gradient-buffer reuse, `fp8_params_priced`).
-* torchtitan (torchtitan 0.3.0): the emitted file loaded by torchtitan's `ConfigManager.parse_args(["--module",
-  "autopar_plan", "--config", "autopar_plan"])` (tyro), then `ParallelDims` on the cluster's world size and the
-  pipeline schedule class / microbatch checks torchtitan's pipeline_llm makes.
-* verl (verl 0.9.1): Hydra composes `ppo_megatron_trainer` with the emitted overrides (unknown keys without `+`
-  fail), then `verl.utils.config.validate_config` (data/actor batch checks, McoreEngineConfig, McoreActorConfig); the
-  DistributedDataParallelConfig verl builds from override_ddp_config and its `init_megatron_optim_config` on the
-  actor's optimizer (fp8 recipe, fp8 parameters, MXFP8's reuse flag in both).
-* nemo (NeMo 2 = nemo-toolkit 2.7.3, not installable next to megatron-core 0.19 and without CUDA: see README): the
-  override words as the shell passes them, each value read as NeMo-Run's CLI parser reads it (`_nemo_run_value`), the
-  keys checked against MegatronStrategy's parameters (NEMO_STRATEGY_PARAMETERS, from its __init__) and Megatron-Core's
-  DistributedDataParallelConfig / TransformerConfig fields; then NeMo's precedence (the strategy's parallelism is
-  copied over model.config at setup; the precision plugin's preset, resolved as NeMo-Run resolves it, with its
-  `trainer.plugins.<name>=` fields over the model's fp8 and the ddp config: `nemo_precision`) applied and
-  Megatron-Core's TransformerConfig and DistributedDataParallelConfig built from the result.
-* bridge (megatron-bridge 0.6.2 installs but cannot be imported without Transformer Engine, a CUDA build): the
-  recipe's own pipeline settings read from its installed source, the emitted overrides (split as the shell splits
-  them) applied with Hydra's override parser in struct mode exactly as Bridge's `parse_hydra_overrides` does, and
-  Megatron-Core's TransformerConfig built from the resulting `model` section; the `mixed_precision` value built by
-  Bridge's own training/mixed_precision.py and override loader (imported with stand-ins for the two packages that
-  need Transformer Engine: `_bridge_training_modules`), applied over the model, ddp and optimizer configs and
-  checked as ConfigContainer.validate does (`_bridge_precision`).
+* torchtitan (torchtitan 0.3.0): the emitted file loaded by `ConfigManager.parse_args(["--module", ...])` (tyro),
+  `ParallelDims` on the cluster's world size, `build_mesh()` on PyTorch's fake process group, the reshard policy as
+  apply_fsdp_to_decoder resolves it (get_fsdp_reshard_after_forward_policy), the shard degree of the FSDP mesh, the
+  schedule class and the rank-to-stage map (_get_pp_rank_to_stage_indices_mapping).
+* verl (verl 0.9.1): `main_ppo`'s path: Hydra composes `ppo_megatron_trainer` with the overrides, then
+  `validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))`, OmegaConf.resolve, and per worker (actor;
+  critic under GAE) the DDP config built by Megatron-Bridge's create_ddp_config and init_megatron_optim_config.
+* nemo (nemo-toolkit 2.7.3 on megatron-core 0.16.1, in its own venv: export/nemo_entry.py): `LazyEntrypoint(
+  llm.pretrain, factory=recipe, overwrites).resolve()` (the `nemo llm pretrain --factory` path), fdl.build of the
+  model, strategy, plugin and optimizer, then `MegatronStrategy.connect`.
+* bridge (megatron-bridge 0.6.2, imported whole with one stand-in, its TE-only LoRA layers): the recipe function
+  (or _pretrain_common with a GPTModelProvider node or AutoBridge), `process_config_with_overrides`, then
+  `runtime_config_update` (what pretrain() runs first: mixed precision and CommOverlapConfig setup, validate).
 
-Only the harness's view of the machine is simulated (world size, device arch, no Transformer Engine fusions, the
-Transformer-Engine-only packages Bridge's precision code does not use); nothing in the emitted configs is changed
-before the framework sees them.
+Only the harness's view of the machine is simulated (world size, device arch, Transformer Engine's presence for
+Bridge's tp_comm_overlap check, TE-only kernel fusions off, the model's config.json in an offline Hugging Face cache,
+a tokenizer without files for verl); nothing a plan sets in the emitted configs is changed before the framework
+sees them.
 """
 
 from __future__ import annotations
