@@ -50,6 +50,9 @@ def add_output_arguments(parser: argparse.ArgumentParser, pick: bool = True) -> 
     if pick:
         group.add_argument("--pick", type=integer, default=0, metavar="N",
                            help="which front point --emit uses: 0 = fastest (default), as numbered in the table")
+    group.add_argument("--verl-algorithm", default=None, metavar="NAME",
+                       help="with --emit verl: the advantage estimator (gae, the default, trains a critic; grpo, "
+                            "rloo, reinforce_plus_plus, ... do not)")
 
 
 def validate_output_arguments(args: argparse.Namespace) -> None:
@@ -68,6 +71,12 @@ def validate_output_arguments(args: argparse.Namespace) -> None:
         from autopar.export import framework_name
 
         args.emit = framework_name(framework)
+    if getattr(args, "verl_algorithm", None) is not None:
+        from autopar.export.verl import verl_algorithm
+
+        if args.emit != "verl":
+            raise InputError("verl-algorithm", "--verl-algorithm applies to --emit verl only; drop it or emit verl")
+        args.verl_algorithm = verl_algorithm(args.verl_algorithm)
     seen: dict[str, str] = {}
     inputs = input_files(args) if getattr(args, "out", None) else {}
     for path in getattr(args, "out", None) or []:
@@ -308,7 +317,7 @@ def write_outputs(args: argparse.Namespace, result: "ParetoFront | Estimate", st
 
         point = chosen_point(result, getattr(args, "pick", 0))
         try:
-            config = launch_config(point, framework)
+            config = launch_config(point, framework, verl_algorithm=getattr(args, "verl_algorithm", None))
         except Unsupported as refused:   # exit 2 with the reason and the nearest plan the framework runs
             raise refused.with_nearest(point) from None
         text = config.text
