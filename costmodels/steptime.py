@@ -608,10 +608,11 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-                     times: compute_model.LayerTimes, stage: np.ndarray, comm: LayerComm | None = None
-                     ) -> StageMicrobatch:
+                     times: compute_model.LayerTimes, stage: np.ndarray, comm: LayerComm | None = None,
+                     with_host: bool = True) -> StageMicrobatch:
     """Every per-microbatch piece of `stage`: one layer's times (and collectives, `layer_comm_s` when not given)
-    scaled by the stage's layers."""
+    scaled by the stage's layers. `with_host` False leaves the host's share (the costliest piece to price) at 0, for
+    a caller that does not read it."""
     if comm is None:
         comm = layer_comm_s(model, cluster, training, plans, times)
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
@@ -625,7 +626,7 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         ep_paired_exposed_s=ep_paired_exposed_s(model, cluster.profile, training, plans, times, stage,
                                                 comm.ep_all_to_all_s),
         host_s=stage_host_s(model, cluster, training, plans, times, stage, forward, backward, recompute,
-                            tp + cp + ep),
+                            tp + cp + ep) if with_host else np.zeros(len(plans)),
     )
 
 
@@ -903,9 +904,12 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     stages = candidate_stages(plans)
     per_stage: list[StageMicrobatch] = []
     if any(name in PIPELINED_TERM_NAMES for name in names):
+        with_host = "host" in names or "pp_bubble" in names
+
         def stage_pieces(sub: PlanArrays) -> list[StageMicrobatch]:
             times, comm = layer_pieces(model, cluster, training, sub)
-            return [stage_microbatch(model, cluster, training, sub, times, s, comm) for s in candidate_stages(sub)]
+            return [stage_microbatch(model, cluster, training, sub, times, s, comm, with_host)
+                    for s in candidate_stages(sub)]
 
         per_stage = per_knobs(plans, microbatch_knobs(training), stage_pieces)
     elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
