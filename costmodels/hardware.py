@@ -40,7 +40,7 @@ OVERLAP_TERMS = ("tp_comm",)
 PROFILE_SECTIONS: Mapping[str, frozenset[str]] = {
     "": frozenset({"schema_version", "name", "display_name", "aliases", "gpus_per_node", "nvlink_domain_size",
                    "memory", "compute", "links", "collectives", "provenance", "elementwise", "overlap",
-                   "calibration", "host"}),
+                   "calibration", "calibration_from_runs", "host"}),
     "host": frozenset(HOST_FIELDS),
     "memory": frozenset({"hbm_gib", "hbm_tb_per_s", "overheads_gib"}),
     "compute": frozenset({"peak_tflops", "gemm_efficiency", "sustained_clock_fraction", "streaming_multiprocessors",
@@ -53,7 +53,7 @@ PROFILE_SECTIONS: Mapping[str, frozenset[str]] = {
 }
 """Section (dotted path, "" = the top level) -> the keys it may hold. `memory.overheads_gib` takes any name (each is
 a memory term of its own), `compute.gemm_efficiency` the names GEMM_EFFICIENCY_FIELDS matches, `collectives` and
-`overlap` are checked where they are read, `provenance` and `calibration` are records."""
+`overlap` are checked where they are read, `provenance`, `calibration` and `calibration_from_runs` are records."""
 
 ATTENTION_KERNEL_NAMES = ("fa1", "fa2", "fa3", "cudnn", "fa_triton")
 """costmodels.compute.ATTENTION_KERNELS, restated because compute imports this module (tests/test_hostile_input.py
