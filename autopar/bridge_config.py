@@ -208,8 +208,9 @@ def _dispatcher(config: _Config, notes: list[str]) -> dict[str, Any]:
     if kind == "flex":
         backend = config.get("model", "moe_flex_dispatcher_backend", "deepep")
         if backend == "hybridep":
-            notes.append("moe_flex_dispatcher_backend hybridep priced as deepep (both send a token once per "
-                         "destination node)")
+            notes.append("moe_flex_dispatcher_backend hybridep: its exchange priced as deepep's (both send a token "
+                         "once per destination node), its buffers as HybridEP's")
+            return {"moe_dispatcher": "deepep", "moe_hybridep": True}
         return {"moe_dispatcher": "deepep"}
     raise InputError(INPUT_NAME, f"model.moe_token_dispatcher_type {kind!r}: allgather, alltoall or flex expected")
 

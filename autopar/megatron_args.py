@@ -503,8 +503,9 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
         return {"moe_dispatcher": "alltoall"}
     backend = _flex_backend(flags)
     if backend == "hybridep":
-        notes.append("--moe-flex-dispatcher-backend hybridep priced as deepep (both send a token once per "
-                     "destination node)")
+        notes.append("--moe-flex-dispatcher-backend hybridep: its exchange priced as deepep's (both send a token once "
+                     "per destination node), its buffers as HybridEP's")
+        return {"moe_dispatcher": "deepep", "moe_hybridep": True}
     elif backend == "ncclep":
         notes.append("--moe-flex-dispatcher-backend ncclep priced as deepep (the flex dispatcher's backend autopar "
                      "models; NCCL-EP's own exchange is not modelled apart)")

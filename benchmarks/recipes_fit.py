@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,6 +61,15 @@ class Priced:
     """What Bridge's performance launcher changes before it trains (benchmarks/bridge_recipes.launcher_overrides)."""
     worst: str = ""
     """Where the peak is: the worst pipeline rank's model states and activations, its largest terms."""
+    double_mbs_gib: float = 0.0
+    """The peak with twice the micro-batch (the next size a recipe could take), 0 when the global batch does not
+    split into it."""
+
+    @property
+    def at_largest_mbs(self) -> bool:
+        """Twice the micro-batch would not fit the GPU (or does not split the global batch): the recipe's
+        micro-batch is as large as its HBM allows."""
+        return not self.double_mbs_gib or self.double_mbs_gib > self.hbm_gib
 
     @property
     def share(self) -> float:
@@ -105,13 +114,31 @@ def price_recipe(entry: dict, folder: Path) -> "Priced | str":
         cluster = autopar.make_cluster(gpu=gpu, num_gpus=entry["num_gpus"])
         training = run.training_spec(TrainingSpec())
         result = estimate(model, cluster, training, run.plan)
+        double_gib = double_mbs_peak_gib(model, cluster, training, run.plan)
     except InputError as error:
         reason = f"{error.field}: {error.message}"
         return f"{reason} ({WORLD_RULE_SOURCE})" if "(rule world)" in reason else reason
     return Priced(recipe=entry["function"].removesuffix("_config"), model=preset, gpu=gpu,
                   num_gpus=entry["num_gpus"], plan=run.plan.short(), peak_gib=result.peak_memory_bytes / GIB,
                   hbm_gib=cluster.profile.hbm_bytes / GIB, not_priced=list(run.not_priced),
-                  launcher=list(entry.get("launcher_overrides", [])), worst=worst_stage_summary(result))
+                  launcher=list(entry.get("launcher_overrides", [])), worst=worst_stage_summary(result),
+                  double_mbs_gib=double_gib)
+
+
+def double_mbs_peak_gib(model, cluster, training, plan) -> float:
+    """The peak memory of `plan` with twice its micro-batch, GiB; 0 where Megatron could not run it (the global
+    batch does not split into it, or the interleaved schedule's micro-batches no longer divide by pp)."""
+    from costmodels.errors import InputError
+    from costmodels.scoring import estimate
+
+    double = replace(plan, mbs=2 * plan.mbs)
+    dp = double.dp(cluster.num_gpus)
+    if not dp or training.global_batch_size % (dp * double.mbs):
+        return 0.0
+    try:
+        return estimate(model, cluster, training, double).peak_memory_bytes / GIB
+    except InputError:
+        return 0.0
 
 
 def worst_stage_summary(result) -> str:
@@ -263,11 +290,20 @@ def main(argv: "list[str] | None" = None) -> int:
         print("\nover HBM:")
         for p in over:
             print(f"  {p.recipe}: {p.peak_gib:.1f} GiB of {p.hbm_gib:.0f} ({p.plan}); {p.worst}")
-    print("\nmedian peak of HBM by model:")
+    print("\nmedian peak of HBM by model (at largest mbs: twice the recipe's micro-batch would not fit, or does not "
+          "split the global batch):")
     for model in sorted({p.model for p in priced}):
-        shares = [p.share for p in priced if p.model == model]
+        group = [p for p in priced if p.model == model]
+        shares = [p.share for p in group]
         print(f"  {model:16} {len(shares):3d} recipes  median {100 * statistics.median(shares):3.0f}%  "
-              f"range {100 * min(shares):3.0f}-{100 * max(shares):3.0f}%")
+              f"range {100 * min(shares):3.0f}-{100 * max(shares):3.0f}%  at largest mbs "
+              f"{sum(p.at_largest_mbs for p in group)}")
+    within = [p for p in priced if p.share <= 1.0]
+    tuned = [p for p in within if p.at_largest_mbs]
+    if within:
+        print(f"  within HBM: {len(tuned)} of {len(within)} at their largest micro-batch; the other "
+              f"{len(within) - len(tuned)} (median {100 * statistics.median([p.share for p in within if p not in tuned] or [0]):.0f}% of HBM) "
+              "would fit twice it")
     print("\nrefused:")
     for reason, count in Counter(reason for _, reason in refused).most_common():
         names = [name for name, why in refused if why == reason]

@@ -98,6 +98,8 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "zero_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "tp_comm_userbuffers": ("tp", "sp", "cp", "mbs"),
+    "moe_dispatcher_buffers": ("tp", "sp", "cp", "mbs", "ep", "etp", "pp", "first_stage_layers",
+                               "last_stage_layers"),
 }
 """Plan fields each memory term depends on. Fixed-overhead terms (one per key of the profile's
 `memory.overheads_gib`, e.g. cuda_context, nccl_buffers) depend on no knob: see `term_knobs`."""
@@ -108,7 +110,7 @@ TERM_STAGE_DEPENDENCE: dict[str, str] = {
     **{name: _VARIES_WITH_LAYERS for name in (
         "weights", "gradients", "optimizer_states", "expert_weights", "expert_gradients", "expert_optimizer_states",
         "fp8_weight_copies", "recompute_working_set", "zero_gradient_buckets", "zero3_prefetch_buffers",
-        "moe_stash_working_set")},
+        "moe_stash_working_set", "moe_dispatcher_buffers")},
     **{name: "first_and_last" for name in (
         "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
     **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
@@ -142,7 +144,8 @@ ACTIVATION_TERMS: tuple[str, ...] = (
     "mtp_activations")
 """Everything kept for (or created by) the backward pass."""
 
-BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers", "tp_comm_userbuffers")
+BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers", "tp_comm_userbuffers",
+                                  "moe_dispatcher_buffers")
 """Communication working buffers; the profile's fixed overheads are the remaining terms."""
 
 
@@ -970,6 +973,34 @@ def zero3_prefetch_buffers_bytes(model: ModelSpec, profile: HardwareProfile, tra
                     + _unsharded_layer_bytes(model, shape, 1, made_after), 0.0)
 
 
+# ---- MoE dispatcher buffers ----------------------------------------------------------------------------------------
+
+def moe_dispatcher_buffers_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                                 shape: StageShape) -> np.ndarray:
+    """HybridEP's persistent buffers (TrainingSpec.moe_hybridep), allocated once for the largest exchange and shared
+    by every MoE layer of the rank. Megatron-Core sizes the buffer by the first dispatch's tokens
+    (transformer/moe/fused_a2a.py: init_hybrid_ep_buffer(group, hidden_dim, num_tokens, num_local_experts) with
+    `num_tokens, hidden_dim = x.shape[-2:]`, the rank's T/t tokens under SP) over the tensor×expert-parallel group
+    of G = etp·ep ranks; HybridEP's NVLink coordinator (DeepEP hybrid-ep branch, csrc/hybrid_ep/buffer/
+    intranode.cu) holds the worst case, every token of the group routed to one rank, `max_num_of_tokens =
+    max_num_of_tokens_per_rank · num_of_ranks_per_node · num_of_nodes` = G·T/t rows, in one buffer the dispatch and
+    the combine share (hybrid_ep_buffer.py: use_shared_buffer=True): the tokens in bf16 (2h), their routing
+    probabilities over the experts of the NVLink domain (fp32, (E/ep) experts per rank × R ranks,
+    R = min(G, the job's NVLink domain)) and the dispatch's fp32 scaling factors (h/128). The inter-domain RDMA
+    buffers, when the EP group spans NVLink domains (internode_doca.cu: T/t·h per remote domain), are not
+    priced."""
+    if model.moe is None or not training.moe_hybridep:
+        return np.zeros(len(shape.plans))
+    plans = shape.plans
+    group = (plans.ep * plans.etp).astype(float)
+    ranks_per_domain = np.minimum(group, float(cluster.nvlink_domain_gpus))
+    experts_per_rank = model.moe.num_experts / plans.ep
+    h = model.hidden_size
+    per_row = BF16_BYTES * h + FP32_BYTES * experts_per_rank * ranks_per_domain + FP32_BYTES * (h // 128)
+    rows = shape.tokens_outside_tp * group
+    return np.where(shape.moe_layers > 0, rows * per_row, 0.0)
+
+
 # ---- tensor-parallel communication overlap ------------------------------------------------------------------------
 
 UB_ALL_GATHER_BUFFERS = 8
@@ -1067,6 +1098,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, cluster.profile, training,
                                                                               shape)),
         ("tp_comm_userbuffers", training.tp_comm_overlap, lambda: tp_comm_userbuffers_bytes(model, training, plans)),
+        ("moe_dispatcher_buffers", moe and training.moe_hybridep,
+         lambda: moe_dispatcher_buffers_bytes(model, cluster, training, shape)),
     ]
     terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}
     modelled = {name for name, present, _ in entries if present}

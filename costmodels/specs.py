@@ -565,6 +565,10 @@ class TrainingSpec:
     capacity factor."""
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     """Token dispatcher of the MoE layers: alltoall (NCCL) or deepep (DeepEP through the flex dispatcher)."""
+    moe_hybridep: bool = False
+    """The flex dispatcher runs DeepEP's HybridEP backend (--moe-flex-dispatcher-backend hybridep): its persistent
+    NVLink buffers are priced (memory.moe_dispatcher_buffers_bytes); the exchange is priced as DeepEP's
+    (moe_dispatcher deepep)."""
     moe_rank_capacity_factor: float | None = None
     """A static token budget per expert-parallel rank (Megatron-Core TransformerConfig.moe_expert_rank_capacity_factor,
     --moe-expert-rank-capacity-factor; the flex dispatcher's HybridEP and NCCL-EP backends): the tokens a rank's
@@ -737,6 +741,9 @@ class TrainingSpec:
                     and not isinstance(self.moe_paged_stash_factor, bool) and self.moe_paged_stash_factor >= 0,
                     "moe_paged_stash_factor", f"must be >= 0 (None: no paged stash), got "
                                               f"{self.moe_paged_stash_factor!r}")
+        require(isinstance(self.moe_hybridep, bool) and (not self.moe_hybridep
+                                                         or self.moe_dispatcher is MoEDispatcher.DEEPEP),
+                "moe_hybridep", "HybridEP is a backend of the flex dispatcher; use --moe-dispatcher deepep")
         require(self.moe_rank_capacity_factor is None or self.moe_dispatcher is MoEDispatcher.DEEPEP,
                 "moe_rank_capacity_factor", "a rank token budget is the flex dispatcher's (Megatron-Core "
                 "TransformerConfig: 'moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend to be "

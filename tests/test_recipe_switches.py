@@ -261,3 +261,21 @@ def test_llama_3_presets():
                 old.vocab_size) == (new.hidden_size, new.num_layers, new.num_attention_heads, new.num_kv_heads,
                                     new.ffn_hidden_size, new.vocab_size)
     assert autopar.models.preset_for_hub_id("meta-llama/Meta-Llama-3-70B") == "llama-3-70b"
+
+
+def test_hybridep_buffers():
+    """qwen3-30b-a3b, tp 1, ep 16 on 16 H100 (NVLink domains of 8), seq 4096, mbs 1: the buffer holds the group's
+    worst case, 16 ranks × 4096 tokens = 65536 rows, each the bf16 token (2 · 2048), its fp32 probabilities over
+    the domain's experts (8 experts a rank × 8 ranks, 4 bytes each) and 2048/128 fp32 scaling factors:
+    65536 · (4096 + 256 + 64) bytes."""
+    plan = Plan(tp=1, pp=1, ep=16, etp=1, mbs=1, zero=1)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, moe_dispatcher="deepep", moe_hybridep=True)
+    assert terms("qwen3-30b-a3b", 16, training, plan)["moe_dispatcher_buffers"] == pytest.approx(65536 * 4416)
+    # on GB200 NVL72 the 16 ranks share one NVLink domain: the probabilities cover 16 ranks' experts
+    assert terms("qwen3-30b-a3b", 16, training, plan, gpu="gb200")["moe_dispatcher_buffers"] == \
+        pytest.approx(65536 * (4096 + 4 * 8 * 16 + 64))
+    assert "moe_dispatcher_buffers" not in terms("qwen3-30b-a3b", 16, TrainingSpec(seq_len=4096), plan)
+    run = read_bridge_config(BRIDGE_MOE)
+    assert run.training["moe_hybridep"] is True and run.training["moe_dispatcher"] == "deepep"
+    with pytest.raises(InputError, match="flex dispatcher"):
+        TrainingSpec(moe_hybridep=True)
