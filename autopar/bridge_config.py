@@ -283,14 +283,22 @@ UNPRICED_SWITCHES: dict[tuple[str, str], tuple[Any, str]] = {
     ("optimizer", "optimizer_cpu_offload"): (False, "optimizer states and step on the host: less GPU memory"),
     ("ddp", "num_distributed_optimizer_instances"): (1, "the distributed optimizer shards over dp / instances: more "
                                                         "optimizer memory per GPU than estimated"),
-    ("model", "cuda_graph_impl"): ("none", "kernels replayed from CUDA graphs: their static buffers are memory the "
-                                           "estimate does not hold, and launches it prices"),
-    ("model", "delay_wgrad_compute"): (False, "weight gradients deferred: their inputs held longer than estimated"),
-    ("comm_overlap", "delay_wgrad_compute"): (False, "weight gradients deferred: their inputs held longer than "
-                                                     "estimated"),
+    ("model", "cuda_graph_impl"): ("none", "kernels replayed from CUDA graphs; memory priced as eager (the captured "
+                                           "layers save the same tensors, in the graph pool: Megatron-Core reuses "
+                                           "static inputs across micro-batches, cuda_graphs.py _get_sample_arguments, "
+                                           "and TE >= 2.7 the outputs as the next layer's inputs), but the pool's "
+                                           "temporaries are not shared with eager ones (about one layer's working "
+                                           "set, not priced), and the launches are priced eager"),
+    ("model", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert all-to-all: one "
+                                              "layer's wgrad inputs held a little longer (a transient, not priced)"),
+    ("comm_overlap", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert "
+                                                     "all-to-all: one layer's wgrad inputs held a little longer (a "
+                                                     "transient, not priced)"),
     ("model", "first_last_layers_bf16"): (False, "the first and last layers in bf16 (priced in fp8)"),
-    ("ddp", "fsdp_double_buffer"): (False, "Megatron-FSDP's double buffers for the gathers: more memory than "
-                                           "estimated"),
+    ("ddp", "fsdp_double_buffer"): (False, "Megatron-FSDP's temporary buckets from a fixed pool of two FSDP units' "
+                                           "buffers (megatron_fsdp/param_and_grad_buffer.py FixedPoolAllocator, "
+                                           "size 2): about the two layers' gather zero3_prefetch_buffers prices, "
+                                           "held for the whole step"),
     ("ddp", "keep_fp8_transpose_cache"): (False, "Megatron-FSDP keeps fp8 transposes between steps: more memory "
                                                  "than estimated"),
 }
