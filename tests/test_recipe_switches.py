@@ -279,3 +279,18 @@ def test_hybridep_buffers():
     assert run.training["moe_hybridep"] is True and run.training["moe_dispatcher"] == "deepep"
     with pytest.raises(InputError, match="flex dispatcher"):
         TrainingSpec(moe_hybridep=True)
+
+
+def test_recipes_fit_prices_twice_the_micro_batch_only_where_megatron_could_run_it():
+    from benchmarks.recipes_fit import double_mbs_peak_gib
+
+    model = autopar.load_model("llama-3-8b")
+    cluster = autopar.make_cluster(gpu="b200", num_gpus=8)
+    plan = Plan(tp=1, pp=1, mbs=2, zero=1)
+    # gbs 64 over dp 8: mbs 4 gives 2 micro-batches, a valid step, and more activations
+    training = TrainingSpec(seq_len=8192, global_batch_size=64)
+    doubled = double_mbs_peak_gib(model, cluster, training, plan)
+    single = autopar.estimate(model, cluster, training, plan).peak_memory_bytes / 2**30
+    assert doubled > single
+    # gbs 16 over dp 8 is 2 sequences a rank: mbs 4 does not split it
+    assert double_mbs_peak_gib(model, cluster, TrainingSpec(seq_len=8192, global_batch_size=16), plan) == 0.0
