@@ -66,7 +66,9 @@ VALUE_FLAGS = frozenset({
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
     "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype",
     "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype",
-    "--microbatch-group-size-per-virtual-pipeline-stage", "--cuda-graph-impl",
+    "--microbatch-group-size-per-virtual-pipeline-stage", "--cuda-graph-impl", "--moe-expert-rank-capacity-factor",
+    "--cpu-offloading-num-layers",
+    "--moe-paged-stash-buffer-size-factor-cuda", "--wgrad-deferral-limit",
 })
 LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type", "--cuda-graph-modules",
                         "--cuda-graph-scope"})
@@ -85,7 +87,8 @@ SWITCH_FLAGS = frozenset({
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
     "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
     "--moe-pad-expert-input-to-capacity", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
-    "--use-precision-aware-optimizer", "--enable-cuda-graph", "--external-cuda-graph",
+    "--use-precision-aware-optimizer", "--enable-cuda-graph", "--external-cuda-graph", "--moe-paged-stash",
+    "--defer-embedding-wgrad-compute",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -504,11 +507,50 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
         return {"moe_dispatcher": "alltoall"}
     backend = _flex_backend(flags)
     if backend == "hybridep":
-        notes.append("--moe-flex-dispatcher-backend hybridep priced as deepep (both send a token once per "
-                     "destination node)")
+        notes.append("--moe-flex-dispatcher-backend hybridep: its exchange priced as deepep's (both send a token once "
+                     "per destination node), its buffers as HybridEP's")
+        return {"moe_dispatcher": "deepep", "moe_hybridep": True}
+    elif backend == "ncclep":
+        notes.append("--moe-flex-dispatcher-backend ncclep priced as deepep (the flex dispatcher's backend autopar "
+                     "models; NCCL-EP's own exchange is not modelled apart)")
     elif backend != "deepep":
-        raise InputError(INPUT_NAME, f"--moe-flex-dispatcher-backend {backend!r}: expected deepep or hybridep")
+        raise InputError(INPUT_NAME, f"--moe-flex-dispatcher-backend {backend!r}: expected deepep, hybridep or "
+                                     "ncclep")
     return {"moe_dispatcher": "deepep"}
+
+
+def _rank_budget(flags: dict[str, "str | bool"]) -> dict[str, float]:
+    """TrainingSpec.moe_rank_capacity_factor and moe_paged_stash_factor from --moe-expert-rank-capacity-factor (the
+    flex dispatcher's HybridEP / NCCL-EP backends only, as TransformerConfig checks) and --moe-paged-stash with
+    --moe-paged-stash-buffer-size-factor-cuda (default 1.10; a negative factor sizes the stash from the actual
+    tokens, the expected ones under balanced routing: its magnitude is taken)."""
+    text = flags.get("--moe-expert-rank-capacity-factor")
+    stash = bool(flags.get("--moe-paged-stash"))
+    if text is None:
+        if stash:
+            raise InputError(INPUT_NAME, "--moe-paged-stash without --moe-expert-rank-capacity-factor: Megatron-Core "
+                                         "refuses it ('moe_paged_stash requires moe_expert_rank_capacity_factor to "
+                                         "be set'); add the factor")
+        return {}
+    try:
+        factor = float(str(text))
+    except ValueError:
+        raise InputError(INPUT_NAME, f"--moe-expert-rank-capacity-factor: expected a number, got {text!r}") from None
+    if not math.isfinite(factor) or factor <= 0:
+        raise InputError(INPUT_NAME, f"--moe-expert-rank-capacity-factor {text}: expected a number > 0")
+    if _flex_backend(flags) not in ("hybridep", "ncclep"):
+        raise InputError(INPUT_NAME, "--moe-expert-rank-capacity-factor needs --moe-token-dispatcher-type flex with "
+                                     "--moe-flex-dispatcher-backend hybridep or ncclep (Megatron-Core "
+                                     "TransformerConfig refuses it otherwise)")
+    out = {"moe_rank_capacity_factor": factor}
+    if stash:
+        cuda = flags.get("--moe-paged-stash-buffer-size-factor-cuda", "1.10")
+        try:
+            out["moe_paged_stash_factor"] = abs(float(str(cuda)))
+        except ValueError:
+            raise InputError(INPUT_NAME, f"--moe-paged-stash-buffer-size-factor-cuda: expected a number, got "
+                                         f"{cuda!r}") from None
+    return out
 
 
 CAPACITY_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
@@ -614,9 +656,6 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
     "--overlap-param-gather-with-optimizer-step": (None, "the first parameter all-gather overlapped with the "
                                                          "optimizer step: the estimate exposes it"),
-    "--cpu-offloading-num-layers": ("0", "that many layers offloaded to host memory (validate_args turns "
-                                         "cpu_offloading on): less GPU memory than estimated, and the copies' "
-                                         "time"),
     "--fine-grained-activation-offloading": (None, "activations of --offload-modules offloaded to host memory: less "
                                                    "GPU memory than estimated, and the copies' time"),
     "--delay-wgrad-compute": (None, "weight-gradient GEMMs deferred to overlap the expert all-to-all: the estimate "
@@ -982,6 +1021,22 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
     training.update(_capacity(flags, notes))
+    training.update(_rank_budget(flags))
+    if flags.get("--defer-embedding-wgrad-compute"):
+        if plan.pp == 1:          # ModelParallelConfig.__post_init__
+            raise InputError(INPUT_NAME, "--defer-embedding-wgrad-compute with pp=1: Megatron-Core refuses it ('Cannot "
+                                         "defer embedding wgrad compute when pipeline model parallel is not used')")
+        training["defer_output_wgrad"] = True
+        limit = _integer(flags, "--wgrad-deferral-limit", 0)
+        training["wgrad_deferral_limit"] = limit
+    offloaded = _integer(flags, "--cpu-offloading-num-layers", 0)
+    if offloaded:      # validate_args: `if args.cpu_offloading_num_layers > 0: args.cpu_offloading = True`
+        if offloaded < 0:
+            raise InputError(INPUT_NAME, f"--cpu-offloading-num-layers {offloaded}: expected a whole number >= 0")
+        training["cpu_offload_layers"] = offloaded
+        notes.append(f"--cpu-offloading-num-layers {offloaded}: their activations priced on the host (Transformer "
+                     "Engine keeps at most num_layers - offloaded layers' activations on the GPU); the copies' time "
+                     "is not priced")
     if "--num-experts" in flags:   # TEGroupedMLP / SequentialMLP: a cuBLAS GEMM per expert (TrainingSpec.expert_gemm)
         training["expert_gemm"] = "cublas"
     if flags.get("--use-precision-aware-optimizer"):   # TrainingSpec.optimizer_state_bytes

@@ -84,7 +84,8 @@ def test_every_preset_loads(name: str) -> None:
 
 def test_preset_list_covers_the_reference_models() -> None:
     names = set(preset_names())
-    for name in ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b", "mixtral-8x22b",
+    for name in ("llama-2-7b", "llama-3-8b", "llama-3-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
+                 "mixtral-8x7b", "mixtral-8x22b",
                  "qwen2.5-7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v2-lite", "deepseek-v3", "gpt-3-175b",
                  "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b",
                  "gpt-310.1b", "gpt-530b", "gpt-1t", "gpt-22b", "gpt-175b"):
