@@ -6,6 +6,7 @@ each; NeMo in its own environment, .venv-nemo, as .ci/run builds it).
     python benchmarks/conformance.py                 # all fourteen fronts, every point (the full run)
     python benchmarks/conformance.py --sample 3      # the first 3 points of each front (CI's bounded sample)
     python benchmarks/conformance.py --framework deepspeed
+    python benchmarks/conformance.py --main-job      # README's main job with --emit FW, for each framework
 
 Prints one line per rejected or silently changed config, then per framework
 `conformance: FW accepted=A/N refused_with_reason=R silently_changed=S` (target: A + R = N, S = 0) over the full
@@ -14,6 +15,10 @@ fronts a user of FW sees; a refusal there is a model the framework cannot build,
 frameworks with a capability table; exits 1 when a framework rejects a config or a config is silently changed, 0
 otherwise. A framework whose package is not
 installed is reported as `conformance: FW not installed (...)`.
+
+--main-job checks what `autopar solve llama-3.1-70b --gpus 64 --seq-len 8192 --global-batch 1024 --emit FW` writes:
+the fastest plan under FW's rules, priced with FW's engine (as --emit FW searches), through FW's launch path; one
+line `conformance --emit: FW PLAN OUTCOME` per framework.
 """
 
 from __future__ import annotations
@@ -38,10 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=None, metavar="K", help="only the first K points of each front")
     parser.add_argument("--framework", action="append", choices=FRAMEWORKS, help="only these frameworks")
+    parser.add_argument("--main-job", action="store_true",
+                        help="only README's main job with --emit FW, for each framework")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     frameworks = args.framework or list(FRAMEWORKS)
+    if args.main_job:
+        return main_job(frameworks)
     start = time.perf_counter()
     fronts = []
     for case in FRONT_CASES:
@@ -94,6 +103,35 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({time.perf_counter() - start:.0f} s on this machine, shared; fronts of {', '.join(c.name for c in FRONT_CASES)})")
     for line in summaries:
         print(line)
+    return 1 if failures else 0
+
+
+def main_job(frameworks: list[str]) -> int:
+    """`autopar solve llama-3.1-70b --gpus 64 --seq-len 8192 --global-batch 1024 --emit FW` for each framework: the
+    plan --emit FW writes (the fastest under FW's rules, FW's engine priced) through FW's launch path."""
+    import dataclasses
+
+    from autopar.export.capabilities import framework_rules
+    from autopar.export.names import ENGINE_OF_FRAMEWORK
+    from autopar.models import load_model
+    from autopar.search.solve import solve
+    from costmodels.hardware import load_profile
+    from costmodels.specs import ClusterSpec, Engine, TrainingSpec
+
+    model, cluster = load_model("llama-3.1-70b"), ClusterSpec(profile=load_profile("h100"), num_gpus=64)
+    failures = 0
+    for framework in frameworks:
+        training = dataclasses.replace(TrainingSpec(seq_len=8192, global_batch_size=1024),
+                                       engine=Engine(ENGINE_OF_FRAMEWORK[framework]))
+        point = solve(model, cluster, training, extra_rules=framework_rules(framework)).points[0]
+        try:
+            verdict = check_all([point], framework)[0]
+        except NotInstalled as missing:
+            print(f"conformance --emit: {framework} not installed ({missing})")
+            continue
+        failures += verdict.outcome != "accepted"
+        print(f"conformance --emit: {framework} {point.plan.short()} {verdict.outcome}"
+              + (f": {verdict.detail}" if verdict.detail else ""))
     return 1 if failures else 0
 
 
