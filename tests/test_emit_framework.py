@@ -27,9 +27,9 @@ def test_emit_searches_the_plans_the_framework_runs(framework, capsys, monkeypat
     chosen = []
     real_launch_config = autopar.export.launch_config
 
-    def recording(point, name):
+    def recording(point, name, **options):
         chosen.append(point)
-        return real_launch_config(point, name)
+        return real_launch_config(point, name, **options)
 
     monkeypatch.setattr(autopar.export, "launch_config", recording)
     code = main(ISSUE_COMMAND + ["--emit", framework])
