@@ -208,10 +208,59 @@ def _dispatcher(config: _Config, notes: list[str]) -> dict[str, Any]:
     if kind == "flex":
         backend = config.get("model", "moe_flex_dispatcher_backend", "deepep")
         if backend == "hybridep":
-            notes.append("moe_flex_dispatcher_backend hybridep priced as deepep (both send a token once per "
-                         "destination node)")
+            notes.append("moe_flex_dispatcher_backend hybridep: its exchange priced as deepep's (both send a token "
+                         "once per destination node), its buffers as HybridEP's")
+            return {"moe_dispatcher": "deepep", "moe_hybridep": True}
         return {"moe_dispatcher": "deepep"}
     raise InputError(INPUT_NAME, f"model.moe_token_dispatcher_type {kind!r}: allgather, alltoall or flex expected")
+
+
+def _rank_budget(config: _Config, training: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The flex dispatcher's rank token budget and the paged stash of the routed experts' activations
+    (TrainingSpec.moe_rank_capacity_factor, moe_paged_stash_factor): model.moe_expert_rank_capacity_factor, with
+    model.moe_paged_stash and its moe_paged_stash_buffer_size_factor_cuda (a negative factor sizes the stash from
+    the actual tokens instead of the expected ones: the same under balanced routing, its magnitude is taken)."""
+    factor = config.get("model", "moe_expert_rank_capacity_factor")
+    if factor is None:
+        if config.get("model", "moe_paged_stash"):
+            raise InputError(INPUT_NAME, "model.moe_paged_stash needs model.moe_expert_rank_capacity_factor "
+                                         "(Megatron-Core refuses it without one)")
+        return {}
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        raise InputError(INPUT_NAME, f"model.moe_expert_rank_capacity_factor: expected a number > 0, got {factor!r}")
+    if training.get("moe_dispatcher") != "deepep":
+        raise InputError(INPUT_NAME, "model.moe_expert_rank_capacity_factor is the flex dispatcher's (hybridep or "
+                                     "ncclep backend); set model.moe_token_dispatcher_type flex")
+    out: dict[str, Any] = {"moe_rank_capacity_factor": float(factor)}
+    if config.get("model", "moe_paged_stash"):
+        cuda = config.get("model", "moe_paged_stash_buffer_size_factor_cuda", 1.10)
+        if isinstance(cuda, bool) or not isinstance(cuda, (int, float)):
+            raise InputError(INPUT_NAME, f"model.moe_paged_stash_buffer_size_factor_cuda: expected a number, got "
+                                         f"{cuda!r}")
+        out["moe_paged_stash_factor"] = abs(float(cuda))
+        host = config.get("model", "moe_paged_stash_buffer_size_factor_cpu", 0.0)
+        if isinstance(host, (int, float)) and host:
+            notes.append(f"model.moe_paged_stash_buffer_size_factor_cpu {host}: a pinned host buffer takes what "
+                         "overflows the stash's CUDA buffer (host memory, not priced)")
+    return out
+
+
+def _cpu_offloading(config: _Config, notes: list[str]) -> dict[str, Any]:
+    """TrainingSpec.cpu_offload_layers from model.cpu_offloading with cpu_offloading_num_layers (Transformer Engine's
+    layer-wise activation offloading); the offloaded weights (cpu_offloading_weights) are named as not priced."""
+    if not config.get("model", "cpu_offloading"):
+        return {}
+    layers = _int(config, "model", "cpu_offloading_num_layers", 0) or 0
+    if layers < 0:
+        raise InputError(INPUT_NAME, f"model.cpu_offloading_num_layers {layers}: expected a whole number >= 0")
+    out: dict[str, Any] = {}
+    if config.get("model", "cpu_offloading_activations", True) and layers:
+        out["cpu_offload_layers"] = layers
+        notes.append(f"model.cpu_offloading_num_layers {layers}: their activations priced on the host; the copies' "
+                     "time is not priced")
+    if config.get("model", "cpu_offloading_weights"):
+        notes.append("model.cpu_offloading_weights: the offloaded weights are priced on the GPU (not modelled)")
+    return out
 
 
 def _attention(config: _Config) -> dict[str, Any]:
@@ -229,23 +278,27 @@ def _attention(config: _Config) -> dict[str, Any]:
 
 
 UNPRICED_SWITCHES: dict[tuple[str, str], tuple[Any, str]] = {
-    ("model", "cpu_offloading"): (False, "layers' activations (and weights) offloaded to host memory: less GPU memory "
-                                         "than estimated, and the copies' time"),
     ("model", "fine_grained_activation_offloading"): (False, "the activations of model.offload_modules offloaded to "
                                                              "host memory: less GPU memory than estimated"),
-    ("model", "moe_paged_stash"): (False, "MoE activations stashed in paged buffers (part on the host): other "
-                                          "memory than estimated"),
     ("optimizer", "optimizer_cpu_offload"): (False, "optimizer states and step on the host: less GPU memory"),
     ("ddp", "num_distributed_optimizer_instances"): (1, "the distributed optimizer shards over dp / instances: more "
                                                         "optimizer memory per GPU than estimated"),
-    ("model", "cuda_graph_impl"): ("none", "kernels replayed from CUDA graphs: their static buffers are memory the "
-                                           "estimate does not hold, and launches it prices"),
-    ("model", "delay_wgrad_compute"): (False, "weight gradients deferred: their inputs held longer than estimated"),
-    ("comm_overlap", "delay_wgrad_compute"): (False, "weight gradients deferred: their inputs held longer than "
-                                                     "estimated"),
+    ("model", "cuda_graph_impl"): ("none", "kernels replayed from CUDA graphs; memory priced as eager (the captured "
+                                           "layers save the same tensors, in the graph pool: Megatron-Core reuses "
+                                           "static inputs across micro-batches, cuda_graphs.py _get_sample_arguments, "
+                                           "and TE >= 2.7 the outputs as the next layer's inputs), but the pool's "
+                                           "temporaries are not shared with eager ones (about one layer's working "
+                                           "set, not priced), and the launches are priced eager"),
+    ("model", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert all-to-all: one "
+                                              "layer's wgrad inputs held a little longer (a transient, not priced)"),
+    ("comm_overlap", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert "
+                                                     "all-to-all: one layer's wgrad inputs held a little longer (a "
+                                                     "transient, not priced)"),
     ("model", "first_last_layers_bf16"): (False, "the first and last layers in bf16 (priced in fp8)"),
-    ("ddp", "fsdp_double_buffer"): (False, "Megatron-FSDP's double buffers for the gathers: more memory than "
-                                           "estimated"),
+    ("ddp", "fsdp_double_buffer"): (False, "Megatron-FSDP's temporary buckets from a fixed pool of two FSDP units' "
+                                           "buffers (megatron_fsdp/param_and_grad_buffer.py FixedPoolAllocator, "
+                                           "size 2): about the two layers' gather zero3_prefetch_buffers prices, "
+                                           "held for the whole step"),
     ("ddp", "keep_fp8_transpose_cache"): (False, "Megatron-FSDP keeps fp8 transposes between steps: more memory "
                                                  "than estimated"),
 }
@@ -256,8 +309,7 @@ def _not_priced(config: _Config) -> list[str]:
     out = []
     for (section, name), (neutral, what) in UNPRICED_SWITCHES.items():
         value = config.get(section, name) if section != "comm_overlap" else config.comm_overlap.get(name)
-        if value is None or value == neutral or value == [] or (name == "cpu_offloading" and
-                                                                 not config.get("model", "cpu_offloading_num_layers")):
+        if value is None or value == neutral or value == []:
             continue
         shown = value if not isinstance(value, Mapping) else value.get("_target_", value)
         out.append(f"{section}.{name}={shown}: {what}")
@@ -281,6 +333,13 @@ def read_bridge_config(source: "str | Path | Mapping[str, Any]") -> "MegatronRun
     from autopar.megatron_args import MegatronRun, _slot_split
 
     cfg = load_bridge_config(source)
+    peft = cfg.get("peft")
+    if peft:
+        target = peft.get("_target_", "a PEFT scheme") if isinstance(peft, Mapping) else str(peft)
+        raise InputError(INPUT_NAME, f"peft: {target} (parameter-efficient fine-tuning): autopar prices "
+                                     "full-parameter training, and a PEFT run keeps no gradients or optimizer states "
+                                     "for its frozen weights; give the config without its peft section to price "
+                                     "full training")
     config = _Config(cfg)
     notes: list[str] = []
     tp = _int(config, "model", "tensor_model_parallel_size", 1)
@@ -339,6 +398,15 @@ def read_bridge_config(source: "str | Path | Mapping[str, Any]") -> "MegatronRun
     p2p = config.comm_overlap.get("overlap_p2p_comm") if with_comm_overlap else config.get("model", "overlap_p2p_comm")
     if plan.vpp > 1 and (p2p is not None or with_comm_overlap):
         training["overlap_p2p_comm"] = True if p2p is None else bool(p2p)
+    training.update(_cpu_offloading(config, notes))
+    if config.get("model", "deallocate_pipeline_outputs") is False:
+        training["deallocate_pipeline_outputs"] = False
+    if config.overlap("model", "defer_embedding_wgrad_compute", False) and plan.pp > 1:
+        training["defer_output_wgrad"] = True
+        limit = config.overlap("model", "wgrad_deferral_limit", 0)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InputError(INPUT_NAME, f"wgrad_deferral_limit: expected a whole number >= 0, got {limit!r}")
+        training["wgrad_deferral_limit"] = limit
     training["cross_entropy"] = "fused" if config.get("model", "cross_entropy_loss_fusion") else "unfused"
     training["pipeline_schedule"] = "1f1b"            # Megatron-Core's (interleaved with vpp > 1)
     if config.get("optimizer", "use_precision_aware_optimizer"):      # TrainingSpec.optimizer_state_bytes
@@ -369,6 +437,7 @@ def read_bridge_config(source: "str | Path | Mapping[str, Any]") -> "MegatronRun
             training["moe_capacity_factor"] = float(capacity)
             if config.get("model", "moe_pad_expert_input_to_capacity"):
                 training["moe_imbalance_factor"] = max(1.0, float(capacity))
+        training.update(_rank_budget(config, training, notes))
     return MegatronRun(plan=plan, training=training, num_gpus=None, model=model_fields, flags={},
                        notes=tuple(notes), not_priced=tuple(_not_priced(config)),
                        hf_model_id=str(config.get("model", "hf_model_id") or ""))

@@ -23,12 +23,14 @@ What it understands (flag names from NVIDIA/Megatron-LM megatron/training/argume
   token dropping: --moe-expert-capacity-factor, with --moe-pad-expert-input-to-capacity (`_capacity`);
 - the pipeline schedule of sail-sg's zero-bubble fork: --enable-zero-bubble with --zero-bubble-max-pending-backward
   pp or 2·pp (zb-1p, zb-2p); without them 1f1b;
+- CUDA graphs: --cuda-graph-impl and --cuda-graph-modules (and the deprecated --enable-cuda-graph,
+  --external-cuda-graph, --cuda-graph-scope), the launch path the step is priced with (`_cuda_graphs`);
 - the GPU count, when the script says it: torchrun/launch `--nproc-per-node` × `--nnodes`, a `WORLD_SIZE=`
   assignment, or `#SBATCH --nodes` × `--gpus-per-node`/`--ntasks-per-node`;
 - model shape flags (--num-layers, --hidden-size, ...), returned in `model` to check against the MODEL given.
 
-Flags known to change memory or step time that autopar does not price (CPU offloading, optimizer states in
-another dtype or offloaded, CUDA graphs, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each
+Flags known to change memory or step time that autopar does not price (CPU offloading, optimizer states
+offloaded, unfused kernels, ...: COST_FLAGS_NOT_PRICED) are named in the notes, each
 with what it changes. Every other flag (data, logging, checkpoints, the learning-rate schedule) is ignored. Anything
 that cannot be read (an unset shell variable in a flag that matters, a bad --pipeline-model-parallel-layout) is an
 `InputError` naming the flag and the fix.
@@ -64,9 +66,12 @@ VALUE_FLAGS = frozenset({
     "--attention-dropout", "--hidden-dropout", "--zero-bubble-max-pending-backward", "--moe-expert-capacity-factor",
     "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype",
     "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype",
-    "--microbatch-group-size-per-virtual-pipeline-stage",
+    "--microbatch-group-size-per-virtual-pipeline-stage", "--cuda-graph-impl", "--moe-expert-rank-capacity-factor",
+    "--cpu-offloading-num-layers",
+    "--moe-paged-stash-buffer-size-factor-cuda", "--wgrad-deferral-limit",
 })
-LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type"})
+LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type", "--cuda-graph-modules",
+                        "--cuda-graph-scope"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
 LAUNCHER_FLAGS = frozenset({  # torchrun / torch.distributed.launch / the deepspeed launcher
     "--nproc-per-node", "--nproc_per_node", "--nnodes", "--num_gpus", "--num_nodes", "--num-gpus", "--num-nodes",
@@ -82,7 +87,8 @@ SWITCH_FLAGS = frozenset({
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
     "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
     "--moe-pad-expert-input-to-capacity", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
-    "--use-precision-aware-optimizer",
+    "--use-precision-aware-optimizer", "--enable-cuda-graph", "--external-cuda-graph", "--moe-paged-stash",
+    "--defer-embedding-wgrad-compute",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -501,11 +507,50 @@ def _dispatcher(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, A
         return {"moe_dispatcher": "alltoall"}
     backend = _flex_backend(flags)
     if backend == "hybridep":
-        notes.append("--moe-flex-dispatcher-backend hybridep priced as deepep (both send a token once per "
-                     "destination node)")
+        notes.append("--moe-flex-dispatcher-backend hybridep: its exchange priced as deepep's (both send a token once "
+                     "per destination node), its buffers as HybridEP's")
+        return {"moe_dispatcher": "deepep", "moe_hybridep": True}
+    elif backend == "ncclep":
+        notes.append("--moe-flex-dispatcher-backend ncclep priced as deepep (the flex dispatcher's backend autopar "
+                     "models; NCCL-EP's own exchange is not modelled apart)")
     elif backend != "deepep":
-        raise InputError(INPUT_NAME, f"--moe-flex-dispatcher-backend {backend!r}: expected deepep or hybridep")
+        raise InputError(INPUT_NAME, f"--moe-flex-dispatcher-backend {backend!r}: expected deepep, hybridep or "
+                                     "ncclep")
     return {"moe_dispatcher": "deepep"}
+
+
+def _rank_budget(flags: dict[str, "str | bool"]) -> dict[str, float]:
+    """TrainingSpec.moe_rank_capacity_factor and moe_paged_stash_factor from --moe-expert-rank-capacity-factor (the
+    flex dispatcher's HybridEP / NCCL-EP backends only, as TransformerConfig checks) and --moe-paged-stash with
+    --moe-paged-stash-buffer-size-factor-cuda (default 1.10; a negative factor sizes the stash from the actual
+    tokens, the expected ones under balanced routing: its magnitude is taken)."""
+    text = flags.get("--moe-expert-rank-capacity-factor")
+    stash = bool(flags.get("--moe-paged-stash"))
+    if text is None:
+        if stash:
+            raise InputError(INPUT_NAME, "--moe-paged-stash without --moe-expert-rank-capacity-factor: Megatron-Core "
+                                         "refuses it ('moe_paged_stash requires moe_expert_rank_capacity_factor to "
+                                         "be set'); add the factor")
+        return {}
+    try:
+        factor = float(str(text))
+    except ValueError:
+        raise InputError(INPUT_NAME, f"--moe-expert-rank-capacity-factor: expected a number, got {text!r}") from None
+    if not math.isfinite(factor) or factor <= 0:
+        raise InputError(INPUT_NAME, f"--moe-expert-rank-capacity-factor {text}: expected a number > 0")
+    if _flex_backend(flags) not in ("hybridep", "ncclep"):
+        raise InputError(INPUT_NAME, "--moe-expert-rank-capacity-factor needs --moe-token-dispatcher-type flex with "
+                                     "--moe-flex-dispatcher-backend hybridep or ncclep (Megatron-Core "
+                                     "TransformerConfig refuses it otherwise)")
+    out = {"moe_rank_capacity_factor": factor}
+    if stash:
+        cuda = flags.get("--moe-paged-stash-buffer-size-factor-cuda", "1.10")
+        try:
+            out["moe_paged_stash_factor"] = abs(float(str(cuda)))
+        except ValueError:
+            raise InputError(INPUT_NAME, f"--moe-paged-stash-buffer-size-factor-cuda: expected a number, got "
+                                         f"{cuda!r}") from None
+    return out
 
 
 CAPACITY_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
@@ -561,6 +606,49 @@ def _capacity(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, flo
     return {"moe_capacity_factor": capacity}
 
 
+CUDA_GRAPH_MODULE_NAMES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+"""--cuda-graph-modules values a transformer layer has (transformer_config.py cuda_graph_modules; 'mamba' has none
+here); 'full' in the deprecated --cuda-graph-scope meant the whole layer."""
+
+
+def _cuda_graphs(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, Any]:
+    """TrainingSpec's launch fields from Megatron-LM 0.19's CUDA-graph flags (arguments.py, transformer_config.py):
+    --cuda-graph-impl local / transformer_engine captures the layers' --cuda-graph-modules (none named: the whole
+    layer); the deprecated --enable-cuda-graph (local), --external-cuda-graph (transformer_engine) and
+    --cuda-graph-scope (the modules; 'full_iteration' the impl) are migrated as validate_args migrates them.
+    full_iteration (the whole forward-backward captured) is priced as every module of every layer captured."""
+    impl = str(flags.get("--cuda-graph-impl") or "none")
+    if flags.get("--enable-cuda-graph"):
+        impl = "local"
+    if flags.get("--external-cuda-graph"):
+        impl = "transformer_engine"
+    words = []
+    for flag in ("--cuda-graph-scope", "--cuda-graph-modules"):
+        value = flags.get(flag)
+        if isinstance(value, str):
+            words += value.replace(",", " ").split()
+    if "full_iteration" in words:
+        impl, words = "full_iteration", [w for w in words if w != "full_iteration"]
+    if impl == "none":
+        if words:
+            notes.append("--cuda-graph-modules without --cuda-graph-impl: nothing is captured (Megatron-LM's default "
+                         "impl is none)")
+        return {}
+    if impl not in ("local", "transformer_engine", "full_iteration"):
+        raise InputError(INPUT_NAME, f"--cuda-graph-impl {impl}: expected none, local, transformer_engine or "
+                                     "full_iteration")
+    modules = tuple(w for w in words if w != "full")
+    unknown = [w for w in modules if w not in CUDA_GRAPH_MODULE_NAMES]
+    if unknown:
+        raise InputError(INPUT_NAME, f"--cuda-graph-modules {unknown[0]}: expected some of "
+                                     f"{', '.join(CUDA_GRAPH_MODULE_NAMES)}")
+    if impl == "full_iteration":
+        notes.append("--cuda-graph-impl full_iteration: priced as every module of every layer captured (the "
+                     "embedding, loss and optimizer launches stay eager in the estimate)")
+        modules = ()
+    return {"launch": "cuda_graph", "cuda_graph_modules": modules}
+
+
 COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     # flag: (the value that changes nothing, or None for a switch; what it changes that the estimate does not price)
     "--num-distributed-optimizer-instances": ("1", "the distributed optimizer shards over dp / instances, not "
@@ -568,14 +656,8 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
     "--overlap-param-gather-with-optimizer-step": (None, "the first parameter all-gather overlapped with the "
                                                          "optimizer step: the estimate exposes it"),
-    "--cpu-offloading-num-layers": ("0", "that many layers offloaded to host memory (validate_args turns "
-                                         "cpu_offloading on): less GPU memory than estimated, and the copies' "
-                                         "time"),
     "--fine-grained-activation-offloading": (None, "activations of --offload-modules offloaded to host memory: less "
                                                    "GPU memory than estimated, and the copies' time"),
-    "--cuda-graph-impl": ("none", "kernels replayed from CUDA graphs: the estimate prices eager launches"),
-    "--enable-cuda-graph": (None, "kernels replayed from CUDA graphs: the estimate prices eager launches"),
-    "--external-cuda-graph": (None, "kernels replayed from CUDA graphs: the estimate prices eager launches"),
     "--delay-wgrad-compute": (None, "weight-gradient GEMMs deferred to overlap the expert all-to-all: the estimate "
                                     "runs them in place"),
     "--moe-shared-expert-overlap": (None, "the shared experts computed beside the token dispatch: the estimate runs "
@@ -589,8 +671,7 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--no-rope-fusion": (None, "unfused rotary embedding: more HBM traffic than estimated"),
 }
 """Megatron-LM flags (megatron/training/arguments.py, and those generated from TransformerConfig's fields by
-ArgumentGroupFactory: --cpu-offloading-num-layers, --fine-grained-activation-offloading, --cuda-graph-impl,
---delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
+ArgumentGroupFactory: --cpu-offloading-num-layers, --fine-grained-activation-offloading, --delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
 reads (the precision-aware optimizer's state dtypes are priced: TrainingSpec.optimizer_state_bytes). A command that sets one (to anything but the value that changes nothing) gets a note saying what the
 estimate leaves out, so that an imported estimate is not mistaken for the command's own."""
 
@@ -940,6 +1021,22 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     training.update(_attention(flags, notes))
     training.update(_dispatcher(flags, notes))
     training.update(_capacity(flags, notes))
+    training.update(_rank_budget(flags))
+    if flags.get("--defer-embedding-wgrad-compute"):
+        if plan.pp == 1:          # ModelParallelConfig.__post_init__
+            raise InputError(INPUT_NAME, "--defer-embedding-wgrad-compute with pp=1: Megatron-Core refuses it ('Cannot "
+                                         "defer embedding wgrad compute when pipeline model parallel is not used')")
+        training["defer_output_wgrad"] = True
+        limit = _integer(flags, "--wgrad-deferral-limit", 0)
+        training["wgrad_deferral_limit"] = limit
+    offloaded = _integer(flags, "--cpu-offloading-num-layers", 0)
+    if offloaded:      # validate_args: `if args.cpu_offloading_num_layers > 0: args.cpu_offloading = True`
+        if offloaded < 0:
+            raise InputError(INPUT_NAME, f"--cpu-offloading-num-layers {offloaded}: expected a whole number >= 0")
+        training["cpu_offload_layers"] = offloaded
+        notes.append(f"--cpu-offloading-num-layers {offloaded}: their activations priced on the host (Transformer "
+                     "Engine keeps at most num_layers - offloaded layers' activations on the GPU); the copies' time "
+                     "is not priced")
     if "--num-experts" in flags:   # TEGroupedMLP / SequentialMLP: a cuBLAS GEMM per expert (TrainingSpec.expert_gemm)
         training["expert_gemm"] = "cublas"
     if flags.get("--use-precision-aware-optimizer"):   # TrainingSpec.optimizer_state_bytes
@@ -953,6 +1050,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
             raise InputError(INPUT_NAME, f"--microbatch-group-size-per-virtual-pipeline-stage {group} is below "
                                          f"--pipeline-model-parallel-size {plan.pp}: Megatron-Core refuses it")
         training["microbatch_group_size_per_vp_stage"] = group
+    training.update(_cuda_graphs(flags, notes))
     training["cross_entropy"] = _cross_entropy(flags)
     training["pipeline_schedule"] = _pipeline_schedule(flags, plan.pp)
     seq_len = _first_integer(flags, "--seq-length", "--encoder-seq-length")

@@ -137,6 +137,24 @@ class UnknownModelTypeWarning(UserWarning):
     """A config.json whose model_type transformers does not know, read as the nearest supported family."""
 
 
+class AssumptionWarning(UserWarning):
+    """A config value autopar cannot read as stated, and what it was priced as instead (an unknown activation)."""
+
+
+ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function")
+"""Where a config names its MLP activation (Llama-family, Gemma, GPT-2)."""
+KNOWN_ACTIVATIONS = frozenset({
+    "gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
+    "gelu_accurate", "hardswish", "laplace", "leaky_relu", "linear", "mish", "quick_gelu", "relu", "relu2", "relu6",
+    "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "prelu", "xielu"})
+"""The activations transformers builds (transformers/activations.py ACT2CLS, 5.x). Which one a model uses does not
+change its GEMMs: the MLP's shape (gated or not, MlpKind) comes from the model type, as in its modeling file."""
+MOE_MODEL_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss",
+                             "llama4_text"})
+"""Model types whose layers route tokens to experts: a routed expert count of 0 is not a dense model for them (their
+modeling files build a router over 0 experts, or fail)."""
+
+
 TIED_BY_DEFAULT = frozenset({"gpt2", "gemma", "bloom"})
 """Model types whose config class defaults `tie_word_embeddings` to true (the others default to false)."""
 
@@ -330,6 +348,7 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str, where
         ffn = 4 * hidden                                                    # GPT-2: n_inner null means 4·n_embd
     mlp = {GPT2_LIKE: MlpKind.PLAIN, BLOOM_LIKE: MlpKind.PLAIN, NEMOTRON_LIKE: MlpKind.SQUARED_RELU}.get(
         family, MlpKind.GATED)
+    _check_activation(config, mlp, where)
     position = {GPT2_LIKE: PositionEmbedding.LEARNED, BLOOM_LIKE: PositionEmbedding.ALIBI}.get(
         family, PositionEmbedding.ROPE)
     fields = dict(
@@ -493,8 +512,8 @@ def _moe_layer_freq(config: Mapping[str, Any], model_type: str, where: str) -> i
     `interleave_moe_layer_step`, or its `moe_layers` list when that is such a pattern (HF Llama4TextConfig's
     default: range(step - 1, layers, step)); other lists are refused."""
     if model_type != "llama4_text":
-        return _optional_positive(config, "decoder_sparse_step", where) or 1
-    step = _optional_positive(config, "interleave_moe_layer_step", where) or 1
+        return _step(config, "decoder_sparse_step", where)
+    step = _step(config, "interleave_moe_layer_step", where)
     listed = config.get("moe_layers")
     if listed is None:
         return step
@@ -506,8 +525,39 @@ def _moe_layer_freq(config: Mapping[str, Any], model_type: str, where: str) -> i
                                    f"(k-1, 2k-1, ...) (in {where})")
 
 
+def _step(config: Mapping[str, Any], key: str, where: str) -> int:
+    """A layer interval (MoE every `key`-th layer), at least 1; absent or null: 1. 0 is refused: transformers'
+    modeling files take `(layer_idx + 1) % step` (a ZeroDivisionError), and no layer could be MoE."""
+    step = _optional_positive(config, key, where)
+    if key in config and config[key] is not None and step == 0:
+        raise InputError(key, f"must be >= 1 (MoE on every {key}-th layer; 1 = every layer), got 0 (in {where})")
+    return step or 1
+
+
+def _check_activation(config: Mapping[str, Any], mlp: MlpKind, where: str) -> None:
+    """Warn (AssumptionWarning) where the config names an activation transformers does not build: the MLP is priced
+    with the model type's shape (MlpKind), which the activation does not change."""
+    key = next((key for key in ACTIVATION_KEYS if config.get(key) is not None), None)
+    if key is None:
+        return
+    value = config[key]
+    if isinstance(value, str) and value in KNOWN_ACTIVATIONS:
+        return
+    shape = {MlpKind.GATED: "a gated MLP (SwiGLU's three h x ffn GEMMs)", MlpKind.PLAIN: "a plain two-GEMM MLP",
+             MlpKind.SQUARED_RELU: "a squared-ReLU MLP without a gate"}[mlp]
+    warnings.warn(f"{where}: {key} {_shown(str(value))} is not an activation transformers builds; priced as {shape}, "
+                  "the model type's MLP (the activation itself does not change the GEMMs); check the config",
+                  AssumptionWarning, stacklevel=3)
+
+
 def _moe_spec(config: Mapping[str, Any], model_type: str, where: str) -> MoESpec | None:
     num_experts = _first(config, EXPERTS_KEYS)
+    if num_experts == 0 and not isinstance(num_experts, bool) and (
+            model_type in MOE_MODEL_TYPES or config.get("num_experts_per_tok")):
+        key = next(key for key in EXPERTS_KEYS if config.get(key) is not None)
+        raise InputError(key, f"{key} is 0, but {_shown(model_type)} routes every token to "
+                              f"num_experts_per_tok={config.get('num_experts_per_tok')!r} experts: give the number of "
+                              f"routed experts (the published config's), or a dense model type (in {where})")
     if not num_experts:                                                     # absent, null or 0: a dense model
         return None
     num_experts = _positive_value(num_experts, "num_experts", where)

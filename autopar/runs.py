@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -132,9 +133,13 @@ def gpu_profile(gpu: str) -> "tuple[HardwareProfile | None, str, str]":
                                    "measured B300 HGX only; GB300's memory and clocks are not stated)"), ""
     if "gb200" in text:
         return _profile("gb200"), "no gb200 profile", ""
-    if "h800" in text or "a800" in text:
-        key = "h800" if "h800" in text else "a800"
-        return _profile(key), f"no {key} profile bundled (NVLink cut to 400 GB/s)", ""
+    if "h800" in text:
+        return _profile("h800-80gb"), "no h800-80gb profile", ""
+    if "a800" in text and ("pcie" in text or re.search(r"\b40\s*g", text)):
+        return None, (f"GPU {gpu!r}: the bundled a800-80gb profile is the 80GB SXM part; no profile for the A800 "
+                      "40GB or PCIe cards (other HBM, power and NVLink bridge)"), ""
+    if "a800" in text:
+        return _profile("a800-80gb"), "no a800-80gb profile", ""
     if "96gb" in text or "500w" in text:
         return _profile("h100-96gb"), ("no profile for H100 96GB HBM2e at 500 W (Grand Teton): the source states "
                                        "HBM (96 GB, 2.4 TB/s) but says the peak TFLOP/s at the 500 W cap is unknown, "

@@ -128,6 +128,27 @@ def pinned_revisions() -> dict[str, set[str]]:
     return out
 
 
+RECIPE_PRECISION = re.compile(r"_\d+gpu_[a-z0-9]+_([a-z0-9]+)")
+"""`<model>_<task>_<N>gpu_<gpu>_<precision>[_<variant>]_config`: bf16, fp8cs, fp8mx, fp8sc, nvfp4."""
+
+
+def launcher_overrides(cfg, function_name: str) -> list[str]:
+    """What Bridge's performance launcher changes in a flat recipe before it trains, done to `cfg` here too, each
+    named for the output: scripts/performance/run_script.py `_run_training` (v0.6.0 to main) turns on the
+    precision-aware optimizer for every bf16 recipe with Adam ("Preserve BF16 Adam precision-aware behavior from
+    the previous script path"; the launcher's compute dtype is the recipe name's precision). Its other overrides
+    (set_user_overrides: parallel sizes, batch, recompute, CUDA graphs, token drop) apply only to command-line
+    arguments a user gives, so a recipe run as shipped keeps its own values."""
+    match = RECIPE_PRECISION.search(function_name)
+    precision = match.group(1) if match else ""
+    done = []
+    if precision == "bf16" and getattr(cfg.optimizer, "optimizer", None) == "adam" \
+            and not cfg.optimizer.use_precision_aware_optimizer:
+        cfg.optimizer.use_precision_aware_optimizer = True
+        done.append("optimizer.use_precision_aware_optimizer=True (scripts/performance/run_script.py, bf16 Adam)")
+    return done
+
+
 def recipe_functions():
     """(module name, function name, function) of every performance recipe, in a stable order."""
     import megatron.bridge.perf_recipes as recipes
@@ -175,6 +196,7 @@ def main(out: Path) -> int:
         entry["num_gpus"] = int(match.group(1)) if match else None
         try:
             cfg = function()
+            entry["launcher_overrides"] = launcher_overrides(cfg, name)
             path = out / f"{name}.yaml"
             cfg.to_yaml(str(path))
             entry["yaml"] = path.name

@@ -1,16 +1,18 @@
-"""Conformance of the launch configs: every point of eight fronts, emitted for every framework and fed to that
-framework's own parser / validator (autopar/export/conformance.py says what runs for each).
+"""Conformance of the launch configs: every point of fourteen fronts, emitted for every framework and run through
+that framework's own launch path up to where a GPU is needed (autopar/export/conformance.py says what runs for
+each; NeMo in its own environment, .venv-nemo, as .ci/run builds it).
 
     pip install -e '.[conformance]'      # the frameworks, pinned (pyproject.toml)
-    python benchmarks/conformance.py                 # all eight fronts, every point (the full run)
+    python benchmarks/conformance.py                 # all fourteen fronts, every point (the full run)
     python benchmarks/conformance.py --sample 3      # the first 3 points of each front (CI's bounded sample)
     python benchmarks/conformance.py --framework deepspeed
 
 Prints one line per rejected or silently changed config, then per framework
 `conformance: FW accepted=A/N refused_with_reason=R silently_changed=S` (target: A + R = N, S = 0) over the full
 fronts, and `conformance --framework: FW accepted=A/N` over the fronts `autopar solve --framework FW` returns (the
-fronts a user of FW sees; target A = N) for the frameworks with a capability table; exits 1 when a framework rejects
-a config or a config is silently changed, 0 otherwise. A framework whose package is not
+fronts a user of FW sees; a refusal there is a model the framework cannot build, said with the reason) for the
+frameworks with a capability table; exits 1 when a framework rejects a config or a config is silently changed, 0
+otherwise. A framework whose package is not
 installed is reported as `conformance: FW not installed (...)`.
 """
 
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autopar.export import FRAMEWORKS  # noqa: E402
 from autopar.export.capabilities import TARGET_VERSIONS  # noqa: E402
-from autopar.export.conformance import NotInstalled, check  # noqa: E402
+from autopar.export.conformance import NotInstalled, check_all  # noqa: E402
 from autopar.export.fronts import FRONT_CASES, solve_case  # noqa: E402
 
 
@@ -52,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     for framework in frameworks:
         counts: Counter[str] = Counter()
         try:
-            for case, points in fronts:
-                for point in points:
-                    verdict = check(point, framework)
-                    counts[verdict.outcome] += 1
-                    if verdict.outcome in ("rejected", "silently_changed"):
-                        print(f"  {framework} {case.name} {verdict.plan}: {verdict.outcome}: {verdict.detail}")
+            everything = [(case, point) for case, points in fronts for point in points]
+            verdicts = check_all([point for _, point in everything], framework)
+            for (case, _), verdict in zip(everything, verdicts):
+                counts[verdict.outcome] += 1
+                if verdict.outcome in ("rejected", "silently_changed"):
+                    print(f"  {framework} {case.name} {verdict.plan}: {verdict.outcome}: {verdict.detail}")
         except NotInstalled as missing:
             summaries.append(f"conformance: {framework} not installed ({missing})")
             continue
@@ -73,18 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         if not CAPABILITIES[framework] or any(line.startswith(f"conformance: {framework} not") for line in summaries):
             continue
         counts = Counter()
+        searched = []
         for case in FRONT_CASES:
             try:
                 points = solve_case(case, framework=framework).points
             except Exception as nothing:  # Infeasible: no plan this framework runs fits (said, not counted)
                 print(f"  {framework} {case.name}: no front ({nothing})")
                 continue
-            for point in points[: args.sample] if args.sample else points:
-                verdict = check(point, framework)
-                counts[verdict.outcome] += 1
-                if verdict.outcome != "accepted":
-                    print(f"  {framework} --framework {case.name} {verdict.plan}: {verdict.outcome}: {verdict.detail}")
-        failures += sum(counts.values()) - counts["accepted"]
+            searched += [(case, point) for point in (points[: args.sample] if args.sample else points)]
+        for (case, _), verdict in zip(searched, check_all([point for _, point in searched], framework)):
+            counts[verdict.outcome] += 1
+            if verdict.outcome != "accepted":
+                print(f"  {framework} --framework {case.name} {verdict.plan}: {verdict.outcome}: {verdict.detail}")
+        failures += counts["rejected"] + counts["silently_changed"]
         summaries.append(f"conformance --framework: {framework} accepted={counts['accepted']}/{sum(counts.values())} "
                          f"refused_with_reason={counts['refused_with_reason']} "
                          f"silently_changed={counts['silently_changed']} rejected={counts['rejected']}")

@@ -1,10 +1,12 @@
 """Fit the bundled profiles' GEMM curve and collectives to the public microbenchmarks, through `autopar profile fit`'s path.
 
-For each bundled profile (a100-80gb, a100-40gb, h100-80gb, h200-141gb, b200-180gb) the rows of
+For each bundled profile (a100-80gb, a100-40gb, h100-80gb, h200-141gb, b200-180gb, h800-80gb, gb200-186gb) the rows of
 shared/reference/microbench/ that measured its GPU (benchmarks/microbench_tables.py) become one calibration's
 `Measurements`; `autopar.calibrate.profile_file.fit_measurements` fits them and `apply_fit` writes the fitted keys
 with provenance naming the files — exactly what `autopar profile fit` does with a user's `autopar calibrate` output.
 What the tables do not measure is extrapolated by the named rules below (EXTRAPOLATED), and provenance says from what.
+A profile no table measured at all (a800-80gb, an export variant: `fit_from_profile`) takes every fitted value from
+the part it was cut from, its NVLink collectives scaled to its own link (derive_variant).
 
     python benchmarks/fit_microbench.py            # fit and print what each profile gets
     python benchmarks/fit_microbench.py --write    # also write costmodels/profiles/*.yaml
@@ -27,15 +29,36 @@ from autopar.calibrate.profile_file import FlowRow, apply_fit, fit_measurements,
 from costmodels.hardware import HardwareProfile, parse_profile  # noqa: E402
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
-ORDER = ("a100-80gb", "a100-40gb", "h200-141gb", "h100-80gb", "b200-180gb", "h800-80gb", "gb200-186gb")
-"""H200 before H100: H100 takes H200's all-gather / reduce-scatter points (EXTRAPOLATED); B200 before GB200 likewise."""
+ORDER = ("a100-80gb", "a800-80gb", "a100-40gb", "h200-141gb", "h100-80gb", "b200-180gb", "h800-80gb", "gb200-186gb")
+"""H200 before H100: H100 takes H200's all-gather / reduce-scatter points (EXTRAPOLATED); B200 before GB200 likewise.
+A variant (`fit_from_profile`) is derived after every fit, from its donor's final values (fit_all)."""
 STAMP = "fitted by benchmarks/fit_microbench.py (autopar.calibrate.profile_file.fit_measurements, as `autopar " \
         "profile fit`)"
+
+A800_RULE = ("A800 80GB SXM is A100 80GB SXM's part with NVLink cut (Reuters, Nov 2022, as tweakers.net/nieuws/203182 "
+             "reports it: the A100's stated performance, 80 GB HBM2e and 400 W, NVLink 400 GB/s against 600): the "
+             "same GA100 die, clocks, tensor-core rates and HBM2e, so a kernel's rate, a host launch and a "
+             "collective's latency carry over; no microbenchmark here measured an A800")
+NVLINK_CUT_RULE = ("every regime's bus bandwidth × the ratio of the nominal NVLink bandwidths per direction "
+                   "({variant} / {donor} GB/s), latencies unchanged: on an 8-GPU HGX node every NCCL ring or tree step "
+                   "inside the node crosses NVLink through the NVSwitches, so a bandwidth-bound collective runs at the "
+                   "link's rate, while the launch and the switch hop are the same silicon")
+A800_IB_NOTE = ("the NIC is the cluster's, not the GPU's: one 200 Gb/s HDR NIC per GPU as a100-80gb (the ms-swift "
+                "A800 source does not state its fabric)")
+A800_NOTES = {
+    "links.nvlink.bandwidth_efficiency": "a fraction of this profile's own nominal NVLink bandwidth, so the achieved "
+                                         "link rate scales with the cut link as the collectives do",
+    "links.ib.": A800_IB_NOTE,
+    "collectives.ib.": A800_IB_NOTE,
+}
+"""Per-key notes of the A800 rule (by key prefix), added to the provenance of the keys they name."""
 
 RING_RULE = ("ring all-reduce is a reduce-scatter followed by an all-gather on the same ring (Thakur et al. 2005; "
              "NCCL ring): each at the all-reduce's bus bandwidth with half its latency")
 EXTRAPOLATED: dict[str, dict[str, Any]] = {
     # profile -> what is derived, from what, by which rule
+    "a800-80gb": {"fit_from_profile": "a100-80gb", "why": A800_RULE, "nvlink_why": NVLINK_CUT_RULE,
+                  "notes_by_prefix": A800_NOTES},
     "a100-80gb": {"ag_rs_from_all_reduce": None, "why": RING_RULE},
     "a100-40gb": {"ag_rs_from_all_reduce": None, "why": RING_RULE},
     "h100-80gb": {"ag_rs_from_profile": "h200-141gb",
@@ -267,11 +290,69 @@ def fit_all(rows_by_file: dict[str, list[tables.Row]], exclude: str | None = Non
             ) -> dict[str, tuple[HardwareProfile, dict[str, Any], list[str]]]:
     out: dict[str, tuple[HardwareProfile, dict[str, Any], list[str]]] = {}
     fitted: dict[str, HardwareProfile] = {}
+    variants = [name for name in ORDER if "fit_from_profile" in EXTRAPOLATED.get(name, {})]
     for name in ORDER:
-        out[name] = fit_profile(name, rows_by_file, fitted, exclude)
-        fitted[name] = out[name][0]
+        if name not in variants:
+            out[name] = fit_profile(name, rows_by_file, fitted, exclude)
+            fitted[name] = out[name][0]
     _extrapolate_grouped(out)
-    return out
+    for name in variants:
+        out[name] = derive_variant(name, out[EXTRAPOLATED[name]["fit_from_profile"]][1], EXTRAPOLATED[name])
+    return {name: out[name] for name in ORDER}
+
+
+FITTED_SECTIONS = ("compute.gemm_efficiency", "collectives.", "host.")
+"""Provenance keys (and their sections) a fit writes, besides each link's bandwidth_efficiency and alpha_us."""
+
+
+def _is_fitted_key(key: str, links: "dict[str, Any]") -> bool:
+    return key.startswith(FITTED_SECTIONS) or any(
+        key in (f"links.{link}.bandwidth_efficiency", f"links.{link}.alpha_us") for link in links)
+
+
+def _scaled_bus_bandwidth(points: list[dict[str, Any]], factor: float) -> list[FlowRow]:
+    """Collective regimes with their bus bandwidth × factor, latency as it was."""
+    return [FlowRow(point, busbw_gb_per_s=round(point["busbw_gb_per_s"] * factor, 4)) for point in points]
+
+
+def derive_variant(name: str, donor_data: dict[str, Any], rule: dict[str, Any]
+                   ) -> tuple[HardwareProfile, dict[str, Any], list[str]]:
+    """An export variant no table measured (EXTRAPOLATED `fit_from_profile`): its own YAML states its spec (the same
+    die and memory as the donor, its own NVLink), and every fitted value is the donor's fit — the GEMM, attention and
+    grouped curves, each link's efficiency and latency, the host costs, the collectives — with the NVLink
+    collectives' bus bandwidths scaled by the ratio of the two nominal NVLink bandwidths (rule["nvlink_why"]).
+    Each such key's provenance names the rule, then the donor's own provenance."""
+    import copy
+
+    import yaml
+
+    data = _strip_fitted(yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text(encoding="utf-8")))
+    donor = donor_data["name"]
+    variant_gb_per_s = data["links"]["nvlink"]["bandwidth_gb_per_s"]
+    donor_gb_per_s = donor_data["links"]["nvlink"]["bandwidth_gb_per_s"]
+    ratio = variant_gb_per_s / donor_gb_per_s
+    data["compute"]["gemm_efficiency"] = copy.deepcopy(donor_data["compute"]["gemm_efficiency"])
+    for link, values in data["links"].items():
+        donor_link = donor_data["links"][link]
+        values.update(bandwidth_efficiency=donor_link["bandwidth_efficiency"], alpha_us=donor_link["alpha_us"])
+    data["collectives"] = {link: {kind: _scaled_bus_bandwidth(points, ratio if link == "nvlink" else 1.0)
+                                  for kind, points in kinds.items()}
+                           for link, kinds in donor_data.get("collectives", {}).items()}
+    if "host" in donor_data:
+        data["host"] = dict(donor_data["host"])
+    provenance = {key: value for key, value in data.get("provenance", {}).items()
+                  if not _is_fitted_key(key, data["links"])}
+    nvlink_why = rule["nvlink_why"].format(variant=f"{variant_gb_per_s:g}", donor=f"{donor_gb_per_s:g}")
+    for key, source in donor_data["provenance"].items():
+        if not _is_fitted_key(key, data["links"]):
+            continue
+        nvlink_collective = key.startswith("collectives.nvlink.")
+        scaled = f"; NVLink bus bandwidths × {ratio:.4g} ({nvlink_why})" if nvlink_collective else ""
+        notes = "".join(f"; {note}" for prefix, note in rule.get("notes_by_prefix", {}).items()
+                        if key.startswith(prefix))
+        provenance[key] = f"extrapolated: the {donor} value ({rule['why']}){scaled}{notes}; {donor}: {source}"
+    data["provenance"] = provenance
+    return parse_profile_data(data, name), data, []
 
 
 GROUPED_DONOR = "h100-80gb"
@@ -339,8 +420,8 @@ def _extrapolate_grouped(out: dict[str, tuple[HardwareProfile, dict[str, Any], l
         out[name] = (parse_profile_data(data, name), data, notes)
 
 
-def write(name: str, data: dict[str, Any]) -> None:
-    """Rewrite the bundled YAML: its leading comment lines kept, the data dumped in its key order."""
+def profile_text(name: str, data: dict[str, Any]) -> str:
+    """The bundled YAML's text for `data`: its leading comment lines kept, the data dumped in its key order."""
     import yaml
 
     path = PROFILES_DIR / f"{name}.yaml"
@@ -353,7 +434,13 @@ def write(name: str, data: dict[str, Any]) -> None:
     ordered.update({key: value for key, value in data.items() if key not in ordered})
     text = header + yaml.dump(ordered, Dumper=profile_dumper(), sort_keys=False, width=100_000, allow_unicode=True)
     parse_profile(text, str(path))
-    write_text_atomically(path, text)
+    return text
+
+
+def write(name: str, data: dict[str, Any]) -> None:
+    """Rewrite the bundled YAML (profile_text)."""
+    path = PROFILES_DIR / f"{name}.yaml"
+    write_text_atomically(path, profile_text(name, data))
     print(f"wrote {path}")
 
 

@@ -42,7 +42,7 @@ from costmodels.hardware import HardwareProfile, LinkSpec, load_profile  # noqa:
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "costmodels" / "profiles"
 FITTED_PROFILES = ("a100-80gb", "a100-40gb")
-DERIVED_PROFILES = ("h100-80gb", "h200-141gb", "b200-180gb", "h800-80gb", "gb200-186gb")
+DERIVED_PROFILES = ("a800-80gb", "h100-80gb", "h200-141gb", "b200-180gb", "h800-80gb", "gb200-186gb")
 PARAMETERS = ("peak_fraction", "half_saturation_dim", "traffic_per_activation_byte", "nvlink_bandwidth_efficiency")
 UPPER_BOUNDS = {"peak_fraction": 1.0, "nvlink_bandwidth_efficiency": 1.0}
 LOWER_BOUND = 1e-3

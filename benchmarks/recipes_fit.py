@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +57,19 @@ class Priced:
     peak_gib: float
     hbm_gib: float
     not_priced: list[str] = field(default_factory=list)
+    launcher: list[str] = field(default_factory=list)
+    """What Bridge's performance launcher changes before it trains (benchmarks/bridge_recipes.launcher_overrides)."""
+    worst: str = ""
+    """Where the peak is: the worst pipeline rank's model states and activations, its largest terms."""
+    double_mbs_gib: float = 0.0
+    """The peak with twice the micro-batch (the next size a recipe could take), 0 when the global batch does not
+    split into it."""
+
+    @property
+    def at_largest_mbs(self) -> bool:
+        """Twice the micro-batch would not fit the GPU (or does not split the global batch): the recipe's
+        micro-batch is as large as its HBM allows."""
+        return not self.double_mbs_gib or self.double_mbs_gib > self.hbm_gib
 
     @property
     def share(self) -> float:
@@ -101,42 +114,90 @@ def price_recipe(entry: dict, folder: Path) -> "Priced | str":
         cluster = autopar.make_cluster(gpu=gpu, num_gpus=entry["num_gpus"])
         training = run.training_spec(TrainingSpec())
         result = estimate(model, cluster, training, run.plan)
+        double_gib = double_mbs_peak_gib(model, cluster, training, run.plan)
     except InputError as error:
-        return f"{error.field}: {error.message}"
+        reason = f"{error.field}: {error.message}"
+        return f"{reason} ({WORLD_RULE_SOURCE})" if "(rule world)" in reason else reason
     return Priced(recipe=entry["function"].removesuffix("_config"), model=preset, gpu=gpu,
                   num_gpus=entry["num_gpus"], plan=run.plan.short(), peak_gib=result.peak_memory_bytes / GIB,
-                  hbm_gib=cluster.profile.hbm_bytes / GIB, not_priced=list(run.not_priced))
+                  hbm_gib=cluster.profile.hbm_bytes / GIB, not_priced=list(run.not_priced),
+                  launcher=list(entry.get("launcher_overrides", [])), worst=worst_stage_summary(result),
+                  double_mbs_gib=double_gib)
+
+
+def double_mbs_peak_gib(model, cluster, training, plan) -> float:
+    """The peak memory of `plan` with twice its micro-batch, GiB; 0 where Megatron could not run it (the global
+    batch does not split into it, or the interleaved schedule's micro-batches no longer divide by pp)."""
+    from costmodels.errors import InputError
+    from costmodels.scoring import estimate
+
+    double = replace(plan, mbs=2 * plan.mbs)
+    dp = double.dp(cluster.num_gpus)
+    if not dp or training.global_batch_size % (dp * double.mbs):
+        return 0.0
+    try:
+        return estimate(model, cluster, training, double).peak_memory_bytes / GIB
+    except InputError:
+        return 0.0
+
+
+def worst_stage_summary(result) -> str:
+    """The worst pipeline rank's model states and activations (costmodels.memory's groups) and its three largest
+    terms, in GiB."""
+    from costmodels import memory
+
+    stage = result.stages[result.worst_stage]
+    terms = stage.terms_bytes
+    states = sum(v for k, v in terms.items() if k in memory.MODEL_STATE_TERMS) / GIB
+    activations = sum(v for k, v in terms.items() if k in memory.ACTIVATION_TERMS) / GIB
+    largest = sorted(terms.items(), key=lambda kv: -kv[1])[:3]
+    return (f"stage {stage.stage} ({stage.layers:g} layers): model states {states:.1f} GiB, activations "
+            f"{activations:.1f} GiB; largest " + ", ".join(f"{k} {v / GIB:.1f}" for k, v in largest))
+
+
+WORLD_RULE_SOURCE = ("Megatron-Core refuses it too: parallel_state.initialize_model_parallel raises 'world_size is not "
+                     "divisible by' tp·pp·cp or etp·ep·pp")
 
 
 COMMON = "--bf16 --use-distributed-optimizer --sequence-parallel --cross-entropy-loss-fusion "
+NEMO_340B = (COMMON + "--use-precision-aware-optimizer --grad-reduce-in-bf16 --tp-comm-overlap "
+             "--defer-embedding-wgrad-compute --wgrad-deferral-limit 22 --tensor-model-parallel-size 8 "
+             "--pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 12 --micro-batch-size 1 "
+             "--seq-length 4096 ")
+"""NeMo 2's Nemotron-4 340B performance run (scripts/performance/llm/pretrain_nemotron4_340b.py): the recipe's
+pretrain_performance_optimizations (nemo/collections/llm/recipes/nemotron4_340b.py: grad_reduce_in_fp32 False,
+MegatronCommOverlapCallback(tp_comm_overlap=True, defer_embedding_wgrad_compute=True, wgrad_deferral_limit=22)),
+then scripts/performance/helpers.py set_precision_configs (bf16: use_precision_aware_optimizer True)."""
+GPT_OSS = ("--bf16 --use-distributed-optimizer --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
+           "--recompute-granularity selective --recompute-modules layernorm moe_act --tensor-model-parallel-size 1 "
+           "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8 --seq-length 4096 "
+           "--global-batch-size 1280 --num-experts 128 --moe-token-dispatcher-type alltoall "
+           "--use-precision-aware-optimizer ")
+"""Megatron-Bridge's GPT-OSS-120B H100 workload (scripts/performance/configs/gpt_oss, 0.4.2 to 0.6.x:
+BASE_GPT_OSS_120B_CONFIG micro_batch_size=1, H100: pipeline_model_parallel_size=4, recompute_modules layernorm and
+moe_act), bf16 with the launcher's precision-aware optimizer."""
 ISSUE_LAYOUTS: tuple[tuple[str, str, str, int, str], ...] = (
-    ("Nemotron-4 340B, NeMo 2's performance script (bf16: precision-aware optimizer, fp32 states)",
-     "nemotron-4-340b", "h100", 128,
-     COMMON + "--use-precision-aware-optimizer --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 "
-     "--num-virtual-stages-per-pipeline-rank 12 --micro-batch-size 1 --seq-length 4096 --global-batch-size 32"),
-    ("Nemotron-4 340B, the same with bf16 gradients (Bridge's performance default)",
-     "nemotron-4-340b", "h100", 128,
-     COMMON + "--use-precision-aware-optimizer --grad-reduce-in-bf16 --tensor-model-parallel-size 8 "
-     "--pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 12 --micro-batch-size 1 "
-     "--seq-length 4096 --global-batch-size 32"),
-    ("GPT-OSS-120B tp1 pp4 ep8 mbs4 (Bridge's H100 recipe runs mbs 1; its B200 recipe mbs 4 on pp 1), layernorm and "
-     "moe_act recomputed as Bridge's gpt-oss recipes do", "gpt-oss-120b", "h100", 64,
-     "--bf16 --use-distributed-optimizer --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
-     "--recompute-granularity selective --recompute-modules layernorm moe_act --tensor-model-parallel-size 1 "
-     "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8 --micro-batch-size 4 --seq-length 4096 "
-     "--global-batch-size 1280 --num-experts 128 --moe-token-dispatcher-type alltoall"),
+    ("Nemotron-4 340B on 128 H100 as NeMo 2's performance script runs it (bf16 gradients, precision-aware "
+     "optimizer, output-layer wgrad deferred, gbs 32)", "nemotron-4-340b", "h100", 128,
+     NEMO_340B + "--global-batch-size 32"),
+    ("Nemotron-4 340B, the same on 256 H100 (NeMo's recommended_model_configs/model_configs_h100.csv: 256 GPUs, "
+     "gbs 64)", "nemotron-4-340b", "h100", 256, NEMO_340B + "--global-batch-size 64"),
+    ("GPT-OSS-120B tp1 pp4 ep8 mbs1, Bridge's shipped H100 layout", "gpt-oss-120b", "h100", 64,
+     GPT_OSS + "--micro-batch-size 1"),
+    ("GPT-OSS-120B tp1 pp4 ep8 mbs4: not a shipped H100 layout (mbs 4 is the GB200/B200 one, on pp 1)",
+     "gpt-oss-120b", "h100", 64, GPT_OSS + "--micro-batch-size 4"),
     ("Llama 3.1 405B fp8 (tensorwise, fp8 parameters), embedding and loss counted as layers",
      "llama-3.1-405b", "h100", 1024,
      COMMON + "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --grad-reduce-in-bf16 "
      "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 8 "
      "--context-parallel-size 2 --micro-batch-size 1 --seq-length 8192 --global-batch-size 512 "
      "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --num-layers 126"),
-    ("Llama 3.1 405B tp4 pp8 vpp8 cp2 (the layout Bridge's B200 recipe names in its docstring)",
+    ("Llama 3.1 405B tp4 pp8 vpp8 cp2 on 128 B200 (Bridge's V1 B200 workload; its flat recipe's docstring)",
      "llama-3.1-405b", "b200", 128,
-     COMMON + "--grad-reduce-in-bf16 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 "
-     "--num-virtual-stages-per-pipeline-rank 8 --context-parallel-size 2 --micro-batch-size 1 --seq-length 8192 "
-     "--global-batch-size 768 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
-     "--num-layers 126"),
+     COMMON + "--grad-reduce-in-bf16 --use-precision-aware-optimizer --tensor-model-parallel-size 4 "
+     "--pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 8 --context-parallel-size 2 "
+     "--micro-batch-size 1 --seq-length 8192 --global-batch-size 768 --account-for-embedding-in-pipeline-split "
+     "--account-for-loss-in-pipeline-split --num-layers 126"),
     ("DeepSeek-V3 tp1 pp16 ep8, mla_up_proj recomputed, bf16 Adam moments (Bridge's DeepSeek-V3 optimizer)",
      "deepseek-v3", "b200", 256,
      "--bf16 --use-distributed-optimizer --cross-entropy-loss-fusion --grad-reduce-in-bf16 "
@@ -219,11 +280,30 @@ def main(argv: "list[str] | None" = None) -> int:
         print("\nnot priced (what each changes):")
         for key, what in legend.items():
             print(f"  {key}: {what}")
+    launched = Counter(change for p in priced for change in p.launcher)
+    if launched:
+        print("\nset by Bridge's performance launcher before training (priced):")
+        for change, count in launched.most_common():
+            print(f"  {count:3d} recipes  {change}")
     over = [p for p in priced if p.share > 1.0]
     if over:
         print("\nover HBM:")
         for p in over:
-            print(f"  {p.recipe}: {p.peak_gib:.1f} GiB of {p.hbm_gib:.0f} ({p.plan})")
+            print(f"  {p.recipe}: {p.peak_gib:.1f} GiB of {p.hbm_gib:.0f} ({p.plan}); {p.worst}")
+    print("\nmedian peak of HBM by model (at largest mbs: twice the recipe's micro-batch would not fit, or does not "
+          "split the global batch):")
+    for model in sorted({p.model for p in priced}):
+        group = [p for p in priced if p.model == model]
+        shares = [p.share for p in group]
+        print(f"  {model:16} {len(shares):3d} recipes  median {100 * statistics.median(shares):3.0f}%  "
+              f"range {100 * min(shares):3.0f}-{100 * max(shares):3.0f}%  at largest mbs "
+              f"{sum(p.at_largest_mbs for p in group)}")
+    within = [p for p in priced if p.share <= 1.0]
+    tuned = [p for p in within if p.at_largest_mbs]
+    if within:
+        print(f"  within HBM: {len(tuned)} of {len(within)} at their largest micro-batch; the other "
+              f"{len(within) - len(tuned)} (median {100 * statistics.median([p.share for p in within if p not in tuned] or [0]):.0f}% of HBM) "
+              "would fit twice it")
     print("\nrefused:")
     for reason, count in Counter(reason for _, reason in refused).most_common():
         names = [name for name, why in refused if why == reason]

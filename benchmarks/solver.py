@@ -4,7 +4,8 @@
     python benchmarks/solver.py --commands [NAME ...] [--repeats 3]
 
 --commands times whole `autopar solve` commands instead (COMMANDS: dense S1, S2, S5; the MoE scenarios mixtral-8x7b
-on 256, qwen3-235b-a22b on 2,048 and deepseek-v3 on 2,048 H100; the llama-3.1-70b --gpus 64-4096 scaling front),
+on 256, qwen3-235b-a22b on 2,048 and deepseek-v3 on 2,048 H100; the llama-3.1-70b --gpus 64-4096 scaling front; the
+deepest model autopar accepts, Llama-3.1-8B's shape at costmodels.limits.MAX_NUM_LAYERS layers on 128 GPUs),
 each run --repeats times: best and median wall time, CPU time (the machine is shared: wall includes waiting for a
 core), the target, and a digest of the front (plans, step times, peaks) so fronts can be compared across commits.
 Ends with one line per command:
@@ -124,6 +125,27 @@ def whole_command_s() -> float:
     return elapsed
 
 
+DEEPEST_MODEL = "DEEPEST"
+"""Stands for a config.json of Llama-3.1-8B's shape with costmodels.limits.MAX_NUM_LAYERS layers (written to a
+temporary folder): the deepest model autopar accepts, whose solve the layer limit is set by."""
+
+
+def deepest_config(folder: str) -> str:
+    """The DEEPEST_MODEL config.json in `folder`; returns its path."""
+    import json
+    import os
+
+    from costmodels.limits import MAX_NUM_LAYERS
+
+    preset = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "autopar", "presets", "llama-3.1-8b.json")
+    with open(preset, encoding="utf-8") as handle:
+        config = json.load(handle)
+    path = os.path.join(folder, "config.json")
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(dict(config, num_hidden_layers=MAX_NUM_LAYERS), handle)
+    return path
+
+
 COMMANDS = {
     # name: (arguments of `autopar solve`, target seconds for the whole command on 2 cores; None = no target)
     "S1": (["llama-3.1-8b", "--gpus", "32", "--seq-len", "8192", "--global-batch", "256"], None),
@@ -133,6 +155,7 @@ COMMANDS = {
     "MoE-qwen3": (["qwen3-235b-a22b", "--gpus", "2048"], 3.0),
     "MoE-S4": (["deepseek-v3", "--gpus", "2048", "--seq-len", "4096", "--global-batch", "4096"], 3.0),
     "scaling": (["llama-3.1-70b", "--gpus", "64-4096"], 10.0),
+    "deepest": ([DEEPEST_MODEL, "--gpus", "128"], 10.0),
 }
 """The whole `autopar solve` commands timed by --commands (start-up, search, re-scoring and output included)."""
 
@@ -153,8 +176,12 @@ def time_command(name: str, repeats: int) -> CommandTiming:
     import json
     import resource
 
+    import tempfile
+
     arguments, target = COMMANDS[name]
     walls, cpus, digest = [], [], ""
+    folder = tempfile.mkdtemp(prefix="autopar-bench-")
+    arguments = [deepest_config(folder) if argument == DEEPEST_MODEL else argument for argument in arguments]
     for _ in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()

@@ -367,6 +367,18 @@ def moe_load_factor(training: TrainingSpec) -> float:
     return min(training.moe_imbalance_factor, training.moe_capacity_factor)
 
 
+def moe_kept_token_fraction(training: TrainingSpec) -> float:
+    """Share of the routed (token, expert) pairs an expert computes: all of them dropless; under a capacity factor
+    c < 1 each expert keeps at most c × its balanced share and drops the rest (Megatron-Core
+    moe_utils.topk_softmax_with_capacity: capacity = ceil(tokens·top_k / E × c), the tokens past it masked out of
+    the routing map, so they skip the expert and only the residual carries them). Counted under balanced routing,
+    the load the estimate assumes (min(1, c)); with an imbalance the share kept is lower still, so this bounds the
+    work done from above. Dropped tokens are not FLOPs done: model FLOPs and MFU count only the kept ones."""
+    if training.moe_capacity_factor is None:
+        return 1.0
+    return min(1.0, training.moe_capacity_factor)
+
+
 def moe_mlp_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> list[Gemm]:
     """Router, routed experts (at the busiest rank's load) and shared experts of one MoE layer, per GPU."""
     assert model.moe is not None
@@ -885,7 +897,7 @@ def _forward_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> dic
     if model.moe is not None:
         moe = model.moe
         moe_mlp = 2.0 * training.seq_len * model.hidden_size * moe.num_experts + moe.top_k * dense_mlp \
-            * moe.expert_ffn_hidden_size / model.ffn_hidden_size
+            * moe.expert_ffn_hidden_size / model.ffn_hidden_size * moe_kept_token_fraction(training)
         if moe.num_shared_experts:
             moe_mlp += dense_mlp * moe.shared_expert_ffn_hidden_size / model.ffn_hidden_size
     logits = 2.0 * training.seq_len * model.hidden_size * model.vocab_size

@@ -497,6 +497,9 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         dispatch_syncs = np.zeros(n)
     deepspeed = engine is Engine.DEEPSPEED
     serial = deepspeed and training.zero3_serial_fetch
+    if deepspeed and model.moe is not None:   # ZeRO-3 fetches each expert linear on its own (`_deepspeed_zero`)
+        fetch_fwd, fetch_bwd = _deepspeed_expert_fetch(model, plans)
+        post, moe_bwd = post + fetch_fwd, moe_bwd + fetch_bwd
     return LayerLaunches(
         dense_fwd=layer_fwd + fsdp_fwd, dense_bwd=layer_bwd + fsdp_bwd,
         moe_pre_fwd=moe_pre, moe_post_fwd=post, moe_bwd=moe_bwd,
@@ -533,6 +536,16 @@ def _deepspeed_zero(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Laun
     backward = fetch.where(plans.zero >= 3, Launches()) + Launches(aten_op=tensors).where(plans.zero >= 1,
                                                                                           Launches())
     return forward, backward
+
+
+def _deepspeed_expert_fetch(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+    """ZeRO-3's fetch of an eager MoE block's experts, each of its three linears a submodule with its own hooks
+    (`_deepspeed_zero`): per linear and pass an all-gather with its copy-in and copy-out, and a gradient copy into
+    the reduce bucket backward."""
+    linears = 3.0 * local_experts(model, plans)
+    fetch = Launches(aten_op=2.0 * linears, collective=linears)
+    zero3 = plans.zero >= 3
+    return fetch.where(zero3, Launches()), (fetch + Launches(aten_op=linears)).where(zero3, Launches())
 
 
 # ---- a CUDA-C trainer (llm.c) ---------------------------------------------------------------------------------------

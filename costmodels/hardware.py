@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from costmodels.errors import InputError
-from costmodels.host import DEFAULT_HOST_COSTS, HostCosts, parse_host_section
+from costmodels.host import DEFAULT_HOST_COSTS, HOST_FIELDS, HostCosts, parse_host_section
 from costmodels.limits import MAX_HBM_GIB, MAX_NUM_GPUS
 from costmodels.units import GIB
 
@@ -31,6 +31,58 @@ COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", 
 OVERLAP_TERMS = ("tp_comm",)
 """The communications a profile's `overlap:` section may hide behind compute, each with the fraction hidden in
 [0, 1] (read by costmodels.steptime.overlap_fraction)."""
+
+# ---- the fields a profile may have, and their ranges ------------------------------------------------------------
+# A field the cost model does not read is refused by name (a misspelt `peak_fractoin` would otherwise leave the
+# default in place without a word); every efficiency is a fraction of a peak, every rate is bounded above far past
+# any GPU and below where the step-time sums stay finite. Adding a field to profiles: one entry here.
+
+PROFILE_SECTIONS: Mapping[str, frozenset[str]] = {
+    "": frozenset({"schema_version", "name", "display_name", "aliases", "gpus_per_node", "nvlink_domain_size",
+                   "memory", "compute", "links", "collectives", "provenance", "elementwise", "overlap",
+                   "calibration", "calibration_from_runs", "host"}),
+    "host": frozenset(HOST_FIELDS),
+    "memory": frozenset({"hbm_gib", "hbm_tb_per_s", "overheads_gib"}),
+    "compute": frozenset({"peak_tflops", "gemm_efficiency", "sustained_clock_fraction", "streaming_multiprocessors",
+                          "compute_capability", "bf16_flops_per_clock_per_sm", "exp2_per_clock_per_sm"}),
+    "compute.peak_tflops": frozenset({"bf16", "fp8"}),
+    "links": frozenset(LINK_KINDS),
+    "links.nvlink": frozenset({"bandwidth_gb_per_s", "bandwidth_efficiency", "alpha_us"}),
+    "links.ib": frozenset({"bandwidth_gbit_per_s", "bandwidth_efficiency", "alpha_us"}),
+    "elementwise": frozenset({"traffic_per_activation_byte"}),
+}
+"""Section (dotted path, "" = the top level) -> the keys it may hold. `memory.overheads_gib` takes any name (each is
+a memory term of its own), `compute.gemm_efficiency` the names GEMM_EFFICIENCY_FIELDS matches, `collectives` and
+`overlap` are checked where they are read, `provenance`, `calibration` and `calibration_from_runs` are records."""
+
+ATTENTION_KERNEL_NAMES = ("fa1", "fa2", "fa3", "cudnn", "fa_triton")
+"""costmodels.compute.ATTENTION_KERNELS, restated because compute imports this module (tests/test_hostile_input.py
+checks the two agree)."""
+_KERNELS = "|".join(ATTENTION_KERNEL_NAMES)
+GEMM_EFFICIENCY_FIELDS: tuple[tuple[str, float, float, str], ...] = (
+    # (key pattern, lowest, highest, what the value is)
+    (rf"(fp8_|grouped_|grouped_bf16_|attention_|attention_({_KERNELS})_(fwd|bwd)_)?peak_fraction", 1e-6, 1.0,
+     "a fraction of the dense peak"),
+    (r"grouped_hbm_efficiency", 1e-6, 1.0, "a fraction of the HBM bandwidth"),
+    (r"(fp8_)?half_saturation_dim", 0.0, 1e12, "a GEMM dimension (elements)"),
+    (rf"attention_(({_KERNELS})_(fwd|bwd)_)?half_saturation_seq", 0.0, 1e12, "a sequence length (tokens)"),
+    (rf"attention_({_KERNELS})_(fwd|bwd)_harness_dispatch_us", 0.0, 1e6, "microseconds"),
+)
+"""The keys of `compute.gemm_efficiency` (costmodels.compute, costmodels.moe_kernels) with their ranges: fractions
+in [1e-6, 1] (autopar.calibrate.fit's bounds), half-saturation lengths in [0, 1e12] (0: no roll-off; a fit that
+ends on its 1e-12 bound, as a CPU calibration's does), times bounded."""
+
+RATE_BOUNDS: Mapping[str, tuple[float, float]] = {
+    "compute.peak_tflops": (1e-3, 1e5),               # B200 fp8 4,500 TFLOP/s; a CPU's GFLOP/s at the bottom
+    "memory.hbm_tb_per_s": (1e-3, 1e3),               # B200 8 TB/s
+    "links.nvlink.bandwidth_gb_per_s": (1e-3, 1e5),   # NVLink 5: 900 GB/s per direction
+    "links.ib.bandwidth_gbit_per_s": (8e-3, 8e5),     # 400-800 Gb/s NICs
+    "links.alpha_us": (0.0, 1e7),                     # tens of µs; 10 s is a broken measurement
+    "collectives.busbw_gb_per_s": (1e-3, 1e5),        # NVLS all-reduce ~480 GB/s bus bandwidth
+    "elementwise.traffic_per_activation_byte": (0.0, 1e3),
+}
+"""Every rate a profile states, bounded: (lowest, highest). A peak of 1e308 TFLOP/s or a bandwidth of 1e-300 GB/s
+describes no GPU, and would print an MFU of 0.0% or a step time of infinity."""
 
 
 @dataclass(frozen=True)
@@ -287,6 +339,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     non_finite = _first_non_finite(data, "")
     if non_finite is not None:  # anywhere, raw calibration data included: a damaged file is refused whole
         raise InputError("profile", f"{origin}: field {non_finite[0]} must be a finite number, got {non_finite[1]!r}")
+    _check_fields(origin, data)
     reader = _Reader(data, origin)
     version = reader.number("schema_version")
     if int(version) != SCHEMA_VERSION:
@@ -297,11 +350,14 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     links = {}
     for kind in LINK_KINDS:
         unit, scale = ("gb_per_s", 1e9) if kind == "nvlink" else ("gbit_per_s", 1e9 / 8)
-        nominal = reader.number(f"links.{kind}.bandwidth_{unit}") * scale
-        efficiency = reader.number(f"links.{kind}.bandwidth_efficiency", upper=1.0)
+        nominal = reader.number(f"links.{kind}.bandwidth_{unit}", bounds=RATE_BOUNDS[f"links.{kind}.bandwidth_{unit}"],
+                                what="a bandwidth") * scale
+        efficiency = reader.number(f"links.{kind}.bandwidth_efficiency", bounds=(1e-6, 1.0),
+                                   what="a fraction of the link's bandwidth")
         links[kind] = LinkSpec(
             bandwidth_bytes_per_s=nominal * efficiency,
-            alpha_s=reader.number(f"links.{kind}.alpha_us", allow_zero=True) * 1e-6,
+            alpha_s=reader.number(f"links.{kind}.alpha_us", allow_zero=True, bounds=RATE_BOUNDS["links.alpha_us"],
+                                  what="a latency (µs)") * 1e-6,
             nominal_bandwidth_bytes_per_s=nominal,
         )
     aliases = data.get("aliases", [])
@@ -311,6 +367,12 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
     if not isinstance(provenance, dict):
         raise InputError("profile", f"{origin}: provenance must be a mapping of field -> source")
     _check_overlap(reader, data.get("overlap"))
+    if "elementwise" in data and not isinstance(data["elementwise"], dict):
+        raise InputError("profile", f"{origin}: elementwise must be a mapping (elementwise: "
+                                    "{traffic_per_activation_byte: 2.8})")
+    if isinstance(data.get("elementwise"), dict) and "traffic_per_activation_byte" in data["elementwise"]:
+        reader.number("elementwise.traffic_per_activation_byte", allow_zero=True,
+                      bounds=RATE_BOUNDS["elementwise.traffic_per_activation_byte"], what="bytes per activation byte")
     known_keys = {"schema_version", "name", "display_name", "aliases", "gpus_per_node", "nvlink_domain_size", "memory",
                   "compute", "links", "collectives", "provenance", "host"}
     gpus_per_node = int(reader.number("gpus_per_node", upper=MAX_NUM_GPUS))
@@ -319,13 +381,18 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         name=reader.string("name"),
         display_name=str(data.get("display_name", data.get("name"))),
         hbm_bytes=reader.number("memory.hbm_gib", upper=MAX_HBM_GIB) * GIB,
-        hbm_bandwidth_bytes_per_s=reader.number("memory.hbm_tb_per_s") * 1e12,
-        peak_flops_per_s={str(k): reader.number(f"compute.peak_tflops.{k}") * 1e12 for k in peak},
-        gemm_efficiency={str(k): reader.number(f"compute.gemm_efficiency.{k}", allow_zero=True)
-                         for k in reader.mapping("compute.gemm_efficiency")},
+        hbm_bandwidth_bytes_per_s=reader.number("memory.hbm_tb_per_s", bounds=RATE_BOUNDS["memory.hbm_tb_per_s"],
+                                                what="a bandwidth (TB/s)") * 1e12,
+        peak_flops_per_s={str(k): reader.number(f"compute.peak_tflops.{k}", bounds=RATE_BOUNDS["compute.peak_tflops"],
+                                                what="a peak (TFLOP/s)") * 1e12 for k in peak},
+        gemm_efficiency={str(k): reader.number(f"compute.gemm_efficiency.{k}", allow_zero=bounds[0] == 0.0,
+                                               bounds=bounds[:2], what=bounds[2])
+                         for k in reader.mapping("compute.gemm_efficiency")
+                         for bounds in [_gemm_efficiency_field(str(k))]},
         links=links,
         collectives=_collectives(reader, data.get("collectives")),
-        memory_overheads_bytes={str(k): reader.number(f"memory.overheads_gib.{k}", allow_zero=True) * GIB
+        memory_overheads_bytes={str(k): reader.number(f"memory.overheads_gib.{k}", allow_zero=True,
+                                                      upper=MAX_HBM_GIB) * GIB
                                 for k in reader.mapping("memory.overheads_gib")},
         gpus_per_node=gpus_per_node,
         nvlink_domain_size=nvlink_domain_size,
@@ -453,8 +520,12 @@ def _collectives(reader: "_Reader", section: Any) -> dict[str, dict[str, tuple[C
                     raise InputError("profile", f"{reader.origin}: field {where}[{i}].group_size must be a whole "
                                                 f"number >= 2, got {point['group_size']!r}")
                 parsed.append(CollectivePoint(group_size=int(group),
-                                              alpha_s=point_reader.number("alpha_us", allow_zero=True) * 1e-6,
-                                              bus_bandwidth_bytes_per_s=point_reader.number("busbw_gb_per_s") * 1e9))
+                                              alpha_s=point_reader.number("alpha_us", allow_zero=True,
+                                                                          bounds=RATE_BOUNDS["links.alpha_us"],
+                                                                          what="a latency (µs)") * 1e-6,
+                                              bus_bandwidth_bytes_per_s=point_reader.number(
+                                                  "busbw_gb_per_s", bounds=RATE_BOUNDS["collectives.busbw_gb_per_s"],
+                                                  what="a bus bandwidth (GB/s)") * 1e9))
             out[link][kind] = tuple(sorted(parsed, key=lambda p: (p.group_size, p.alpha_s)))
     return out
 
@@ -501,17 +572,28 @@ class _Reader:
             node = node[part]
         return node
 
-    def number(self, dotted: str, allow_zero: bool = False, upper: float | None = None) -> float:
+    def number(self, dotted: str, allow_zero: bool = False, upper: float | None = None,
+               bounds: "tuple[float, float] | None" = None, what: str = "") -> float:
+        """A finite number > 0 (>= 0 with `allow_zero`), at most `upper`; `bounds` (lowest, highest) instead names
+        the range, with `what` the value is, in the message."""
         value = self._get(dotted)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} must be a finite number, "
-                                        f"got {value!r}")
+                                        f"got {_short_repr(value)}")
+        if bounds is not None:
+            low, high = bounds
+            if not low <= value <= high or (value == 0 and not allow_zero):
+                closed = "[" if allow_zero or low > 0 else "("
+                raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} must be "
+                                            f"{what + ' ' if what else ''}in {closed}{low:g}, {high:g}], got "
+                                            f"{_short_repr(value)}")
+            return float(value)
         if value < 0 or (value == 0 and not allow_zero):
             raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} must be "
-                                        f"{'>= 0' if allow_zero else '> 0'}, got {value!r}")
+                                        f"{'>= 0' if allow_zero else '> 0'}, got {_short_repr(value)}")
         if upper is not None and value > upper:
             raise InputError("profile", f"{self.origin}: field {self.prefix}{dotted} must be <= {upper}, "
-                                        f"got {value!r}")
+                                        f"got {_short_repr(value)}")
         return float(value)
 
     def string(self, dotted: str) -> str:
@@ -525,3 +607,42 @@ class _Reader:
         if not isinstance(value, dict) or not value:
             raise InputError("profile", f"{self.origin}: field {dotted} must be a non-empty mapping")
         return value
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}… ({len(text):,} characters)"
+
+
+def _check_fields(origin: str, data: dict) -> None:
+    """Refuse a key the cost model does not read (PROFILE_SECTIONS, GEMM_EFFICIENCY_FIELDS), naming it and the keys
+    its section takes: a misspelt field would otherwise be ignored and its default priced without a word."""
+    for section, allowed in PROFILE_SECTIONS.items():
+        node: Any = data
+        for part in section.split(".") if section else ():
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        for key in node:
+            if key not in allowed:
+                where = f"{section}.{key}" if section else str(key)
+                raise InputError("profile", f"{origin}: field {_short_repr(where)[1:-1]} is not a profile field "
+                                            f"autopar reads; {section or 'the top level'} takes "
+                                            f"{', '.join(sorted(allowed))} (fix the name or remove it)")
+    curve = data.get("compute", {}).get("gemm_efficiency") if isinstance(data.get("compute"), dict) else None
+    for key in curve if isinstance(curve, dict) else ():
+        if _gemm_efficiency_field(str(key)) is None:
+            raise InputError("profile", f"{origin}: field compute.gemm_efficiency.{_short_repr(str(key))[1:-1]} is "
+                                        "not a curve parameter autopar reads (peak_fraction, half_saturation_dim, "
+                                        "fp8_*, grouped_*, attention_<kernel>_<fwd|bwd>_*; kernels "
+                                        f"{', '.join(ATTENTION_KERNEL_NAMES)}); fix the name or remove it")
+
+
+def _gemm_efficiency_field(key: str) -> "tuple[float, float, str] | None":
+    """(lowest, highest, what) of a compute.gemm_efficiency key, or None for a key no curve reads."""
+    import re
+
+    for pattern, low, high, what in GEMM_EFFICIENCY_FIELDS:
+        if re.fullmatch(pattern, key):
+            return low, high, what
+    return None

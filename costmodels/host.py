@@ -22,8 +22,9 @@ max(end of kernel i-1, host time when it is enqueued)):
     drained_s  when the segment's last kernel ends, counted from a drained queue (the host starts enqueueing and
                the GPU is idle at 0)
 
-A segment ends no earlier than its GPU work after the first enqueue, nor before the host has enqueued all of it:
-drained_s = max(gpu_s + first_host_s, host_s) (`Segment.of`). Two segments back to back, Y after X with no sync
+A segment ends no earlier than its GPU work after the first enqueue, nor before the host has enqueued all of it and
+the GPU has run its last kernel: drained_s = max(gpu_s + first launch, host_s + last kernel) (`Segment.of`; exact
+for a stretch of like kernels, a lower bound otherwise). Two segments back to back, Y after X with no sync
 between: host_s and gpu_s add, drained_s = max(X.drained_s + Y.gpu_s, X.host_s + Y.drained_s) (`then`); n
 identical segments: drained_s = X.drained_s + (n - 1)·max(X.gpu_s, X.host_s) (`repeat`). A synchronisation ends a
 chain: the host waits for the GPU and then pays `HostCosts.sync_s` before the next enqueue, so the chains around
@@ -116,50 +117,57 @@ def parse_host_section(section: Any, origin: str) -> HostCosts:
 @dataclass(frozen=True)
 class Segment:
     """Kernels enqueued back to back without a synchronisation: (host_s, gpu_s, drained_s), per plan (module
-    docstring), and `first_host_s`, the host time of its first launch."""
+    docstring), with the host time of its first launch and the GPU time of its last kernel."""
 
     host_s: np.ndarray
     gpu_s: np.ndarray
     drained_s: np.ndarray
     first_host_s: np.ndarray
+    last_gpu_s: np.ndarray
 
     @staticmethod
-    def of(host_s, gpu_s, first_host_s) -> "Segment":
+    def of(host_s, gpu_s, first_host_s, last_gpu_s=0.0) -> "Segment":
         """One stretch of work: `host_s` to enqueue it all, `gpu_s` to run it, `first_host_s` to enqueue its first
-        kernel (the GPU idles that long after a drained queue)."""
-        host_s, gpu_s, first_host_s = np.broadcast_arrays(*(np.asarray(x, dtype=float)
-                                                            for x in (host_s, gpu_s, first_host_s)))
-        first_host_s = np.minimum(first_host_s, host_s)
-        return Segment(host_s, gpu_s, np.maximum(gpu_s + first_host_s, host_s), first_host_s)
+        kernel (the GPU idles that long after a drained queue), `last_gpu_s` to run its last (which starts no
+        earlier than the host has enqueued everything): drained = max(gpu + first launch, host + last kernel)."""
+        host_s, gpu_s, first_host_s, last_gpu_s = np.broadcast_arrays(
+            *(np.asarray(x, dtype=float) for x in (host_s, gpu_s, first_host_s, last_gpu_s)))
+        first_host_s, last_gpu_s = np.minimum(first_host_s, host_s), np.minimum(last_gpu_s, gpu_s)
+        return Segment(host_s, gpu_s, np.maximum(gpu_s + first_host_s, host_s + last_gpu_s), first_host_s,
+                       last_gpu_s)
 
     @staticmethod
     def empty(n: int) -> "Segment":
         zero = np.zeros(n)
-        return Segment(zero, zero, zero, zero)
+        return Segment(zero, zero, zero, zero, zero)
 
     @staticmethod
     def wait(seconds, n: int) -> "Segment":
         """Host time with no GPU work (the host's wake-up after a synchronisation)."""
         seconds = np.broadcast_to(np.asarray(seconds, dtype=float), (n,))
-        return Segment(seconds, np.zeros(n), seconds, seconds)
+        return Segment(seconds, np.zeros(n), seconds, seconds, np.zeros(n))
 
     def then(self, other: "Segment") -> "Segment":
         """`other` enqueued right after this, no synchronisation between."""
         return Segment(self.host_s + other.host_s, self.gpu_s + other.gpu_s,
                        np.maximum(self.drained_s + other.gpu_s, self.host_s + other.drained_s),
-                       np.where(self.host_s > 0, self.first_host_s, other.first_host_s))
+                       np.where(self.host_s > 0, self.first_host_s, other.first_host_s),
+                       np.where(other.gpu_s > 0, other.last_gpu_s, self.last_gpu_s))
 
     def repeat(self, count) -> "Segment":
         """`count` (>= 0, per plan) copies back to back; 0 copies is the empty segment."""
         count = np.asarray(count, dtype=float)
         pace = np.maximum(self.gpu_s, self.host_s)
         drained = np.where(count > 0, self.drained_s + np.maximum(count - 1.0, 0.0) * pace, 0.0)
-        return Segment(count * self.host_s, count * self.gpu_s, drained, np.where(count > 0, self.first_host_s, 0.0))
+        some = count > 0
+        return Segment(count * self.host_s, count * self.gpu_s, drained, np.where(some, self.first_host_s, 0.0),
+                       np.where(some, self.last_gpu_s, 0.0))
 
     def split(self, parts) -> "Segment":
-        """One of `parts` (>= 1, per plan) equal shares of this work, starting with its first launch."""
+        """One of `parts` (>= 1, per plan) equal shares of this work, starting with its first launch and ending with
+        its last kernel."""
         parts = np.asarray(parts, dtype=float)
-        return Segment.of(self.host_s / parts, self.gpu_s / parts, self.first_host_s)
+        return Segment.of(self.host_s / parts, self.gpu_s / parts, self.first_host_s, self.last_gpu_s)
 
     @property
     def exposed_s(self) -> np.ndarray:

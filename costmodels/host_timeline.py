@@ -35,15 +35,16 @@ from costmodels.plan import PlanArrays, Recompute, layers_on_stage
 def pick(mask, a: Segment, b: Segment) -> Segment:
     """Per plan: `a` where `mask`, `b` elsewhere."""
     return Segment(*(np.where(mask, getattr(a, name), getattr(b, name))
-                     for name in ("host_s", "gpu_s", "drained_s", "first_host_s")))
+                     for name in ("host_s", "gpu_s", "drained_s", "first_host_s", "last_gpu_s")))
 
 
 def piece(launches: Launches, gpu_s, costs: HostCosts) -> Segment:
-    """A piece of work: its launches' host time and its GPU seconds; the GPU idles for its first launch after a
-    drained queue (one kernel's share of the piece's host time)."""
+    """A piece of work: its launches' host time and its GPU seconds, spread evenly over its kernels (the GPU idles
+    for one kernel's share of the host time after a drained queue, and the last kernel takes one kernel's share of
+    the GPU time)."""
     host_s = np.asarray(launches.host_s(costs), dtype=float)
     kernels = np.maximum(np.asarray(launches.kernels, dtype=float), 1.0)
-    return Segment.of(host_s, gpu_s, host_s / kernels)
+    return Segment.of(host_s, gpu_s, host_s / kernels, np.asarray(gpu_s, dtype=float) / kernels)
 
 
 @dataclass
@@ -56,11 +57,27 @@ class Chains:
     """Whether any synchronisation has closed a chain (per plan)."""
     wake_s: float
     """The host's wake-up after a synchronisation (HostCosts.sync_s)."""
+    first_chain: Segment
+    """The chain the first synchronisation closed (per plan; empty where none has): in a step's steady state it
+    runs on from the previous micro-batch's open chain instead of from a drained queue (`steady_exposed_s`)."""
 
     @staticmethod
     def start(n: int, wake_s: float, open_chain: "Segment | None" = None) -> "Chains":
-        return Chains(open_chain if open_chain is not None else Segment.empty(n), np.zeros(n),
-                      np.zeros(n, dtype=bool), wake_s)
+        empty = Segment.empty(n)
+        return Chains(open_chain if open_chain is not None else empty, np.zeros(n), np.zeros(n, dtype=bool), wake_s,
+                      empty)
+
+    def _closing(self, happens: np.ndarray, chain: Segment) -> None:
+        """Record `chain` as the first closed one where a synchronisation `happens` for the first time."""
+        self.first_chain = pick(happens & ~self.closed, chain, self.first_chain)
+        self.closed = self.closed | happens
+
+    def steady_exposed_s(self) -> np.ndarray:
+        """What this program exposes when the same program ran just before it (a micro-batch in the steady state of
+        a step): its first chain starts on the open chain the previous run left, not on a drained queue; the
+        other chains are closed on both ends and expose the same."""
+        carried = self.open.then(self.first_chain).exposed_s
+        return self.exposed_s - self.first_chain.exposed_s + carried
 
     def run(self, segment: Segment, count=1.0) -> None:
         """`count` copies of `segment` (per plan), no synchronisation."""
@@ -72,8 +89,8 @@ class Chains:
         count = np.broadcast_to(np.asarray(count, dtype=float), self.exposed_s.shape)
         happens = count > 0
         self.exposed_s = self.exposed_s + np.where(happens, self.open.exposed_s, 0.0)
+        self._closing(happens, self.open)
         self.open = pick(happens, Segment.wait(count * self.wake_s, len(count)), self.open)
-        self.closed = self.closed | happens
 
     def units(self, before: Segment, after: Segment, syncs, count) -> None:
         """`count` units (per plan) each of `before`, then `syncs` synchronisations with `after` split evenly after
@@ -87,12 +104,13 @@ class Chains:
         inside = Segment.wait(self.wake_s, n).then(part)              # between two syncs of one unit
         across = inside.then(before)                                  # from a unit's last sync into the next one's
         has = (syncs > 0) & (count > 0)
-        exposed = self.open.then(before).exposed_s + count * (k - 1.0) * inside.exposed_s \
+        closing = self.open.then(before)                              # the chain the unit's first sync closes
+        exposed = closing.exposed_s + count * (k - 1.0) * inside.exposed_s \
             + np.maximum(count - 1.0, 0.0) * across.exposed_s
         plain = self.open.then(before.then(after).repeat(count))
         self.exposed_s = self.exposed_s + np.where(has, exposed, 0.0)
+        self._closing(has, closing)
         self.open = pick(has, inside, plain)
-        self.closed = self.closed | has
 
 
 @dataclass(frozen=True)
@@ -235,8 +253,6 @@ def host_exposed_per_microbatch_s(pieces: StagePieces, launches: LayerLaunches, 
     n = len(plans)
     first = Chains.start(n, costs.sync_s)
     run_microbatch(first, pieces, launches, plans)
-    steady = Chains.start(n, costs.sync_s, first.open)
-    run_microbatch(steady, pieces, launches, plans)
     m = np.maximum(np.asarray(microbatches, dtype=float), 1.0)
     one_chain = first.open.repeat(m).exposed_s / m            # no synchronisation: the step is one chain
-    return np.where(first.closed, steady.exposed_s, one_chain)
+    return np.where(first.closed, first.steady_exposed_s(), one_chain)

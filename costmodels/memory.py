@@ -82,6 +82,8 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "moe_router_activations": _STAGE_ACTIVATION_KNOBS,
     "moe_dispatch_activations": _STAGE_ACTIVATION_KNOBS + ("etp",),
     "expert_mlp_activations": _STAGE_ACTIVATION_KNOBS + ("etp",),
+    "moe_stash_working_set": ("tp", "cp", "pp", "mbs", "etp", "recompute", "recompute_layers",
+                              "recompute_modules", "first_stage_layers", "last_stage_layers"),
     "recompute_working_set": ("tp", "sp", "cp", "mbs", "etp", "recompute", "recompute_layers", "pp", "vpp",
                               "first_stage_layers", "last_stage_layers"),
     "embedding_activations": ("tp", "sp", "cp", "pp", "vpp", "mbs"),
@@ -89,10 +91,15 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "logits": ("tp", "cp", "pp", "mbs"),
     "cross_entropy_buffers": ("tp", "cp", "pp", "mbs"),
     "pending_output_wgrad": ("tp", "sp", "cp", "pp", "mbs"),
+    "deferred_output_wgrad": ("tp", "sp", "cp", "pp", "mbs"),
+    "pipeline_outputs": _STAGE_ACTIVATION_KNOBS,
     "mtp_activations": ("tp", "sp", "cp", "pp", "mbs", "etp"),
     "fp8_weight_copies": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
+    "tp_comm_userbuffers": ("tp", "sp", "cp", "mbs"),
+    "moe_dispatcher_buffers": ("tp", "sp", "cp", "mbs", "ep", "etp", "pp", "first_stage_layers",
+                               "last_stage_layers"),
 }
 """Plan fields each memory term depends on. Fixed-overhead terms (one per key of the profile's
 `memory.overheads_gib`, e.g. cuda_context, nccl_buffers) depend on no knob: see `term_knobs`."""
@@ -102,22 +109,25 @@ _VARIES_WITH_LAYERS_IN_FLIGHT = "layers_in_flight"   # ... and the micro-batches
 TERM_STAGE_DEPENDENCE: dict[str, str] = {
     **{name: _VARIES_WITH_LAYERS for name in (
         "weights", "gradients", "optimizer_states", "expert_weights", "expert_gradients", "expert_optimizer_states",
-        "fp8_weight_copies", "recompute_working_set", "zero_gradient_buckets", "zero3_prefetch_buffers")},
+        "fp8_weight_copies", "recompute_working_set", "zero_gradient_buckets", "zero3_prefetch_buffers",
+        "moe_stash_working_set", "moe_dispatcher_buffers")},
     **{name: "first_and_last" for name in (
         "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
     **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
         "layer_activations", "recomputed_layer_inputs", "moe_router_activations", "moe_dispatch_activations",
-        "expert_mlp_activations")},
+        "expert_mlp_activations", "pipeline_outputs")},
     "embedding_activations": "first",
+    "tp_comm_userbuffers": "every",
     **{name: "last" for name in ("output_layer_activations", "logits", "cross_entropy_buffers",
-                                 "pending_output_wgrad", "mtp_activations")},
+                                 "pending_output_wgrad", "deferred_output_wgrad", "mtp_activations")},
 }
 """How each term varies between pipeline ranks: 'first' / 'last' (zero elsewhere), 'first_and_last' (zero on middle
-ranks), 'layers' (with the rank's layers), 'layers_in_flight' (with its layers and its in-flight micro-batches).
-The fixed overheads are the same on every rank."""
+ranks), 'layers' (with the rank's layers), 'layers_in_flight' (with its layers and its in-flight micro-batches),
+'every' (the same on every rank, STAGE_INDEPENDENT_TERMS). The fixed overheads are the same on every rank."""
 
-STAGE_INDEPENDENT_TERMS: frozenset[str] = frozenset()
-"""Terms of TERM_KNOBS equal on every pipeline rank: none (only the fixed overheads, which have no knobs, are)."""
+STAGE_INDEPENDENT_TERMS: frozenset[str] = frozenset({"tp_comm_userbuffers"})
+"""Terms of TERM_KNOBS equal on every pipeline rank (TERM_STAGE_DEPENDENCE 'every'), like the fixed overheads,
+which have no knobs."""
 
 
 MODEL_STATE_TERMS: tuple[str, ...] = (
@@ -128,11 +138,14 @@ optimizer')."""
 
 ACTIVATION_TERMS: tuple[str, ...] = (
     "layer_activations", "recomputed_layer_inputs", "recompute_working_set", "moe_router_activations",
-    "moe_dispatch_activations", "expert_mlp_activations", "embedding_activations", "output_layer_activations",
-    "logits", "cross_entropy_buffers", "pending_output_wgrad", "mtp_activations")
+    "moe_dispatch_activations", "expert_mlp_activations", "moe_stash_working_set", "embedding_activations",
+    "output_layer_activations",
+    "logits", "cross_entropy_buffers", "pending_output_wgrad", "deferred_output_wgrad", "pipeline_outputs",
+    "mtp_activations")
 """Everything kept for (or created by) the backward pass."""
 
-BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers")
+BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers", "tp_comm_userbuffers",
+                                  "moe_dispatcher_buffers")
 """Communication working buffers; the profile's fixed overheads are the remaining terms."""
 
 
@@ -161,8 +174,12 @@ class StageShape:
     moe_layers: np.ndarray
     recomputed_layers: np.ndarray
     """Layers whose activations are dropped and recomputed (full recompute, Megatron's block method)."""
+    offloaded_layers: np.ndarray
+    """Layers whose activations are on the host (TrainingSpec.cpu_offload_layers; pp = 1 only)."""
     in_flight: np.ndarray
     """Micro-batches whose activations the rank holds at its peak, in units of the whole rank's layers."""
+    num_microbatches: np.ndarray
+    """Micro-batches per step (gbs / (dp·mbs))."""
     dp: np.ndarray
     edp: np.ndarray
     dp_cp: np.ndarray
@@ -182,7 +199,8 @@ class StageShape:
 
     @property
     def stored_layers(self) -> np.ndarray:
-        return self.layers - self.recomputed_layers
+        """Layers whose activations stay on the GPU: neither recomputed nor offloaded."""
+        return self.layers - self.recomputed_layers - self.offloaded_layers
 
     @property
     def stored_fraction(self) -> np.ndarray:
@@ -192,7 +210,7 @@ class StageShape:
 def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: np.ndarray,
                            schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B, group: int = 0,
                            layers: "np.ndarray | None" = None, embedding_slot: "np.ndarray | bool" = False,
-                           loss_slot: "np.ndarray | bool" = False) -> np.ndarray:
+                           loss_slot: "np.ndarray | bool" = False, moe_a2a_overlap: bool = False) -> np.ndarray:
     """Micro-batches of activations held by pipeline rank `stage` at its peak, in units of the rank's whole layers.
 
     1F1B (PipeDream-Flush, Narayanan et al. arXiv 2104.04473 §2.2): rank r runs pp - r - 1 warm-up forwards and
@@ -209,6 +227,9 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
     that rank's first (last) chunk holds one decoder layer fewer: its n_0 (n_last) held entries carry one layer
     less each. `layers` (the rank's decoder layers) is needed for that weighting; without it chunks are equal.
     Never more than the step's micro-batches (theoretical_memory_usage: `min(1, num_microbatches / pp)`).
+    With the MoE all-to-all overlapped between micro-batches (`moe_a2a_overlap`, overlap_moe_expert_parallel_comm)
+    the interleaved schedule warms up one chunk-micro-batch more, so that every steady step's forward and backward
+    are independent (get_pp_rank_microbatches: `num_warmup_microbatches = num_warmup_microbatches + 1`).
     Zero-bubble schedules (not interleaved; arXiv 2401.10241 §2.3): worker r holds (p − r)·M_B + r·M_W under ZB-H1 /
     ZB-1p and (2p − 2r − 1)·M_B + 2r·M_W under ZB-H2 / ZB-2p, M_W the activations a pending W pass keeps (the
     layer input and the output gradient, Table 1: 32sbh against M_B's sb(34h + 5as)); priced at M_B, so p and
@@ -221,7 +242,7 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
         return np.minimum(np.broadcast_to(2.0 * pp - 1.0, np.shape(stage)), microbatches)
     vpp = plans.vpp.astype(float)
     g = np.maximum(float(group), pp) if group else pp
-    warmup = (pp - stage - 1.0) * 2.0 + (vpp - 1.0) * g
+    warmup = (pp - stage - 1.0) * 2.0 + (vpp - 1.0) * g + (1.0 if moe_a2a_overlap else 0.0)
     entries = np.minimum(warmup + 1.0, np.asarray(microbatches, dtype=float) * vpp)
     held = entries / vpp
     if layers is not None:
@@ -253,18 +274,24 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     recompute_all = plans.recompute_layers == 0
     per_rank = np.minimum(plans.recompute_layers * plans.vpp, layers)
     recomputed = np.where(plans.recompute == Recompute.FULL, np.where(recompute_all, layers, per_rank), 0.0)
+    # CPU offloading (pp = 1, no recompute: rule cpu_offloading): at most L - N layers' activations on the GPU
+    offloaded = np.where((plans.pp == 1) & (plans.recompute == Recompute.NONE),
+                         np.minimum(float(training.cpu_offload_layers), layers), 0.0)
     non_expert, expert = params.stage_params_per_gpu(model, plans, rank)
     # the embedding / loss layer slots of the even split (a layout's chunks are its own: not known per rank here)
     slots = ((False, False) if isinstance(rank, StageContent) else
              embedding_loss_slots(model.num_layers, plans))
     embedding = params.stage_embedding_params_per_gpu(model, plans, rank)
     tokens = training.seq_len * plans.mbs / plans.cp
+    microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     return StageShape(
         plans=plans, stage=stage, is_first=stage == 0, is_last=stage == plans.pp - 1,
-        layers=layers, moe_layers=moe_layers, recomputed_layers=recomputed,
+        layers=layers, moe_layers=moe_layers, recomputed_layers=recomputed, offloaded_layers=offloaded,
+        num_microbatches=microbatches,
         in_flight=in_flight_microbatches(
-            plans, stage, num_microbatches(plans, cluster.num_gpus, training.global_batch_size),
-            training.pipeline_schedule, training.microbatch_group_size_per_vp_stage, layers, *slots),
+            plans, stage, microbatches,
+            training.pipeline_schedule, training.microbatch_group_size_per_vp_stage, layers, *slots,
+            moe_a2a_overlap=training.moe_a2a_overlap and model.moe is not None),
         dp=data_parallel_size(plans, cluster.num_gpus), edp=expert_data_parallel_size(plans, cluster.num_gpus),
         dp_cp=data_parallel_size(plans, cluster.num_gpus) * plans.cp,
         layer_params_per_gpu=non_expert - embedding, expert_params_per_gpu=expert,
@@ -576,12 +603,25 @@ def _dispatch_buffers_bytes_per_layer(model: ModelSpec, shape: StageShape) -> np
 
 
 def _expert_load_factor(training: TrainingSpec) -> float:
-    """Tokens on the busiest expert rank relative to a perfectly balanced one: dropless routing takes the
-    imbalance factor; a capacity factor c caps it at c (GShard §2.2 / Switch §2.1 expert capacity)."""
+    """Rows of the busiest expert rank's buffers relative to the tokens a perfectly balanced rank receives: dropless
+    routing takes the imbalance factor; a capacity factor c caps it at c (GShard §2.2 / Switch §2.1 expert
+    capacity); a rank token budget (TrainingSpec.moe_rank_capacity_factor, HybridEP / NCCL-EP) sizes every rank's
+    buffers at the budget, whatever the routing (token_dispatcher.py _HybridEPManager.setup_metadata: the permuted
+    tokens' static `num_permuted_tokens`)."""
+    if training.moe_rank_capacity_factor is not None:
+        return float(training.moe_rank_capacity_factor)
     load = training.moe_imbalance_factor
     if training.moe_capacity_factor is not None:
         load = min(load, training.moe_capacity_factor)
     return load
+
+
+def _expert_mlp_bytes_per_copy(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """What the routed experts store per token copy they receive: the expert input (2h, whole in the etp group;
+    what TE's GroupedLinear keeps, fp8 in fp8) and the MLP intermediates of its F_e/etp columns."""
+    assert model.moe is not None
+    return (saved_linear_input_bytes(training) * model.hidden_size
+            + _mlp_bytes_per_token(model, training, model.moe.expert_ffn_hidden_size) / shape.plans.etp)
 
 
 def _expert_mlp_bytes_per_layer(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -589,20 +629,22 @@ def _expert_mlp_bytes_per_layer(model: ModelSpec, training: TrainingSpec, shape:
 
     Per pipeline stage a micro-batch step routes dp·s·b·k token copies; the stage's N/pp GPUs form edp·ep
     expert-tensor-parallel groups of etp GPUs that each process the same tokens, so one GPU receives
-    s·b·k·etp/(tp·cp) = T·k·etp/t tokens on average (× the load factor). Each stores the expert input (2h, whole in
-    the etp group; what TE's GroupedLinear keeps, fp8 in fp8) and the MLP intermediates of its F_e/etp columns.
+    s·b·k·etp/(tp·cp) = T·k·etp/t tokens on average (× the load factor), each stored as
+    `_expert_mlp_bytes_per_copy`.
     """
+    return _expert_copies_received(model, training, shape) * _expert_mlp_bytes_per_copy(model, training, shape)
+
+
+def _balanced_copies(model: ModelSpec, shape: StageShape) -> np.ndarray:
+    """Token copies a perfectly balanced GPU's experts receive per micro-batch: T·k·etp/t."""
     assert model.moe is not None
-    per_token = (saved_linear_input_bytes(training) * model.hidden_size
-                 + _mlp_bytes_per_token(model, training, model.moe.expert_ffn_hidden_size) / shape.plans.etp)
-    return _expert_copies_received(model, training, shape) * per_token
+    return shape.tokens_inside_tp * model.moe.top_k * shape.plans.etp
 
 
 def _expert_copies_received(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
-    """Token copies one GPU's experts receive per micro-batch: T·k·etp/t × the load factor (_expert_mlp_bytes_per_layer
-    derives it)."""
-    assert model.moe is not None
-    return shape.tokens_inside_tp * model.moe.top_k * shape.plans.etp * _expert_load_factor(training)
+    """Token copies (buffer rows) one GPU's experts hold per micro-batch: T·k·etp/t × the load factor
+    (_expert_load_factor)."""
+    return _balanced_copies(model, shape) * _expert_load_factor(training)
 
 
 # ---- activations on the stage ------------------------------------------------------------------------------------
@@ -697,18 +739,50 @@ def moe_dispatch_activations_bytes(model: ModelSpec, training: TrainingSpec, sha
             * _moe_kept(shape))
 
 
+def _stored_expert_rows(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Rows of routed-expert activations stored per MoE layer and micro-batch: the buffers' rows
+    (_expert_copies_received); under the paged stash (TrainingSpec.moe_paged_stash_factor) the stash's share, its
+    factor times the expected rows, the budget over the rank capacity factor (experts.py _fused_forward:
+    `avg_num_tokens = max_num_tokens // cap_factor`; paged_stash.py allocate_stash_buffers:
+    `num_tokens = max_avg_tokens_across_vp_stages * moe_paged_stash_buffer_size_factor_cuda`)."""
+    if training.moe_paged_stash_factor is not None:
+        return _balanced_copies(model, shape) * training.moe_paged_stash_factor
+    return _expert_copies_received(model, training, shape)
+
+
+def _expert_act_output_bytes_per_copy(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """The activation's output each copy keeps (the down projection's input, F_e/etp columns), what module moe_act
+    drops: 2 bytes per column, what fc2 would keep in fp8 (it keeps the original then, experts.py
+    set_save_original_input)."""
+    assert model.moe is not None
+    return saved_linear_input_bytes(training) * model.moe.expert_ffn_hidden_size / shape.plans.etp
+
+
 def expert_mlp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
-    """Routed-expert activations; module moe_act drops the activation's output (the down projection's input, 2 bytes
-    per expert column, what fc2 would keep in fp8: it keeps the original then, experts.py set_save_original_input),
-    module moe all of them."""
+    """Routed-expert activations (`_stored_expert_rows` × `_expert_mlp_bytes_per_copy`); module moe_act drops the
+    activation's output (`_expert_act_output_bytes_per_copy`), module moe all of them."""
     if model.moe is None:
         return np.zeros(len(shape.plans))
     moe = _stored_layer_counts(model, shape)[1]
-    per_layer = _expert_mlp_bytes_per_layer(model, training, shape)
-    act_output = (_expert_copies_received(model, training, shape) * saved_linear_input_bytes(training)
-                  * model.moe.expert_ffn_hidden_size / shape.plans.etp)
-    per_layer = per_layer - np.where(recomputes_module(shape.plans, RecomputeModule.MOE_ACT), act_output, 0.0)
+    per_copy = _expert_mlp_bytes_per_copy(model, training, shape) - np.where(
+        recomputes_module(shape.plans, RecomputeModule.MOE_ACT),
+        _expert_act_output_bytes_per_copy(model, training, shape), 0.0)
+    per_layer = _stored_expert_rows(model, training, shape) * per_copy
     return moe * per_layer * shape.in_flight * _moe_kept(shape)
+
+
+def moe_stash_working_set_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Under the paged stash, one MoE layer's routed-expert activations at full budget length beside the stash: the
+    layer's forward saves them at the budget's rows before paged_stash_group_commit copies them in, and its backward
+    reloads them to that length (paged_stash.py on_get_saved_tensor pads to max_num_tokens); one layer at a time.
+    Zero without the stash, or where the rank has no MoE layer or recomputes the routed MLP."""
+    if model.moe is None or training.moe_paged_stash_factor is None:
+        return np.zeros(len(shape.plans))
+    per_copy = _expert_mlp_bytes_per_copy(model, training, shape) - np.where(
+        recomputes_module(shape.plans, RecomputeModule.MOE_ACT),
+        _expert_act_output_bytes_per_copy(model, training, shape), 0.0)
+    one_layer = _expert_copies_received(model, training, shape) * per_copy
+    return np.where(shape.moe_layers * shape.stored_fraction > 0, one_layer * _moe_kept(shape), 0.0)
 
 
 def _full_layer_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -796,6 +870,40 @@ def pending_output_wgrad_bytes(model: ModelSpec, training: TrainingSpec, shape: 
     return np.where(shape.is_last, pending * (gradient + inputs), 0.0)
 
 
+def pipeline_outputs_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """With deallocate_pipeline_outputs off (TrainingSpec), each chunk-micro-batch a rank holds keeps the output it
+    sent to the next stage (2h per token, /t with SP) until its backward (schedules.py: deallocate_output_tensor
+    returns at once when `not deallocate_pipeline_outputs`, and the schedule keeps output_tensors for backward_step).
+    The held entries are `in_flight` × vpp; the last rank's last chunk sends nothing (its output is the loss): there
+    vpp − 1 of every vpp entries count, and none without interleaving. Zero with pp = 1."""
+    if training.deallocate_pipeline_outputs:
+        return np.zeros(len(shape.plans))
+    vpp = shape.plans.vpp.astype(float)
+    sending_chunks = np.where(shape.is_last, vpp - 1.0, vpp)
+    per_entry = BF16_BYTES * model.hidden_size * shape.tokens_outside_tp
+    return np.where(shape.plans.pp > 1, shape.in_flight * sending_chunks * per_entry, 0.0)
+
+
+def deferred_output_wgrad_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """Last rank, with the output layer's weight gradient deferred to the pipeline flush
+    (TrainingSpec.defer_output_wgrad): each deferred micro-batch's output-layer input, appended in its forward (2h
+    per token, /t with SP: the un-gathered input_parallel, tensor_parallel/layers.py ColumnParallelLinear.forward
+    `self.embedding_activation_buffer.append(input_parallel)`), and its logit gradient, appended in its backward (the
+    s·b·V/t bf16 grad_output, LinearWithGradAccumulationAndAsyncCommunication.backward
+    `grad_output_buffer.append(grad_output)`), held until finish_embedding_wgrad_compute drains them after the
+    cooldown (pipeline_parallel/schedules.py). min(limit, micro-batches) of them (limit 0: all): the buffers fill
+    while the rank keeps its steady-state micro-batches in flight, so the peak is bounded by the two together."""
+    if not training.defer_output_wgrad:
+        return np.zeros(len(shape.plans))
+    microbatches = shape.num_microbatches
+    limit = training.wgrad_deferral_limit
+    deferred = np.minimum(microbatches, limit) if limit else microbatches
+    vocab_per_gpu = params.padded_vocab_size(model, shape.plans.tp) / shape.plans.tp
+    gradient = BF16_BYTES * vocab_per_gpu * shape.tokens
+    inputs = BF16_BYTES * model.hidden_size * shape.tokens_outside_tp
+    return np.where(shape.is_last & (shape.plans.pp > 1), deferred * (gradient + inputs), 0.0)
+
+
 def mtp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Last rank: each DeepSeek-V3 multi-token-prediction module (report arXiv 2412.19437 §2.2) stores a full decoder
     layer, its two input norms and the 2h-wide input of its projection, and its own logits and loss buffers."""
@@ -865,6 +973,62 @@ def zero3_prefetch_buffers_bytes(model: ModelSpec, profile: HardwareProfile, tra
                     + _unsharded_layer_bytes(model, shape, 1, made_after), 0.0)
 
 
+# ---- MoE dispatcher buffers ----------------------------------------------------------------------------------------
+
+def moe_dispatcher_buffers_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                                 shape: StageShape) -> np.ndarray:
+    """HybridEP's persistent buffers (TrainingSpec.moe_hybridep), allocated once for the largest exchange and shared
+    by every MoE layer of the rank. Megatron-Core sizes the buffer by the first dispatch's tokens
+    (transformer/moe/fused_a2a.py: init_hybrid_ep_buffer(group, hidden_dim, num_tokens, num_local_experts) with
+    `num_tokens, hidden_dim = x.shape[-2:]`, the rank's T/t tokens under SP) over the tensor×expert-parallel group
+    of G = etp·ep ranks; HybridEP's NVLink coordinator (DeepEP hybrid-ep branch, csrc/hybrid_ep/buffer/
+    intranode.cu) holds the worst case, every token of the group routed to one rank, `max_num_of_tokens =
+    max_num_of_tokens_per_rank · num_of_ranks_per_node · num_of_nodes` = G·T/t rows, in one buffer the dispatch and
+    the combine share (hybrid_ep_buffer.py: use_shared_buffer=True): the tokens in bf16 (2h), their routing
+    probabilities over the experts of the NVLink domain (fp32, (E/ep) experts per rank × R ranks,
+    R = min(G, the job's NVLink domain)) and the dispatch's fp32 scaling factors (h/128). The inter-domain RDMA
+    buffers, when the EP group spans NVLink domains (internode_doca.cu: T/t·h per remote domain), are not
+    priced."""
+    if model.moe is None or not training.moe_hybridep:
+        return np.zeros(len(shape.plans))
+    plans = shape.plans
+    group = (plans.ep * plans.etp).astype(float)
+    ranks_per_domain = np.minimum(group, float(cluster.nvlink_domain_gpus))
+    experts_per_rank = model.moe.num_experts / plans.ep
+    h = model.hidden_size
+    per_row = BF16_BYTES * h + FP32_BYTES * experts_per_rank * ranks_per_domain + FP32_BYTES * (h // 128)
+    rows = shape.tokens_outside_tp * group
+    return np.where(shape.moe_layers > 0, rows * per_row, 0.0)
+
+
+# ---- tensor-parallel communication overlap ------------------------------------------------------------------------
+
+UB_ALL_GATHER_BUFFERS = 8
+"""Transformer Engine's userbuffers for all-gather overlaps (module/base.py initialize_ub,
+`layers_all_gather_overlap`: qkv_fprop, qkv_dgrad, proj_dgrad, proj_wgrad, fc1_fprop, fc1_dgrad, fc2_dgrad,
+fc2_wgrad), uint8 under an fp8 recipe (`fp8_buf`), else bf16."""
+UB_REDUCE_SCATTER_BUFFERS = 4
+"""... and for reduce-scatter overlaps (`layers_reduce_scatter_overlap`: proj_fprop, fc2_fprop, qkv_wgrad,
+fc1_wgrad), bf16."""
+
+
+def tp_comm_userbuffers_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """TP communication overlap (TrainingSpec.tp_comm_overlap, sequence parallelism, tp > 1): Transformer Engine
+    registers one userbuffer per overlapped GEMM of a layer, shared by all layers, each the gathered activation's
+    shape, (s·mbs/cp) × h (Megatron-Bridge training/initialize.py and Megatron-LM initialize.py
+    `input_shape = [seq_length * micro_batch_size // context_parallel_size, hidden_size]`; TE module/base.py
+    initialize_ub add_ub for each of the 12 names, comm_gemm_overlap.cpp CommOverlapBase / CommOverlapP2PBase
+    `register_user_buffer_collective(&buffer_ptr, buffer_bytes, ...)`): 8 all-gather buffers (1 byte an element
+    under fp8, 2 in bf16) and 4 reduce-scatter ones (bf16). Those are TE's default methods; a configuration that
+    runs a reduce-scatter GEMM by ring exchange holds (2·tp − 1)/tp of its buffer (CommOverlapP2PBase::initialize),
+    not priced apart."""
+    rows = training.seq_len * plans.mbs / plans.cp
+    gather = 1.0 if training.fp8_scaling is not None else float(BF16_BYTES)
+    per_row = model.hidden_size * (UB_ALL_GATHER_BUFFERS * gather + UB_REDUCE_SCATTER_BUFFERS * BF16_BYTES)
+    on = training.tp_comm_overlap & plans.sp & (plans.tp > 1)
+    return np.where(on, rows * per_row, 0.0)
+
+
 # ---- fixed overheads -----------------------------------------------------------------------------------------------
 
 def fixed_overheads_bytes(cluster: ClusterSpec, num_plans: int) -> dict[str, np.ndarray]:
@@ -917,16 +1081,25 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("moe_router_activations", moe, lambda: moe_router_activations_bytes(model, shape)),
         ("moe_dispatch_activations", moe, lambda: moe_dispatch_activations_bytes(model, training, shape)),
         ("expert_mlp_activations", moe, lambda: expert_mlp_activations_bytes(model, training, shape)),
+        ("moe_stash_working_set", moe and training.moe_paged_stash_factor is not None,
+         lambda: moe_stash_working_set_bytes(model, training, shape)),
         ("embedding_activations", True, lambda: embedding_activations_bytes(model, shape)),
         ("output_layer_activations", True, lambda: output_layer_activations_bytes(model, shape)),
         ("logits", True, lambda: logits_bytes(model, training, shape)),
         ("cross_entropy_buffers", True, lambda: cross_entropy_buffers_bytes(model, training, shape)),
         ("pending_output_wgrad", training.pipeline_schedule is not PipelineSchedule.ONE_F_ONE_B,
          lambda: pending_output_wgrad_bytes(model, training, shape)),
+        ("pipeline_outputs", not training.deallocate_pipeline_outputs,
+         lambda: pipeline_outputs_bytes(model, training, shape)),
+        ("deferred_output_wgrad", training.defer_output_wgrad,
+         lambda: deferred_output_wgrad_bytes(model, training, shape)),
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
         ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, training, shape)),
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, cluster.profile, training,
                                                                               shape)),
+        ("tp_comm_userbuffers", training.tp_comm_overlap, lambda: tp_comm_userbuffers_bytes(model, training, plans)),
+        ("moe_dispatcher_buffers", moe and training.moe_hybridep,
+         lambda: moe_dispatcher_buffers_bytes(model, cluster, training, shape)),
     ]
     terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}
     modelled = {name for name, present, _ in entries if present}

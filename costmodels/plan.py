@@ -178,8 +178,9 @@ class Plan:
         layout = self.layout
         if isinstance(layout, str):          # "9,8,8,7" or "9|8|8|7" (the CLI flag)
             parts = [part.strip() for part in layout.replace("|", ",").split(",") if part.strip()]
-            require(all(part.isdigit() for part in parts), "layout",
-                    f"give whole numbers of decoder layers per virtual stage, e.g. 9,8,8,7; got {layout!r}")
+            require(all(part.isascii() and part.isdigit() and len(part) <= 9 for part in parts), "layout",
+                    "give whole numbers of decoder layers per virtual stage in the digits 0-9, e.g. 9,8,8,7; got "
+                    f"{layout[:40]!r}" + (f"… ({len(layout):,} characters)" if len(layout) > 40 else ""))
             layout = tuple(int(part) for part in parts)
         layout = tuple(layout)
         require(all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in layout),

@@ -347,6 +347,25 @@ def _explain_fp8_param_gather(problem: Problem, plan: Plan) -> str:
             "fsdp, or inference mode'); use --zero 1 or higher, or drop --fp8-param-gather")
 
 
+def _cpu_offloading(problem: Problem, p: PlanArrays) -> np.ndarray:
+    layers = problem.training.cpu_offload_layers
+    if not layers:
+        return np.ones(len(p), dtype=bool)
+    return (p.pp == 1) & (p.recompute == Recompute.NONE) & (layers < problem.model.num_layers)
+
+
+def _explain_cpu_offloading(problem: Problem, plan: Plan) -> str:
+    layers, total = problem.training.cpu_offload_layers, problem.model.num_layers
+    if layers >= total:
+        return (f"CPU offloading of {layers} layers on a {total}-layer model: Megatron-Core offloads fewer than all "
+                "('CPU offloading can be done only for layers less than num_layers'); offload fewer layers")
+    if plan.pp > 1:
+        return (f"CPU offloading with pp={plan.pp}: Megatron-Core runs it without pipelining only ('Currently there is "
+                "no support for Pipeline parallelism with CPU offloading'); use pp 1 or drop the offloading")
+    return ("CPU offloading with recompute: Megatron-Core refuses the two together ('CPU offloading does not work "
+            "when activation recomputation is enabled'); drop one")
+
+
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
     raise AssertionError("the memory rule needs the peak memory: use memory_holds")
 
@@ -396,6 +415,9 @@ RULES: tuple[Rule, ...] = (
          "Megatron-LM validate_args (arguments.py: '--fp8-param-gather only supported with distributed optimizer, "
          "torch fsdp2, megatron fsdp, or inference mode')", ("zero",), False, _fp8_param_gather,
          _explain_fp8_param_gather),
+    Rule("cpu_offloading", "CPU activation offloading runs with pp = 1, no recompute and fewer layers than the "
+         "model's", "Megatron-Core TransformerConfig.__post_init__ (cpu_offloading)", ("pp", "recompute"), False,
+         _cpu_offloading, _explain_cpu_offloading),
     Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
          PLAN_FIELDS, False, _memory_placeholder),
 )

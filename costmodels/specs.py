@@ -565,6 +565,26 @@ class TrainingSpec:
     capacity factor."""
     moe_dispatcher: MoEDispatcher = MoEDispatcher.ALLTOALL
     """Token dispatcher of the MoE layers: alltoall (NCCL) or deepep (DeepEP through the flex dispatcher)."""
+    moe_hybridep: bool = False
+    """The flex dispatcher runs DeepEP's HybridEP backend (--moe-flex-dispatcher-backend hybridep): its persistent
+    NVLink buffers are priced (memory.moe_dispatcher_buffers_bytes); the exchange is priced as DeepEP's
+    (moe_dispatcher deepep)."""
+    moe_rank_capacity_factor: float | None = None
+    """A static token budget per expert-parallel rank (Megatron-Core TransformerConfig.moe_expert_rank_capacity_factor,
+    --moe-expert-rank-capacity-factor; the flex dispatcher's HybridEP and NCCL-EP backends): the tokens a rank's
+    experts receive sit in buffers of num_tokens · top_k · factor rows, the tokens a balanced rank receives times
+    the factor (token_dispatcher.py, _HybridEPManager.setup_metadata: `budget = padded_num_tokens *
+    moe_router_topk * moe_expert_rank_capacity_factor`, rounded up to the quantization alignment), whatever the
+    routing; tokens above it are dropped. None: buffers sized by the tokens routed (dropless)."""
+    moe_paged_stash_factor: float | None = None
+    """Megatron-Core's paged stash of the routed experts' saved activations (TransformerConfig.moe_paged_stash,
+    --moe-paged-stash, which needs moe_rank_capacity_factor): the grouped MLP's tensors saved for the backward, each
+    the rank's budget long, are copied into one paged CUDA buffer sized this factor
+    (moe_paged_stash_buffer_size_factor_cuda, default 1.10) times the expected tokens (budget / rank capacity factor)
+    summed over the layer-micro-batches in flight (transformer/moe/paged_stash.py: allocate_stash_buffers sizes it
+    from max_avg_tokens_across_vp_stages, the running sum of avg_num_tokens that on_save_for_backward records over
+    the schedule; a negative factor sizes it from the actual tokens, which balanced routing makes the same: its
+    magnitude is given here); what overflows goes to a pinned host buffer. None: no stash."""
     expert_gemm: ExpertGemm = ExpertGemm.CUBLAS
     """How the routed experts' GEMMs run: cublas (a cuBLAS GEMM per expert, Megatron-Core with Transformer Engine)
     or grouped (one grouped kernel, torchtitan's torch._grouped_mm)."""
@@ -634,6 +654,29 @@ class TrainingSpec:
     default) an fp32 master weight is kept as the 16 bits the bf16 weight lacks, 2 bytes (distrib_optimizer.py:
     `init_shard(torch.int16)`), unless fp8 weights with a recipe other than delayed scaling leave the master weights
     to Megatron-Core (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8)."""
+    deallocate_pipeline_outputs: bool = True
+    """Free each pipeline stage's output once it is sent to the next stage, keeping only its autograd node
+    (Megatron-Core ModelParallelConfig.deallocate_pipeline_outputs: schedules.py deallocate_output_tensor sets its
+    .data to a scalar; Megatron-LM and Megatron-Bridge's GPT provider set it). False: every micro-batch a rank holds
+    keeps its chunk's output until its backward (memory.pipeline_outputs_bytes)."""
+    cpu_offload_layers: int = 0
+    """Decoder layers whose activations Transformer Engine's CPU offloading moves to host memory (Megatron-Core
+    TransformerConfig.cpu_offloading with cpu_offloading_num_layers, activations only: cpu_offloading_weights off;
+    Megatron-LM --cpu-offloading-num-layers). The first N of the model's L layers are offloaded in the forward and
+    reloaded in the backward, and 'at most (model_layers - num_layers) sets of activations are on GPU at any time'
+    (Transformer Engine docs, features/other_optimizations/cpu_offloading, Default Offloading Scheduling;
+    transformer_block.py passes num_layers=cpu_offloading_num_layers, model_layers=config.num_layers). Megatron-Core
+    runs it only with pp = 1, no recompute and fewer than L layers (TransformerConfig.__post_init__; rule
+    cpu_offloading). 0: none."""
+    defer_output_wgrad: bool = False
+    """Defer the output layer's weight-gradient GEMMs to the pipeline flush (Megatron-Core
+    ModelParallelConfig.defer_embedding_wgrad_compute, --defer-embedding-wgrad-compute; NeMo's
+    MegatronCommOverlapCallback(defer_embedding_wgrad_compute=True) in its Nemotron-4 and GPT-3 performance recipes):
+    the last pipeline rank keeps each micro-batch's output-layer input and logit gradient until then
+    (memory.deferred_output_wgrad_bytes). Megatron-Core allows it only with pp > 1."""
+    wgrad_deferral_limit: int = 0
+    """With defer_output_wgrad, how many micro-batches are deferred (the others compute their weight gradient at
+    once); 0 = all of them (ModelParallelConfig.wgrad_deferral_limit, --wgrad-deferral-limit)."""
     microbatch_group_size_per_vp_stage: int = 0
     """Micro-batches the interleaved schedule runs through one virtual stage before the next (Megatron-Core
     TransformerConfig.microbatch_group_size_per_vp_stage, --microbatch-group-size-per-virtual-pipeline-stage);
@@ -689,11 +732,36 @@ class TrainingSpec:
                     f"must be > 0, got {self.moe_capacity_factor}")
         require(self.moe_imbalance_factor >= 1.0, "moe_imbalance_factor",
                 f"must be >= 1, got {self.moe_imbalance_factor}")
+        if self.moe_rank_capacity_factor is not None:
+            require(isinstance(self.moe_rank_capacity_factor, (int, float))
+                    and not isinstance(self.moe_rank_capacity_factor, bool) and self.moe_rank_capacity_factor > 0,
+                    "moe_rank_capacity_factor", f"must be > 0, got {self.moe_rank_capacity_factor!r}")
+        if self.moe_paged_stash_factor is not None:
+            require(isinstance(self.moe_paged_stash_factor, (int, float))
+                    and not isinstance(self.moe_paged_stash_factor, bool) and self.moe_paged_stash_factor >= 0,
+                    "moe_paged_stash_factor", f"must be >= 0 (None: no paged stash), got "
+                                              f"{self.moe_paged_stash_factor!r}")
+        require(isinstance(self.moe_hybridep, bool) and (not self.moe_hybridep
+                                                         or self.moe_dispatcher is MoEDispatcher.DEEPEP),
+                "moe_hybridep", "HybridEP is a backend of the flex dispatcher; use --moe-dispatcher deepep")
+        require(self.moe_rank_capacity_factor is None or self.moe_dispatcher is MoEDispatcher.DEEPEP,
+                "moe_rank_capacity_factor", "a rank token budget is the flex dispatcher's (Megatron-Core "
+                "TransformerConfig: 'moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend to be "
+                "hybridep or ncclep'); use --moe-dispatcher deepep")
+        require(self.moe_paged_stash_factor is None or self.moe_rank_capacity_factor is not None,
+                "moe_paged_stash_factor", "the paged stash needs a rank capacity factor (Megatron-Core "
+                "TransformerConfig: 'moe_paged_stash requires moe_expert_rank_capacity_factor to be set'); add "
+                "--moe-expert-rank-capacity-factor")
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
+                     "deallocate_pipeline_outputs",
                      "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
                      "zero3_serial_fetch", "fused_kernels"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
+        require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")
+        require(isinstance(self.defer_output_wgrad, bool), "defer_output_wgrad",
+                f"must be true or false, got {self.defer_output_wgrad!r}")
+        require_non_negative_int(self.wgrad_deferral_limit, "wgrad_deferral_limit")
         state = tuple(self.optimizer_state_bytes)
         require(len(state) == 3 and all(isinstance(b, int) and not isinstance(b, bool) and b in (1, 2, 4)
                                         for b in state), "optimizer_state_bytes",

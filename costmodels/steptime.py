@@ -35,7 +35,7 @@ from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubbl
                                  interleaved_warmup_chunks, p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
                              num_microbatches, recomputes_module)
-from costmodels.specs import (ClusterSpec, Fp8Recipe, ModelSpec, MoEDispatcher, Precision, TrainingSpec,
+from costmodels.specs import (ClusterSpec, Engine, Fp8Recipe, ModelSpec, MoEDispatcher, Precision, TrainingSpec,
                               fp8_copy_bytes_per_element)
 from costmodels.structure import per_knobs, per_structure, stage_list
 
@@ -624,10 +624,11 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-                     times: compute_model.LayerTimes, stage: np.ndarray, comm: LayerComm | None = None
-                     ) -> StageMicrobatch:
+                     times: compute_model.LayerTimes, stage: np.ndarray, comm: LayerComm | None = None,
+                     with_host: bool = True) -> StageMicrobatch:
     """Every per-microbatch piece of `stage`: one layer's times (and collectives, `layer_comm_s` when not given)
-    scaled by the stage's layers."""
+    scaled by the stage's layers. `with_host` False leaves the host's share (the costliest piece to price) at 0, for
+    a caller that does not read it."""
     if comm is None:
         comm = layer_comm_s(model, cluster, training, plans, times)
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
@@ -641,7 +642,7 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         ep_paired_exposed_s=ep_paired_exposed_s(model, cluster.profile, training, plans, times, stage,
                                                 comm.ep_all_to_all_s),
         host_s=stage_host_s(model, cluster, training, plans, times, stage, forward, backward, recompute,
-                            tp + cp + ep),
+                            tp + cp + ep) if with_host else np.zeros(len(plans)),
     )
 
 
@@ -692,26 +693,44 @@ def pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
 
 
 def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray, params: np.ndarray,
-                         bucket_params: np.ndarray, overlap_grad_reduce: bool, experts: bool = False) -> np.ndarray:
+                         bucket_params: np.ndarray, overlap_grad_reduce: bool, experts: bool = False,
+                         zero3_per_layer: float = 1.0) -> np.ndarray:
     """How many collectives carry `params` of `stage` per reduce (or gather): every one pays its own latency.
 
     ZeRO-0..2, Megatron-Core DDP / distributed optimizer (`distributed/distributed_data_parallel.py`): buckets of
     `bucket_params` (max(40M, 1M·dp)) with overlap_grad_reduce, one bucket for everything without it ('Set
     bucket_size to infinity if overlap_grad_reduce is False'). ZeRO-3 (FSDP): one unit per decoder layer, plus the
     embedding on the first stage and the output layer on the last (torchtitan's and llm-foundry's per-block
-    wrapping); the `experts`' parameters one unit per MoE layer."""
+    wrapping); the `experts`' parameters one unit per MoE layer. DeepSpeed's ZeRO-3 fetches per parameter-holding
+    submodule, or (before v0.6) per parameter: `zero3_per_layer` collectives a layer (`zero3_collectives_per_layer`)."""
     buckets = np.maximum(np.ceil(params / bucket_params), 1.0) if overlap_grad_reduce else np.ones(len(plans))
     if experts:
-        units = moe_layers_on_stage(model, plans, stage)
+        units = moe_layers_on_stage(model, plans, stage) * zero3_per_layer
     else:
         ranks = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
-        units = layers_on_stage(model.num_layers, plans, stage) + (ranks == 0) + (ranks == plans.pp - 1)
+        units = layers_on_stage(model.num_layers, plans, stage) * zero3_per_layer \
+            + (ranks == 0) + (ranks == plans.pp - 1)
     return np.where(plans.zero >= 3, np.maximum(units, 1.0), buckets)
+
+
+def zero3_collectives_per_layer(model: ModelSpec, training: TrainingSpec) -> tuple[float, float]:
+    """Collectives one decoder layer's ZeRO-3 gather (and reduce-scatter) takes, for its dense parameters and for a
+    MoE layer's experts: one each for an FSDP unit (torchtitan, FSDP, Megatron-FSDP); DeepSpeed's fetch all-gathers
+    per parameter-holding submodule (v0.6+: coalesced, partitioned_param_coordinator.py fetch_sub_module) -- an eager
+    MoE block's experts are three linears each -- and before v0.6 every parameter alone (partition_parameters.py
+    _allgather_param, TrainingSpec.zero3_serial_fetch)."""
+    if training.engine is not Engine.DEEPSPEED:
+        return 1.0, 1.0
+    experts = 3.0 * model.moe.num_experts if model.moe is not None else 1.0
+    if training.zero3_serial_fetch:
+        return engines.param_tensors_per_layer(model), experts
+    return engines.param_modules_per_layer(model), experts
 
 
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
                  overlap_grad_reduce: bool = False, grad_bytes: int = 4,
-                 layer_param_bytes_by_zero: tuple[float, ...] = (PARAM_BYTES,) * 4
+                 layer_param_bytes_by_zero: tuple[float, ...] = (PARAM_BYTES,) * 4,
+                 zero3_collectives: tuple[float, float] = (1.0, 1.0)
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
     traffic per step (see dp_comm_s for the collectives and their sources), each the sum of its collectives
@@ -730,8 +749,9 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     sharded = plans.zero >= 1
     bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
     dense_count, expert_count = (dp_collective_counts(model, plans, stage, params, bucket, overlap_grad_reduce,
-                                                      experts) for params, experts in ((dense_params, False),
-                                                                                       (expert_params, True)))
+                                                      experts, per_layer)
+                                 for params, experts, per_layer in ((dense_params, False, zero3_collectives[0]),
+                                                                    (expert_params, True, zero3_collectives[1])))
 
     def traffic_s(dense, expert, counts):
         groups = ((dense_group, dense, counts[0], dense_gather_bytes),
@@ -776,11 +796,13 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     - What a collective adds beside compute is `overlapped_exposed_s`: its excess over the window or the share of
       the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length, whichever is larger.
     """
+    zero3_collectives = zero3_collectives_per_layer(model, training)
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
         plans, ("dp_traffic_s", id(model), id(cluster), training.overlap_grad_reduce,
-                training.gradient_bytes_per_param, training.param_gather_bytes_by_zero),
+                training.gradient_bytes_per_param, training.param_gather_bytes_by_zero, zero3_collectives),
         lambda p, s: dp_traffic_s(model, cluster, p, s, training.overlap_grad_reduce,
-                                  training.gradient_bytes_per_param, training.param_gather_bytes_by_zero), stage,
+                                  training.gradient_bytes_per_param, training.param_gather_bytes_by_zero,
+                                  zero3_collectives), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     share = overlap_contention_share(cluster.profile, training.nccl_ctas)
@@ -800,7 +822,30 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     zero3_traffic = 2.0 * gather_s + reduce_s
     zero3 = (microbatches - 1.0) * overlapped_exposed_s(zero3_traffic, microbatch.compute_s, share) \
         + bucket_reduce_s + overlapped_exposed_s(zero3_traffic - bucket_reduce_s, microbatch.compute_s, share)
+    if training.zero3_serial_fetch:   # DeepSpeed < 0.6: nothing overlaps (zero3_serial_fetch_s)
+        zero3 = microbatches * zero3_traffic + zero3_serial_fetch_s(model, cluster, training, plans, stage,
+                                                                    microbatches)
     return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
+
+
+def zero3_serial_fetch_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                         stage: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
+    """The host's share of DeepSpeed's ZeRO-3 as released in 2021 (v0.3.13-v0.5.10), per step: every parameter's
+    gather is preceded by torch.cuda.synchronize() and (v0.3.15+) followed by a debug string formatting param.norm()
+    -- a device read -- (partition_parameters.py _allgather_param, stage3.py fetch_sub_module), and every
+    submodule's fetch ends in comm_stream.synchronize() and torch.cuda.synchronize() (_synchronize_communication):
+    each drains the queue, so the gathers cannot overlap the compute (dp_comm_s takes them whole) and the host
+    wakes up after each, forward and backward, per micro-batch. Each gather is torch.distributed.all_gather into a
+    list of one tensor per rank, which ProcessGroupNCCL runs as one NCCL all-gather into a flat buffer and then one
+    copy kernel per rank into the list (ProcessGroupNCCL.cpp allgather: 'Copy the flattened output tensors to the
+    outputs'): a launch from C++ per rank of the data-parallel group, per parameter, behind the synchronisations."""
+    layers = layers_on_stage(model.num_layers, plans, stage)
+    costs = cluster.profile.host_costs
+    tensors = engines.param_tensors_per_layer(model)
+    syncs = 2.0 * tensors + engines.param_modules_per_layer(model)
+    dp = cluster.num_gpus / (plans.tp * plans.pp * plans.cp)
+    copies = tensors * dp
+    return microbatches * 2.0 * layers * (syncs * costs.sync_s + copies * costs.launch_s)
 
 
 def optimizer_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -875,10 +920,12 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     stages = candidate_stages(plans)
     per_stage: list[StageMicrobatch] = []
     if any(name in PIPELINED_TERM_NAMES for name in names):
+        with_host = "host" in names or "pp_bubble" in names
+
         def stage_pieces(sub: PlanArrays) -> list[StageMicrobatch]:
             times, comm = layer_pieces(model, cluster, training, sub)
-            return per_distinct_stage(candidate_stages(sub),
-                                      lambda s: stage_microbatch(model, cluster, training, sub, times, s, comm))
+            return per_distinct_stage(candidate_stages(sub), lambda s: stage_microbatch(
+                model, cluster, training, sub, times, s, comm, with_host))
 
         per_stage = per_knobs(plans, microbatch_knobs(training), stage_pieces)
     elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces

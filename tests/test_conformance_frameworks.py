@@ -1,10 +1,11 @@
-"""Each framework's OWN code on the launch configs autopar emits (the `conformance` extra: pip install -e
-'.[conformance]'; without it these tests skip, naming what is missing).
+"""Each framework's OWN launch path on the configs autopar emits (the `conformance` extra: pip install -e
+'.[conformance]', and NeMo's own venv, .venv-nemo, as .ci/run builds it; without them these tests skip, naming what
+is missing).
 
-For a bounded sample of the eight fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point) every
-config must be accepted by the framework's validator with the plan's values intact, or refused by autopar with the
-knob named; and each framework's validator is shown to reject the config autopar used to emit (the defects of issue
-13), so these checks can fail.
+For a bounded sample of the fourteen fronts (autopar/export/fronts.py; `benchmarks/conformance.py` runs every point)
+every config must be accepted by the framework's launch path with the plan's values intact, or refused by autopar
+with the knob named; and each framework's checker is shown to catch a config changed in one field (the defects of
+issues 13 and 44), so these checks can fail.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import re
 import pytest
 
 from autopar.export import launch_config
-from autopar.export.conformance import CHECKERS, NotInstalled, _python_312_names, check
+from autopar.export.conformance import (CHECKERS, NotInstalled, _nemo_compare, _nemo_job, _nemo_values, _python_312_names,
+                                       check, check_all, nemo_launch, nemo_python)
 from autopar.export.fronts import FRONT_CASES, solve_case
 
 SAMPLE = 2
@@ -37,6 +39,8 @@ def missing(framework: str) -> str | None:
         importlib.import_module(MODULES[framework])
         if framework == "bridge":
             importlib.metadata.distribution("megatron-bridge")
+        if framework == "nemo":
+            nemo_python()
     except Exception as error:  # noqa: BLE001 - any import failure means "not installed here"
         return f"{framework}: {MODULES[framework]} not importable ({type(error).__name__}: {error}); " \
                "pip install -e '.[conformance]'"
@@ -56,11 +60,10 @@ def front(name: str, framework: str | None = None):
 
 
 @pytest.mark.parametrize("framework", list(MODULES))
-@pytest.mark.parametrize("case", [c.name for c in FRONT_CASES])
-def test_a_sample_of_every_front_is_accepted_or_refused_with_the_reason(framework, case):
+def test_a_sample_of_every_front_is_accepted_or_refused_with_the_reason(framework):
     needs(framework)
-    for point in front(case)[:SAMPLE]:
-        verdict = check(point, framework)
+    points = [point for case in FRONT_CASES for point in front(case.name)[:SAMPLE]]
+    for verdict in check_all(points, framework):
         assert verdict.outcome in ("accepted", "refused_with_reason"), verdict
 
 
@@ -78,19 +81,40 @@ def test_the_fp8_parameter_front_searched_for_a_megatron_core_framework_is_accep
     needs(framework)
     points = front("fp8-params", framework)[:SAMPLE]
     assert points and all(point.training.fp8_param_gather for point in points)
-    for point in points:
-        assert check(point, framework).outcome == "accepted", point.plan.short()
+    for point, verdict in zip(points, check_all(points, framework)):
+        assert verdict.outcome == "accepted", point.plan.short()
 
 
 def _run(framework: str, estimate, text: str) -> str:
-    config = dataclasses.replace(launch_config(estimate, framework), text=text)
-    try:
-        changed = CHECKERS[framework](estimate, config)
-    except NotInstalled:
-        raise
-    except (Exception, SystemExit):
-        return "rejected"
-    return "silently_changed" if changed else "accepted"
+    return _runs(framework, estimate, text)[0]
+
+
+def _runs(framework: str, estimate, *texts: str) -> list[str]:
+    """The outcome of each text launched for `estimate` (NeMo's in one process of its environment)."""
+    config = launch_config(estimate, framework)
+    priced = config.priced or estimate
+    if framework == "nemo":
+        jobs = [_nemo_job(dataclasses.replace(config, text=text)) for text in texts]
+        outcomes = []
+        for result in nemo_launch(jobs):
+            try:
+                changed = _nemo_compare(priced, _nemo_values(result))
+            except Exception:  # noqa: BLE001 - NeMo refused the config
+                outcomes.append("rejected")
+                continue
+            outcomes.append("silently_changed" if changed else "accepted")
+        return outcomes
+    outcomes = []
+    for text in texts:
+        try:
+            changed = CHECKERS[framework](priced, dataclasses.replace(config, text=text))
+        except NotInstalled:
+            raise
+        except (Exception, SystemExit):
+            outcomes.append("rejected")
+            continue
+        outcomes.append("silently_changed" if changed else "accepted")
+    return outcomes
 
 
 def test_deepspeed_rejects_the_old_batch_accounting():
@@ -139,13 +163,22 @@ def test_bridge_recipe_split_must_be_cleared():
     assert _run("bridge", point, kept) in ("rejected", "silently_changed")   # the recipe's slots stay
 
 
-def test_nemo_split_on_model_config_is_overwritten_by_the_strategy():
+def test_nemo_runs_the_plans_pipeline_split_or_the_checker_says_so():
+    """The split is the strategy's (MegatronStrategy.connect copies its parallelism over model.config and runs
+    TransformerConfig.__post_init__ again): one layer moved from the last stage to the first, or the embedding slot
+    dropped, is a different split."""
     needs("nemo")
     point = next(p for p in front("405b-interleaved") if p.plan.first_stage_layers or p.plan.last_stage_layers)
     text = launch_config(point, "nemo").text
-    assert _run("nemo", point, text) == "accepted"
-    old = re.sub(r"trainer\.strategy\.(num_layers_in_|account_for_)", r"model.config.\1", text)
-    assert _run("nemo", point, old) in ("rejected", "silently_changed")
+    first = re.search(r"trainer\.strategy\.num_layers_in_first_pipeline_stage=(\d+)", text)
+    if first:
+        moved = text.replace(first.group(0), first.group(0)[:-len(first.group(1))] + str(int(first.group(1)) + 1))
+    else:
+        moved = text.replace("trainer.strategy.account_for_embedding_in_pipeline_split=true",
+                             "trainer.strategy.account_for_embedding_in_pipeline_split=false")
+    assert moved != text
+    ran, changed = _runs("nemo", point, text, moved)
+    assert ran == "accepted" and changed in ("rejected", "silently_changed")
 
 
 def test_torchtitan_refuses_cuda_graphs_with_pipeline_parallelism():
@@ -195,8 +228,8 @@ def test_nemo_run_rejects_a_hydra_style_list():
                       recompute_modules=("mla_up_proj", "moe_act"))
     text = launch_config(point, "nemo").text
     assert "recompute_modules=\"['moe_act','mla_up_proj']\"" in text
-    assert _run("nemo", point, text) == "accepted"
-    assert _run("nemo", point, text.replace("\"['moe_act','mla_up_proj']\"", "[moe_act,mla_up_proj]")) == "rejected"
+    assert _runs("nemo", point, text, text.replace("\"['moe_act','mla_up_proj']\"", "[moe_act,mla_up_proj]")) == \
+        ["accepted", "rejected"]
 
 
 def test_megatron_ep_overlap_must_not_run_on_one_hardware_queue():
@@ -280,9 +313,9 @@ def test_each_framework_reduces_gradients_in_the_dtype_the_estimate_priced_or_th
 
 
 def test_megatron_fsdp_keeps_its_gradients_in_the_dtype_the_estimate_priced_or_the_checker_says_so():
-    """zero>=2 runs Megatron-FSDP, which does not read grad_reduce_in_fp32: fp32 gradients need
-    --megatron-fsdp-main-grads-dtype fp32 (without it, 'auto' is the parameters' bf16), and NeMo, which cannot set
-    that field, runs a bf16-gradient zero>=2 plan as priced."""
+    """zero>=2 runs Megatron-FSDP, which (megatron-core 0.19) does not read grad_reduce_in_fp32: fp32 gradients need
+    --megatron-fsdp-main-grads-dtype fp32 (without it, 'auto' is the parameters' bf16); NeMo 2.7.3, on megatron-core
+    0.16, whose Megatron-FSDP reads grad_reduce_in_fp32, runs bf16 and fp32 zero>=2 plans as priced."""
     needs("megatron")
     point = _estimate("llama-3.1-8b", 32, {}, tp=2, sp=True, zero=2, mbs=1)
     text = launch_config(point, "megatron").text
@@ -291,7 +324,9 @@ def test_megatron_fsdp_keeps_its_gradients_in_the_dtype_the_estimate_priced_or_t
     assert _run("megatron", point, text.replace("--megatron-fsdp-main-grads-dtype fp32", "")) == "silently_changed"
     needs("nemo")
     bf16 = _estimate("llama-3.1-8b", 32, {"grad_reduce_in_fp32": False}, tp=2, sp=True, zero=3, mbs=1)
-    assert _run("nemo", bf16, launch_config(bf16, "nemo").text) == "accepted"
+    text = launch_config(bf16, "nemo").text
+    assert _runs("nemo", bf16, text, text.replace("grad_reduce_in_fp32=false", "grad_reduce_in_fp32=true")) == \
+        ["accepted", "silently_changed"]
 
 
 def _fp8_estimate(recipe: str, params: bool, zero: int = 1):
@@ -333,16 +368,15 @@ def test_nemo_overrides_its_presets_fp8_parameters_or_the_checker_says_so():
     point = _fp8_estimate("mxfp8", False)
     text = launch_config(point, "nemo").text
     off = " \\\ntrainer.plugins.fp8_param_gather=false \\\ntrainer.plugins.reuse_grad_buf_for_mxfp8_param_ag=false"
-    assert off in text and _run("nemo", point, text) == "accepted"
-    assert _run("nemo", point, text.replace(off, "")) == "silently_changed"
-    assert _run("nemo", point, text.replace("nemo.collections.llm.recipes.precision.mixed_precision.", "")) == \
-        "rejected"
-    assert _run("nemo", point, text + " \\\ntrainer.plugins.fp8_params=true") == "rejected"
+    assert off in text
+    assert _runs("nemo", point, text, text.replace(off, ""),
+                 text.replace("nemo.collections.llm.recipes.precision.mixed_precision.", ""),
+                 text.rstrip("\n") + " \\\ntrainer.plugins.fp8_params=true\n") == \
+        ["accepted", "silently_changed", "rejected", "rejected"]
     params = _fp8_estimate("delayed", True)
     text = launch_config(params, "nemo").text
-    assert _run("nemo", params, text) == "accepted"
-    assert _run("nemo", params, text.replace("fp8_param_gather=true", "fp8_param_gather=false")) == \
-        "silently_changed"
+    assert _runs("nemo", params, text, text.replace("fp8_param_gather=true", "fp8_param_gather=false")) == \
+        ["accepted", "silently_changed"]
 
 
 def test_bridge_runs_its_preset_with_the_fp8_parameters_the_estimate_priced_or_the_checker_says_so():
@@ -387,3 +421,56 @@ def test_verl_runs_the_fp8_and_fp8_parameters_the_estimate_priced_or_the_checker
     assert _run("verl", bf16_weights, text) == "accepted"
     assert _run("verl", bf16_weights, text.replace("fp8_recipe=tensorwise", "fp8_recipe=delayed")) == \
         "silently_changed"
+
+
+# ---- issue 44: what each framework's launch path changed or refused, each shown caught ------------------------
+
+def test_nemo_refuses_the_bf16_preset_by_bare_name():
+    """NeMo-Run cannot parse a bare 'bf16_mixed' as trainer.plugins (a Union of Lightning plugin types: ParseError);
+    the export names it by its dotted path, which resolves."""
+    needs("nemo")
+    point = front("dense-70b")[0]
+    text = launch_config(point, "nemo").text
+    dotted = "trainer.plugins=nemo.collections.llm.recipes.precision.mixed_precision.bf16_mixed"
+    assert dotted in text
+    assert _runs("nemo", point, text, text.replace(dotted, "trainer.plugins=bf16_mixed")) == ["accepted", "rejected"]
+
+
+def test_bridge_comm_overlap_setup_would_turn_the_overlaps_back_on():
+    """The Llama 3.1 70B recipe sets a CommOverlapConfig; runtime_config_update runs its setup after the overrides,
+    which turns overlap_grad_reduce / overlap_param_gather on for dp > 1 and keeps the recipe's tp_comm_overlap:
+    without the ++comm_overlap node the job runs overlaps the plan priced off. A plain `comm_overlap=` cannot replace
+    the recipe's node (Hydra: 'Could not override')."""
+    needs("bridge")
+    point = next(p for p in front("dense-70b") if p.dp > 1 and p.plan.zero <= 1)
+    text = launch_config(point, "bridge").text
+    line = next(line for line in text.splitlines() if line.startswith("++comm_overlap="))
+    assert "overlap_grad_reduce:false" in line
+    dropped = "\n".join(other for other in text.splitlines() if other != line and other != line.rstrip(" \\"))
+    assert _runs("bridge", point, text, dropped, text.replace("++comm_overlap=", "comm_overlap=")) == \
+        ["accepted", "silently_changed", "rejected"]
+
+
+def test_verl_needs_the_critic_for_gae_and_trains_the_priced_sequence():
+    """GAE (verl's default) trains a critic: without its micro-batch verl's validate_config refuses the config; without
+    the data lengths verl trains 512 + 512 tokens, not the priced sequence."""
+    needs("verl")
+    point = front("dense-70b", "verl")[0]
+    text = launch_config(point, "verl").text
+    assert "algorithm.adv_estimator=gae" in text and "critic.ppo_micro_batch_size_per_gpu=" in text
+    no_critic = re.sub(r"critic\.ppo_micro_batch_size_per_gpu=\d+ \\\n", "", text)
+    no_length = re.sub(r"data\.max_(prompt|response)_length=\d+ \\\n", "", text)
+    assert _runs("verl", point, text, no_critic, no_length) == ["accepted", "rejected", "silently_changed"]
+    grpo = launch_config(point, "verl", verl_algorithm="grpo").text
+    assert "critic." not in grpo and "use_kl_loss=True" in grpo
+    assert check(point, "verl", verl_algorithm="grpo").outcome == "accepted"
+
+
+def test_torchtitan_default_reshard_policy_keeps_zero3_parameters_gathered_under_pp():
+    """torchtitan's 'default' fsdp_reshard_after_forward is False with pp > 1: a ZeRO-3 plan written without the
+    explicit 'always' would run as ZeRO-2 (the checker resolves the policy as apply_fsdp_to_decoder does)."""
+    needs("torchtitan")
+    point = next(p for p in front("dense-70b", "torchtitan") if p.plan.pp > 1 and p.plan.zero == 3)
+    text = launch_config(point, "torchtitan").text
+    assert "fsdp_reshard_after_forward='always'" in text
+    assert _runs("torchtitan", point, text, text.replace("'always'", "'default'")) == ["accepted", "silently_changed"]

@@ -9,6 +9,7 @@ import autopar
 from autopar.errors import Infeasible
 from autopar.export import FRAMEWORKS, launch_config
 from autopar.export.capabilities import CAPABILITIES, TARGET_VERSIONS, Unsupported, framework_rules, refusals
+from autopar.export.names import PRICED_ONLY
 from costmodels.rules import Problem as Context
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
@@ -17,7 +18,8 @@ from test_report_support import cluster, dense_model, moe_model
 
 
 def test_every_framework_has_a_version_and_a_table():
-    assert set(TARGET_VERSIONS) == set(FRAMEWORKS) == set(CAPABILITIES)
+    assert set(TARGET_VERSIONS) == set(FRAMEWORKS) == set(CAPABILITIES) - set(PRICED_ONLY)
+    assert set(PRICED_ONLY) <= set(CAPABILITIES) and not set(PRICED_ONLY) & set(FRAMEWORKS)
     for rules in CAPABILITIES.values():
         for rule in rules:
             assert not rule.relaxable and rule.source and rule.reason
@@ -61,25 +63,28 @@ def test_solve_for_a_framework_that_can_run_nothing_says_so():
     assert "deepspeed:moe_zero3" in caught.value.rules
 
 
-def test_the_gradient_dtype_splits_the_megatron_family_fronts_by_optimizer_sharding():
-    """NeMo, Bridge and verl cannot set Megatron-FSDP's gradient dtype (bf16): with fp32 gradients their fronts keep
-    zero <= 1; Bridge's preset re-applies fp32 under the distributed optimizer: with bf16 its front keeps zero >= 2."""
+def test_the_gradient_dtype_splits_only_verls_front_by_optimizer_sharding():
+    """verl cannot set Megatron-FSDP's gradient dtype (bf16): with fp32 gradients its searched front keeps zero <= 1.
+    NeMo 2.7.3 (megatron-core 0.16, whose Megatron-FSDP reads grad_reduce_in_fp32) and Bridge (a torch.float32 node
+    for megatron_fsdp_main_grads_dtype; the dtype inside its mixed_precision node) run either dtype at any stage."""
     fp32 = TrainingSpec(seq_len=4096, global_batch_size=256)
     bf16 = TrainingSpec(seq_len=4096, global_batch_size=256, grad_reduce_in_fp32=False)
     assert any(p.plan.zero >= 2 for p in autopar.solve(dense_model(), cluster(16), fp32).points)
-    for framework in ("nemo", "bridge", "verl"):
-        front = autopar.solve(dense_model(), cluster(16), fp32, extra_rules=framework_rules(framework)).points
-        assert front and all(p.plan.zero <= 1 for p in front), framework
-    front = autopar.solve(dense_model(), cluster(16), bf16, extra_rules=framework_rules("bridge")).points
-    assert front and all(p.plan.zero >= 2 for p in front)
-    assert any(p.plan.zero <= 1 for p in autopar.solve(dense_model(), cluster(16), bf16,
-                                                        extra_rules=framework_rules("nemo")).points)
+    front = autopar.solve(dense_model(), cluster(16), fp32, extra_rules=framework_rules("verl")).points
+    assert front and all(p.plan.zero <= 1 for p in front)
+    for framework in ("nemo", "bridge"):
+        for training in (fp32, bf16):
+            assert autopar.solve(dense_model(), cluster(16), training, extra_rules=framework_rules(framework)).points \
+                == autopar.solve(dense_model(), cluster(16), training).points, framework
 
 
 @pytest.mark.parametrize("framework", ["torchtitan"])
 def test_an_input_the_framework_cannot_run_is_named_as_the_input_not_searched(framework):
     """bf16 gradient reduce: torchtitan 0.3.0 cannot set it, whatever the layout: the search says so by the rule
-    alone (no other rule listed), and the export says no layout helps."""
+    alone (no other rule listed); the export writes the fp32 reduce torchtitan runs, priced again through the same
+    estimate path, and says so in one line (export.capabilities.ADJUSTMENTS)."""
+    from costmodels.scoring import estimate as score
+
     bf16 = TrainingSpec(seq_len=4096, global_batch_size=256, grad_reduce_in_fp32=False)
     with pytest.raises(Infeasible, match="refuses every plan") as caught:
         autopar.solve(dense_model(), cluster(16), bf16, extra_rules=framework_rules(framework))
@@ -89,9 +94,11 @@ def test_an_input_the_framework_cannot_run_is_named_as_the_input_not_searched(fr
     # a layout the framework runs with fp32 gradients
     point = next(p for p in autopar.solve(dense_model(), cluster(16), bf16).points
                  if not refusals(fp32_ctx, p.plan, framework))
-    with pytest.raises(Unsupported, match="no layout changes that") as refused:
-        launch_config(point, framework)
-    assert str(refused.value.with_nearest(point)) == str(refused.value)
+    config = launch_config(point, framework)
+    assert config.priced.training.grad_reduce_in_fp32 and config.priced.plan == point.plan
+    assert config.priced.peak_memory_bytes == score(point.model, point.cluster, fp32, point.plan).peak_memory_bytes
+    assert config.text.startswith("# note: written with gradients reduced in fp32")
+    assert config.priced.peak_memory_bytes > point.peak_memory_bytes      # fp32 gradients cost more
     assert autopar.solve(dense_model(), cluster(16), fp32, extra_rules=framework_rules(framework)).points
 
 

@@ -15,6 +15,7 @@ from costmodels.rules import Problem as Context
 from autopar.export.common import NEMO_FP8_PRESETS, chunk_layers_in_model_order, mcore_parallel_fields, stage_layers
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
+from costmodels.scoring import estimate as score
 from costmodels.specs import Precision, TrainingSpec
 from test_report_support import DENSE_PLANS, MOE_PLANS, cluster, dense_model, moe_model, synthetic_estimate
 
@@ -59,7 +60,7 @@ def overrides(text: str) -> dict[str, str]:
         line = line.rstrip(" \\")
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
-            pairs[key] = value
+            pairs[key.removeprefix("++")] = value   # `++key=`: Hydra's replace-whatever-is-there
     return pairs
 
 
@@ -345,10 +346,12 @@ def test_interleaved_p2p_overlap_is_written_as_the_step_time_priced_it(overlap):
     verl = overrides(emit(estimate, "verl"))
     key = "+actor_rollout_ref.actor.megatron.override_transformer_config."
     assert (verl[key + "overlap_p2p_comm"], verl[key + "batch_p2p_comm"]) == (str(overlap), str(not overlap))
-    # without interleaving Megatron-LM turns the overlap off itself: nothing is written
+    # without interleaving Megatron-LM turns the overlap off itself: nothing is written (Bridge's CommOverlapConfig
+    # node states the non-interleaved schedule's batched P2P, as its setup would set it)
     flat = estimate_of(Plan(tp=2, pp=4, sp=True, zero=1), model=dense_model(), training=training)
-    for framework in ("megatron", "nemo", "bridge", "verl"):
+    for framework in ("megatron", "nemo", "verl"):
         assert "overlap-p2p" not in emit(flat, framework) and "overlap_p2p" not in emit(flat, framework), framework
+    assert "overlap_p2p_comm:false,batch_p2p_comm:true" in overrides(emit(flat, "bridge"))["comm_overlap"]
 
 
 def test_model_parallel_overlaps_written_where_they_apply():
@@ -365,7 +368,10 @@ def test_the_gradient_reduce_dtype_is_written_as_the_memory_and_reduce_were_pric
     wins over verl's own). Megatron-FSDP (zero >= 2) reads neither: Megatron-LM gets its
     --megatron-fsdp-main-grads-dtype, and NeMo, Bridge and verl, which cannot set that torch.dtype field, run only
     its bf16 default. DeepSpeed's communication_data_type is written either way (its own bf16 default). Megatron-
-    Bridge's preset re-applies fp32 under the distributed optimizer, and torchtitan reduces in float32 only."""
+    Bridge gets the dtype inside its mixed_precision node (a named preset re-applies fp32) and Megatron-FSDP's fp32
+    main gradients as a torch.float32 node; NeMo 2.7.3 (megatron-core 0.16) reads grad_reduce_in_fp32 under
+    Megatron-FSDP too. verl cannot set fp32 under Megatron-FSDP and torchtitan reduces in float32 only: each is
+    written with the dtype it runs, priced again, and said in a note (export.capabilities.ADJUSTMENTS)."""
     for training, on in ((TRAINING, True), (BF16_GRADS, False)):
         estimate = estimate_of(Plan(tp=2, pp=2, sp=True, zero=1), model=dense_model(), training=training)
         assert ("--grad-reduce-in-bf16" in emit(estimate, "megatron")) is not on
@@ -382,15 +388,18 @@ def test_the_gradient_reduce_dtype_is_written_as_the_memory_and_reduce_were_pric
         assert deepspeed["communication_data_type"] == ("fp32" if on else "bf16")
     assert overrides(emit(estimate_of(Plan(tp=2, zero=1), model=dense_model()), "bridge"))[
         "ddp.grad_reduce_in_fp32"] == "true"
-    with pytest.raises(Unsupported, match="zero<=1 with gradients reduced in bf16"):
-        emit(estimate_of(Plan(tp=2, zero=1), model=dense_model(), training=BF16_GRADS), "bridge")
-    with pytest.raises(Unsupported, match="torchtitan 0.3.0 reduces in float32 only"):
-        emit(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=BF16_GRADS), "torchtitan")
-    assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model()), "torchtitan")
-    for framework in ("nemo", "bridge", "verl"):
-        with pytest.raises(Unsupported, match="Megatron-FSDP keeps and reduces its main gradients"):
-            emit(estimate_of(Plan(tp=2, zero=3), model=dense_model()), framework)
-        assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=BF16_GRADS), framework)
+    bridge = overrides(emit(estimate_of(Plan(tp=2, zero=1), model=dense_model(), training=BF16_GRADS), "bridge"))
+    assert "grad_reduce_in_fp32:false" in bridge["mixed_precision"]
+    fsdp32 = overrides(emit(estimate_of(Plan(tp=2, zero=3), model=dense_model()), "bridge"))
+    assert fsdp32["ddp.megatron_fsdp_main_grads_dtype"] == '"{_target_:torch.float32,_call_:false}"'
+    assert runnable(estimate_of(Plan(tp=2, zero=3), model=dense_model()), "nemo")
+    for framework, asked, runs in (("torchtitan", BF16_GRADS, True), ("verl", TRAINING, False)):
+        estimate = estimate_of(Plan(tp=2, zero=3), model=dense_model(), training=asked)
+        config = launch_config(estimate, framework)
+        assert config.priced.training.grad_reduce_in_fp32 is runs and config.unexpressed[0].startswith("written with")
+        assert config.text.startswith("# note: written with")
+        assert config.priced.step_time_s == score(estimate.model, estimate.cluster, config.priced.training,
+                                                  estimate.plan).step_time_s
 
 
 FP8_PRESET_HAS_PARAMS = {"delayed": True, "tensorwise": True, "blockwise": False, "mxfp8": True}
@@ -452,12 +461,14 @@ def test_fp8_parameters_are_written_as_priced_whatever_the_preset(recipe, params
 def test_mxfp8_parameters_under_megatron_fsdp_are_gathered_without_the_gradient_buffer():
     """Megatron-FSDP (zero >= 2) has no distributed-optimizer gradient buffer to gather MXFP8 parameters through
     (Megatron-LM's validate_args and Bridge turn reuse_grad_buf_for_mxfp8_param_ag off there): the fp8 parameters are
-    written, the reuse flag off; Bridge's preset, which Bridge itself switches off under FSDP, is named."""
+    written, the reuse flag off; Bridge's preset (whose reuse flag Bridge itself switches off under FSDP) goes in a
+    node for the bf16 gradients priced."""
     estimate = fp8_estimate_of("mxfp8", True, Plan(tp=2, sp=True, zero=3), fp32_grads=False)   # Megatron-FSDP's
     megatron = emit(estimate, "megatron")
     assert "--fp8-param-gather" in megatron and "--reuse-grad-buf-for-mxfp8-param-ag" not in megatron
     assert overrides(emit(estimate, "nemo"))["trainer.plugins.reuse_grad_buf_for_mxfp8_param_ag"] == "false"
-    assert overrides(emit(estimate, "bridge"))["mixed_precision"] == "bf16_with_mxfp8_mixed"
+    node = overrides(emit(estimate, "bridge"))["mixed_precision"]
+    assert "fp8_recipe:mxfp8,fp8_param_gather:true" in node and "grad_reduce_in_fp32:false" in node
     assert overrides(emit(estimate, "verl"))[
         "+actor_rollout_ref.actor.megatron.override_ddp_config.reuse_grad_buf_for_mxfp8_param_ag"] == "False"
 

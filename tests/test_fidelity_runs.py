@@ -23,8 +23,8 @@ def rows():
 
 
 def test_every_row_is_compared_or_listed(rows):
-    # the README's count: 522 rows over 16 files; none silently dropped
-    assert len(rows) == 522
+    # the README's count: 600 rows over 22 files (the last six the small-kernel regime's); none silently dropped
+    assert len(rows) == 600
     refused = [r for r in rows if isinstance(r, fidelity_runs.Unexpressed)]
     assert all(r.reason for r in refused)
     assert len(rows) - len(refused) >= 300
@@ -162,3 +162,31 @@ def test_zero_bubble_vocabulary_matches_the_stated_parameter_counts(rows):
     assert all(billions(model) == stated[name] for name, model in models.items())
     gpt2_vocab = [dataclasses.replace(model, vocab_size=50257) for model in models.values()]
     assert sum(billions(model) != stated[model.name] for model in gpt2_vocab) == 3
+
+
+def test_small_kernel_files_are_read_with_their_engines(rows):
+    """The six small-kernel files: llm.c's scripts run natively (GPT-2 shapes from the depth), the modded-nanogpt
+    records through torch.compile under DDP (the 64K-token FlexAttention records refused: their windows are not
+    stated), torchtitan's DeepEP rows compiled with grouped experts and DeepEP; every row of them is in the
+    small-kernel category, and so is any model under 3B parameters or a fine-grained MoE."""
+    from costmodels.specs import Engine, ExpertGemm, LaunchPath, MoEDispatcher
+
+    small = {"llmc", "modded-nanogpt", "tinyllama", "ms-swift", "torchtitan-deepep", "torchtitan-h200-ladder"}
+    assert sum(1 for r in rows if r.source in small) == 78
+    llmc = [r for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "llmc"]
+    assert len(llmc) == 4 and all(r.training.engine is Engine.NATIVE for r in llmc)
+    assert {(r.model.num_layers, r.model.hidden_size) for r in llmc} == {(12, 768), (24, 1024), (36, 1280), (48, 1600)}
+    nanogpt = [r for r in rows if r.source == "modded-nanogpt"]
+    flex = [r for r in nanogpt if isinstance(r, fidelity_runs.Unexpressed) and "FlexAttention" in r.reason]
+    assert flex and all(isinstance(r, fidelity_runs.Case) for r in nanogpt if r.row_id in ("3", "4", "47"))
+    compiled = [r for r in nanogpt if isinstance(r, fidelity_runs.Case) and r.training.engine is Engine.PYTORCH]
+    assert compiled and all(r.training.launch is LaunchPath.COMPILE for r in compiled)
+    deepep = [r for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "torchtitan-deepep"]
+    assert all(r.training.engine is Engine.TORCHTITAN and r.training.expert_gemm is ExpertGemm.GROUPED
+               for r in deepep)
+    assert sum(r.training.moe_dispatcher is MoEDispatcher.ALLTOALL for r in deepep) == 1     # row 8's baseline
+    cases = [r for r in rows if isinstance(r, fidelity_runs.Case)]
+    assert all(fidelity_runs.is_small_kernel(r) for r in cases if r.source in small)
+    assert fidelity_runs.is_small_kernel(next(r for r in cases if r.model.name == "qwen2-57b-a14b"))  # 64 experts
+    assert not fidelity_runs.is_small_kernel(next(r for r in cases if r.source == "megatron-lm-readme"
+                                                   and total_params(r.model) > 100e9))

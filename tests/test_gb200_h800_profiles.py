@@ -139,6 +139,7 @@ def test_gpus_lists_the_new_profiles():
     rows = {row["name"]: row for row in json.loads(_autopar("gpus", "--json").stdout)}
     assert rows["gb200-186gb"]["nvlink_domain_size"] == 72 and rows["gb200-186gb"]["gpus_per_node"] == 4
     assert rows["h800-80gb"]["links"]["nvlink"]["nominal_bandwidth_bytes_per_s"] == 200e9
+    assert rows["a800-80gb"]["links"]["nvlink"]["nominal_bandwidth_bytes_per_s"] == 200e9
 
 
 # ---- the microbenchmarks these profiles were fitted to ---------------------------------------------------------
@@ -237,6 +238,7 @@ def test_modelzoo_gb200_rows_count_trays_of_four_and_gb300_stays_refused():
     ("NVIDIA GB200", 184.0, "gb200-186gb"),
     ("NVIDIA H800 80GB HBM3", 79.6, "h800-80gb"),
     ("NVIDIA H100 80GB HBM3", 79.2, "h100-80gb"),
+    ("NVIDIA A800-SXM4-80GB", 79.3, "a800-80gb"),
 ])
 def test_calibrate_picks_the_new_profiles_as_base(device_name, memory_gib, expected):
     from autopar.calibrate.profile_file import base_profile_for_device
@@ -244,8 +246,8 @@ def test_calibrate_picks_the_new_profiles_as_base(device_name, memory_gib, expec
 
 
 def test_every_bundled_profile_states_its_sm_count():
-    expected = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "h800-80gb": 132,
-                "b200-180gb": 148, "gb200-186gb": 148}
+    expected = {"a100-40gb": 108, "a100-80gb": 108, "a800-80gb": 108, "h100-80gb": 132, "h200-141gb": 132,
+                "h800-80gb": 132, "b200-180gb": 148, "gb200-186gb": 148}
     for name, sms in expected.items():
         profile = load_profile(name)
         assert profile.streaming_multiprocessors == sms

@@ -84,7 +84,8 @@ def test_every_preset_loads(name: str) -> None:
 
 def test_preset_list_covers_the_reference_models() -> None:
     names = set(preset_names())
-    for name in ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b", "mixtral-8x22b",
+    for name in ("llama-2-7b", "llama-3-8b", "llama-3-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
+                 "mixtral-8x7b", "mixtral-8x22b",
                  "qwen2.5-7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v2-lite", "deepseek-v3", "gpt-3-175b",
                  "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18.4b", "gpt-39.1b", "gpt-76.1b", "gpt-145.6b",
                  "gpt-310.1b", "gpt-530b", "gpt-1t", "gpt-22b", "gpt-175b"):
@@ -566,10 +567,10 @@ def test_copying_presets_keeps_them_loadable(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name,total_billion", [("nemotron-4-15b", 15.6), ("nemotron-4-340b", 341.0),
                                                 ("bloom-176b", 176.2), ("gpt-oss-120b", 116.8),
-                                                ("gpt-oss-20b", 20.9)])
+                                                ("gpt-oss-20b", 20.9), ("llama-3.2-1b", 1.24)])
 def test_new_presets_match_published_parameter_counts(name: str, total_billion: float) -> None:
     """Nemotron-4 15B: 3.2B embedding + 12.5B other (arXiv 2402.16819); BLOOM 176B; gpt-oss 116.8B / 20.9B total
-    (arXiv 2508.10925 Table 1)."""
+    (arXiv 2508.10925 Table 1); Llama 3.2 1B, 1.24B with its tied embedding (Meta's model card lists 1.23B)."""
     from costmodels.params import total_params
     assert total_params(load_model(name)) / 1e9 == pytest.approx(total_billion, abs=0.1)
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from autopar.report.terminal import plan_legend
-from autopar.report.units import column_cells, rate_unit, seconds_unit, whole_count
+from autopar.report.units import column_cells, format_rate, format_seconds, rate_cells, whole_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,10 +25,12 @@ def autopar(*argv: str) -> subprocess.CompletedProcess[str]:
 
 # ---- units ----------------------------------------------------------------------------------------------------
 
-def test_one_unit_per_column_from_the_largest_value() -> None:
-    assert seconds_unit([111.0, 120.6]) == ("min", 60.0)          # never '111 s' beside '2.01 min'
-    assert seconds_unit([0.5, 2.0]) == ("s", 1.0)
-    assert rate_unit([950.0, 1.2e6]) == ("Mtok/s", 1e6)
+def test_one_fixed_unit_whatever_the_magnitude() -> None:
+    # issue 45: never minutes (`min` reads as "minimum"), never k/M prefixes that change from run to run
+    assert [format_seconds(v) for v in (0.0123, 3.5, 95.0, 4312.4)] == ["0.0123 s", "3.50 s", "95.0 s", "4,312 s"]
+    assert format_rate(950.4) == "950 tokens/s" and format_rate(1.25e6) == "1,250,000 tokens/s"
+    assert rate_cells([2513427.3, 80000.2]) == ["2,513,427", "80,000"]
+    assert rate_cells([2513427.3, 80000.2, 79999.7]) == ["2,513,427.3", "80,000.2", "79,999.7"]   # neighbours differ
     assert whole_count(2822400) == "2,822,400" and whole_count(148650) == "148,650"
 
 
@@ -51,7 +53,7 @@ def test_legend_explains_only_the_tokens_used() -> None:
 def test_front_table_names_units_and_explains_labels() -> None:
     # pp fixed at 2: the front's plans then carry a pipeline split (which plans lead otherwise depends on the profile)
     text = autopar("solve", "llama-3.1-8b", "--gpus", "64", "--top", "6", "--fix", "pp=2").stdout
-    assert "step time (s)" in text and "throughput (ktok/s)" in text and "peak memory (GiB of 64.0)" in text
+    assert "step time (s)" in text and "throughput (tokens/s)" in text and "peak memory (GiB of 64.0)" in text
     assert "peak stage" in text and "splitF/L = F layers on the first pipeline stage" in text
     assert " min " not in text and " GiB /" not in text
 

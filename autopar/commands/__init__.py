@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from typing import TYPE_CHECKING, Callable, TextIO
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # only for annotations: importing the specs pulls in numpy
     from costmodels.scoring import Estimate
     from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
+from costmodels.limits import MAX_GLOBAL_BATCH, MAX_NUM_GPUS, MAX_SEQ_LEN  # noqa: E402 (light: no numpy)
 from costmodels.specs import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN  # noqa: E402 (autopar.cli has it loaded already)
 
 DEFAULT_GPU = "h100"
@@ -29,22 +31,56 @@ DEFAULT_GPU = "h100"
 
 # ---- argument types: a bad value is one line naming the flag (argparse prefixes 'argument --flag: ') ------------
 
-def integer(text: str) -> int:
-    """An integer flag value; the range is checked by the spec the value goes into."""
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")
+ASCII_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+MAX_DIGITS = 30
+"""Digits a whole-number flag may have before it is refused by its length alone: every count autopar takes is at
+most 2^24 (costmodels/limits.py), so a longer number is not converted, compared or echoed whole (a 10,000-digit
+--gpus used to come back as a 10 KB error line)."""
+SHOWN_CHARACTERS = 24
+"""How much of a refused value an error message repeats."""
+
+
+def shown_value(text: str) -> str:
+    """`text` quoted for an error message, cut to SHOWN_CHARACTERS with its full length named."""
+    if len(text) <= SHOWN_CHARACTERS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARACTERS]!r}… ({len(text):,} characters)"
+
+
+def integer(text: str, field: str = "", limit: int = 0) -> int:
+    """An integer flag value in ASCII digits (no `1_6`, no full-width `８`, which Python's int() reads); the range
+    is checked by the spec the value goes into. A number of more than MAX_DIGITS digits is refused here, naming the
+    flag's `field` and `limit` where the caller gives them (`at_most`)."""
+    stripped = text.strip()
+    if not ASCII_INTEGER.fullmatch(stripped):
+        raise argparse.ArgumentTypeError(f"expected a whole number in the digits 0-9, got {shown_value(text)}")
+    digits = len(stripped.lstrip("+-"))
+    if digits > MAX_DIGITS:
+        bound = f"{field} is at most {limit:,}" if field else "every count autopar takes is at most 16,777,216"
+        raise argparse.ArgumentTypeError(f"a {digits:,}-digit number, {shown_value(text)}, is over autopar's limit: "
+                                         f"{bound} (costmodels/limits.py)")
+    return int(stripped, 10)
+
+
+def at_most(field: str, limit: int) -> Callable[[str], int]:
+    """`integer` for a flag whose spec field is bounded by `limit` (costmodels.limits): a number too long to convert
+    is refused naming them."""
+    def parse(text: str) -> int:
+        return integer(text, field, limit)
+
+    parse.__name__ = f"integer ({field})"
+    return parse
 
 
 def number(text: str) -> float:
-    """A real-number flag value (finite)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    """A real-number flag value (finite), in ASCII (`0.5`, `1e-3`; not `inf`, `nan`, `1_0` or full-width digits)."""
+    stripped = text.strip()
+    if not ASCII_NUMBER.fullmatch(stripped):
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.5 or 1e-3, got {shown_value(text)}")
+    value = float(stripped)
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {shown_value(text)}")
     return value
 
 
@@ -63,11 +99,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster")
     group.add_argument("--gpu", default=None,
                        help=f"GPU type of a bundled profile (see `autopar gpus`); default {DEFAULT_GPU}")
-    group.add_argument("--gpus", "--num-gpus", dest="num_gpus", type=integer, default=None, metavar="N",
+    group.add_argument("--gpus", "--num-gpus", dest="num_gpus", type=at_most("num_gpus", MAX_NUM_GPUS), default=None,
+                       metavar="N",
                        help="number of GPUs; default one node (the profile's GPUs per node)")
-    group.add_argument("--gpus-per-node", type=integer, default=None, metavar="N",
+    group.add_argument("--gpus-per-node", type=at_most("gpus_per_node", MAX_NUM_GPUS), default=None, metavar="N",
                        help="GPUs per node, >= 1; default from the profile (8; 4 on GB200)")
-    group.add_argument("--nvlink-domain-gpus", type=integer, default=None, metavar="N",
+    group.add_argument("--nvlink-domain-gpus", type=at_most("nvlink_domain_gpus", MAX_NUM_GPUS), default=None,
+                       metavar="N",
                        help="GPUs of the job on one NVLink fabric, whole nodes; default: one node, or on GB200 NVL72 "
                             "the largest even share of a 72-GPU rack (64 of 256 GPUs)")
     group.add_argument("--headroom", type=number, default=0.2, metavar="FRACTION",
@@ -83,9 +121,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
     # defaults None, filled in by training_from_args: a typed value, even the default's, is told from none
     # (commands.output_flags checks typed ones against --from-megatron-args)
-    group.add_argument("--seq-len", "--seq-length", dest="seq_len", type=integer, default=None,
+    group.add_argument("--seq-len", "--seq-length", dest="seq_len", type=at_most("seq_len", MAX_SEQ_LEN), default=None,
                        metavar="S", help=f"sequence length in tokens; default {DEFAULT_SEQ_LEN}")
-    group.add_argument("--global-batch", "--global-batch-size", "--gbs", dest="global_batch", type=integer,
+    group.add_argument("--global-batch", "--global-batch-size", "--gbs", dest="global_batch",
+                       type=at_most("global_batch_size", MAX_GLOBAL_BATCH),
                        default=None, metavar="B",
                        help=f"global batch in sequences per step; default {DEFAULT_GLOBAL_BATCH}")
     group.add_argument("--precision", default=None, metavar="{bf16,fp8}",
@@ -126,17 +165,40 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "bubble); the zero-bubble ones run in "
                             "sail-sg's Megatron-LM fork, which no export targets; default 1f1b")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
-                       help="cap tokens per expert at F × the balanced share (GShard/Switch); default dropless")
+                       help="cap tokens per expert at F × the balanced share (GShard/Switch; Megatron-Core "
+                            "--moe-expert-capacity-factor): the tokens past it are dropped, not computed and not "
+                            "counted in model FLOPs or MFU; default dropless")
     group.add_argument("--moe-imbalance-factor", type=number, default=1.0, metavar="F",
                        help="busiest expert rank's load over a balanced one, dropless routing (>= 1); default 1")
     group.add_argument("--moe-dispatcher", default="alltoall", metavar="{alltoall,deepep}",
                        help="MoE token dispatcher: alltoall (NCCL all-to-all, one copy per routed expert) or deepep "
                             "(DeepEP through Megatron-Core's flex dispatcher: one copy per destination node over "
                             "InfiniBand); default alltoall")
-    group.add_argument("--expert-gemm", default="cublas", metavar="{cublas,grouped}",
+    group.add_argument("--expert-gemm", default=None, metavar="{cublas,grouped,loop}",
                        help="how the routed experts' GEMMs run: cublas (a cuBLAS GEMM per expert: Megatron-Core with "
-                            "Transformer Engine's GroupedLinear) or grouped (one grouped kernel: torchtitan's "
-                            "torch._grouped_mm); default cublas")
+                            "Transformer Engine's GroupedLinear), grouped (one grouped kernel: torchtitan's "
+                            "torch._grouped_mm) or loop (a Python loop over the experts: Hugging Face's eager MoE "
+                            "blocks); default: the framework's (cublas; grouped for torchtitan; loop for deepspeed "
+                            "and pytorch)")
+    engine = parser.add_argument_group("engine (what runs the step: its kernel launches and host synchronisations "
+                                       "are priced; --framework picks it, megatron by default)")
+    engine.add_argument("--compile", action="store_true",
+                        help="torch.compile'd blocks (torchtitan's [compile] enable, a compiled PyTorch model): "
+                             "Inductor's fused kernels, one graph call per block and pass; torchtitan, pytorch, "
+                             "deepspeed")
+    engine.add_argument("--cuda-graph-impl", default=None, metavar="{none,local,transformer_engine}",
+                        help="Megatron-Core CUDA graphs (Megatron-LM's flag): the captured modules of every layer "
+                             "replay as one graph each; megatron, nemo, bridge, verl; default none")
+    engine.add_argument("--cuda-graph-modules", nargs="+", default=None, metavar="M",
+                        help="with --cuda-graph-impl: the modules captured, of attn, mlp, moe, moe_router, "
+                             "moe_preprocess (Megatron-LM's flag); default the whole layer")
+    engine.add_argument("--fused-kernels", action="store_true",
+                        help="the model's norms, RoPE and activations are fused kernels (apex, Transformer Engine, "
+                             "xformers, flash-attn or Liger ops) rather than eager PyTorch ops; pytorch, deepspeed")
+    engine.add_argument("--deepspeed-version", default=None, metavar="V",
+                        help="the DeepSpeed release that runs the step (with --framework deepspeed): before 0.6, "
+                             "ZeRO-3 gathered every parameter on its own behind a device synchronisation; default "
+                             "the release autopar targets (0.19)")
     overlap = parser.add_argument_group("communication overlap (Megatron-LM flag names and defaults: off but for "
                                         "the interleaved schedule's P2P; the exports write what you set)")
     overlap.add_argument("--overlap-grad-reduce", action="store_true",
@@ -152,7 +214,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     overlap.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false",
                          help="block on every stage-to-stage transfer of the interleaved schedule (by default "
                               "Megatron-LM leaves its steady-state backward sends in flight beside the next chunk)")
-    overlap.add_argument("--nccl-ctas", type=int, default=16, metavar="N",
+    overlap.add_argument("--nccl-ctas", type=integer, default=16, metavar="N",
                          help="SMs an NCCL collective holds while it overlaps compute (one CTA per channel; "
                               "NCCL_DEBUG=INFO prints 'N coll channels', NCCL_MAX_CTAS caps it); the overlapped "
                               "compute runs on the other SMs; 0 prices NCCL overlap as free (Transformer Engine's "
@@ -256,6 +318,66 @@ def cluster_from_args(args: argparse.Namespace, num_gpus: "int | None" = None) -
                        headroom=args.headroom, nvlink_domain=domain or 0)
 
 
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
+"""Megatron-LM 0.19's --cuda-graph-impl choices that capture layers (full_iteration graphs a whole step)."""
+EXPERT_GEMM_OF_ENGINE = {"megatron": "cublas", "torchtitan": "grouped", "deepspeed": "loop", "pytorch": "loop",
+                         "native": "cublas"}
+"""How each engine runs routed experts unless --expert-gemm says: TE's GroupedLinear (a cuBLAS GEMM per expert),
+torchtitan's torch._grouped_mm, Hugging Face's eager loop over experts (DeepSpeed's and a plain PyTorch loop's
+models)."""
+
+
+def engine_fields(args: argparse.Namespace) -> dict[str, object]:
+    """TrainingSpec's engine fields from --framework (or --emit), --compile, --cuda-graph-impl/-modules,
+    --fused-kernels and --deepspeed-version; each refused where the engine has no such thing."""
+    from autopar.export.names import ENGINE_OF_FRAMEWORK, framework_name
+    from costmodels.errors import InputError
+
+    framework = getattr(args, "framework", None) or getattr(args, "emit", None)
+    name = framework_name(framework, field="framework") if framework else "megatron"
+    engine = ENGINE_OF_FRAMEWORK[name]
+    impl = getattr(args, "cuda_graph_impl", None)
+    modules = getattr(args, "cuda_graph_modules", None)
+    if impl is not None and impl not in CUDA_GRAPH_IMPLS:
+        raise InputError("cuda_graph_impl", f"unknown --cuda-graph-impl {impl!r}; use one of "
+                                            f"{', '.join(CUDA_GRAPH_IMPLS)} (full_iteration graphs are not priced)")
+    graphs = impl not in (None, "none")
+    if modules is not None and not graphs:
+        raise InputError("cuda_graph_modules", "--cuda-graph-modules names what --cuda-graph-impl captures; add "
+                                               "--cuda-graph-impl transformer_engine")
+    if graphs and engine != "megatron":
+        raise InputError("cuda_graph_impl", f"--cuda-graph-impl is Megatron-Core's; {name} does not run it")
+    compiled = bool(getattr(args, "compile", False))
+    if compiled and engine not in ("torchtitan", "pytorch", "deepspeed"):
+        raise InputError("compile", f"--compile is torch.compile of whole blocks, which {name} does not run "
+                                    "(Megatron-Core compiles its small fusions itself, priced as it runs them); use "
+                                    "--framework torchtitan, pytorch or deepspeed, or drop --compile")
+    fused = bool(getattr(args, "fused_kernels", False))
+    if fused and engine not in ("pytorch", "deepspeed"):
+        raise InputError("fused_kernels", f"--fused-kernels describes an eager PyTorch model's kernels; {name} "
+                                          "runs its own (priced as they are); drop it or use --framework pytorch or "
+                                          "deepspeed")
+    version = getattr(args, "deepspeed_version", None)
+    serial = False
+    if version is not None:
+        if engine != "deepspeed":
+            raise InputError("deepspeed_version", "--deepspeed-version goes with --framework deepspeed")
+        serial = _version_below(version, (0, 6), "deepspeed_version")
+    return dict(engine=engine, launch="cuda_graph" if graphs else ("compile" if compiled else "eager"),
+                cuda_graph_modules=tuple(modules or ()), fused_kernels=fused, zero3_serial_fetch=serial,
+                expert_gemm=getattr(args, "expert_gemm", None) or EXPERT_GEMM_OF_ENGINE[engine])
+
+
+def _version_below(text: str, limit: tuple[int, ...], field: str) -> bool:
+    """Whether a release number like '0.5.10' is below `limit`; InputError for anything else."""
+    from costmodels.errors import InputError
+
+    parts = text.strip().lstrip("v").split(".")
+    if not 1 <= len(parts) <= 4 or not all(part.isdigit() and len(part) <= 6 for part in parts):
+        raise InputError(field, f"expected a release number such as 0.5.10, got {text[:40]!r}")
+    return tuple(int(part) for part in parts) < limit
+
+
 def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     from costmodels.specs import TrainingSpec
 
@@ -277,7 +399,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         pipeline_schedule=getattr(args, "pipeline_schedule", None) or "1f1b",
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,
-                        expert_gemm=args.expert_gemm,
+                        **engine_fields(args),
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
@@ -387,19 +509,27 @@ MOE_ONLY_MODULES = ("moe_act", "moe", "shared_experts")
 
 def input_warnings(model: "ModelSpec", training: "TrainingSpec") -> list[str]:
     """Inputs autopar accepts but that have no effect, or that the model was not built for; one line each."""
-    from costmodels.specs import ExpertGemm, MoEDispatcher, PositionEmbedding
+    from costmodels.specs import MoEDispatcher, PositionEmbedding
 
     warnings = []
     if model.moe is None and training.moe_capacity_factor is not None:
         warnings.append(f"--moe-capacity-factor {training.moe_capacity_factor:g} has no effect: {model.name} is "
                         "a dense model (no experts)")
+    if model.moe is not None and training.moe_capacity_factor is not None and training.moe_capacity_factor < 1.0:
+        from costmodels.compute import moe_kept_token_fraction
+
+        kept = moe_kept_token_fraction(training)
+        warnings.append(f"--moe-capacity-factor {training.moe_capacity_factor:g} drops {1 - kept:.0%} of the routed "
+                        f"tokens under balanced routing (each expert keeps {kept:.0%} of its share; Megatron-Core "
+                        "passes the rest around the expert on the residual): the experts' FLOPs, model TFLOP/s and "
+                        "MFU count only the tokens kept")
     if model.moe is None and training.moe_imbalance_factor != 1.0:
         warnings.append(f"--moe-imbalance-factor {training.moe_imbalance_factor:g} has no effect: {model.name} is "
                         "a dense model (no experts)")
     if model.moe is None and training.moe_dispatcher is not MoEDispatcher.ALLTOALL:
         warnings.append(f"--moe-dispatcher {training.moe_dispatcher.value} has no effect: {model.name} is a dense "
                         "model (no experts)")
-    if model.moe is None and training.expert_gemm is not ExpertGemm.CUBLAS:
+    if model.moe is None and training.expert_gemm.value != EXPERT_GEMM_OF_ENGINE[training.engine.value]:
         warnings.append(f"--expert-gemm {training.expert_gemm.value} has no effect: {model.name} is a dense "
                         "model (no experts)")
     if 0 < model.max_position_embeddings < training.seq_len:

@@ -35,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_cluster_arguments(parser)
     add_training_arguments(parser)
     add_relax_argument(parser)
+    parser.add_argument("--framework", default=None, metavar="FRAMEWORK",
+                        help="the framework that runs the step, whose engine is priced (its kernel launches and "
+                             "host synchronisations): megatron, nemo, bridge, verl (Megatron-Core), torchtitan, "
+                             "deepspeed, pytorch (a plain training loop) or llmc; default megatron")
     parser.add_argument("--all-stages", action="store_true",
                         help=f"show every pipeline stage (default: at most {MAX_STAGE_COLUMNS}, the others in --json)")
     add_json_argument(parser)

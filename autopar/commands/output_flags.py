@@ -50,6 +50,9 @@ def add_output_arguments(parser: argparse.ArgumentParser, pick: bool = True) -> 
     if pick:
         group.add_argument("--pick", type=integer, default=0, metavar="N",
                            help="which front point --emit uses: 0 = fastest (default), as numbered in the table")
+    group.add_argument("--verl-algorithm", default=None, metavar="NAME",
+                       help="with --emit verl: the advantage estimator (gae, the default, trains a critic; grpo, "
+                            "rloo, reinforce_plus_plus, ... do not)")
 
 
 def validate_output_arguments(args: argparse.Namespace) -> None:
@@ -68,7 +71,14 @@ def validate_output_arguments(args: argparse.Namespace) -> None:
         from autopar.export import framework_name
 
         args.emit = framework_name(framework)
+    if getattr(args, "verl_algorithm", None) is not None:
+        from autopar.export.verl import verl_algorithm
+
+        if args.emit != "verl":
+            raise InputError("verl-algorithm", "--verl-algorithm applies to --emit verl only; drop it or emit verl")
+        args.verl_algorithm = verl_algorithm(args.verl_algorithm)
     seen: dict[str, str] = {}
+    inputs = input_files(args) if getattr(args, "out", None) else {}
     for path in getattr(args, "out", None) or []:
         from autopar.atomic_write import check_writable
         from autopar.report import report_format
@@ -78,6 +88,9 @@ def validate_output_arguments(args: argparse.Namespace) -> None:
         if target.exists() and not os.access(target, os.W_OK):
             raise InputError("out", f"cannot write {path!r}: permission denied; choose another directory")
         same = os.path.realpath(target)
+        if same in inputs:
+            raise InputError("out", f"--out {path} is {inputs[same]}, which this command reads; the report would "
+                                    "replace it: choose another file")
         if same in seen:
             raise InputError("out", f"--out {path} is given twice (also as --out {seen[same]}); give each report "
                                     "file once")
@@ -88,6 +101,26 @@ def validate_output_arguments(args: argparse.Namespace) -> None:
     if pick and framework is None:
         raise InputError("pick", f"--pick {pick} chooses the point --emit prints; add --emit FRAMEWORK or drop "
                                  "--pick")
+
+
+def input_files(args: argparse.Namespace) -> dict[str, str]:
+    """The files this command reads, by real path -> what they are: MODEL (a config.json, or a model directory's),
+    --profile, --from-megatron-args given as a file. `--out` may not name one of them."""
+    import os
+
+    found: dict[str, str] = {}
+    model = getattr(args, "model", None)
+    for value, what in ((model, "MODEL's config"), (getattr(args, "profile", None), "the --profile file"),
+                        (getattr(args, "from_megatron_args", None), "the --from-megatron-args file")):
+        if not value or "\n" in value or len(value) > 4096:     # a preset, an id, or a command typed inline
+            continue
+        try:
+            path = os.path.join(value, "config.json") if what == "MODEL's config" and os.path.isdir(value) else value
+            if os.path.isfile(path):
+                found[os.path.realpath(path)] = what
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def report_stream(args: argparse.Namespace, stdout: TextIO | None = None,
@@ -284,7 +317,7 @@ def write_outputs(args: argparse.Namespace, result: "ParetoFront | Estimate", st
 
         point = chosen_point(result, getattr(args, "pick", 0))
         try:
-            config = launch_config(point, framework)
+            config = launch_config(point, framework, verl_algorithm=getattr(args, "verl_algorithm", None))
         except Unsupported as refused:   # exit 2 with the reason and the nearest plan the framework runs
             raise refused.with_nearest(point) from None
         text = config.text

@@ -21,18 +21,22 @@ from autopar.commands import (
     add_relax_argument,
     add_training_arguments,
     integer,
+    number,
+    shown_value,
 )
 
 
 def gpu_count_or_range(text: str) -> int | tuple[int, int]:
     """`N` or `LO-HI` (a scaling front over GPU counts)."""
+    from costmodels.limits import MAX_NUM_GPUS
+
     if "-" in text.strip().lstrip("-"):
         low, _, high = text.partition("-")
-        low_n, high_n = integer(low), integer(high)
+        low_n, high_n = integer(low, "num_gpus", MAX_NUM_GPUS), integer(high, "num_gpus", MAX_NUM_GPUS)
         if low_n < 1 or high_n < low_n:
-            raise argparse.ArgumentTypeError(f"expected LO-HI with 1 <= LO <= HI, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected LO-HI with 1 <= LO <= HI, got {shown_value(text)}")
         return (low_n, high_n)
-    return integer(text)
+    return integer(text, "num_gpus", MAX_NUM_GPUS)
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,11 +51,13 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min", action="append", default=[], metavar="KNOB=V", help="lower bound on a knob; repeatable")
     add_relax_argument(parser)
     group.add_argument("--framework", default=None, metavar="FRAMEWORK",
-                       help="search only the plans this framework can run (megatron, nemo, bridge, verl, torchtitan, "
-                            "deepspeed; autopar/export/capabilities.py), so the front is the one it can launch")
-    group.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                       help="the framework that runs the step: search only the plans it can run (megatron, nemo, "
+                            "bridge, verl, torchtitan, deepspeed, pytorch, llmc; autopar/export/capabilities.py) and "
+                            "price them as its engine runs them (its launches and host synchronisations), so the "
+                            "front is the one it can launch")
+    group.add_argument("--time-limit", type=number, default=None, metavar="SECONDS",
                        help="stop searching after this long and show the front found so far (marked not proven)")
-    group.add_argument("--top", type=int, default=None, metavar="K", help="show only the K fastest front points")
+    group.add_argument("--top", type=integer, default=None, metavar="K", help="show only the K fastest front points")
     group.add_argument("--solver", choices=("auto", "cpsat", "oracle"), default="auto",
                        help="CP-SAT model or exhaustive oracle; auto = the oracle (faster for this cost model); same front")
     group.add_argument("--layouts", action=argparse.BooleanOptionalAction, default=True,
@@ -59,7 +65,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
                             "exactly: chain DP / CP-SAT) for its pipelined structures and the near-front ones that "
                             "could overtake it, within --layouts-budget, and recompute it (default on; "
                             "--no-layouts: the uniform front only)")
-    group.add_argument("--layouts-budget", type=float, default=None, metavar="SECONDS",
+    group.add_argument("--layouts-budget", type=number, default=None, metavar="SECONDS",
                        help="wall-clock time the layout refinement may take; default: a fixed amount of work (the "
                             f"{DEFAULT_FRONT_STRUCTURES} fastest front structures and {DEFAULT_NEAR_STRUCTURES} "
                             f"near-front ones, at most {DEFAULT_CPSAT_SEARCHES} interleaved (CP-SAT), about "
@@ -84,6 +90,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from autopar.commands.output_flags import add_output_arguments  # F: --out, --emit, --pick
 
     add_output_arguments(parser)
+    for action in parser._actions:                     # here --emit also chooses the plans searched
+        if action.dest == "emit":
+            action.help = (f"{action.help}. Here it also searches only the plans FRAMEWORK can run, as --framework FRAMEWORK does "
+                           "(the two must agree), and prints the config of the fastest")
     parser.set_defaults(run=run)
 
 
@@ -111,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.framework:                             # bad --framework: exit 2 before any solving
         args.framework = framework_name(args.framework, field="framework")
+    framework_note = framework_from_emit(args)
     _, bounds = controls_from_args(args)          # bad --fix/--max/--relax before the model loads
     active_rules(args.relax)
     if args.top is not None and args.top < 1:
@@ -127,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
                    solver=args.solver, extra_rules=framework_rules(args.framework) if args.framework else ())
     bar = ProgressBar(sys.stderr)
-    cpsat_import = prefetch_cpsat_import(args, gpu_range)
+    if framework_note:
+        print(f"autopar: note: {framework_note}", file=sys.stderr)
+    cpsat_import = CpsatPrefetch.start(args, gpu_range)
     try:
         if gpu_range is not None:
             front = solve_scaling(model, cluster, training, gpu_range, progress=bar, **options)
@@ -143,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         if cpsat_import is not None:
             cpsat_import.join()
-    front = refine_with_layouts(args, front, gpu_range)
+    front = refine_with_layouts(args, front, gpu_range,
+                                cpsat_failure=cpsat_import.failure if cpsat_import is not None else None)
     if args.top is not None:
         import dataclasses
 
@@ -164,24 +178,70 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def prefetch_cpsat_import(args: argparse.Namespace, gpu_range):
+FRAMEWORK_TITLES = {"megatron": "Megatron-LM", "nemo": "NeMo 2", "bridge": "Megatron-Bridge", "verl": "verl",
+                    "torchtitan": "torchtitan", "deepspeed": "DeepSpeed"}
+"""How the notes name each framework of autopar.export.names.FRAMEWORKS."""
+
+
+def framework_from_emit(args: argparse.Namespace) -> "str | None":
+    """`--emit FW` searches under FW's rules, as `--framework FW` does (a user who names the framework wants the
+    best plan it runs, not the fastest plan of all and a refusal): sets args.framework and returns the one-line note
+    that says so (None when --emit is absent or --framework was given too). `--framework` and `--emit` naming two
+    frameworks is bad input."""
+    from costmodels.errors import InputError
+
+    emit = getattr(args, "emit", None)
+    if not emit:
+        return None
+    if args.framework and args.framework != emit:
+        raise InputError("emit", f"--emit {emit} and --framework {args.framework} name two frameworks; the config "
+                                 "is written for the framework the search ran under: give one of them, or the same "
+                                 "one twice")
+    if args.framework:
+        return None
+    args.framework = emit
+    return (f"--emit {emit}: searching only the plans {FRAMEWORK_TITLES.get(emit, emit)} can run "
+            f"(as --framework {emit}); the config is written for the fastest of them")
+
+
+class CpsatPrefetch:
     """Import ortools' CP-SAT module (about 0.3 s, pandas with it) on a second thread while the uniform search runs,
     when the layout refinement that may call CP-SAT will run: on a machine with a second core the import then adds
-    no wall time. Returns the thread (joined before the refinement), or None."""
-    if not getattr(args, "layouts", True) or gpu_range is not None:
-        return None
-    import importlib
-    import threading
+    no wall time. A failed import (a low `ulimit -v` stops its shared objects from mapping) is kept, not printed
+    from the thread: `failure` names it once the thread is joined, and the layout refinement is then skipped with a
+    note."""
 
-    thread = threading.Thread(target=importlib.import_module, args=("ortools.sat.python.cp_model",),
-                              name="cpsat-import", daemon=True)
-    thread.start()
-    return thread
+    def __init__(self) -> None:
+        import threading
+
+        self.failure: "str | None" = None
+        self.thread = threading.Thread(target=self._load, name="cpsat-import", daemon=True)
+
+    @classmethod
+    def start(cls, args: argparse.Namespace, gpu_range) -> "CpsatPrefetch | None":
+        """The running import, or None where no layout refinement will run (--no-layouts, a scaling front)."""
+        if not getattr(args, "layouts", True) or gpu_range is not None:
+            return None
+        prefetch = cls()
+        prefetch.thread.start()
+        return prefetch
+
+    def _load(self) -> None:
+        import importlib
+
+        try:
+            importlib.import_module("ortools.sat.python.cp_model")
+        except (ImportError, OSError, MemoryError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else ""
+            self.failure = f"{type(exc).__name__}: {reason[:160]}"
+
+    def join(self) -> None:
+        self.thread.join()
 
 
-def refine_with_layouts(args: argparse.Namespace, front, gpu_range):
-    """The front refined with per-stage layouts (autopar.search.refine), unless --no-layouts or a scaling front;
-    the front's notes say which."""
+def refine_with_layouts(args: argparse.Namespace, front, gpu_range, cpsat_failure: "str | None" = None):
+    """The front refined with per-stage layouts (autopar.search.refine), unless --no-layouts, a scaling front, or
+    CP-SAT could not be loaded (`cpsat_failure`); the front's notes say which."""
     import dataclasses
 
     from autopar.export.capabilities import framework_rules
@@ -192,6 +252,10 @@ def refine_with_layouts(args: argparse.Namespace, front, gpu_range):
     if gpu_range is not None:
         return dataclasses.replace(front, notes=tuple(front.notes) + (
             "layouts: not searched on a scaling front (solve one GPU count to refine it with layouts)",))
+    if cpsat_failure is not None:
+        return dataclasses.replace(front, notes=tuple(front.notes) + (
+            f"layouts: not searched: ortools' CP-SAT could not be loaded ({cpsat_failure}; a low `ulimit -v`?); "
+            "the front is the uniform one",))
     controls, _ = controls_from_args(args)
     return refine_front(front, budget_s=args.layouts_budget, controls=controls,
                         extra_rules=framework_rules(args.framework) if args.framework else ())[0]

@@ -46,18 +46,29 @@ def layout_fallback(estimate: "Estimate") -> "Estimate":
     return score(estimate.model, estimate.cluster, estimate.training, parent)
 
 
-def launch_config(estimate: "Estimate", framework: str) -> "LaunchConfig":
-    name = framework_name(framework)
-    if estimate.plan.layout and name not in LAYOUT_FRAMEWORKS:
-        import dataclasses
+def launch_config(estimate: "Estimate", framework: str, **options: object) -> "LaunchConfig":
+    """The launch config of `estimate` for `framework`. Where the framework runs the plan only with a setting autopar
+    chooses (export.capabilities.ADJUSTMENTS: the gradient dtype), it is written with that setting, priced again,
+    and said in one line (LaunchConfig.priced is that estimate). `options`: verl_algorithm (export.verl)."""
+    import dataclasses
 
+    from autopar.export.capabilities import runnable_estimate
+
+    name = framework_name(framework)
+    runnable, note = runnable_estimate(estimate, name)
+    if note is not None:
+        config = launch_config(runnable, name, **options)
+        text = config.text if name == "deepspeed" else f"# note: {note}\n{config.text}"
+        return dataclasses.replace(config, text=text, unexpressed=(note,) + config.unexpressed, priced=runnable)
+    if estimate.plan.layout and name not in LAYOUT_FRAMEWORKS:
         fallback = layout_fallback(estimate)
-        config = launch_config(fallback, name)
+        config = launch_config(fallback, name, **options)
         note = (f"{name} cannot express a per-stage pipeline layout ({'|'.join(map(str, estimate.plan.layout))}): "
                 f"written with the nearest split it can run, {fallback.plan.short()} (predicted "
                 f"{fallback.step_time_s:.3g} s per step instead of {estimate.step_time_s:.3g} s)")
         text = config.text if config.text.lstrip().startswith("{") else f"# {note}\n{config.text}"
-        return dataclasses.replace(config, text=text, unexpressed=config.unexpressed + (note,))
+        return dataclasses.replace(config, text=text, unexpressed=config.unexpressed + (note,),
+                                   priced=config.priced or fallback)
     if name == "megatron":
         from autopar.export.megatron import launch_config as build
     elif name == "nemo":
@@ -70,6 +81,8 @@ def launch_config(estimate: "Estimate", framework: str) -> "LaunchConfig":
         from autopar.export.torchtitan import launch_config as build
     else:
         from autopar.export.deepspeed import launch_config as build
+    if name == "verl":
+        return build(estimate, options.get("verl_algorithm"))
     return build(estimate)
 
 

@@ -26,7 +26,8 @@ from costmodels.specs import PipelineSchedule
 
 TARGET_VERSIONS: dict[str, str] = {
     "megatron": "Megatron-LM core_v0.19.0 (megatron-core 0.19.2)",
-    "nemo": "NeMo 2 (nemo-toolkit 2.7.3, the last release with nemo.collections.llm; megatron-core 0.19)",
+    "nemo": "NeMo 2 (nemo-toolkit 2.7.3, the last release with nemo.collections.llm, on megatron-core 0.16.1, the "
+            "Megatron-Core it imports)",
     "bridge": "Megatron-Bridge 0.6.2 (megatron-core 0.19.2)",
     "verl": "verl 0.9.1 (Megatron backend, megatron-core 0.19)",
     "torchtitan": "torchtitan 0.3.0 (Python config registry)",
@@ -156,6 +157,12 @@ def _tt_experts(ctx: Context, p: PlanArrays) -> np.ndarray:
     return etp_ok & (borrowable % p.ep == 0)
 
 
+def _tt_cp_replicas(ctx: Context, p: PlanArrays) -> np.ndarray:
+    # torchtitan/distributed/parallel_dims.py: fsdp = dp_shard * cp ("we always assume that when cp is used, FSDP is
+    # also applied"); a zero-0 plan (replicated weights) with cp > 1 is not what torchtitan builds
+    return (p.zero >= 2) | (p.cp == 1)
+
+
 def _tt_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
     # torchtitan/distributed/activation_checkpoint.py: FullAC wraps every transformer block, SelectiveAC is per-op
     # (save matmuls / comms, recompute the rest) -- there is no "recompute the first k layers of each stage"
@@ -210,21 +217,6 @@ def _bf16_params(ctx: Context, p: PlanArrays) -> np.ndarray:
     return np.full(len(p), not ctx.training.fp8_param_gather)
 
 
-def _bridge_grad_reduce(ctx: Context, p: PlanArrays) -> np.ndarray:
-    # Megatron-FSDP (zero >= 2) does not read grad_reduce_in_fp32: its bf16 default is what bf16 priced
-    return _fp32_grad_reduce(ctx, p) | (p.zero >= 2)
-
-
-_BRIDGE_GRAD_REDUCE = _rule(
-    "bridge", "grad_reduce_in_fp32", "zero<=1 with gradients reduced in bf16 (--grad-reduce-in-bf16): a "
-    "mixed_precision preset named on Megatron-Bridge's command line (bf16_mixed and the fp8 presets, "
-    "grad_reduce_in_fp32=True) is applied over ddp.grad_reduce_in_fp32 at setup, so the ddp override cannot launch "
-    "it; set cfg.mixed_precision.grad_reduce_in_fp32 = False in the recipe's Python, as Bridge's performance recipes "
-    "do, or solve without --grad-reduce-in-bf16",
-    "megatron/bridge/training/mixed_precision.py MixedPrecisionConfig.setup, update_config_with_precision_overrides; "
-    "perf_recipes/_common.py", ("zero",), _bridge_grad_reduce)
-
-
 def _megatron_fsdp_grads(ctx: Context, p: PlanArrays) -> np.ndarray:
     return (p.zero <= 1) | (not ctx.training.grad_reduce_in_fp32)
 
@@ -248,13 +240,31 @@ _MEGATRON_SCHEDULES = ("Megatron-Core has 1F1B and interleaved 1F1B (and the com
 _MEGATRON_SCHEDULES_SOURCE = "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func"
 
 
+def _data_parallel_only(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (p.tp == 1) & (p.pp == 1) & (p.cp == 1) & (p.ep == 1)
+
+
+def _llmc_zero(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return p.zero <= 1
+
+
+def _plain_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return (p.recompute != Recompute.SELECTIVE) & (p.recompute_layers == 0)
+
+
+def _no_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
+    return p.recompute == Recompute.NONE
+
+
 CAPABILITIES: dict[str, tuple[Rule, ...]] = {
     "megatron": (_zero_bubble_rule("megatron", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
-    "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),
-             _megatron_fsdp_grads_rule("nemo", "NeMo-Run's command line (a value is a bool, number, list or string)")),
-    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE), _BRIDGE_GRAD_REDUCE,
-               _megatron_fsdp_grads_rule("bridge", "a Hydra override (a string stays a string where the recipe's "
-                                                   "value is None)")),
+    # NeMo 2.7.3 imports megatron-core 0.16 (0.19 removed modules it imports: inference_wrapper_config), whose
+    # Megatron-FSDP keeps its main gradients in fp32 when grad_reduce_in_fp32 is set (megatron_fsdp.py passes
+    # ddp_config.grad_reduce_in_fp32 to its buffers): no gradient-dtype rule
+    "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
+    # Megatron-Bridge: bf16 gradient reduction is written inside the mixed_precision node, and Megatron-FSDP's fp32
+    # main gradients as ddp.megatron_fsdp_main_grads_dtype={_target_:torch.float32,_call_:false} (export.nemo)
+    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
     "verl": (_zero_bubble_rule("verl", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),
              _megatron_fsdp_grads_rule("verl", "override_ddp_config (passed to DistributedDataParallelConfig as "
                                                "given)")),
@@ -266,6 +276,11 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
               "over TP (etp=tp) when ep = 1, and ep must divide data_parallel_shard_degree·cp·tp",
               "torchtitan/models/common/moe_sharding.py; torchtitan/config/configs.py expert_parallel_degree",
               ("ep", "etp", "tp", "cp", "pp", "zero"), _tt_experts),
+        _rule("torchtitan", "cp_replicas", "zero=0 with cp > 1: torchtitan applies FSDP over the context-parallel "
+              "ranks whatever the data-parallel setting (ParallelDims: the fsdp mesh is dp_shard·cp, and "
+              "parallelize applies fully_shard on it), so the weights are sharded over cp, not replicated as priced",
+              "torchtitan/distributed/parallel_dims.py build_mesh; torchtitan/models/llama3/parallelize.py",
+              ("zero", "cp"), _tt_cp_replicas),
         _rule("torchtitan", "recompute", "recompute: torchtitan has full AC of every block and per-op selective AC, "
               "not Megatron's attention-core selective recompute or recompute of k layers per stage",
               "torchtitan/distributed/activation_checkpoint.py", ("recompute", "recompute_layers"), _tt_recompute),
@@ -284,6 +299,25 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
               "bf16 weights and gathers; solve without --fp8-param-gather",
               "torchtitan/components/quantization/float8.py Float8LinearConverter, mx.py MXFP8LinearConverter",
               (), _bf16_params),
+    ),
+    # a plain PyTorch training loop (DDP, or FSDP for zero >= 2; torch.utils.checkpoint per block) and llm.c
+    # (train_gpt2.cu: data parallel over MPI/NCCL with -z 0/1, recompute -r of the GELU/layernorm only, priced none)
+    "pytorch": (
+        _rule("pytorch", "data_parallel", "a plain PyTorch loop runs data parallel only (DDP, FSDP): no TP, PP, CP "
+              "or EP without a framework", "torch.nn.parallel.DistributedDataParallel, torch.distributed.fsdp",
+              ("tp", "pp", "cp", "ep"), _data_parallel_only),
+        _rule("pytorch", "recompute", "recompute: torch.utils.checkpoint recomputes whole blocks (full), not "
+              "Megatron's module-level selective recompute or k layers per stage", "torch/utils/checkpoint.py",
+              ("recompute", "recompute_layers"), _plain_recompute),
+    ),
+    "llmc": (
+        _rule("llmc", "data_parallel", "llm.c trains data parallel only (train_gpt2.cu over MPI/NCCL)",
+              "karpathy/llm.c train_gpt2.cu", ("tp", "pp", "cp", "ep"), _data_parallel_only),
+        _rule("llmc", "zero", "llm.c shards the optimizer state at most (-z 0 or 1)", "karpathy/llm.c train_gpt2.cu "
+              "zero_stage", ("zero",), _llmc_zero),
+        _rule("llmc", "recompute", "llm.c keeps every activation but what -r 1/2 recomputes inside the GELU and "
+              "layernorm kernels (not priced: recompute none)", "karpathy/llm.c train_gpt2.cu recompute",
+              ("recompute",), _no_recompute),
     ),
     "deepspeed": (
         _rule("deepspeed", "pipeline_zero", "zero >= 2 with pp > 1: DeepSpeed's pipeline engine asserts 'ZeRO-2 "
@@ -319,9 +353,55 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
 """Per framework, the conditions a plan must meet for that framework to run it (beyond autopar's own rules)."""
 
 
+ADJUSTMENTS: dict[str, tuple[str, object, str]] = {
+    "verl:megatron_fsdp_grads": (
+        "grad_reduce_in_fp32", False, "gradients kept and reduced in bf16 (verl's Megatron-FSDP keeps its main "
+        "gradients in the parameters' dtype: megatron_fsdp_main_grads_dtype cannot be set through "
+        "override_ddp_config)"),
+    "torchtitan:grad_reduce_in_fp32": (
+        "grad_reduce_in_fp32", True, "gradients reduced in fp32 (torchtitan 0.3.0's "
+        "training.mixed_precision_reduce is float32 only)"),
+}
+"""Rules a plan breaks only through a TrainingSpec setting autopar chooses for the framework: rule id ->
+(TrainingSpec field, the value the framework runs, why). The export writes that value and prices it
+(`runnable_estimate`) instead of refusing the plan."""
+
+
+def runnable_estimate(estimate, framework: str):
+    """(the estimate `framework` runs the plan as, a one-line note or None). The estimate itself where the framework
+    runs it as priced; where it breaks only ADJUSTMENTS rules, the plan estimated again through the same estimate
+    path with the TrainingSpec the framework runs (e.g. grad_reduce_in_fp32), and a note giving both costs; else
+    `Unsupported` with every reason."""
+    import dataclasses
+
+    from costmodels.scoring import estimate as score
+
+    name = framework_name(framework)
+    ctx = Context(estimate.model, estimate.cluster, estimate.training)
+    plans = PlanArrays.from_plans([estimate.plan])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        broken = [rule for rule in framework_rules(name) if not bool(rule.holds(ctx, plans)[0])]
+    if not broken:
+        return estimate, None
+    if all(rule.id in ADJUSTMENTS for rule in broken):
+        changes = {ADJUSTMENTS[rule.id][0]: ADJUSTMENTS[rule.id][1] for rule in broken}
+        training = dataclasses.replace(estimate.training, **changes)
+        if not refusals(Context(estimate.model, estimate.cluster, training), estimate.plan, name):
+            adjusted = score(estimate.model, estimate.cluster, training, estimate.plan)
+            why = "; ".join(ADJUSTMENTS[rule.id][2] for rule in broken)
+            note = (f"written with {why}: predicted {adjusted.step_time_s:.3g} s per step, peak "
+                    f"{adjusted.peak_memory_bytes / 2**30:.1f} GiB per GPU (as asked: {estimate.step_time_s:.3g} s, "
+                    f"{estimate.peak_memory_bytes / 2**30:.1f} GiB)")
+            return adjusted, note
+    require_runnable(estimate, name)
+    return estimate, None
+
+
 def framework_rules(framework: str) -> tuple[Rule, ...]:
-    """The capability rules of `framework` (canonical name or alias), for the search."""
-    return CAPABILITIES[framework_name(framework)]
+    """The capability rules of `framework` (canonical name or alias), for the search; none for a framework priced
+    but not exported (names.PRICED_ONLY: a plain PyTorch loop, llm.c), whose layouts autopar cannot check."""
+    name = framework_name(framework, field="framework")
+    return CAPABILITIES.get(name, ())
 
 
 def refusals(ctx: Context, plan: Plan, framework: str) -> tuple[str, ...]:

@@ -31,6 +31,9 @@ class LaunchConfig:
     sources: tuple[str, ...]
     target: str = ""
     """The framework release the text is written for (export.capabilities.TARGET_VERSIONS), also in its header."""
+    priced: "Estimate | None" = None
+    """The estimate the text runs as priced: the one asked for, or, where the framework runs it only with another
+    setting autopar chooses (export.capabilities.runnable_estimate), that setting's estimate; None = the one asked."""
 
 
 def stage_layers(num_layers: int, plan: Plan) -> list[int]:
@@ -432,3 +435,29 @@ def shell_word(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def preset_name(model: ModelSpec) -> str:
+    """The bundled preset a model spec was read from ('' for a config.json or Hugging Face id): ModelSpec.source
+    is 'preset NAME' for those (autopar.models.load_preset)."""
+    source = str(model.source)
+    return source[len("preset "):] if source.startswith("preset ") else ""
+
+
+def hf_model_source(model: ModelSpec) -> str:
+    """What a framework reads the model's Hugging Face config.json from (Megatron-Bridge's
+    AutoBridge.from_hf_pretrained, verl's actor_rollout_ref.model.path): a preset's `_name_or_path` (the Hugging
+    Face id its config.json was taken from), the folder of a config.json path, else the Hugging Face id given."""
+    import json
+    import os
+
+    name = preset_name(model)
+    if name:
+        from autopar.models import PRESETS_DIR
+
+        config = json.loads((PRESETS_DIR / f"{name}.json").read_text())
+        return str(config.get("_name_or_path") or name)
+    source = str(model.source)
+    if os.path.isfile(source):
+        return os.path.dirname(os.path.abspath(source))
+    return source

@@ -16,31 +16,24 @@ when one is missing, so tests skip with the reason. Each checker states what it 
   H100 (device arch 9, compute capability 9.0), then `core_transformer_config_from_args`
   (TransformerConfig.__post_init__) and `get_megatron_ddp_config` (DistributedDataParallelConfig.__post_init__; the
   fp8 parameters and MXFP8's gradient-buffer reuse, `fp8_params_priced`).
-* torchtitan (torchtitan 0.3.0): the emitted file loaded by torchtitan's `ConfigManager.parse_args(["--module",
-  "autopar_plan", "--config", "autopar_plan"])` (tyro), then `ParallelDims` on the cluster's world size and the
-  pipeline schedule class / microbatch checks torchtitan's pipeline_llm makes.
-* verl (verl 0.9.1): Hydra composes `ppo_megatron_trainer` with the emitted overrides (unknown keys without `+`
-  fail), then `verl.utils.config.validate_config` (data/actor batch checks, McoreEngineConfig, McoreActorConfig); the
-  DistributedDataParallelConfig verl builds from override_ddp_config and its `init_megatron_optim_config` on the
-  actor's optimizer (fp8 recipe, fp8 parameters, MXFP8's reuse flag in both).
-* nemo (NeMo 2 = nemo-toolkit 2.7.3, not installable next to megatron-core 0.19 and without CUDA: see README): the
-  override words as the shell passes them, each value read as NeMo-Run's CLI parser reads it (`_nemo_run_value`), the
-  keys checked against MegatronStrategy's parameters (NEMO_STRATEGY_PARAMETERS, from its __init__) and Megatron-Core's
-  DistributedDataParallelConfig / TransformerConfig fields; then NeMo's precedence (the strategy's parallelism is
-  copied over model.config at setup; the precision plugin's preset, resolved as NeMo-Run resolves it, with its
-  `trainer.plugins.<name>=` fields over the model's fp8 and the ddp config: `nemo_precision`) applied and
-  Megatron-Core's TransformerConfig and DistributedDataParallelConfig built from the result.
-* bridge (megatron-bridge 0.6.2 installs but cannot be imported without Transformer Engine, a CUDA build): the
-  recipe's own pipeline settings read from its installed source, the emitted overrides (split as the shell splits
-  them) applied with Hydra's override parser in struct mode exactly as Bridge's `parse_hydra_overrides` does, and
-  Megatron-Core's TransformerConfig built from the resulting `model` section; the `mixed_precision` value built by
-  Bridge's own training/mixed_precision.py and override loader (imported with stand-ins for the two packages that
-  need Transformer Engine: `_bridge_training_modules`), applied over the model, ddp and optimizer configs and
-  checked as ConfigContainer.validate does (`_bridge_precision`).
+* torchtitan (torchtitan 0.3.0): the emitted file loaded by `ConfigManager.parse_args(["--module", ...])` (tyro),
+  `ParallelDims` on the cluster's world size, `build_mesh()` on PyTorch's fake process group, the reshard policy as
+  apply_fsdp_to_decoder resolves it (get_fsdp_reshard_after_forward_policy), the shard degree of the FSDP mesh, the
+  schedule class and the rank-to-stage map (_get_pp_rank_to_stage_indices_mapping).
+* verl (verl 0.9.1): `main_ppo`'s path: Hydra composes `ppo_megatron_trainer` with the overrides, then
+  `validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))`, OmegaConf.resolve, and per worker (actor;
+  critic under GAE) the DDP config built by Megatron-Bridge's create_ddp_config and init_megatron_optim_config.
+* nemo (nemo-toolkit 2.7.3 on megatron-core 0.16.1, in its own venv: export/nemo_entry.py): `LazyEntrypoint(
+  llm.pretrain, factory=recipe, overwrites).resolve()` (the `nemo llm pretrain --factory` path), fdl.build of the
+  model, strategy, plugin and optimizer, then `MegatronStrategy.connect`.
+* bridge (megatron-bridge 0.6.2, imported whole with one stand-in, its TE-only LoRA layers): the recipe function
+  (or _pretrain_common with a GPTModelProvider node or AutoBridge), `process_config_with_overrides`, then
+  `runtime_config_update` (what pretrain() runs first: mixed precision and CommOverlapConfig setup, validate).
 
-Only the harness's view of the machine is simulated (world size, device arch, no Transformer Engine fusions, the
-Transformer-Engine-only packages Bridge's precision code does not use); nothing in the emitted configs is changed
-before the framework sees them.
+Only the harness's view of the machine is simulated (world size, device arch, Transformer Engine's presence for
+Bridge's tp_comm_overlap check, TE-only kernel fusions off, the model's config.json in an offline Hugging Face cache,
+a tokenizer without files for verl); nothing a plan sets in the emitted configs is changed before the framework
+sees them.
 """
 
 from __future__ import annotations
@@ -82,14 +75,45 @@ class Verdict:
     detail: str = ""
 
 
-def check(estimate: Estimate, framework: str) -> Verdict:
-    """Emit `estimate` for `framework` and run the framework's own code on it (see the module docstring)."""
+def check(estimate: Estimate, framework: str, **options: object) -> Verdict:
+    """Emit `estimate` for `framework` (with export `options`: verl_algorithm) and run the framework's own code on it
+    (see the module docstring)."""
+    return check_all([estimate], framework, **options)[0]
+
+
+def check_all(estimates: list[Estimate], framework: str, **options: object) -> list[Verdict]:
+    """`check` of many estimates; NeMo's run in one process of its environment (its import takes a while)."""
+    verdicts: list[Verdict | None] = [None] * len(estimates)
+    pending: list[tuple[int, Estimate, LaunchConfig]] = []
+    for index, estimate in enumerate(estimates):
+        try:
+            config = launch_config(estimate, framework, **options)
+        except Unsupported as refused:
+            verdicts[index] = Verdict(framework, estimate.plan.short(), "refused_with_reason",
+                                      "; ".join(refused.reasons))
+            continue
+        # a setting autopar chose for the framework is priced (export.launch_config): that estimate is compared
+        pending.append((index, config.priced or estimate, config))
+    if framework == "nemo":
+        jobs, runnable = [], []
+        for index, priced, config in pending:
+            try:
+                jobs.append(_nemo_job(config))
+                runnable.append((index, priced))
+            except ValueError as error:
+                verdicts[index] = Verdict(framework, priced.plan.short(), "rejected", str(error))
+        results = nemo_launch(jobs) if jobs else []
+        for (index, priced), result in zip(runnable, results):
+            verdicts[index] = _judge(framework, priced, lambda: _nemo_compare(priced, _nemo_values(result)))
+    else:
+        for index, priced, config in pending:
+            verdicts[index] = _judge(framework, priced, lambda: CHECKERS[framework](priced, config))
+    return verdicts
+
+
+def _judge(framework: str, estimate: Estimate, run: Callable[[], list[str]]) -> Verdict:
     try:
-        config = launch_config(estimate, framework)
-    except Unsupported as refused:
-        return Verdict(framework, estimate.plan.short(), "refused_with_reason", "; ".join(refused.reasons))
-    try:
-        changed = CHECKERS[framework](estimate, config)
+        changed = run()
     except NotInstalled:
         raise
     except (Exception, SystemExit) as error:  # the framework refused the config (argparse exits, asserts, ...)
@@ -380,7 +404,17 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
             sys.modules.pop(module, None)
     parallelism = loaded.parallelism
     dims = ParallelDims.from_config(parallelism, estimate.cluster.num_gpus)   # torchtitan's own mesh arithmetic
+    from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
+
+    with _fake_process_group(estimate.cluster.num_gpus):   # build_mesh() as rank 0 of the job builds it
+        dims.build_mesh()
+        fsdp_degree = _torchtitan_shard_degree(dims)
+    # what apply_fsdp_to_decoder resolves the policy to (torchtitan/distributed/fsdp.py)
+    reshard = get_fsdp_reshard_after_forward_policy(parallelism.fsdp_reshard_after_forward, dims.pp_enabled)
+    layers_per_rank = [estimate.model.num_layers]
     if plan.pp > 1:   # what pipeline_llm / _build_pipeline_schedule check before building stages
+        from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
+
         schedule = get_schedule_class(parallelism.pipeline_parallel_schedule)
         parts = parallelism.module_fqns_per_model_part
         per_rank = len(parts) // dims.pp
@@ -390,67 +424,149 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
                              f"on pp={dims.pp}")
         if loaded.training.local_batch_size % parallelism.pipeline_parallel_microbatch_size:
             raise ValueError("local_batch_size must be divisible by pipeline_parallel_microbatch_size")
+        # the rank-to-stage map torchtitan builds its stages with: decoder layers each pipeline rank holds
+        layers_per_rank = [sum(sum(module.startswith("layers.") for module in parts[stage])
+                               for stage in _get_pp_rank_to_stage_indices_mapping(
+                                   rank, dims.pp, parallelism.pipeline_parallel_schedule, len(parts)))
+                           for rank in range(dims.pp)]
     dp = estimate.dp
     expected = {"dp_replicate": 1 if plan.zero >= 2 else dp, "dp_shard": dp if plan.zero >= 2 else 1,
                 "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep,
-                "sequence_parallel": plan.sp or plan.tp == 1, "reshard_after_forward":
-                    "never" if plan.zero == 2 else "default",
+                "sequence_parallel": plan.sp or plan.tp == 1,
+                "parameters sharded over": dp * plan.cp if plan.zero >= 2 else 1,
+                "reshard_after_forward": plan.zero == 3,
                 "model_parts": plan.pp * plan.vpp if plan.pp > 1 else 1,
+                "layers_per_rank": stage_layers(estimate.model.num_layers, plan),
                 "full_ac": plan.recompute is Recompute.FULL,
-                "global_batch_size": estimate.training.global_batch_size}
+                "global_batch_size": estimate.training.global_batch_size,
+                "seq_len": estimate.training.seq_len,
+                "reduce_dtype": "float32"}
     actual = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
               "cp": dims.cp, "ep": dims.ep, "sequence_parallel": parallelism.enable_sequence_parallel,
-              "reshard_after_forward": parallelism.fsdp_reshard_after_forward,
+              "parameters sharded over": fsdp_degree,
+              "reshard_after_forward": reshard if fsdp_degree > 1 else False,
               "model_parts": len(parallelism.module_fqns_per_model_part) if plan.pp > 1 else 1,
+              "layers_per_rank": layers_per_rank,
               "full_ac": type(loaded.activation_checkpoint).__qualname__ == "FullAC.Config",
-              "global_batch_size": loaded.training.global_batch_size}
+              "global_batch_size": loaded.training.global_batch_size,
+              "seq_len": loaded.training.seq_len,
+              "reduce_dtype": loaded.training.mixed_precision_reduce}
+    if not estimate.training.grad_reduce_in_fp32:
+        expected["reduce_dtype"] = "bfloat16"
     return _differences(expected, actual)
+
+
+def _torchtitan_shard_degree(dims) -> int:
+    """Over how many ranks torchtitan's fully_shard shards the dense parameters: the shard axes of the mesh its
+    parallelize passes to apply_fsdp_to_decoder (spmd_types / full_dtensor: full_dtensor.resolve_fsdp_mesh, dp_shard
+    and cp; the legacy backend: the flattened `fsdp` mesh, dp_shard·cp)."""
+    if dims.spmd_backend in ("full_dtensor", "spmd_types"):
+        from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh
+
+        mesh, mesh_dims = resolve_fsdp_mesh(dims)
+        if mesh_dims is None or mesh_dims.shard is None:
+            return 1
+        axes = mesh_dims.shard if isinstance(mesh_dims.shard, tuple) else (mesh_dims.shard,)
+        degree = 1
+        for axis in axes:
+            degree *= mesh[axis].size()
+        return degree
+    return dims.get_mesh("fsdp").size() if dims.fsdp_enabled else 1
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int):
+    """torch.distributed initialised with PyTorch's fake backend (torch/testing/_internal/distributed/fake_pg.py):
+    rank 0 of `world_size`, no communication, so torchtitan's DeviceMesh is built as on the cluster."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- verl ------------------------------------------------------------------------------------------------------
 
 def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    """verl's main_ppo path up to the workers: Hydra composes ppo_megatron_trainer with the overrides,
+    validate_config(config, need_reference_policy(config), need_critic(config)) as main() calls it, then
+    OmegaConf.resolve (TaskRunner.run) and, for the actor and (GAE) the critic, the DistributedDataParallelConfig
+    verl's megatron_utils builds through Megatron-Bridge's create_ddp_config and the optimizer config
+    init_megatron_optim_config builds."""
     verl_config = _require("verl.trainer.config", "verl")
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
+
+    from autopar.export.verl import ALGORITHMS, sequence_lengths
 
     with initialize_config_dir(config_dir=os.path.dirname(verl_config.__file__), version_base=None):
         composed = compose(config_name="ppo_megatron_trainer", overrides=command_words(config.text))
-    with contextlib.redirect_stdout(io.StringIO()):
-        validate_config(composed, use_reference_policy=True, use_critic=False)
-    megatron = composed.actor_rollout_ref.actor.megatron
-    plan = estimate.plan
-    expected = dict(_plan_fields(estimate), sequence_parallel=plan.sp, expert_model_parallel_size=plan.ep,
-                    use_megatron_fsdp=plan.zero >= 2, use_distributed_optimizer=plan.zero >= 1,
-                    train_batch_size=estimate.training.global_batch_size, micro=plan.mbs)
-    actual = {name: megatron.get(name) for name in expected if name in megatron}
-    actual.update(train_batch_size=composed.data.train_batch_size * composed.actor_rollout_ref.rollout.n,
-                  micro=composed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)
-    # an explicit override_ddp_config value wins over verl's own (engine/megatron/transformer_impl.py), whose
-    # default is fp32 without a low-precision precision-aware optimizer; Megatron-FSDP reads neither
-    overrides = dict(megatron.override_ddp_config)
-    expected["grad_reduce_in_fp32"] = estimate.training.grad_reduce_in_fp32
-    actual["grad_reduce_in_fp32"] = megatron_grads_in_fp32(SimpleNamespace(**{
-        **overrides, "use_megatron_fsdp": bool(megatron.use_megatron_fsdp),
-        "grad_reduce_in_fp32": overrides.get("grad_reduce_in_fp32", True)}))
-    # the DDP config as verl builds it (megatron_utils.make_megatron_module -> Megatron-Bridge's create_ddp_config:
-    # its Megatron-FSDP defaults, then override_ddp_config; finalize() runs DistributedDataParallelConfig's
-    # __post_init__), and the optimizer's (verl/utils/megatron/optimizer.py init_megatron_optim_config, with
-    # override_optimizer_config; OptimizerConfig's __post_init__)
-    from megatron.core.distributed import DistributedDataParallelConfig
+    critic = need_critic(composed)
+    paths = tuple({str(composed.actor_rollout_ref.model.path), str(composed.critic.model.path)})
+    from verl.workers.config import model as verl_model_config
+
+    # the model's tokenizer files are not on this machine (its config.json is: hf_config_cache): HFModelConfig gets
+    # a tokenizer with no special tokens and no processor, and reads everything else itself
+    tokenizer = SimpleNamespace(bos_token_id=None, eos_token_id=None, pad_token_id=None, chat_template=None)
+    with hf_config_cache(estimate.model, paths), contextlib.redirect_stdout(io.StringIO()), \
+            mock.patch.object(verl_model_config, "hf_tokenizer", return_value=tokenizer), \
+            mock.patch.object(verl_model_config, "hf_processor", return_value=None):
+        validate_config(composed, use_reference_policy=need_reference_policy(composed), use_critic=critic)
+    OmegaConf.resolve(composed)
+    algorithm = str(composed.algorithm.adv_estimator)
+    plan, training = estimate.plan, estimate.training
+    prompt, response = sequence_lengths(training.seq_len)
+    rollout = composed.actor_rollout_ref.rollout
+    expected = {"sequence": training.seq_len, "rollout sequence": training.seq_len,
+                "critic": ALGORITHMS.get(algorithm, False),
+                "train_batch_size": training.global_batch_size, "micro": plan.mbs}
+    actual = {"sequence": composed.data.max_prompt_length + composed.data.max_response_length,
+              "rollout sequence": rollout.prompt_length + rollout.response_length, "critic": critic,
+              "train_batch_size": composed.data.train_batch_size * rollout.n,
+              "micro": composed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}
+    changed = _differences(expected, actual)
+    workers = [("actor", composed.actor_rollout_ref.actor)] + ([("critic", composed.critic)] if critic else [])
+    for role, worker in workers:
+        changed += [f"{role} {line}" for line in _verl_engine(estimate, worker)]
+    return changed
+
+
+def _verl_engine(estimate: Estimate, worker) -> list[str]:
+    """One verl Megatron worker's engine (`worker`: the actor's or the critic's resolved section) against the plan."""
+    from omegaconf import OmegaConf
 
     from verl.utils.megatron.optimizer import init_megatron_optim_config
 
-    fsdp = {"use_distributed_optimizer": True, "check_for_nan_in_grad": True, "use_megatron_fsdp": True,
-            "data_parallel_sharding_strategy": "optim_grads_params", "overlap_grad_reduce": True} \
-        if megatron.use_megatron_fsdp else {}
-    ddp = DistributedDataParallelConfig(**{"use_distributed_optimizer": bool(megatron.use_distributed_optimizer),
-                                           **fsdp, **overrides})
+    megatron, plan = worker.megatron, estimate.plan
+    expected = dict(_plan_fields(estimate), sequence_parallel=plan.sp, expert_model_parallel_size=plan.ep,
+                    use_megatron_fsdp=plan.zero >= 2, use_distributed_optimizer=plan.zero >= 1)
+    actual = {name: megatron.get(name) for name in expected if name in megatron}
+    overrides = OmegaConf.to_container(megatron.override_ddp_config)
     with contextlib.redirect_stdout(io.StringIO()):
-        optimizer = init_megatron_optim_config(composed.actor_rollout_ref.actor.optim,
+        optimizer = init_megatron_optim_config(worker.optim,
                                                use_distributed_optimizer=bool(megatron.use_distributed_optimizer))
+    # engine/megatron/transformer_impl.py _resolve_override_ddp_config: fp32 reduction unless given (or a
+    # low-precision precision-aware optimizer), then megatron_utils -> Bridge's create_ddp_config (its
+    # Megatron-FSDP defaults, the overrides, finalize: DistributedDataParallelConfig.__post_init__)
+    if "grad_reduce_in_fp32" not in overrides:
+        overrides["grad_reduce_in_fp32"] = not (optimizer.use_precision_aware_optimizer
+                                                and optimizer.main_grads_dtype != _torch_dtype("float32"))
+    _import_bridge()
+    from megatron.bridge.training.utils.config_utils import create_ddp_config
+
+    ddp = create_ddp_config(wrap_with_ddp=True, use_distributed_optimizer=bool(megatron.use_distributed_optimizer),
+                            use_megatron_fsdp=bool(megatron.use_megatron_fsdp), overrides=overrides)
+    from autopar.export.common import data_parallel_overlap
+
+    expected.update(grad_reduce_in_fp32=estimate.training.grad_reduce_in_fp32, **data_parallel_overlap(estimate))
+    actual.update(grad_reduce_in_fp32=megatron_grads_in_fp32(ddp), overlap_grad_reduce=bool(ddp.overlap_grad_reduce),
+                  overlap_param_gather=bool(ddp.overlap_param_gather))
     transformer = {k: v for k, v in OmegaConf.to_container(megatron.override_transformer_config).items()
                    if k in _transformer_fields()}
     fp8 = transformer.get("fp8")
@@ -471,6 +587,12 @@ def _verl(estimate: Estimate, config: LaunchConfig) -> list[str]:
                                                      "sequence_parallel", "expert_model_parallel_size",
                                                      "expert_tensor_parallel_size")},
                 **transformer}))
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
 
 
 # ---- Megatron-Core TransformerConfig (NeMo 2, Megatron-Bridge, verl) -------------------------------------------
@@ -510,163 +632,95 @@ def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[s
                         {"layers_per_rank": _megatron_layers_per_rank(core, estimate)})
 
 
-NEMO_STRATEGY_PARAMETERS = frozenset({
-    # nemo/lightning/pytorch/strategies/megatron_strategy.py (nemo-toolkit 2.7.3) MegatronStrategy.__init__
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "pipeline_model_parallel_comm_backend",
-    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "virtual_pipeline_model_parallel_size",
-    "microbatch_group_size_per_vp_stage", "context_parallel_size", "sequence_parallel", "expert_model_parallel_size",
-    "moe_extended_tp", "expert_tensor_parallel_size", "encoder_tensor_model_parallel_size",
-    "encoder_pipeline_model_parallel_size", "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split", "data_sampler", "parallel_devices", "cluster_environment", "checkpoint_io",
-    "find_unused_parameters", "ckpt_load_optimizer", "ckpt_save_optimizer", "ckpt_load_main_params", "ddp", "fsdp",
-    "lazy_init", "pipeline_dtype", "use_te_rng_tracker", "use_sharp", "save_ckpt_format", "ckpt_async_save",
-    "ckpt_torch_dist_multiproc", "ckpt_assume_constant_structure", "ckpt_parallel_save",
-    "ckpt_parallel_save_within_dp", "ckpt_parallel_load", "ckpt_parallel_save_optim",
-    "ckpt_load_directly_on_device", "ckpt_load_strictness", "ckpt_optim_fully_reshardable",
-    "distrib_optim_fully_reshardable_mem_efficient", "setup_optimizers", "init_model_parallel",
-    "replace_progress_bar", "progress_interval", "restore_config", "megatron_log_level", "use_tp_pp_dp_mapping",
-    "num_distributed_optimizer_instances", "nccl_communicator_config_path", "pipeline_model_parallel_layout",
-    "use_gloo_process_groups",
-})
-"""MegatronStrategy's parameters: `trainer.strategy.<name>=` overrides NeMo 2 accepts."""
-
-NEMO_STRATEGY_PARALLELISM = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                             "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
-                             "virtual_pipeline_model_parallel_size": None, "context_parallel_size": 1,
-                             "sequence_parallel": False, "expert_model_parallel_size": 1,
-                             "expert_tensor_parallel_size": None, "account_for_embedding_in_pipeline_split": False,
-                             "account_for_loss_in_pipeline_split": False, "pipeline_model_parallel_layout": None}
-"""MegatronStrategy.parallelism's fields, with MegatronStrategy.__init__'s defaults, that NeMo copies onto the model's
-TransformerConfig at setup, whether the user set them or not (nemo/lightning/pytorch/strategies/megatron_strategy.py
-`parallelism`, nemo/lightning/megatron_parallel.py)."""
-
-NEMO_GPT_CONFIG_FIELDS = frozenset({"seq_length"})
-"""GPTConfig's own fields beside TransformerConfig's (nemo/collections/llm/gpt/model/base.py GPTConfig)."""
-
-NEMO_PRECISION_PARAMETERS = frozenset({
-    "precision", "params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled", "grad_reduce_in_fp32", "fp8",
-    "fp8_recipe", "first_last_layers_bf16", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
-    "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention", "fp8_params", "fp8_param_gather", "fp4",
-    "fp4_recipe", "fp16_loss_scale", "fp16_initial_loss_scale", "fp16_min_loss_scale", "fp16_loss_scale_window",
-    "fp16_hysteresis", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
-    "reuse_grad_buf_for_mxfp8_param_ag"})
-"""MegatronMixedPrecision's parameters (nemo/lightning/pytorch/plugins/mixed_precision.py __init__, nemo-toolkit
-2.7.3): the `trainer.plugins.<name>=` overrides NeMo 2 accepts after a precision preset."""
-NEMO_PRESET_GRAD_REDUCE_IN_FP32 = True
-"""bf16_mixed and the bf16 fp8 presets' grad_reduce_in_fp32 (nemo/collections/llm/recipes/precision/
-mixed_precision.py), which the plugin applies over the strategy's ddp config at setup (megatron_strategy.py
-update_config_with_dtype_overrides)."""
-NEMO_PRECISION_PRESETS: dict[str, dict[str, object]] = {
-    "bf16_mixed": {},
-    "bf16_with_fp8_mixed": {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": True},
-    "bf16_with_fp8_current_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param_gather": True},
-    "bf16_with_fp8_subchannel_scaling_mixed": {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
-    "bf16_with_mxfp8_mixed": {"fp8": "hybrid", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
-                              "reuse_grad_buf_for_mxfp8_param_ag": True},
-}
-"""The precision fields of NeMo 2.7.3's bf16 presets (nemo/collections/llm/recipes/precision/mixed_precision.py,
-read from the nemo-toolkit 2.7.3 wheel; all start from bf16_mixed), which this harness cannot import: the presets
-the export names. Another preset is refused here."""
-NEMO_CLI_FACTORIES = frozenset({"bf16_mixed", "fp16_mixed"})
-"""The presets registered as NeMo-Run CLI factories (@run.cli.factory) in 2.7.3; NeMo-Run finds any other function
-only by its dotted import path (nemo_run/cli/cli_parser.py parse_factory: 'No matching factory found')."""
-NEMO_MIXED_PRECISION_DEFAULTS = {"fp8": None, "fp8_recipe": "delayed", "fp8_params": None, "fp8_param_gather": None,
-                                 "reuse_grad_buf_for_mxfp8_param_ag": False,
-                                 "grad_reduce_in_fp32": NEMO_PRESET_GRAD_REDUCE_IN_FP32}
-"""MegatronMixedPrecision.__init__'s defaults for the fields checked here (grad_reduce_in_fp32: bf16_mixed's)."""
+def nemo_python() -> str:
+    """The Python of NeMo's environment: $AUTOPAR_NEMO_PYTHON, else the repository's .venv-nemo (built as .ci/run
+    builds it); NotInstalled without one. NeMo 2.7.3 imports megatron-core 0.16 (0.19 removed modules it imports),
+    so it cannot share the other checks' environment."""
+    path = os.environ.get("AUTOPAR_NEMO_PYTHON") or str(Path(__file__).resolve().parents[2] / ".venv-nemo" / "bin"
+                                                        / "python")
+    if not Path(path).is_file():
+        raise NotInstalled(f"NeMo 2's environment is not here ({path}); build .venv-nemo as .ci/run does, or set "
+                           "AUTOPAR_NEMO_PYTHON")
+    return path
 
 
-def nemo_precision(preset: object, plugin: dict[str, object]) -> dict[str, object]:
-    """The precision fields NeMo 2's MegatronMixedPrecision ends with (its DtypeConfig, which setup copies onto the
-    model, optimizer and ddp configs) for the `trainer.plugins=` value `preset` and the `trainer.plugins.<name>=`
-    values `plugin`: the preset resolved as NeMo-Run resolves a factory (NEMO_CLI_FACTORIES, else a dotted path into
-    common.NEMO_PRECISION_MODULE), then __init__'s fp8_params / fp8_param_gather rule ('Getting conflicting values
-    for fp8_params and fp8_param_gather') and DtypeConfig(fp8_param=fp8_param_gather)."""
-    from autopar.export.common import NEMO_PRECISION_MODULE
+def nemo_launch(jobs: list[tuple[str, list[str]]]) -> list[dict]:
+    """NeMo's launch path (export/nemo_entry.py, in NeMo's environment) for (recipe, overrides) jobs, in one process:
+    per job {"values": ...} or {"error": ...}."""
+    import subprocess
 
-    module, _, name = str(preset).rpartition(".")
-    if (module and module != NEMO_PRECISION_MODULE) or (not module and name not in NEMO_CLI_FACTORIES):
-        raise ValueError(f"NeMo-Run: No matching factory found for: {preset}")
-    if name not in NEMO_PRECISION_PRESETS:
-        raise ValueError(f"{preset}: not one of the NeMo 2.7.3 presets this harness knows")
-    fields = {**NEMO_MIXED_PRECISION_DEFAULTS, **NEMO_PRECISION_PRESETS[name], **plugin}
-    gather = fields["fp8_param_gather"]
-    if fields["fp8_params"] is not None:
-        if gather is not None and gather != fields["fp8_params"]:
-            raise ValueError("Getting conflicting values for fp8_params and fp8_param_gather. Please only set "
-                             "fp8_param_gather.")
-        gather = fields["fp8_params"]
-    elif gather is None:
-        gather = False
-    return {"fp8": fields["fp8"], "fp8_recipe": fields["fp8_recipe"], "fp8_param": gather, "fp8_param_gather": gather,
-            "reuse_grad_buf_for_mxfp8_param_ag": fields["reuse_grad_buf_for_mxfp8_param_ag"],
-            "grad_reduce_in_fp32": fields["grad_reduce_in_fp32"]}
-
-
-NEMO_OTHER_KEYS = {"trainer": {"num_nodes", "devices", "plugins"}, "data": {"micro_batch_size", "global_batch_size",
-                                                                          "seq_length"},
-                   "optim.config": {"use_distributed_optimizer"}}
-"""Recipe keys outside the strategy and TransformerConfig (nemo/collections/llm/recipes/*.py: trainer, data module,
-OptimizerConfig)."""
+    python = nemo_python()
+    with tempfile.TemporaryDirectory() as folder:
+        jobs_path, results_path = Path(folder, "jobs.json"), Path(folder, "results.json")
+        jobs_path.write_text(json.dumps([{"factory": factory, "overrides": overrides,
+                                          "te_only_fusions": list(TE_ONLY_FUSIONS)} for factory, overrides in jobs]))
+        done = subprocess.run([python, str(Path(__file__).with_name("nemo_entry.py")), str(jobs_path),
+                               str(results_path)], capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0 or not results_path.is_file():
+            raise NotInstalled(f"NeMo's environment did not run ({done.stderr.strip().splitlines()[-1:]})")
+        return json.loads(results_path.read_text())
 
 
 def _nemo(estimate: Estimate, config: LaunchConfig) -> list[str]:
-    _require("megatron.core", "megatron-core")
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
+    return _nemo_compare(estimate, _nemo_values(nemo_launch([_nemo_job(config)])[0]))
 
-    transformer = _transformer_fields()
-    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
-    strategy: dict[str, object] = {}
-    model_config: dict[str, object] = {}
-    plugin: dict[str, object] = {}
-    ddp: dict[str, object] = {}
-    preset: object = None
-    for override in command_words(config.text):
-        key, _, text = override.partition("=")
-        value = _nemo_run_value(text)
-        section, _, name = key.rpartition(".")
-        if key == "trainer.plugins":
-            preset = value
-        elif section == "trainer.strategy":
-            if name not in NEMO_STRATEGY_PARAMETERS:
-                raise KeyError(f"MegatronStrategy has no parameter {name!r}")
-            strategy[name] = value
-        elif section == "trainer.strategy.ddp":
-            if name not in ddp_fields:
-                raise KeyError(f"DistributedDataParallelConfig has no field {name!r}")
-            ddp[name] = value
-        elif section == "trainer.plugins":
-            if name not in NEMO_PRECISION_PARAMETERS:
-                raise KeyError(f"MegatronMixedPrecision has no parameter {name!r}")
-            plugin[name] = value
-        elif section == "model.config":
-            if name not in transformer | NEMO_GPT_CONFIG_FIELDS:
-                raise KeyError(f"TransformerConfig has no field {name!r}")
-            if name in transformer:
-                model_config[name] = value
-        elif section == "optim.config":
-            if name not in {f.name for f in dataclasses.fields(OptimizerConfig)}:
-                raise KeyError(f"OptimizerConfig has no field {name!r}")
-        elif name not in NEMO_OTHER_KEYS.get(section, ()):
-            raise KeyError(f"unknown NeMo 2 recipe key {key!r}")
-    # NeMo's setup: the strategy's parallelism overwrites model.config (so split fields there would be lost)
-    final = {**model_config, **{name: strategy.get(name, default) for name, default in
-                                NEMO_STRATEGY_PARALLELISM.items()}}
-    # ... and the precision plugin's dtype config overwrites the strategy's ddp config (Megatron-FSDP reads neither),
-    # the model's fp8 fields and the optimizer's (nemo/lightning/pytorch/strategies/megatron_strategy.py
-    # update_config_with_dtype_overrides)
-    precision = nemo_precision(preset, plugin)
-    reduce = {"grad_reduce_in_fp32": megatron_grads_in_fp32(SimpleNamespace(**{
-        **ddp, "grad_reduce_in_fp32": precision["grad_reduce_in_fp32"]}))}
-    ddp_config = DistributedDataParallelConfig(**{**ddp, **{name: precision[name] for name in (
-        "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag")}})       # its __post_init__ checks
-    final.update({name: precision[name] for name in ("fp8", "fp8_recipe", "fp8_param")})
-    return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
-            + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32}, reduce)
-            + _fp8_differences(estimate, precision["fp8"], precision["fp8_recipe"], precision["fp8_param"],
-                               ddp_config)
-            + _transformer_config(estimate, final))
+
+def _nemo_job(config: LaunchConfig) -> tuple[str, list[str]]:
+    recipe = header_value(config.text, "recipe")
+    if not recipe:
+        raise ValueError("the config names no NeMo recipe (--factory)")
+    return recipe, command_words(config.text)
+
+
+def _nemo_values(result: dict) -> dict:
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result["values"]
+
+
+def _nemo_compare(estimate: Estimate, values: dict) -> list[str]:
+    """What the NeMo job ends with (nemo_entry.py's values) against the estimate."""
+    from autopar.export.common import data_parallel_overlap
+
+    model, ddp, plan = values["model"], values["ddp"], estimate.plan
+    expected = dict(_plan_fields(estimate), expert_model_parallel_size=plan.ep,
+                    micro_batch_size=plan.mbs, global_batch_size=estimate.training.global_batch_size,
+                    seq_length=estimate.training.seq_len, model_seq_length=estimate.training.seq_len,
+                    gpus=estimate.cluster.num_gpus, use_distributed_optimizer=plan.zero >= 1,
+                    precision_aware_optimizer=False, optimizer_dtypes=["torch.float32"] * 4,
+                    use_megatron_fsdp=plan.zero >= 2,
+                    recompute_granularity=None if plan.recompute is Recompute.NONE else plan.recompute.label,
+                    grad_reduce_in_fp32=estimate.training.grad_reduce_in_fp32, **data_parallel_overlap(estimate))
+    fsdp = bool(ddp.get("use_megatron_fsdp"))
+    grads_fp32 = (ddp["grad_reduce_in_fp32"] if not fsdp or values["fsdp_reads_grad_reduce_in_fp32"]
+                  else ddp.get("megatron_fsdp_main_grads_dtype") == "torch.float32")
+    actual = {name: model[name] for name in _plan_fields(estimate)}
+    actual.update(expert_model_parallel_size=model["expert_model_parallel_size"],
+                  micro_batch_size=values["data"]["micro_batch_size"],
+                  global_batch_size=values["data"]["global_batch_size"], seq_length=values["data"]["seq_length"],
+                  model_seq_length=model["seq_length"],
+                  gpus=int(values["trainer"]["num_nodes"]) * int(values["trainer"]["devices"]),
+                  use_distributed_optimizer=bool(values["optimizer"]["use_distributed_optimizer"]),
+                  precision_aware_optimizer=bool(values["optimizer"]["use_precision_aware_optimizer"]),
+                  optimizer_dtypes=values["optimizer"]["dtypes"],
+                  use_megatron_fsdp=fsdp, recompute_granularity=model["recompute_granularity"],
+                  grad_reduce_in_fp32=bool(grads_fp32), overlap_grad_reduce=bool(ddp["overlap_grad_reduce"]),
+                  overlap_param_gather=bool(ddp["overlap_param_gather"]))
+    split = {name: model[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                            "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                                            "sequence_parallel", "expert_model_parallel_size",
+                                            "expert_tensor_parallel_size", "num_layers_in_first_pipeline_stage",
+                                            "num_layers_in_last_pipeline_stage",
+                                            "account_for_embedding_in_pipeline_split",
+                                            "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
+                                            "recompute_granularity", "recompute_method", "recompute_num_layers")}
+    if split["pipeline_model_parallel_layout"] is None:
+        del split["pipeline_model_parallel_layout"]
+    ddp_view = SimpleNamespace(fp8_param_gather=ddp.get("fp8_param_gather", False),
+                               reuse_grad_buf_for_mxfp8_param_ag=ddp.get("reuse_grad_buf_for_mxfp8_param_ag", False))
+    return (_differences(expected, actual) + _model_shape(estimate, SimpleNamespace(**model))
+            + _fp8_differences(estimate, model["fp8"], model["fp8_recipe"], model["fp8_param"], ddp_view)
+            + _transformer_config(estimate, split))
 
 
 def _fp8_differences(estimate: Estimate, fp8: object, recipe: object, fp8_param: object, ddp) -> list[str]:
@@ -684,196 +738,215 @@ def _fp8_differences(estimate: Estimate, fp8: object, recipe: object, fp8_param:
 
 # ---- Megatron-Bridge -------------------------------------------------------------------------------------------
 
-BRIDGE_RECIPES = {"llama-3.1-405b": ("megatron.bridge.recipes.llama.h100.llama3",
-                                     "llama31_405b_pretrain_256gpu_h100_bf16_config"),
-                  "llama-3.1-70b": ("megatron.bridge.recipes.llama.h100.llama3",
-                                    "llama31_70b_pretrain_32gpu_h100_bf16_config"),
-                  "deepseek-v3": ("megatron.bridge.recipes.deepseek.h100.deepseek_v3",
-                                  "deepseek_v3_pretrain_1024gpu_h100_bf16_config")}
-"""The real recipe each front's model starts from (its pipeline defaults are what the overrides must clear)."""
-
-
-def bridge_recipe_model_settings(model_name: str) -> dict[str, object]:
-    """`cfg.model.<field> = <literal>` settings of the model's Megatron-Bridge recipe, read from the installed
-    recipe source (importing it needs Transformer Engine); a recipe that sets its layout through a helper
-    (DeepSeek-V3: set_deepseek_v3_pipeline_model_parallel_layout) gets that helper's marker layout."""
-    import ast
-    import importlib.metadata
-
-    key = next((k for k in BRIDGE_RECIPES if k in model_name.lower().replace(" ", "-")), None)
-    if key is None:
-        return {}
-    module, function = BRIDGE_RECIPES[key]
-    try:   # the file itself: importing megatron.bridge.recipes needs Transformer Engine
-        source = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file(
-            module.replace(".", "/") + ".py")))
-    except importlib.metadata.PackageNotFoundError:
-        raise NotInstalled("megatron-bridge is not installed; pip install '.[conformance]'") from None
-    tree = ast.parse(source.read_text())
-    body = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function)
-    settings: dict[str, object] = {}
-    for node in ast.walk(body):
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
-            target = ast.unparse(node.targets[0])
-            if target.startswith("cfg.model.") and target.count(".") == 2:
-                try:
-                    settings[node.targets[0].attr] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-        if isinstance(node, ast.Call) and "pipeline_model_parallel_layout" in ast.unparse(node.func):
-            settings["pipeline_model_parallel_layout"] = "Et|(tt|)*30mL"   # any layout the recipe builds
-    return settings
-
-
-def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
-    _require("megatron.core", "megatron-core")
-    _require("hydra", "hydra-core")
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from omegaconf import OmegaConf
-
-    recipe = bridge_recipe_model_settings(estimate.model.name)
-    model = {name: None for name in _transformer_fields()} | {"seq_length": None} | recipe
-    sections = {"model": model,
-                "ddp": {f.name: None for f in dataclasses.fields(DistributedDataParallelConfig)},
-                "train": {"micro_batch_size": None, "global_batch_size": None}, "dataset": {"seq_length": None},
-                "optimizer": {"use_distributed_optimizer": None}, "dist": {"use_megatron_fsdp": None},
-                "checkpoint": {"ckpt_format": None},
-                "mixed_precision": "bf16_mixed"}   # the recipes' own (recipes/common.py _pretrain_common)
-    cfg = OmegaConf.create({k: ({n: _plain(v) for n, v in s.items()} if isinstance(s, dict) else s)
-                            for k, s in sections.items()})
-    OmegaConf.set_struct(cfg, True)   # megatron/bridge/training/utils/omegaconf_utils.py parse_hydra_overrides
-    parsed = OverridesParser.create().parse_overrides(overrides=command_words(config.text))
-    ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
-    final = {name: value for name, value in OmegaConf.to_container(cfg.model).items()
-             if name in _transformer_fields() and value is not None and name not in ("num_layers",)}
-    for name in ("pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
-                 "num_layers_in_last_pipeline_stage", "virtual_pipeline_model_parallel_size"):
-        final[name] = cfg.model.get(name)
-    final = {k: v for k, v in final.items() if k in {*_plan_fields(estimate), "pipeline_model_parallel_layout",
-                                                     "num_layers_in_first_pipeline_stage",
-                                                     "num_layers_in_last_pipeline_stage",
-                                                     "account_for_embedding_in_pipeline_split",
-                                                     "account_for_loss_in_pipeline_split",
-                                                     "expert_model_parallel_size", "expert_tensor_parallel_size",
-                                                     "recompute_granularity", "recompute_method",
-                                                     "recompute_num_layers", "recompute_modules",
-                                                     "moe_grouped_gemm"}}
-    # the mixed precision applied over the model, ddp and optimizer configs at setup, then Bridge's checks
-    ddp = {name: value for name, value in OmegaConf.to_container(cfg.ddp).items() if value is not None}
-    model_fp8, ddp_config, changed = _bridge_precision(
-        estimate, OmegaConf.to_container(cfg)["mixed_precision"], ddp, bool(cfg.dist.use_megatron_fsdp))
-    final.update(model_fp8)
-    # Megatron-FSDP reads neither grad_reduce_in_fp32 (megatron_grads_in_fp32)
-    return (_differences(_plan_fields(estimate), {name: final.get(name) for name in _plan_fields(estimate)})
-            + _differences({"grad_reduce_in_fp32": estimate.training.grad_reduce_in_fp32},
-                           {"grad_reduce_in_fp32": megatron_grads_in_fp32(ddp_config)})
-            + _fp8_differences(estimate, model_fp8["fp8"], model_fp8["fp8_recipe"], model_fp8["fp8_param"], ddp_config)
-            + changed + _transformer_config(estimate, final))
-
-
-@dataclass
-class _BridgeContainer:
-    """The part of Megatron-Bridge's ConfigContainer the override loader writes `mixed_precision` into: the recipes'
-    own value, a preset name (recipes/common.py)."""
-    mixed_precision: object = "bf16_mixed"
+def header_value(text: str, key: str) -> str | None:
+    """The value of an emitted config's `# key: value` comment line (export.nemo writes `# recipe: NAME` and
+    `# autobridge: SOURCE`), or None."""
+    for line in text.splitlines():
+        if line.startswith(f"# {key}: "):
+            return line[len(f"# {key}: "):].strip()
+    return None
 
 
 @contextlib.contextmanager
-def _bridge_training_modules():
-    """(mixed_precision, omegaconf_utils): Megatron-Bridge's installed training/mixed_precision.py and
-    training/utils/omegaconf_utils.py themselves, imported with stand-ins for the two packages whose __init__ needs
-    Transformer Engine (megatron.bridge, for its AutoBridge; megatron.bridge.models, whose GPTModelProvider and
-    T5ModelProvider mixed_precision.py imports for setup's type hints). Afterwards the megatron.bridge modules leave
-    sys.modules again, and megatron-core's instantiate gets back the target resolver that Bridge's
-    utils/instantiate_utils.py replaces with its allow-listed one on import."""
+def hf_config_cache(model, repo_ids: tuple[str, ...], revisions: tuple[str, ...] = ()):
+    """The machine's Hugging Face cache as a user's would hold it: the model's config.json (its bundled preset, the
+    one autopar priced) under each id in `repo_ids`, read offline (huggingface_hub's HF_HUB_CACHE / HF_HUB_OFFLINE,
+    which hf_hub_download reads at each call), at its main ref and at each commit in `revisions` (recipes pin one).
+    No weights: Bridge's recipes build the provider with load_weights=False."""
+    from huggingface_hub import constants
+
+    from autopar.export.common import preset_name
+    from autopar.models import PRESETS_DIR
+
+    name = preset_name(model)
+    source = PRESETS_DIR / f"{name}.json" if name else Path(str(model.source))
+    with tempfile.TemporaryDirectory() as cache:
+        for repo in repo_ids:
+            if "/" not in repo or Path(repo).exists():
+                continue
+            folder = Path(cache, "models--" + repo.replace("/", "--"))
+            (folder / "refs").mkdir(parents=True)
+            (folder / "refs" / "main").write_text("0" * 40)
+            for commit in ("0" * 40, *revisions):
+                (folder / "snapshots" / commit).mkdir(parents=True)
+                (folder / "snapshots" / commit / "config.json").write_text(source.read_text())
+        with mock.patch.object(constants, "HF_HUB_CACHE", cache), mock.patch.object(constants, "HF_HUB_OFFLINE", True), \
+                _environment({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache, "TRANSFORMERS_OFFLINE": "1"}):
+            yield cache
+
+
+def _import_bridge():
+    """Megatron-Bridge imported whole, as `import megatron.bridge` runs on a GPU machine, with one stand-in: its LoRA
+    layers (megatron/bridge/peft/lora_layers.py, PEFT only, the one module of the package that imports Transformer
+    Engine unguarded; TE is a CUDA build). Every other module is Bridge's own, and sees no Transformer Engine."""
     import importlib
-    import importlib.metadata
     import types
 
-    from megatron.training.config import instantiate_utils
-
+    _require("megatron.core", "megatron-core")
+    name = "megatron.bridge.peft.lora_layers"
+    if name not in sys.modules:
+        try:
+            importlib.import_module("transformer_engine.pytorch")
+        except Exception:   # noqa: BLE001 - no TE here: the stand-in
+            stand_in = types.ModuleType(name)
+            stand_in.__doc__ = "autopar conformance stand-in: LoRA layers need Transformer Engine (a CUDA build)"
+            for cls in ("LinearAdapter", "LoRALinear", "LoRATopKRouter", "TEFusedLoRALinear"):
+                setattr(stand_in, cls, type(cls, (), {}))
+            sys.modules[name] = stand_in
     try:
-        root = Path(str(importlib.metadata.distribution("megatron-bridge").locate_file("megatron/bridge")))
-    except importlib.metadata.PackageNotFoundError:
-        raise NotInstalled("megatron-bridge is not installed; pip install '.[conformance]'") from None
-
-    def bridge_modules() -> dict[str, object]:
-        return {name: module for name, module in sys.modules.items()
-                if name == "megatron.bridge" or name.startswith("megatron.bridge.")}
-
-    saved, resolve = bridge_modules(), instantiate_utils._resolve_target
-    package = types.ModuleType("megatron.bridge")
-    package.__path__ = [str(root)]
-    models = types.ModuleType("megatron.bridge.models")
-    models.GPTModelProvider = type("GPTModelProvider", (), {})
-    models.T5ModelProvider = type("T5ModelProvider", (), {})
-    for name in saved:
-        del sys.modules[name]
-    sys.modules.update({"megatron.bridge": package, "megatron.bridge.models": models})
-    try:
-        yield (importlib.import_module("megatron.bridge.training.mixed_precision"),
-               importlib.import_module("megatron.bridge.training.utils.omegaconf_utils"))
-    finally:
-        for name in bridge_modules():
-            del sys.modules[name]
-        sys.modules.update(saved)
-        instantiate_utils._resolve_target = resolve
+        return importlib.import_module("megatron.bridge")
+    except ImportError as error:
+        raise NotInstalled(f"megatron-bridge is not importable here ({error}); pip install '.[conformance]'") from None
 
 
-BRIDGE_FP8_PARAM_FIELDS = ("fp8_param", "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag")
+def bridge_recipe_repo_ids(function) -> tuple[str, ...]:
+    """The Hugging Face ids a Bridge recipe may pass to AutoBridge.from_hf_pretrained: every 'org/name' string in
+    its module's source (some recipes pass the id through a helper's argument)."""
+    import inspect
+    import re
+
+    return tuple(sorted(set(re.findall(r'"([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)"',
+                                       inspect.getsource(inspect.getmodule(function))))))
+
+
+def bridge_recipe_revisions(function) -> tuple[str, ...]:
+    """The Hugging Face commits a Bridge recipe's module pins (40 hex digits)."""
+    import inspect
+    import re
+
+    return tuple(sorted(set(re.findall(r'"([0-9a-f]{40})"', inspect.getsource(inspect.getmodule(function))))))
+
+
+def bridge_launch(estimate: Estimate, text: str):
+    """The ConfigContainer Megatron-Bridge's pretrain() runs for an emitted config: the named recipe function (or,
+    for `# autobridge:`, recipes.common._pretrain_common with AutoBridge.from_hf_pretrained(SOURCE)
+    .to_megatron_provider(load_weights=False)), the overrides through process_config_with_overrides (run_recipe.py's
+    path: Hydra's parser in struct mode, then _apply_overrides, which instantiates _target_ nodes), then
+    runtime_config_update (pretrain()'s first step: mixed precision setup, data-parallel size, CommOverlapConfig
+    setup, ConfigContainer.validate). The machine: WORLD_SIZE = the cluster's GPUs, Transformer Engine present for
+    comm_overlap.py's tp_comm_overlap check (HAVE_TE), the model's config.json in the Hugging Face cache."""
+    import importlib
+
+    _import_bridge()
+    from megatron.bridge.training import comm_overlap
+    from megatron.bridge.training.config import runtime_config_update
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+
+    recipe, autobridge = header_value(text, "recipe"), header_value(text, "autobridge")
+    if header_value(text, "provider"):
+        from megatron.bridge.recipes.common import _pretrain_common
+
+        build, repos, revisions = _pretrain_common, (), ()
+    elif recipe:
+        recipes = importlib.import_module("megatron.bridge.recipes")
+        if not hasattr(recipes, recipe):
+            raise ValueError(f"Megatron-Bridge has no recipe {recipe!r}")
+        build = getattr(recipes, recipe)
+        repos, revisions = bridge_recipe_repo_ids(build), bridge_recipe_revisions(build)
+    elif autobridge:
+        from megatron.bridge import AutoBridge
+        from megatron.bridge.recipes.common import _pretrain_common
+
+        def build():
+            cfg = _pretrain_common()
+            cfg.model = AutoBridge.from_hf_pretrained(autobridge).to_megatron_provider(load_weights=False)
+            return cfg
+
+        repos, revisions = (autobridge,), ()
+    else:
+        raise ValueError("the config names neither a Megatron-Bridge recipe nor an AutoBridge model")
+    with hf_config_cache(estimate.model, repos, revisions), _environment({"WORLD_SIZE": str(estimate.cluster.num_gpus)}), \
+            mock.patch.object(comm_overlap, "HAVE_TE", True), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        cfg = build()
+        cfg = process_config_with_overrides(cfg, cli_overrides=command_words(text))
+        # the kernel fusions Megatron-Core refuses without Transformer Engine (TransformerConfig: 'apply_rope_fusion
+        # is not available. Please install TE >= 1.4.'): not plan knobs, off as on this CPU machine's Megatron-LM
+        # check (_megatron)
+        for fusion in TE_ONLY_FUSIONS:
+            if hasattr(cfg.model, fusion):
+                setattr(cfg.model, fusion, False)
+        runtime_config_update(cfg)
+    return cfg
+
+
+TE_ONLY_FUSIONS = ("apply_rope_fusion", "moe_permute_fusion", "moe_router_fusion", "gradient_accumulation_fusion")
+"""TransformerConfig kernel fusions that need Transformer Engine (absent here): no plan knob among them."""
+
+
+def _model_shape(estimate: Estimate, config) -> list[str]:
+    """The model a Megatron-Core config builds against the one priced (its shape)."""
+    model = estimate.model
+    expected = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                "num_attention_heads": model.num_attention_heads, "num_query_groups": model.num_kv_heads,
+                "ffn_hidden_size": model.ffn_hidden_size if model.moe is None or model.moe.first_dense_layers
+                else None}
+    actual = {name: getattr(config, name, None) for name in expected}
+    if expected["ffn_hidden_size"] is None:
+        del expected["ffn_hidden_size"], actual["ffn_hidden_size"]
+    if model.moe is not None:
+        expected.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k)
+        actual.update(num_moe_experts=config.num_moe_experts, moe_router_topk=config.moe_router_topk)
+    return _differences(expected, actual)
+
+
+def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
+    from autopar.export.common import data_parallel_overlap, model_parallel_overlap, pipeline_p2p_overlap
+
+    cfg = bridge_launch(estimate, config.text)
+    model, ddp, plan = cfg.model, cfg.ddp, estimate.plan
+    expected = dict(_plan_fields(estimate), expert_model_parallel_size=plan.ep,
+                    micro_batch_size=plan.mbs, global_batch_size=estimate.training.global_batch_size,
+                    seq_length=estimate.training.seq_len, data_parallel_size=estimate.dp,
+                    use_distributed_optimizer=plan.zero >= 1, use_megatron_fsdp=plan.zero >= 2,
+                    layers_per_rank=stage_layers(estimate.model.num_layers, plan),
+                    grad_reduce_in_fp32=estimate.training.grad_reduce_in_fp32,
+                    recompute_granularity=None if plan.recompute is Recompute.NONE else plan.recompute.label,
+                    precision_aware_optimizer=False,
+                    **data_parallel_overlap(estimate),
+                    tp_comm_overlap=model_parallel_overlap(estimate)["tp_comm_overlap"],
+                    overlap_moe_expert_parallel_comm=model_parallel_overlap(estimate)[
+                        "overlap_moe_expert_parallel_comm"],
+                    overlap_p2p_comm=pipeline_p2p_overlap(estimate).get("overlap_p2p_comm", False))
+    actual = {name: getattr(model, name, None) for name in _plan_fields(estimate)}
+    actual.update(expert_model_parallel_size=model.expert_model_parallel_size,
+                  micro_batch_size=cfg.train.micro_batch_size, global_batch_size=cfg.train.global_batch_size,
+                  seq_length=model.seq_length, data_parallel_size=cfg.data_parallel_size,
+                  use_distributed_optimizer=bool(ddp.use_distributed_optimizer),
+                  use_megatron_fsdp=bool(ddp.use_megatron_fsdp and cfg.dist.use_megatron_fsdp),
+                  layers_per_rank=_megatron_layers_per_rank(model, estimate),
+                  grad_reduce_in_fp32=megatron_grads_in_fp32(ddp),
+                  recompute_granularity=model.recompute_granularity,
+                  precision_aware_optimizer=bool(cfg.optimizer.use_precision_aware_optimizer),
+                  overlap_grad_reduce=bool(ddp.overlap_grad_reduce),
+                  overlap_param_gather=bool(ddp.overlap_param_gather),
+                  tp_comm_overlap=bool(model.tp_comm_overlap),
+                  overlap_moe_expert_parallel_comm=bool(model.overlap_moe_expert_parallel_comm),
+                  overlap_p2p_comm=bool(model.overlap_p2p_comm))
+    return (_differences(expected, actual) + _model_shape(estimate, model)
+            + _fp8_differences(estimate, model.fp8, model.fp8_recipe, model.fp8_param, ddp)
+            + _bridge_preset_differences(estimate, cfg.mixed_precision))
+
+
+BRIDGE_PRICED_PRECISION_FIELDS = ("fp8_param", "fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag",
+                                  "grad_reduce_in_fp32")
 """The MixedPrecisionConfig fields an export may change from the recipe's preset (export.nemo.bridge_mixed_precision):
-the fp8 parameters the estimate priced."""
+the fp8 parameters and the gradient dtype the estimate priced (checked on the model and ddp configs above)."""
 
 
-def _bridge_precision(estimate: Estimate, value: object, ddp: dict[str, object], fsdp: bool):
-    """(the model's fp8 / fp8_recipe / fp8_param, the DistributedDataParallelConfig, the MixedPrecisionConfig fields
-    that differ from the recipe's preset) for the `mixed_precision` value `value` as Megatron-Bridge builds it, with
-    its own code: a name through get_mixed_precision_config (an unknown one is its ValueError), a _target_ node through
-    the override loader's _apply_overrides (what run_recipe.py's process_config_with_overrides calls; a node it
-    cannot instantiate stays a dict, on which runtime_config_update's finalize() fails); then finalize() and setup()
-    over the model, optimizer and the `ddp` overrides' config, and ConfigContainer.validate's steps that read them
-    (training/config.py, which cannot be imported here): the ddp and optimizer configs' __post_init__ (finalize),
-    Megatron-FSDP (`fsdp`) turning the MXFP8 reuse flag off, the assert that MXFP8 fp8 parameters reuse the gradient
-    buffer otherwise. The preset the estimate's recipe names (common.BRIDGE_FP8_PRESETS) is built the same way and
-    compared field by field, fp8 parameters aside."""
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
+def _bridge_preset_differences(estimate: Estimate, precision) -> list[str]:
+    """The launched MixedPrecisionConfig against the preset of the estimate's recipe (get_mixed_precision_config),
+    field by field, the priced fields aside: a node written without a preset field runs other scaling."""
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
     from autopar.export.common import BRIDGE_FP8_PRESETS
 
     recipe = estimate.training.fp8_scaling
-    with _bridge_training_modules() as (mixed_precision, omegaconf_utils):
-        if isinstance(value, str):
-            precision = mixed_precision.get_mixed_precision_config(value)
-        else:
-            container = _BridgeContainer()
-            with contextlib.redirect_stderr(io.StringIO()):
-                omegaconf_utils._apply_overrides(container, {"mixed_precision": value})
-            precision = container.mixed_precision
-        precision.finalize()
-        preset = mixed_precision.get_mixed_precision_config(BRIDGE_FP8_PRESETS[recipe.value] if recipe
-                                                            else "bf16_mixed")
-        preset.finalize()
-        model = SimpleNamespace(fp8=None, fp8_recipe="delayed", fp8_param=False)   # TransformerConfig's defaults
-        optimizer, ddp_config = OptimizerConfig(), DistributedDataParallelConfig(**ddp)
-        precision.setup(model, optimizer, ddp_config)
-    ddp_config.__post_init__()
-    optimizer.__post_init__()
-    if fsdp or ddp_config.use_megatron_fsdp:   # _validate_and_apply_megatron_fsdp_configs
-        ddp_config.reuse_grad_buf_for_mxfp8_param_ag = optimizer.reuse_grad_buf_for_mxfp8_param_ag = False
-    elif precision.fp8_param_gather and precision.fp8_recipe == "mxfp8":
-        assert precision.reuse_grad_buf_for_mxfp8_param_ag, (
-            "When fp8_param_gather=True and fp8_recipe='mxfp8', reuse_grad_buf_for_mxfp8_param_ag must be set to True")
-    changed = [f"mixed_precision {f.name}: preset {getattr(preset, f.name)!r}, launched {getattr(precision, f.name)!r}"
-               for f in dataclasses.fields(preset) if f.name not in BRIDGE_FP8_PARAM_FIELDS
-               and getattr(preset, f.name) != getattr(precision, f.name)]
-    return vars(model), ddp_config, changed
-
-
-def _plain(value: object) -> object:
-    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+    preset = get_mixed_precision_config(BRIDGE_FP8_PRESETS[recipe.value] if recipe else "bf16_mixed")
+    preset.finalize()
+    return [f"mixed_precision {f.name}: preset {getattr(preset, f.name)!r}, launched {getattr(precision, f.name)!r}"
+            for f in dataclasses.fields(preset) if f.name not in BRIDGE_PRICED_PRECISION_FIELDS
+            and getattr(preset, f.name) != getattr(precision, f.name)]
 
 
 def _nemo_run_value(text: str) -> object:

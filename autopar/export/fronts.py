@@ -8,11 +8,21 @@ recipe on Blackwell (Llama 3.1 70B in MXFP8 on 64 B200, bf16 weights: the preset
 gradients reduced in bf16 (Llama 3.1 8B on 32 H100, --grad-reduce-in-bf16, as Megatron-Bridge's performance recipes
 run), and fp8 parameters (Llama 3.1 8B in delayed scaling on 32 H100, --fp8-param-gather: the weights kept and
 all-gathered in fp8, which torchtitan and DeepSpeed cannot run).
+
+Six more (issue 44, the fronts a user launching the configs tried): Qwen3-30B-A3B on 128 H200, GPT-OSS-120B on 64
+B200, Llama 3.1 405B at 32K tokens on 1,024 H100 (context parallelism), Mixtral-8x22B on 256 H100, Nemotron-4 340B
+in fp8 on 512 H100 (the last three have no Megatron-Bridge recipe, Nemotron-4's architecture no AutoBridge
+converter), and a small model read from its config.json (Llama 3.2 1B's, shipped in benchmarks/conformance_models)
+on 8 A100.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "conformance_models"
+"""Models given as a config.json (a user's own model, no bundled preset)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,13 @@ FRONT_CASES: tuple[FrontCase, ...] = (
     FrontCase("fp8-b200", "llama-3.1-70b", 64, 8192, 512, gpu="b200-180gb", precision="fp8", fp8_recipe="mxfp8"),
     FrontCase("bf16-grads", "llama-3.1-8b", 32, 8192, 256, grad_reduce_in_fp32=False),
     FrontCase("fp8-params", "llama-3.1-8b", 32, 8192, 256, precision="fp8", fp8_param_gather=True),
+    FrontCase("qwen3-moe-h200", "qwen3-30b-a3b", 128, 4096, 512, gpu="h200-141gb"),
+    FrontCase("gpt-oss-b200", "gpt-oss-120b", 64, 4096, 512, gpu="b200-180gb"),
+    FrontCase("405b-cp-1024", "llama-3.1-405b", 1024, 32768, 256),
+    FrontCase("mixtral-256", "mixtral-8x22b", 256, 4096, 1024),
+    FrontCase("nemotron4-fp8", "nemotron-4-340b", 512, 4096, 768, precision="fp8"),
+    FrontCase("config-json-1b", str(CONFIG_MODELS / "llama-3.2-1b" / "config.json"), 8, 8192, 64,
+              gpu="a100-80gb"),
 )
 
 

@@ -14,8 +14,9 @@ pipeline_parallel_microbatch_size, context_parallel_degree, expert_parallel_degr
 (local_batch_size, global_batch_size, seq_len), activation checkpointing from
 torchtitan/distributed/activation_checkpoint.py (FullAC; `Trainer.Config.activation_checkpoint`).
 
-zero maps onto torchtitan's two DP axes: zero 0 = replicate (DDP), zero 3 = FSDP, zero 2 = FSDP with parameters kept
-gathered between forward and backward (fsdp_reshard_after_forward = "never"). Plans torchtitan cannot run (zero 1,
+zero maps onto torchtitan's two DP axes: zero 0 = replicate (DDP), zero 3 = FSDP with fsdp_reshard_after_forward =
+"always", zero 2 = FSDP with parameters kept gathered between forward and backward ("never"); the policy is always
+written, since torchtitan's "default" is "never" under pipeline parallelism. Plans torchtitan cannot run (zero 1,
 expert TP other than its own, Megatron's selective or partial recompute) are refused (export.capabilities), and so
 are estimates with fp8 parameters (TrainingSpec.fp8_param_gather): torchao's fp8 linears keep bf16 weights.
 """
@@ -56,6 +57,12 @@ even to build the config) is not a bf16 plan's: a bf16 plan starts from the name
 swaps in the model (`model_registry(flavor)`), so precision is the plan's, not the recipe's."""
 
 
+FSDP_RESHARD_AFTER_FORWARD = {0: "never", 2: "never", 3: "always"}
+"""ParallelismConfig.fsdp_reshard_after_forward per ZeRO stage: ZeRO-3 frees the gathered parameters after each
+forward ('always'), ZeRO-2 keeps them to the backward ('never'); ZeRO-0 has FSDP degree 1 (nothing is sharded), where
+'never' saves fully_shard's no-op reshards."""
+
+
 def registry_config(model: ModelSpec) -> tuple[str, str, str, bool] | None:
     """(model package, config function, flavor, bf16 base config or None) of the matching torchtitan config."""
     name = model.name.lower().replace("-", " ").replace("_", " ").replace(".", " ")
@@ -89,8 +96,9 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     parallelism: list[tuple[str, object]] = [
         ("data_parallel_replicate_degree", 1 if sharded else dp),
         ("data_parallel_shard_degree", dp if sharded else 1)]
-    if plan.zero == 2:
-        parallelism.append(("fsdp_reshard_after_forward", "never"))
+    # always written: 'default' (torchtitan's) is False with pp > 1 (torchtitan/distributed/fsdp.py
+    # get_fsdp_reshard_after_forward_policy), which keeps ZeRO-3's parameters gathered -- ZeRO-2
+    parallelism.append(("fsdp_reshard_after_forward", FSDP_RESHARD_AFTER_FORWARD[plan.zero]))
     parallelism += [("tensor_parallel_degree", plan.tp), ("enable_sequence_parallel", plan.sp or plan.tp == 1),
                     ("context_parallel_degree", plan.cp), ("pipeline_parallel_degree", plan.pp)]
     if plan.pp > 1:

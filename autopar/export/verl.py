@@ -35,9 +35,10 @@ from __future__ import annotations
 
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
-                                   flash_version_note, fp8_param_fields, gradient_reduce_dtype, mcore_moe_fields,
-                                   mcore_parallel_fields, megatron_attention_backend, one_line,
+                                   flash_version_note, fp8_param_fields, gradient_reduce_dtype, hf_model_source,
+                                   mcore_moe_fields, mcore_parallel_fields, megatron_attention_backend, one_line,
                                    pipeline_p2p_overlap, plan_caption, shell_word)
+from costmodels.errors import InputError
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 
@@ -72,18 +73,86 @@ def _value(value: object) -> str:
     return str(value)
 
 
-def _override(section: str, name: str, value: object) -> str:
+ALGORITHMS = {"gae": True, "grpo": False, "reinforce_plus_plus": False, "reinforce_plus_plus_baseline": False,
+              "remax": False, "rloo": False, "opo": False, "grpo_passk": False, "gpg": False}
+"""verl 0.9.1's advantage estimators (verl/trainer/ppo/core_algos.py AdvantageEstimator) -> whether it trains a critic
+(verl/trainer/ppo/utils.py need_critic: critic.enable unset, so adv_estimator == gae)."""
+DEFAULT_ALGORITHM = "gae"
+"""PPO with GAE: the algorithm verl's quickstart trains (docs/start/quickstart.rst, 'PPO training') and
+ppo_megatron_trainer.yaml's algorithm.adv_estimator default."""
+KL_LOSS_ALGORITHMS = frozenset({"grpo", "grpo_passk", "gpg"})
+"""The estimators verl's docs run with the KL loss in the actor (actor.use_kl_loss=True, docs/algo/grpo.md), which
+needs the reference policy (need_reference_policy)."""
+
+
+def _override(section: str, name: str, value: object, engine: str = f"{ACTOR}.megatron",
+              optim: str = f"{ACTOR}.optim") -> str:
     plus = "" if name in DEFAULT_KEYS[section] else "+"
-    parent = "optim" if section == "override_optimizer_config" else "megatron"
-    return f"{plus}{ACTOR}.{parent}.{section}.{name}={_value(value)}"
+    parent = optim if section == "override_optimizer_config" else engine
+    return f"{plus}{parent}.{section}.{name}={_value(value)}"
 
 
-def launch_config(estimate: Estimate) -> LaunchConfig:
-    require_runnable(estimate, "verl")
-    plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
+def verl_algorithm(name: object) -> str:
+    """The advantage estimator named by `--verl-algorithm` (case-insensitive), or InputError listing verl's."""
+    key = str(name).strip().lower() if name is not None else DEFAULT_ALGORITHM
+    if key not in ALGORITHMS:
+        raise InputError("verl-algorithm", f"unknown verl algorithm {name!r}; use one of {', '.join(ALGORITHMS)}")
+    return key
+
+
+def sequence_lengths(seq_len: int) -> tuple[int, int]:
+    """(data.max_prompt_length, data.max_response_length) whose sum is the priced sequence: the actor trains on
+    prompt and response together (rollout.prompt_length / response_length interpolate from them), so only the sum
+    is priced; half each."""
+    return seq_len // 2, seq_len - seq_len // 2
+
+
+def engine_overrides(estimate: Estimate, engine: str, optim: str) -> list[str]:
+    """The Megatron engine settings of one worker (`engine`: the actor's or the critic's `.megatron` section,
+    `optim` its optimizer section): the plan's parallel sizes, ZeRO, overlaps, gradient dtype, recompute, MoE and
+    fp8 fields (engine/megatron.yaml, McoreEngineConfig)."""
+    plan = estimate.plan
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe)
+
+    def override(section: str, name: str, value: object) -> str:
+        return _override(section, name, value, engine, optim)
+
+    overrides = [f"{engine}.{name}={_value(fields[name])}" for name in MEGATRON_FIELDS if name in fields]
+    overrides.append(f"{engine}.use_distributed_optimizer={_value(plan.zero >= 1)}")
+    overrides.append(f"{engine}.use_megatron_fsdp={_value(plan.zero >= 2)}")
+    overrides += [override("override_ddp_config", name, on) for name, on in data_parallel_overlap(estimate).items()]
+    # an explicit override_ddp_config value wins over verl's own choice (engine/megatron/transformer_impl.py)
+    overrides += [override("override_ddp_config", name, on) for name, on in gradient_reduce_dtype(estimate).items()]
+    if plan.zero >= 2:
+        overrides.append(override("override_ddp_config", "data_parallel_sharding_strategy",
+                                  ZERO_SHARDING_STRATEGY[plan.zero]))
+    # the recompute fields verl's defaults set are written even when null (verl's default recompute_modules is
+    # Megatron-Core's own ['core_attn'], so it is written only when the plan's set differs)
+    overrides += [override("override_transformer_config", name, fields[name]) for name in OVERRIDE_FIELDS
+                  if fields[name] is not None
+                  or (name in DEFAULT_KEYS["override_transformer_config"] and name != "recompute_modules")]
+    overrides += [override("override_transformer_config", name, value)
+                  for name, value in mcore_moe_fields(estimate).items()]
+    overrides += [override("override_transformer_config", name, on)
+                  for name, on in pipeline_p2p_overlap(estimate).items()]
+    backend = megatron_attention_backend(estimate)
+    if backend is not None:
+        overrides.append(override("override_transformer_config", "attention_backend", backend))
+    overrides += fp8_overrides(estimate, engine, optim)
+    return overrides
+
+
+def launch_config(estimate: Estimate, verl_algorithm_name: object = None, **_: object) -> LaunchConfig:
+    require_runnable(estimate, "verl")
+    algorithm = verl_algorithm(verl_algorithm_name)
+    critic = ALGORITHMS[algorithm]
+    plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     notes = []
-    overrides = [f"trainer.nnodes={cluster.num_nodes}",
+    prompt, response = sequence_lengths(training.seq_len)
+    overrides = [f"algorithm.adv_estimator={algorithm}",
+                 f"actor_rollout_ref.model.path={hf_model_source(estimate.model)}",
+                 f"data.max_prompt_length={prompt}", f"data.max_response_length={response}",
+                 f"trainer.nnodes={cluster.num_nodes}",
                  f"trainer.n_gpus_per_node={min(cluster.gpus_per_node, cluster.num_gpus)}",
                  f"data.train_batch_size={training.global_batch_size}",
                  "actor_rollout_ref.rollout.n=1",
@@ -93,44 +162,32 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                  f"{ACTOR}.strategy=megatron",
                  f"{ACTOR}.ppo_mini_batch_size={training.global_batch_size}",
                  f"{ACTOR}.ppo_micro_batch_size_per_gpu={plan.mbs}",
-                 f"{ACTOR}.use_dynamic_bsz=False"]
-    overrides += [f"{ACTOR}.megatron.{name}={_value(fields[name])}" for name in MEGATRON_FIELDS if name in fields]
-    overrides.append(f"{ACTOR}.megatron.use_distributed_optimizer={_value(plan.zero >= 1)}")
-    overrides.append(f"{ACTOR}.megatron.use_megatron_fsdp={_value(plan.zero >= 2)}")
-    overrides += [_override("override_ddp_config", name, on) for name, on in data_parallel_overlap(estimate).items()]
-    # an explicit override_ddp_config value wins over verl's own choice (engine/megatron/transformer_impl.py)
-    overrides += [_override("override_ddp_config", name, on) for name, on in gradient_reduce_dtype(estimate).items()]
-    if plan.zero >= 2:
-        overrides.append(_override("override_ddp_config", "data_parallel_sharding_strategy",
-                                   ZERO_SHARDING_STRATEGY[plan.zero]))
-    # the recompute fields verl's defaults set are written even when null (verl's default recompute_modules is
-    # Megatron-Core's own ['core_attn'], so it is written only when the plan's set differs)
-    overrides += [_override("override_transformer_config", name, fields[name]) for name in OVERRIDE_FIELDS
-                  if fields[name] is not None
-                  or (name in DEFAULT_KEYS["override_transformer_config"] and name != "recompute_modules")]
-    overrides += [_override("override_transformer_config", name, value)
-                  for name, value in mcore_moe_fields(estimate).items()]
-    overrides += [_override("override_transformer_config", name, on)
-                  for name, on in pipeline_p2p_overlap(estimate).items()]
-    backend = megatron_attention_backend(estimate)
-    if backend is not None:
-        overrides.append(_override("override_transformer_config", "attention_backend", backend))
-    overrides += fp8_overrides(estimate)
+                 f"{ACTOR}.use_dynamic_bsz=False",
+                 f"{ACTOR}.use_kl_loss={_value(algorithm in KL_LOSS_ALGORITHMS)}"]
+    overrides += engine_overrides(estimate, f"{ACTOR}.megatron", f"{ACTOR}.optim")
+    if critic:   # GAE's value model: its own Megatron engine, on the plan's layout (critic/megatron_critic.yaml)
+        overrides += [f"critic.model.path={hf_model_source(estimate.model)}",
+                      f"critic.ppo_micro_batch_size_per_gpu={plan.mbs}"]
+        overrides += engine_overrides(estimate, "critic.megatron", "critic.optim")
+        notes.append(f"{algorithm} trains a critic (a value model of the same shape, critic.model.path = the "
+                     "actor's) with this layout: the estimate prices one model's training step, and the critic's "
+                     "step and memory come beside it (verl runs the workers colocated)")
     notes += flash_version_note(estimate) + expert_gemm_note(estimate, *MEGATRON_EXPERT_GEMM)
     lines = [f"# {TARGET_VERSIONS['verl']}: {plan_caption(estimate)}",
-             "# python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer <these overrides>",
+             f"# python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer <these overrides> (algorithm "
+             f"{algorithm}{', with a critic' if critic else ', no critic'})",
              f"# key names: {'; '.join(SOURCES)}",
              f"# data.train_batch_size = ppo_mini_batch_size = {training.global_batch_size} prompts with rollout.n = 1:"
              f" one optimizer step of {training.global_batch_size} sequences per training step",
-             f"# sequence length {training.seq_len} = data.max_prompt_length + data.max_response_length "
-             f"({one_line(estimate.model.name)})"]
+             f"# sequence length {training.seq_len} = data.max_prompt_length {prompt} + data.max_response_length "
+             f"{response} ({one_line(estimate.model.name)}; only the sum is priced)"]
     lines += [f"# note: {note}" for note in notes]
     text = "\n".join(lines) + "\n" + " \\\n".join(overrides) + "\n"
     return LaunchConfig(framework="verl", text=text, unexpressed=tuple(notes), sources=SOURCES,
                         target=TARGET_VERSIONS["verl"])
 
 
-def fp8_overrides(estimate: Estimate) -> list[str]:
+def fp8_overrides(estimate: Estimate, engine: str = f"{ACTOR}.megatron", optim: str = f"{ACTOR}.optim") -> list[str]:
     """fp8 as the estimate priced it (see the module docstring); none in bf16, verl's default. The format is hybrid
     (e4m3 forward, e5m2 gradients), as the Megatron-LM export writes it."""
     training = estimate.training
@@ -141,7 +198,7 @@ def fp8_overrides(estimate: Estimate) -> list[str]:
     optimizer = {"fp8_recipe": recipe}
     if "reuse_grad_buf_for_mxfp8_param_ag" in params:   # MXFP8: the distributed optimizer reads its own copy
         optimizer["reuse_grad_buf_for_mxfp8_param_ag"] = params["reuse_grad_buf_for_mxfp8_param_ag"]
-    return ([_override("override_transformer_config", name, value) for name, value in
+    return ([_override("override_transformer_config", name, value, engine, optim) for name, value in
              (("fp8", "hybrid"), ("fp8_recipe", recipe), ("fp8_param", params["fp8_param_gather"]))]
-            + [_override("override_ddp_config", name, on) for name, on in params.items()]
-            + [_override("override_optimizer_config", name, value) for name, value in optimizer.items()])
+            + [_override("override_ddp_config", name, on, engine, optim) for name, on in params.items()]
+            + [_override("override_optimizer_config", name, value, engine, optim) for name, value in optimizer.items()])

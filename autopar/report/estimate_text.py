@@ -87,17 +87,17 @@ def _print_memory(console: Any, result: "Estimate", all_stages: bool) -> None:
 def _print_time(console: Any, result: "Estimate") -> None:
     from rich.table import Table
 
-    from autopar.report.units import column_cells, format_percent, format_rate, format_tflops, seconds_unit
+    from autopar.report.units import TIME_UNIT, column_cells, format_percent, format_rate, format_tflops
 
     step = result.step_time_s
-    unit, scale = seconds_unit([step])          # one unit for the column: the step time's
+    scale = 1.0                                 # every time in seconds, whatever its size (autopar.report.units)
     table = Table(title="Step time", title_justify="left")
     table.add_column("term")
-    table.add_column(f"time ({unit})", justify="right")
+    table.add_column(f"time ({TIME_UNIT})", justify="right")
     table.add_column("share", justify="right")
     zero = [term for term, seconds in result.time_terms_s.items() if not seconds]
     shown = [(term, seconds) for term, seconds in result.time_terms_s.items() if term not in zero]
-    cells = column_cells([seconds for _, seconds in shown] + [step], scale)
+    cells = column_cells([seconds for _, seconds in shown] + [step], scale, digits=4)
     for (term, seconds), cell in zip(shown, cells):
         table.add_row(term, cell, format_percent(seconds / step) if step else "-")
     table.add_section()
@@ -107,8 +107,8 @@ def _print_time(console: Any, result: "Estimate") -> None:
         console.print(f"[dim]not shown, zero: {', '.join(zero)}[/]")
     precision = result.training.precision.value
     peak = result.cluster.profile.peak_flops_per_s[precision]
-    console.print(f"[bold]throughput[/]  {format_rate(result.tokens_per_s, 'tokens/s')}, MFU {format_percent(result.mfu)} "
-                  f"(of the {format_rate(peak, 'FLOP/s')} dense {precision} peak)")
+    console.print(f"[bold]throughput[/]  {format_rate(result.tokens_per_s)}, MFU {format_percent(result.mfu)} "
+                  f"(of the {format_tflops(peak / 1e12)} dense {precision} peak)")
     console.print(f"            model {format_tflops(result.model_tflops_per_gpu)} per GPU, hardware "
                   f"{format_tflops(result.hardware_tflops_per_gpu)} per GPU (recompute counted)")
 
@@ -138,12 +138,12 @@ def _print_remedies(console: Any, result: "Estimate", fixes: "tuple[Remedy, ...]
     from rich.markup import escape
     from rich.table import Table
 
-    from autopar.report.units import column_cells, format_gib, seconds_unit
+    from autopar.report.units import TIME_UNIT, column_cells, format_gib
 
     applied = [fix for fix in fixes if fix.applied]
     times = [result.step_time_s] + [fix.step_time_s for fix in applied]
-    unit, scale = seconds_unit(times)                # one unit per column, named in the header
-    time_cells = iter(column_cells(times, scale))
+    unit = TIME_UNIT                                 # one unit per column, named in the header
+    time_cells = iter(column_cells(times, 1.0, digits=4))
     memory_cells = iter(column_cells([result.peak_memory_bytes] + [fix.peak_memory_bytes for fix in applied],
                                      1024**3, digits=4))
     table = Table(title="Remedies (the guide's order, each applied on top of the ones before; stops once memory "

@@ -44,7 +44,7 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                    else f"capacity factor {training.moe_capacity_factor:g}")
         training_text += (f", MoE {routing}, imbalance {training.moe_imbalance_factor:g}, "
                           f"dispatcher {training.moe_dispatcher.value}, expert GEMMs {training.expert_gemm.value}")
-    training_text += f"; overlap: {overlap_summary(training)}"
+    training_text += f"; overlap: {overlap_summary(training)}; engine {engine_summary(training)}"
     return [("model", f"{m['name']}: {size}; {shape}"), ("cluster", cluster_text), ("training", training_text)]
 
 
@@ -60,6 +60,24 @@ def _attention_text(t: dict) -> str:
         return "off"
     runs, asked = t.get("attention_kernel_runs", "fused"), t.get("attention_kernel", "auto")
     return f"on ({runs}{', auto' if asked == 'auto' else ''})"
+
+
+ENGINE_NAMES = {"megatron": "Megatron-Core + Transformer Engine", "torchtitan": "torchtitan (FSDP2)",
+                "deepspeed": "DeepSpeed", "pytorch": "plain PyTorch", "native": "CUDA C (llm.c)"}
+
+
+def engine_summary(training: TrainingSpec) -> str:
+    """The engine and launch path priced (costmodels.engines): 'Megatron-Core + Transformer Engine, eager launches'."""
+    if training.launch.value == "cuda_graph":
+        modules = ", ".join(training.cuda_graph_modules) or "whole layers"
+        launch = f"CUDA graphs ({modules})"
+    elif training.launch.value == "compile":
+        launch = "torch.compile'd blocks"
+    else:
+        launch = "eager launches"
+    extras = (", fused kernels" if training.fused_kernels else "") + \
+        (", ZeRO-3 fetch as DeepSpeed < 0.6" if training.zero3_serial_fetch else "")
+    return f"{ENGINE_NAMES[training.engine.value]}, {launch}{extras}"
 
 
 def overlap_summary(training: TrainingSpec) -> str:

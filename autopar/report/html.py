@@ -108,22 +108,20 @@ SCRIPT = r"""
     }
     return value.toFixed(0) + " B";
   }
-  function seconds(value) {
+  function gib(value) {              // a cell of a table in GiB: '-' for none, small values kept visible
+    if (value === null || value === undefined) { return "n/a"; }
+    if (value === 0) { return "-"; }
+    var g = value / Math.pow(1024, 3);
+    return Math.abs(g) >= 0.005 ? g.toFixed(2) : sig(g, 2);
+  }
+  function seconds(value) {          // always seconds (autopar.report.units.TIME_UNIT)
     if (value === null || value === undefined) { return "n/a"; }
     if (value === 0) { return "0 s"; }
-    var size = Math.abs(value);
-    if (size >= 120) { return sig(value / 60, 3) + " min"; }
-    if (size >= 1) { return sig(value, 3) + " s"; }
-    if (size >= 1e-3) { return sig(value * 1e3, 3) + " ms"; }
-    return sig(value * 1e6, 3) + " \u00b5s";
+    return sig(value, 3) + " s";
   }
-  function rate(value) {
+  function rate(value) {             // always whole tokens/s (autopar.report.units.RATE_UNIT)
     if (value === null || value === undefined) { return "n/a"; }
-    var prefixes = [["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]];
-    for (var i = 0; i < prefixes.length; i++) {
-      if (Math.abs(value) >= prefixes[i][1]) { return sig(value / prefixes[i][1], 3) + " " + prefixes[i][0] + "tok/s"; }
-    }
-    return sig(value, 3) + " tok/s";
+    return Math.round(value).toLocaleString("en-US") + " tokens/s";
   }
   function percent(value) { return value === null || value === undefined ? "n/a" : (100 * value).toFixed(1) + "%"; }
 
@@ -159,17 +157,17 @@ SCRIPT = r"""
     var knobs = Object.keys(p.plan).filter(function (k) { return k !== "dp" && k !== "edp"; });
     left.appendChild(el("h3", "Plan"));
     left.appendChild(table(["knob", "value"], knobs.map(function (k) { return [k, String(p.plan[k])]; }), 1));
-    right.appendChild(el("h3", "Memory per pipeline stage"));
+    right.appendChild(el("h3", "Memory per pipeline stage, GiB"));   // one unit for the whole table
     var terms = [];
     p.stages.forEach(function (s) { Object.keys(s.terms_bytes).forEach(function (t) {
       if (terms.indexOf(t) < 0) { terms.push(t); } }); });
     right.appendChild(table(["stage", "layers", "total"].concat(terms), p.stages.map(function (s) {
-      return [String(s.stage), String(s.layers), bytes(s.total_bytes)].concat(terms.map(function (t) {
-        return t in s.terms_bytes ? bytes(s.terms_bytes[t]) : ""; }));
+      return [String(s.stage), String(s.layers), gib(s.total_bytes)].concat(terms.map(function (t) {
+        return t in s.terms_bytes ? gib(s.terms_bytes[t]) : ""; }));
     }), 1));
-    right.appendChild(el("h3", "Step time"));
-    right.appendChild(table(["term", "time"], Object.keys(p.time_terms_s).map(function (t) {
-      return [t, seconds(p.time_terms_s[t])]; }).concat([["total", seconds(p.step_time_s)]]), 1));
+    right.appendChild(el("h3", "Step time, s"));
+    right.appendChild(table(["term", "time (s)"], Object.keys(p.time_terms_s).map(function (t) {
+      return [t, sig(p.time_terms_s[t], 4)]; }).concat([["total", sig(p.step_time_s, 4)]]), 1));
     right.appendChild(el("h3", "Megatron-LM flags"));
     right.appendChild(el("pre", p.megatron_flags.join(" ")));
     document.querySelectorAll("[data-index]").forEach(function (node) {
@@ -340,9 +338,7 @@ def _stacked_bars(document: dict[str, Any], kind: str) -> str:
                   (document["inputs"]["cluster"]["hbm_bytes"], "hbm")]
     else:
         values = [p["time_terms_s"] for p in points]
-        fmt, unit_scale, unit, limits = format_seconds, 1.0, "s", []
-        if all(sum(v or 0 for v in terms.values()) < 1.0 for terms in values):
-            unit_scale, unit = 1e-3, "ms"
+        fmt, unit_scale, unit, limits = format_seconds, 1.0, "s", []   # always seconds, as every report
     terms = ordered_union(values)
     colors = _term_colors(terms)
     totals = [sum(max(v or 0.0, 0.0) for v in terms_of.values()) for terms_of in values]

@@ -1,4 +1,4 @@
-"""Terminal table of a front (rich), with units chosen per value. Imported only by commands that print.
+"""Terminal table of a front (rich), one fixed unit per column. Imported only by commands that print.
 
 `front_table(front)` is what `autopar solve` prints; `estimate_rows` gives the same columns for one estimate;
 `print_inputs(console, model, cluster, training)` prints the inputs header every command starts with
@@ -38,32 +38,30 @@ def print_inputs(console: "Console", model: "ModelSpec", cluster: "ClusterSpec",
 
 
 def front_columns(front: "ParetoFront", scaling: bool = False) -> tuple[list[str], list[list[str]]]:
-    """(headers, rows) of the front table: one unit per column, named in its header, with enough decimals that
-    neighbouring rows never print the same number; a GPUs column on a scaling front (`scaling`, or points on
-    several GPU counts)."""
-    from autopar.report.units import column_cells, rate_unit, seconds_unit, whole_count
+    """(headers, rows) of the front table: one fixed unit per column, named in its header (seconds, tokens/s, GiB:
+    autopar.report.units), with enough decimals that neighbouring rows never print the same number; a GPUs column
+    on a scaling front (`scaling`, or points on several GPU counts)."""
+    from autopar.report.units import RATE_UNIT, TIME_UNIT, column_cells, rate_cells, whole_count
 
     points = list(front.points)
     scaling = scaling or len({p.cluster.num_gpus for p in points}) > 1
     times = [p.step_time_s for p in points]
     rates = [p.tokens_per_s for p in points]
     peaks = [p.peak_memory_bytes for p in points]
-    time_unit, time_scale = seconds_unit(times)
-    rate_label, rate_scale = rate_unit(rates)
     limits = sorted({p.memory_limit_bytes for p in points})
     limit = f"of {limits[0] / 1024**3:.1f}" if len(limits) == 1 else "limit per row"
     headers = (["#", "plan"] + (["GPUs"] if scaling else [])
-               + [f"step time ({time_unit})", f"throughput ({rate_label})", "MFU",
+               + [f"step time ({TIME_UNIT})", f"throughput ({RATE_UNIT})", "MFU",
                   f"peak memory (GiB {limit})", "peak stage", "microbatches"])
-    time_cells = column_cells(times, time_scale)
-    rate_cells = column_cells(rates, rate_scale)
+    time_cells = column_cells(times, 1.0)
+    rate_column = rate_cells(rates)
     peak_cells = column_cells(peaks, 1024**3, digits=3)
     rows = []
     for rank, point in enumerate(points):
         memory = peak_cells[rank] if len(limits) == 1 else \
             f"{peak_cells[rank]} / {point.memory_limit_bytes / 1024**3:.1f}"
         rows.append([str(rank), point.plan.short()] + ([f"{point.cluster.num_gpus:,}"] if scaling else [])
-                    + [time_cells[rank], rate_cells[rank], format_percent(point.mfu), memory,
+                    + [time_cells[rank], rate_column[rank], format_percent(point.mfu), memory,
                        str(point.worst_stage), whole_count(point.num_microbatches)])
     return headers, rows
 

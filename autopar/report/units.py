@@ -1,8 +1,11 @@
-"""Human units for terminal tables and reports, chosen per value (bytes → KiB/MiB/GiB/TiB, seconds → µs/ms/s/min).
+"""Human units for terminal tables and reports.
 
 Everything inside autopar is in base units (bytes, seconds, FLOP/s); these helpers are the one place they turn into
-text. Binary prefixes for memory (GPU HBM is sold in GiB-sized stacks and `nvidia-smi` reports MiB), decimal for
-rates. Pure functions of a number: no locale, no global state.
+text. Times and throughputs have one unit each, the same in every report and on every run: seconds (`s`, never
+minutes, which `min` would spell like "minimum") and tokens per second (`tokens/s`, whole numbers grouped by
+thousands, never switching between k and M by magnitude); achieved compute in TFLOP/s per GPU. Memory columns are in
+GiB; a single byte count in prose takes the binary prefix that fits it (GPU HBM is sold in GiB-sized stacks and
+`nvidia-smi` reports MiB). Pure functions of a number: no locale, no global state.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ import math
 from costmodels.units import GIB
 
 _BYTE_UNITS: tuple[tuple[str, int], ...] = (("TiB", 1024 * GIB), ("GiB", GIB), ("MiB", GIB // 1024), ("KiB", 1024))
-_SECOND_UNITS: tuple[tuple[str, float], ...] = (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9))
-_DECIMAL_PREFIXES: tuple[tuple[str, float], ...] = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+TIME_UNIT = "s"
+"""The unit of every step time and time term, in every report (column headers say `step time (s)`)."""
+RATE_UNIT = "tokens/s"
+"""The unit of every throughput, in every report (`throughput (tokens/s)`)."""
 
 
 def _significant(value: float, digits: int) -> str:
@@ -69,32 +74,26 @@ def format_gib_cell(num_bytes: float, decimals: int = 2, digits: int = 2) -> str
 
 
 def format_seconds(seconds: float, digits: int = 3) -> str:
-    """0.0123 → '12.3 ms'; 3.5 → '3.50 s'; 95 → '1.58 min'; 4e-6 → '4.00 µs'."""
+    """Always in seconds, `digits` significant digits: 0.0123 → '0.0123 s'; 3.5 → '3.50 s'; 95 → '95.0 s';
+    4312 → '4,312 s'."""
     special = _not_finite(float(seconds))
     if special is not None:
         return special
     if seconds == 0:
         return "0 s"
-    size = abs(float(seconds))
-    if size >= 3600:
-        return f"{_significant(seconds / 3600, digits)} h"
-    if size >= 120:
-        return f"{_significant(seconds / 60, digits)} min"
-    for unit, scale in _SECOND_UNITS:
-        if size >= scale:
-            return f"{_significant(seconds / scale, digits)} {unit}"
-    return f"{_significant(seconds / 1e-9, digits)} ns"
+    text = _significant(seconds, digits)
+    return f"{float(text):,.{len(text.split('.')[1]) if '.' in text else 0}f} s"
 
 
-def format_rate(per_second: float, unit: str = "tok/s", digits: int = 3) -> str:
-    """Decimal prefixes: 1.25e6 → '1.25 Mtok/s'; 950 → '950 tok/s'."""
+def format_rate(per_second: float, unit: str = RATE_UNIT) -> str:
+    """Whole units per second grouped by thousands: 1.25e6 → '1,250,000 tokens/s'; a rate below one keeps 3
+    significant digits ('0.125 tokens/s')."""
     special = _not_finite(float(per_second))
     if special is not None:
         return special
-    for prefix, scale in _DECIMAL_PREFIXES:
-        if abs(per_second) >= scale:
-            return f"{_significant(per_second / scale, digits)} {prefix}{unit}"
-    return f"{_significant(per_second, digits)} {unit}"
+    if abs(per_second) < 1:
+        return f"{_significant(per_second, 3)} {unit}"
+    return f"{per_second:,.0f} {unit}"
 
 
 def format_tflops(tflops_per_s: float, digits: int = 3) -> str:
@@ -128,32 +127,11 @@ MAX_COLUMN_DECIMALS = 4
 """Decimals a column may grow to while neighbours still print alike (4 decimals of GiB is 0.1 MiB)."""
 
 
-def seconds_unit(values: "list[float]") -> tuple[str, float]:
-    """(unit, seconds per unit) for a column of durations: what `format_seconds` picks for the largest value."""
-    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
-    if largest >= 3600:
-        return "h", 3600.0
-    if largest >= 120:
-        return "min", 60.0
-    for unit, scale in _SECOND_UNITS:
-        if largest >= scale:
-            return unit, scale
-    return "ns", 1e-9
-
-
-def rate_unit(values: "list[float]", unit: str = "tok/s") -> tuple[str, float]:
-    """(unit with decimal prefix, scale) for a column of rates: the prefix `format_rate` picks for the largest."""
-    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
-    for prefix, scale in _DECIMAL_PREFIXES:
-        if largest >= scale:
-            return prefix + unit, scale
-    return unit, 1.0
-
-
-def column_cells(values: "list[float]", scale: float, digits: int = 3) -> list[str]:
+def column_cells(values: "list[float]", scale: float, digits: int = 3, grouped: bool = False) -> list[str]:
     """`values / scale` as cells of one column: the largest with `digits` significant digits, every other with the
     same decimals, more decimals (up to MAX_COLUMN_DECIMALS beyond) until neighbours that differ print differently;
-    a value too small for those decimals keeps 2 significant digits instead of printing 0."""
+    a value too small for those decimals keeps 2 significant digits instead of printing 0. `grouped`: thousands
+    separated by commas ('2,513,427')."""
     scaled = [v / scale for v in values]
     finite = [abs(v) for v in scaled if math.isfinite(v) and v]
     largest = max(finite, default=0.0)
@@ -166,7 +144,7 @@ def column_cells(values: "list[float]", scale: float, digits: int = 3) -> list[s
             return special
         if value and abs(value) < 0.5 * 10**-places:
             return _significant(value, 2)
-        return f"{value:.{places}f}"
+        return f"{value:,.{places}f}" if grouped else f"{value:.{places}f}"
 
     while True:
         cells = [cell(v, decimals) for v in scaled]
@@ -185,12 +163,18 @@ def whole_count(value: float) -> str:
 
 
 def front_columns(points: "list[dict]") -> dict[str, "str | list[str]"]:
-    """The front table's step time, throughput and peak memory columns of the document's points, one unit each:
-    {'time_unit', 'time_scale', 'rate_unit', 'time', 'rate', 'peak_gib'} (cells as strings; nulls print as n/a)."""
+    """The front table's step time, throughput and peak memory columns of the document's points, in the fixed
+    units: {'time_unit', 'time_scale', 'rate_unit', 'time', 'rate', 'peak_gib'} (cells as strings; nulls print as
+    n/a)."""
     def column(key: str) -> list[float]:
         return [p[key] if p[key] is not None else math.nan for p in points]
 
-    times, rates = column("step_time_s"), column("tokens_per_s")
-    (time_unit, time_scale), (rate_label, rate_scale) = seconds_unit(times), rate_unit(rates)
-    return {"time_unit": time_unit, "time_scale": time_scale, "rate_unit": rate_label, "time": column_cells(times, time_scale),
-            "rate": column_cells(rates, rate_scale), "peak_gib": column_cells(column("peak_memory_bytes"), GIB)}
+    return {"time_unit": TIME_UNIT, "time_scale": 1.0, "rate_unit": RATE_UNIT,
+            "time": column_cells(column("step_time_s"), 1.0), "rate": rate_cells(column("tokens_per_s")),
+            "peak_gib": column_cells(column("peak_memory_bytes"), GIB)}
+
+
+def rate_cells(tokens_per_s: "list[float]") -> list[str]:
+    """A throughput column in RATE_UNIT: whole tokens/s grouped by thousands (decimals only where neighbours would
+    print alike)."""
+    return column_cells(tokens_per_s, 1.0, digits=1, grouped=True)

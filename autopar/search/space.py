@@ -34,6 +34,7 @@ layer, Megatron-Core's --account-for-embedding/loss-in-pipeline-split (the `laye
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -107,10 +108,11 @@ def parse_knob_value(knob: str, value: str | int | bool | Recompute) -> int:
             raise InputError("sp", f"expected true or false, got {value!r}")
         return int(bool(value))
     if isinstance(value, str):
-        try:
-            number = int(value.strip(), 10)
-        except ValueError:
-            raise InputError(knob, f"expected a whole number, got {value!r}") from None
+        text = value.strip()
+        if not re.fullmatch(r"[+-]?[0-9]{1,18}", text):            # not `1_6`, `８`, or 5,000 digits
+            shown = repr(text[:24]) + (f"… ({len(text):,} characters)" if len(text) > 24 else "")
+            raise InputError(knob, f"expected a whole number in the digits 0-9 (at most 18 of them), got {shown}")
+        number = int(text, 10)
     elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InputError(knob, f"expected a whole number, got {value!r}")
     else:

@@ -1,0 +1,85 @@
+"""The engine flags through the real CLI (issue 42): --framework prices what the framework runs, the launch-path
+flags are refused where the engine has no such thing (exit 2, one line naming the flag), and every document says
+which engine and launch path were priced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_cli import autopar
+
+SMALL = ("estimate", "llama-3.2-1b", "--gpus", "8", "--seq-len", "1024", "--global-batch", "64", "--mbs", "1")
+
+
+def estimate(*flags: str) -> dict:
+    result = autopar(*SMALL, *flags, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_framework_picks_the_engine_and_the_inputs_name_it():
+    megatron = estimate()
+    assert megatron["inputs"]["training"]["engine"] == "megatron"
+    assert megatron["inputs"]["training"]["launch"] == "eager"
+    titan = estimate("--framework", "torchtitan", "--compile")
+    assert (titan["inputs"]["training"]["engine"], titan["inputs"]["training"]["launch"]) == ("torchtitan", "compile")
+    plain = estimate("--framework", "pytorch")
+    assert plain["inputs"]["training"]["engine"] == "pytorch"
+    llmc = estimate("--framework", "llm.c")
+    assert llmc["inputs"]["training"]["engine"] == "native"
+    # the same plan, different engines: the host's share and the GPU's elementwise work differ
+    assert len({round(doc["step_time_s"], 6) for doc in (megatron, titan, plain, llmc)}) == 4
+    text = autopar(*SMALL, "--framework", "torchtitan", "--compile")
+    assert "engine torchtitan (FSDP2), torch.compile'd blocks" in " ".join(text.stdout.split())
+
+
+def test_cuda_graphs_cut_the_host_share():
+    eager = estimate("--tp", "8")
+    graphs = estimate("--tp", "8", "--cuda-graph-impl", "transformer_engine")
+    assert graphs["inputs"]["training"]["launch"] == "cuda_graph"
+    assert graphs["time_terms_s"]["host"] < eager["time_terms_s"]["host"]
+
+
+@pytest.mark.parametrize("flags,names", [
+    (["--compile"], ["compile", "megatron"]),
+    (["--framework", "torchtitan", "--cuda-graph-impl", "local"], ["cuda_graph_impl", "torchtitan"]),
+    (["--cuda-graph-impl", "full_iter"], ["cuda_graph_impl", "full_iter"]),
+    (["--cuda-graph-modules", "attn"], ["cuda_graph_modules", "--cuda-graph-impl"]),
+    (["--cuda-graph-impl", "local", "--cuda-graph-modules", "router"], ["cuda_graph_modules", "router"]),
+    (["--fused-kernels"], ["fused_kernels", "megatron"]),
+    (["--deepspeed-version", "0.5.10"], ["deepspeed_version", "--framework deepspeed"]),
+    (["--framework", "deepspeed", "--deepspeed-version", "latest"], ["deepspeed_version", "0.5.10"]),
+    (["--framework", "jax"], ["framework", "jax", "pytorch"]),
+], ids=["compile-megatron", "graphs-torchtitan", "bad-impl", "modules-no-impl", "bad-module", "fused-megatron",
+        "ds-version-no-ds", "bad-ds-version", "unknown-framework"])
+def test_engine_flags_are_refused_where_they_do_not_apply(flags, names):
+    result = autopar(*SMALL, *flags)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autopar: error: ") and "Traceback" not in result.stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+def test_solve_under_a_priced_only_framework_searches_data_parallel_plans():
+    result = autopar("solve", "llama-3.2-1b", "--gpus", "8", "--seq-len", "1024", "--global-batch", "64",
+                     "--framework", "pytorch", "--json")
+    assert result.returncode == 0, result.stderr
+    front = json.loads(result.stdout)
+    assert front["points"] and all(p["plan"]["tp"] == 1 and p["plan"]["pp"] == 1 for p in front["points"])
+    refused = autopar("solve", "llama-3.2-1b", "--gpus", "8", "--emit", "pytorch")
+    assert refused.returncode == 2 and "writes no launch config" in refused.stderr
+
+
+def test_megatron_commands_bring_their_cuda_graphs(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+                      "--sequence-parallel --num-layers 16 --hidden-size 2048 --num-attention-heads 32 "
+                      "--micro-batch-size 1 --global-batch-size 64 --seq-length 1024 --bf16 "
+                      "--cuda-graph-impl transformer_engine --cuda-graph-modules attn mlp\n", encoding="utf-8")
+    result = autopar("estimate", "llama-3.2-1b", "--from-megatron-args", str(script), "--json")
+    assert result.returncode == 0, result.stderr
+    training = json.loads(result.stdout)["inputs"]["training"]
+    assert training["launch"] == "cuda_graph" and training["cuda_graph_modules"] == ["attn", "mlp"]

@@ -1,0 +1,236 @@
+"""The host side of a step (costmodels/host.py, host_timeline.py, engines.py): launch costs fitted to the
+microbenchmarks, the timeline algebra against a kernel-by-kernel simulation of one in-order queue, the engines'
+counts and synchronisations, and what the `host` term does to a step."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodels import engines, host_timeline, steptime
+from costmodels.hardware import load_profile
+from costmodels.host import DEFAULT_HOST_COSTS_US, HOST_FIELDS, Segment, host_costs_from_us
+from costmodels.plan import Plan, PlanArrays
+from costmodels.specs import ClusterSpec, Engine, LaunchPath, ModelSpec, MoEDispatcher, TrainingSpec
+
+H100 = load_profile("h100-80gb")
+SMALL = ModelSpec(name="small", hidden_size=1024, num_layers=12, num_attention_heads=16, ffn_hidden_size=4096,
+                  vocab_size=32000)
+
+
+def steps(model, gpu, training, plans, num_gpus=8):
+    cluster = ClusterSpec(profile=load_profile(gpu), num_gpus=num_gpus)
+    return steptime.step_time_terms_s(model, cluster, training, PlanArrays.from_plans(plans))
+
+
+# ---- launch costs ------------------------------------------------------------------------------------------------
+
+def test_bundled_host_costs_are_the_microbenchmark_fit(microbench_tables=None):
+    """Every x86 profile carries the fit of the host rows (benchmarks/fit_microbench.py through autopar profile
+    fit's path), the defaults for a profile without a host: section are the same numbers, and GB200's Grace host is
+    slower by TE issue #2053's torch-linear ratio."""
+    from autopar.calibrate.fit import fit_host_costs
+    from benchmarks import microbench_tables as tables
+
+    try:
+        rows = tables.all_rows()
+    except FileNotFoundError:
+        pytest.skip("shared/reference/microbench is not next to this checkout")
+    x86 = [row.measurement for file_rows in rows.values() for row in file_rows
+           if "h100-80gb" in row.profiles and type(row.measurement).__name__ == "HostMeasurement"]
+    fitted = fit_host_costs(x86, H100).params
+    for key in HOST_FIELDS:
+        assert fitted[key] == pytest.approx(DEFAULT_HOST_COSTS_US[key], rel=2e-3), key
+        assert getattr(H100.host_costs, key[:-3] + "_s") == pytest.approx(fitted[key] * 1e-6, rel=2e-3), key
+    grace = load_profile("gb200").host_costs
+    assert grace.aten_op_s / H100.host_costs.aten_op_s == pytest.approx(tables.GRACE_HOST_FACTOR, rel=0.05)
+
+
+def test_te_module_ratio_is_the_issues_table():
+    path = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "microbench" / \
+        "host_cpu_linear_te_issue2053.csv"
+    with open(path, encoding="utf-8") as handle:
+        rows = list(csv.DictReader(line for line in handle if not line.startswith("#")))
+    cpu = {(r["system"], r["module"]): float(r["cpu_us_per_call"]) for r in rows}
+    assert engines.TE_MODULE_TO_TORCH_LINEAR == pytest.approx(
+        cpu[("GB200", "transformer_engine.pytorch.Linear")] / cpu[("GB200", "torch.nn.Linear")])
+
+
+def test_a_bad_host_section_is_refused_naming_the_key():
+    from costmodels.errors import InputError
+    from costmodels.host import parse_host_section
+
+    with pytest.raises(InputError, match="host.launch_ms is not a host cost"):
+        parse_host_section({"launch_ms": 3}, "p.yaml")
+    with pytest.raises(InputError, match=r"host.sync_us must be a number of µs in \(0, 100,000\]"):
+        parse_host_section({"sync_us": -1}, "p.yaml")
+    assert parse_host_section({"sync_us": 20}, "p.yaml").sync_s == pytest.approx(20e-6)
+
+
+# ---- the timeline algebra ------------------------------------------------------------------------------------------
+
+def simulate(kernels: list[tuple[float, float]], syncs: frozenset = frozenset(), wake_s: float = 0.0) -> float:
+    """One in-order stream, kernel by kernel: the host enqueues kernel i in host_i after the previous enqueue;
+    it starts at max(its enqueue, the previous kernel's end); before a kernel index in `syncs` the host waits for
+    the GPU to drain and then wakes up (wake_s)."""
+    host = gpu = 0.0
+    for i, (host_s, gpu_s) in enumerate(kernels):
+        if i in syncs:
+            host = max(host, gpu) + wake_s
+        host += host_s
+        gpu = max(gpu, host) + gpu_s
+    return gpu
+
+
+kernel_lists = st.lists(st.tuples(st.floats(0.0, 50.0), st.floats(0.0, 50.0)), min_size=1, max_size=30)
+
+
+@given(kernel_lists)
+@settings(max_examples=200, deadline=None)
+def test_segments_compose_like_the_queue(kernels):
+    """Each kernel its own segment (its host time is its first launch), chained with `then`: the chain's drained
+    time is the queue's end, exactly."""
+    chain = Segment.empty(1)
+    for host_s, gpu_s in kernels:
+        chain = chain.then(Segment.of(host_s, gpu_s, host_s, gpu_s))
+    assert chain.drained_s[0] == pytest.approx(simulate(kernels), abs=1e-9)
+    assert chain.gpu_s[0] == pytest.approx(sum(g for _, g in kernels))
+
+
+@given(kernel_lists, st.integers(1, 6))
+@settings(max_examples=100, deadline=None)
+def test_repeat_is_copies_back_to_back(kernels, count):
+    one = Segment.empty(1)
+    for host_s, gpu_s in kernels:
+        one = one.then(Segment.of(host_s, gpu_s, host_s, gpu_s))
+    assert one.repeat(count).drained_s[0] == pytest.approx(simulate(kernels * count), abs=1e-6)
+
+
+def test_a_synchronisation_closes_the_chain_and_exposes_the_next_launches():
+    """Chains.units: a unit of (before, sync, after) repeated; against the queue with a sync before each unit's
+    second part. Host-bound after the sync (4 µs launches of 1 µs kernels), GPU-bound before it."""
+    before = [(1.0, 20.0)] * 3
+    after = [(4.0, 1.0)] * 5
+    wake = 2.0
+    units = 3
+    kernels, syncs = [], set()
+    for _ in range(units):
+        kernels += before
+        syncs.add(len(kernels))
+        kernels += after
+    expected = simulate(kernels, frozenset(syncs), wake)
+    chains = host_timeline.Chains.start(1, wake)
+    seg_before = Segment.of(3.0, 60.0, 1.0, 20.0)
+    seg_after = Segment.of(20.0, 5.0, 4.0, 1.0)
+    chains.units(seg_before, seg_after, 1.0, float(units))
+    total_gpu = units * (60.0 + 5.0)
+    # the unit's own pieces are uniform, so the closed form is exact: what the chains expose plus the GPU's work
+    assert chains.exposed_s[0] + chains.open.exposed_s[0] + total_gpu == pytest.approx(expected)
+
+
+# ---- the engines' counts -------------------------------------------------------------------------------------------
+
+def test_te_grouped_linear_launches_a_gemm_per_expert():
+    """TE 2.17's GroupedLinear: a cuBLAS call per local expert, 2n forward and 4n backward per MoE layer (fc1 and
+    fc2), one TE module call each way per linear; a grouped kernel (torchtitan) launches one per GEMM."""
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen3-30b-a3b")
+    plans = PlanArrays.from_plans([Plan(ep=8), Plan(ep=2)])
+    for experts, plan_index in ((16, 0), (64, 1)):
+        fwd, bwd = engines._grouped_gemm_launches(TrainingSpec(), engines.local_experts(model, plans))
+        assert np.asarray(fwd.cublas)[plan_index] + np.asarray(fwd.te_module) == 2 * experts
+        assert np.asarray(bwd.cublas)[plan_index] + np.asarray(bwd.te_module) == 4 * experts
+    grouped = engines._grouped_gemm_launches(TrainingSpec(expert_gemm="grouped"), engines.local_experts(model, plans))
+    assert grouped[0].kernels == 2
+
+
+def test_megatron_dispatcher_syncs_once_per_moe_layer_unless_padded():
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen3-30b-a3b")
+    plans = PlanArrays.from_plans([Plan(ep=8)])
+    assert engines.layer_launches(model, TrainingSpec(), plans).dispatch_syncs[0] == 1
+    padded = TrainingSpec(moe_capacity_factor=1.0, moe_pad_to_capacity=True)
+    assert engines.layer_launches(model, padded, plans).dispatch_syncs[0] == 0
+    deepep = TrainingSpec(moe_dispatcher=MoEDispatcher.DEEPEP)
+    assert engines.layer_launches(model, deepep, plans).dispatch_syncs[0] == 4
+
+
+def test_cuda_graphs_replace_a_layers_launches_by_replays():
+    plans = PlanArrays.from_plans([Plan(tp=2, sp=True)])
+    eager = engines.layer_launches(SMALL, TrainingSpec(), plans)
+    graphed = engines.layer_launches(SMALL, TrainingSpec(launch=LaunchPath.CUDA_GRAPH), plans)
+    assert np.asarray(graphed.dense_fwd.graph_replay) == 2      # attn and mlp, whole layer
+    assert np.asarray(graphed.dense_fwd.kernels) == pytest.approx(np.asarray(eager.dense_fwd.kernels))
+    assert graphed.dense_fwd.host_s(H100.host_costs) < 0.2 * eager.dense_fwd.host_s(H100.host_costs)
+
+
+def test_moe_whole_layer_graphs_need_drop_and_pad():
+    from costmodels.errors import InputError
+
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("mixtral-8x7b")
+    with pytest.raises(InputError, match="drop-and-pad"):
+        engines.layer_launches(model, TrainingSpec(launch=LaunchPath.CUDA_GRAPH), PlanArrays.from_plans([Plan()]))
+
+
+def test_eager_engines_move_more_elementwise_bytes_and_fused_kernels_as_many_as_megatron():
+    llama = __import__("autopar.models", fromlist=["load_model"]).load_model("llama-3.1-8b")
+    megatron = engines.elementwise_bytes_per_token(llama, TrainingSpec())
+    hugging_face = engines.elementwise_bytes_per_token(llama, TrainingSpec(engine=Engine.DEEPSPEED))
+    compiled = engines.elementwise_bytes_per_token(llama, TrainingSpec(engine=Engine.TORCHTITAN,
+                                                                      launch=LaunchPath.COMPILE))
+    assert hugging_face > 2 * megatron > 2 * compiled * 0.9
+    fused = TrainingSpec(engine=Engine.DEEPSPEED, fused_kernels=True)
+    assert engines.elementwise_traffic_scale(llama, fused) == 1.0
+
+
+# ---- the host term -------------------------------------------------------------------------------------------------
+
+def test_small_micro_batches_of_a_small_model_pay_the_host_and_large_ones_do_not():
+    training = TrainingSpec(seq_len=512, global_batch_size=64)
+    one, eight = Plan(tp=8, mbs=1, sp=True), Plan(tp=8, mbs=8, sp=True)
+    terms = steps(SMALL, "b200-180gb", training, [one, eight])
+    step = sum(terms.values())
+    assert terms["host"][0] > 0.05 * step[0]          # host-bound at micro-batch 1
+    assert terms["host"][1] < 0.5 * terms["host"][0]  # eight times the work per launch hides most of it
+    assert step[0] > 1.1 * step[1]
+
+
+def test_a_large_model_stays_gpu_bound_at_micro_batch_one():
+    llama = __import__("autopar.models", fromlist=["load_model"]).load_model("llama-3.1-70b")
+    terms = steps(llama, "h100-80gb", TrainingSpec(seq_len=4096, global_batch_size=64),
+                  [Plan(tp=8, pp=4, vpp=5, mbs=1, sp=True, zero=1)], num_gpus=64)
+    assert terms["host"][0] < 0.01 * sum(terms.values())[0]
+
+
+def test_the_same_plan_is_more_host_bound_on_a_faster_gpu_and_a_slower_host():
+    training = TrainingSpec(seq_len=1024, global_batch_size=64)
+    plan = [Plan(tp=4, mbs=1, sp=True)]
+    share = {gpu: (lambda t: t["host"][0] / sum(t.values())[0])(steps(SMALL, gpu, training, plan))
+             for gpu in ("a100-80gb", "h100-80gb", "b200-180gb")}
+    assert share["a100-80gb"] < share["h100-80gb"] < share["b200-180gb"]
+    slow_host = dataclasses.replace(H100, host_costs=host_costs_from_us(
+        {key: 3.0 * value for key, value in DEFAULT_HOST_COSTS_US.items()}))
+    cluster = ClusterSpec(profile=slow_host, num_gpus=8)
+    slow = steptime.step_time_terms_s(SMALL, cluster, training, PlanArrays.from_plans(plan))["host"][0]
+    assert slow > steps(SMALL, "h100-80gb", training, plan)["host"][0]
+
+
+def test_a_dispatch_sync_per_moe_layer_costs_the_host_more_than_drop_and_pad():
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen3-30b-a3b")
+    plans = [Plan(ep=8, mbs=1, zero=1)]
+    dropless = steps(model, "b200-180gb", TrainingSpec(seq_len=1024, global_batch_size=64), plans)
+    padded = steps(model, "b200-180gb", TrainingSpec(seq_len=1024, global_batch_size=64, moe_capacity_factor=1.0,
+                                                     moe_pad_to_capacity=True), plans)
+    assert dropless["host"][0] > padded["host"][0]
+
+
+def test_deepspeed_2021_zero3_exposes_every_gather():
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("gpt-1.7b")
+    modern = TrainingSpec(seq_len=2048, global_batch_size=512, engine=Engine.DEEPSPEED)
+    legacy = dataclasses.replace(modern, zero3_serial_fetch=True)
+    plan = [Plan(zero=3, mbs=1)]
+    assert steps(model, "a100-80gb", legacy, plan, 256)["dp_comm"][0] > \
+        2 * steps(model, "a100-80gb", modern, plan, 256)["dp_comm"][0]

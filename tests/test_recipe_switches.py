@@ -1,0 +1,296 @@
+"""Issue 43, second pass: the memory switches the frameworks' performance recipes set, priced as terms of
+costmodels.memory with hand-derived arithmetic, their readers (autopar.bridge_config, autopar.megatron_args), the
+Llama 3 presets the Llama 3 recipes name, and what Bridge's performance launcher changes before it trains
+(benchmarks/bridge_recipes.launcher_overrides).
+
+Shapes used below (autopar/presets):
+- qwen3-30b-a3b: h = 2048, 48 layers, all MoE (128 experts, top 8, expert width F_e = 768, gated);
+- llama-3-8b: h = 4096, 32 layers, 32 heads (8 KV), F = 14336, vocab 128256, untied.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import autopar
+from autopar.bridge_config import read_bridge_config
+from autopar.megatron_args import parse_megatron_args
+from benchmarks.bridge_recipes import launcher_overrides
+from costmodels import memory, params
+from costmodels.errors import InputError
+from costmodels.plan import Plan, PlanArrays, Recompute
+from costmodels.rules import RULES_BY_ID, Problem
+from costmodels.specs import TrainingSpec
+
+
+def terms(model_name: str, num_gpus: int, training: TrainingSpec, plan: Plan, stage: int = 0,
+          gpu: str = "h100") -> dict[str, float]:
+    model = autopar.load_model(model_name)
+    cluster = autopar.make_cluster(gpu=gpu, num_gpus=num_gpus)
+    out = memory.memory_terms_bytes(model, cluster, training, PlanArrays.from_plans([plan]), stage)
+    return {name: float(value[0]) for name, value in out.items()}
+
+
+# ---- MoE: the flex dispatcher's rank budget and the paged stash ---------------------------------------------------
+
+QWEN_MOE = Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=1)
+COPIES = 4096 * 8               # T·k·etp/t: 4096 tokens, top 8, etp 1, tp 1
+PER_COPY = 2 * 2048 + (2 * 2 + 2) * 768   # bf16 expert input 2h, gated MLP: [gate, up] 2·2F_e and fc2 input 2F_e
+
+
+def test_a_rank_budget_sizes_the_expert_buffers():
+    base = TrainingSpec(seq_len=4096, global_batch_size=64, moe_dispatcher="deepep")
+    dropless = terms("qwen3-30b-a3b", 64, base, QWEN_MOE)
+    # 48 MoE layers × 32768 copies × 8704 bytes (one micro-batch in flight: pp 1)
+    assert dropless["expert_mlp_activations"] == pytest.approx(48 * COPIES * PER_COPY)
+    assert dropless["moe_dispatch_activations"] == pytest.approx(48 * COPIES * 4)      # fp32 routing weight a copy
+    budget = terms("qwen3-30b-a3b", 64, TrainingSpec(seq_len=4096, global_batch_size=64, moe_dispatcher="deepep",
+                                                      moe_rank_capacity_factor=1.5), QWEN_MOE)
+    # HybridEP's static buffers: num_tokens · top_k · 1.5 rows, whatever the routing
+    assert budget["expert_mlp_activations"] == pytest.approx(1.5 * 48 * COPIES * PER_COPY)
+    assert budget["moe_dispatch_activations"] == pytest.approx(1.5 * 48 * COPIES * 4)
+    assert "moe_stash_working_set" not in budget
+
+
+def test_the_paged_stash_holds_its_factor_of_the_expected_tokens_and_one_layer_at_the_budget():
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, moe_dispatcher="deepep",
+                            moe_rank_capacity_factor=1.5, moe_paged_stash_factor=1.2)
+    stash = terms("qwen3-30b-a3b", 64, training, QWEN_MOE)
+    # the stash: 1.2 × the expected rows (budget / 1.5) of every layer-micro-batch in flight
+    assert stash["expert_mlp_activations"] == pytest.approx(1.2 * 48 * COPIES * PER_COPY)
+    # the layer being computed holds its tensors at the budget's length beside the stash
+    assert stash["moe_stash_working_set"] == pytest.approx(1.5 * COPIES * PER_COPY)
+    # moe_act recompute drops the fc2 input (2 bytes × F_e a copy) from both
+    act = terms("qwen3-30b-a3b", 64, training, Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=1,
+                                                   recompute=Recompute.SELECTIVE, recompute_modules="moe_act"))
+    kept = PER_COPY - 2 * 768
+    assert act["expert_mlp_activations"] == pytest.approx(1.2 * 48 * COPIES * kept)
+    assert act["moe_stash_working_set"] == pytest.approx(1.5 * COPIES * kept)
+
+
+def test_stash_and_budget_are_checked_as_megatron_core_checks_them():
+    with pytest.raises(InputError, match="needs a rank capacity factor"):
+        TrainingSpec(moe_dispatcher="deepep", moe_paged_stash_factor=1.1)
+    with pytest.raises(InputError, match="flex dispatcher"):
+        TrainingSpec(moe_rank_capacity_factor=1.5)
+    with pytest.raises(InputError, match="must be > 0"):
+        TrainingSpec(moe_dispatcher="deepep", moe_rank_capacity_factor=0.0)
+
+
+def test_the_a2a_overlap_warms_up_one_chunk_micro_batch_more():
+    """pp 4, vpp 2, rank 0: W = (4 - 0 - 1)·2 + (2 - 1)·4 = 10, held N = W + 1 = 11 chunk-micro-batches = 5.5
+    whole-rank micro-batches; with overlap_moe_expert_parallel_comm W = 11, N = 12 -> 6 (get_pp_rank_microbatches)."""
+    plans = PlanArrays.from_plans([Plan(pp=4, vpp=2)])
+    stage = np.zeros(1)
+    assert memory.in_flight_microbatches(plans, stage, np.array([64.0]))[0] == pytest.approx(5.5)
+    assert memory.in_flight_microbatches(plans, stage, np.array([64.0]), moe_a2a_overlap=True)[0] == 6.0
+    # plain 1F1B (vpp 1) has no extra warm-up: pp - r
+    one = PlanArrays.from_plans([Plan(pp=4)])
+    assert memory.in_flight_microbatches(one, stage, np.array([64.0]), moe_a2a_overlap=True)[0] == 4.0
+
+
+# ---- CPU activation offloading --------------------------------------------------------------------------------
+
+def test_cpu_offloading_keeps_the_other_layers_activations_on_the_gpu():
+    """Transformer Engine keeps at most model_layers - num_layers layers' activations on the GPU: 20 of llama-3-8b's
+    32 layers offloaded leave 12 of 32."""
+    plan = Plan(tp=1, pp=1, mbs=1, zero=1)
+    base = TrainingSpec(seq_len=4096, global_batch_size=64)
+    full = terms("llama-3-8b", 64, base, plan)["layer_activations"]
+    offloaded = terms("llama-3-8b", 64, TrainingSpec(seq_len=4096, global_batch_size=64, cpu_offload_layers=20),
+                      plan)["layer_activations"]
+    assert offloaded == pytest.approx(full * 12 / 32)
+
+
+def test_cpu_offloading_rule():
+    model = autopar.load_model("llama-3-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
+    rule = RULES_BY_ID["cpu_offloading"]
+    problem = Problem(model, cluster, TrainingSpec(cpu_offload_layers=20))
+    plans = [Plan(pp=1), Plan(pp=2), Plan(pp=1, recompute=Recompute.SELECTIVE)]
+    assert rule.holds(problem, PlanArrays.from_plans(plans)).tolist() == [True, False, False]
+    assert "no support for Pipeline parallelism" in rule.why_broken(problem, plans[1])
+    assert "activation recomputation" in rule.why_broken(problem, plans[2])
+    every = Problem(model, cluster, TrainingSpec(cpu_offload_layers=32))
+    assert not rule.holds(every, PlanArrays.from_plans([Plan(pp=1)]))[0]
+    assert "layers less than" in rule.why_broken(every, Plan(pp=1))
+    assert rule.holds(Problem(model, cluster, TrainingSpec()), PlanArrays.from_plans(plans)).all()
+
+
+# ---- the output layer's deferred weight gradient, pipeline outputs, TP userbuffers ------------------------------
+
+def test_deferred_output_wgrad_on_the_last_rank():
+    """llama-3-8b, pp 2 on 2 GPUs (dp 1), mbs 1, seq 4096, gbs 8: 8 micro-batches. Each deferred one keeps the
+    output layer's logit gradient, 2 · 4096 tokens · 128256 vocab, and its input, 2 · 4096 · 4096 (tp 1)."""
+    plan = Plan(tp=1, pp=2, mbs=1, zero=1)
+    entry = 2 * 4096 * 128256 + 2 * 4096 * 4096
+    every = TrainingSpec(seq_len=4096, global_batch_size=8, defer_output_wgrad=True)
+    assert terms("llama-3-8b", 2, every, plan, stage=1)["deferred_output_wgrad"] == pytest.approx(8 * entry)
+    assert terms("llama-3-8b", 2, every, plan, stage=0)["deferred_output_wgrad"] == 0.0
+    limited = TrainingSpec(seq_len=4096, global_batch_size=8, defer_output_wgrad=True, wgrad_deferral_limit=3)
+    assert terms("llama-3-8b", 2, limited, plan, stage=1)["deferred_output_wgrad"] == pytest.approx(3 * entry)
+    assert params.padded_vocab_size(autopar.load_model("llama-3-8b"), 1) == 128256
+
+
+def test_pipeline_outputs_kept_without_deallocation():
+    """deallocate_pipeline_outputs off: pp 2, 1F1B, rank 0 holds pp - 0 = 2 micro-batches, each keeping its sent
+    output, 2 bytes · 4096 tokens · 4096; the last rank sends nothing."""
+    plan = Plan(tp=1, pp=2, mbs=1, zero=1)
+    kept = TrainingSpec(seq_len=4096, global_batch_size=8, deallocate_pipeline_outputs=False)
+    assert terms("llama-3-8b", 2, kept, plan, stage=0)["pipeline_outputs"] == pytest.approx(2 * 2 * 4096 * 4096)
+    assert terms("llama-3-8b", 2, kept, plan, stage=1)["pipeline_outputs"] == 0.0
+    assert "pipeline_outputs" not in terms("llama-3-8b", 2, TrainingSpec(seq_len=4096, global_batch_size=8), plan)
+
+
+def test_tp_comm_overlap_userbuffers():
+    """tp 2 with SP, seq 4096, mbs 1, cp 1: 12 buffers of 4096 × 4096 elements, 8 all-gather ones (bf16: 2 bytes,
+    fp8: 1) and 4 reduce-scatter ones (bf16)."""
+    plan = Plan(tp=2, pp=1, mbs=1, sp=True, zero=1)
+    bf16 = TrainingSpec(seq_len=4096, global_batch_size=64, tp_comm_overlap=True)
+    assert terms("llama-3-8b", 8, bf16, plan)["tp_comm_userbuffers"] == pytest.approx(4096 * 4096 * (8 * 2 + 4 * 2))
+    fp8 = TrainingSpec(seq_len=4096, global_batch_size=64, tp_comm_overlap=True, precision="fp8",
+                       fp8_recipe="tensorwise")
+    assert terms("llama-3-8b", 8, fp8, plan)["tp_comm_userbuffers"] == pytest.approx(4096 * 4096 * (8 + 4 * 2))
+    # cp 2 halves the rows; tp 1 has no TP overlap
+    assert terms("llama-3-8b", 8, bf16, Plan(tp=2, cp=2, pp=1, mbs=1, sp=True, zero=1))["tp_comm_userbuffers"] == \
+        pytest.approx(4096 * 4096 * 24 / 2)
+    assert terms("llama-3-8b", 8, bf16, Plan(tp=1, pp=1, mbs=1, zero=1))["tp_comm_userbuffers"] == 0.0
+    assert "tp_comm_userbuffers" in memory.STAGE_INDEPENDENT_TERMS
+
+
+# ---- the readers ------------------------------------------------------------------------------------------------
+
+BRIDGE_MOE = {"model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                        "expert_model_parallel_size": 8, "num_layers": 48, "num_moe_experts": 128,
+                        "moe_router_topk": 8, "moe_token_dispatcher_type": "flex",
+                        "moe_flex_dispatcher_backend": "hybridep", "moe_expert_rank_capacity_factor": 1.5,
+                        "moe_paged_stash": True, "moe_paged_stash_buffer_size_factor_cuda": -1.2,
+                        "moe_paged_stash_buffer_size_factor_cpu": 1.0},
+              "train": {"micro_batch_size": 1, "global_batch_size": 64}}
+
+
+def test_the_bridge_reader_takes_the_moe_budget_and_stash():
+    run = read_bridge_config(BRIDGE_MOE)
+    assert run.training["moe_rank_capacity_factor"] == 1.5
+    assert run.training["moe_paged_stash_factor"] == 1.2          # a negative factor: its magnitude
+    assert any("pinned host buffer" in note for note in run.notes)
+    assert not any("paged_stash" in switch for switch in run.not_priced)
+    no_budget = {**BRIDGE_MOE, "model": {**BRIDGE_MOE["model"], "moe_expert_rank_capacity_factor": None}}
+    with pytest.raises(InputError, match="moe_paged_stash needs"):
+        read_bridge_config(no_budget)
+    alltoall = {**BRIDGE_MOE, "model": {**BRIDGE_MOE["model"], "moe_token_dispatcher_type": "alltoall"}}
+    with pytest.raises(InputError, match="flex dispatcher"):
+        read_bridge_config(alltoall)
+
+
+def test_the_bridge_reader_takes_offloading_deferral_and_pipeline_outputs():
+    base = {"model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "num_layers": 80,
+                      "cpu_offloading": True, "cpu_offloading_num_layers": 20, "cpu_offloading_weights": False},
+            "train": {"micro_batch_size": 1, "global_batch_size": 64}}
+    assert read_bridge_config(base).training["cpu_offload_layers"] == 20
+    piped = {"model": {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 8, "num_layers": 96,
+                       "virtual_pipeline_model_parallel_size": 12, "sequence_parallel": True,
+                       "deallocate_pipeline_outputs": False},
+             "comm_overlap": {"defer_embedding_wgrad_compute": True, "wgrad_deferral_limit": 22},
+             "train": {"micro_batch_size": 1, "global_batch_size": 32}}
+    training = read_bridge_config(piped).training
+    assert training["defer_output_wgrad"] and training["wgrad_deferral_limit"] == 22
+    assert training["deallocate_pipeline_outputs"] is False
+    peft = {**base, "peft": {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 16}}
+    with pytest.raises(InputError, match="peft: megatron.bridge.peft.lora.LoRA"):
+        read_bridge_config(peft)
+
+
+def test_megatron_args_take_the_same_switches():
+    run = parse_megatron_args("--bf16 --micro-batch-size 1 --global-batch-size 64 --num-experts 128 "
+                              "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
+                              "--moe-expert-rank-capacity-factor 1.5 --moe-paged-stash "
+                              "--moe-paged-stash-buffer-size-factor-cuda 1.2")
+    assert run.training["moe_rank_capacity_factor"] == 1.5 and run.training["moe_paged_stash_factor"] == 1.2
+    default = parse_megatron_args("--bf16 --micro-batch-size 1 --num-experts 8 --moe-token-dispatcher-type flex "
+                                  "--moe-flex-dispatcher-backend hybridep --moe-expert-rank-capacity-factor 1.2 "
+                                  "--moe-paged-stash")
+    assert default.training["moe_paged_stash_factor"] == pytest.approx(1.10)     # TransformerConfig's default
+    with pytest.raises(InputError, match="hybridep or ncclep"):
+        parse_megatron_args("--bf16 --num-experts 8 --moe-token-dispatcher-type alltoall "
+                            "--moe-expert-rank-capacity-factor 1.5")
+    with pytest.raises(InputError, match="--moe-paged-stash without"):
+        parse_megatron_args("--bf16 --num-experts 8 --moe-paged-stash")
+    offload = parse_megatron_args("--bf16 --micro-batch-size 1 --cpu-offloading-num-layers 20")
+    assert offload.training["cpu_offload_layers"] == 20
+    deferred = parse_megatron_args("--bf16 --pipeline-model-parallel-size 8 --defer-embedding-wgrad-compute "
+                                   "--wgrad-deferral-limit 22 --micro-batch-size 1")
+    assert deferred.training["defer_output_wgrad"] and deferred.training["wgrad_deferral_limit"] == 22
+    with pytest.raises(InputError, match="pipeline model parallel is not used"):
+        parse_megatron_args("--bf16 --defer-embedding-wgrad-compute --micro-batch-size 1")
+
+
+# ---- Bridge's performance launcher and the Llama 3 presets ---------------------------------------------------------
+
+def test_the_launcher_turns_on_the_precision_aware_optimizer_for_bf16_adam():
+    def config(optimizer: str = "adam", on: bool = False):
+        return types.SimpleNamespace(optimizer=types.SimpleNamespace(optimizer=optimizer,
+                                                                     use_precision_aware_optimizer=on))
+    cfg = config()
+    assert launcher_overrides(cfg, "llama3_8b_pretrain_8gpu_h100_bf16_config")
+    assert cfg.optimizer.use_precision_aware_optimizer is True
+    for name, cfg in (("llama3_8b_pretrain_8gpu_h100_fp8cs_config", config()),
+                      ("qwen3_30b_a3b_pretrain_16gpu_gb200_fp8mx_paged_stash_dev_config", config()),
+                      ("llama3_8b_pretrain_8gpu_h100_bf16_config", config("sgd")),
+                      ("llama3_8b_pretrain_8gpu_h100_bf16_config", config(on=True))):
+        assert launcher_overrides(cfg, name) == []
+
+
+def test_llama_3_presets():
+    """Meta-Llama-3-8B: 2 · 128256 · 4096 embedding and output, 32 layers of attention 2 · 4096² + 2 · 4096 · 1024,
+    SwiGLU 3 · 4096 · 14336 and two norms, the final norm: 8,030,261,248 (Meta's 8.03B). Meta-Llama-3-70B:
+    2 · 128256 · 8192 + 80 · (2 · 8192² + 2 · 8192 · 1024 + 3 · 8192 · 28672 + 2 · 8192) + 8192 = 70,553,706,496."""
+    eight = autopar.load_model("llama-3-8b")
+    assert params.total_params(eight) == 2 * 128256 * 4096 + 32 * (2 * 4096 ** 2 + 2 * 4096 * 1024
+                                                                    + 3 * 4096 * 14336 + 2 * 4096) + 4096
+    assert params.total_params(eight) == 8_030_261_248
+    seventy = autopar.load_model("llama-3-70b")
+    assert params.total_params(seventy) == 70_553_706_496
+    assert eight.max_position_embeddings == seventy.max_position_embeddings == 8192     # Llama 3's 8K context
+    # the same layer shapes as Llama 3.1 (Meta's model cards)
+    for old, new in ((eight, autopar.load_model("llama-3.1-8b")), (seventy, autopar.load_model("llama-3.1-70b"))):
+        assert (old.hidden_size, old.num_layers, old.num_attention_heads, old.num_kv_heads, old.ffn_hidden_size,
+                old.vocab_size) == (new.hidden_size, new.num_layers, new.num_attention_heads, new.num_kv_heads,
+                                    new.ffn_hidden_size, new.vocab_size)
+    assert autopar.models.preset_for_hub_id("meta-llama/Meta-Llama-3-70B") == "llama-3-70b"
+
+
+def test_hybridep_buffers():
+    """qwen3-30b-a3b, tp 1, ep 16 on 16 H100 (NVLink domains of 8), seq 4096, mbs 1: the buffer holds the group's
+    worst case, 16 ranks × 4096 tokens = 65536 rows, each the bf16 token (2 · 2048), its fp32 probabilities over
+    the domain's experts (8 experts a rank × 8 ranks, 4 bytes each) and 2048/128 fp32 scaling factors:
+    65536 · (4096 + 256 + 64) bytes."""
+    plan = Plan(tp=1, pp=1, ep=16, etp=1, mbs=1, zero=1)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, moe_dispatcher="deepep", moe_hybridep=True)
+    assert terms("qwen3-30b-a3b", 16, training, plan)["moe_dispatcher_buffers"] == pytest.approx(65536 * 4416)
+    # on GB200 NVL72 the 16 ranks share one NVLink domain: the probabilities cover 16 ranks' experts
+    assert terms("qwen3-30b-a3b", 16, training, plan, gpu="gb200")["moe_dispatcher_buffers"] == \
+        pytest.approx(65536 * (4096 + 4 * 8 * 16 + 64))
+    assert "moe_dispatcher_buffers" not in terms("qwen3-30b-a3b", 16, TrainingSpec(seq_len=4096), plan)
+    run = read_bridge_config(BRIDGE_MOE)
+    assert run.training["moe_hybridep"] is True and run.training["moe_dispatcher"] == "deepep"
+    with pytest.raises(InputError, match="flex dispatcher"):
+        TrainingSpec(moe_hybridep=True)
+
+
+def test_recipes_fit_prices_twice_the_micro_batch_only_where_megatron_could_run_it():
+    from benchmarks.recipes_fit import double_mbs_peak_gib
+
+    model = autopar.load_model("llama-3-8b")
+    cluster = autopar.make_cluster(gpu="b200", num_gpus=8)
+    plan = Plan(tp=1, pp=1, mbs=2, zero=1)
+    # gbs 64 over dp 8: mbs 4 gives 2 micro-batches, a valid step, and more activations
+    training = TrainingSpec(seq_len=8192, global_batch_size=64)
+    doubled = double_mbs_peak_gib(model, cluster, training, plan)
+    single = autopar.estimate(model, cluster, training, plan).peak_memory_bytes / 2**30
+    assert doubled > single
+    # gbs 16 over dp 8 is 2 sequences a rank: mbs 4 does not split it
+    assert double_mbs_peak_gib(model, cluster, TrainingSpec(seq_len=8192, global_batch_size=16), plan) == 0.0
