@@ -176,6 +176,22 @@ def _candidate_stages(plans: PlanArrays) -> list[np.ndarray]:
     return [np.zeros_like(last), np.minimum(1, last), np.maximum(last - 1, 0), last]
 
 
+def first_equal_stage(stages: list[np.ndarray]) -> list[int]:
+    """For each candidate stage array, the position of the first one equal to it (itself when none before is): with
+    pp = 1 all four are rank 0, with pp = 2 the second-to-last is the first. A stage's pieces are priced once and
+    reused where the same ranks recur (the same values: the pieces are functions of the rank)."""
+    return [next(j for j in range(k + 1) if j == k or np.array_equal(stages[j], stage))
+            for k, stage in enumerate(stages)]
+
+
+def per_distinct_stage(stages: list[np.ndarray], price) -> list:
+    """[price(stage) for stage in stages], each distinct rank array priced once (`first_equal_stage`)."""
+    out: list = []
+    for k, first in enumerate(first_equal_stage(stages)):
+        out.append(out[first] if first < k else price(stages[k]))
+    return out
+
+
 LAYER_KNOBS: tuple[str, ...] = ("tp", "cp", "ep", "etp", "mbs", "sp", "recompute", "recompute_modules")
 """What one layer's times (compute.layer_times_s) and collectives (`layer_comm_s`) read: not the pipeline (pp, vpp,
 the split), ZeRO or recompute_layers, which enter only through the stage functions that scale them by the stage's
@@ -908,14 +924,15 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
 
         def stage_pieces(sub: PlanArrays) -> list[StageMicrobatch]:
             times, comm = layer_pieces(model, cluster, training, sub)
-            return [stage_microbatch(model, cluster, training, sub, times, s, comm, with_host)
-                    for s in candidate_stages(sub)]
+            return per_distinct_stage(candidate_stages(sub), lambda s: stage_microbatch(
+                model, cluster, training, sub, times, s, comm, with_host))
 
         per_stage = per_knobs(plans, microbatch_knobs(training), stage_pieces)
     elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
         def compute_pieces(sub: PlanArrays) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
             sub_times, _ = layer_pieces(model, cluster, training, sub)
-            return [stage_compute_s(model, training, sub, sub_times, s) for s in candidate_stages(sub)]
+            return per_distinct_stage(candidate_stages(sub),
+                                      lambda s: stage_compute_s(model, training, sub, sub_times, s))
 
         zero = np.zeros(len(plans))
         pieces = per_knobs(plans, TERM_KNOBS["compute"], compute_pieces)
@@ -947,10 +964,13 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
             model, cluster, training, sub, num_microbatches(sub, cluster.num_gpus, training.global_batch_size)),
             key=("pp_p2p", id(model), id(cluster), id(training)))
     if "dp_comm" in names:
-        terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stage, s, microbatches)
-                                  for stage, s in zip(stages, per_stage)])
+        first = first_equal_stage(stages)      # a rank whose pieces are the same object is priced once
+        distinct = [k for k, j in enumerate(first) if j == k or per_stage[k] is not per_stage[j]]
+        terms["dp_comm"] = worst([dp_comm_s(model, cluster, training, plans, stages[k], per_stage[k], microbatches)
+                                  for k in distinct])
     if "optimizer" in names:
-        terms["optimizer"] = worst([optimizer_s(model, cluster, training, plans, stage) for stage in stages])
+        terms["optimizer"] = worst(per_distinct_stage(
+            stages, lambda stage: optimizer_s(model, cluster, training, plans, stage)))
     return {name: terms[name] for name in names}
 
 

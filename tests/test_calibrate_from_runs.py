@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from costmodels.host import HOST_FIELDS
-from autopar.calibrate.from_runs import (FREE_PARAMETERS, apply_to_profile, fit_profile_to_runs, resolved_paths,
+from autopar.calibrate.from_runs import (FREE_PARAMETERS, RUN_SIGMA, _leave_one_out, _Pricer, apply_to_profile,
+                                         fit_profile_to_runs, resolved_paths, same_inputs_groups, same_run_groups,
                                          scaled_values)
 from autopar.calibrate.runs_profile import bundled_profile_data, fitted_profile_text, read_runs_section
 from autopar.runs import MeasuredRun, cluster_for, read_run_file, step_time_of_plan
@@ -133,9 +135,81 @@ def test_fit_finds_known_scales_back(h100):
     assert found["fp8_gemm_efficiency"] == 1.0 and found["grouped_gemm_efficiency"] == 1.0   # no fp8, no experts
     assert fit.mape("prior_s") > 0.05 > 0.01 > fit.mape("fitted_s")
     assert fit.mape("leave_one_out_s") < 0.02
+    assert fit.adopted
     assert "compute.gemm_efficiency.fp8_peak_fraction" not in fit.changes
     assert fit.changes["compute.gemm_efficiency.peak_fraction"][0] == base.gemm_efficiency["peak_fraction"]
     assert not [s for s in fit.skipped if s.startswith("host_kernel_cost")]      # the profiles' host: section
+
+
+def test_a_fit_that_does_not_predict_left_out_runs_better_than_bundled_is_not_adopted(h100):
+    """Runs scattered ±12% around the bundled profile's own prediction, in no pattern a scale could follow: a fit
+    can lower its residuals on them, but leaving each run out it predicts that run worse than the bundled profile
+    does, so the validation rule keeps the bundled profile, says so, and changes no value."""
+    base, data = h100
+    runs = synthetic_runs(base, data, VARIED, {})
+    scatter = (1.12, 0.88, 0.88, 1.12, 1.12, 0.88, 1.12, 0.88)
+    runs = [dataclasses.replace(run, measured_step_s=run.measured_step_s * f) for run, f in zip(runs, scatter)]
+    fit = fit_profile_to_runs(runs, base, data)
+    loo, bundled = fit.leave_one_out_check
+    assert not fit.adopted and loo >= bundled > 0.1
+    assert fit.profile is base and fit.changes == {}
+    assert all(q.scale == 1.0 for q in fit.parameters)
+    assert any(q.status.startswith("kept (the fit did not predict") for q in fit.parameters)
+    assert fit.warnings[0].startswith("the fit is not adopted")
+    assert [r.fitted_s for r in fit.residuals] == [r.prior_s for r in fit.residuals]
+
+
+def test_a_fit_that_predicts_left_out_runs_better_is_adopted(h100):
+    base, data = h100
+    fit = fit_profile_to_runs(synthetic_runs(base, data, VARIED, {"gemm_efficiency": 0.85}), base, data)
+    loo, bundled = fit.leave_one_out_check
+    assert fit.adopted and loo < bundled and fit.changes
+
+
+def test_leave_one_out_leaves_re_measurements_of_a_run_out_together():
+    """The grouped PRESS formula against refitting the linearised ridge problem without each group."""
+    rng = np.random.default_rng(7)
+    n, p = 9, 3
+    jacobian = rng.normal(size=(n, p))
+    measured = np.exp(rng.normal(size=n) * 0.1)
+    log_t = np.log(measured) + rng.normal(size=n) * 0.05
+    sigmas = np.array([0.1, 0.2, 0.3])
+    groups = [[0], [1, 2], [3], [4, 5, 6], [7], [8]]
+    a = jacobian / RUN_SIGMA
+    prior = np.diag(1 / sigmas ** 2)
+    residual = log_t - np.log(measured)                             # at the prior; the model is log_t + J·θ
+    theta = -np.linalg.solve(a.T @ a + prior, a.T @ residual / RUN_SIGMA)       # the fit to every run
+    fitted_log_t = log_t + jacobian @ theta
+    left_out = _leave_one_out(theta, fitted_log_t, jacobian, measured, sigmas, np.ones(p, dtype=bool), groups)
+    for group in groups:
+        rest = [i for i in range(n) if i not in group]
+        theta_without = -np.linalg.solve(a[rest].T @ a[rest] + prior, a[rest].T @ residual[rest] / RUN_SIGMA)
+        expected = residual[group] + jacobian[group] @ theta_without
+        assert np.log(left_out[group] / measured[group]) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    alone = _leave_one_out(theta, fitted_log_t, jacobian, measured, sigmas, np.ones(p, dtype=bool),
+                           [[i] for i in range(n)])
+    assert not np.allclose(alone[[4, 5, 6]], left_out[[4, 5, 6]])   # a re-measurement left in predicts its twin
+
+
+def test_runs_of_one_shape_are_priced_in_one_call_with_the_same_values(h100):
+    """Runs with the same model, cluster and training but other layouts share one vectorised model call per
+    profile, and each gets exactly the value it gets alone; runs with the same layout too are one run to the
+    model (same_run_groups)."""
+    base, data = h100
+    layouts = [(8, 1, 1, 1, 2048, 64, Recompute.NONE), (8, 2, 1, 2, 2048, 64, Recompute.NONE),
+               (8, 4, 2, 1, 2048, 64, Recompute.SELECTIVE), (8, 2, 1, 2, 2048, 64, Recompute.NONE),
+               (16, 2, 1, 2, 2048, 64, Recompute.NONE)]
+    runs = synthetic_runs(base, data, layouts, {})
+    plans = [Plan(**run.fixed) for run in runs]
+    assert same_inputs_groups(runs) == [0, 0, 0, 0, 4]
+    assert same_run_groups(runs, plans) == [[0], [1, 3], [2], [4]]
+    pricer = _Pricer(runs, plans, jobs=1)
+    other = truth(base, data, {"gemm_efficiency": 0.9})
+    values = pricer.step_times([(i, profile) for profile in (base, other) for i in range(len(runs))])
+    assert pricer.evaluations == 10 and pricer.calls == 4
+    alone = [step_time_of_plan(run, plan, dataclasses.replace(run.cluster, profile=profile))
+             for profile in (base, other) for run, plan in zip(runs, plans)]
+    assert list(values) == alone
 
 
 def test_runs_at_one_tp_cannot_separate_gemm_from_tp_communication(h100):

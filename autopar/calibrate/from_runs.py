@@ -20,10 +20,17 @@ works on that log-linear model, the model is evaluated at the result, and each r
 Broyden's rank-one update from what it saw (Broyden 1965, Math. Comp. 19(92)) for up to OUTER_ITERATIONS rounds;
 the reported residuals are always the model's own at the fitted profile.
 
+Runs with the same inputs (model, cluster shape, training; `same_inputs_groups`) are priced in one vectorised model
+call per trial profile, whatever their layouts.
+
 What the fit says about itself:
 - residuals per run, before (bundled) and after (fitted);
-- a leave-one-out error: each run predicted by the fit made without it (PRESS residuals of the problem linearised
-  at the fitted profile: exact for that linear model, Sherman–Morrison on its normal matrix);
+- a leave-one-out error: each run predicted by the fit made without it and without the runs the model cannot tell
+  from it (`same_run_groups`; grouped PRESS residuals of the problem linearised at the fitted profile: exact for
+  that linear model, Woodbury on its normal matrix);
+- the validation rule: the fit is adopted only if those leave-one-out predictions have a smaller RMS log error than
+  the bundled profile's predictions of the same runs (which saw none of them); otherwise every parameter keeps its
+  bundled value and the first warning says why (`RunsFit.adopted`, docs/calibrate_from_runs.md);
 - which parameters the runs inform (the information JᵀJ/RUN_SIGMA² they give against the prior's 1/prior_sigma²),
   and a warning for parameters they cannot tell apart: the correlation of the estimates from the data alone
   ((JᵀJ)⁻¹ over the informed parameters; |correlation| ≥ CORRELATION_WARNING), and the condition number of the
@@ -288,11 +295,15 @@ class ParameterFit:
     kept at the prior."""
     runs_exercising: int
     at_bound: bool = False
+    rejected: bool = False
+    """The whole fit was not adopted (RunsFit.adopted): the parameter keeps its prior value."""
 
     @property
     def status(self) -> str:
         if self.information_ratio < UNINFORMED_RATIO:
             return "kept (the runs do not inform it)"
+        if self.rejected:
+            return "kept (the fit did not predict left-out runs better than the bundled profile)"
         if self.information_ratio < INFORMED_RATIO:
             return "weakly informed (the prior dominates)"
         return "fitted" + (" (at its bound)" if self.at_bound else "")
@@ -325,6 +336,13 @@ class RunsFit:
     warnings: tuple[str, ...]
     elapsed_s: float
     model_evaluations: int
+    adopted: bool = True
+    """Whether the fit passed the validation rule: its leave-one-out RMS log error below the bundled profile's on
+    the same runs. When not, `profile` is the base and every parameter is kept."""
+    leave_one_out_check: tuple[float, float] = (0.0, 0.0)
+    """(RMS log error of the fit's leave-one-out predictions, of the bundled profile's), the rule's two sides."""
+    model_calls: int = 0
+    """Vectorised cost-model calls the evaluations took (runs with the same inputs share one per profile)."""
 
     def rms(self, attribute: str) -> float:
         return float(np.sqrt(np.mean([r.error(getattr(r, attribute)) ** 2 for r in self.residuals])))
@@ -338,30 +356,72 @@ def default_jobs() -> int:
     return max(1, min(MAX_JOBS, os.cpu_count() or 1))
 
 
-def _price(task: tuple) -> list[float]:
-    """Step times of (run, profile) requests: `task` = (runs, plans, profiles, requests), requests indexing the two
-    lists. Module-level so a worker process can run it (ProcessPoolExecutor pickles it with its arguments)."""
+DESCRIPTIVE_MODEL_FIELDS = ("name", "source")
+"""ModelSpec fields the cost model does not read (they name the model in messages)."""
+
+
+def same_inputs_groups(runs: Sequence["MeasuredRun"]) -> list[int]:
+    """For each run, the index of the first run the cost model prices with the same inputs: the same model (its
+    name aside), cluster shape and training (the profile aside: the fit substitutes its own). Such runs differ at
+    most in their layouts, so one vectorised model call prices them all (costmodels.steptime is vectorised over
+    plans; each plan's value does not depend on the others in the call)."""
+    def inputs(run: "MeasuredRun") -> tuple:
+        model = tuple(getattr(run.model, f.name) for f in dataclasses.fields(run.model)
+                      if f.name not in DESCRIPTIVE_MODEL_FIELDS)
+        cluster = run.cluster
+        return model, run.training, (cluster.num_gpus, cluster.gpus_per_node, cluster.nvlink_domain)
+
+    keys = [inputs(run) for run in runs]
+    buckets: dict[str, list[int]] = {}
+    out = []
+    for i, key in enumerate(keys):
+        candidates = buckets.setdefault(repr(key), [])          # repr buckets; == decides (repr may abbreviate)
+        same = next((j for j in candidates if keys[j] == key), None)
+        if same is None:
+            candidates.append(i)
+            same = i
+        out.append(same)
+    return out
+
+
+def same_run_groups(runs: Sequence["MeasuredRun"], plans: Sequence["Plan"]) -> list[list[int]]:
+    """Runs the cost model cannot tell apart (the same inputs and the same layout: re-measurements of one job, or
+    jobs that differ only in what autopar does not read), grouped, in order of their first run."""
+    shapes = same_inputs_groups(runs)
+    groups: dict[tuple, list[int]] = {}
+    for i, (shape, plan) in enumerate(zip(shapes, plans)):
+        groups.setdefault((shape, plan), []).append(i)
+    return list(groups.values())
+
+
+def _price(task: tuple) -> list[list[float]]:
+    """Step times of `task` = (runs, profiles, items): each item (run index, profile index, plans) prices those plans
+    of that run's inputs on that profile in one vectorised call. Module-level so a worker process can run it
+    (ProcessPoolExecutor pickles it with its arguments)."""
     from costmodels.plan import PlanArrays
     from costmodels.steptime import step_time_s
 
-    runs, plans, profiles, requests = task
+    runs, profiles, items = task
     out = []
-    for run_index, profile_index in requests:
+    for run_index, profile_index, plans in items:
         run = runs[run_index]
         cluster = dataclasses.replace(run.cluster, profile=profiles[profile_index])
-        out.append(float(step_time_s(run.model, cluster, run.training,
-                                     PlanArrays.from_plans([plans[run_index]]))[0]))
+        out.append([float(t) for t in step_time_s(run.model, cluster, run.training, PlanArrays.from_plans(plans))])
     return out
 
 
 class _Pricer:
-    """Step times of the runs at their plans on trial profiles, in `jobs` processes; counts the evaluations."""
+    """Step times of the runs at their plans on trial profiles, in `jobs` processes; counts the evaluations (one per
+    run and profile asked for) and the model calls (runs with the same inputs share one vectorised call per profile,
+    `same_inputs_groups`)."""
 
     def __init__(self, runs: Sequence["MeasuredRun"], plans: Sequence["Plan"], jobs: int) -> None:
         self.runs = list(runs)
         self.plans = list(plans)
         self.jobs = jobs
+        self.shapes = same_inputs_groups(self.runs)
         self.evaluations = 0
+        self.calls = 0
         self._pool = None
 
     def step_times(self, requests: Sequence[tuple[int, "HardwareProfile"]]) -> np.ndarray:
@@ -369,36 +429,43 @@ class _Pricer:
         self.evaluations += len(requests)
         profiles: list = []
         index_of: dict[int, int] = {}
-        pairs = []
+        calls: dict[tuple[int, int], dict] = {}            # (shape, profile) -> {plan: position in the call}
+        where = []
         for run_index, profile in requests:
             if id(profile) not in index_of:
                 index_of[id(profile)] = len(profiles)
                 profiles.append(_without_provenance(profile))
-            pairs.append((run_index, index_of[id(profile)]))
-        if self.jobs <= 1 or len(pairs) < 2 * self.jobs:
-            return np.array(_price((self.runs, self.plans, profiles, pairs)))
-        return self._in_workers(profiles, pairs)
+            call = (self.shapes[run_index], index_of[id(profile)])
+            plans = calls.setdefault(call, {})
+            plans.setdefault(self.plans[run_index], len(plans))
+            where.append((call, plans[self.plans[run_index]]))
+        items = [(shape, profile_index, list(plans)) for (shape, profile_index), plans in calls.items()]
+        self.calls += len(items)
+        values = dict(zip(calls, self._run(profiles, items)))
+        return np.array([values[call][position] for call, position in where])
 
-    def _in_workers(self, profiles: list, pairs: list[tuple[int, int]]) -> np.ndarray:
-        """The requests split by run over `jobs` processes (each task carries only its runs)."""
+    def _run(self, profiles: list, items: list[tuple[int, int, list]]) -> list[list[float]]:
+        """The items' step times, here or split over `jobs` processes (each task carries only its runs)."""
+        if self.jobs <= 1 or len(items) < 2 * self.jobs:
+            return _price((self.runs, profiles, items))
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        by_run = sorted(range(len(pairs)), key=lambda k: pairs[k][0])
-        chunks = [by_run[c::self.jobs] for c in range(self.jobs)]
+        chunks = [list(range(c, len(items), self.jobs)) for c in range(self.jobs)]
         tasks = []
         for chunk in chunks:
-            run_ids = sorted({pairs[k][0] for k in chunk})
+            run_ids = sorted({items[k][0] for k in chunk})
             local = {run: position for position, run in enumerate(run_ids)}
-            tasks.append(([self.runs[r] for r in run_ids], [self.plans[r] for r in run_ids], profiles,
-                          [(local[pairs[k][0]], pairs[k][1]) for k in chunk]))
+            tasks.append(([self.runs[r] for r in run_ids], profiles,
+                          [(local[items[k][0]], items[k][1], items[k][2]) for k in chunk]))
         if self._pool is None:             # started once per fit, on the first batch worth the processes
             methods = multiprocessing.get_all_start_methods()
             context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
             self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
-        out = np.empty(len(pairs))
+        out: list = [None] * len(items)
         for chunk, values in zip(chunks, self._pool.map(_price, tasks)):
-            out[chunk] = values
+            for k, value in zip(chunk, values):
+                out[k] = value
         return out
 
     def close(self) -> None:
@@ -414,9 +481,12 @@ def _without_provenance(profile: "HardwareProfile") -> "HardwareProfile":
 
 
 def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", base_data: Mapping[str, Any],
-                        parameters: Sequence[FreeParameter] = FREE_PARAMETERS, jobs: int = 1) -> RunsFit:
+                        parameters: Sequence[FreeParameter] = FREE_PARAMETERS, jobs: int = 1,
+                        validate: bool = True) -> RunsFit:
     """Fit the table's parameters to `runs` (all on `base`'s GPU); `base_data` is `base`'s YAML data; the model
-    evaluations run in `jobs` processes (the result does not depend on it)."""
+    evaluations run in `jobs` processes (the result does not depend on it). With `validate` (always, but for a
+    diagnosis of how far the scales can go in-sample: benchmarks/fit_runs.py) the fit is adopted only if it passes
+    the validation rule (`RunsFit.adopted`)."""
     from autopar.runs import candidate_plans, choose_plan
 
     started = time.perf_counter()
@@ -430,30 +500,34 @@ def fit_profile_to_runs(runs: Sequence["MeasuredRun"], base: "HardwareProfile", 
             skipped.append(f"{parameter.name}: {', '.join(parameter.paths)} not in profile {base.name} (the model "
                            "does not read it from this profile)")
     plans: list = []
-    single = []
+    chosen: dict[int, float] = {}
     for run in runs:
         candidates = candidate_plans(run)
         if not candidates:
             raise InputError("from-runs", f"{run.where}: no buildable layout matches what the run states")
         if len(candidates) == 1:                 # the run states its whole layout: priced below with the rest
             plans.append(candidates[0])
-            single.append(len(plans) - 1)
         else:                                    # knobs left open: the fastest layout that fits, at the prior
-            plans.append(choose_plan(run, dataclasses.replace(run.cluster, profile=base)).plan)
+            choice = choose_plan(run, dataclasses.replace(run.cluster, profile=base))
+            plans.append(choice.plan)
+            chosen[len(plans) - 1] = choice.step_s       # its step time at the prior: the same value priced again
     pricer = _Pricer(runs, plans, jobs)
     try:
-        return _fit(runs, base, base_data, active, skipped, plans, pricer, len(single), started)
+        return _fit(runs, base, base_data, active, skipped, plans, pricer, chosen, started, validate)
     finally:
         pricer.close()
 
 
 def _fit(runs: Sequence["MeasuredRun"], base: "HardwareProfile", base_data: Mapping[str, Any],
-         active: list[FreeParameter], skipped: list[str], plans: list, pricer: _Pricer, chosen_once: int,
-         started: float) -> RunsFit:
-    """fit_profile_to_runs once the plans are chosen: the Jacobian, the rounds, the leave-one-out, the warnings."""
+         active: list[FreeParameter], skipped: list[str], plans: list, pricer: _Pricer, chosen: dict[int, float],
+         started: float, validate: bool) -> RunsFit:
+    """fit_profile_to_runs once the plans are chosen (`chosen`: the prior step times the choice already priced):
+    the Jacobian, the rounds, the leave-one-out, the validation rule, the warnings."""
     from autopar.calibrate.fit import least_squares
 
-    prior_s = list(pricer.step_times([(i, base) for i in range(len(runs))]))
+    to_price = [i for i in range(len(runs)) if i not in chosen]
+    priced = dict(zip(to_price, pricer.step_times([(i, base) for i in to_price])))
+    prior_s = [chosen[i] if i in chosen else float(priced[i]) for i in range(len(runs))]
     measured = np.array([run.measured_step_s for run in runs])
     n, p = len(runs), len(active)
     exercised = np.array([[parameter.exercised(run) for parameter in active] for run in runs], dtype=bool)
@@ -520,21 +594,39 @@ def _fit(runs: Sequence["MeasuredRun"], base: "HardwareProfile", base_data: Mapp
         theta, theta_log_t, best_cost = candidate, trial_log_t, cost
         if converged:
             break
-    fitted_profile, changes = profile_at(theta)
     fitted_s = np.exp(theta_log_t)
+    loo_s = _leave_one_out(theta, theta_log_t, jacobian, measured, sigmas, keep,
+                           same_run_groups(runs, plans))
+    warnings = separation_warnings(prior_jacobian, active, information)
 
-    loo_s = _leave_one_out(theta, theta_log_t, jacobian, measured, sigmas, keep)
+    # the validation rule: the fit is adopted only if it predicts the runs it was not fitted to better than the
+    # bundled profile (which saw none of them) does
+    check = (_rms_log_error(loo_s, measured), _rms_log_error(np.array(prior_s), measured))
+    adopted = bool(check[0] < check[1]) if names and validate else True
+    if not adopted:
+        warnings.insert(0, f"the fit is not adopted: it predicts each run from the others (leave-one-out) with an "
+                           f"RMS error of {check[0]:.1%}, no better than the bundled profile's {check[1]:.1%}, so the "
+                           "bundled values are kept: what the scales learn from some runs does not carry over to the "
+                           "rest (see the residuals per run)")
+        theta, fitted_s, loo_s = anchor, np.array(prior_s), np.array(prior_s)
+    fitted_profile, changes = profile_at(theta) if adopted else (base, {})
 
     fits = tuple(ParameterFit(q, math.exp(theta[j]), float(information[j]), int(exercised[:, j].sum()),
-                              bool(keep[j] and (theta[j] <= bounds_log[j, 0] + 1e-6 or
-                                                theta[j] >= bounds_log[j, 1] - 1e-6)))
+                              bool(adopted and keep[j] and (theta[j] <= bounds_log[j, 0] + 1e-6 or
+                                                            theta[j] >= bounds_log[j, 1] - 1e-6)),
+                              rejected=not adopted)
                  for j, q in enumerate(active))
-    warnings = separation_warnings(prior_jacobian, active, information)
     residuals = tuple(RunResidual(run, plan, float(m), float(b), float(f), float(l))
                       for run, plan, m, b, f, l in zip(runs, plans, measured, prior_s, fitted_s, loo_s))
     return RunsFit(base=base, profile=fitted_profile, changes=changes, parameters=fits, skipped=tuple(skipped),
                    residuals=residuals, warnings=tuple(warnings), elapsed_s=time.perf_counter() - started,
-                   model_evaluations=pricer.evaluations + len(runs) - chosen_once)
+                   model_evaluations=pricer.evaluations + len(chosen), adopted=adopted,
+                   leave_one_out_check=check, model_calls=pricer.calls)
+
+
+def _rms_log_error(predicted_s: np.ndarray, measured_s: np.ndarray) -> float:
+    """Root-mean-square of log(predicted / measured): the fit's own measure of error (its objective's)."""
+    return float(np.sqrt(np.mean(np.log(predicted_s / measured_s) ** 2)))
 
 
 def _cost(log_t: np.ndarray, measured: np.ndarray, theta: np.ndarray, sigmas: np.ndarray) -> float:
@@ -544,19 +636,25 @@ def _cost(log_t: np.ndarray, measured: np.ndarray, theta: np.ndarray, sigmas: np
 
 
 def _leave_one_out(theta: np.ndarray, log_t: np.ndarray, jacobian: np.ndarray, measured: np.ndarray,
-                   sigmas: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """Each run's step time predicted by the fit made without it: the PRESS residual of the fit linearised at the
-    fitted profile (Allen 1974, Technometrics 16(1)): removing run i from the ridge problem with normal matrix
-    M = JᵀJ + Λ moves the log scales by M⁻¹jᵢrᵢ/(1 − hᵢ) (Sherman–Morrison), so its residual becomes
-    rᵢ/(1 − hᵢ), hᵢ = jᵢᵀM⁻¹jᵢ its leverage. Exact for the linearised model; no model evaluation."""
+                   sigmas: np.ndarray, keep: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray:
+    """Each run's step time predicted by the fit made without it — and without the runs the model cannot tell
+    from it (`same_run_groups`: a re-measurement left in would predict it) — from the fit linearised at the fitted
+    profile: the PRESS residuals (Allen 1974, Technometrics 16(1)) of the ridge problem with normal matrix
+    M = JᵀJ + Λ, by groups: removing the rows G moves the log scales by M⁻¹J_Gᵀ(I − H_GG)⁻¹r_G (Woodbury), so
+    their residuals become (I − H_GG)⁻¹r_G, H = JM⁻¹Jᵀ the hat matrix (for one run rᵢ/(1 − hᵢ)). Exact for the
+    linearised model; no model evaluation."""
     columns = np.flatnonzero(keep)
     if columns.size == 0:
         return np.exp(log_t)
     j = jacobian[:, columns] / RUN_SIGMA
     inverse = np.linalg.inv(j.T @ j + np.diag(1.0 / sigmas[columns] ** 2))
-    leverage = np.einsum("ij,jk,ik->i", j, inverse, j)
     residual = log_t - np.log(measured)
-    return measured * np.exp(residual / np.maximum(1.0 - leverage, 1e-9))
+    left_out = np.empty_like(residual)
+    for group in groups:
+        rows = j[list(group)]
+        hat = rows @ inverse @ rows.T
+        left_out[list(group)] = np.linalg.lstsq(np.eye(len(group)) - hat, residual[list(group)], rcond=None)[0]
+    return measured * np.exp(left_out)
 
 
 def separation_warnings(jacobian: np.ndarray, parameters: Sequence[FreeParameter],

@@ -87,6 +87,9 @@ def section_data(fit: RunsFit, files: Sequence[str], when: str) -> dict[str, Any
         "mape_bundled": _round(fit.mape("prior_s"), 4),
         "mape_fitted": _round(fit.mape("fitted_s"), 4),
         "mape_leave_one_out": _round(fit.mape("leave_one_out_s"), 4),
+        "adopted": fit.adopted,
+        "rms_leave_one_out_fit": _round(fit.leave_one_out_check[0], 4),
+        "rms_bundled": _round(fit.leave_one_out_check[1], 4),
         "parameters": [FlowRow({"name": q.parameter.name, "scale": _round(q.scale, 5), "status": q.status,
                                 "information_ratio": _round(q.information_ratio, 4),
                                 "runs_exercising": q.runs_exercising, "prior_sigma": q.parameter.prior_sigma})
@@ -163,6 +166,8 @@ def read_runs_section(profile: Any) -> "dict[str, Any] | None":
         if not isinstance(rows, list) or not all(isinstance(row, dict) and all(f in row for f in fields)
                                                  for row in rows):
             raise fail(key, f"must be a list of mappings with {', '.join(fields)}")
+    if not isinstance(data.get("adopted", True), bool):
+        raise fail("adopted", "must be true or false")
     for key in ("warnings", "files", "not_fitted"):
         if not isinstance(data.get(key, []), list):
             raise fail(key, "must be a list")
@@ -175,6 +180,9 @@ def runs_section_lines(section: Mapping[str, Any]) -> list[str]:
              f"{', '.join(section.get('files', [])) or '?'} (base profile {section['base_profile']}); step-time "
              f"MAPE over those runs: bundled {section['mape_bundled']:.1%}, fitted {section['mape_fitted']:.1%}, "
              f"leave-one-out {section['mape_leave_one_out']:.1%}"]
+    if section.get("adopted") is False:
+        lines.append("  the fit was not adopted (it did not predict left-out runs better than the bundled profile): "
+                     "these are the bundled values")
     for row in section["parameters"]:
         lines.append(f"  {row['name']}: ×{row['scale']:.4g} ({row['status']})")
     lines += [f"  warning: {warning}" for warning in section.get("warnings", [])]

@@ -188,5 +188,8 @@ def render_fit(fit, out: str) -> str:
                      f"{r.error(r.leave_one_out_s):>+8.1%}")
     lines += ["", f"MAPE: bundled {fit.mape('prior_s'):.1%}, fitted {fit.mape('fitted_s'):.1%}, "
                   f"leave-one-out {fit.mape('leave_one_out_s'):.1%}"]
+    loo, bundled = fit.leave_one_out_check
+    lines.append(f"validation: leave-one-out RMS error {loo:.1%} against the bundled profile's {bundled:.1%}: "
+                 + ("fit adopted" if fit.adopted else "fit NOT adopted, the bundled values are kept"))
     lines += [f"warning: {warning}" for warning in fit.warnings]
     return "\n".join(lines) + "\n"
