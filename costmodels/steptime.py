@@ -625,10 +625,11 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                      times: compute_model.LayerTimes, stage: np.ndarray, comm: LayerComm | None = None,
-                     with_host: bool = True) -> StageMicrobatch:
+                     with_host: bool = True, launches: "engines.LayerLaunches | None" = None) -> StageMicrobatch:
     """Every per-microbatch piece of `stage`: one layer's times (and collectives, `layer_comm_s` when not given)
     scaled by the stage's layers. `with_host` False leaves the host's share (the costliest piece to price) at 0, for
-    a caller that does not read it."""
+    a caller that does not read it; `launches` (engines.layer_launches, the same on every stage) when the caller has
+    them already."""
     if comm is None:
         comm = layer_comm_s(model, cluster, training, plans, times)
     forward, backward, recompute = stage_compute_s(model, training, plans, times, stage)
@@ -642,7 +643,7 @@ def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         ep_paired_exposed_s=ep_paired_exposed_s(model, cluster.profile, training, plans, times, stage,
                                                 comm.ep_all_to_all_s),
         host_s=stage_host_s(model, cluster, training, plans, times, stage, forward, backward, recompute,
-                            tp + cp + ep) if with_host else np.zeros(len(plans)),
+                            tp + cp + ep, launches) if with_host else np.zeros(len(plans)),
     )
 
 
@@ -653,10 +654,13 @@ backward (tp_comm_s, cp_comm_s, ep_all_to_all_s), so a third."""
 
 def stage_host_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                  times: compute_model.LayerTimes, stage, forward_s: np.ndarray, backward_s: np.ndarray,
-                 recompute_s: np.ndarray, collectives_s: np.ndarray) -> np.ndarray:
+                 recompute_s: np.ndarray, collectives_s: np.ndarray,
+                 launches: "engines.LayerLaunches | None" = None) -> np.ndarray:
     """What the host adds to one micro-batch's GPU work on `stage` (costmodels.host_timeline): the engine's
-    launches (costmodels.engines) beside the stage's passes, their GPU seconds with the exposed collectives."""
-    launches = engines.layer_launches(model, training, plans)
+    launches (costmodels.engines; built here when not given) beside the stage's passes, their GPU seconds with the
+    exposed collectives."""
+    if launches is None:
+        launches = engines.layer_launches(model, training, plans)
     pieces = host_timeline.stage_pieces(
         model, training, plans, times, launches, cluster.profile.host_costs, stage, forward_s, backward_s,
         recompute_s, COLLECTIVES_FORWARD_SHARE * collectives_s, (1.0 - COLLECTIVES_FORWARD_SHARE) * collectives_s)
@@ -924,8 +928,9 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
 
         def stage_pieces(sub: PlanArrays) -> list[StageMicrobatch]:
             times, comm = layer_pieces(model, cluster, training, sub)
+            launches = engines.layer_launches(model, training, sub) if with_host else None
             return per_distinct_stage(candidate_stages(sub), lambda s: stage_microbatch(
-                model, cluster, training, sub, times, s, comm, with_host))
+                model, cluster, training, sub, times, s, comm, with_host, launches))
 
         per_stage = per_knobs(plans, microbatch_knobs(training), stage_pieces)
     elif "dp_comm" in names:          # the gradient sync reads only the stage's compute pieces
