@@ -26,10 +26,11 @@ if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
 from benchmarks import microbench_tables as tables  # noqa: E402
-from autopar.calibrate.fit import attention_row_time_s, predict_collective_s  # noqa: E402
-from autopar.calibrate.measurements import GemmMeasurement  # noqa: E402
+from autopar.calibrate.fit import attention_row_time_s, predict_collective_s, predict_host_row_us  # noqa: E402
+from autopar.calibrate.measurements import GemmMeasurement, HostMeasurement  # noqa: E402
 from costmodels.compute import gemm_efficiency  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
+from costmodels.host import HOST_FIELDS  # noqa: E402
 from costmodels.moe_kernels import grouped_gemm_time_s, has_grouped_curve  # noqa: E402
 
 
@@ -44,6 +45,9 @@ def predict_s(profile: HardwareProfile, measurement) -> float:
         rate = profile.peak_flops_per_s[measurement.precision] * float(
             gemm_efficiency(profile, measurement.m, measurement.n, measurement.k, measurement.precision))
         return measurement.flops / rate
+    if isinstance(measurement, HostMeasurement):   # the profile's host: section (costmodels.host), µs
+        values_us = {key: getattr(profile.host_costs, key[:-3] + "_s") * 1e6 for key in HOST_FIELDS}
+        return predict_host_row_us(measurement, values_us) * 1e-6
     return predict_collective_s(profile, measurement)
 
 
