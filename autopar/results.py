@@ -75,6 +75,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "cuda_graph_modules": list(training.cuda_graph_modules),
                      "fused_kernels": training.fused_kernels,
                      "zero3_serial_fetch": training.zero3_serial_fetch,
+                     "sac_saves_all_to_all": training.sac_saves_all_to_all,
                      "tokens_per_step": training.tokens_per_step,
                      "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
                                  "overlap_param_gather": training.overlap_param_gather,

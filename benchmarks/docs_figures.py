@@ -139,6 +139,8 @@ FIGURES: dict[str, Figure] = {
     "runs-memory-mape": Figure(RUNS, r"fidelity-runs-memory: mape=([\d.]+%)", expensive=True),
     "runs-memory-max": Figure(RUNS, r"fidelity-runs-memory: mape=[\d.]+% max=([\d.]+%)", expensive=True),
     "runs-memory-rows": Figure(RUNS, r"fidelity-runs-memory: .* rows=(\d+)", expensive=True),
+    **{f"runs-reserved-ratio-{n}": Figure(RUNS, rf"ladder Qwen3-30B-A3B Experiment {n} +[\d.]+ +[\d.]+ +([\d.]+)",
+                                          expensive=True) for n in (1, 4, 5, 6, 7)},
     # ---- the other fidelity benchmarks ----
     "microbench-median": Figure("python benchmarks/fidelity_microbench.py",
                                 r"fidelity-microbench: files=\d+ median=([\d.]+%)"),

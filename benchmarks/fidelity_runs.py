@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from benchmarks.reference import reference_dir  # noqa: E402
 from costmodels import compute as compute_model  # noqa: E402
 from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
-from costmodels.memory import peak_memory  # noqa: E402
+from costmodels.memory import fixed_overheads_bytes, peak_memory  # noqa: E402
 from costmodels.params import total_params  # noqa: E402
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule  # noqa: E402
 from costmodels.specs import (AttentionKernel, ClusterSpec, CrossEntropyKernel, Engine, ExpertGemm,  # noqa: E402
@@ -111,6 +112,10 @@ class Case:
     full_matrix_step_s: float = 0.0
     """For a source read with the causal formula it does not state (FOLDING_FLOP_READING): the measured step had it
     counted the full attention matrix; 0 where the source states its convention or measured time directly."""
+    logged_reserved_bytes: float = 0.0
+    """torchtitan's logged `memory` figure: the caching allocator's peak reserved bytes (reserved_bytes.all.peak),
+    which holds every allocated tensor at the peak plus the allocator's slack, and not the CUDA context or NCCL's
+    own buffers (reserved_table); 0 where the row logs none."""
     small_kernel: bool = False
     """A row of the small-kernel regime's files (the category `small-kernel` holds them, and every row of a model
     under SMALL_MODEL_PARAMS or of a fine-grained MoE: `is_small_kernel`)."""
@@ -1113,6 +1118,22 @@ def torchtitan_deepep() -> "list[Case | Unexpressed]":
     return out
 
 
+LADDER_NOTES = (
+    "torchtitan fork, FSDP2 over the remaining ranks, one logged step per configuration",
+    "dropless token-choice routing priced balanced",
+    "selective = torchtitan's per-op SAC (the fork's qwen3_30b_moe.toml: selective_ac_option 'op'), its save list "
+    "of 2025-12 (models/qwen3/infra/parallelize.py _op_sac_save_list: no all-to-all, so the dispatch and combine "
+    "re-run with the recompute and keep nothing: sac_saves_all_to_all off)",
+    "compile on: the loss compiled with the model (toml [compile] components = ['model', 'loss']), Inductor's fused "
+    "log-softmax + NLL on the bf16 logits priced as the single-kernel loss (MODDED_NANOGPT_LOSS_NOTE)")
+
+
+def logged_memory_gib(notes: str) -> float:
+    """The GiB of torchtitan's logged `memory: 116.82GiB (83.61%)` as a row's notes quote it (0 if none)."""
+    found = re.search(r"memory:? ([0-9.]+) ?GiB", notes)
+    return float(found.group(1)) if found else 0.0
+
+
 def torchtitan_h200_ladder() -> "list[Case | Unexpressed]":
     """A user's torchtitan tuning ladder for Qwen3-30B-A3B on one 8-H200 node (torchtitan's logged tokens/s per GPU):
     FSDP2 over the ranks beside TP / EP / ETP; Experiments 2 and 3 do not restate their layout."""
@@ -1130,16 +1151,16 @@ def torchtitan_h200_ladder() -> "list[Case | Unexpressed]":
         training = TrainingSpec(seq_len=seq, global_batch_size=lbs * gpus // tp, engine=Engine.TORCHTITAN,
                                 launch=LaunchPath.COMPILE if compiled else LaunchPath.EAGER,
                                 expert_gemm=ExpertGemm.GROUPED, attention_kernel=AttentionKernel.FA2,
-                                cross_entropy=CrossEntropyKernel.UNFUSED)
+                                # LADDER_NOTES: the loss compiled with the model; the fork's SAC save list
+                                cross_entropy=CrossEntropyKernel.XENTROPY if compiled else CrossEntropyKernel.UNFUSED,
+                                sac_saves_all_to_all=False)
         recompute = Recompute.FULL if r["recompute"] == "full" else Recompute.SELECTIVE
         fixed = dict(tp=tp, pp=1, cp=1, ep=ep, etp=etp, mbs=lbs, zero=3, recompute=recompute, sp=tp > 1)
         step = training.tokens_per_step / (_num(r, "tokens_per_s_per_gpu") * gpus)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {},
                         "tokens/s/GPU", step, "MoE", (source, "qwen3-30b-a3b", profile.name, gpus, seq),
-                        ("torchtitan fork, FSDP2 over the remaining ranks, one logged step per configuration",
-                         "dropless token-choice routing priced balanced",
-                         "torchtitan's selective AC priced as selective recompute"),
-                        routing=ROUTING_DROPLESS, small_kernel=True))
+                        LADDER_NOTES, routing=ROUTING_DROPLESS, small_kernel=True,
+                        logged_reserved_bytes=logged_memory_gib(r["notes"]) * 2**30))
     return out
 
 def all_rows() -> "list[Case | Unexpressed]":
@@ -1278,6 +1299,8 @@ def run(verbose: bool = False) -> dict:
     print()
     memory = memory_table(results)
     print()
+    reserved_rows, reserved_under = reserved_table(results)
+    print()
     print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
     for key, n, rho, regret in all_groups:
         label = " ".join(str(k) for k in key[1:])
@@ -1300,6 +1323,7 @@ def run(verbose: bool = False) -> dict:
         f"{name.replace(' ', '_')}=" + (f"{s.mape:.1f}%" if s.rows else "none(0 rows)")
         for name, s in per_category.items()))
     print(f"fidelity-runs-memory: mape={memory.mape:.1f}% max={memory.max_err:.1f}% rows={memory.rows}")
+    print(f"fidelity-runs-reserved: rows={reserved_rows} at_or_under_reserved={reserved_under}")
     print(f"fidelity-runs: mape={overall.mape:.1f}% max={overall.max_err:.1f}% rows={overall.rows} "
           f"spearman_median={rho_median:.2f} regret_mean={regret_mean:.1f}%")
     return dict(results=results, refused=refused, overall=overall, per_category=per_category,
@@ -1352,6 +1376,24 @@ def memory_table(results: list[Result]) -> Summary:
             f = _summary(flash)
             print(f"{'  (with FlashAttention)':<26} {f.rows:>5} {f.mape:>8.1f} {f.max_err:>8.1f} {f.bias:>+8.1f}")
     return _summary(memory_errors(with_memory))
+
+
+def reserved_table(results: list[Result]) -> "tuple[int, int]":
+    """Rows that log torchtitan's reserved memory: autopar's peak of allocated tensors (the predicted peak less the
+    profile's fixed overheads, which live outside PyTorch's allocator) against it. Reserved memory is the allocated
+    peak plus the allocator's slack, so a prediction above it over-counts; well below it, the slack or a miss.
+    Returns (rows, rows predicted at or under the reserved figure)."""
+    rows = [r for r in results if r.case.logged_reserved_bytes]
+    print(f"{'allocated peak vs torchtitan reserved':<60} {'reserved GiB':>13} {'predicted GiB':>14} {'ratio':>6}")
+    under = 0
+    for r in rows:
+        overheads = sum(float(v[0]) for v in fixed_overheads_bytes(r.case.cluster, 1).values())
+        predicted = (r.predicted_peak_memory_bytes - overheads) / 2**30
+        reserved = r.case.logged_reserved_bytes / 2**30
+        under += predicted <= reserved
+        print(f"{r.case.source + ' ' + r.case.label:<60.60} {reserved:>13.1f} {predicted:>14.1f} "
+              f"{predicted / reserved:>6.2f}")
+    return len(rows), under
 
 
 def _flash_attention_memory_error_pct(result: Result) -> float:

@@ -774,6 +774,13 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         moe_bwd_extra = 0.0
         pre_dispatch_s = np.zeros(len(plans))
     dense_sel, moe_sel = selective_recompute_s(model, profile, training, plans, core_s)
+    sac = engines.per_op_sac(training, plans)
+    if sac.any():   # torchtitan's per-op SAC re-runs the block but what its policy keeps
+        dense_sel = np.where(sac, dense_s - core_s - sac_kept_gemms_s(model, profile, training, plans, False),
+                             dense_sel)
+        if model.moe is not None:
+            moe_sel = np.where(sac, moe_s - core_s - sac_kept_gemms_s(model, profile, training, plans, True),
+                               moe_sel)
     logits_s = _gemms_time_s(profile, training, logits_gemms(model, training, plans))
     mtp_s = np.zeros(len(plans))
     if model.num_mtp_layers:
@@ -868,6 +875,20 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
             + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,
                                 pick(RecomputeModule.MOE_ACT, act)) + pick(RecomputeModule.SHARED_EXPERTS, shared)
     return dense, moe
+
+
+def sac_kept_gemms_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
+                     moe_layer: bool) -> np.ndarray:
+    """Forward seconds of the matmuls whose outputs torchtitan's per-op SAC keeps in one block
+    (engines.sac_kept_matmuls), which its recompute skips, as is the attention kernel (its outputs kept too): the
+    block's recompute is its forward less these (layer_times_s). Each on its own shape, TP splitting the output of a
+    column-parallel and the input of a row-parallel linear."""
+    tokens = _tokens(training, plans)
+    tp = plans.tp.astype(float)
+    gemms = [_linear(tokens, m.d_in / (tp if m.split == "row" else 1.0), m.d_out / (tp if m.split == "column"
+                                                                                     else 1.0))
+             for m in engines.sac_kept_matmuls(model, moe_layer)]
+    return _gemms_time_s(profile, training, gemms) if gemms else np.zeros(len(plans))
 
 
 def recomputed_layer_fraction(plans: PlanArrays, stage_layers: np.ndarray) -> np.ndarray:

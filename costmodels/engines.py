@@ -41,7 +41,7 @@ import numpy as np
 
 from costmodels.errors import InputError
 from costmodels.host import HostCosts
-from costmodels.plan import PlanArrays, RecomputeModule, recomputes_module
+from costmodels.plan import PlanArrays, Recompute, RecomputeModule, recomputes_module
 from costmodels.specs import (CrossEntropyKernel, Engine, ExpertGemm, LaunchPath, MlpKind, ModelSpec, MoEDispatcher,
                               NormKind, PositionEmbedding, TrainingSpec)
 
@@ -488,9 +488,10 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
                                  collective=layer_bwd.collective)
     fsdp_fwd, fsdp_bwd = _fsdp2_unit(plans) if engine is not Engine.DEEPSPEED else _deepspeed_zero(model, plans)
     attention_fwd = layer_fwd.times(attention_share)
+    moe_pre_sac = Launches()
     if model.moe is not None:
         pre, post, moe_bwd, dispatch_syncs = _eager_moe(model, training, plans, compiled)
-        moe_pre = attention_fwd + pre + fsdp_fwd
+        moe_pre, moe_pre_sac = attention_fwd + pre + fsdp_fwd, pre
         moe_bwd = layer_bwd.times(attention_share) + moe_bwd + fsdp_bwd
     else:
         moe_pre = moe_bwd = post = Launches()
@@ -506,9 +507,12 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         head_fwd=Launches(aten_op=2.0), head_bwd=Launches(aten_op=4.0),
         # final norm, output GEMM, PyTorch's cross entropy (log_softmax + nll_loss, 2 kernels each way)
         tail_fwd=Launches(aten_op=3.0, aten_gemm=1.0), tail_bwd=Launches(aten_op=4.0, aten_gemm=2.0),
-        # activation checkpointing re-runs the checkpointed block's forward (full), torchtitan's per-op SAC about a
-        # third of its launches
-        dense_recompute=layer_fwd.times(0.35), moe_recompute=(attention_fwd + post).times(0.35),
+        # activation checkpointing re-runs the checkpointed block's forward (full); torchtitan's per-op SAC all of it
+        # but the kept ops (_sac_recompute); selective recompute elsewhere about a third of the block's launches
+        dense_recompute=_sac_recompute(layer_fwd, model, False) if engine is Engine.TORCHTITAN
+        else layer_fwd.times(0.35),
+        moe_recompute=_sac_recompute(attention_fwd + moe_pre_sac + post, model, True)
+        if engine is Engine.TORCHTITAN and model.moe is not None else (attention_fwd + post).times(0.35),
         dispatch_syncs=dispatch_syncs, moe_recompute_syncs=np.zeros(n),
         loss_syncs=0.0,
         # torch.distributed.pipelining and DeepSpeed's PipelineEngine wait on the stream, not the host
@@ -521,6 +525,19 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         # nn/utils/clip_grad.py), a few launches each
         optimizer=Launches(aten_op=8.0 * 2.0 + 8.0),
     )
+
+
+def _sac_recompute(forward: Launches, model: ModelSpec, moe_layer: bool) -> Launches:
+    """torchtitan's per-op SAC recompute of a block (per_op_sac): its forward's launches less the attention kernel
+    (one op: an eager ATen op, or one of a compiled block's kernels) and the matmuls whose outputs are kept
+    (sac_kept_matmuls); compiled, the recompute runs inside the backward graph, so no graph entry of its own. Its
+    device-to-host copies are kept (the policy saves `_to_copy` to the CPU), so it adds no synchronisation."""
+    compiled = np.asarray(forward.compiled) > 0
+    kept = float(len(sac_kept_matmuls(model, moe_layer)))
+    return dataclasses.replace(
+        forward, compiled=0.0, aten_gemm=np.maximum(np.asarray(forward.aten_gemm) - kept, 0.0),
+        aten_op=np.where(compiled, forward.aten_op, np.maximum(np.asarray(forward.aten_op) - 1.0, 0.0)),
+        triton=np.where(compiled, np.maximum(np.asarray(forward.triton) - 1.0, 0.0), forward.triton))
 
 
 def _deepspeed_zero(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
@@ -573,6 +590,66 @@ def layer_launches(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) 
     if training.engine is Engine.NATIVE:
         return _native(model, training, plans)
     return _eager_engine(model, training, plans)
+
+
+def per_op_sac(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Where recompute `selective` is torchtitan's per-op selective activation checkpointing (SelectiveAC,
+    torchtitan 0.3.0 distributed/activation_checkpoint.py; `mode = "selective"` with `selective_ac_option = "op"`
+    before the 2026-06 policy classes): every transformer block runs under torch.utils.checkpoint with a policy
+    that keeps the block's input and the outputs of the ops in its save set -- every other matmul
+    (aten.mm / aten.linear, counted through the block: the first, third, ... are kept), the attention kernel's
+    outputs, top-k, the reduce-scatters and (`TrainingSpec.sac_saves_all_to_all`) the MoE all-to-alls -- and
+    recomputes every other op in the backward: the other matmuls, the norms, RoPE, activations, the router's gate
+    (force_recompute_mm_shapes_by_fqns, default ["moe.router.gate"]) and the routed experts' torch._grouped_mm
+    (not in the save set: torch._functorch.partitioners' compute_intensive_ops has mm, addmm, bmm, _scaled_mm and
+    the SDPA kernels, not _grouped_mm). Megatron-Core's module-level selective recompute everywhere else."""
+    return np.full(len(plans), training.engine is Engine.TORCHTITAN) & (plans.recompute == Recompute.SELECTIVE)
+
+
+@dataclass(frozen=True)
+class BlockMatmul:
+    """One nn.Linear of a torchtitan transformer block: its input and output widths and how tensor parallelism
+    splits it ('column': the output over tp, 'row': the input, 'none': replicated)."""
+
+    d_in: float
+    d_out: float
+    split: str
+
+
+def sac_block_matmuls(model: ModelSpec, moe_layer: bool) -> list[BlockMatmul]:
+    """A torchtitan block's matmuls in forward order, as per-op SAC counts them (per_op_sac): the attention's
+    projections (models/common attention: wq, wk, wv, wo; DeepSeek-V3's MLA: wq or wq_a and wq_b, wkv_a, wkv_b,
+    wo), then the dense FeedForward's w1, w3, w2 (`w2(silu(w1(x)) * w3(x))`) or a MoE layer's shared experts (the
+    same three). The router's gate is forced to recompute and not counted (force_recompute_mm_shapes_by_fqns);
+    the routed experts run torch._grouped_mm, which the policy neither counts nor keeps."""
+    h = float(model.hidden_size)
+    if model.mla is not None:
+        mla, heads = model.mla, model.num_attention_heads
+        query = [BlockMatmul(h, mla.q_lora_rank, "none"),
+                 BlockMatmul(mla.q_lora_rank, heads * mla.qk_head_dim, "column")] if mla.q_lora_rank \
+            else [BlockMatmul(h, heads * mla.qk_head_dim, "column")]
+        attention = query + [BlockMatmul(h, mla.kv_lora_rank + mla.qk_rope_head_dim, "none"),
+                             BlockMatmul(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+                                         "column"),
+                             BlockMatmul(heads * mla.v_head_dim, h, "row")]
+    else:
+        attention = [BlockMatmul(h, model.q_size, "column"), BlockMatmul(h, model.kv_size, "column"),
+                     BlockMatmul(h, model.kv_size, "column"), BlockMatmul(model.q_size, h, "row")]
+
+    def feed_forward(width: float) -> list[BlockMatmul]:
+        up = [BlockMatmul(h, width, "column")] * (2 if _gated(model) else 1)
+        return up + [BlockMatmul(width, h, "row")]
+    if not moe_layer:
+        return attention + feed_forward(model.ffn_hidden_size)
+    assert model.moe is not None
+    return attention + (feed_forward(model.moe.shared_expert_ffn_hidden_size) if model.moe.num_shared_experts
+                        else [])
+
+
+def sac_kept_matmuls(model: ModelSpec, moe_layer: bool) -> list[BlockMatmul]:
+    """The matmuls whose outputs per-op SAC keeps: the policy counts aten.mm through the block and keeps the odd
+    ones, the first, third, ... (`meta[mm_count_key] % 2 == 0` recomputes the even ones)."""
+    return sac_block_matmuls(model, moe_layer)[0::2]
 
 
 def host_reads_zero(training: TrainingSpec) -> bool:

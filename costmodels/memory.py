@@ -40,14 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodels import params
+from costmodels import engines, params
 from costmodels.compute import fp8_tn_only
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.plan import (Plan, PlanArrays, Recompute, RecomputeModule, StageContent, data_parallel_size,
                              embedding_loss_slots, expert_data_parallel_size, layers_on_stage,
                              layers_per_middle_stage, num_microbatches, recomputes_module)
-from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Fp8Recipe, MlpKind, ModelSpec, NormKind,
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Engine, Fp8Recipe, MlpKind, ModelSpec, NormKind,
                               PipelineSchedule, TrainingSpec, fp8_copy_bytes_per_element)
 from costmodels.structure import stage_list
 
@@ -79,6 +79,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "embedding_optimizer_states": _STATIC_EMBEDDING_KNOBS,
     "layer_activations": _STAGE_ACTIVATION_KNOBS,
     "recomputed_layer_inputs": _STAGE_ACTIVATION_KNOBS,
+    "sac_saved_activations": _STAGE_ACTIVATION_KNOBS + ("ep", "etp"),
     "moe_router_activations": _STAGE_ACTIVATION_KNOBS,
     "moe_dispatch_activations": _STAGE_ACTIVATION_KNOBS + ("etp",),
     "expert_mlp_activations": _STAGE_ACTIVATION_KNOBS + ("etp",),
@@ -114,8 +115,8 @@ TERM_STAGE_DEPENDENCE: dict[str, str] = {
     **{name: "first_and_last" for name in (
         "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
     **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
-        "layer_activations", "recomputed_layer_inputs", "moe_router_activations", "moe_dispatch_activations",
-        "expert_mlp_activations", "pipeline_outputs")},
+        "layer_activations", "recomputed_layer_inputs", "sac_saved_activations", "moe_router_activations",
+        "moe_dispatch_activations", "expert_mlp_activations", "pipeline_outputs")},
     "embedding_activations": "first",
     "tp_comm_userbuffers": "every",
     **{name: "last" for name in ("output_layer_activations", "logits", "cross_entropy_buffers",
@@ -137,7 +138,8 @@ MODEL_STATE_TERMS: tuple[str, ...] = (
 optimizer')."""
 
 ACTIVATION_TERMS: tuple[str, ...] = (
-    "layer_activations", "recomputed_layer_inputs", "recompute_working_set", "moe_router_activations",
+    "layer_activations", "recomputed_layer_inputs", "sac_saved_activations", "recompute_working_set",
+    "moe_router_activations",
     "moe_dispatch_activations", "expert_mlp_activations", "moe_stash_working_set", "embedding_activations",
     "output_layer_activations",
     "logits", "cross_entropy_buffers", "pending_output_wgrad", "deferred_output_wgrad", "pipeline_outputs",
@@ -173,7 +175,8 @@ class StageShape:
     """Decoder layers on the rank (all its virtual chunks)."""
     moe_layers: np.ndarray
     recomputed_layers: np.ndarray
-    """Layers whose activations are dropped and recomputed (full recompute, Megatron's block method)."""
+    """Layers whose activations are dropped and recomputed (full recompute, Megatron's block method; torchtitan's
+    per-op selective checkpointing, which keeps some op outputs besides: sac_saved_activations_bytes)."""
     offloaded_layers: np.ndarray
     """Layers whose activations are on the host (TrainingSpec.cpu_offload_layers; pp = 1 only)."""
     in_flight: np.ndarray
@@ -273,7 +276,10 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     # Megatron --recompute-method block --recompute-num-layers n: n layers of every virtual chunk are recomputed
     recompute_all = plans.recompute_layers == 0
     per_rank = np.minimum(plans.recompute_layers * plans.vpp, layers)
-    recomputed = np.where(plans.recompute == Recompute.FULL, np.where(recompute_all, layers, per_rank), 0.0)
+    # torchtitan's per-op selective checkpointing wraps every block (engines.per_op_sac): each keeps its input and
+    # the op outputs its policy saves (sac_saved_activations_bytes), the rest is recomputed as under full
+    checkpointed = (plans.recompute == Recompute.FULL) | engines.per_op_sac(training, plans)
+    recomputed = np.where(checkpointed, np.where(recompute_all, layers, per_rank), 0.0)
     # CPU offloading (pp = 1, no recompute: rule cpu_offloading): at most L - N layers' activations on the GPU
     offloaded = np.where((plans.pp == 1) & (plans.recompute == Recompute.NONE),
                          np.minimum(float(training.cpu_offload_layers), layers), 0.0)
@@ -324,8 +330,14 @@ def layer_weight_bytes_per_param(profile: HardwareProfile, training: TrainingSpe
       counts it on the layer being computed), except MXFP8, whose rowwise and transpose buffers both persist
       (megatron_fsdp/param_and_grad_buffer.py transpose_weight_buffer).
     The layers' few norm and router weights stay bf16 and are counted with them (under 1% of a layer); the
-    embedding and output layer are bf16 either way (`embedding_weights_bytes`)."""
+    embedding and output layer are bf16 either way (`embedding_weights_bytes`).
+    PyTorch FSDP under ZeRO-3 (engines torchtitan and pytorch: FSDP2's fully_shard and FSDP1's FULL_SHARD with a
+    bf16 MixedPrecisionPolicy) keeps no bf16 copy: the sharded parameter stays fp32 and is the optimizer's master
+    weight (counted in `optimizer_states_bytes`), and the bf16 weights exist only as the all-gathered unsharded
+    copy of the layer being computed (`zero3_prefetch_buffers_bytes`): 0 persistent bytes."""
     zero = np.asarray(zero)
+    if training.engine in (Engine.TORCHTITAN, Engine.PYTORCH):
+        return np.where(zero >= 3, 0.0, float(WEIGHT_BYTES_PER_PARAM))
     recipe = training.fp8_scaling
     if not training.fp8_param_gather or recipe is None:
         return np.full(zero.shape, float(WEIGHT_BYTES_PER_PARAM))
@@ -720,6 +732,57 @@ def recomputed_layer_inputs_bytes(model: ModelSpec, shape: StageShape) -> np.nda
     return shape.recomputed_layers * per_layer * shape.in_flight
 
 
+SAC_LOGSUMEXP_BYTES = 4
+"""The attention kernel's per-row log-sum-exp, fp32 per query and head, which its backward reads."""
+
+
+def _sac_kept_matmul_bytes_per_token(model: ModelSpec, shape: StageShape, moe_layer: bool) -> np.ndarray:
+    """Bytes per token (of the TP shard, tokens_inside_tp) of the matmul outputs per-op SAC keeps in one block
+    (engines.sac_kept_matmuls): a column-parallel output is d_out/tp a token, a replicated one d_out, a
+    row-parallel one the whole hidden state of every token before its reduce-scatter (tp × a shard token's)."""
+    tp = shape.plans.tp.astype(float)
+    per_token = np.zeros(len(shape.plans))
+    for matmul in engines.sac_kept_matmuls(model, moe_layer):
+        width = {"column": matmul.d_out / tp, "row": matmul.d_out * tp, "none": matmul.d_out * tp}[matmul.split]
+        per_token = per_token + BF16_BYTES * width
+    return per_token
+
+
+def sac_saved_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """What torchtitan's per-op selective activation checkpointing keeps of each checkpointed block besides its input
+    (recomputed_layer_inputs_bytes), × micro-batches in flight (engines.per_op_sac for the policy and its source):
+    - every other matmul output (`_sac_kept_matmul_bytes_per_token`);
+    - the attention kernel's output (heads × value head dim per token, inside TP) and its log-sum-exp
+      (SAC_LOGSUMEXP_BYTES per head and query);
+    - with sequence parallelism, the two reduce-scatter outputs (the block's hidden state after attention and
+      after the MLP, 2h per token outside TP);
+    - a MoE layer's all-to-all outputs where the policy keeps them (TrainingSpec.sac_saves_all_to_all, ep > 1):
+      the dispatched token copies this GPU's experts receive (_expert_copies_received) and the combined copies
+      returned to its tokens (top_k per token), h each;
+    the router's top-k indices (12 bytes per copy) are left out. The routed experts, norms and activations keep
+    nothing: they are recomputed. Zero where recompute is not per-op SAC."""
+    plans = shape.plans
+    heads = model.num_attention_heads / plans.tp.astype(float)
+    value_width = (model.num_attention_heads * model.mla.v_head_dim if model.mla is not None else model.q_size) \
+        / plans.tp.astype(float)
+    attention_out = (BF16_BYTES * value_width + SAC_LOGSUMEXP_BYTES * heads) * shape.tokens_inside_tp
+    scatters = np.where(plans.sp & (plans.tp > 1), 2.0 * BF16_BYTES * model.hidden_size * shape.tokens_outside_tp,
+                        0.0)
+    moe_layers = shape.moe_layers
+    dense_layers = shape.layers - moe_layers
+    dense = _sac_kept_matmul_bytes_per_token(model, shape, False) * shape.tokens_inside_tp
+    per_microbatch = dense_layers * (dense + attention_out + scatters)
+    if model.moe is not None:
+        moe = _sac_kept_matmul_bytes_per_token(model, shape, True) * shape.tokens_inside_tp
+        if training.sac_saves_all_to_all:
+            copies = _expert_copies_received(model, training, shape) \
+                + model.moe.top_k * shape.tokens_outside_tp
+            moe = moe + np.where(plans.ep > 1, BF16_BYTES * model.hidden_size * copies, 0.0)
+        per_microbatch = per_microbatch + moe_layers * (moe + attention_out + scatters)
+    checkpointed = shape.recomputed_layers / np.maximum(shape.layers, 1e-12)
+    return np.where(engines.per_op_sac(training, plans), per_microbatch * checkpointed * shape.in_flight, 0.0)
+
+
 def _moe_kept(shape: StageShape) -> np.ndarray:
     """1 where the routed MLP's activations are kept, 0 where module `moe` recomputes the whole routed MLP."""
     return np.where(recomputes_module(shape.plans, RecomputeModule.MOE), 0.0, 1.0)
@@ -1077,6 +1140,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
          lambda: fp8_weight_copies_bytes(cluster.profile, training, shape)),
         ("layer_activations", True, lambda: layer_activations_bytes(model, training, shape)),
         ("recomputed_layer_inputs", True, lambda: recomputed_layer_inputs_bytes(model, shape)),
+        ("sac_saved_activations", training.engine is Engine.TORCHTITAN,
+         lambda: sac_saved_activations_bytes(model, training, shape)),
         ("recompute_working_set", True, lambda: recompute_working_set_bytes(model, training, shape)),
         ("moe_router_activations", moe, lambda: moe_router_activations_bytes(model, shape)),
         ("moe_dispatch_activations", moe, lambda: moe_dispatch_activations_bytes(model, training, shape)),

@@ -645,6 +645,14 @@ class TrainingSpec:
     torch.cuda.synchronize(), every submodule's fetch ending in another, no prefetch ahead of the compute
     (partition_parameters.py _allgather_param, stage3.py _synchronize_communication); from v0.6 the fetch is
     coalesced per module and prefetched. Engine deepspeed only."""
+    sac_saves_all_to_all: bool = True
+    """Under torchtitan's per-op selective activation checkpointing (engine torchtitan, recompute selective:
+    costmodels.engines.per_op_sac), whether the policy keeps the MoE all-to-all outputs: torchtitan's default save
+    set has `_c10d_functional.all_to_all_single` among its comm ops since the per-model lists were centralised
+    (#2357, 2026-03; torchtitan 0.3.0 distributed/activation_checkpoint.py _get_default_save_ops), so the dispatched
+    and combined tokens stay stored and are not sent again in the backward; the per-model lists before it
+    (Qwen3's `_op_sac_save_list`, models/qwen3/infra/parallelize.py in 2025-12) did not name it: the all-to-alls
+    re-run with the recompute and nothing of theirs is kept. Engine torchtitan only."""
     optimizer_state_bytes: tuple[int, int, int] = (4, 4, 4)
     """Bytes per parameter of the optimizer's (master weights, Adam first moment, Adam second moment): fp32 each,
     Megatron-Core's default. Megatron-Core's precision-aware optimizer (OptimizerConfig.use_precision_aware_optimizer
@@ -755,7 +763,7 @@ class TrainingSpec:
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
                      "deallocate_pipeline_outputs",
                      "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
-                     "zero3_serial_fetch", "fused_kernels"):
+                     "zero3_serial_fetch", "fused_kernels", "sac_saves_all_to_all"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
         require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")

@@ -620,7 +620,9 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     one = comm.ep_all_to_all_s if comm is not None else ep_all_to_all_one_s(model, cluster, training, plans)
     # module `moe` of selective recompute re-runs the dispatch and combine of every stored MoE layer
     moe_module = recomputes_module(plans, RecomputeModule.MOE)
-    return moe_layers * (4.0 + 2.0 * recomputed + 2.0 * moe_module) * one
+    # torchtitan's per-op SAC re-runs them with the block unless its policy keeps their outputs
+    sac_rerun = engines.per_op_sac(training, plans) & (not training.sac_saves_all_to_all)
+    return moe_layers * (4.0 + 2.0 * recomputed + 2.0 * moe_module + 2.0 * sac_rerun) * one
 
 
 def stage_microbatch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,

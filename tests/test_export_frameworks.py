@@ -162,6 +162,7 @@ def test_every_framework_emits_parsable_text(plan):
             assert parallel["pipeline_parallel_schedule"] == ("Interleaved1F1B" if plan.vpp > 1 else "1F1B")
         assert training["global_batch_size"] == TRAINING.global_batch_size
         assert ("FullAC.Config()" in emit(estimate, "torchtitan")) is (plan.recompute is Recompute.FULL)
+        assert ("SelectiveAC.Config()" in emit(estimate, "torchtitan")) is (plan.recompute is Recompute.SELECTIVE)
     else:
         with pytest.raises(Unsupported, match="torchtitan"):
             emit(estimate, "torchtitan")

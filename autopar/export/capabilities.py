@@ -22,7 +22,7 @@ from costmodels.rules import Problem as Context, Rule
 from autopar.export.names import framework_name
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
-from costmodels.specs import PipelineSchedule
+from costmodels.specs import Engine, PipelineSchedule
 
 TARGET_VERSIONS: dict[str, str] = {
     "megatron": "Megatron-LM core_v0.19.0 (megatron-core 0.19.2)",
@@ -166,9 +166,11 @@ def _tt_cp_replicas(ctx: Context, p: PlanArrays) -> np.ndarray:
 def _tt_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
     # torchtitan/distributed/activation_checkpoint.py: FullAC wraps every transformer block, SelectiveAC is per-op
     # (save matmuls / comms, recompute the rest) -- there is no "recompute the first k layers of each stage"
-    # (Megatron's --recompute-method block --recompute-num-layers k), and per-op SAC is not Megatron's
-    # attention-core recompute: only none and full map exactly.
-    return (p.recompute != int(Recompute.SELECTIVE)) & (p.recompute_layers == 0)
+    # (Megatron's --recompute-method block --recompute-num-layers k) and no module list (--recompute-modules).
+    # Selective maps where the estimate priced torchtitan's per-op SAC (engine torchtitan:
+    # costmodels.engines.per_op_sac), not Megatron's attention-core recompute.
+    selective_ok = (p.recompute_modules == 0) & (ctx.training.engine is Engine.TORCHTITAN)
+    return ((p.recompute != int(Recompute.SELECTIVE)) | selective_ok) & (p.recompute_layers == 0)
 
 
 # Megatron-LM, NeMo 2, Megatron-Bridge, verl's Megatron backend: Megatron-Core plans, every knob expressible
@@ -281,8 +283,9 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
               "parallelize applies fully_shard on it), so the weights are sharded over cp, not replicated as priced",
               "torchtitan/distributed/parallel_dims.py build_mesh; torchtitan/models/llama3/parallelize.py",
               ("zero", "cp"), _tt_cp_replicas),
-        _rule("torchtitan", "recompute", "recompute: torchtitan has full AC of every block and per-op selective AC, "
-              "not Megatron's attention-core selective recompute or recompute of k layers per stage",
+        _rule("torchtitan", "recompute", "recompute: torchtitan has full AC of every block and per-op selective AC "
+              "(priced with --framework torchtitan), not Megatron's module-level selective recompute or recompute "
+              "of k layers per stage",
               "torchtitan/distributed/activation_checkpoint.py", ("recompute", "recompute_layers"), _tt_recompute),
         _rule("torchtitan", "grad_reduce_in_fp32", "gradients reduced in bf16 (--grad-reduce-in-bf16): torchtitan "
               "0.3.0 reduces in float32 only (training.mixed_precision_reduce: Literal['float32'])",

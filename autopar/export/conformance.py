@@ -437,7 +437,8 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
                 "reshard_after_forward": plan.zero == 3,
                 "model_parts": plan.pp * plan.vpp if plan.pp > 1 else 1,
                 "layers_per_rank": stage_layers(estimate.model.num_layers, plan),
-                "full_ac": plan.recompute is Recompute.FULL,
+                "activation_checkpoint": {Recompute.NONE: "NoneType", Recompute.FULL: "FullAC.Config",
+                                          Recompute.SELECTIVE: "SelectiveAC.Config"}[plan.recompute],
                 "global_batch_size": estimate.training.global_batch_size,
                 "seq_len": estimate.training.seq_len,
                 "reduce_dtype": "float32"}
@@ -447,7 +448,7 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
               "reshard_after_forward": reshard if fsdp_degree > 1 else False,
               "model_parts": len(parallelism.module_fqns_per_model_part) if plan.pp > 1 else 1,
               "layers_per_rank": layers_per_rank,
-              "full_ac": type(loaded.activation_checkpoint).__qualname__ == "FullAC.Config",
+              "activation_checkpoint": type(loaded.activation_checkpoint).__qualname__,
               "global_batch_size": loaded.training.global_batch_size,
               "seq_len": loaded.training.seq_len,
               "reduce_dtype": loaded.training.mixed_precision_reduce}

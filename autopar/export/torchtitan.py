@@ -12,12 +12,13 @@ data_parallel_shard_degree, fsdp_reshard_after_forward, tensor_parallel_degree, 
 pipeline_parallel_degree, module_fqns_per_model_part, pipeline_parallel_schedule,
 pipeline_parallel_microbatch_size, context_parallel_degree, expert_parallel_degree) and `TrainingConfig`
 (local_batch_size, global_batch_size, seq_len), activation checkpointing from
-torchtitan/distributed/activation_checkpoint.py (FullAC; `Trainer.Config.activation_checkpoint`).
+torchtitan/distributed/activation_checkpoint.py (FullAC, SelectiveAC -- per-op SAC, what recompute selective prices
+under engine torchtitan; `Trainer.Config.activation_checkpoint`).
 
 zero maps onto torchtitan's two DP axes: zero 0 = replicate (DDP), zero 3 = FSDP with fsdp_reshard_after_forward =
 "always", zero 2 = FSDP with parameters kept gathered between forward and backward ("never"); the policy is always
 written, since torchtitan's "default" is "never" under pipeline parallelism. Plans torchtitan cannot run (zero 1,
-expert TP other than its own, Megatron's selective or partial recompute) are refused (export.capabilities), and so
+expert TP other than its own, Megatron's module-level selective or partial recompute) are refused (export.capabilities), and so
 are estimates with fp8 parameters (TrainingSpec.fp8_param_gather): torchao's fp8 linears keep bf16 weights.
 """
 
@@ -118,8 +119,9 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     if training.precision is Precision.FP8:
         lines.append(TORCHTITAN_FP8_LINE[training.fp8_recipe.value])
     lines += ["from torchtitan.config import ParallelismConfig"]
-    if plan.recompute is Recompute.FULL:
-        lines.append("from torchtitan.distributed.activation_checkpoint import FullAC")
+    if plan.recompute is not Recompute.NONE:
+        ac_class = "FullAC" if plan.recompute is Recompute.FULL else "SelectiveAC"
+        lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac_class}")
     if base is None:
         lines += [f"# torchtitan has no registry config for {one_line(model.name)}: start from its defaults and set",
                   "# model_spec to your model", "from torchtitan.trainer import Trainer", "",
@@ -146,6 +148,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
         lines.append("    config.training.disable_cuda_graphs = True")
     if plan.recompute is Recompute.FULL:
         lines.append("    config.activation_checkpoint = FullAC.Config()")
+    elif plan.recompute is Recompute.SELECTIVE:   # per-op SAC, as priced (costmodels.engines.per_op_sac)
+        lines.append("    config.activation_checkpoint = SelectiveAC.Config()")
     else:
         lines.append("    config.activation_checkpoint = None  # no activation checkpointing")
     lines.append("    return config")
@@ -157,6 +161,10 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
                                     "torch._grouped_mm kernel over the local experts (MoEArgs.use_grouped_mm)"))
     notes += tuple(fp8_weight_copies_note(estimate, "torchao's float8 and MXFP8 linears do not keep (they save the "
                                                     "bf16 weight and quantize it again in the backward)"))
+    if plan.recompute is Recompute.SELECTIVE and model.is_moe and plan.ep > 1 \
+            and not estimate.training.sac_saves_all_to_all:
+        notes += ("sac_saves_all_to_all off: torchtitan 0.3.0's SelectiveAC keeps the MoE all-to-all outputs "
+                  "(_get_default_save_ops), more memory and fewer all-to-alls than the estimate priced",)
     capacity = estimate.training.moe_capacity_factor
     if estimate.model.is_moe and capacity is not None:
         notes += (f"moe_capacity_factor {capacity:g}: torchtitan's MoE has no expert capacity (its standard "

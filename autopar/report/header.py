@@ -76,7 +76,10 @@ def engine_summary(training: TrainingSpec) -> str:
     else:
         launch = "eager launches"
     extras = (", fused kernels" if training.fused_kernels else "") + \
-        (", ZeRO-3 fetch as DeepSpeed < 0.6" if training.zero3_serial_fetch else "")
+        (", ZeRO-3 fetch as DeepSpeed < 0.6" if training.zero3_serial_fetch else "") + \
+        (", selective = per-op SAC" if training.engine.value == "torchtitan" else "") + \
+        (" (all-to-alls recomputed)" if training.engine.value == "torchtitan" and not training.sac_saves_all_to_all
+         else "")
     return f"{ENGINE_NAMES[training.engine.value]}, {launch}{extras}"
 
 
