@@ -281,7 +281,7 @@ def test_the_cross_entropy_kernel_is_an_input_shown_and_priced() -> None:
 def test_a_typed_loss_kernel_meets_an_imported_megatron_command() -> None:
     """The Megatron-LM command decides the loss (no --cross-entropy-loss-fusion: unfused); a different kernel typed
     beside it, in any case, gets one note naming it; an unknown one is exit 2; torchtitan's config notes its eager
-    unfused loss for a plan priced fused."""
+    unfused loss for a plan priced fused (typed: torchtitan's own loss is its default)."""
     command = "--tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16"
     plan = ("estimate", LLAMA_8B, "--from-megatron-args", command, "--gpus", "8", "--json")
     typed = autopar(*plan, "--cross-entropy", "Fused")
@@ -291,8 +291,12 @@ def test_a_typed_loss_kernel_meets_an_imported_megatron_command() -> None:
     assert "ignored" not in same.stderr
     bad = autopar(*plan, "--cross-entropy", "liger")
     assert bad.returncode == 2 and "ignored" not in bad.stderr and "xentropy" in bad.stderr
+    # --emit torchtitan prices torchtitan's eager loss; a loss typed beside it is written with a note
     titan = autopar("estimate", LLAMA_8B, "--gpus", "8", "--zero", "3", "--emit", "torchtitan")
-    assert "# note: cross_entropy fused: torchtitan runs PyTorch's eager cross entropy" in titan.stdout
+    assert "# note: cross_entropy" not in titan.stdout
+    typed_titan = autopar("estimate", LLAMA_8B, "--gpus", "8", "--zero", "3", "--emit", "torchtitan",
+                          "--cross-entropy", "fused")
+    assert "# note: cross_entropy fused: torchtitan runs PyTorch's eager cross entropy" in typed_titan.stdout
 
 
 def test_interleaved_p2p_overlap_is_a_switch_shown_in_the_inputs() -> None:

@@ -83,3 +83,24 @@ def test_megatron_commands_bring_their_cuda_graphs(tmp_path):
     assert result.returncode == 0, result.stderr
     training = json.loads(result.stdout)["inputs"]["training"]
     assert training["launch"] == "cuda_graph" and training["cuda_graph_modules"] == ["attn", "mlp"]
+
+
+@pytest.mark.parametrize("flags,loss", [
+    ((), "fused"),                                            # Megatron-Core's fused cross entropy
+    (("--framework", "torchtitan"), "unfused"),               # F.cross_entropy on upcast logits
+    (("--framework", "torchtitan", "--compile"), "xentropy"),  # the loss compiled with the model
+    (("--framework", "deepspeed"), "unfused"),
+    (("--framework", "llm.c"), "xentropy"),                   # llm.c's fused classifier
+    (("--framework", "torchtitan", "--cross-entropy", "fused"), "fused"),   # as asked
+])
+def test_the_loss_priced_is_the_engines_unless_asked(flags, loss):
+    assert estimate(*flags)["inputs"]["training"]["cross_entropy"] == loss
+
+
+def test_a_compiled_torchtitan_plan_is_launched_compiled():
+    compiled = autopar(*SMALL, "--emit", "torchtitan", "--compile", "--zero", "3")
+    assert compiled.returncode == 0, compiled.stderr
+    assert "config.compile = CompileConfig(enable=True)" in compiled.stdout
+    assert "# note: cross_entropy" not in compiled.stdout          # the loss it runs is the loss priced
+    eager = autopar(*SMALL, "--emit", "torchtitan", "--zero", "3")
+    assert "CompileConfig" not in eager.stdout and "# note: cross_entropy" not in eager.stdout

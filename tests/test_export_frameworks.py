@@ -16,7 +16,7 @@ from autopar.export.common import NEMO_FP8_PRESETS, chunk_layers_in_model_order,
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
 from costmodels.scoring import estimate as score
-from costmodels.specs import Precision, TrainingSpec
+from costmodels.specs import Engine, Precision, TrainingSpec
 from test_report_support import DENSE_PLANS, MOE_PLANS, cluster, dense_model, moe_model, synthetic_estimate
 
 TRAINING = TrainingSpec(seq_len=4096, global_batch_size=512)
@@ -148,24 +148,29 @@ def test_every_framework_emits_parsable_text(plan):
     if plan.first_stage_layers and not verl.get("+" + override + "account_for_embedding_in_pipeline_split"):
         assert verl["+" + override + "num_layers_in_first_pipeline_stage"] == str(plan.first_stage_layers)
 
-    if runnable(estimate, "torchtitan"):
-        parallel, training = titan(emit(estimate, "torchtitan"))
+    # torchtitan runs the plan as asked, or its nearest setting priced again (capabilities.PLAN_ADJUSTMENTS), or not
+    try:
+        config = launch_config(estimate, "torchtitan")
+    except Unsupported as refused:
+        assert not runnable(estimate, "torchtitan") and "torchtitan" in str(refused)
+    else:
+        priced = config.priced or estimate
+        assert runnable(priced, "torchtitan") and (config.priced is None) is runnable(estimate, "torchtitan")
+        ran = priced.plan
+        parallel, training = titan(config.text)
         assert parallel["data_parallel_replicate_degree"] * parallel["data_parallel_shard_degree"] == dp
-        assert parallel["tensor_parallel_degree"] == plan.tp
-        assert parallel["pipeline_parallel_degree"] == plan.pp
-        assert parallel["context_parallel_degree"] == plan.cp
-        if plan.pp > 1:  # one module list per (virtual) stage, every layer once
+        assert parallel["tensor_parallel_degree"] == ran.tp == plan.tp
+        assert parallel["pipeline_parallel_degree"] == ran.pp == plan.pp
+        assert parallel["context_parallel_degree"] == ran.cp == plan.cp
+        if ran.pp > 1:  # one module list per (virtual) stage, every layer once
             parts = parallel["module_fqns_per_model_part"]
-            assert len(parts) == plan.pp * plan.vpp
+            assert len(parts) == ran.pp * ran.vpp
             layers = [name for part in parts for name in part if name.startswith("layers.")]
             assert layers == [f"layers.{i}" for i in range(estimate.model.num_layers)]
-            assert parallel["pipeline_parallel_schedule"] == ("Interleaved1F1B" if plan.vpp > 1 else "1F1B")
+            assert parallel["pipeline_parallel_schedule"] == ("Interleaved1F1B" if ran.vpp > 1 else "1F1B")
         assert training["global_batch_size"] == TRAINING.global_batch_size
-        assert ("FullAC.Config()" in emit(estimate, "torchtitan")) is (plan.recompute is Recompute.FULL)
-        assert ("SelectiveAC.Config()" in emit(estimate, "torchtitan")) is (plan.recompute is Recompute.SELECTIVE)
-    else:
-        with pytest.raises(Unsupported, match="torchtitan"):
-            emit(estimate, "torchtitan")
+        assert ("FullAC.Config()" in config.text) is (ran.recompute is Recompute.FULL)
+        assert ("SelectiveAC.Config()" in config.text) is (ran.recompute is Recompute.SELECTIVE)
 
     nemo = overrides(emit(megatron_family, "nemo"))
     assert nemo["trainer.strategy.tensor_model_parallel_size"] == str(plan.tp)
@@ -203,10 +208,8 @@ def test_torchtitan_module_lists_follow_the_uneven_split():
     (Plan(tp=2, cp=2, sp=True, ep=4, etp=1, zero=1), "deepspeed", "cp > 1"),
     (Plan(tp=1, pp=2, vpp=2, ep=8, etp=1, zero=1), "deepspeed", "vpp > 1"),
     (Plan(tp=2, sp=True, ep=8, etp=1, zero=1), "deepspeed", "sp=true"),
-    # torchtitan: FSDP2 has no ZeRO-1; expert TP is 1 with EP and tp without; no partial or selective recompute
-    (Plan(tp=2, sp=True, ep=8, etp=1, zero=1), "torchtitan", "zero=1"),
+    # torchtitan: expert TP is 1 with EP and tp without (its ZeRO-1 and recompute have nearest settings: below)
     (Plan(tp=4, sp=True, ep=4, etp=2, zero=3), "torchtitan", "expert TP"),
-    (Plan(tp=1, ep=8, etp=1, zero=3, recompute=Recompute.SELECTIVE), "torchtitan", "recompute"),
 ])
 def test_a_plan_the_framework_cannot_run_is_refused_with_the_knob(plan, framework, knob):
     estimate = estimate_of(plan)
@@ -214,6 +217,26 @@ def test_a_plan_the_framework_cannot_run_is_refused_with_the_knob(plan, framewor
         launch_config(estimate, framework)
     assert knob in str(refused.value) and f"--framework {framework}" in str(refused.value)
     assert TARGET_VERSIONS[framework] in str(refused.value)
+
+
+@pytest.mark.parametrize("plan, written, text", [
+    # FSDP2 has no ZeRO-1: ZeRO-2, parameters kept gathered from forward to backward
+    (Plan(tp=2, sp=True, ep=8, etp=1, zero=1), Plan(tp=2, sp=True, ep=8, etp=1, zero=2),
+     "fsdp_reshard_after_forward='never'"),
+    # Megatron's selective recompute: torchtitan's per-op SAC, priced with its engine
+    (Plan(tp=1, ep=8, etp=1, zero=3, recompute=Recompute.SELECTIVE, recompute_modules="layernorm,moe_act"),
+     Plan(tp=1, ep=8, etp=1, zero=3, recompute=Recompute.SELECTIVE), "SelectiveAC.Config()"),
+    # recompute of k layers per stage: full AC of every block
+    (Plan(tp=2, sp=True, pp=2, ep=8, etp=1, zero=3, recompute=Recompute.FULL, recompute_layers=2),
+     Plan(tp=2, sp=True, pp=2, ep=8, etp=1, zero=3, recompute=Recompute.FULL), "FullAC.Config()"),
+])
+def test_torchtitan_writes_its_nearest_setting_priced_and_said(plan, written, text):
+    estimate = estimate_of(plan)
+    config = launch_config(estimate, "torchtitan")
+    assert config.priced is not None and config.priced.plan == written and text in config.text
+    assert config.text.startswith("# note: written with ") and "as asked:" in config.text.splitlines()[0]
+    assert (config.priced.training.engine is Engine.TORCHTITAN) is (plan.recompute is Recompute.SELECTIVE)
+    assert config.priced.step_time_s != estimate.step_time_s
 
 
 def test_every_config_names_the_framework_version_it_targets():

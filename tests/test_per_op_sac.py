@@ -8,8 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from autopar.export import emit
-from autopar.export.capabilities import Unsupported
+from autopar.export import emit, launch_config
 from costmodels import compute, engines, memory, steptime
 from costmodels.hardware import load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute
@@ -102,6 +101,8 @@ def test_torchtitan_launches_selective_as_selective_ac_where_it_was_priced():
     plan = Plan(recompute=Recompute.SELECTIVE, zero=3)
     config = emit(estimate_plan(TOY, cluster, TITAN, plan), "torchtitan")
     assert "SelectiveAC.Config()" in config and "FullAC" not in config
-    megatron = dataclasses.replace(TITAN, engine=Engine.MEGATRON)
-    with pytest.raises(Unsupported, match="selective"):
-        emit(estimate_plan(TOY, cluster, megatron, plan), "torchtitan")
+    # priced as Megatron's selective recompute, it is written as torchtitan's and priced again with its engine
+    megatron = estimate_plan(TOY, cluster, dataclasses.replace(TITAN, engine=Engine.MEGATRON), plan)
+    config = launch_config(megatron, "torchtitan")
+    assert "SelectiveAC.Config()" in config.text and "per-op SAC" in config.text.splitlines()[0]
+    assert config.priced.training.engine is Engine.TORCHTITAN

@@ -155,7 +155,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the loss kernels: fused (Megatron --cross-entropy-loss-fusion), unfused (Megatron-LM's "
                             "default and PyTorch's eager loss: an fp32 copy of the logits, kept) or xentropy "
                             "(apex / flash-attn's single-kernel loss, llm-foundry's fused_crossentropy); "
-                            "default fused")
+                            "default: the engine's (fused under Megatron-Core, unfused under torchtitan, DeepSpeed "
+                            "and plain PyTorch, xentropy compiled and under llm.c)")
     group.add_argument("--no-fused-cross-entropy", dest="cross_entropy", action="store_const", const="unfused",
                        help="the same as --cross-entropy unfused")
     group.add_argument("--pipeline-schedule", default=None, metavar="{1f1b,zb-1p,zb-2p}",
@@ -327,6 +328,13 @@ torchtitan's torch._grouped_mm, Hugging Face's eager loop over experts (DeepSpee
 models)."""
 
 
+CROSS_ENTROPY_OF_ENGINE = {"megatron": "fused", "torchtitan": "unfused", "deepspeed": "unfused", "pytorch": "unfused",
+                           "native": "xentropy"}
+"""The loss each engine runs eagerly: Megatron-Core's fused cross entropy (autopar's default,
+--cross-entropy-loss-fusion); PyTorch's F.cross_entropy on upcast logits (torchtitan components/loss.py, Hugging
+Face's ForCausalLMLoss under DeepSpeed, a plain loop); llm.c's fused classifier, one kernel each way."""
+
+
 def engine_fields(args: argparse.Namespace) -> dict[str, object]:
     """TrainingSpec's engine fields from --framework (or --emit), --compile, --cuda-graph-impl/-modules,
     --fused-kernels and --deepspeed-version; each refused where the engine has no such thing."""
@@ -365,7 +373,15 @@ def engine_fields(args: argparse.Namespace) -> dict[str, object]:
         serial = _version_below(version, (0, 6), "deepspeed_version")
     return dict(engine=engine, launch="cuda_graph" if graphs else ("compile" if compiled else "eager"),
                 cuda_graph_modules=tuple(modules or ()), fused_kernels=fused, zero3_serial_fetch=serial,
-                expert_gemm=getattr(args, "expert_gemm", None) or EXPERT_GEMM_OF_ENGINE[engine])
+                expert_gemm=getattr(args, "expert_gemm", None) or EXPERT_GEMM_OF_ENGINE[engine],
+                cross_entropy=getattr(args, "cross_entropy", None) or cross_entropy_of_engine(engine, compiled))
+
+
+def cross_entropy_of_engine(engine: str, compiled: bool) -> str:
+    """The loss kernels an engine runs unless --cross-entropy says (CROSS_ENTROPY_OF_ENGINE); torch.compile'd, the
+    loss inside the compiled region (torchtitan's CompileConfig compiles 'loss' with 'model'; nanoGPT's and Hugging
+    Face's models compute it in their forward): Inductor's fused upcast, log-softmax and NLL, xentropy's bytes."""
+    return "xentropy" if compiled else CROSS_ENTROPY_OF_ENGINE[engine]
 
 
 def _version_below(text: str, limit: tuple[int, ...], field: str) -> bool:
@@ -395,7 +411,6 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
     return TrainingSpec(seq_len=seq_len, global_batch_size=global_batch, precision=precision,
                         fp8_recipe=recipe or "delayed", flash_attention=args.flash_attention,
                         attention_kernel=args.attention_kernel,
-                        cross_entropy=args.cross_entropy or "fused",
                         pipeline_schedule=getattr(args, "pipeline_schedule", None) or "1f1b",
                         moe_capacity_factor=args.moe_capacity_factor,
                         moe_imbalance_factor=args.moe_imbalance_factor, moe_dispatcher=args.moe_dispatcher,

@@ -16,13 +16,15 @@ Versions are the releases the exporters target (late 2026; `TARGET_VERSIONS`), e
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from costmodels.rules import Problem as Context, Rule
 from autopar.export.names import framework_name
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
-from costmodels.specs import Engine, PipelineSchedule
+from costmodels.specs import Engine, PipelineSchedule, TrainingSpec
 
 TARGET_VERSIONS: dict[str, str] = {
     "megatron": "Megatron-LM core_v0.19.0 (megatron-core 0.19.2)",
@@ -370,13 +372,35 @@ ADJUSTMENTS: dict[str, tuple[str, object, str]] = {
 (`runnable_estimate`) instead of refusing the plan."""
 
 
+def _tt_nearest_zero(plan: Plan, training: TrainingSpec) -> tuple[Plan, TrainingSpec, str]:
+    """torchtitan has no ZeRO-1: its nearest is FSDP2 with the parameters kept gathered from forward to backward."""
+    return (dataclasses.replace(plan, zero=2), training,
+            "zero 2 (FSDP2 with fsdp_reshard_after_forward='never', torchtitan's nearest to the distributed optimizer: "
+            "the gradients sharded too)")
+
+
+def _tt_nearest_recompute(plan: Plan, training: TrainingSpec) -> tuple[Plan, TrainingSpec, str]:
+    """Megatron's module-level selective recompute runs on torchtitan as its per-op SAC, priced with torchtitan's
+    engine (costmodels.engines.per_op_sac); recompute of k layers per stage as full AC of every block."""
+    if plan.recompute is Recompute.SELECTIVE:
+        return (dataclasses.replace(plan, recompute_modules=0), dataclasses.replace(training, engine=Engine.TORCHTITAN),
+                "selective recompute as torchtitan runs it, per-op SAC (SelectiveAC), and the step as its engine runs "
+                "it")
+    return (dataclasses.replace(plan, recompute_layers=0), training,
+            "full AC of every block (torchtitan recomputes no k layers per stage)")
+
+
+PLAN_ADJUSTMENTS = {"torchtitan:zero": _tt_nearest_zero, "torchtitan:recompute": _tt_nearest_recompute}
+"""Rules a plan breaks through a knob the framework has a nearest setting for: rule id -> (plan, training) -> (the
+plan and TrainingSpec the framework runs, why). Like ADJUSTMENTS, written and priced (`runnable_estimate`)."""
+
+
 def runnable_estimate(estimate, framework: str):
     """(the estimate `framework` runs the plan as, a one-line note or None). The estimate itself where the framework
-    runs it as priced; where it breaks only ADJUSTMENTS rules, the plan estimated again through the same estimate
-    path with the TrainingSpec the framework runs (e.g. grad_reduce_in_fp32), and a note giving both costs; else
-    `Unsupported` with every reason."""
-    import dataclasses
-
+    runs it as priced; where the settings ADJUSTMENTS and PLAN_ADJUSTMENTS choose for the rules it breaks leave a
+    plan it runs, that plan estimated again through the same estimate path with the TrainingSpec the framework runs
+    (e.g. grad_reduce_in_fp32, ZeRO-2 for ZeRO-1 on torchtitan), and a note giving both costs -- refused instead
+    where the plan fitted as asked and the adjusted one does not; else `Unsupported` with every reason."""
     from costmodels.scoring import estimate as score
 
     name = framework_name(framework)
@@ -386,16 +410,32 @@ def runnable_estimate(estimate, framework: str):
         broken = [rule for rule in framework_rules(name) if not bool(rule.holds(ctx, plans)[0])]
     if not broken:
         return estimate, None
-    if all(rule.id in ADJUSTMENTS for rule in broken):
-        changes = {ADJUSTMENTS[rule.id][0]: ADJUSTMENTS[rule.id][1] for rule in broken}
-        training = dataclasses.replace(estimate.training, **changes)
-        if not refusals(Context(estimate.model, estimate.cluster, training), estimate.plan, name):
-            adjusted = score(estimate.model, estimate.cluster, training, estimate.plan)
-            why = "; ".join(ADJUSTMENTS[rule.id][2] for rule in broken)
+    adjustable = [rule for rule in broken if rule.id in ADJUSTMENTS or rule.id in PLAN_ADJUSTMENTS]
+    if adjustable:
+        plan, training, whys = estimate.plan, estimate.training, []
+        try:   # a setting the adjusted engine cannot take (CUDA graphs under torchtitan) leaves the refusal
+            for rule in adjustable:
+                if rule.id in ADJUSTMENTS:
+                    field, value, why = ADJUSTMENTS[rule.id]
+                    training = dataclasses.replace(training, **{field: value})
+                else:
+                    plan, training, why = PLAN_ADJUSTMENTS[rule.id](plan, training)
+                whys.append(why)
+        except InputError:
+            whys = []
+        # the adjusted plan may mend other rules too (ZeRO-2's sharded experts): it must break none
+        if whys and not refusals(Context(estimate.model, estimate.cluster, training), plan, name):
+            adjusted = score(estimate.model, estimate.cluster, training, plan)
+            why = "; ".join(whys)
             note = (f"written with {why}: predicted {adjusted.step_time_s:.3g} s per step, peak "
                     f"{adjusted.peak_memory_bytes / 2**30:.1f} GiB per GPU (as asked: {estimate.step_time_s:.3g} s, "
                     f"{estimate.peak_memory_bytes / 2**30:.1f} GiB)")
-            return adjusted, note
+            fits_as_asked = estimate.peak_memory_bytes <= estimate.memory_limit_bytes
+            if adjusted.peak_memory_bytes <= adjusted.memory_limit_bytes or not fits_as_asked:
+                return adjusted, note
+            raise Unsupported(name, estimate.plan, (f"it runs only as its nearest setting, {why}, which needs "
+                                                    f"{adjusted.peak_memory_bytes / 2**30:.1f} GiB per GPU, over the "
+                                                    f"{adjusted.memory_limit_bytes / 2**30:.1f} GiB limit",))
     require_runnable(estimate, name)
     return estimate, None
 

@@ -59,6 +59,7 @@ from autopar.export.common import (LaunchConfig, fp8_param_fields, gradient_accu
                                    stage_layers)
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
+from costmodels.specs import LaunchPath
 
 OUTCOMES = ("accepted", "refused_with_reason", "rejected", "silently_changed")
 
@@ -439,6 +440,7 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
                 "layers_per_rank": stage_layers(estimate.model.num_layers, plan),
                 "activation_checkpoint": {Recompute.NONE: "NoneType", Recompute.FULL: "FullAC.Config",
                                           Recompute.SELECTIVE: "SelectiveAC.Config"}[plan.recompute],
+                "compiled": estimate.training.launch is LaunchPath.COMPILE,
                 "global_batch_size": estimate.training.global_batch_size,
                 "seq_len": estimate.training.seq_len,
                 "reduce_dtype": "float32"}
@@ -449,6 +451,7 @@ def _torchtitan(estimate: Estimate, config: LaunchConfig) -> list[str]:
               "model_parts": len(parallelism.module_fqns_per_model_part) if plan.pp > 1 else 1,
               "layers_per_rank": layers_per_rank,
               "activation_checkpoint": type(loaded.activation_checkpoint).__qualname__,
+              "compiled": bool(loaded.compile.enable),
               "global_batch_size": loaded.training.global_batch_size,
               "seq_len": loaded.training.seq_len,
               "reduce_dtype": loaded.training.mixed_precision_reduce}

@@ -17,9 +17,10 @@ under engine torchtitan; `Trainer.Config.activation_checkpoint`).
 
 zero maps onto torchtitan's two DP axes: zero 0 = replicate (DDP), zero 3 = FSDP with fsdp_reshard_after_forward =
 "always", zero 2 = FSDP with parameters kept gathered between forward and backward ("never"); the policy is always
-written, since torchtitan's "default" is "never" under pipeline parallelism. Plans torchtitan cannot run (zero 1,
-expert TP other than its own, Megatron's module-level selective or partial recompute) are refused (export.capabilities), and so
-are estimates with fp8 parameters (TrainingSpec.fp8_param_gather): torchao's fp8 linears keep bf16 weights.
+written, since torchtitan's "default" is "never" under pipeline parallelism. Zero 1, Megatron's module-level
+selective recompute and partial recompute are written as torchtitan's nearest settings and priced again
+(export.capabilities.PLAN_ADJUSTMENTS); plans with expert TP other than its own are refused, and so are estimates
+with fp8 parameters (TrainingSpec.fp8_param_gather): torchao's fp8 linears keep bf16 weights.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from autopar.export.common import (LaunchConfig, chunk_layers_in_model_order, ex
                                    one_line, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, ModelSpec, Precision
+from costmodels.specs import CrossEntropyKernel, ExpertGemm, LaunchPath, ModelSpec, Precision
+
+CROSS_ENTROPY_OF_LAUNCH = {False: CrossEntropyKernel.UNFUSED, True: CrossEntropyKernel.XENTROPY}
+"""The loss torchtitan 0.3.0 runs (components/loss.py cross_entropy_loss: F.cross_entropy on `pred.float()`):
+eager, PyTorch's kernels on an fp32 copy of the logits; compiled (CompileConfig.components defaults to ['model',
+'loss']), Inductor's fused upcast, log-softmax and NLL over the bf16 logits, the bytes of the single-kernel loss."""
+CROSS_ENTROPY_RUN = {False: "PyTorch's eager cross entropy on upcast logits",
+                     True: "the loss compiled with the model (CompileConfig.components: model, loss)"}
 
 SOURCES = ("pytorch/torchtitan torchtitan/config/configs.py", "pytorch/torchtitan torchtitan/config/manager.py",
            "pytorch/torchtitan torchtitan/distributed/pipeline_parallel.py")
@@ -118,7 +126,8 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
              f"# key names: {'; '.join(SOURCES)}"]
     if training.precision is Precision.FP8:
         lines.append(TORCHTITAN_FP8_LINE[training.fp8_recipe.value])
-    lines += ["from torchtitan.config import ParallelismConfig"]
+    lines += ["from torchtitan.config import CompileConfig, ParallelismConfig" if training.launch is LaunchPath.COMPILE
+              else "from torchtitan.config import ParallelismConfig"]
     if plan.recompute is not Recompute.NONE:
         ac_class = "FullAC" if plan.recompute is Recompute.FULL else "SelectiveAC"
         lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac_class}")
@@ -152,11 +161,15 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
         lines.append("    config.activation_checkpoint = SelectiveAC.Config()")
     else:
         lines.append("    config.activation_checkpoint = None  # no activation checkpointing")
+    compiled = training.launch is LaunchPath.COMPILE
+    if compiled:   # CompileConfig's default components compile the model's blocks and the loss
+        lines.append("    config.compile = CompileConfig(enable=True)")
     lines.append("    return config")
     loss = estimate.training.cross_entropy
-    notes = () if loss is CrossEntropyKernel.UNFUSED else (
-        f"cross_entropy {loss.value}: torchtitan runs PyTorch's eager cross entropy on upcast logits (unfused), "
-        "which moves more bytes per logit and keeps an fp32 copy of the logits the estimate did not price",)
+    runs = CROSS_ENTROPY_OF_LAUNCH[compiled]
+    notes = () if loss is runs else (
+        f"cross_entropy {loss.value}: torchtitan runs {CROSS_ENTROPY_RUN[compiled]} ({runs.value}), which the "
+        "estimate did not price",)
     notes += tuple(expert_gemm_note(estimate, ExpertGemm.GROUPED, "torchtitan's GroupedExperts runs one "
                                     "torch._grouped_mm kernel over the local experts (MoEArgs.use_grouped_mm)"))
     notes += tuple(fp8_weight_copies_note(estimate, "torchao's float8 and MXFP8 linears do not keep (they save the "
