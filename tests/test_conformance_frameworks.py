@@ -474,3 +474,22 @@ def test_torchtitan_default_reshard_policy_keeps_zero3_parameters_gathered_under
     text = launch_config(point, "torchtitan").text
     assert "fsdp_reshard_after_forward='always'" in text
     assert _runs("torchtitan", point, text, text.replace("'always'", "'default'")) == ["accepted", "silently_changed"]
+
+
+def test_torchtitan_runs_the_activation_checkpointing_and_compile_the_estimate_priced_or_the_checker_says_so():
+    """Per-op SAC priced (engine torchtitan, recompute selective) must launch as SelectiveAC, a compiled estimate
+    compiled: a config with FullAC, or without its CompileConfig, runs something else."""
+    needs("torchtitan")
+    from costmodels.plan import Recompute
+    from costmodels.scoring import estimate as score
+    from costmodels.specs import Engine
+
+    base = front("qwen3-moe-h200", "torchtitan")[0]
+    training = dataclasses.replace(base.training, engine=Engine.TORCHTITAN, launch="compile", cross_entropy="xentropy")
+    point = score(base.model, base.cluster, training,
+                  dataclasses.replace(base.plan, recompute=Recompute.SELECTIVE, recompute_modules=0))
+    text = launch_config(point, "torchtitan").text
+    assert "SelectiveAC.Config()" in text and "CompileConfig(enable=True)" in text
+    full = text.replace("import SelectiveAC", "import FullAC").replace("SelectiveAC.Config()", "FullAC.Config()")
+    eager = text.replace("    config.compile = CompileConfig(enable=True)\n", "")
+    assert _runs("torchtitan", point, text, full, eager) == ["accepted", "silently_changed", "silently_changed"]
