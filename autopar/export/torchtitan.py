@@ -126,8 +126,7 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
              f"# key names: {'; '.join(SOURCES)}"]
     if training.precision is Precision.FP8:
         lines.append(TORCHTITAN_FP8_LINE[training.fp8_recipe.value])
-    lines += ["from torchtitan.config import CompileConfig, ParallelismConfig" if training.launch is LaunchPath.COMPILE
-              else "from torchtitan.config import ParallelismConfig"]
+    lines += ["from torchtitan.config import CompileConfig, ParallelismConfig"]
     if plan.recompute is not Recompute.NONE:
         ac_class = "FullAC" if plan.recompute is Recompute.FULL else "SelectiveAC"
         lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac_class}")
@@ -161,9 +160,10 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
         lines.append("    config.activation_checkpoint = SelectiveAC.Config()")
     else:
         lines.append("    config.activation_checkpoint = None  # no activation checkpointing")
+    # always written: some registry configs compile (DeepSeek-V3's), and an eager estimate must run eager; the default
+    # components compile the model's blocks and the loss
     compiled = training.launch is LaunchPath.COMPILE
-    if compiled:   # CompileConfig's default components compile the model's blocks and the loss
-        lines.append("    config.compile = CompileConfig(enable=True)")
+    lines.append(f"    config.compile = CompileConfig(enable={compiled})")
     lines.append("    return config")
     loss = estimate.training.cross_entropy
     runs = CROSS_ENTROPY_OF_LAUNCH[compiled]
