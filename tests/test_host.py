@@ -30,17 +30,15 @@ def steps(model, gpu, training, plans, num_gpus=8):
 
 # ---- launch costs ------------------------------------------------------------------------------------------------
 
-def test_bundled_host_costs_are_the_microbenchmark_fit(microbench_tables=None):
+def test_bundled_host_costs_are_the_microbenchmark_fit(microbench_tables):
     """Every x86 profile carries the fit of the host rows (benchmarks/fit_microbench.py through autopar profile
     fit's path), the defaults for a profile without a host: section are the same numbers, and GB200's Grace host is
-    slower by TE issue #2053's torch-linear ratio."""
+    slower by TE issue #2053's torch-linear ratio. (The fixture skips where shared/reference/microbench is not next
+    to the checkout: the rows are read from there.)"""
     from autopar.calibrate.fit import fit_host_costs
-    from benchmarks import microbench_tables as tables
 
-    try:
-        rows = tables.all_rows()
-    except FileNotFoundError:
-        pytest.skip("shared/reference/microbench is not next to this checkout")
+    tables = microbench_tables
+    rows = tables.all_rows()
     x86 = [row.measurement for file_rows in rows.values() for row in file_rows
            if "h100-80gb" in row.profiles and type(row.measurement).__name__ == "HostMeasurement"]
     fitted = fit_host_costs(x86, H100).params
