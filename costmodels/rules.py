@@ -22,7 +22,7 @@ from costmodels import memory
 from costmodels.errors import InputError
 from costmodels.plan import (PLAN_FIELDS, Plan, PlanArrays, Recompute, RecomputeModule, as_plan_arrays,
                              embedding_loss_slots)
-from costmodels.specs import ClusterSpec, Fp8Recipe, ModelSpec, PipelineSchedule, TrainingSpec
+from costmodels.specs import ClusterSpec, Fp8Recipe, LaunchPath, ModelSpec, PipelineSchedule, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -366,6 +366,18 @@ def _explain_cpu_offloading(problem: Problem, plan: Plan) -> str:
             "when activation recomputation is enabled'); drop one")
 
 
+def _cuda_graph_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
+    if problem.training.launch is not LaunchPath.CUDA_GRAPH:
+        return np.ones(len(p), dtype=bool)
+    return p.recompute != Recompute.FULL
+
+
+def _explain_cuda_graph_recompute(problem: Problem, plan: Plan) -> str:
+    return ("full recompute with per-layer CUDA graphs (--cuda-graph-impl): Megatron-Core refuses the two together "
+            "('full recompute is only supported with full iteration CUDA graph'); use selective recompute or none, "
+            "or drop --cuda-graph-impl")
+
+
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds
     raise AssertionError("the memory rule needs the peak memory: use memory_holds")
 
@@ -415,6 +427,9 @@ RULES: tuple[Rule, ...] = (
          "Megatron-LM validate_args (arguments.py: '--fp8-param-gather only supported with distributed optimizer, "
          "torch fsdp2, megatron fsdp, or inference mode')", ("zero",), False, _fp8_param_gather,
          _explain_fp8_param_gather),
+    Rule("cuda_graph_recompute", "per-layer CUDA graphs (--cuda-graph-impl) do not take full recompute",
+         "Megatron-Core TransformerConfig.__post_init__ ('full recompute is only supported with full iteration CUDA "
+         "graph')", ("recompute",), False, _cuda_graph_recompute, _explain_cuda_graph_recompute),
     Rule("cpu_offloading", "CPU activation offloading runs with pp = 1, no recompute and fewer layers than the "
          "model's", "Megatron-Core TransformerConfig.__post_init__ (cpu_offloading)", ("pp", "recompute"), False,
          _cpu_offloading, _explain_cpu_offloading),

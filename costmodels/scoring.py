@@ -135,7 +135,7 @@ def rule_violations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 _RULE_FIELDS = {"world": "num_gpus", "heads": "tp", "layers": "pp", "experts": "ep", "sp_needs_tp": "sp",
                 "moe_needs_sp": "sp", "cp_seq": "seq_len", "batch": "global_batch_size", "vpp": "vpp",
                 "recompute": "recompute_layers", "zero_bubble_vpp": "vpp", "zero_bubble_recompute": "recompute",
-                "fp8_delayed_recompute": "recompute_modules"}
+                "fp8_delayed_recompute": "recompute_modules", "cuda_graph_recompute": "recompute"}
 """The input each build rule's message names (CLI flags in DESIGN.md §1 names)."""
 
 

@@ -493,3 +493,48 @@ def test_torchtitan_runs_the_activation_checkpointing_and_compile_the_estimate_p
     full = text.replace("import SelectiveAC", "import FullAC").replace("SelectiveAC.Config()", "FullAC.Config()")
     eager = text.replace("CompileConfig(enable=True)", "CompileConfig(enable=False)")
     assert _runs("torchtitan", point, text, full, eager) == ["accepted", "silently_changed", "silently_changed"]
+
+
+def test_bridge_runs_the_cuda_graphs_the_estimate_priced_or_the_checker_says_so():
+    """Megatron-Bridge's Qwen3-30B-A3B recipe turns on Transformer Engine CUDA graphs (moe_router, moe_preprocess):
+    an eager estimate written without cuda_graph_impl=none launches graphed (and with full recompute Megatron-Core
+    refuses it: 'full recompute is only supported with full iteration CUDA graph', found by the full conformance
+    run); a graphed estimate launched without its modules captures the whole layer instead."""
+    needs("bridge")
+    from costmodels.plan import Recompute
+    from costmodels.scoring import estimate as score
+
+    point = next(p for p in front("qwen3-moe-h200") if p.plan.recompute is not Recompute.FULL)
+    text = launch_config(point, "bridge").text
+    assert "model.cuda_graph_impl=none" in text and "model.cuda_graph_scope=null" in text
+    recipes = text.replace("model.cuda_graph_impl=none", "model.pipeline_model_parallel_layout=null") \
+        .replace("model.cuda_graph_scope=null", "model.pipeline_model_parallel_layout=null")
+    full = next(p for p in front("qwen3-moe-h200") if p.plan.recompute is Recompute.FULL)
+    full_text = launch_config(full, "bridge").text
+    assert _runs("bridge", point, text, recipes) == ["accepted", "silently_changed"]
+    assert _runs("bridge", full, full_text, full_text.replace("model.cuda_graph_impl=none",
+                                                              "model.pipeline_model_parallel_layout=null")) == \
+        ["accepted", "rejected"]
+    graphed = score(point.model, point.cluster, dataclasses.replace(
+        point.training, launch="cuda_graph", cuda_graph_modules=("moe_router", "moe_preprocess")), point.plan)
+    graphed_text = launch_config(graphed, "bridge").text
+    assert "model.cuda_graph_impl=transformer_engine" in graphed_text
+    whole_layer = re.sub(r"model\.cuda_graph_modules=\S+", "model.cuda_graph_modules=[]", graphed_text)
+    assert _runs("bridge", graphed, graphed_text, whole_layer) == ["accepted", "silently_changed"]
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nemo", "verl"])
+def test_a_graphed_estimate_launches_graphed_or_the_checker_says_so(framework):
+    """An estimate priced with CUDA graphs (--cuda-graph-impl) is written with them: the same config without the
+    graph settings launches eager, and the checker flags it."""
+    needs(framework)
+    from costmodels.plan import Recompute
+    from costmodels.scoring import estimate as score
+
+    base = next(p for p in front("dense-70b") if p.plan.recompute is not Recompute.FULL)
+    graphed = score(base.model, base.cluster, dataclasses.replace(base.training, launch="cuda_graph",
+                                                                  cuda_graph_modules=("attn",)), base.plan)
+    text = launch_config(graphed, framework).text
+    eager = "\n".join(line for line in text.splitlines() if "cuda_graph" not in line.replace("-", "_"))
+    assert eager != text
+    assert _runs(framework, graphed, text, eager) == ["accepted", "silently_changed"]

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule, embedding_loss_slots
 from costmodels.scoring import Estimate
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, Fp8Recipe, ModelSpec, MoEDispatcher
+from costmodels.specs import (CrossEntropyKernel, ExpertGemm, Fp8Recipe, LaunchPath, ModelSpec, MoEDispatcher,
+                              TrainingSpec)
 from costmodels.steptime import ep_a2a_overlap_applies
 
 
@@ -284,6 +285,21 @@ def loss_fusion(estimate: Estimate) -> dict[str, bool]:
     runs the kernels the estimate assumed. Megatron-Core has no xentropy kernel: its fused loss is the nearest
     (`loss_kernel_note` says so)."""
     return {"cross_entropy_loss_fusion": estimate.training.cross_entropy is not CrossEntropyKernel.UNFUSED}
+
+
+def mcore_cuda_graph_fields(training: TrainingSpec) -> dict[str, object]:
+    """Megatron-Core's CUDA-graph fields as the step time priced the launches (TrainingSpec.launch).
+
+    An eager estimate is written with cuda_graph_impl none: recipes turn graphs on by themselves (Megatron-Bridge
+    0.6.2's qwen3_30b_a3b_pretrain_config: transformer_engine over moe_router and moe_preprocess), which the estimate
+    did not price, and TransformerConfig.__post_init__ refuses full recompute under per-layer graphs ('full recompute
+    is only supported with full iteration CUDA graph'). A cuda_graph estimate is written as transformer_engine with
+    the captured modules (an empty list captures the whole layer): local and transformer_engine capture the same
+    modules and are priced alike, and Megatron-Bridge runs scoped capture with transformer_engine only
+    (megatron/bridge/utils/cuda_graph.py validate_cuda_graph_configuration)."""
+    if training.launch is not LaunchPath.CUDA_GRAPH:
+        return {"cuda_graph_impl": "none", "cuda_graph_modules": None}
+    return {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": list(training.cuda_graph_modules)}
 
 
 def expert_gemm_note(estimate: Estimate, runs: ExpertGemm, how: str) -> list[str]:

@@ -331,7 +331,27 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
         estimate.training.moe_a2a_overlap
     actual["ep_overlap_on_its_own_stream"] = bool(getattr(args, "overlap_moe_expert_parallel_comm", False)) and \
         env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
+    expected.update(_cuda_graphs_priced(estimate))
+    actual.update(_cuda_graphs_run(args.cuda_graph_impl, args.cuda_graph_modules))
     return _differences(expected, actual)
+
+
+def _cuda_graphs_priced(estimate: Estimate) -> dict[str, object]:
+    """The CUDA graphs the estimate's launches were priced with: whether any, and the modules captured ([] = the
+    whole layer)."""
+    graphs = estimate.training.launch is LaunchPath.CUDA_GRAPH
+    return {"cuda_graphs": graphs, "cuda_graph_modules": sorted(estimate.training.cuda_graph_modules) if graphs
+            else None}
+
+
+def _cuda_graphs_run(impl: object, modules: object) -> dict[str, object]:
+    """What a Megatron-Core config captures: its cuda_graph_impl and modules (enum members, names or 'full': the
+    whole layer), in _cuda_graphs_priced's terms."""
+    if str(impl) == "none":
+        return {"cuda_graphs": False, "cuda_graph_modules": None}
+    names = modules if isinstance(modules, (list, tuple)) else [modules] if modules else []
+    names = sorted({str(getattr(m, "name", m)) for m in names} - {"full"})
+    return {"cuda_graphs": True, "cuda_graph_modules": names}
 
 
 def fp8_params_priced(estimate: Estimate) -> dict[str, bool]:
@@ -583,6 +603,8 @@ def _verl_engine(estimate: Estimate, worker) -> list[str]:
     expected["optimizer reuse_grad_buf_for_mxfp8_param_ag"] = \
         fp8_params_priced(estimate)["reuse_grad_buf_for_mxfp8_param_ag"]
     actual["optimizer reuse_grad_buf_for_mxfp8_param_ag"] = optimizer.reuse_grad_buf_for_mxfp8_param_ag
+    expected.update(_cuda_graphs_priced(estimate))
+    actual.update(_cuda_graphs_run(transformer.get("cuda_graph_impl", "none"), transformer.get("cuda_graph_modules")))
     return (_differences(expected, actual)
             + _fp8_differences(estimate, fp8, recipe, transformer.get("fp8_param", False), ddp)
             + _transformer_config(estimate, {
@@ -618,7 +640,10 @@ def _transformer_config(estimate: Estimate, fields: dict[str, object]) -> list[s
     shape = dict(num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
                  num_attention_heads=model.num_attention_heads, num_query_groups=model.num_kv_heads,
                  kv_channels=model.head_dim, add_bias_linear=model.linear_bias,
-                 multi_latent_attention=model.mla is not None)
+                 multi_latent_attention=model.mla is not None,
+                 # the model's own dropout, as the frameworks' model providers read it from its config (Megatron-
+                 # Core's default 0.1 would meet checks the model never does: graphed attention recompute)
+                 attention_dropout=float(model.dropout), hidden_dropout=float(model.dropout))
     if estimate.plan.pp > 1:   # every recipe sets the pipeline's dtype (NeMo 2: pipeline_dtype; Bridge recipes too)
         import torch
 
@@ -710,6 +735,8 @@ def _nemo_compare(estimate: Estimate, values: dict) -> list[str]:
                   use_megatron_fsdp=fsdp, recompute_granularity=model["recompute_granularity"],
                   grad_reduce_in_fp32=bool(grads_fp32), overlap_grad_reduce=bool(ddp["overlap_grad_reduce"]),
                   overlap_param_gather=bool(ddp["overlap_param_gather"]))
+    expected.update(_cuda_graphs_priced(estimate))
+    actual.update(_cuda_graphs_run(model["cuda_graph_impl"], values["cuda_graph_scope_names"]))
     split = {name: model[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                             "virtual_pipeline_model_parallel_size", "context_parallel_size",
                                             "sequence_parallel", "expert_model_parallel_size",
@@ -927,6 +954,10 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
                   tp_comm_overlap=bool(model.tp_comm_overlap),
                   overlap_moe_expert_parallel_comm=bool(model.overlap_moe_expert_parallel_comm),
                   overlap_p2p_comm=bool(model.overlap_p2p_comm))
+    from megatron.bridge.utils.cuda_graph import cuda_graph_module_names
+
+    expected.update(_cuda_graphs_priced(estimate))
+    actual.update(_cuda_graphs_run(model.cuda_graph_impl, cuda_graph_module_names(model)))
     return (_differences(expected, actual) + _model_shape(estimate, model)
             + _fp8_differences(estimate, model.fp8, model.fp8_recipe, model.fp8_param, ddp)
             + _bridge_preset_differences(estimate, cfg.mixed_precision))

@@ -31,7 +31,8 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    flash_version_note, fp8_param_fields, gradient_reduce_dtype, is_uneven, loss_fusion,
-                                   loss_kernel_note, mcore_recompute_fields, mcore_router_fields,
+                                   loss_kernel_note, mcore_cuda_graph_fields, mcore_recompute_fields,
+                                   mcore_router_fields,
                                    megatron_attention_backend, model_parallel_overlap, moe_capacity_fields,
                                    moe_dispatcher_fields, router_note, one_line, pipeline_p2p_overlap, pipeline_slots,
                                    plan_caption)
@@ -105,6 +106,12 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
     # the expert capacity the step time priced (export.common.moe_capacity_fields; dropless when absent)
     flags += [("--" + name.replace("_", "-"), repr(float(value)))
               for name, value in moe_capacity_fields(estimate).items()]
+    # the CUDA graphs the launches were priced with (Megatron-LM's default impl is none: written only when priced)
+    graphs = mcore_cuda_graph_fields(estimate.training)
+    if graphs["cuda_graph_impl"] != "none":
+        flags.append(("--cuda-graph-impl", str(graphs["cuda_graph_impl"])))
+        if graphs["cuda_graph_modules"]:
+            flags.append(("--cuda-graph-modules", " ".join(graphs["cuda_graph_modules"])))
     return flags
 
 

@@ -36,9 +36,9 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, NEMO_PRECISION_MODULE,
                                    LaunchConfig, data_parallel_overlap, expert_gemm_note, fp8_param_fields,
                                    fp8_preset_notes, gradient_reduce_dtype, hf_model_source, loss_fusion,
-                                   loss_kernel_note, mcore_moe_fields, mcore_parallel_fields, mcore_router_fields,
-                                   model_parallel_overlap,
-                                   one_line, pipeline_p2p_overlap, plan_caption, preset_name, shell_word)
+                                   loss_kernel_note, mcore_cuda_graph_fields, mcore_moe_fields, mcore_parallel_fields,
+                                   mcore_router_fields, model_parallel_overlap, one_line, pipeline_p2p_overlap,
+                                   plan_caption, preset_name, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, NormKind, PositionEmbedding, Precision
@@ -261,6 +261,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
                   {**mcore_moe_fields(estimate), **recipe_moe_fields(estimate)}.items()]
     overrides += [f"model.config.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
     overrides += [f"model.config.{name}={_value(on)}" for name, on in pipeline_p2p_overlap(estimate).items()]
+    overrides += [f"model.config.{name}={_value(value)}" for name, value in nemo_cuda_graph_fields(estimate).items()]
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
                   f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}",
@@ -310,6 +311,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     model.update(split)
     model.update(loss_fusion(estimate))
     model.update(pipeline_p2p_overlap(estimate))
+    model.update(bridge_cuda_graph_fields(estimate))
     model["seq_length"] = training.seq_len
     kind, base = bridge_base(estimate)
     if kind == "provider":   # the provider node carries every model field (a struct config has no model.* keys)
@@ -367,6 +369,30 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
                      "whole, without a recipe's tuned tp_comm_overlap_cfg)")
     return _render("bridge", f"{TARGET_VERSIONS['bridge']} ({launch}): {plan_caption(estimate)}", BRIDGE_SOURCES,
                    overrides, notes, remarks)
+
+
+def bridge_cuda_graph_fields(estimate: Estimate) -> dict[str, object]:
+    """The CUDA graphs as priced (export.common.mcore_cuda_graph_fields), written whatever the recipe sets: the
+    recipe's deprecated cuda_graph_scope cleared (TransformerConfig refuses it beside cuda_graph_modules) and the
+    captured modules given as cuda_graph_modules when graphs were priced (Bridge clears them for impl none)."""
+    graphs = mcore_cuda_graph_fields(estimate.training)
+    fields: dict[str, object] = {"cuda_graph_impl": graphs["cuda_graph_impl"], "cuda_graph_scope": None}
+    if graphs["cuda_graph_impl"] != "none":
+        fields["cuda_graph_modules"] = graphs["cuda_graph_modules"]
+    return fields
+
+
+def nemo_cuda_graph_fields(estimate: Estimate) -> dict[str, object]:
+    """The CUDA graphs as priced, in NeMo 2.7.3's megatron-core 0.16 names: cuda_graph_impl, and the captured modules
+    as cuda_graph_scope, one comma-separated string ('full' for the whole layer) -- NeMo-Run's parser gives the
+    field (Union[str, ..., List[CudaGraphScope]]) any value as its str, and TransformerConfig.__post_init__ splits a
+    string scope on commas. NeMo's recipes set no graphs, so an eager estimate writes nothing."""
+    graphs = mcore_cuda_graph_fields(estimate.training)
+    if graphs["cuda_graph_impl"] == "none":
+        return {}
+    modules = graphs["cuda_graph_modules"]
+    return {"cuda_graph_impl": graphs["cuda_graph_impl"],
+            "cuda_graph_scope": ",".join(modules) if isinstance(modules, list) and modules else "full"}
 
 
 BRIDGE_COMM_OVERLAP_CONFIG = "megatron.bridge.training.comm_overlap.CommOverlapConfig"

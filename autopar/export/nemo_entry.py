@@ -38,7 +38,7 @@ MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "v
                 "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "fp8", "fp8_recipe", "fp8_param",
                 "overlap_p2p_comm", "batch_p2p_comm", "cross_entropy_loss_fusion", "tp_comm_overlap",
                 "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "add_bias_linear",
-                "multi_latent_attention", "mtp_num_layers")
+                "multi_latent_attention", "mtp_num_layers", "cuda_graph_impl", "cuda_graph_scope")
 DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer",
               "use_megatron_fsdp", "data_parallel_sharding_strategy", "fp8_param_gather",
               "reuse_grad_buf_for_mxfp8_param_ag", "megatron_fsdp_main_grads_dtype")
@@ -53,6 +53,12 @@ def plain(value: object) -> object:
     if hasattr(value, "value") and isinstance(value.value, (int, str)):
         return value.value
     return str(value)
+
+
+def scope_names(scope: object) -> list[str]:
+    """CUDA-graph scope members (one or a list; enum members or names) as names."""
+    members = scope if isinstance(scope, (list, tuple)) else [scope] if scope else []
+    return [str(getattr(member, "name", member)) for member in members]
 
 
 def run(job: dict) -> dict:
@@ -76,6 +82,8 @@ def run(job: dict) -> dict:
     ddp = strategy.ddp_config
     ddp_fields = {f.name for f in dataclasses.fields(ddp)}
     values = {"model": {name: plain(getattr(model.config, name, None)) for name in MODEL_FIELDS},
+              # the captured modules by name (CudaGraphScope's values are numbers)
+              "cuda_graph_scope_names": scope_names(getattr(model.config, "cuda_graph_scope", None)),
               "ddp": {name: plain(getattr(ddp, name)) for name in DDP_FIELDS if name in ddp_fields},
               "optimizer": {"use_distributed_optimizer": optim.config.use_distributed_optimizer,
                             "use_precision_aware_optimizer": optim.config.use_precision_aware_optimizer,
