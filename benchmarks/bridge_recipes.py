@@ -8,7 +8,8 @@ Runs under the conformance venv (megatron-bridge 0.6.2 and megatron-core 0.19.2 
 them). Each recipe is a function `<model>_<task>_<N>gpu_<gpu>_<precision>_config()` in
 megatron/bridge/perf_recipes/<family>/<gpu>/<file>.py; it is called as Bridge's launcher calls it, and the GPU and
 GPU count come from its name and folder. OUT_DIR gets one `<function>.yaml` per recipe built and `index.json`: for
-every recipe its module, function, GPU, GPU count, and the yaml file or the error that stopped it.
+every recipe its module, function, GPU, GPU count, its docstring's first line, and the yaml file or the error that
+stopped it.
 
 What this machine lacks, and the stand-ins it gets (nothing a recipe sets is changed):
 - Transformer Engine and three packages Bridge imports at module level for other features (megatron-energon,
@@ -194,6 +195,7 @@ def main(out: Path) -> int:
             continue
         match = RECIPE_NAME.search(name)
         entry["num_gpus"] = int(match.group(1)) if match else None
+        entry["doc"] = (inspect.getdoc(function) or "").split("\n", 1)[0]   # its one-line summary, as written
         try:
             cfg = function()
             entry["launcher_overrides"] = launcher_overrides(cfg, name)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -61,6 +62,9 @@ class Priced:
     """What Bridge's performance launcher changes before it trains (benchmarks/bridge_recipes.launcher_overrides)."""
     worst: str = ""
     """Where the peak is: the worst pipeline rank's model states and activations, its largest terms."""
+    doc_disagrees: str = ""
+    """Where the recipe's docstring states a layout (`TP=4 PP=8 CP=2`) other than its code sets: both (the code is
+    what runs and what is priced)."""
     double_mbs_gib: float = 0.0
     """The peak with twice the micro-batch (the next size a recipe could take), 0 when the global batch does not
     split into it."""
@@ -91,8 +95,6 @@ def price_recipe(entry: dict, folder: Path) -> "Priced | str":
     from costmodels.specs import TrainingSpec
 
     if "error" in entry:
-        import re
-
         missing = re.search(r"Failed to load configuration from (\S+) ", entry["error"])
         if missing:
             return f"autopar bundles no config.json for {missing.group(1)} (the recipe reads it from the Hub)"
@@ -122,7 +124,24 @@ def price_recipe(entry: dict, folder: Path) -> "Priced | str":
                   num_gpus=entry["num_gpus"], plan=run.plan.short(), peak_gib=result.peak_memory_bytes / GIB,
                   hbm_gib=cluster.profile.hbm_bytes / GIB, not_priced=list(run.not_priced),
                   launcher=list(entry.get("launcher_overrides", [])), worst=worst_stage_summary(result),
-                  double_mbs_gib=double_gib)
+                  doc_disagrees=docstring_disagreement(entry.get("doc", ""), run.plan), double_mbs_gib=double_gib)
+
+
+DOC_LAYOUT = re.compile(r"\b(TP|PP|CP|EP|ETP|VP)=(\d+)")
+"""A layout size in a recipe's docstring (Bridge's perf recipes: 'Llama3.1 405B pretrain: 128× B200, BF16, TP=4 PP=8
+CP=2')."""
+
+
+def docstring_disagreement(doc: str, plan) -> str:
+    """'docstring TP=4 PP=8 CP=2, code tp4 pp16 cp1' where a size the docstring states differs from the plan the
+    recipe's code sets; '' where it states none or all agree."""
+    stated = {name.lower(): int(value) for name, value in DOC_LAYOUT.findall(doc)}
+    stated = {("vpp" if name == "vp" else name): value for name, value in stated.items()}
+    actual = {name: getattr(plan, name) for name in stated}
+    if all(actual[name] == value for name, value in stated.items()):
+        return ""
+    written = " ".join(f"{name.upper()}={value}" for name, value in DOC_LAYOUT.findall(doc))
+    return f"docstring {written}, code " + " ".join(f"{name}{actual[name]}" for name in stated)
 
 
 def double_mbs_peak_gib(model, cluster, training, plan) -> float:
@@ -289,7 +308,13 @@ def main(argv: "list[str] | None" = None) -> int:
     if over:
         print("\nover HBM:")
         for p in over:
-            print(f"  {p.recipe}: {p.peak_gib:.1f} GiB of {p.hbm_gib:.0f} ({p.plan}); {p.worst}")
+            print(f"  {p.recipe}: {p.peak_gib:.1f} GiB of {p.hbm_gib:.0f} ({p.plan}); {p.worst}"
+                  + (f"; its {p.doc_disagrees}" if p.doc_disagrees else ""))
+    disagree = [p for p in priced if p.doc_disagrees]
+    if disagree:
+        print("\nrecipes whose docstring states another layout than their code sets (priced as the code sets it):")
+        for p in disagree:
+            print(f"  {p.recipe}: {p.doc_disagrees}; {100 * p.share:.0f}% of HBM")
     print("\nmedian peak of HBM by model (at largest mbs: twice the recipe's micro-batch would not fit, or does not "
           "split the global batch):")
     for model in sorted({p.model for p in priced}):
@@ -325,8 +350,6 @@ def main(argv: "list[str] | None" = None) -> int:
 
 def torchtitan_configs(python: str) -> str:
     """How many train configs torchtitan's installed config registries define (`def <name>() -> Trainer.Config`)."""
-    import re
-
     site = subprocess.run([python, "-c", "import torchtitan, os; print(os.path.dirname(torchtitan.__file__))"],
                           capture_output=True, text=True)
     if site.returncode != 0:

@@ -143,3 +143,17 @@ def test_estimate_reads_a_bridge_config_from_the_cli():
                             "--from-bridge-config", str(LLAMA), "--tp", "4"], capture_output=True, text=True,
                            timeout=300)
     assert clash.returncode == 2 and "the plan comes from the Megatron-Bridge config" in clash.stderr
+
+
+def test_a_recipe_whose_docstring_states_another_layout_is_named():
+    """Bridge 0.6.2's 128-GPU Llama 3.1 405B B200 recipes say 'TP=4 PP=8 CP=2' and set pp 16, cp 1: recipes_fit
+    names the disagreement (the code is what is priced); a docstring that agrees, or states none, says nothing."""
+    from benchmarks.recipes_fit import docstring_disagreement
+    from costmodels.plan import Plan
+
+    code = Plan(tp=4, pp=16, vpp=8, cp=1, mbs=1, sp=True, zero=1)
+    doc = "Llama3.1 405B pretrain: 128× B200, BF16, TP=4 PP=8 CP=2."
+    assert docstring_disagreement(doc, code) == "docstring TP=4 PP=8 CP=2, code tp4 pp16 cp1"
+    assert docstring_disagreement("Llama3.1 405B pretrain: 256× GB200, BF16, TP=4 PP=16.", code) == ""
+    assert docstring_disagreement("Qwen3 30B-A3B pretrain on 8 GPUs.", code) == ""
+    assert docstring_disagreement("TP=4 PP=16 VP=4", code) == "docstring TP=4 PP=16 VP=4, code tp4 pp16 vpp8"
