@@ -155,3 +155,16 @@ def test_interleaving_without_the_p2p_overlap_needs_more_than_two_stages():
     # 12 layers on pp 3 × vpp 2 (2 per chunk): allowed either way
     assert "vpp" not in broken(Plan(tp=4, pp=3, vpp=2, mbs=1, sp=True), cluster=autopar.make_cluster(
         gpu="h100", num_gpus=48), training=blocking)
+
+
+def test_per_layer_cuda_graphs_refuse_full_recompute():
+    """Megatron-Core's TransformerConfig refuses full recompute under per-layer CUDA graphs ('full recompute is only
+    supported with full iteration CUDA graph'); selective recompute, or no graphs, passes."""
+    graphs = TrainingSpec(seq_len=4096, global_batch_size=128, launch="cuda_graph", cuda_graph_modules=("attn",))
+    full = Plan(tp=8, pp=2, mbs=1, sp=True, recompute=Recompute.FULL, zero=1)
+    selective = Plan(tp=8, pp=2, mbs=1, sp=True, recompute=Recompute.SELECTIVE, zero=1)
+    assert "cuda_graph_recompute" in broken(full, training=graphs)
+    assert "cuda_graph_recompute" not in broken(selective, training=graphs)
+    assert "cuda_graph_recompute" not in broken(full)
+    message = RULES_BY_ID["cuda_graph_recompute"].why_broken(Problem(DENSE, CLUSTER, graphs), full)
+    assert "full iteration CUDA graph" in message and "--cuda-graph-impl" in message
