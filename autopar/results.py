@@ -73,6 +73,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "engine": training.engine.value,
                      "launch": training.launch.value,
                      "cuda_graph_modules": list(training.cuda_graph_modules),
+                     "cuda_graph_full_iteration": training.cuda_graph_full_iteration,
                      "fused_kernels": training.fused_kernels,
                      "zero3_serial_fetch": training.zero3_serial_fetch,
                      "sac_saves_all_to_all": training.sac_saves_all_to_all,

@@ -367,7 +367,7 @@ def _explain_cpu_offloading(problem: Problem, plan: Plan) -> str:
 
 
 def _cuda_graph_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
-    if problem.training.launch is not LaunchPath.CUDA_GRAPH:
+    if problem.training.launch is not LaunchPath.CUDA_GRAPH or problem.training.cuda_graph_full_iteration:
         return np.ones(len(p), dtype=bool)
     return p.recompute != Recompute.FULL
 
@@ -375,7 +375,7 @@ def _cuda_graph_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
 def _explain_cuda_graph_recompute(problem: Problem, plan: Plan) -> str:
     return ("full recompute with per-layer CUDA graphs (--cuda-graph-impl): Megatron-Core refuses the two together "
             "('full recompute is only supported with full iteration CUDA graph'); use selective recompute or none, "
-            "or drop --cuda-graph-impl")
+            "drop --cuda-graph-impl, or capture the full iteration (Megatron-LM's --cuda-graph-impl full_iteration)")
 
 
 def _memory_placeholder(problem: Problem, p: PlanArrays) -> np.ndarray:  # pragma: no cover - see memory_holds

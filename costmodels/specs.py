@@ -635,6 +635,10 @@ class TrainingSpec:
     """How its kernels are launched: eager, compile (torch.compile'd blocks) or cuda_graph (Megatron-Core)."""
     cuda_graph_modules: tuple[str, ...] = ()
     """With launch cuda_graph: the modules of a layer captured (CUDA_GRAPH_MODULES; empty = the whole layer)."""
+    cuda_graph_full_iteration: bool = False
+    """With launch cuda_graph: the whole forward-backward captured as one graph (Megatron-Core's --cuda-graph-impl
+    full_iteration), priced as every module of every layer captured; unlike per-layer graphs it takes full
+    recompute (rule cuda_graph_recompute)."""
     fused_kernels: bool = False
     """The model code's norms, RoPE and activations are fused kernels (apex / Transformer Engine / xformers /
     flash-attn / Liger ops, one kernel each, as Megatron-Core runs them) rather than eager PyTorch ops: the elementwise
@@ -728,6 +732,11 @@ class TrainingSpec:
         object.__setattr__(self, "cuda_graph_modules", tuple(m for m in CUDA_GRAPH_MODULES if m in modules))
         require(not self.cuda_graph_modules or self.launch is LaunchPath.CUDA_GRAPH, "cuda_graph_modules",
                 "names the modules CUDA graphs capture; add --cuda-graph-impl transformer_engine (launch cuda_graph)")
+        require(not self.cuda_graph_full_iteration or (self.launch is LaunchPath.CUDA_GRAPH
+                                                       and not self.cuda_graph_modules),
+                "cuda_graph_full_iteration", "captures the whole iteration: it goes with launch cuda_graph and no "
+                                             "modules named (Megatron-Core: 'cuda_graph_modules must be empty when "
+                                             "cuda_graph_impl=\"full_iteration\"')")
         require(self.launch is not LaunchPath.CUDA_GRAPH or self.engine is Engine.MEGATRON, "launch",
                 f"CUDA-graph capture is priced for Megatron-Core's per-layer graphs only, not for {self.engine.value}; "
                 "use launch eager or compile")

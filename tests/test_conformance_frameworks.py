@@ -538,3 +538,25 @@ def test_a_graphed_estimate_launches_graphed_or_the_checker_says_so(framework):
     eager = "\n".join(line for line in text.splitlines() if "cuda_graph" not in line.replace("-", "_"))
     assert eager != text
     assert _runs(framework, graphed, text, eager) == ["accepted", "silently_changed"]
+
+
+@pytest.mark.parametrize("framework", ["megatron", "bridge", "verl", "nemo"])
+def test_a_whole_iteration_graph_with_full_recompute_launches_as_priced(framework):
+    """Megatron-Core takes full recompute only under a whole-iteration graph (--cuda-graph-impl full_iteration;
+    megatron-core 0.16, NeMo's: impl local with scope full_iteration): written so, each framework accepts it; written
+    as per-layer graphs, Megatron-Core refuses it."""
+    needs(framework)
+    from costmodels.plan import Recompute
+    from costmodels.scoring import estimate as score
+
+    base = next(p for p in front("bf16-grads") if p.plan.recompute is Recompute.FULL)
+    graphed = score(base.model, base.cluster, dataclasses.replace(base.training, launch="cuda_graph",
+                                                                  cuda_graph_full_iteration=True), base.plan)
+    text = launch_config(graphed, framework).text
+    impl = "local" if framework == "nemo" else "full_iteration"
+    assert f"cuda_graph_impl={impl}" in text.replace("--cuda-graph-impl ", "cuda_graph_impl=")
+    if framework == "nemo":
+        per_layer = text.replace("model.config.cuda_graph_scope=full_iteration", "model.config.cuda_graph_scope=full")
+    else:
+        per_layer = text.replace("full_iteration", "transformer_engine")
+    assert _runs(framework, graphed, text, per_layer) == ["accepted", "rejected"]

@@ -373,3 +373,21 @@ def test_flags_that_change_cost_without_a_cost_term_are_named_in_the_notes():
     assert not any(note.startswith(("--cuda-graph-impl", "--num-distributed-optimizer-instances",
                                     "--cpu-offloading-num-layers", "--use-precision-aware-optimizer"))
                    for note in quiet.notes)
+
+
+def test_a_whole_iteration_graph_takes_full_recompute_and_per_layer_graphs_do_not():
+    """--cuda-graph-impl full_iteration is read as the whole iteration captured, which Megatron-Core runs with full
+    recompute; per-layer graphs (transformer_engine) with full recompute are refused as Megatron-Core refuses them
+    (rule cuda_graph_recompute), exit 2 naming the rule."""
+    command = ("pretrain_gpt.py --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 1 --bf16 "
+               "--seq-length 4096 --global-batch-size 64 --recompute-granularity full --recompute-method uniform "
+               "--recompute-num-layers 1 --use-distributed-optimizer ")
+    whole = parse_megatron_args(command + "--cuda-graph-impl full_iteration")
+    assert whole.training["cuda_graph_full_iteration"] is True and whole.training["launch"] == "cuda_graph"
+    accepted = _autopar("estimate", "llama-3.1-8b", "--gpus", "16", "--from-megatron-args",
+                        command + "--cuda-graph-impl full_iteration")
+    assert accepted.returncode in (0, 1), accepted.stderr
+    assert "CUDA graphs (the whole iteration)" in " ".join(accepted.stdout.split())
+    refused = _autopar("estimate", "llama-3.1-8b", "--gpus", "16", "--from-megatron-args",
+                       command + "--cuda-graph-impl transformer_engine")
+    assert refused.returncode == 2 and "cuda_graph_recompute" in refused.stderr

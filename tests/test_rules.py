@@ -166,5 +166,10 @@ def test_per_layer_cuda_graphs_refuse_full_recompute():
     assert "cuda_graph_recompute" in broken(full, training=graphs)
     assert "cuda_graph_recompute" not in broken(selective, training=graphs)
     assert "cuda_graph_recompute" not in broken(full)
+    whole_iteration = TrainingSpec(seq_len=4096, global_batch_size=128, launch="cuda_graph",
+                                   cuda_graph_full_iteration=True)
+    assert "cuda_graph_recompute" not in broken(full, training=whole_iteration)
+    with pytest.raises(InputError, match="cuda_graph_full_iteration"):
+        TrainingSpec(launch="cuda_graph", cuda_graph_modules=("attn",), cuda_graph_full_iteration=True)
     message = RULES_BY_ID["cuda_graph_recompute"].why_broken(Problem(DENSE, CLUSTER, graphs), full)
     assert "full iteration CUDA graph" in message and "--cuda-graph-impl" in message

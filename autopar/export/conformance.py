@@ -339,19 +339,23 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
 def _cuda_graphs_priced(estimate: Estimate) -> dict[str, object]:
     """The CUDA graphs the estimate's launches were priced with: whether any, and the modules captured ([] = the
     whole layer)."""
-    graphs = estimate.training.launch is LaunchPath.CUDA_GRAPH
-    return {"cuda_graphs": graphs, "cuda_graph_modules": sorted(estimate.training.cuda_graph_modules) if graphs
-            else None}
+    training = estimate.training
+    graphs = training.launch is LaunchPath.CUDA_GRAPH
+    return {"cuda_graphs": graphs, "cuda_graph_modules": sorted(training.cuda_graph_modules) if graphs else None,
+            "cuda_graph_full_iteration": graphs and training.cuda_graph_full_iteration}
 
 
 def _cuda_graphs_run(impl: object, modules: object) -> dict[str, object]:
     """What a Megatron-Core config captures: its cuda_graph_impl and modules (enum members, names or 'full': the
-    whole layer), in _cuda_graphs_priced's terms."""
+    whole layer; megatron-core 0.16's whole iteration is impl local with scope full_iteration), in
+    _cuda_graphs_priced's terms."""
     if str(impl) == "none":
-        return {"cuda_graphs": False, "cuda_graph_modules": None}
+        return {"cuda_graphs": False, "cuda_graph_modules": None, "cuda_graph_full_iteration": False}
     names = modules if isinstance(modules, (list, tuple)) else [modules] if modules else []
-    names = sorted({str(getattr(m, "name", m)) for m in names} - {"full"})
-    return {"cuda_graphs": True, "cuda_graph_modules": names}
+    names = {str(getattr(m, "name", m)) for m in names}
+    full_iteration = str(impl) == "full_iteration" or "full_iteration" in names
+    return {"cuda_graphs": True, "cuda_graph_modules": sorted(names - {"full", "full_iteration"}),
+            "cuda_graph_full_iteration": full_iteration}
 
 
 def fp8_params_priced(estimate: Estimate) -> dict[str, bool]:

@@ -112,6 +112,8 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
         flags.append(("--cuda-graph-impl", str(graphs["cuda_graph_impl"])))
         if graphs["cuda_graph_modules"]:
             flags.append(("--cuda-graph-modules", " ".join(graphs["cuda_graph_modules"])))
+        if graphs["cuda_graph_impl"] == "full_iteration":   # validate_args: 'should be set with full_iteration'
+            flags.append(("--no-check-for-nan-in-loss-and-grad", None))
     return flags
 
 

@@ -69,7 +69,8 @@ ENGINE_NAMES = {"megatron": "Megatron-Core + Transformer Engine", "torchtitan": 
 def engine_summary(training: TrainingSpec) -> str:
     """The engine and launch path priced (costmodels.engines): 'Megatron-Core + Transformer Engine, eager launches'."""
     if training.launch.value == "cuda_graph":
-        modules = ", ".join(training.cuda_graph_modules) or "whole layers"
+        modules = "the whole iteration" if training.cuda_graph_full_iteration else (
+            ", ".join(training.cuda_graph_modules) or "whole layers")
         launch = f"CUDA graphs ({modules})"
     elif training.launch.value == "compile":
         launch = "torch.compile'd blocks"
