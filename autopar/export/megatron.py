@@ -32,10 +32,9 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    flash_version_note, fp8_param_fields, gradient_reduce_dtype, is_uneven, loss_fusion,
                                    loss_kernel_note, mcore_cuda_graph_fields, mcore_recompute_fields,
-                                   mcore_router_fields,
-                                   megatron_attention_backend, model_parallel_overlap, moe_capacity_fields,
-                                   moe_dispatcher_fields, router_note, one_line, pipeline_p2p_overlap, pipeline_slots,
-                                   plan_caption)
+                                   mcore_router_fields, megatron_attention_backend, model_parallel_overlap,
+                                   moe_capacity_fields, moe_dispatcher_fields, router_note, one_line,
+                                   pipeline_p2p_overlap, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 

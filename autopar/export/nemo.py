@@ -339,8 +339,9 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
         # torch dtype is a node the override loader instantiates (omegaconf_utils._apply_overrides), as Bridge's
         # own recipes set it (recipes/nemotronh/gb200/nemotron_3_nano.py: torch.float32)
         overrides.append("ddp.megatron_fsdp_main_grads_dtype=" + shell_word("{_target_:torch.float32,_call_:false}"))
-    if estimate.training.cuda_graph_full_iteration:   # ConfigContainer.validate: 'check_for_nan_in_loss must be
-        overrides.append("rerun_state_machine.check_for_nan_in_loss=false")   # disabled ... full_iteration'
+    if estimate.training.cuda_graph_full_iteration:
+        # ConfigContainer.validate: 'check_for_nan_in_loss must be disabled when using full_iteration CUDA graph'
+        overrides.append("rerun_state_machine.check_for_nan_in_loss=false")
     # `++`: replace the recipe's node whatever it holds (a dataclass node refuses a plain `=`: "Could not override")
     overrides.append("++comm_overlap=" + bridge_comm_overlap(estimate))
     precision = bridge_mixed_precision(estimate)
@@ -386,14 +387,14 @@ def bridge_cuda_graph_fields(estimate: Estimate) -> dict[str, object]:
 
 def nemo_cuda_graph_fields(estimate: Estimate) -> dict[str, object]:
     """The CUDA graphs as priced, in NeMo 2.7.3's megatron-core 0.16 names: cuda_graph_impl, and the captured modules
-    as cuda_graph_scope, one comma-separated string ('full' for the whole layer; the whole iteration is impl local with
-    scope full_iteration in 0.16) -- NeMo-Run's parser gives the
-    field (Union[str, ..., List[CudaGraphScope]]) any value as its str, and TransformerConfig.__post_init__ splits a
-    string scope on commas. NeMo's recipes set no graphs, so an eager estimate writes nothing."""
+    as cuda_graph_scope, one comma-separated string ('full' for the whole layer; the whole iteration is impl local
+    with scope full_iteration, 0.16 having no full_iteration impl). NeMo-Run's parser gives the field
+    (Union[str, ..., List[CudaGraphScope]]) any value as its str, and TransformerConfig.__post_init__ splits a string
+    scope on commas. NeMo's recipes set no graphs, so an eager estimate writes nothing."""
     graphs = mcore_cuda_graph_fields(estimate.training)
     if graphs["cuda_graph_impl"] == "none":
         return {}
-    if graphs["cuda_graph_impl"] == "full_iteration":   # 0.16 has no such impl: local graphs of scope full_iteration
+    if graphs["cuda_graph_impl"] == "full_iteration":
         return {"cuda_graph_impl": "local", "cuda_graph_scope": "full_iteration"}
     modules = graphs["cuda_graph_modules"]
     return {"cuda_graph_impl": graphs["cuda_graph_impl"],
