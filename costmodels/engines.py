@@ -583,6 +583,21 @@ def _native(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> Laye
         optimizer=Launches(launch=4.0, collective=2.0))
 
 
+LOSS_OF_ENGINE = {Engine.MEGATRON: CrossEntropyKernel.FUSED, Engine.TORCHTITAN: CrossEntropyKernel.UNFUSED,
+                  Engine.DEEPSPEED: CrossEntropyKernel.UNFUSED, Engine.PYTORCH: CrossEntropyKernel.UNFUSED,
+                  Engine.NATIVE: CrossEntropyKernel.XENTROPY}
+"""The loss each engine runs eagerly: Megatron-Core's fused cross entropy (autopar's default,
+--cross-entropy-loss-fusion); PyTorch's F.cross_entropy on upcast logits (torchtitan components/loss.py, Hugging
+Face's ForCausalLMLoss under DeepSpeed, a plain loop); llm.c's fused classifier, one kernel each way."""
+
+
+def engine_loss(engine: "Engine | str", compiled: bool) -> CrossEntropyKernel:
+    """The loss kernels an engine runs (LOSS_OF_ENGINE; the CLI's default for --cross-entropy). torch.compile'd, the
+    loss is inside the compiled region (torchtitan's CompileConfig compiles 'loss' with 'model'; nanoGPT's and Hugging
+    Face's models compute it in their forward): Inductor's fused upcast, log-softmax and NLL, xentropy's bytes."""
+    return CrossEntropyKernel.XENTROPY if compiled else LOSS_OF_ENGINE[Engine(engine)]
+
+
 def layer_launches(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> LayerLaunches:
     """The launches and synchronisations of `training.engine` for every plan."""
     if training.engine is Engine.MEGATRON:

@@ -772,7 +772,7 @@ class TrainingSpec:
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
                      "deallocate_pipeline_outputs",
                      "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
-                     "zero3_serial_fetch", "fused_kernels", "sac_saves_all_to_all"):
+                     "zero3_serial_fetch", "fused_kernels", "sac_saves_all_to_all", "cuda_graph_full_iteration"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
         require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")

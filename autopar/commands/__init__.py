@@ -328,17 +328,11 @@ torchtitan's torch._grouped_mm, Hugging Face's eager loop over experts (DeepSpee
 models)."""
 
 
-CROSS_ENTROPY_OF_ENGINE = {"megatron": "fused", "torchtitan": "unfused", "deepspeed": "unfused", "pytorch": "unfused",
-                           "native": "xentropy"}
-"""The loss each engine runs eagerly: Megatron-Core's fused cross entropy (autopar's default,
---cross-entropy-loss-fusion); PyTorch's F.cross_entropy on upcast logits (torchtitan components/loss.py, Hugging
-Face's ForCausalLMLoss under DeepSpeed, a plain loop); llm.c's fused classifier, one kernel each way."""
-
-
 def engine_fields(args: argparse.Namespace) -> dict[str, object]:
     """TrainingSpec's engine fields from --framework (or --emit), --compile, --cuda-graph-impl/-modules,
     --fused-kernels and --deepspeed-version; each refused where the engine has no such thing."""
     from autopar.export.names import ENGINE_OF_FRAMEWORK, framework_name
+    from costmodels.engines import engine_loss
     from costmodels.errors import InputError
 
     framework = getattr(args, "framework", None) or getattr(args, "emit", None)
@@ -374,14 +368,7 @@ def engine_fields(args: argparse.Namespace) -> dict[str, object]:
     return dict(engine=engine, launch="cuda_graph" if graphs else ("compile" if compiled else "eager"),
                 cuda_graph_modules=tuple(modules or ()), fused_kernels=fused, zero3_serial_fetch=serial,
                 expert_gemm=getattr(args, "expert_gemm", None) or EXPERT_GEMM_OF_ENGINE[engine],
-                cross_entropy=getattr(args, "cross_entropy", None) or cross_entropy_of_engine(engine, compiled))
-
-
-def cross_entropy_of_engine(engine: str, compiled: bool) -> str:
-    """The loss kernels an engine runs unless --cross-entropy says (CROSS_ENTROPY_OF_ENGINE); torch.compile'd, the
-    loss inside the compiled region (torchtitan's CompileConfig compiles 'loss' with 'model'; nanoGPT's and Hugging
-    Face's models compute it in their forward): Inductor's fused upcast, log-softmax and NLL, xentropy's bytes."""
-    return "xentropy" if compiled else CROSS_ENTROPY_OF_ENGINE[engine]
+                cross_entropy=getattr(args, "cross_entropy", None) or engine_loss(engine, compiled).value)
 
 
 def _version_below(text: str, limit: tuple[int, ...], field: str) -> bool:

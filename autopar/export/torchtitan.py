@@ -28,16 +28,16 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (LaunchConfig, chunk_layers_in_model_order, expert_gemm_note, fp8_weight_copies_note,
                                    one_line, plan_caption)
+from costmodels.engines import engine_loss
 from costmodels.scoring import Estimate
 from costmodels.plan import Recompute
-from costmodels.specs import CrossEntropyKernel, ExpertGemm, LaunchPath, ModelSpec, Precision
+from costmodels.specs import Engine, ExpertGemm, LaunchPath, ModelSpec, Precision
 
-CROSS_ENTROPY_OF_LAUNCH = {False: CrossEntropyKernel.UNFUSED, True: CrossEntropyKernel.XENTROPY}
-"""The loss torchtitan 0.3.0 runs (components/loss.py cross_entropy_loss: F.cross_entropy on `pred.float()`):
-eager, PyTorch's kernels on an fp32 copy of the logits; compiled (CompileConfig.components defaults to ['model',
-'loss']), Inductor's fused upcast, log-softmax and NLL over the bf16 logits, the bytes of the single-kernel loss."""
 CROSS_ENTROPY_RUN = {False: "PyTorch's eager cross entropy on upcast logits",
                      True: "the loss compiled with the model (CompileConfig.components: model, loss)"}
+"""What torchtitan 0.3.0 runs for the loss (components/loss.py cross_entropy_loss: F.cross_entropy on
+`pred.float()`), eager or compiled (CompileConfig.components defaults to ['model', 'loss']); the kernels priced for
+each are costmodels.engines.engine_loss's."""
 
 SOURCES = ("pytorch/torchtitan torchtitan/config/configs.py", "pytorch/torchtitan torchtitan/config/manager.py",
            "pytorch/torchtitan torchtitan/distributed/pipeline_parallel.py")
@@ -166,7 +166,7 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
     lines.append(f"    config.compile = CompileConfig(enable={compiled})")
     lines.append("    return config")
     loss = estimate.training.cross_entropy
-    runs = CROSS_ENTROPY_OF_LAUNCH[compiled]
+    runs = engine_loss(Engine.TORCHTITAN, compiled)
     notes = () if loss is runs else (
         f"cross_entropy {loss.value}: torchtitan runs {CROSS_ENTROPY_RUN[compiled]} ({runs.value}), which the "
         "estimate did not price",)
