@@ -54,6 +54,7 @@ from autopar.runs import precision_of as _precision  # noqa: E402
 from autopar.runs import read_run_rows  # noqa: E402
 from benchmarks.reference import reference_dir  # noqa: E402
 from costmodels import compute as compute_model  # noqa: E402
+from costmodels.engines import engine_loss  # noqa: E402
 from costmodels.errors import InputError  # noqa: E402
 from costmodels.hardware import HardwareProfile, load_profile  # noqa: E402
 from costmodels.memory import fixed_overheads_bytes, peak_memory  # noqa: E402
@@ -1152,7 +1153,7 @@ def torchtitan_h200_ladder() -> "list[Case | Unexpressed]":
                                 launch=LaunchPath.COMPILE if compiled else LaunchPath.EAGER,
                                 expert_gemm=ExpertGemm.GROUPED, attention_kernel=AttentionKernel.FA2,
                                 # LADDER_NOTES: the loss compiled with the model; the fork's SAC save list
-                                cross_entropy=CrossEntropyKernel.XENTROPY if compiled else CrossEntropyKernel.UNFUSED,
+                                cross_entropy=engine_loss(Engine.TORCHTITAN, compiled),
                                 sac_saves_all_to_all=False)
         recompute = Recompute.FULL if r["recompute"] == "full" else Recompute.SELECTIVE
         fixed = dict(tp=tp, pp=1, cp=1, ep=ep, etp=etp, mbs=lbs, zero=3, recompute=recompute, sp=tp > 1)
