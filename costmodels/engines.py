@@ -675,8 +675,9 @@ def host_reads_zero(training: TrainingSpec) -> bool:
 
 def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts) -> np.ndarray:
     """The host's share of the optimizer step: its synchronisations' wake-ups and the launches after the last of
-    them, which nothing hides (LayerLaunches.step_syncs, .optimizer)."""
-    launches = layer_launches(model, training, plans)
+    them, which nothing hides (LayerLaunches.step_syncs, .optimizer). Both are the engine's, the same for every
+    plan: counted on the first plan."""
+    launches = layer_launches(model, training, plans.take(np.zeros(min(len(plans), 1), dtype=np.int64)))
     return launches.step_syncs * costs.sync_s + np.broadcast_to(
         np.asarray(launches.optimizer.host_s(costs), dtype=float), (len(plans),))
 

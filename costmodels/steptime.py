@@ -834,6 +834,23 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
 
 
+def dp_comm_floor_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                    plans: PlanArrays) -> np.ndarray:
+    """A lower bound on the `dp_comm` term that reads no micro-batch compute: each stage's `dp_comm_s` with every
+    overlapped collective beside an endless compute window, so that it adds only its SMs' share × its length
+    (`overlapped_exposed_s` is non-increasing in the window); what runs exposed is counted whole. It reads the
+    structure knobs and the micro-batch count (TERM_KNOBS["pp_p2p"] and zero), so a search can drop plans on it
+    before pricing their compute windows (autopar.search.objective.time_bound_units)."""
+    microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
+    endless = np.full(len(plans), np.inf)
+    windowless = StageMicrobatch(forward_s=endless, backward_s=endless, recompute_s=endless, tp_comm_s=endless,
+                                 cp_comm_s=endless, ep_comm_s=endless)
+    with np.errstate(invalid="ignore"):
+        floor = np.max(np.stack(per_distinct_stage(candidate_stages(plans), lambda stage: dp_comm_s(
+            model, cluster, training, plans, stage, windowless, microbatches))), axis=0)
+    return np.where(np.isnan(floor), 0.0, floor)     # an endless collective beside the endless window: no bound
+
+
 def zero3_serial_fetch_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                          stage: np.ndarray, microbatches: np.ndarray) -> np.ndarray:
     """The host's share of DeepSpeed's ZeRO-3 as released in 2021 (v0.3.13-v0.5.10), per step: every parameter's

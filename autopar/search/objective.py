@@ -65,7 +65,8 @@ PIPELINE_FACTOR_KNOBS = ("tp", "cp", "pp", "vpp", "mbs")
 SPLIT_KNOBS = ("pp", "first_stage_layers", "last_stage_layers")
 
 DEFERRED_TERM = "host"
-"""The pipelined term `time_units_by_group` prices only for the plans its pruning test keeps."""
+"""The pipelined term `time_bound_units` leaves out (the host timeline, the costliest to price) and
+`time_units_finish` prices for the plans a search keeps."""
 
 
 @dataclass(frozen=True)
@@ -253,59 +254,106 @@ def group_units_sum(terms: Mapping[str, np.ndarray], groups: "tuple[TermGroup, .
                np.zeros(n, np.int64))
 
 
-def time_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
-                        training: TrainingSpec, plans: PlanArrays,
-                        worth_pricing: "Callable[[np.ndarray], np.ndarray] | None" = None
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, their time_units): the same integers as `time_units` on the full terms, for the plans of `rows`.
+@dataclass(frozen=True)
+class TimeBound:
+    """A lower bound on time_units, from the pipelined groups priced without the deferred term (the host timeline,
+    the costliest to price) and the other groups at their floor (`other_floor_units`): rint is monotone and every
+    term >= 0, so the units of the groups that hold the deferred term, priced without it, are a lower bound, and so
+    is F · Σ pipelined + S · the floor (combined_time_units is non-decreasing in each). `time_units_finish` prices
+    the rest for the plans a search keeps."""
 
-    In two steps, so a search can drop plans before the second: first the pipelined groups (per-stage compute and
-    the TP/CP/EP collectives, every knob but zero), once per distinct combination of their knobs when `plans`
-    carries a structure index (costmodels.structure), which gives F · Σ pipelined, a lower bound on time_units (every
-    group is >= 0); `worth_pricing(lower bound)` returns the mask of the plans to keep (all when None); then the
-    other groups (gradient sync, p2p, optimizer) of those."""
-    rows = np.arange(len(plans))
+    units: np.ndarray
+    """The lower bound on each plan's time_units."""
+    rest_units: np.ndarray
+    """Σ units of the pipelined groups without the deferred term (exact)."""
+    deferred_low_units: np.ndarray
+    """Σ units of the pipelined groups that hold the deferred term, priced without it (a lower bound)."""
+    factor: np.ndarray
+    """The pipeline factor F (pipeline_factor_units)."""
+
+    def take(self, rows: np.ndarray) -> "TimeBound":
+        return TimeBound(self.units[rows], self.rest_units[rows], self.deferred_low_units[rows], self.factor[rows])
+
+
+def _pipelined_knobs(names: "Iterable[str]") -> tuple[str, ...]:
+    """The knobs the named step-time terms read, and those that choose the candidate stages: the plans differing
+    only in other knobs share their values (costmodels.structure.per_knobs)."""
+    return ordered({k for t in names for k in steptime.TERM_KNOBS.get(t, PLAN_FIELDS)} | set(STAGE_KNOBS))
+
+
+def _deferred_groups(structure: ObjectiveStructure) -> "tuple[TermGroup, ...]":
+    return tuple(g for g in structure.pipelined_time_groups if DEFERRED_TERM in g.terms)
+
+
+def time_bound_units(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
+                     training: TrainingSpec, plans: PlanArrays) -> TimeBound:
+    """The lower bound `TimeBound` of every plan: the pipelined groups (per-stage compute and the TP/CP/EP
+    collectives, every knob but zero) without the deferred term, once per distinct combination of the knobs they
+    read when `plans` carries a structure index (costmodels.structure), times the pipeline factor, plus the other
+    groups' floor (`other_floor_units`). Under a schedule with no pipeline factor (zero-bubble: every group is an
+    `other` group) the floor alone."""
     zeros = np.zeros(len(plans), np.int64)
-    pipelined = factor = zeros
-    if structure.factored:
-        pipelined_groups = structure.pipelined_time_groups
+    floor_units = other_floor_units(structure, model, cluster, training, plans)
+    if not structure.factored:
+        return TimeBound(combined_time_units(zeros, zeros, floor_units), zeros, zeros, zeros)
+    deferred = _deferred_groups(structure)
+    rest = tuple(g for g in structure.pipelined_time_groups if g not in deferred)
+    bound_names = tuple(t for g in structure.pipelined_time_groups for t in g.terms if t != DEFERRED_TERM)
 
-        def units_of(groups: "tuple[TermGroup, ...]", names: tuple[str, ...], sub: PlanArrays) -> np.ndarray:
-            terms = steptime.step_time_terms_s(model, cluster, training, sub, only=names)
-            return group_units_sum(terms, groups, len(sub))
+    def bound_units(sub: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+        terms = steptime.step_time_terms_s(model, cluster, training, sub, only=bound_names)
+        return group_units_sum(terms, rest, len(sub)), group_units_sum(terms, deferred, len(sub))
 
-        def group_knobs(groups: "tuple[TermGroup, ...]") -> tuple[str, ...]:
-            return ordered({k for g in groups for k in g.knobs} | set(STAGE_KNOBS))
+    rest_units, deferred_low = per_knobs(plans, _pipelined_knobs(bound_names),
+                                         lambda sub: in_row_blocks(sub, bound_units))
+    factor = pipeline_factor_units(cluster, training, plans)
+    return TimeBound(combined_time_units(factor, rest_units + deferred_low, floor_units), rest_units, deferred_low,
+                     factor)
 
-        # With a pruning test, the bound leaves out the deferred term (the host timeline, the costliest to price):
-        # rint is monotone and the term >= 0, so the units of the groups that hold it, priced without it, are a
-        # lower bound; those groups are priced whole once the plans not worth pricing are gone.
-        deferred = tuple(g for g in pipelined_groups if DEFERRED_TERM in g.terms) if worth_pricing else ()
-        rest = tuple(g for g in pipelined_groups if g not in deferred)
-        bound_names = tuple(t for g in pipelined_groups for t in g.terms if t != DEFERRED_TERM or not deferred)
 
-        def bound_units(sub: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
-            terms = steptime.step_time_terms_s(model, cluster, training, sub, only=bound_names)
-            return group_units_sum(terms, rest, len(sub)), group_units_sum(terms, deferred, len(sub))
+FLOORED_OTHER_TERMS = ("pp_p2p", "optimizer")
+"""The other groups' terms a bound prices exactly (they read the structure knobs and the micro-batch count, memoised
+per search); `dp_comm` enters at its floor (costmodels.steptime.dp_comm_floor_s), any other term at 0."""
 
-        rest_units, deferred_low = per_knobs(plans, group_knobs(pipelined_groups),
-                                             lambda sub: in_row_blocks(sub, bound_units))
-        pipelined = rest_units + deferred_low
-        factor = pipeline_factor_units(cluster, training, plans)
-        if worth_pricing is not None:
-            rows = np.flatnonzero(worth_pricing(combined_time_units(factor, pipelined, zeros)))
-            plans, pipelined, factor = plans.take(rows), pipelined[rows], factor[rows]
-            rest_units = rest_units[rows]
-        if deferred and len(plans):
-            names = tuple(t for g in deferred for t in g.terms)
-            pipelined = rest_units + per_knobs(plans, group_knobs(deferred), lambda sub: in_row_blocks(
-                sub, lambda block: units_of(deferred, names, block)))
+
+def other_floor_units(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
+                      training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """A lower bound on Σ units of the other groups, without the micro-batch compute the gradient sync overlaps."""
+    names = {t for g in structure.other_time_groups for t in g.terms}
+    exact = tuple(t for t in FLOORED_OTHER_TERMS if t in names)
+
+    def floor_units(sub: PlanArrays) -> np.ndarray:
+        terms = steptime.step_time_terms_s(model, cluster, training, sub, only=exact) if exact else {}
+        if "dp_comm" in names:
+            terms["dp_comm"] = steptime.dp_comm_floor_s(model, cluster, training, sub)
+        return group_units_sum(terms, structure.other_time_groups, len(sub))
+
+    return per_knobs(plans, FLOOR_KNOBS, floor_units)
+
+
+FLOOR_KNOBS = ordered(set(steptime.TERM_KNOBS["pp_p2p"]) | set(steptime.TERM_KNOBS["optimizer"]))
+"""What `other_floor_units` reads: the optimizer's knobs (the structure), p2p's, and with them the micro-batch count
+(tp, cp, pp, mbs) and the candidate stages (pp, the split) that dp_comm_floor_s reads."""
+
+
+def time_units_finish(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
+                      training: TrainingSpec, plans: PlanArrays, bound: TimeBound) -> np.ndarray:
+    """The time_units of `plans` (the same integers as `time_units` on the full terms), given their `bound`: the
+    pipelined groups that hold the deferred term, priced whole, and the other groups (gradient sync, p2p,
+    optimizer)."""
+    pipelined = bound.rest_units + bound.deferred_low_units
+    deferred = _deferred_groups(structure) if structure.factored else ()
+    if deferred and len(plans):
+        names = tuple(t for g in deferred for t in g.terms)
+        pipelined = bound.rest_units + per_knobs(plans, _pipelined_knobs(names), lambda sub: in_row_blocks(
+            sub, lambda block: group_units_sum(steptime.step_time_terms_s(model, cluster, training, block,
+                                                                          only=names), deferred, len(block))))
     others = np.zeros(len(plans), np.int64)
     names = tuple(t for g in structure.other_time_groups for t in g.terms)
     if names and len(plans):
         terms = steptime.step_time_terms_s(model, cluster, training, plans, only=names)
         others = sum((time_group_units(terms, g) for g in structure.other_time_groups), others)
-    return rows, combined_time_units(factor, pipelined, others)
+    return combined_time_units(bound.factor, pipelined, others)
 
 
 def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,

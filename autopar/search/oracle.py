@@ -10,9 +10,11 @@ all rules applied, the cost model evaluated on what remains, and a running front
 What makes it fast without changing a number (costmodels.structure): a function of the structure knobs is evaluated
 once per structure of the search, a function of a few knobs (one layer's times and collectives) once per distinct
 combination of them in the search, the per-stage pieces once per distinct plan in a chunk (plans differing only in
-zero share them). And the time is priced in two steps: the pipelined part first, a lower bound on the whole; a plan
-the running front already strictly dominates on that bound can be on no front, so the rest of its time (gradient
-sync, p2p, optimizer) is never priced.
+zero share them). And the time is priced in two steps: first a lower bound on the whole (the pipelined part without
+the host timeline, and the gradient sync as if its compute windows were endless: objective.time_bound_units); a
+plan the running front already strictly dominates on that bound can be on no front, so the rest of its time (the
+host timeline, the gradient sync, p2p, the optimizer) is never priced. The plans left (a few hundred a batch of
+half a million) are priced a few batches at a time, the likeliest front points first (`price_into_front`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,8 +33,12 @@ from costmodels.plan import PLAN_FIELDS, PlanArrays
 from costmodels.rules import Problem, Rule, structural_mask
 from costmodels.structure import STRUCTURE_FIELDS, link as structure_link
 
-CHUNK_PLANS = 250_000
-"""Plans evaluated at once (bounds the oracle's memory to a few hundred MB)."""
+CHUNK_PLANS = 500_000
+"""Plans evaluated at once (bounds the oracle's memory to a few hundred MB). Each batch has a fixed cost (its
+structures' links, the cost model's calls, tens of milliseconds), so fewer, larger batches are faster."""
+TIME_LIMITED_CHUNK_PLANS = 50_000
+"""Plans evaluated at once under a time limit, which is checked between batches: small enough that a limit of a
+fraction of a second stops a search of a few million plans."""
 
 STRUCTURE_KNOBS = ("split", "tp", "cp", "vpp", "ep", "etp", "zero")
 DETAIL_KNOBS = ("mbs", "sp", "recompute")
@@ -110,12 +116,12 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
     base_plans = plan_arrays(base) if n_structures else None
     shared: dict = {}      # values of the structure-only cost functions, per structure (costmodels.structure)
     tables, product_rules = detail_tables(space, base, detail, problem, rules)
-    best_columns: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS}
-    best_time = np.zeros(0, dtype=np.int64)
-    best_memory = np.zeros(0, dtype=np.int64)
+    front = RunningFront()
+    pending = Pending()
     valid = fitting = seen = 0
     complete = True
-    structures_per_chunk = max(1, CHUNK_PLANS // max(per_structure, 1))
+    chunk_plans = CHUNK_PLANS if time_budget_s is None else min(CHUNK_PLANS, TIME_LIMITED_CHUNK_PLANS)
+    structures_per_chunk = max(1, chunk_plans // max(per_structure, 1))
     digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
     detail_table = _detail_table(space, detail, digits) if per_structure else None
     for s0 in range(0, n_structures, structures_per_chunk):
@@ -152,26 +158,95 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
             continue
         plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
         # a plan the running front strictly dominates on a lower bound of its time (it can be on no front) is
-        # dropped before the rest of its time is priced, and the others once priced
+        # dropped before the rest of its time is priced; the others wait, a few batches' worth, to be priced
+        # together (`price_into_front`)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            priced, t_units = objective.time_units_by_group(
-                structure, problem.model, problem.cluster, problem.training, plans,
-                worth_pricing=lambda bound: _not_dominated_by(best_time, best_memory, bound, m_units))
-        m_units = m_units[priced]
-        survivors = np.flatnonzero(_not_dominated_by(best_time, best_memory, t_units, m_units))
-        kept = survivors[_not_dominated_within(t_units[survivors], m_units[survivors])]
-        merged = {k: np.concatenate([best_columns[k], getattr(plans, k)[priced[kept]].astype(np.int64)])
-                  for k in PLAN_FIELDS}
-        merged_time = np.concatenate([best_time, t_units[kept]])
-        merged_memory = np.concatenate([best_memory, m_units[kept]])
-        idx = front_indices(merged_time, merged_memory, merged)
-        best_columns = {k: v[idx] for k, v in merged.items()}
-        best_time, best_memory = merged_time[idx], merged_memory[idx]
+            bound = objective.time_bound_units(structure, problem.model, problem.cluster, problem.training, plans)
+        keep = np.flatnonzero(front.undominated(bound.units, m_units))
+        pending.add(plans.take(keep), bound.take(keep), m_units[keep])
+        if pending.rows >= PRICE_BATCH_PLANS:
+            price_into_front(front, structure, problem, *pending.pop())
+    if pending.rows:
+        price_into_front(front, structure, problem, *pending.pop())
 
-    return OracleResult(plans=plan_arrays(best_columns) if len(best_time) else _empty_plans(),
-                        time_units=best_time, memory_units=best_memory, space_size=space.size, valid_plans=valid,
+    return OracleResult(plans=plan_arrays(front.columns) if len(front.time_units) else _empty_plans(),
+                        time_units=front.time_units, memory_units=front.memory_units, space_size=space.size,
+                        valid_plans=valid,
                         fitting_plans=fitting, complete=complete, elapsed_s=time.perf_counter() - start,
                         plans_seen=seen)
+
+
+@dataclass
+class RunningFront:
+    """The front of the plans priced so far (fastest first), as the search keeps it."""
+
+    columns: dict[str, np.ndarray] = field(
+        default_factory=lambda: {k: np.zeros(0, dtype=np.int64) for k in PLAN_FIELDS})
+    time_units: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    memory_units: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def undominated(self, time_units: np.ndarray, memory_units: np.ndarray) -> np.ndarray:
+        """Mask of the plans no point of the front strictly dominates (`_not_dominated_by`)."""
+        return _not_dominated_by(self.time_units, self.memory_units, time_units, memory_units)
+
+    def merge(self, plans: PlanArrays, time_units: np.ndarray, memory_units: np.ndarray) -> None:
+        """The front of its points and `plans`, ties broken as pareto.front_indices breaks them."""
+        survivors = np.flatnonzero(self.undominated(time_units, memory_units))
+        kept = survivors[_not_dominated_within(time_units[survivors], memory_units[survivors])]
+        merged = {k: np.concatenate([self.columns[k], getattr(plans, k)[kept].astype(np.int64)]) for k in PLAN_FIELDS}
+        merged_time = np.concatenate([self.time_units, time_units[kept]])
+        merged_memory = np.concatenate([self.memory_units, memory_units[kept]])
+        idx = front_indices(merged_time, merged_memory, merged)
+        self.columns = {k: v[idx] for k, v in merged.items()}
+        self.time_units, self.memory_units = merged_time[idx], merged_memory[idx]
+
+
+PRICE_BATCH_PLANS = 20_000
+"""Plans past the bound test priced at once: pricing the host timeline and the gradient sync costs tens of
+milliseconds a call whatever the number of plans, and each batch leaves only a few hundred to a few thousand."""
+
+
+@dataclass
+class Pending:
+    """Plans past the bound test of their batch, waiting to be priced (with their bounds and memory units)."""
+
+    parts: list = field(default_factory=list)
+    rows: int = 0
+
+    def add(self, plans: PlanArrays, bound: "objective.TimeBound", memory_units: np.ndarray) -> None:
+        if len(plans):
+            self.parts.append((plans, bound, memory_units))
+            self.rows += len(plans)
+
+    def pop(self) -> "tuple[PlanArrays, objective.TimeBound, np.ndarray]":
+        """The waiting plans as one batch (one batch's plans as they are, keeping their structure index)."""
+        parts, self.parts, self.rows = self.parts, [], 0
+        if len(parts) == 1:
+            return parts[0]
+        plans = PlanArrays.from_columns(**{k: np.concatenate([getattr(p, k) for p, _, _ in parts])
+                                           for k in PLAN_FIELDS})
+        bound = objective.TimeBound(*(np.concatenate([getattr(b, f) for _, b, _ in parts])
+                                      for f in ("units", "rest_units", "deferred_low_units", "factor")))
+        return plans, bound, np.concatenate([m for _, _, m in parts])
+
+
+def price_into_front(front: RunningFront, structure: "objective.ObjectiveStructure", problem: Problem,
+                     plans: PlanArrays, bound: "objective.TimeBound", memory_units: np.ndarray) -> None:
+    """Price `plans` whole (objective.time_units_finish) and merge them into `front`, in two waves: first the plans
+    no other of them dominates on their bounds (the likeliest front points), then the rest the front those made
+    does not dominate on their bounds. A plan dropped is strictly dominated by a priced one: on no front."""
+    first = _not_dominated_within(bound.units, memory_units)
+    rest = np.setdiff1d(np.arange(len(plans)), first, assume_unique=True)
+    for n, wave in enumerate((first, rest)):
+        if n:
+            wave = wave[front.undominated(bound.units[wave], memory_units[wave])]
+        if not len(wave):
+            continue
+        priced = plans.take(wave)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            time_units = objective.time_units_finish(structure, problem.model, problem.cluster, problem.training,
+                                                     priced, bound.take(wave))
+        front.merge(priced, time_units, memory_units[wave])
 
 
 def _factor_knobs(name: str) -> tuple[str, ...]:
