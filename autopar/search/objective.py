@@ -274,6 +274,11 @@ class TimeBound:
     def take(self, rows: np.ndarray) -> "TimeBound":
         return TimeBound(self.units[rows], self.rest_units[rows], self.deferred_low_units[rows], self.factor[rows])
 
+    @staticmethod
+    def concatenate(bounds: "list[TimeBound]") -> "TimeBound":
+        return TimeBound(*(np.concatenate([getattr(b, name) for b in bounds])
+                           for name in ("units", "rest_units", "deferred_low_units", "factor")))
+
 
 def _pipelined_knobs(names: "Iterable[str]") -> tuple[str, ...]:
     """The knobs the named step-time terms read, and those that choose the candidate stages: the plans differing

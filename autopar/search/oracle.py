@@ -225,21 +225,19 @@ class Pending:
             return parts[0]
         plans = PlanArrays.from_columns(**{k: np.concatenate([getattr(p, k) for p, _, _ in parts])
                                            for k in PLAN_FIELDS})
-        bound = objective.TimeBound(*(np.concatenate([getattr(b, f) for _, b, _ in parts])
-                                      for f in ("units", "rest_units", "deferred_low_units", "factor")))
+        bound = objective.TimeBound.concatenate([b for _, b, _ in parts])
         return plans, bound, np.concatenate([m for _, _, m in parts])
 
 
 def price_into_front(front: RunningFront, structure: "objective.ObjectiveStructure", problem: Problem,
                      plans: PlanArrays, bound: "objective.TimeBound", memory_units: np.ndarray) -> None:
     """Price `plans` whole (objective.time_units_finish) and merge them into `front`, in two waves: first the plans
-    no other of them dominates on their bounds (the likeliest front points), then the rest the front those made
-    does not dominate on their bounds. A plan dropped is strictly dominated by a priced one: on no front."""
+    no other of them dominates on their bounds (the likeliest front points), then the rest; each wave's plans the
+    front dominates on their bounds are dropped unpriced (strictly dominated by a priced plan: on no front)."""
     first = _not_dominated_within(bound.units, memory_units)
     rest = np.setdiff1d(np.arange(len(plans)), first, assume_unique=True)
-    for n, wave in enumerate((first, rest)):
-        if n:
-            wave = wave[front.undominated(bound.units[wave], memory_units[wave])]
+    for wave in (first, rest):
+        wave = wave[front.undominated(bound.units[wave], memory_units[wave])]
         if not len(wave):
             continue
         priced = plans.take(wave)
