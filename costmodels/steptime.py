@@ -839,8 +839,8 @@ def dp_comm_floor_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     """A lower bound on the `dp_comm` term that reads no micro-batch compute: each stage's `dp_comm_s` with every
     overlapped collective beside an endless compute window, so that it adds only its SMs' share × its length
     (`overlapped_exposed_s` is non-increasing in the window); what runs exposed is counted whole. It reads the
-    structure knobs and the micro-batch count (TERM_KNOBS["pp_p2p"] and zero), so a search can drop plans on it
-    before pricing their compute windows (autopar.search.objective.time_bound_units)."""
+    structure knobs (TERM_KNOBS["optimizer"]) and the micro-batch count, so a search can drop plans on it before
+    pricing their compute windows (autopar.search.objective.time_bound_units)."""
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
     endless = np.full(len(plans), np.inf)
     windowless = StageMicrobatch(forward_s=endless, backward_s=endless, recompute_s=endless, tp_comm_s=endless,

@@ -316,29 +316,21 @@ def time_bound_units(structure: ObjectiveStructure, model: ModelSpec, cluster: C
                      factor)
 
 
-FLOORED_OTHER_TERMS = ("pp_p2p", "optimizer")
-"""The other groups' terms a bound prices exactly (they read the structure knobs and the micro-batch count, memoised
-per search); `dp_comm` enters at its floor (costmodels.steptime.dp_comm_floor_s), any other term at 0."""
-
-
 def other_floor_units(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
                       training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    """A lower bound on Σ units of the other groups, without the micro-batch compute the gradient sync overlaps."""
-    names = {t for g in structure.other_time_groups for t in g.terms}
-    exact = tuple(t for t in FLOORED_OTHER_TERMS if t in names)
-
-    def floor_units(sub: PlanArrays) -> np.ndarray:
-        terms = steptime.step_time_terms_s(model, cluster, training, sub, only=exact) if exact else {}
-        if "dp_comm" in names:
-            terms["dp_comm"] = steptime.dp_comm_floor_s(model, cluster, training, sub)
-        return group_units_sum(terms, structure.other_time_groups, len(sub))
-
-    return per_knobs(plans, FLOOR_KNOBS, floor_units)
+    """A lower bound on Σ units of the other groups: the gradient sync at its floor (costmodels.steptime.
+    dp_comm_floor_s, without the micro-batch compute it overlaps), every other term at 0 (the p2p transfers and the
+    optimizer step: milliseconds beside a gradient sync that can take seconds)."""
+    if not any("dp_comm" in g.terms for g in structure.other_time_groups):
+        return np.zeros(len(plans), np.int64)
+    return per_knobs(plans, FLOOR_KNOBS, lambda sub: group_units_sum(
+        {"dp_comm": steptime.dp_comm_floor_s(model, cluster, training, sub)}, structure.other_time_groups,
+        len(sub)))
 
 
-FLOOR_KNOBS = ordered(set(steptime.TERM_KNOBS["pp_p2p"]) | set(steptime.TERM_KNOBS["optimizer"]))
-"""What `other_floor_units` reads: the optimizer's knobs (the structure), p2p's, and with them the micro-batch count
-(tp, cp, pp, mbs) and the candidate stages (pp, the split) that dp_comm_floor_s reads."""
+FLOOR_KNOBS = ordered(set(steptime.TERM_KNOBS["optimizer"]) | {"mbs"})
+"""What `other_floor_units` reads: the structure knobs (the optimizer's, with the candidate stages: pp and the split)
+and the micro-batch count (tp, cp, pp, mbs) that dp_comm_floor_s reads."""
 
 
 def time_units_finish(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
