@@ -411,3 +411,22 @@ def test_a_compute_gap_from_recompute_names_what_the_better_point_does():
     assert "does without (selective recompute" in _compute_cause(selective, none)
     assert "does without (full recompute re-runs whole layers" in _compute_cause(full, none)
     assert "re-runs some of them" in _compute_cause(full, Plan(recompute="full", recompute_layers=1))
+
+
+def test_batches_cover_every_structure_once_and_grow_under_a_time_limit():
+    """oracle.chunk_spans: contiguous spans over every structure; CHUNK_PLANS plans a batch without a limit; under
+    one, a first batch of TIME_LIMITED_CHUNK_PLANS, then batches sized from the pace (fast batches: the largest)."""
+    from autopar.search import oracle
+
+    def spans(n, per, budget):
+        return list(oracle.chunk_spans(n, per, budget))
+
+    for budget in (None, 100.0):
+        got = spans(10_000, 100, budget)
+        assert got[0][0] == 0 and got[-1][1] == 10_000
+        assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+    assert {e - s for s, e in spans(10_000, 100, None)[:-1]} == {oracle.CHUNK_PLANS // 100}
+    limited = spans(100_000, 100, 100.0)
+    assert limited[0][1] - limited[0][0] == oracle.TIME_LIMITED_CHUNK_PLANS // 100
+    assert limited[1][1] - limited[1][0] == oracle.CHUNK_PLANS // 100      # an instant batch: the largest next
+    assert spans(0, 100, None) == [] and spans(5, 0, None) == [(0, 5)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,8 +37,11 @@ CHUNK_PLANS = 500_000
 """Plans evaluated at once (bounds the oracle's memory to a few hundred MB). Each batch has a fixed cost (its
 structures' links, the cost model's calls, tens of milliseconds), so fewer, larger batches are faster."""
 TIME_LIMITED_CHUNK_PLANS = 50_000
-"""Plans evaluated at once under a time limit, which is checked between batches: small enough that a limit of a
-fraction of a second stops a search of a few million plans."""
+"""The first batch under a time limit, which is checked between batches: small enough that a limit of a fraction of
+a second stops a search of a few million plans. The next are sized from the last one's pace (`chunk_spans`)."""
+CHECKS_PER_LIMIT = 20
+"""Under a time limit, a batch is sized to take about this fraction of it (between TIME_LIMITED_CHUNK_PLANS and
+CHUNK_PLANS plans)."""
 
 STRUCTURE_KNOBS = ("split", "tp", "cp", "vpp", "ep", "etp", "zero")
 DETAIL_KNOBS = ("mbs", "sp", "recompute")
@@ -120,15 +123,12 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
     pending = Pending()
     valid = fitting = seen = 0
     complete = True
-    chunk_plans = CHUNK_PLANS if time_budget_s is None else min(CHUNK_PLANS, TIME_LIMITED_CHUNK_PLANS)
-    structures_per_chunk = max(1, chunk_plans // max(per_structure, 1))
     digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
     detail_table = _detail_table(space, detail, digits) if per_structure else None
-    for s0 in range(0, n_structures, structures_per_chunk):
+    for s0, s1 in chunk_spans(n_structures, per_structure, time_budget_s):
         if time_budget_s is not None and seen and time.perf_counter() - start > time_budget_s:
             complete = False
             break
-        s1 = min(n_structures, s0 + structures_per_chunk)
         if progress is not None:
             progress(s0 / max(n_structures, 1))
         # the rules reading one detail factor and the structure, looked up per (structure, factor value), before
@@ -174,6 +174,22 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
                         valid_plans=valid,
                         fitting_plans=fitting, complete=complete, elapsed_s=time.perf_counter() - start,
                         plans_seen=seen)
+
+
+def chunk_spans(n_structures: int, per_structure: int, time_budget_s: "float | None") -> Iterator[tuple[int, int]]:
+    """(first, end) structure indices of each batch: CHUNK_PLANS plans a batch; under a time limit the first
+    TIME_LIMITED_CHUNK_PLANS and each next sized from the pace of the one before (the time between two spans is
+    that batch's) to take 1/CHECKS_PER_LIMIT of the limit, within TIME_LIMITED_CHUNK_PLANS..CHUNK_PLANS."""
+    plans = CHUNK_PLANS if time_budget_s is None else min(CHUNK_PLANS, TIME_LIMITED_CHUNK_PLANS)
+    start = 0
+    while start < n_structures:
+        end = min(n_structures, start + max(1, plans // max(per_structure, 1)))
+        begun = time.perf_counter()
+        yield start, end
+        if time_budget_s is not None:
+            pace = (end - start) * max(per_structure, 1) / max(time.perf_counter() - begun, 1e-3)
+            plans = int(min(CHUNK_PLANS, max(TIME_LIMITED_CHUNK_PLANS, pace * time_budget_s / CHECKS_PER_LIMIT)))
+        start = end
 
 
 @dataclass
