@@ -385,8 +385,8 @@ def moe_mlp_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
     moe = model.moe
     tokens = _tokens(training, plans)
     tp = plans.tp.astype(float)
-    gemms = [dataclasses.replace(_linear(tokens / tp, model.hidden_size, moe.num_experts),
-                                 bf16_only=True)]                                          # router (on SP tokens)
+    router_tokens = tokens if engines.moe_router_replicated(training) else tokens / tp     # SP tokens; torchtitan all
+    gemms = [dataclasses.replace(_linear(router_tokens, model.hidden_size, moe.num_experts), bf16_only=True)]
     expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training)
     local_experts = moe.num_experts / plans.ep
     for gemm in mlp_gemms(model, expert_tokens, moe.expert_ffn_hidden_size, plans.etp.astype(float)):
@@ -797,17 +797,21 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     """Forward HBM bytes of one MoE layer's router softmax/top-k/aux loss and token permutation on one GPU
     (costmodels.moe_kernels): the GPU routes its mbs·s/(cp·tp) sequence-parallel tokens (all mbs·s/cp without SP),
     sends top_k copies of each, and holds the busiest rank's received copies (moe_tokens_per_local_expert × local
-    experts × load) for its experts."""
+    experts × load) for its experts. torchtitan routes all mbs·s/cp on every TP rank, and with expert TP permutes
+    and sends all of them too (engines.moe_router_replicated, moe_dispatch_replicated)."""
     assert model.moe is not None
     moe = model.moe
-    local_tokens = _tokens(training, plans) / np.where(plans.sp, plans.tp.astype(float), 1.0)
+    tokens = _tokens(training, plans)
+    local_tokens = tokens / np.where(plans.sp, plans.tp.astype(float), 1.0)
+    routed_tokens = np.where(engines.moe_dispatch_replicated(training, plans), tokens, local_tokens)
+    router_tokens = tokens if engines.moe_router_replicated(training) else local_tokens
     load = moe_load_factor(training)
     local_experts = moe.num_experts / plans.ep
     received = moe_tokens_per_local_expert(model, training, plans) * load * local_experts
     sorts_local_chunks = (plans.ep > 1) & (local_experts > 1)
-    return moe_kernels.token_permutation_bytes(local_tokens * moe.top_k * load, received, model.hidden_size,
+    return moe_kernels.token_permutation_bytes(routed_tokens * moe.top_k * load, received, model.hidden_size,
                                                sorts_local_chunks) \
-        + moe_kernels.router_bytes(local_tokens, moe.num_experts)
+        + moe_kernels.router_bytes(router_tokens, moe.num_experts)
 
 
 def moe_backward_extra_s(profile: HardwareProfile, training: TrainingSpec, moe_mlp: list[Gemm],

@@ -607,6 +607,24 @@ def layer_launches(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) 
     return _eager_engine(model, training, plans)
 
 
+def moe_router_replicated(training: TrainingSpec) -> bool:
+    """Whether every TP rank routes all of a micro-batch's tokens: torchtitan all-gathers a MoE layer's input over
+    TP and runs its router replicated (models/llama4/infra/parallelize.py apply_moe_ep_tp, shared by qwen3 and
+    deepseek_v3: "moe": PrepareModuleInputOutput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+    ...) -- "all-gather for input, reduce-scatter for output" -- and "moe.router.gate": NoParallel()); Megatron-Core
+    routes each rank's sequence-parallel share."""
+    return training.engine is Engine.TORCHTITAN
+
+
+def moe_dispatch_replicated(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Where each TP rank permutes and dispatches all of the micro-batch's routed tokens rather than its 1/tp share:
+    torchtitan with expert TP (etp = tp > 1: ExpertTensorParallel, whose experts hold 1/tp of each expert's width
+    and take the tokens replicated over TP). With etp 1 torchtitan splits the routed tokens over TP again before
+    the dispatch ("If TP is borrowed for EP, then split the tokens across TP ranks": ReordererSequenceParallel), as
+    Megatron-Core's sequence-parallel dispatch does."""
+    return np.full(len(plans), moe_router_replicated(training)) & (plans.etp > 1)
+
+
 def per_op_sac(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     """Where recompute `selective` is torchtitan's per-op selective activation checkpointing (SelectiveAC,
     torchtitan 0.3.0 distributed/activation_checkpoint.py; `mode = "selective"` with `selective_ac_option = "op"`

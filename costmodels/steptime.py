@@ -369,7 +369,9 @@ def tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     tp_block = np.where(plans.sp, gather_s + scatter_s + amax_s,
                         group_collective_time_s(profile, tp_placement, "all_reduce", activation_bytes))
     etp_block = np.zeros(len(plans))
-    if model.moe is not None:
+    if model.moe is not None and engines.moe_router_replicated(training):
+        etp_block = tp_block      # torchtitan: the MoE input all-gathered over TP, its output reduce-scattered
+    elif model.moe is not None:
         etp_block = expert_tp_block_s(model, cluster, training, plans, block_s, activation_bytes)
     return tp_block, etp_block, gather_s, scatter_s, amax_s, backward_extra_s
 
@@ -422,7 +424,8 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     else:
         margin = 0.0
     if model.moe is not None:
-        total = total + per_block * moe_layers * etp_block
+        total = total + per_block * moe_layers * etp_block \
+            + moe_layers * routed_input_grad_reduce_s(model, cluster, training, plans)
     # delayed scaling's amax all-reduce, once a pass (forward, backward, a recomputed forward) per model chunk: each
     # of the vpp chunks is a TransformerBlock with its own fp8 autocast (transformer_block.py)
     passes = (2.0 + np.minimum(recomputed * layers, 1.0)) * plans.vpp
@@ -440,6 +443,22 @@ def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     assert model.moe is not None
     expert_bytes = activation_bytes * model.moe.top_k * plans.etp / plans.tp * compute_model.moe_load_factor(training)
     return block_s(etp_group(plans, cluster.nvlink_domain_gpus), expert_bytes)
+
+
+def routed_input_grad_reduce_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                               plans: PlanArrays) -> np.ndarray:
+    """torchtitan's expert TP, once per MoE layer backward: ExpertTensorParallel._token_dispatch makes the routed
+    input (top_k copies of the micro-batch's mbs·s/cp tokens, h bf16 values each, replicated over TP) a Replicate
+    DTensor on the tp mesh with grad_placements=(Partial(),) ("the necessary reductions are performed during
+    backward", distributed/expert_parallel.py): its gradient is all-reduced over the tp group. 0 elsewhere
+    (engines.moe_dispatch_replicated)."""
+    replicated = engines.moe_dispatch_replicated(training, plans)
+    if model.moe is None or not replicated.any():
+        return np.zeros(len(plans))
+    bytes_ = plans.mbs * training.seq_len / plans.cp * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES
+    reduce_s = group_collective_time_s(cluster.profile, tp_group(plans, cluster.nvlink_domain_gpus), "all_reduce",
+                                       bytes_)
+    return np.where(replicated, reduce_s, 0.0)
 
 
 def tp_block_overlapped_s(gather_s: np.ndarray, scatter_s: np.ndarray, in_gemm_s: np.ndarray,
@@ -596,7 +615,8 @@ def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
     training's dispatcher (NCCL all-to-all, or DeepEP: comm.deepep_all_to_all_time_s); 0 for a dense model."""
     if model.moe is None:
         return np.zeros(len(plans))
-    tokens = plans.mbs * training.seq_len / (plans.tp * plans.cp)
+    tp_share = np.where(engines.moe_dispatch_replicated(training, plans), 1.0, plans.tp)
+    tokens = plans.mbs * training.seq_len / (tp_share * plans.cp)
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
     group = ep_group(plans, cluster.nvlink_domain_gpus)
     if training.moe_dispatcher is MoEDispatcher.DEEPEP:
@@ -611,7 +631,9 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     recomputed layer); each GPU sends its own mbs·s/(tp·cp) tokens × top_k copies of h bf16 values (the expert-TP
     all-gather happens after the all-to-all, on the etp group, and is priced in tp_comm_s); the busiest rank receives
     `moe_load_factor` × the average. Overlap (--overlap-moe-expert-parallel-comm) is applied per step in
-    `step_time_terms_s`, see `ep_overlap_exposed_s`. One all-to-all is `ep_all_to_all_one_s` (`comm` when given)."""
+    `step_time_terms_s`, see `ep_overlap_exposed_s`. One all-to-all is `ep_all_to_all_one_s` (`comm` when given).
+    torchtitan with expert TP sends every token of the micro-batch from each TP rank (engines.moe_dispatch_replicated:
+    its tokens are replicated over TP)."""
     if model.moe is None:
         return np.zeros(len(plans))
     layers = layers_on_stage(model.num_layers, plans, stage)

@@ -335,3 +335,50 @@ def test_routed_expert_activation_is_priced_on_its_own_bytes():
                               recompute_modules=np.full(2, int(RecomputeModule.MOE_ACT)))
     _, moe_sel = compute.selective_recompute_s(MIXTRAL, H100, training, act, np.zeros(2))
     assert moe_sel == pytest.approx(activation / H100.hbm_bandwidth_bytes_per_s)
+
+
+def test_torchtitan_moe_under_tp_routes_replicated_tokens():
+    """torchtitan (models/llama4/infra/parallelize.py apply_moe_ep_tp): a MoE layer's input is all-gathered over TP
+    and its router runs on every token of the micro-batch on every TP rank; with expert TP (etp = tp) each TP rank
+    then permutes and sends all of them and the routed input's gradient is all-reduced over TP in the backward
+    (ExpertTensorParallel); with etp 1 the tokens are split over TP again before the dispatch, as Megatron-Core's
+    sequence-parallel dispatch does. Hand-computed against the Megatron-Core pricing of the same plans."""
+    from costmodels import steptime
+    from costmodels.specs import ClusterSpec, Engine
+
+    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    megatron = TrainingSpec(seq_len=4096, global_batch_size=256)
+    titan = dataclasses.replace(megatron, engine=Engine.TORCHTITAN)
+    etp, folded = Plan(tp=4, ep=2, etp=4, sp=True), Plan(tp=4, ep=8, etp=1, sp=True)
+    plans = PlanArrays.from_plans([etp, folded])
+    a2a_titan = steptime.ep_all_to_all_one_s(MIXTRAL, cluster, titan, plans)
+    a2a_megatron = steptime.ep_all_to_all_one_s(MIXTRAL, cluster, megatron, plans)
+    tokens, h, top_k = 4096.0, 6144, 2
+    ep2 = steptime.ep_group(plans, 8)
+    every_token = steptime.group_collective_time_s(H100, ep2, "all_to_all", tokens * top_k * h * 2.0)
+    assert a2a_titan[0] == pytest.approx(float(every_token[0]))                  # all the micro-batch's tokens
+    assert a2a_megatron[0] == pytest.approx(float(steptime.group_collective_time_s(
+        H100, ep2, "all_to_all", tokens / 4 * top_k * h * 2.0)[0]))              # the 1/tp sequence-parallel share
+    assert a2a_titan[1] == pytest.approx(float(a2a_megatron[1]))                # etp 1: split over TP again
+
+    # router on every token for both torchtitan plans; permutation of all tokens only with expert TP
+    row = h * 2.0
+    got = compute.moe_dispatch_bytes(MIXTRAL, titan, plans)
+    router = 6 * 4 * tokens * 8
+    # 4 local experts on EP 2: the received copies (all tokens' top_k, balanced) are regrouped around the dispatch
+    assert got[0] == pytest.approx(5 * tokens * top_k * row + 4 * tokens * top_k * row + router)
+    assert got[1] == pytest.approx(5 * tokens / 4 * top_k * row + router)      # 1 local expert on EP 8: no regroup
+    assert float(compute.moe_dispatch_bytes(MIXTRAL, megatron, plans)[1]) == pytest.approx(
+        5 * tokens / 4 * top_k * row + 6 * 4 * tokens / 4 * 8)
+
+    # the routed input's gradient all-reduce: only torchtitan with expert TP, top_k copies of every token
+    reduce = steptime.routed_input_grad_reduce_s(MIXTRAL, cluster, titan, plans)
+    tp4 = steptime.tp_group(plans, 8)
+    assert reduce[0] == pytest.approx(float(steptime.group_collective_time_s(
+        H100, tp4, "all_reduce", tokens * top_k * h * 2.0)[0]))
+    assert reduce[1] == 0.0
+    assert not steptime.routed_input_grad_reduce_s(MIXTRAL, cluster, megatron, plans).any()
+    # and a MoE layer's TP collectives: the input's all-gather and the output's reduce-scatter (a TP block), not
+    # Megatron-Core's expert-TP gather of top_k copies
+    tp_block, etp_block = steptime.tp_block_s(MIXTRAL, cluster, titan, plans)[:2]
+    np.testing.assert_allclose(etp_block, tp_block)
