@@ -384,8 +384,9 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     Megatron TP (Shoeybi et al., arXiv 1909.08053 §3): per layer 2 all-reduces forward (after attention and MLP)
     and 2 backward of the b·(s/cp)·h activation; with SP each becomes an all-gather + reduce-scatter of the same
     volume (Korthikanti et al., arXiv 2205.05198 §4.2.2); full recompute repeats the 2 forward ones (§5).
-    MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group.
-    One block of each is `tp_block_s` (`comm` when given).
+    MoE layers: the attention half (and a shared-expert MLP) on the tp group, the routed-expert half on the etp group;
+    under torchtitan the whole MoE block (shared experts included) one TP block, plus expert TP's gradient all-reduce
+    (`routed_input_grad_reduce_s`). One block of each is `tp_block_s` (`comm` when given).
     With `training.tp_comm_overlap` (and SP) each collective of a TP block hides behind the one GEMM it is fused with
     (`overlap`, see `tp_block_overlapped_s`); the routed experts' etp collectives are not userbuffer-fused and stay
     exposed; the GEMMs Transformer Engine runs beside its userbuffer SMs pay `tp_overlap_sm_margin_s`. The
@@ -405,7 +406,9 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # attention blocks, dense-MLP blocks, and the shared-expert MLP of MoE layers: Megatron-Core's SharedExpertMLP is
     # an ordinary TP MLP (moe/shared_experts.py: MLP.forward through Transformer Engine's linear layers, so its SP
     # gather is FP8 in fp8 like the others'; only --moe-shared-expert-overlap, not modelled, gathers outside TE)
-    has_shared = model.moe is not None and bool(model.moe.num_shared_experts)
+    # (torchtitan's shared experts run on the MoE block's gathered input, inside its collectives: etp_block)
+    has_shared = model.moe is not None and bool(model.moe.num_shared_experts) \
+        and not engines.moe_router_replicated(training)
     shared_expert_blocks = moe_layers if has_shared else 0.0
     block_count = 2.0 * layers - moe_layers + shared_expert_blocks
     total = per_block * block_count * tp_block + block_count * backward_extra_s

@@ -382,3 +382,27 @@ def test_torchtitan_moe_under_tp_routes_replicated_tokens():
     # Megatron-Core's expert-TP gather of top_k copies
     tp_block, etp_block = steptime.tp_block_s(MIXTRAL, cluster, titan, plans)[:2]
     np.testing.assert_allclose(etp_block, tp_block)
+
+
+def test_torchtitan_moe_layers_tp_collectives_are_one_block_shared_experts_inside():
+    """Under torchtitan a MoE layer's TP traffic is the MoE block's input all-gather and output reduce-scatter (its
+    shared experts run on that gathered input, ColwiseParallel/RowwiseParallel with Partial output), plus expert
+    TP's gradient all-reduce; Megatron-Core gives the shared expert its own TP block."""
+    from costmodels import steptime
+    from costmodels.specs import ClusterSpec, Engine
+
+    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    shared = dataclasses.replace(MIXTRAL, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=16384,
+                                                      num_shared_experts=1, shared_expert_ffn_hidden_size=16384))
+    titan = TrainingSpec(seq_len=4096, global_batch_size=256, engine=Engine.TORCHTITAN)
+    plans = PlanArrays.from_plans([Plan(tp=4, ep=2, etp=4, sp=True), Plan(tp=4, ep=8, etp=1, sp=True)])
+    stage = np.zeros(2, dtype=int)
+    tp_block = steptime.tp_block_s(shared, cluster, titan, plans)[0]
+    layers = shared.num_layers                                        # every layer a MoE layer, no recompute
+    expected = 2.0 * (layers + layers) * tp_block + layers * steptime.routed_input_grad_reduce_s(
+        shared, cluster, titan, plans)
+    np.testing.assert_allclose(steptime.tp_comm_s(shared, cluster, titan, plans, stage), expected)
+    # Megatron-Core at etp 1: the attention and the shared expert's own TP blocks, the routed experts none
+    megatron = dataclasses.replace(titan, engine=Engine.MEGATRON)
+    assert steptime.tp_comm_s(shared, cluster, megatron, plans, stage)[1] == pytest.approx(
+        2.0 * (layers + layers) * float(tp_block[1]))
