@@ -171,9 +171,8 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
 
     return OracleResult(plans=plan_arrays(front.columns) if len(front.time_units) else _empty_plans(),
                         time_units=front.time_units, memory_units=front.memory_units, space_size=space.size,
-                        valid_plans=valid,
-                        fitting_plans=fitting, complete=complete, elapsed_s=time.perf_counter() - start,
-                        plans_seen=seen)
+                        valid_plans=valid, fitting_plans=fitting, complete=complete,
+                        elapsed_s=time.perf_counter() - start, plans_seen=seen)
 
 
 def chunk_spans(n_structures: int, per_structure: int, time_budget_s: "float | None") -> Iterator[tuple[int, int]]:
