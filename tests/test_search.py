@@ -176,6 +176,20 @@ def test_time_limit_marks_front_unproven():
     assert any("not proven" in note for note in front.notes)
 
 
+def test_a_time_limit_too_short_to_price_a_batch_still_returns_a_front():
+    """The oracle stops at a time limit only once a plan fits: with a limit shorter than any batch (and a first
+    batch of structures whose plans may all be over memory), the front found so far is not empty."""
+    from autopar.search import oracle
+
+    model = autopar.load_model("qwen3-235b-a22b")        # its first batch of structures holds no plan that fits
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=2048)
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024)
+    space = build_space(model, cluster, training, Controls())
+    result = oracle.solve_oracle(space, Problem(model, cluster, training), active_rules(), time_budget_s=1e-9)
+    assert len(result.time_units) > 0 and result.fitting_plans > 0
+    assert not result.complete
+
+
 # ---- nothing fits ------------------------------------------------------------------------------------------
 
 def test_405b_on_eight_a100_40gb_is_infeasible_with_memory_shortfall():

@@ -56,7 +56,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
                             "price them as its engine runs them (its launches and host synchronisations), so the "
                             "front is the one it can launch")
     group.add_argument("--time-limit", type=number, default=None, metavar="SECONDS",
-                       help="stop searching after this long and show the front found so far (marked not proven)")
+                       help="stop searching after this long and show the front found so far (marked not proven); "
+                            "the oracle searches on until one plan fits")
     group.add_argument("--top", type=integer, default=None, metavar="K", help="show only the K fastest front points")
     group.add_argument("--solver", choices=("auto", "cpsat", "oracle"), default="auto",
                        help="CP-SAT model or exhaustive oracle; auto = the oracle (faster for this cost model); same front")

@@ -105,7 +105,8 @@ def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], en
 def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], *,
                  time_budget_s: float | None = None, enforce_memory: bool = True,
                  progress: "Callable[[float], None] | None" = None) -> OracleResult:
-    """The exhaustive search. `progress(fraction)` is called after each chunk of structures (for a progress bar)."""
+    """The exhaustive search. `progress(fraction)` is called after each chunk of structures (for a progress bar).
+    `time_budget_s`: stop at the first batch boundary past it once a plan that fits has been found."""
     start = time.perf_counter()
     structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
     base = structures(space, problem, rules, enforce_memory=enforce_memory)
@@ -126,7 +127,10 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
     digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
     detail_table = _detail_table(space, detail, digits) if per_structure else None
     for s0, s1 in chunk_spans(n_structures, per_structure, time_budget_s):
-        if time_budget_s is not None and seen and time.perf_counter() - start > time_budget_s:
+        # a time limit stops the search once it has a plan that fits (the front so far), never before: a search
+        # that finds none runs on to say why nothing fits
+        found = len(front.time_units) or pending.rows
+        if time_budget_s is not None and found and time.perf_counter() - start > time_budget_s:
             complete = False
             break
         if progress is not None:
