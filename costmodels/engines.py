@@ -130,10 +130,6 @@ class LayerLaunches:
     """Per micro-batch, on the last stage, right after its forward."""
     transfer_syncs: np.ndarray
     """Whether every stage-to-stage transfer ends in a full device synchronisation (per plan)."""
-    step_syncs: float
-    """Per step, around the optimizer."""
-    optimizer: Launches
-    """The optimizer step's launches on a GPU, per step."""
 
 
 # ---- shapes of a layer the counts read ---------------------------------------------------------------------------
@@ -298,11 +294,6 @@ def _megatron(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> La
         # torch.cuda.synchronize() (p2p_communication.py); the interleaved schedule with overlap_p2p_comm issues
         # isend/irecv and waits on the stream
         transfer_syncs=(plans.pp > 1) & ((plans.vpp == 1) | (not training.overlap_p2p_comm)),
-        # per step: the DDP buckets' NaN checks (2), the rerun state machine's reduce (1), train_step's four reads
-        # after the optimizer and get_loss_scale().item() (training.py)
-        step_syncs=8.0,
-        # TE's multi-tensor Adam, the norm and the bf16 copy, a few launches per ~110 tensors
-        optimizer=Launches(aten_op=12.0),
     )
 
 
@@ -497,7 +488,6 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         moe_pre = moe_bwd = post = Launches()
         dispatch_syncs = np.zeros(n)
     deepspeed = engine is Engine.DEEPSPEED
-    serial = deepspeed and training.zero3_serial_fetch
     if deepspeed and model.moe is not None:   # ZeRO-3 fetches each expert linear on its own (`_deepspeed_zero`)
         fetch_fwd, fetch_bwd = _deepspeed_expert_fetch(model, plans)
         post, moe_bwd = post + fetch_fwd, moe_bwd + fetch_bwd
@@ -517,13 +507,6 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         loss_syncs=0.0,
         # torch.distributed.pipelining and DeepSpeed's PipelineEngine wait on the stream, not the host
         transfer_syncs=np.zeros(n, dtype=bool),
-        # torchtitan v0.2.2: dist_sum(local_valid_tokens).item() at every step start (train.py train_step);
-        # nanoGPT: loss.item() every iteration (log_interval 1); DeepSpeed 0.19: none per step (2021: its timers
-        # called torch.cuda.synchronize() at start and stop of train_batch)
-        step_syncs=(2.0 if serial else 0.0) if deepspeed else 1.0,
-        # foreach AdamW: 8 ops a parameter group (2 groups), clip_grad_norm_: 8 (torch optim/adam.py,
-        # nn/utils/clip_grad.py), a few launches each
-        optimizer=Launches(aten_op=8.0 * 2.0 + 8.0),
     )
 
 
@@ -579,8 +562,7 @@ def _native(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> Laye
         head_fwd=Launches(launch=1.0), head_bwd=Launches(launch=2.0),
         tail_fwd=Launches(launch=2.0, cublas=1.0), tail_bwd=Launches(launch=2.0, cublas=2.0),
         dense_recompute=Launches(), moe_recompute=Launches(), dispatch_syncs=np.zeros(n),
-        moe_recompute_syncs=np.zeros(n), loss_syncs=0.0, transfer_syncs=np.zeros(n, dtype=bool), step_syncs=2.0,
-        optimizer=Launches(launch=4.0, collective=2.0))
+        moe_recompute_syncs=np.zeros(n), loss_syncs=0.0, transfer_syncs=np.zeros(n, dtype=bool))
 
 
 LOSS_OF_ENGINE = {Engine.MEGATRON: CrossEntropyKernel.FUSED, Engine.TORCHTITAN: CrossEntropyKernel.UNFUSED,
@@ -691,13 +673,31 @@ def host_reads_zero(training: TrainingSpec) -> bool:
     return training.engine in (Engine.TORCHTITAN, Engine.PYTORCH, Engine.DEEPSPEED)
 
 
-def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts) -> np.ndarray:
-    """The host's share of the optimizer step: its synchronisations' wake-ups and the launches after the last of
-    them, which nothing hides (LayerLaunches.step_syncs, .optimizer). Both are the engine's, the same for every
-    plan: counted on the first plan."""
-    launches = layer_launches(model, training, plans.take(np.zeros(min(len(plans), 1), dtype=np.int64)))
-    return launches.step_syncs * costs.sync_s + np.broadcast_to(
-        np.asarray(launches.optimizer.host_s(costs), dtype=float), (len(plans),))
+def step_launches(training: TrainingSpec) -> tuple[float, Launches]:
+    """(host synchronisations, launches) of the engine's optimizer step, per step, the same for every plan:
+      Megatron-Core: the DDP buckets' NaN checks (2), the rerun state machine's reduce (1), train_step's four reads
+        after the optimizer and get_loss_scale().item() (training.py); TE's multi-tensor Adam, the norm and the bf16
+        copy, a few launches per ~110 tensors;
+      torchtitan v0.2.2: dist_sum(local_valid_tokens).item() at every step start (train.py train_step); nanoGPT:
+        loss.item() every iteration (log_interval 1); DeepSpeed 0.19: none per step (2021, `zero3_serial_fetch`:
+        its timers called torch.cuda.synchronize() at start and stop of train_batch); foreach AdamW: 8 ops a
+        parameter group (2 groups), clip_grad_norm_: 8 (torch optim/adam.py, nn/utils/clip_grad.py);
+      llm.c: two per step, four kernels and two all-reduces launched from C."""
+    engine = training.engine
+    if engine is Engine.MEGATRON:
+        return 8.0, Launches(aten_op=12.0)
+    if engine is Engine.NATIVE:
+        return 2.0, Launches(launch=4.0, collective=2.0)
+    if engine is Engine.DEEPSPEED:
+        return (2.0 if training.zero3_serial_fetch else 0.0), Launches(aten_op=8.0 * 2.0 + 8.0)
+    return 1.0, Launches(aten_op=8.0 * 2.0 + 8.0)
+
+
+def step_host_s(training: TrainingSpec, num_plans: int, costs: HostCosts) -> np.ndarray:
+    """The host's share of the optimizer step for each of `num_plans` plans: its synchronisations' wake-ups and the
+    launches after the last of them, which nothing hides (`step_launches`)."""
+    syncs, optimizer = step_launches(training)
+    return np.full(num_plans, syncs * costs.sync_s + float(np.asarray(optimizer.host_s(costs))))
 
 
 # ---- the engine's elementwise kernels: HBM traffic ----------------------------------------------------------------
