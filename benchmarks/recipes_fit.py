@@ -135,12 +135,12 @@ CP=2')."""
 def docstring_disagreement(doc: str, plan) -> str:
     """'docstring TP=4 PP=8 CP=2, code tp4 pp16 cp1' where a size the docstring states differs from the plan the
     recipe's code sets; '' where it states none or all agree."""
-    stated = {name.lower(): int(value) for name, value in DOC_LAYOUT.findall(doc)}
-    stated = {("vpp" if name == "vp" else name): value for name, value in stated.items()}
+    found = DOC_LAYOUT.findall(doc)
+    stated = {("vpp" if name == "VP" else name.lower()): int(value) for name, value in found}
     actual = {name: getattr(plan, name) for name in stated}
     if all(actual[name] == value for name, value in stated.items()):
         return ""
-    written = " ".join(f"{name.upper()}={value}" for name, value in DOC_LAYOUT.findall(doc))
+    written = " ".join(f"{name}={value}" for name, value in found)
     return f"docstring {written}, code " + " ".join(f"{name}{actual[name]}" for name in stated)
 
 
