@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
-from costmodels.specs import ModelSpec
+from costmodels.specs import OFFLOAD_MODULES, ModelSpec
 
 INPUT_NAME = "from-bridge-config"
 
@@ -263,6 +263,26 @@ def _cpu_offloading(config: _Config, notes: list[str]) -> dict[str, Any]:
     return out
 
 
+def _fine_grained_offloading(config: _Config, notes: list[str]) -> dict[str, Any]:
+    """TrainingSpec.offload_modules from model.fine_grained_activation_offloading with model.offload_modules
+    (TransformerConfig; Megatron-Core refuses the switch without modules)."""
+    modules = config.get("model", "offload_modules") or []
+    if isinstance(modules, str):
+        modules = modules.replace(",", " ").split()
+    if not config.get("model", "fine_grained_activation_offloading"):
+        return {}
+    if not modules:
+        raise InputError(INPUT_NAME, "model.fine_grained_activation_offloading without model.offload_modules: "
+                                     f"Megatron-Core refuses it; name some of {', '.join(OFFLOAD_MODULES)}")
+    unknown = [m for m in modules if m not in OFFLOAD_MODULES]
+    if unknown:
+        raise InputError(INPUT_NAME, f"model.offload_modules {unknown[0]}: expected some of "
+                                     f"{', '.join(OFFLOAD_MODULES)}")
+    notes.append(f"model.offload_modules {', '.join(modules)}: their saved activations priced on the host (but about "
+                 "two layers' worth); the copies are taken as hidden behind compute")
+    return {"offload_modules": tuple(modules)}
+
+
 def _attention(config: _Config) -> dict[str, Any]:
     from autopar.megatron_args import ATTENTION_OF_BACKEND
 
@@ -278,8 +298,10 @@ def _attention(config: _Config) -> dict[str, Any]:
 
 
 UNPRICED_SWITCHES: dict[tuple[str, str], tuple[Any, str]] = {
-    ("model", "fine_grained_activation_offloading"): (False, "the activations of model.offload_modules offloaded to "
-                                                             "host memory: less GPU memory than estimated"),
+    ("model", "activation_offload_fraction"): (1.0, "only that share of the offload_modules groups offloaded: more "
+                                                    "GPU memory than estimated"),
+    ("model", "delta_offload_bytes_across_pp_ranks"): (0, "later pipeline ranks keep that many more offloaded bytes "
+                                                          "on the GPU each: more memory there than estimated"),
     ("optimizer", "optimizer_cpu_offload"): (False, "optimizer states and step on the host: less GPU memory"),
     ("ddp", "num_distributed_optimizer_instances"): (1, "the distributed optimizer shards over dp / instances: more "
                                                         "optimizer memory per GPU than estimated"),
@@ -399,6 +421,7 @@ def read_bridge_config(source: "str | Path | Mapping[str, Any]") -> "MegatronRun
     if plan.vpp > 1 and (p2p is not None or with_comm_overlap):
         training["overlap_p2p_comm"] = True if p2p is None else bool(p2p)
     training.update(_cpu_offloading(config, notes))
+    training.update(_fine_grained_offloading(config, notes))
     if config.get("model", "deallocate_pipeline_outputs") is False:
         training["deallocate_pipeline_outputs"] = False
     if config.overlap("model", "defer_embedding_wgrad_compute", False) and plan.pp > 1:

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator
 
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
-from costmodels.specs import ModelSpec, TrainingSpec
+from costmodels.specs import OFFLOAD_MODULES, ModelSpec, TrainingSpec
 
 INPUT_NAME = "from-megatron-args"
 
@@ -71,7 +71,7 @@ VALUE_FLAGS = frozenset({
     "--moe-paged-stash-buffer-size-factor-cuda", "--wgrad-deferral-limit",
 })
 LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type", "--cuda-graph-modules",
-                        "--cuda-graph-scope"})
+                        "--cuda-graph-scope", "--offload-modules"})
 """Flags taking several words (argparse nargs='*'): the words up to the next flag."""
 LAUNCHER_FLAGS = frozenset({  # torchrun / torch.distributed.launch / the deepspeed launcher
     "--nproc-per-node", "--nproc_per_node", "--nnodes", "--num_gpus", "--num_nodes", "--num-gpus", "--num-nodes",
@@ -88,7 +88,7 @@ SWITCH_FLAGS = frozenset({
     "--cross-entropy-loss-fusion", "--enable-zero-bubble", "--zero-bubble-v-schedule",
     "--moe-pad-expert-input-to-capacity", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32",
     "--use-precision-aware-optimizer", "--enable-cuda-graph", "--external-cuda-graph", "--moe-paged-stash",
-    "--defer-embedding-wgrad-compute",
+    "--defer-embedding-wgrad-compute", "--fine-grained-activation-offloading",
 })
 OVERLAP_FIELD_OF_FLAG = {"--overlap-grad-reduce": "overlap_grad_reduce",
                          "--overlap-param-gather": "overlap_param_gather",
@@ -649,6 +649,28 @@ def _cuda_graphs(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, 
     return {"launch": "cuda_graph", "cuda_graph_modules": modules}
 
 
+def _fine_grained_offloading(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, Any]:
+    """TrainingSpec.offload_modules from --fine-grained-activation-offloading --offload-modules M ... (TransformerConfig
+    fields; docs/user-guide/features/fine_grained_activation_offloading.md); the modules without the switch are
+    ignored, as Megatron-Core ignores them."""
+    value = flags.get("--offload-modules")
+    modules = tuple(value.replace(",", " ").split()) if isinstance(value, str) else ()
+    if not flags.get("--fine-grained-activation-offloading"):
+        if modules:
+            notes.append("--offload-modules without --fine-grained-activation-offloading: nothing is offloaded "
+                         "(Megatron-Core reads the modules only with the switch)")
+        return {}
+    if not modules:     # TransformerConfig.__post_init__: `assert self.offload_modules is not None and len(...) > 0`
+        raise InputError(INPUT_NAME, "--fine-grained-activation-offloading without --offload-modules: Megatron-Core "
+                                     f"refuses it; name some of {', '.join(OFFLOAD_MODULES)}")
+    unknown = [m for m in modules if m not in OFFLOAD_MODULES]
+    if unknown:
+        raise InputError(INPUT_NAME, f"--offload-modules {unknown[0]}: expected some of {', '.join(OFFLOAD_MODULES)}")
+    notes.append(f"--offload-modules {' '.join(modules)}: their saved activations priced on the host (but about "
+                 "two layers' worth); the copies are taken as hidden behind compute")
+    return {"offload_modules": modules}
+
+
 COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     # flag: (the value that changes nothing, or None for a switch; what it changes that the estimate does not price)
     "--num-distributed-optimizer-instances": ("1", "the distributed optimizer shards over dp / instances, not "
@@ -656,8 +678,10 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
     "--overlap-param-gather-with-optimizer-step": (None, "the first parameter all-gather overlapped with the "
                                                          "optimizer step: the estimate exposes it"),
-    "--fine-grained-activation-offloading": (None, "activations of --offload-modules offloaded to host memory: less "
-                                                   "GPU memory than estimated, and the copies' time"),
+    "--activation-offload-fraction": ("1.0", "only that share of the --offload-modules groups offloaded: more GPU "
+                                             "memory than estimated"),
+    "--delta-offload-bytes-across-pp-ranks": ("0", "later pipeline ranks keep that many more offloaded bytes on the "
+                                                   "GPU each: more memory there than estimated"),
     "--delay-wgrad-compute": (None, "weight-gradient GEMMs deferred to overlap the expert all-to-all: the estimate "
                                     "runs them in place"),
     "--moe-shared-expert-overlap": (None, "the shared experts computed beside the token dispatch: the estimate runs "
@@ -671,9 +695,18 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--no-rope-fusion": (None, "unfused rotary embedding: more HBM traffic than estimated"),
 }
 """Megatron-LM flags (megatron/training/arguments.py, and those generated from TransformerConfig's fields by
-ArgumentGroupFactory: --cpu-offloading-num-layers, --fine-grained-activation-offloading, --delay-wgrad-compute, --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
+ArgumentGroupFactory: --cpu-offloading-num-layers, --activation-offload-fraction, --delay-wgrad-compute,
+--moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
 reads (the precision-aware optimizer's state dtypes are priced: TrainingSpec.optimizer_state_bytes). A command that sets one (to anything but the value that changes nothing) gets a note saying what the
 estimate leaves out, so that an imported estimate is not mistaken for the command's own."""
+
+
+def _same_number(value: str, neutral: str) -> bool:
+    """'1' and '1.0' name the same fraction."""
+    try:
+        return float(value) == float(neutral)
+    except ValueError:
+        return False
 
 
 def unpriced_flag_notes(words: list[str], zero: int) -> list[str]:
@@ -695,7 +728,7 @@ def unpriced_flag_notes(words: list[str], zero: int) -> list[str]:
     notes = []
     for name, value in stated.items():
         neutral, what = COST_FLAGS_NOT_PRICED[name]
-        if neutral is not None and (value is None or value.lower() == neutral):
+        if neutral is not None and (value is None or value.lower() == neutral or _same_number(value, neutral)):
             continue
         shown = name if value is None else f"{name} {value}"
         notes.append(f"{shown}: {what}")
@@ -1037,6 +1070,7 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
         notes.append(f"--cpu-offloading-num-layers {offloaded}: their activations priced on the host (Transformer "
                      "Engine keeps at most num_layers - offloaded layers' activations on the GPU); the copies' time "
                      "is not priced")
+    training.update(_fine_grained_offloading(flags, notes))
     if "--num-experts" in flags:   # TEGroupedMLP / SequentialMLP: a cuBLAS GEMM per expert (TrainingSpec.expert_gemm)
         training["expert_gemm"] = "cublas"
     if flags.get("--use-precision-aware-optimizer"):   # TrainingSpec.optimizer_state_bytes

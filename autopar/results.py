@@ -77,6 +77,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "fused_kernels": training.fused_kernels,
                      "zero3_serial_fetch": training.zero3_serial_fetch,
                      "sac_saves_all_to_all": training.sac_saves_all_to_all,
+                     "offload_modules": list(training.offload_modules),
                      "tokens_per_step": training.tokens_per_step,
                      "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
                                  "overlap_param_gather": training.overlap_param_gather,

@@ -738,6 +738,12 @@ def _modelzoo_recompute(text: str) -> "tuple[Recompute, str]":
                                          for w in words)
 
 
+def _modelzoo_offload(text: str) -> tuple[str, ...]:
+    """The modules of 'fine-grained activation offloading (expert_fc1, moe_act)' in a ModelZoo recompute cell."""
+    found = re.search(r"activation offloading \(([^)]*)\)", text or "")
+    return tuple(name.strip() for name in found.group(1).split(",")) if found else ()
+
+
 def modelzoo() -> "list[Case | Unexpressed]":
     """Megatron MoE ModelZoo, Qwen3 best practice: measured step time (H100 tables); the GB200 table gives TFLOP/s
     and the global batch, so the step is Megatron-Core's model FLOPs (causal attention: the ModelZoo's H100 rows,
@@ -767,7 +773,7 @@ def modelzoo() -> "list[Case | Unexpressed]":
                                 **_precision_fields(r["precision"]),
                                 moe_a2a_overlap="1f1b overlap" in (r["notes"] or ""),
                                 moe_dispatcher="deepep" if "DeepEP" in r["method"] else "alltoall", **TUNED_OVERLAP,
-                                **modelzoo_graphs(r["method"]))
+                                **modelzoo_graphs(r["method"]), offload_modules=_modelzoo_offload(r["recompute"]))
         recompute, modules = _modelzoo_recompute(r["recompute"])
         fixed = dict(tp=_int(r, "tp"), pp=_int(r, "pp"), vpp=_int(r, "vpp", 1), cp=_int(r, "cp", 1),
                      ep=_int(r, "ep"), etp=_int(r, "etp", 1), recompute=recompute,
@@ -789,9 +795,9 @@ def modelzoo() -> "list[Case | Unexpressed]":
             step = megatron_flops_per_step(model, training, causal=True) / (_num(r, "tflops_per_gpu") * 1e12 * gpus)
         if "mxfp8" in r["precision"]:
             notes += (MXFP8_NOTE,)
-        if "offloading" in r["recompute"]:
-            notes += ("fine-grained activation offloading (expert_fc1, moe_act) not modelled: its memory saving "
-                      "and its transfers are left out",)
+        if training.offload_modules:
+            notes += (f"fine-grained activation offloading ({', '.join(training.offload_modules)}): priced in memory, "
+                      "its copies taken as hidden behind compute",)
         cluster = _cluster(profile, gpus)
         if profile.nvlink_domain_size > profile.gpus_per_node:
             notes += (f"NVLink domain size 72 (source): {cluster.nvlink_domain_gpus} GPUs of the job per domain "

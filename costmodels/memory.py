@@ -47,8 +47,8 @@ from costmodels.hardware import HardwareProfile
 from costmodels.plan import (Plan, PlanArrays, Recompute, RecomputeModule, StageContent, data_parallel_size,
                              embedding_loss_slots, expert_data_parallel_size, layers_on_stage,
                              layers_per_middle_stage, num_microbatches, recomputes_module)
-from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Engine, Fp8Recipe, MlpKind, ModelSpec, NormKind,
-                              PipelineSchedule, TrainingSpec, fp8_copy_bytes_per_element)
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Engine, Fp8Recipe, LaunchPath, MlpKind, ModelSpec,
+                              NormKind, PipelineSchedule, TrainingSpec, fp8_copy_bytes_per_element)
 from costmodels.structure import stage_list
 
 BF16_BYTES = 2
@@ -514,9 +514,10 @@ def _norms_activation_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
     return 2 * _norm_bytes_per_token(model) * shape.tokens_outside_tp
 
 
-def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape,
-                                keep_scores: "np.ndarray | bool") -> np.ndarray:
-    """Self-attention of one layer (11sbh + 5as²b for GPT); `keep_scores` False when the core is recomputed."""
+def _attention_core_parts(model: ModelSpec, training: TrainingSpec, shape: StageShape,
+                          keep_scores: "np.ndarray | bool") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Q/K/V and scores, output-projection input, outside-TP inputs) bytes per micro-batch of one layer's
+    self-attention (`_attention_activation_bytes`, their sum)."""
     h, a = model.hidden_size, model.num_attention_heads
     dropout = _uses_dropout(model)
     flash = training.flash_attention
@@ -545,7 +546,6 @@ def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape:
     # fp8_recipe != 'delayed', "to avoid the extra memory usage of the quantized tensor")
     delayed = training.fp8_scaling is Fp8Recipe.DELAYED
     out_bytes = (saved_linear_input_bytes(training) + (BF16_BYTES if flash else 0)) if delayed else BF16_BYTES
-    inside = BF16_BYTES * (q_width + k_width + v_width) + out_bytes * out_width
     if flash:
         # flash attention keeps only the fp32 log-sum-exp per head and query
         score_bytes_per_query = FP32_BYTES
@@ -554,7 +554,15 @@ def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape:
         # rank holds its s/cp queries against all s keys: a·s·T
         score_bytes_per_query = (BF16_BYTES + (MASK_BYTES + BF16_BYTES if dropout else 0)) * training.seq_len
     scores = np.where(keep_scores, a * score_bytes_per_query * shape.tokens_inside_tp, 0.0)
-    return outside * shape.tokens_outside_tp + inside * shape.tokens_inside_tp + scores
+    core = BF16_BYTES * (q_width + k_width + v_width) * shape.tokens_inside_tp + scores
+    return core, out_bytes * out_width * shape.tokens_inside_tp, outside * shape.tokens_outside_tp
+
+
+def _attention_activation_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape,
+                                keep_scores: "np.ndarray | bool") -> np.ndarray:
+    """Self-attention of one layer (11sbh + 5as²b for GPT); `keep_scores` False when the core is recomputed."""
+    core, projection_input, outside = _attention_core_parts(model, training, shape, keep_scores)
+    return outside + core + projection_input
 
 
 def _mlp_input_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape, moe_layer: bool) -> np.ndarray:
@@ -671,7 +679,8 @@ def _stored_layer_counts(model: ModelSpec, shape: StageShape) -> tuple[np.ndarra
 def layer_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Stored activations of the non-recomputed decoder layers (Korthikanti Table 2), × micro-batches in flight.
     Selective recompute (§4.2.1) drops the attention scores (module core_attn); the other modules of
-    Megatron-Core's --recompute-modules drop what `selective_dropped_bytes_per_layer` lists."""
+    Megatron-Core's --recompute-modules drop what `selective_dropped_bytes_per_layer` lists; fine-grained activation
+    offloading moves what `offloaded_bytes_per_layer` lists to the host, but `_offload_resident_share` of it."""
     keep_scores = ~recomputes_module(shape.plans, RecomputeModule.CORE_ATTN)
     dense, moe = _stored_layer_counts(model, shape)
     dropped_dense, dropped_moe = selective_dropped_bytes_per_layer(model, training, shape)
@@ -679,7 +688,10 @@ def layer_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: Sta
     if model.moe is not None:
         per_microbatch = per_microbatch + moe * (_moe_layer_non_expert_bytes(model, training, shape, keep_scores)
                                                  - dropped_moe)
-    return per_microbatch * shape.in_flight
+    offloaded_dense, offloaded_moe, _ = offloaded_bytes_per_layer(model, training, shape)
+    offloaded = dense * offloaded_dense + moe * offloaded_moe
+    on_host = offloaded * (1.0 - _offload_resident_share(shape))
+    return (per_microbatch - on_host) * shape.in_flight
 
 
 def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
@@ -723,6 +735,80 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
                           * shape.tokens_inside_tp + fc1_copy * model.hidden_size * shape.tokens_outside_tp, 0.0)
     moe_norms = norm_outputs(moe_layer=True) if model.moe is not None else zeros
     return norm_outputs(moe_layer=False) + mla + dense_mlp, moe_norms + mla + shared
+
+
+OFFLOAD_RESIDENT_LAYERS = 2.0
+"""Layers' worth of one micro-batch's offloaded tensors still on the GPU at the rank's peak under fine-grained
+activation offloading (pipeline_parallel/fine_grained_activation_offload.py): the last group of each module name stays
+(post_warmup_callback: 'Mark the last group with the same name as not offloadable to make sure the reloading won't
+block the main stream'), and one more is on the GPU while it is copied out (bulk_offload releases a group once its
+D2H copy has been issued, the next layer running beside it) or brought back one layer ahead of its backward
+(bulk_reload: 'Pre-load the last layer of the next backward chunk')."""
+
+
+def offloaded_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
+                              shape: StageShape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dense layer, MoE layer outside its routed experts, routed-expert token copy) bytes per micro-batch that
+    Megatron-Core's fine-grained activation offloading (TrainingSpec.offload_modules) moves to the host: what each
+    module saves for its backward, as this model stores it (transformer_layer.py, attention.py, moe/experts.py
+    open an offloading context around the module; its saved tensors of at least min_offloaded_tensor_size, 1 MiB,
+    are copied out):
+    - attn_norm: the input norm's input and statistics, where the norm is a module of its own (MLA; elsewhere
+      Transformer Engine fuses it into linear_qkv and input_layernorm is IdentityOp, which offloads nothing);
+    - qkv_linear: the QKV linear's saved input; where the norm is fused into it (TELayerNormColumnParallelLinear)
+      also the norm's input and statistics it saves; under MLA the norm's output, unless module layernorm already
+      drops it;
+    - core_attn: Q, K, V and the kernel's log-sum-exp (the unfused scores where kept); its output stays with the
+      output projection unless attn_proj goes too (Megatron-Core requires core_attn with attn_proj: the two share
+      it);
+    - attn_proj: the output projection's input;
+    - mlp_norm: a MoE layer's pre-MLP norm input and statistics (a dense MLP fuses it into fc1: IdentityOp);
+    - under per-layer CUDA graphs neither norm is offloaded (transformer_layer.py _set_offload_modules turns them off
+      with a warning: they cross the graphs' boundaries);
+    - expert_fc1, moe_act: per routed token copy the experts' input (what fc1 keeps) and the activation's input;
+    - fused_group_mlp: everything the routed MLP keeps per copy.
+    Zero for every layer when no module is offloaded."""
+    offload = set(training.offload_modules)
+    zeros = np.zeros(len(shape.plans))
+    if not offload:
+        return zeros, zeros, zeros
+    h = model.hidden_size
+    keep_scores = ~recomputes_module(shape.plans, RecomputeModule.CORE_ATTN)
+    core, projection_input, _ = _attention_core_parts(model, training, shape, keep_scores)
+    norm = _norm_bytes_per_token(model) * shape.tokens_outside_tp
+    if training.launch is LaunchPath.CUDA_GRAPH:
+        offload -= {"attn_norm", "mlp_norm"}
+    attention = zeros
+    if "attn_norm" in offload and model.mla is not None:
+        attention = attention + norm
+    if "qkv_linear" in offload:
+        if model.mla is None:
+            attention = attention + norm + _qkv_input_bytes_per_element(model, training) * h * shape.tokens_outside_tp
+        else:
+            kept = ~recomputes_module(shape.plans, RecomputeModule.LAYERNORM)
+            attention = attention + np.where(kept, BF16_BYTES * h * shape.tokens_outside_tp, 0.0)
+    if "core_attn" in offload:
+        attention = attention + core
+    if "attn_proj" in offload:
+        attention = attention + projection_input
+    moe_layer = attention + (norm if "mlp_norm" in offload and model.moe is not None else zeros)
+    per_copy = zeros
+    if model.moe is not None:
+        if "fused_group_mlp" in offload:
+            per_copy = _expert_mlp_bytes_per_copy(model, training, shape)
+        if "expert_fc1" in offload:
+            per_copy = per_copy + saved_linear_input_bytes(training) * h
+        if "moe_act" in offload:
+            activation_input = 2 * BF16_BYTES if model.mlp is MlpKind.GATED else BF16_BYTES
+            per_copy = per_copy + activation_input * model.moe.expert_ffn_hidden_size / shape.plans.etp
+    return attention, moe_layer, per_copy
+
+
+def _offload_resident_share(shape: StageShape) -> np.ndarray:
+    """The share of the offloaded tensors the GPU still holds: OFFLOAD_RESIDENT_LAYERS of the layer-micro-batches the
+    rank keeps (all of them when it keeps fewer)."""
+    held = shape.stored_layers * shape.in_flight
+    return np.minimum(1.0, OFFLOAD_RESIDENT_LAYERS / np.maximum(held, 1e-12))
 
 
 def recomputed_layer_inputs_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
@@ -823,13 +909,16 @@ def _expert_act_output_bytes_per_copy(model: ModelSpec, training: TrainingSpec, 
 
 def expert_mlp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Routed-expert activations (`_stored_expert_rows` × `_expert_mlp_bytes_per_copy`); module moe_act drops the
-    activation's output (`_expert_act_output_bytes_per_copy`), module moe all of them."""
+    activation's output (`_expert_act_output_bytes_per_copy`), module moe all of them; fine-grained offloading
+    moves what expert_fc1 / moe_act / fused_group_mlp save to the host but `_offload_resident_share`."""
     if model.moe is None:
         return np.zeros(len(shape.plans))
     moe = _stored_layer_counts(model, shape)[1]
     per_copy = _expert_mlp_bytes_per_copy(model, training, shape) - np.where(
         recomputes_module(shape.plans, RecomputeModule.MOE_ACT),
         _expert_act_output_bytes_per_copy(model, training, shape), 0.0)
+    offloaded_per_copy = offloaded_bytes_per_layer(model, training, shape)[2]
+    per_copy = per_copy - offloaded_per_copy * (1.0 - _offload_resident_share(shape))
     per_layer = _stored_expert_rows(model, training, shape) * per_copy
     return moe * per_layer * shape.in_flight * _moe_kept(shape)
 

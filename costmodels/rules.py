@@ -21,8 +21,9 @@ import numpy as np
 from costmodels import memory
 from costmodels.errors import InputError
 from costmodels.plan import (PLAN_FIELDS, Plan, PlanArrays, Recompute, RecomputeModule, as_plan_arrays,
-                             embedding_loss_slots)
-from costmodels.specs import ClusterSpec, Fp8Recipe, LaunchPath, ModelSpec, PipelineSchedule, TrainingSpec
+                             embedding_loss_slots, recomputes_module)
+from costmodels.specs import (OFFLOAD_INSIDE_MOE, ClusterSpec, Fp8Recipe, LaunchPath, ModelSpec, PipelineSchedule,
+                               TrainingSpec)
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,19 @@ def _explain_cpu_offloading(problem: Problem, plan: Plan) -> str:
             "when activation recomputation is enabled'); drop one")
 
 
+def _offload_inside_moe(problem: Problem, p: PlanArrays) -> np.ndarray:
+    if not OFFLOAD_INSIDE_MOE & set(problem.training.offload_modules) or problem.model.moe is None:
+        return np.ones(len(p), dtype=bool)
+    return ~recomputes_module(p, RecomputeModule.MOE)
+
+
+def _explain_offload_inside_moe(problem: Problem, plan: Plan) -> str:
+    inside = sorted(OFFLOAD_INSIDE_MOE & set(problem.training.offload_modules))
+    return (f"offloading {', '.join(inside)} with recompute module moe: Megatron-Core refuses it ('Cannot offload "
+            "... while recomputing the entire MoE layer'); drop moe from the recompute modules or those from the "
+            "offload modules")
+
+
 def _cuda_graph_recompute(problem: Problem, p: PlanArrays) -> np.ndarray:
     if problem.training.launch is not LaunchPath.CUDA_GRAPH or problem.training.cuda_graph_full_iteration:
         return np.ones(len(p), dtype=bool)
@@ -433,6 +447,11 @@ RULES: tuple[Rule, ...] = (
     Rule("cpu_offloading", "CPU activation offloading runs with pp = 1, no recompute and fewer layers than the "
          "model's", "Megatron-Core TransformerConfig.__post_init__ (cpu_offloading)", ("pp", "recompute"), False,
          _cpu_offloading, _explain_cpu_offloading),
+    Rule("offload_inside_moe", "the routed experts' activations are not offloaded (expert_fc1, moe_act, "
+         "fused_group_mlp) while recompute module moe recomputes the whole MoE layer",
+         "Megatron-Core TransformerConfig.__post_init__ (fine_grained_activation_offloading)", ("recompute",
+                                                                                               "recompute_modules"),
+         False, _offload_inside_moe, _explain_offload_inside_moe),
     Rule("memory", "peak memory of every pipeline stage must fit in (1 - headroom) × GPU memory", "guide",
          PLAN_FIELDS, False, _memory_placeholder),
 )

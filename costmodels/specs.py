@@ -496,6 +496,16 @@ CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 cuda_graph_modules; 'mamba' has no layer here)."""
 
 
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                   "fused_group_mlp")
+"""Megatron-Core's fine-grained activation offloading modules (transformer_config.py offload_modules; Megatron-LM
+--offload-modules): each moves what its module saves for the backward (its input, and for core_attn the attention
+kernel's saved tensors) to host memory (memory.offloaded_bytes_per_layer)."""
+
+OFFLOAD_INSIDE_MOE = frozenset({"expert_fc1", "moe_act", "fused_group_mlp"})
+"""The offload modules inside the routed experts, which recompute module `moe` leaves nothing to offload in."""
+
+
 class CrossEntropyKernel(str, enum.Enum):
     """The softmax cross-entropy's kernels over the logits (costmodels.compute.LOSS_BYTES_PER_LOGIT prices the bytes
     each moves; costmodels.memory.logits_bytes keeps what each saves for the backward)."""
@@ -680,6 +690,14 @@ class TrainingSpec:
     transformer_block.py passes num_layers=cpu_offloading_num_layers, model_layers=config.num_layers). Megatron-Core
     runs it only with pp = 1, no recompute and fewer than L layers (TransformerConfig.__post_init__; rule
     cpu_offloading). 0: none."""
+    offload_modules: tuple[str, ...] = ()
+    """Megatron-Core's fine-grained activation offloading (TransformerConfig.fine_grained_activation_offloading with
+    offload_modules; Megatron-LM --fine-grained-activation-offloading --offload-modules, OFFLOAD_MODULES): the saved
+    tensors of these modules go to pinned host memory on a side stream after each layer's forward and come back one
+    layer ahead in its backward (pipeline_parallel/fine_grained_activation_offload.py). Priced in memory
+    (memory.offloaded_bytes_per_layer); the copies are taken as hidden behind the compute they overlap. Empty: none.
+    Megatron-Core refuses attn_proj without core_attn, fused_group_mlp with expert_fc1 or moe_act, and any of it
+    with layer-wise cpu_offloading (TransformerConfig.__post_init__)."""
     defer_output_wgrad: bool = False
     """Defer the output layer's weight-gradient GEMMs to the pipeline flush (Megatron-Core
     ModelParallelConfig.defer_embedding_wgrad_compute, --defer-embedding-wgrad-compute; NeMo's
@@ -776,6 +794,25 @@ class TrainingSpec:
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
         require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")
+        offload = self.offload_modules
+        require(isinstance(offload, (tuple, list, frozenset, set)) and all(m in OFFLOAD_MODULES for m in offload),
+                "offload_modules", f"must name modules among {', '.join(OFFLOAD_MODULES)}, got {offload!r}")
+        object.__setattr__(self, "offload_modules", tuple(m for m in OFFLOAD_MODULES if m in offload))
+        offload = self.offload_modules
+        require("attn_proj" not in offload or "core_attn" in offload, "offload_modules",
+                "attn_proj offloads the output core_attn keeps too (Megatron-Core: 'attn_proj cannot be set to "
+                "offload_modules alone without core_attn'); add core_attn")
+        require("fused_group_mlp" not in offload or not {"expert_fc1", "moe_act"} & set(offload), "offload_modules",
+                "fused_group_mlp offloads the whole routed MLP (Megatron-Core: 'cannot be combined with expert_fc1 "
+                "or moe_act'); name one or the other")
+        require(not offload or self.engine is Engine.MEGATRON, "offload_modules",
+                f"fine-grained activation offloading is Megatron-Core's; {self.engine.value} has none")
+        require(self.moe_paged_stash_factor is None or not OFFLOAD_INSIDE_MOE & set(offload), "offload_modules",
+                "the paged stash holds the routed experts' activations (Megatron-Core: 'When moe_paged_stash is "
+                "enabled, offload_modules must not include expert_fc1, moe_act, or fused_group_mlp'); drop them")
+        require(not offload or not self.cpu_offload_layers, "offload_modules",
+                "fine-grained activation offloading cannot run with layer-wise CPU offloading (Megatron-Core: "
+                "'fine_grained_activation_offloading cannot be enabled with cpu_offloading'); drop one")
         require(isinstance(self.defer_output_wgrad, bool), "defer_output_wgrad",
                 f"must be true or false, got {self.defer_output_wgrad!r}")
         require_non_negative_int(self.wgrad_deferral_limit, "wgrad_deferral_limit")

@@ -21,7 +21,7 @@ from autopar.megatron_args import parse_megatron_args
 from benchmarks.bridge_recipes import launcher_overrides
 from costmodels import memory, params
 from costmodels.errors import InputError
-from costmodels.plan import Plan, PlanArrays, Recompute
+from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule
 from costmodels.rules import RULES_BY_ID, Problem
 from costmodels.specs import TrainingSpec
 
@@ -118,6 +118,129 @@ def test_cpu_offloading_rule():
     assert not rule.holds(every, PlanArrays.from_plans([Plan(pp=1)]))[0]
     assert "layers less than" in rule.why_broken(every, Plan(pp=1))
     assert rule.holds(Problem(model, cluster, TrainingSpec()), PlanArrays.from_plans(plans)).all()
+
+
+# ---- fine-grained activation offloading ---------------------------------------------------------------------------
+
+def test_offloading_the_attention_core_and_projection_leaves_two_layers_of_it():
+    """llama-3-8b, tp 1 pp 1 mbs 1, seq 4096 (one micro-batch in flight, 32 layers held). core_attn offloads Q, K, V
+    (2 bytes × (4096 + 1024 + 1024) per token) and the kernel's log-sum-exp (4 bytes × 32 heads); attn_proj the
+    projection's input (2 × 4096): 84,410,368 bytes a layer. All but OFFLOAD_RESIDENT_LAYERS (2) of the 32 go to the
+    host."""
+    plan = Plan(tp=1, pp=1, mbs=1, zero=1)
+    full = terms("llama-3-8b", 64, TrainingSpec(seq_len=4096, global_batch_size=64), plan)
+    offloaded = terms("llama-3-8b", 64, TrainingSpec(seq_len=4096, global_batch_size=64,
+                                                     offload_modules=("core_attn", "attn_proj")), plan)
+    per_layer = (2 * (4096 + 1024 + 1024) + 4 * 32) * 4096 + 2 * 4096 * 4096
+    assert per_layer == 84_410_368
+    assert full["layer_activations"] - offloaded["layer_activations"] == pytest.approx(30 * per_layer)
+    # the fused input norm of a dense layer is IdentityOp in the layer: attn_norm and mlp_norm offload nothing
+    norms = terms("llama-3-8b", 64, TrainingSpec(seq_len=4096, global_batch_size=64,
+                                                 offload_modules=("attn_norm", "mlp_norm")), plan)
+    assert norms["layer_activations"] == full["layer_activations"]
+
+
+def test_offloading_the_routed_experts_and_the_moe_norm():
+    """qwen3-30b-a3b, tp 1 ep 8, mbs 1, seq 4096: 32,768 token copies per MoE layer (4096 tokens × top 8). expert_fc1
+    offloads each copy's input (2 × 2048 bytes), moe_act the activation's input (2 × 2 × 768, gated); mlp_norm the
+    pre-MLP norm's input and rstd ((2 × 2048 + 4) × 4096 tokens). 46 of the 48 layers' worth leave the GPU."""
+    base = TrainingSpec(seq_len=4096, global_batch_size=64)
+    full = terms("qwen3-30b-a3b", 64, base, QWEN_MOE)
+    offloaded = terms("qwen3-30b-a3b", 64, TrainingSpec(seq_len=4096, global_batch_size=64,
+                                                        offload_modules=("mlp_norm", "expert_fc1", "moe_act")),
+                      QWEN_MOE)
+    assert full["expert_mlp_activations"] - offloaded["expert_mlp_activations"] == pytest.approx(
+        46 * COPIES * (2 * 2048 + 2 * 2 * 768))
+    assert full["layer_activations"] - offloaded["layer_activations"] == pytest.approx(
+        46 * (2 * 2048 + 4) * 4096)
+    # fused_group_mlp takes everything the routed MLP keeps per copy (its input, the activation's input and output)
+    fused = terms("qwen3-30b-a3b", 64, TrainingSpec(seq_len=4096, global_batch_size=64,
+                                                    offload_modules=("fused_group_mlp",)), QWEN_MOE)
+    assert fused["expert_mlp_activations"] == pytest.approx(full["expert_mlp_activations"] * 2 / 48)
+
+
+def test_offload_modules_are_checked_as_megatron_core_checks_them():
+    TrainingSpec(offload_modules=["moe_act", "core_attn"])             # any order: kept in OFFLOAD_MODULES's
+    assert TrainingSpec(offload_modules=["moe_act", "core_attn"]).offload_modules == ("core_attn", "moe_act")
+    for bad, message in (({"offload_modules": ("attn_proj",)}, "add core_attn"),
+                         ({"offload_modules": ("fused_group_mlp", "moe_act")}, "fused_group_mlp"),
+                         ({"offload_modules": ("router",)}, "must name modules among"),
+                         ({"offload_modules": ("core_attn",), "cpu_offload_layers": 4}, "cpu_offloading"),
+                         ({"offload_modules": ("core_attn",), "engine": "torchtitan"}, "Megatron-Core's")):
+        with pytest.raises(InputError, match=message):
+            TrainingSpec(**bad)
+    model = autopar.load_model("qwen3-30b-a3b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
+    rule = RULES_BY_ID["offload_inside_moe"]
+    problem = Problem(model, cluster, TrainingSpec(offload_modules=("expert_fc1",)))
+    plans = [Plan(ep=8, recompute=Recompute.SELECTIVE, recompute_modules=RecomputeModule.MOE),
+             Plan(ep=8, recompute=Recompute.SELECTIVE, recompute_modules=RecomputeModule.MOE_ACT)]
+    assert rule.holds(problem, PlanArrays.from_plans(plans)).tolist() == [False, True]
+    assert "recomputing the entire MoE layer" in rule.why_broken(problem, plans[0])
+    attention_only = Problem(model, cluster, TrainingSpec(offload_modules=("core_attn",)))
+    assert rule.holds(attention_only, PlanArrays.from_plans(plans)).all()
+
+
+def test_the_readers_take_fine_grained_offloading():
+    """Megatron-LM's flags as its fine-grained offloading guide writes them
+    (docs/user-guide/features/fine_grained_activation_offloading.md) and Bridge's TransformerConfig fields."""
+    run = parse_megatron_args("--bf16 --micro-batch-size 1 --num-experts 8 --fine-grained-activation-offloading "
+                              "--offload-modules core_attn attn_proj expert_fc1 --activation-offload-fraction 0.8")
+    assert run.training["offload_modules"] == ("core_attn", "attn_proj", "expert_fc1")
+    assert any(note.startswith("--activation-offload-fraction 0.8") for note in run.notes)
+    plain = parse_megatron_args("--bf16 --micro-batch-size 1 --fine-grained-activation-offloading "
+                                "--offload-modules core_attn --activation-offload-fraction 1")
+    assert not any("fraction" in note for note in plain.notes)
+    assert "offload_modules" not in parse_megatron_args("--bf16 --offload-modules core_attn").training
+    with pytest.raises(InputError, match="without --offload-modules"):
+        parse_megatron_args("--bf16 --fine-grained-activation-offloading")
+    with pytest.raises(InputError, match="--offload-modules router"):
+        parse_megatron_args("--bf16 --fine-grained-activation-offloading --offload-modules router")
+    config = {"model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "num_layers": 48,
+                        "fine_grained_activation_offloading": True, "offload_modules": ["expert_fc1"],
+                        "activation_offload_fraction": 0.5},
+              "train": {"micro_batch_size": 1, "global_batch_size": 64}}
+    bridge = read_bridge_config(config)
+    assert bridge.training["offload_modules"] == ("expert_fc1",)
+    assert any(switch.startswith("model.activation_offload_fraction=0.5") for switch in bridge.not_priced)
+    assert not any("fine_grained" in switch for switch in bridge.not_priced)
+    off = {**config, "model": {**config["model"], "fine_grained_activation_offloading": False}}
+    assert "offload_modules" not in read_bridge_config(off).training
+
+
+def test_an_offloading_estimate_exports_the_offloading_it_priced():
+    """The Megatron-LM command of an estimate with offload modules turns the offloading on, so the launched run holds
+    what was priced; read back, it gives the same modules. Bridge, NeMo and verl write the TransformerConfig fields."""
+    from autopar.export import launch_config
+    from costmodels.scoring import estimate
+
+    model = autopar.load_model("qwen3-30b-a3b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=16)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64,
+                            offload_modules=("core_attn", "attn_proj", "expert_fc1"))
+    priced = estimate(model, cluster, training, Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=1))
+    command = launch_config(priced, "megatron").text
+    assert "--fine-grained-activation-offloading" in command
+    assert parse_megatron_args(command).training["offload_modules"] == training.offload_modules
+    for framework in ("bridge", "nemo", "verl"):
+        text = launch_config(priced, framework).text
+        assert "fine_grained_activation_offloading=" in text and "offload_modules=" in text, framework
+    plain = estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=64),
+                     Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=1))
+    assert "offload" not in launch_config(plain, "megatron").text
+
+
+def test_cuda_graphs_keep_the_norms_on_the_gpu():
+    """Megatron-Core turns attn_norm and mlp_norm offloading off under per-layer CUDA graphs (they cross the graphs'
+    boundaries): a MoE layer's pre-MLP norm stays."""
+    plan = QWEN_MOE
+    eager = terms("qwen3-30b-a3b", 64, TrainingSpec(seq_len=4096, global_batch_size=64,
+                                                    offload_modules=("mlp_norm",)), plan)
+    graphed = terms("qwen3-30b-a3b", 64, TrainingSpec(seq_len=4096, global_batch_size=64, launch="cuda_graph",
+                                                      offload_modules=("mlp_norm",)), plan)
+    graphed_plain = terms("qwen3-30b-a3b", 64, TrainingSpec(seq_len=4096, global_batch_size=64, launch="cuda_graph"),
+                          plan)
+    assert graphed["layer_activations"] == graphed_plain["layer_activations"] > eager["layer_activations"]
 
 
 # ---- the output layer's deferred weight gradient, pipeline outputs, TP userbuffers ------------------------------

@@ -36,6 +36,7 @@ def test_every_rule_has_id_reason_source_and_knobs():
     assert ids == ["world", "heads", "layers", "experts", "tp_node", "cp_needs_sp_tp", "sp_needs_tp",
                    "moe_needs_sp", "cp_seq", "batch", "vpp", "zero_bubble_vpp", "zero_bubble_recompute",
                    "recompute", "fp8_delayed_recompute", "fp8_param_gather", "cuda_graph_recompute", "cpu_offloading",
+                   "offload_inside_moe",
                    "memory"]
     for rule in RULES:
         assert rule.reason and rule.source and rule.knobs

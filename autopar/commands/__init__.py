@@ -165,6 +165,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "core's): zb-1p (1F1B's peak of p micro-batches, on every rank) and zb-2p (2p - 1, no "
                             "bubble); the zero-bubble ones run in "
                             "sail-sg's Megatron-LM fork, which no export targets; default 1f1b")
+    group.add_argument("--offload-modules", nargs="+", default=None, metavar="M",
+                       help="Megatron-Core's fine-grained activation offloading (Megatron-LM "
+                            "--fine-grained-activation-offloading --offload-modules): what these modules save for "
+                            "the backward goes to host memory, of attn_norm, qkv_linear, core_attn, attn_proj, "
+                            "mlp_norm, expert_fc1, moe_act, fused_group_mlp; priced in memory (about two layers' "
+                            "worth stays on the GPU); the copies' time is not priced (taken as hidden behind "
+                            "compute, which a PCIe host link may not manage for wide MoE activations); default none")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
                        help="cap tokens per expert at F × the balanced share (GShard/Switch; Megatron-Core "
                             "--moe-expert-capacity-factor): the tokens past it are dropped, not computed and not "
@@ -405,6 +412,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
+                        offload_modules=tuple(",".join(getattr(args, "offload_modules", None) or ()).replace(
+                            ",", " ").split()),
                         grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
                         # an imported command says whether its weights are fp8 (output_flags notes a typed flag)
                         fp8_param_gather=args.fp8_param_gather and getattr(args, "from_megatron_args", None) is None

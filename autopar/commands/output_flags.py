@@ -225,6 +225,11 @@ def import_megatron_run(args: argparse.Namespace, stderr: TextIO | None = None,
     if getattr(args, "fp8_param_gather", False) and not run.training.get("fp8_param_gather", False):
         print("autopar: note: --fp8-param-gather ignored: the Megatron-LM command keeps bf16 weights (without "
               "--fp8-param-gather, or under --use-torch-fsdp2)", file=stream)
+    typed_offload = getattr(args, "offload_modules", None)
+    if typed_offload is not None and tuple(typed_offload) != tuple(run.training.get("offload_modules", ())):
+        print(f"autopar: note: --offload-modules {' '.join(typed_offload)} ignored: the Megatron-LM command "
+              f"offloads {' '.join(run.training.get('offload_modules', ())) or 'nothing'} "
+              "(--fine-grained-activation-offloading --offload-modules)", file=stream)
     from costmodels.specs import CrossEntropyKernel, PipelineSchedule
 
     imported_loss = run.training["cross_entropy"]

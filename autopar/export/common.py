@@ -305,6 +305,15 @@ def mcore_cuda_graph_fields(training: TrainingSpec) -> dict[str, object]:
     return {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": list(training.cuda_graph_modules)}
 
 
+def mcore_offload_fields(training: TrainingSpec) -> dict[str, object]:
+    """Megatron-Core's fine-grained activation offloading as the memory was priced (TrainingSpec.offload_modules):
+    TransformerConfig's fine_grained_activation_offloading and offload_modules; empty when nothing is offloaded
+    (the default, written only when priced, so that a recipe's own choice stands otherwise)."""
+    if not training.offload_modules:
+        return {}
+    return {"fine_grained_activation_offloading": True, "offload_modules": list(training.offload_modules)}
+
+
 def expert_gemm_note(estimate: Estimate, runs: ExpertGemm, how: str) -> list[str]:
     """A MoE estimate's expert GEMMs (TrainingSpec.expert_gemm), where the target framework runs them as `runs`
     (`how` says with what)."""

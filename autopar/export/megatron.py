@@ -31,10 +31,10 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    flash_version_note, fp8_param_fields, gradient_reduce_dtype, is_uneven, loss_fusion,
-                                   loss_kernel_note, mcore_cuda_graph_fields, mcore_recompute_fields,
-                                   mcore_router_fields, megatron_attention_backend, model_parallel_overlap,
-                                   moe_capacity_fields, moe_dispatcher_fields, router_note, one_line,
-                                   pipeline_p2p_overlap, pipeline_slots, plan_caption)
+                                   loss_kernel_note, mcore_cuda_graph_fields, mcore_offload_fields,
+                                   mcore_recompute_fields, mcore_router_fields, megatron_attention_backend,
+                                   model_parallel_overlap, moe_capacity_fields, moe_dispatcher_fields, router_note,
+                                   one_line, pipeline_p2p_overlap, pipeline_slots, plan_caption)
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, ModelSpec, NormKind, PositionEmbedding, Precision
 
@@ -113,6 +113,11 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
             flags.append(("--cuda-graph-modules", " ".join(graphs["cuda_graph_modules"])))
         if graphs["cuda_graph_impl"] == "full_iteration":   # validate_args: 'should be set with full_iteration'
             flags.append(("--no-check-for-nan-in-loss-and-grad", None))
+    # the fine-grained activation offloading the memory was priced with (TransformerConfig fields as flags)
+    offload = mcore_offload_fields(estimate.training)
+    if offload:
+        flags += [("--fine-grained-activation-offloading", None),
+                  ("--offload-modules", " ".join(str(m) for m in offload["offload_modules"]))]
     return flags
 
 

@@ -36,9 +36,9 @@ from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (BRIDGE_FP8_PRESETS, MEGATRON_EXPERT_GEMM, NEMO_FP8_PRESETS, NEMO_PRECISION_MODULE,
                                    LaunchConfig, data_parallel_overlap, expert_gemm_note, fp8_param_fields,
                                    fp8_preset_notes, gradient_reduce_dtype, hf_model_source, loss_fusion,
-                                   loss_kernel_note, mcore_cuda_graph_fields, mcore_moe_fields, mcore_parallel_fields,
-                                   mcore_router_fields, model_parallel_overlap, one_line, pipeline_p2p_overlap,
-                                   plan_caption, preset_name, shell_word)
+                                   loss_kernel_note, mcore_cuda_graph_fields, mcore_moe_fields, mcore_offload_fields,
+                                   mcore_parallel_fields, mcore_router_fields, model_parallel_overlap, one_line,
+                                   pipeline_p2p_overlap, plan_caption, preset_name, shell_word)
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
 from costmodels.specs import MlpKind, NormKind, PositionEmbedding, Precision
@@ -262,6 +262,7 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
     overrides += [f"model.config.{name}={_value(on)}" for name, on in loss_fusion(estimate).items()]
     overrides += [f"model.config.{name}={_value(on)}" for name, on in pipeline_p2p_overlap(estimate).items()]
     overrides += [f"model.config.{name}={_value(value)}" for name, value in nemo_cuda_graph_fields(estimate).items()]
+    overrides += [f"model.config.{name}={_value(value)}" for name, value in mcore_offload_fields(training).items()]
     overrides += [f"data.micro_batch_size={plan.mbs}", f"data.global_batch_size={training.global_batch_size}",
                   f"data.seq_length={training.seq_len}", f"model.config.seq_length={training.seq_len}",
                   f"optim.config.use_distributed_optimizer={_value(plan.zero >= 1)}",
@@ -312,6 +313,7 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     model.update(loss_fusion(estimate))
     model.update(pipeline_p2p_overlap(estimate))
     model.update(bridge_cuda_graph_fields(estimate))
+    model.update(mcore_offload_fields(training))
     model["seq_length"] = training.seq_len
     kind, base = bridge_base(estimate)
     if kind == "provider":   # the provider node carries every model field (a struct config has no model.* keys)

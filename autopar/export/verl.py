@@ -36,8 +36,9 @@ from __future__ import annotations
 from autopar.export.capabilities import TARGET_VERSIONS, require_runnable
 from autopar.export.common import (MEGATRON_EXPERT_GEMM, LaunchConfig, data_parallel_overlap, expert_gemm_note,
                                    flash_version_note, fp8_param_fields, gradient_reduce_dtype, hf_model_source,
-                                   mcore_cuda_graph_fields, mcore_moe_fields, mcore_parallel_fields,
-                                   megatron_attention_backend, one_line, pipeline_p2p_overlap, plan_caption, shell_word)
+                                   mcore_cuda_graph_fields, mcore_moe_fields, mcore_offload_fields,
+                                   mcore_parallel_fields, megatron_attention_backend, one_line, pipeline_p2p_overlap,
+                                   plan_caption, shell_word)
 from costmodels.errors import InputError
 from autopar.export.megatron import ZERO_SHARDING_STRATEGY
 from costmodels.scoring import Estimate
@@ -142,6 +143,8 @@ def engine_overrides(estimate: Estimate, engine: str, optim: str) -> list[str]:
     graphs = mcore_cuda_graph_fields(estimate.training)
     if graphs["cuda_graph_impl"] != "none":
         overrides += [override("override_transformer_config", name, value) for name, value in graphs.items()]
+    overrides += [override("override_transformer_config", name, value)
+                  for name, value in mcore_offload_fields(estimate.training).items()]
     overrides += fp8_overrides(estimate, engine, optim)
     return overrides
 
