@@ -751,8 +751,8 @@ def offloaded_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
     """(dense layer, MoE layer outside its routed experts, routed-expert token copy) bytes per micro-batch that
     Megatron-Core's fine-grained activation offloading (TrainingSpec.offload_modules) moves to the host: what each
     module saves for its backward, as this model stores it (transformer_layer.py, attention.py, moe/experts.py
-    open an offloading context around the module; its saved tensors of at least min_offloaded_tensor_size, 1 MiB,
-    are copied out):
+    open an offloading context around the module, whose saved tensors are copied out; those under
+    min_offloaded_tensor_size, 1M elements, stay, which this leaves out: a micro-batch's tensors are larger):
     - attn_norm: the input norm's input and statistics, where the norm is a module of its own (MLA; elsewhere
       Transformer Engine fuses it into linear_qkv and input_layernorm is IdentityOp, which offloads nothing);
     - qkv_linear: the QKV linear's saved input; where the norm is fused into it (TELayerNormColumnParallelLinear)
