@@ -279,7 +279,7 @@ def _fine_grained_offloading(config: _Config, notes: list[str]) -> dict[str, Any
         raise InputError(INPUT_NAME, f"model.offload_modules {unknown[0]}: expected some of "
                                      f"{', '.join(OFFLOAD_MODULES)}")
     notes.append(f"model.offload_modules {', '.join(modules)}: their saved activations priced on the host (but about "
-                 "two layers' worth); the copies are taken as hidden behind compute")
+                 "two layers' worth); the copies' time beyond the layers they overlap priced at the GPU's host link")
     return {"offload_modules": tuple(modules)}
 
 

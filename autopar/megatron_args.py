@@ -667,7 +667,7 @@ def _fine_grained_offloading(flags: dict[str, "str | bool"], notes: list[str]) -
     if unknown:
         raise InputError(INPUT_NAME, f"--offload-modules {unknown[0]}: expected some of {', '.join(OFFLOAD_MODULES)}")
     notes.append(f"--offload-modules {' '.join(modules)}: their saved activations priced on the host (but about "
-                 "two layers' worth); the copies are taken as hidden behind compute")
+                 "two layers' worth); the copies' time beyond the layers they overlap priced at the GPU's host link")
     return {"offload_modules": modules}
 
 

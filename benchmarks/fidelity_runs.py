@@ -797,7 +797,7 @@ def modelzoo() -> "list[Case | Unexpressed]":
             notes += (MXFP8_NOTE,)
         if training.offload_modules:
             notes += (f"fine-grained activation offloading ({', '.join(training.offload_modules)}): priced in memory, "
-                      "its copies taken as hidden behind compute",)
+                      "its copies beyond the layers' compute in the step time (offload_copies)",)
         cluster = _cluster(profile, gpus)
         if profile.nvlink_domain_size > profile.gpus_per_node:
             notes += (f"NVLink domain size 72 (source): {cluster.nvlink_domain_gpus} GPUs of the job per domain "

@@ -42,7 +42,7 @@ PROFILE_SECTIONS: Mapping[str, frozenset[str]] = {
                    "memory", "compute", "links", "collectives", "provenance", "elementwise", "overlap",
                    "calibration", "calibration_from_runs", "host"}),
     "host": frozenset(HOST_FIELDS),
-    "memory": frozenset({"hbm_gib", "hbm_tb_per_s", "overheads_gib"}),
+    "memory": frozenset({"hbm_gib", "hbm_tb_per_s", "overheads_gib", "host_link_gb_per_s"}),
     "compute": frozenset({"peak_tflops", "gemm_efficiency", "sustained_clock_fraction", "streaming_multiprocessors",
                           "compute_capability", "bf16_flops_per_clock_per_sm", "exp2_per_clock_per_sm"}),
     "compute.peak_tflops": frozenset({"bf16", "fp8"}),
@@ -75,6 +75,7 @@ ends on its 1e-12 bound, as a CPU calibration's does), times bounded."""
 RATE_BOUNDS: Mapping[str, tuple[float, float]] = {
     "compute.peak_tflops": (1e-3, 1e5),               # B200 fp8 4,500 TFLOP/s; a CPU's GFLOP/s at the bottom
     "memory.hbm_tb_per_s": (1e-3, 1e3),               # B200 8 TB/s
+    "memory.host_link_gb_per_s": (1e-3, 1e5),         # PCIe Gen5 x16 64 GB/s; NVLink-C2C hundreds
     "links.nvlink.bandwidth_gb_per_s": (1e-3, 1e5),   # NVLink 5: 900 GB/s per direction
     "links.ib.bandwidth_gbit_per_s": (8e-3, 8e5),     # 400-800 Gb/s NICs
     "links.alpha_us": (0.0, 1e7),                     # tens of µs; 10 s is a broken measurement
@@ -158,6 +159,10 @@ class HardwareProfile:
     ran at (YAML `compute.sustained_clock_fraction`, optional; absent = 1, no throttling). Tensor-core throughput
     is SMs × FLOP per clock × clock, so the step's compute-bound kernels run at their fitted (burst) rate × this;
     memory-bound kernels keep theirs (costmodels.compute.sustained_compute_s)."""
+    host_link_bytes_per_s: float = 0.0
+    """One GPU's link to host memory, per direction (YAML `memory.host_link_gb_per_s`, optional; the spec sheet's
+    PCIe or NVLink-C2C rate): what activation offloading's copies run at (costmodels.steptime.offload_copies_s).
+    0: not stated, and those copies are not priced."""
     host_costs: HostCosts = DEFAULT_HOST_COSTS
     """Host seconds per kernel launch by launch path (YAML `host:`, µs, optional; costmodels.host): a property of the
     CPU and software stack the GPU is driven from, the same fitted values in every bundled profile."""
@@ -402,6 +407,9 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
         compute_capability=_compute_capability(reader, data),
         sustained_clock_fraction=_sustained_clock_fraction(reader, data),
         host_costs=parse_host_section(data.get("host"), origin),
+        host_link_bytes_per_s=(reader.number("memory.host_link_gb_per_s", bounds=RATE_BOUNDS[
+            "memory.host_link_gb_per_s"], what="a bandwidth (GB/s)") * 1e9
+            if "host_link_gb_per_s" in (data.get("memory") or {}) else 0.0),
         aliases=tuple(aliases),
         provenance={str(k): str(v) for k, v in provenance.items()},
         source_path=origin,

@@ -804,6 +804,18 @@ def offloaded_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
     return attention, moe_layer, per_copy
 
 
+def offloaded_bytes_by_layer_kind(model: ModelSpec, training: TrainingSpec, shape: StageShape
+                                  ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """((stored dense layers, bytes each offloads), (stored MoE layers, bytes each offloads, its routed experts'
+    included)) per micro-batch on the rank: the traffic of fine-grained activation offloading
+    (costmodels.steptime.offload_copies_s)."""
+    dense, moe = _stored_layer_counts(model, shape)
+    dense_bytes, moe_bytes, per_copy = offloaded_bytes_per_layer(model, training, shape)
+    if model.moe is not None:
+        moe_bytes = moe_bytes + _expert_copies_received(model, training, shape) * per_copy * _moe_kept(shape)
+    return (dense, dense_bytes), (moe, moe_bytes)
+
+
 def _offload_resident_share(shape: StageShape) -> np.ndarray:
     """The share of the offloaded tensors the GPU still holds: OFFLOAD_RESIDENT_LAYERS of the layer-micro-batches the
     rank keeps (all of them when it keeps fewer)."""

@@ -695,7 +695,8 @@ class TrainingSpec:
     offload_modules; Megatron-LM --fine-grained-activation-offloading --offload-modules, OFFLOAD_MODULES): the saved
     tensors of these modules go to pinned host memory on a side stream after each layer's forward and come back one
     layer ahead in its backward (pipeline_parallel/fine_grained_activation_offload.py). Priced in memory
-    (memory.offloaded_bytes_per_layer); the copies are taken as hidden behind the compute they overlap. Empty: none.
+    (memory.offloaded_bytes_per_layer) and in time where the copies outlast the layers they overlap
+    (steptime.offload_copies_s, at the profile's host link). Empty: none.
     Megatron-Core refuses attn_proj without core_attn, fused_group_mlp with expert_fc1 or moe_act, and any of it
     with layer-wise cpu_offloading (TransformerConfig.__post_init__)."""
     defer_output_wgrad: bool = False

@@ -81,6 +81,10 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers",
                 "recompute_modules", "vpp", "first_stage_layers", "last_stage_layers"),
     "optimizer": ("tp", "cp", "pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
+    # fine-grained activation offloading's copies beyond the layer compute they overlap (compute's and the stored
+    # activations' knobs); a term only when TrainingSpec.offload_modules names some
+    "offload_copies": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
+                       "recompute_modules", "vpp", "first_stage_layers", "last_stage_layers"),
 }
 """For each term of `step_time_terms_s`, the Plan fields it depends on (dp counts through tp, cp, pp; the number of
 microbatches through tp, cp, pp, mbs). Under 1F1B pp_bubble factors as bubble_microbatch_equivalents(pp, vpp) × the
@@ -919,6 +923,46 @@ def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     return local * per_param / cluster.profile.hbm_bandwidth_bytes_per_s
 
 
+OFFLOAD_TERM = "offload_copies"
+"""The step-time term of fine-grained activation offloading (`offload_copies_s`), present only where the training
+offloads (TrainingSpec.offload_modules), so that no other estimate carries a zero term for it."""
+
+
+def offload_copies_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                     microbatches: np.ndarray) -> np.ndarray:
+    """The part of fine-grained activation offloading's copies the layers' compute does not hide, per step.
+
+    Megatron-Core copies each layer's offloaded tensors (memory.offloaded_bytes_per_layer) to the host on a side
+    stream while the next layer runs its forward, and back one layer ahead of their backward
+    (pipeline_parallel/fine_grained_activation_offload.py: bulk_offload_group on the D2H stream, bulk_reload_group
+    on the H2D stream, the compute stream waiting on their events). A copy longer than the layer it overlaps holds
+    the stream: per stored layer and micro-batch max(0, bytes / host link − the layer's forward) out and
+    max(0, bytes / host link − its backward, BACKWARD_TO_FORWARD × the forward) back, at the profile's
+    host_link_bytes_per_s (the spec sheet's nominal rate: a lower bound), on the rank where it is largest. Added
+    to the step beside the pipeline (not scaled by the bubble). Zero where nothing is offloaded or the profile
+    states no host link."""
+    from costmodels import memory
+
+    bandwidth = cluster.profile.host_link_bytes_per_s
+    zeros = np.zeros(len(plans))
+    if not training.offload_modules or not bandwidth:
+        return zeros
+    times = compute_model.layer_times_s(model, cluster.profile, training, plans)
+    backward = compute_model.BACKWARD_TO_FORWARD
+
+    def exposed(copy_s: np.ndarray, forward_s: np.ndarray) -> np.ndarray:
+        return np.maximum(copy_s - forward_s, 0.0) + np.maximum(copy_s - backward * forward_s, 0.0)
+
+    def on_stage(stage: np.ndarray) -> np.ndarray:
+        shape = memory.stage_shape(model, cluster, training, plans, stage)
+        (dense, dense_bytes), (moe, moe_bytes) = memory.offloaded_bytes_by_layer_kind(model, training, shape)
+        return dense * exposed(dense_bytes / bandwidth, times.dense_layer_fwd_s) \
+            + moe * exposed(moe_bytes / bandwidth, times.moe_layer_fwd_s)
+
+    per_microbatch = np.max(np.stack(per_distinct_stage(candidate_stages(plans), on_stage)), axis=0)
+    return microbatches * per_microbatch
+
+
 TERM_NAMES: tuple[str, ...] = ("compute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_bubble", "pp_p2p",
                                "dp_comm", "optimizer")
 PIPELINED_TERM_NAMES = ("compute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_bubble")
@@ -1020,6 +1064,10 @@ def step_time_terms_s(model: ModelSpec, cluster: ClusterSpec, training: Training
     if "optimizer" in names:
         terms["optimizer"] = worst(per_distinct_stage(
             stages, lambda stage: optimizer_s(model, cluster, training, plans, stage)))
+    if training.offload_modules and (only is None or OFFLOAD_TERM in only):
+        names.append(OFFLOAD_TERM)
+        terms[OFFLOAD_TERM] = per_knobs(plans, TERM_KNOBS[OFFLOAD_TERM], lambda sub: offload_copies_s(
+            model, cluster, training, sub, num_microbatches(sub, cluster.num_gpus, training.global_batch_size)))
     return {name: terms[name] for name in names}
 
 

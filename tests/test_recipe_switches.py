@@ -159,6 +159,33 @@ def test_offloading_the_routed_experts_and_the_moe_norm():
     assert fused["expert_mlp_activations"] == pytest.approx(full["expert_mlp_activations"] * 2 / 48)
 
 
+def test_offload_copies_cost_what_the_layers_do_not_hide():
+    """llama-3-8b, tp 1 pp 1 mbs 1, seq 4096, gbs 64 on 64 GPUs (1 micro-batch), core_attn + attn_proj: 84,410,368
+    bytes a layer each way. At the H100's 64 GB/s (PCIe Gen5 x16) that is 1.32 ms, under the layer's forward: no
+    cost. Over a 1 GB/s host link each of the 32 layers waits 84.4 ms − f out and 84.4 ms − 2f back, f its
+    forward; the term exists only where something is offloaded."""
+    import dataclasses
+
+    from costmodels import compute, steptime
+
+    model = autopar.load_model("llama-3-8b")
+    plan = PlanArrays.from_plans([Plan(tp=1, pp=1, mbs=1, zero=1)])
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, offload_modules=("core_attn", "attn_proj"))
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
+    assert cluster.profile.host_link_bytes_per_s == 64e9
+    assert steptime.step_time_terms_s(model, cluster, training, plan)["offload_copies"][0] == 0.0
+    assert "offload_copies" not in steptime.step_time_terms_s(model, cluster, TrainingSpec(seq_len=4096,
+                                                                                          global_batch_size=64), plan)
+    slow = dataclasses.replace(cluster, profile=dataclasses.replace(cluster.profile, host_link_bytes_per_s=1e9))
+    forward = compute.layer_times_s(model, slow.profile, training, plan).dense_layer_fwd_s[0]
+    copy = 84_410_368 / 1e9
+    assert copy > 2 * forward
+    terms = steptime.step_time_terms_s(model, slow, training, plan)
+    assert terms["offload_copies"][0] == pytest.approx(32 * (copy - forward + copy - 2 * forward))
+    unknown = dataclasses.replace(cluster, profile=dataclasses.replace(cluster.profile, host_link_bytes_per_s=0.0))
+    assert steptime.step_time_terms_s(model, unknown, training, plan)["offload_copies"][0] == 0.0
+
+
 def test_offload_modules_are_checked_as_megatron_core_checks_them():
     TrainingSpec(offload_modules=["moe_act", "core_attn"])             # any order: kept in OFFLOAD_MODULES's
     assert TrainingSpec(offload_modules=["moe_act", "core_attn"]).offload_modules == ("core_attn", "moe_act")

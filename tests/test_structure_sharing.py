@@ -220,6 +220,9 @@ def test_pruning_against_the_running_front_keeps_the_front(name, gpus, monkeypat
                                        expert_gemm="loop"), False),
     # a zero-bubble schedule has no pipeline factor: its bound is the gradient sync's floor alone
     ("llama-3.1-8b", 32, TrainingSpec(seq_len=4096, global_batch_size=256, pipeline_schedule="zb-1p"), False),
+    # fine-grained offloading over PCIe: its copies (steptime.offload_copies_s) are a term the bound leaves at 0
+    ("qwen3-30b-a3b", 16, TrainingSpec(seq_len=4096, global_batch_size=64,
+                                       offload_modules=("core_attn", "attn_proj", "expert_fc1")), False),
 ])
 def test_time_bound_is_below_and_finish_equals_the_full_objective(name, gpus, training, tight):
     """The oracle prunes on objective.time_bound_units and prices the rest with time_units_finish: the bound is a

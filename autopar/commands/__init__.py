@@ -170,8 +170,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "--fine-grained-activation-offloading --offload-modules): what these modules save for "
                             "the backward goes to host memory, of attn_norm, qkv_linear, core_attn, attn_proj, "
                             "mlp_norm, expert_fc1, moe_act, fused_group_mlp; priced in memory (about two layers' "
-                            "worth stays on the GPU); the copies' time is not priced (taken as hidden behind "
-                            "compute, which a PCIe host link may not manage for wide MoE activations); default none")
+                            "worth stays on the GPU), and in time where the copies outlast the layers they overlap "
+                            "(term offload_copies, at the GPU's host link: PCIe or NVLink-C2C); default none")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
                        help="cap tokens per expert at F × the balanced share (GShard/Switch; Megatron-Core "
                             "--moe-expert-capacity-factor): the tokens past it are dropped, not computed and not "

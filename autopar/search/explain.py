@@ -235,6 +235,8 @@ TERM_CAUSES = {
             "(small kernels: small micro-batch, high TP, narrow experts, a fast GPU; MoE dispatch syncs)",
     "dp_comm": "data-parallel gradient synchronisation (exposed, plus the SMs its overlapped part takes)",
     "optimizer": "optimizer step (and the host's synchronisations and launches around it)",
+    "offload_copies": "fine-grained activation offloading: copies to and from host memory longer than the layers "
+                      "they overlap (--offload-modules; the host link's rate)",
 }
 
 
