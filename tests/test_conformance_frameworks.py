@@ -560,3 +560,26 @@ def test_a_whole_iteration_graph_with_full_recompute_launches_as_priced(framewor
     else:
         per_layer = text.replace("full_iteration", "transformer_engine")
     assert _runs(framework, graphed, text, per_layer) == ["accepted", "rejected"]
+
+
+@pytest.mark.parametrize("framework", ["megatron", "bridge", "verl"])
+def test_the_offloading_a_plan_was_priced_with_is_what_the_framework_runs(framework):
+    """A plan priced with fine-grained activation offloading (TrainingSpec.offload_modules) launches with it: the
+    framework's TransformerConfig offloads the same modules; the same config without the offloading is caught as
+    silently changed (it would hold what was priced on the host)."""
+    needs(framework)
+    import autopar
+
+    point = autopar.estimate(autopar.load_model("qwen3-30b-a3b"), autopar.make_cluster(gpu="h100", num_gpus=16),
+                             autopar.Training(seq_len=4096, global_batch_size=64,
+                                              offload_modules=("core_attn", "attn_proj", "expert_fc1")),
+                             autopar.Plan(ep=8, zero=1))
+    text = launch_config(point, framework).text
+    assert "offload" in text
+    plain = {"megatron": lambda t: "\n".join(line for line in t.splitlines() if "offload" not in line),
+             "bridge": lambda t: t.replace("fine_grained_activation_offloading=true", "fine_grained_activation_"
+                                                                                     "offloading=false"),
+             "verl": lambda t: t.replace("fine_grained_activation_offloading=True", "fine_grained_activation_"
+                                                                                   "offloading=False")}[framework]
+    assert plain(text) != text
+    assert _runs(framework, point, text, plain(text)) == ["accepted", "silently_changed"]

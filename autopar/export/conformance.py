@@ -333,6 +333,8 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
         env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
     expected.update(_cuda_graphs_priced(estimate))
     actual.update(_cuda_graphs_run(args.cuda_graph_impl, args.cuda_graph_modules))
+    expected.update(_offload_priced(estimate))
+    actual.update(_offload_run(core.fine_grained_activation_offloading, core.offload_modules))
     return _differences(expected, actual)
 
 
@@ -343,6 +345,16 @@ def _cuda_graphs_priced(estimate: Estimate) -> dict[str, object]:
     graphs = training.launch is LaunchPath.CUDA_GRAPH
     return {"cuda_graphs": graphs, "cuda_graph_modules": sorted(training.cuda_graph_modules) if graphs else None,
             "cuda_graph_full_iteration": graphs and training.cuda_graph_full_iteration}
+
+
+def _offload_priced(estimate: Estimate) -> dict[str, object]:
+    """The fine-grained activation offloading the memory was priced with (TrainingSpec.offload_modules)."""
+    return {"offload_modules": sorted(estimate.training.offload_modules)}
+
+
+def _offload_run(on: object, modules: object) -> dict[str, object]:
+    """The offloading a TransformerConfig runs: its offload_modules where fine_grained_activation_offloading is on."""
+    return {"offload_modules": sorted(str(m) for m in (modules or [])) if on else []}
 
 
 def _cuda_graphs_run(impl: object, modules: object) -> dict[str, object]:
@@ -609,6 +621,9 @@ def _verl_engine(estimate: Estimate, worker) -> list[str]:
     actual["optimizer reuse_grad_buf_for_mxfp8_param_ag"] = optimizer.reuse_grad_buf_for_mxfp8_param_ag
     expected.update(_cuda_graphs_priced(estimate))
     actual.update(_cuda_graphs_run(transformer.get("cuda_graph_impl", "none"), transformer.get("cuda_graph_modules")))
+    expected.update(_offload_priced(estimate))
+    actual.update(_offload_run(transformer.get("fine_grained_activation_offloading", False),
+                               transformer.get("offload_modules")))
     return (_differences(expected, actual)
             + _fp8_differences(estimate, fp8, recipe, transformer.get("fp8_param", False), ddp)
             + _transformer_config(estimate, {
@@ -962,6 +977,8 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
 
     expected.update(_cuda_graphs_priced(estimate))
     actual.update(_cuda_graphs_run(model.cuda_graph_impl, cuda_graph_module_names(model)))
+    expected.update(_offload_priced(estimate))
+    actual.update(_offload_run(model.fine_grained_activation_offloading, model.offload_modules))
     return (_differences(expected, actual) + _model_shape(estimate, model)
             + _fp8_differences(estimate, model.fp8, model.fp8_recipe, model.fp8_param, ddp)
             + _bridge_preset_differences(estimate, cfg.mixed_precision))
