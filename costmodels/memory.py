@@ -688,10 +688,11 @@ def layer_activations_bytes(model: ModelSpec, training: TrainingSpec, shape: Sta
     if model.moe is not None:
         per_microbatch = per_microbatch + moe * (_moe_layer_non_expert_bytes(model, training, shape, keep_scores)
                                                  - dropped_moe)
-    offloaded_dense, offloaded_moe, _ = offloaded_bytes_per_layer(model, training, shape)
-    offloaded = dense * offloaded_dense + moe * offloaded_moe
-    on_host = offloaded * (1.0 - _offload_resident_share(shape))
-    return (per_microbatch - on_host) * shape.in_flight
+    if training.offload_modules:
+        offloaded_dense, offloaded_moe, _ = offloaded_bytes_per_layer(model, training, shape)
+        offloaded = dense * offloaded_dense + moe * offloaded_moe
+        per_microbatch = per_microbatch - offloaded * (1.0 - _offload_resident_share(shape))
+    return per_microbatch * shape.in_flight
 
 
 def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
@@ -929,8 +930,9 @@ def expert_mlp_activations_bytes(model: ModelSpec, training: TrainingSpec, shape
     per_copy = _expert_mlp_bytes_per_copy(model, training, shape) - np.where(
         recomputes_module(shape.plans, RecomputeModule.MOE_ACT),
         _expert_act_output_bytes_per_copy(model, training, shape), 0.0)
-    offloaded_per_copy = offloaded_bytes_per_layer(model, training, shape)[2]
-    per_copy = per_copy - offloaded_per_copy * (1.0 - _offload_resident_share(shape))
+    if training.offload_modules:
+        offloaded_per_copy = offloaded_bytes_per_layer(model, training, shape)[2]
+        per_copy = per_copy - offloaded_per_copy * (1.0 - _offload_resident_share(shape))
     per_layer = _stored_expert_rows(model, training, shape) * per_copy
     return moe * per_layer * shape.in_flight * _moe_kept(shape)
 
