@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels import compute as compute_model
-from costmodels import engines, host_timeline
+from costmodels import engines, host_timeline, memory
 from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
                              group_collective_time_s, stage_group, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
@@ -941,8 +941,6 @@ def offload_copies_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     host_link_bytes_per_s (the spec sheet's nominal rate: a lower bound), on the rank where it is largest. Added
     to the step beside the pipeline (not scaled by the bubble). Zero where nothing is offloaded or the profile
     states no host link."""
-    from costmodels import memory
-
     bandwidth = cluster.profile.host_link_bytes_per_s
     zeros = np.zeros(len(plans))
     if not training.offload_modules or not bandwidth:

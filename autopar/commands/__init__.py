@@ -412,7 +412,7 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
                         tp_comm_overlap=args.tp_comm_overlap, moe_a2a_overlap=args.moe_a2a_overlap,
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
-                        offload_modules=tuple(",".join(getattr(args, "offload_modules", None) or ()).replace(
+                        offload_modules=tuple(" ".join(getattr(args, "offload_modules", None) or ()).replace(
                             ",", " ").split()),
                         grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
                         # an imported command says whether its weights are fp8 (output_flags notes a typed flag)
