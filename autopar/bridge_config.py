@@ -280,7 +280,11 @@ def _fine_grained_offloading(config: _Config, notes: list[str]) -> dict[str, Any
                                      f"{', '.join(OFFLOAD_MODULES)}")
     notes.append(f"model.offload_modules {', '.join(modules)}: their saved activations priced on the host (but about "
                  "two layers' worth); the copies' time beyond the layers they overlap priced at the GPU's host link")
-    return {"offload_modules": tuple(modules)}
+    out: dict[str, Any] = {"offload_modules": tuple(modules)}
+    fraction = config.get("model", "activation_offload_fraction")
+    if fraction is not None:
+        out["offload_fraction"] = fraction       # TrainingSpec checks the range, as TransformerConfig does
+    return out
 
 
 def _attention(config: _Config) -> dict[str, Any]:
@@ -298,8 +302,6 @@ def _attention(config: _Config) -> dict[str, Any]:
 
 
 UNPRICED_SWITCHES: dict[tuple[str, str], tuple[Any, str]] = {
-    ("model", "activation_offload_fraction"): (1.0, "only that share of the offload_modules groups offloaded: more "
-                                                    "GPU memory than estimated"),
     ("model", "delta_offload_bytes_across_pp_ranks"): (0, "later pipeline ranks keep that many more offloaded bytes "
                                                           "on the GPU each: more memory there than estimated"),
     ("optimizer", "optimizer_cpu_offload"): (False, "optimizer states and step on the host: less GPU memory"),

@@ -67,7 +67,7 @@ VALUE_FLAGS = frozenset({
     "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype",
     "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype",
     "--microbatch-group-size-per-virtual-pipeline-stage", "--cuda-graph-impl", "--moe-expert-rank-capacity-factor",
-    "--cpu-offloading-num-layers",
+    "--cpu-offloading-num-layers", "--activation-offload-fraction",
     "--moe-paged-stash-buffer-size-factor-cuda", "--wgrad-deferral-limit",
 })
 LIST_FLAGS = frozenset({"--recompute-modules", "--moe-router-load-balancing-type", "--cuda-graph-modules",
@@ -668,7 +668,11 @@ def _fine_grained_offloading(flags: dict[str, "str | bool"], notes: list[str]) -
         raise InputError(INPUT_NAME, f"--offload-modules {unknown[0]}: expected some of {', '.join(OFFLOAD_MODULES)}")
     notes.append(f"--offload-modules {' '.join(modules)}: their saved activations priced on the host (but about "
                  "two layers' worth); the copies' time beyond the layers they overlap priced at the GPU's host link")
-    return {"offload_modules": modules}
+    out: dict[str, Any] = {"offload_modules": modules}
+    fraction = _probability(flags, "--activation-offload-fraction")
+    if fraction is not None:
+        out["offload_fraction"] = fraction
+    return out
 
 
 COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
@@ -678,8 +682,6 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--optimizer-cpu-offload": (None, "optimizer states and step on the host: less GPU memory, another step time"),
     "--overlap-param-gather-with-optimizer-step": (None, "the first parameter all-gather overlapped with the "
                                                          "optimizer step: the estimate exposes it"),
-    "--activation-offload-fraction": ("1.0", "only that share of the --offload-modules groups offloaded: more GPU "
-                                             "memory than estimated"),
     "--delta-offload-bytes-across-pp-ranks": ("0", "later pipeline ranks keep that many more offloaded bytes on the "
                                                    "GPU each: more memory there than estimated"),
     "--delay-wgrad-compute": (None, "weight-gradient GEMMs deferred to overlap the expert all-to-all: the estimate "
@@ -695,7 +697,7 @@ COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {
     "--no-rope-fusion": (None, "unfused rotary embedding: more HBM traffic than estimated"),
 }
 """Megatron-LM flags (megatron/training/arguments.py, and those generated from TransformerConfig's fields by
-ArgumentGroupFactory: --cpu-offloading-num-layers, --activation-offload-fraction, --delay-wgrad-compute,
+ArgumentGroupFactory: --cpu-offloading-num-layers, --delta-offload-bytes-across-pp-ranks, --delay-wgrad-compute,
 --moe-shared-expert-overlap, ...) that change memory or step time in a way no cost term
 reads (the precision-aware optimizer's state dtypes are priced: TrainingSpec.optimizer_state_bytes). A command that sets one (to anything but the value that changes nothing) gets a note saying what the
 estimate leaves out, so that an imported estimate is not mistaken for the command's own."""

@@ -78,6 +78,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "zero3_serial_fetch": training.zero3_serial_fetch,
                      "sac_saves_all_to_all": training.sac_saves_all_to_all,
                      "offload_modules": list(training.offload_modules),
+                     "offload_fraction": training.offload_fraction,
                      "tokens_per_step": training.tokens_per_step,
                      "overlap": {"overlap_grad_reduce": training.overlap_grad_reduce,
                                  "overlap_param_gather": training.overlap_param_gather,

@@ -768,7 +768,8 @@ def offloaded_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
       with a warning: they cross the graphs' boundaries);
     - expert_fc1, moe_act: per routed token copy the experts' input (what fc1 keeps) and the activation's input;
     - fused_group_mlp: everything the routed MLP keeps per copy.
-    Zero for every layer when no module is offloaded."""
+    All × TrainingSpec.offload_fraction (the share of the groups offloaded). Zero for every layer when no module is
+    offloaded."""
     offload = set(training.offload_modules)
     zeros = np.zeros(len(shape.plans))
     if not offload:
@@ -802,7 +803,8 @@ def offloaded_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
         if "moe_act" in offload:
             activation_input = 2 * BF16_BYTES if model.mlp is MlpKind.GATED else BF16_BYTES
             per_copy = per_copy + activation_input * model.moe.expert_ffn_hidden_size / shape.plans.etp
-    return attention, moe_layer, per_copy
+    share = training.offload_fraction
+    return attention * share, moe_layer * share, per_copy * share
 
 
 def offloaded_bytes_by_layer_kind(model: ModelSpec, training: TrainingSpec, shape: StageShape

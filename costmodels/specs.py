@@ -699,6 +699,11 @@ class TrainingSpec:
     (steptime.offload_copies_s, at the profile's host link). Empty: none.
     Megatron-Core refuses attn_proj without core_attn, fused_group_mlp with expert_fc1 or moe_act, and any of it
     with layer-wise cpu_offloading (TransformerConfig.__post_init__)."""
+    offload_fraction: float = 1.0
+    """With offload_modules: the share of their offload groups offloaded (Megatron-Core
+    TransformerConfig.activation_offload_fraction, --activation-offload-fraction): per model chunk the first f of
+    the groups in forward order go to the host and the later ones stay (fine_grained_activation_offload.py
+    post_warmup_callback), priced as f of every layer's offloaded bytes and copies. 1: all."""
     defer_output_wgrad: bool = False
     """Defer the output layer's weight-gradient GEMMs to the pipeline flush (Megatron-Core
     ModelParallelConfig.defer_embedding_wgrad_compute, --defer-embedding-wgrad-compute; NeMo's
@@ -811,6 +816,12 @@ class TrainingSpec:
         require(self.moe_paged_stash_factor is None or not OFFLOAD_INSIDE_MOE & set(offload), "offload_modules",
                 "the paged stash holds the routed experts' activations (Megatron-Core: 'When moe_paged_stash is "
                 "enabled, offload_modules must not include expert_fc1, moe_act, or fused_group_mlp'); drop them")
+        fraction = self.offload_fraction
+        require(isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0,
+                "offload_fraction", f"must be a share from 0 to 1 (Megatron-Core: 'activation_offload_fraction must "
+                                    f"be in range [0, 1]'), got {fraction!r}")
+        require(fraction == 1.0 or offload, "offload_fraction",
+                "is the share of the offload modules' groups offloaded; add --offload-modules")
         require(not offload or not self.cpu_offload_layers, "offload_modules",
                 "fine-grained activation offloading cannot run with layer-wise CPU offloading (Megatron-Core: "
                 "'fine_grained_activation_offloading cannot be enabled with cpu_offloading'); drop one")

@@ -571,7 +571,7 @@ def test_the_offloading_a_plan_was_priced_with_is_what_the_framework_runs(framew
     import autopar
 
     point = autopar.estimate(autopar.load_model("qwen3-30b-a3b"), autopar.make_cluster(gpu="h100", num_gpus=16),
-                             autopar.Training(seq_len=4096, global_batch_size=64,
+                             autopar.Training(seq_len=4096, global_batch_size=64, offload_fraction=0.5,
                                               offload_modules=("core_attn", "attn_proj", "expert_fc1")),
                              autopar.Plan(ep=8, zero=1))
     text = launch_config(point, framework).text

@@ -186,6 +186,22 @@ def test_offload_copies_cost_what_the_layers_do_not_hide():
     assert steptime.step_time_terms_s(model, unknown, training, plan)["offload_copies"][0] == 0.0
 
 
+def test_an_offload_fraction_offloads_that_share():
+    """--activation-offload-fraction 0.25 leaves the later three quarters of each chunk's groups on the GPU: a
+    quarter of what core_attn + attn_proj move (the 84,410,368 bytes a layer of the test above) leaves, but for the
+    two resident layers' worth."""
+    plan = Plan(tp=1, pp=1, mbs=1, zero=1)
+    full = terms("llama-3-8b", 64, TrainingSpec(seq_len=4096, global_batch_size=64), plan)
+    quarter = terms("llama-3-8b", 64, TrainingSpec(seq_len=4096, global_batch_size=64, offload_fraction=0.25,
+                                                   offload_modules=("core_attn", "attn_proj")), plan)
+    assert full["layer_activations"] - quarter["layer_activations"] == pytest.approx(30 * 0.25 * 84_410_368)
+    for bad in (1.5, -0.1, True):
+        with pytest.raises(InputError, match="offload_fraction"):
+            TrainingSpec(offload_modules=("core_attn",), offload_fraction=bad)
+    with pytest.raises(InputError, match="add --offload-modules"):
+        TrainingSpec(offload_fraction=0.5)
+
+
 def test_offload_modules_are_checked_as_megatron_core_checks_them():
     TrainingSpec(offload_modules=["moe_act", "core_attn"])             # any order: kept in OFFLOAD_MODULES's
     assert TrainingSpec(offload_modules=["moe_act", "core_attn"]).offload_modules == ("core_attn", "moe_act")
@@ -212,12 +228,14 @@ def test_the_readers_take_fine_grained_offloading():
     """Megatron-LM's flags as its fine-grained offloading guide writes them
     (docs/user-guide/features/fine_grained_activation_offloading.md) and Bridge's TransformerConfig fields."""
     run = parse_megatron_args("--bf16 --micro-batch-size 1 --num-experts 8 --fine-grained-activation-offloading "
-                              "--offload-modules core_attn attn_proj expert_fc1 --activation-offload-fraction 0.8")
+                              "--offload-modules core_attn attn_proj expert_fc1 --activation-offload-fraction 0.8 "
+                              "--delta-offload-bytes-across-pp-ranks 1073741824")
     assert run.training["offload_modules"] == ("core_attn", "attn_proj", "expert_fc1")
-    assert any(note.startswith("--activation-offload-fraction 0.8") for note in run.notes)
-    plain = parse_megatron_args("--bf16 --micro-batch-size 1 --fine-grained-activation-offloading "
-                                "--offload-modules core_attn --activation-offload-fraction 1")
-    assert not any("fraction" in note for note in plain.notes)
+    assert run.training["offload_fraction"] == 0.8
+    assert any(note.startswith("--delta-offload-bytes-across-pp-ranks 1073741824") for note in run.notes)
+    with pytest.raises(InputError, match="not a probability"):
+        parse_megatron_args("--bf16 --fine-grained-activation-offloading --offload-modules core_attn "
+                            "--activation-offload-fraction 1.5")
     assert "offload_modules" not in parse_megatron_args("--bf16 --offload-modules core_attn").training
     with pytest.raises(InputError, match="without --offload-modules"):
         parse_megatron_args("--bf16 --fine-grained-activation-offloading")
@@ -228,9 +246,8 @@ def test_the_readers_take_fine_grained_offloading():
                         "activation_offload_fraction": 0.5},
               "train": {"micro_batch_size": 1, "global_batch_size": 64}}
     bridge = read_bridge_config(config)
-    assert bridge.training["offload_modules"] == ("expert_fc1",)
-    assert any(switch.startswith("model.activation_offload_fraction=0.5") for switch in bridge.not_priced)
-    assert not any("fine_grained" in switch for switch in bridge.not_priced)
+    assert bridge.training["offload_modules"] == ("expert_fc1",) and bridge.training["offload_fraction"] == 0.5
+    assert not any("offload" in switch or "fine_grained" in switch for switch in bridge.not_priced)
     off = {**config, "model": {**config["model"], "fine_grained_activation_offloading": False}}
     assert "offload_modules" not in read_bridge_config(off).training
 
@@ -238,20 +255,33 @@ def test_the_readers_take_fine_grained_offloading():
 def test_an_offloading_estimate_exports_the_offloading_it_priced():
     """The Megatron-LM command of an estimate with offload modules turns the offloading on, so the launched run holds
     what was priced; read back, it gives the same modules. Bridge, NeMo and verl write the TransformerConfig fields."""
+    import dataclasses
+
     from autopar.export import launch_config
     from costmodels.scoring import estimate
 
     model = autopar.load_model("qwen3-30b-a3b")
     cluster = autopar.make_cluster(gpu="h100", num_gpus=16)
-    training = TrainingSpec(seq_len=4096, global_batch_size=64,
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, offload_fraction=0.5,
                             offload_modules=("core_attn", "attn_proj", "expert_fc1"))
     priced = estimate(model, cluster, training, Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=1))
     command = launch_config(priced, "megatron").text
     assert "--fine-grained-activation-offloading" in command
-    assert parse_megatron_args(command).training["offload_modules"] == training.offload_modules
-    for framework in ("bridge", "nemo", "verl"):
+    read_back = parse_megatron_args(command).training
+    assert read_back["offload_modules"] == training.offload_modules and read_back["offload_fraction"] == 0.5
+    for framework in ("bridge", "verl"):
         text = launch_config(priced, framework).text
-        assert "fine_grained_activation_offloading=" in text and "offload_modules=" in text, framework
+        assert "fine_grained_activation_offloading=" in text and "activation_offload_fraction=0.5" in text, framework
+    # NeMo 2.7.3's megatron-core 0.16.1 has no activation_offload_fraction: refused, naming the input, no nearest plan
+    from autopar.export.capabilities import Unsupported
+
+    with pytest.raises(Unsupported, match="no activation_offload_fraction") as refused:
+        launch_config(priced, "nemo")
+    assert refused.value.with_nearest(priced) is refused.value
+    whole = estimate(model, cluster, dataclasses.replace(training, offload_fraction=1.0),
+                     Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=1))
+    text = launch_config(whole, "nemo").text
+    assert "fine_grained_activation_offloading=" in text and "activation_offload_fraction" not in text
     plain = estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=64),
                      Plan(tp=1, pp=1, ep=8, etp=1, mbs=1, zero=1))
     assert "offload" not in launch_config(plain, "megatron").text

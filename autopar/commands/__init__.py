@@ -172,6 +172,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                             "mlp_norm, expert_fc1, moe_act, fused_group_mlp; priced in memory (about two layers' "
                             "worth stays on the GPU), and in time where the copies outlast the layers they overlap "
                             "(term offload_copies, at the GPU's host link: PCIe or NVLink-C2C); default none")
+    group.add_argument("--activation-offload-fraction", dest="offload_fraction", type=number, default=None,
+                       metavar="F", help="with --offload-modules: the share of their offload groups offloaded, the "
+                                         "first of each model chunk in forward order (Megatron-LM's flag); default 1")
     group.add_argument("--moe-capacity-factor", type=number, default=None, metavar="F",
                        help="cap tokens per expert at F × the balanced share (GShard/Switch; Megatron-Core "
                             "--moe-expert-capacity-factor): the tokens past it are dropped, not computed and not "
@@ -414,6 +417,8 @@ def training_from_args(args: argparse.Namespace) -> "TrainingSpec":
                         overlap_p2p_comm=args.overlap_p2p_comm, nccl_ctas=args.nccl_ctas,
                         offload_modules=tuple(" ".join(getattr(args, "offload_modules", None) or ()).replace(
                             ",", " ").split()),
+                        offload_fraction=1.0 if getattr(args, "offload_fraction", None) is None
+                        else args.offload_fraction,
                         grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
                         # an imported command says whether its weights are fp8 (output_flags notes a typed flag)
                         fp8_param_gather=args.fp8_param_gather and getattr(args, "from_megatron_args", None) is None

@@ -45,6 +45,7 @@ class Unsupported(InputError):
         self.framework = framework
         self.reasons = tuple(reasons)
         self.plan = plan
+        self.inputs_only = inputs_only
         hint = ("no layout changes that: change the inputs named" if inputs_only else
                 f"Search only the plans it can run with `autopar solve ... --framework {framework}`")
         super().__init__("emit", f"{framework} ({TARGET_VERSIONS[framework]}) cannot run plan '{plan.short()}': "
@@ -53,7 +54,11 @@ class Unsupported(InputError):
     def with_nearest(self, estimate) -> "Unsupported":
         """The same refusal, naming the nearest plan the framework can run: the fastest point of the front searched
         for it (`solve(..., framework=...)`) whose peak memory is at most the refused plan's, else its leanest point,
-        with its predicted cost. Solving takes a moment, so only the CLI asks for it."""
+        with its predicted cost. Solving takes a moment, so only the CLI asks for it. A refusal of the inputs
+        (`inputs_only`: a model or a training setting the framework cannot take) has no nearest plan: every plan would
+        be refused the same."""
+        if self.inputs_only:
+            return self
         from autopar.errors import Infeasible
         from autopar.search.solve import solve
 

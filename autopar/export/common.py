@@ -311,7 +311,11 @@ def mcore_offload_fields(training: TrainingSpec) -> dict[str, object]:
     (the default, written only when priced, so that a recipe's own choice stands otherwise)."""
     if not training.offload_modules:
         return {}
-    return {"fine_grained_activation_offloading": True, "offload_modules": list(training.offload_modules)}
+    fields: dict[str, object] = {"fine_grained_activation_offloading": True,
+                                 "offload_modules": list(training.offload_modules)}
+    if training.offload_fraction != 1.0:
+        fields["activation_offload_fraction"] = training.offload_fraction
+    return fields
 
 
 def expert_gemm_note(estimate: Estimate, runs: ExpertGemm, how: str) -> list[str]:

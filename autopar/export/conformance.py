@@ -334,7 +334,8 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
     expected.update(_cuda_graphs_priced(estimate))
     actual.update(_cuda_graphs_run(args.cuda_graph_impl, args.cuda_graph_modules))
     expected.update(_offload_priced(estimate))
-    actual.update(_offload_run(core.fine_grained_activation_offloading, core.offload_modules))
+    actual.update(_offload_run(core.fine_grained_activation_offloading, core.offload_modules,
+                               core.activation_offload_fraction))
     return _differences(expected, actual)
 
 
@@ -349,12 +350,16 @@ def _cuda_graphs_priced(estimate: Estimate) -> dict[str, object]:
 
 def _offload_priced(estimate: Estimate) -> dict[str, object]:
     """The fine-grained activation offloading the memory was priced with (TrainingSpec.offload_modules)."""
-    return {"offload_modules": sorted(estimate.training.offload_modules)}
+    training = estimate.training
+    return {"offload_modules": sorted(training.offload_modules),
+            "activation_offload_fraction": training.offload_fraction if training.offload_modules else 1.0}
 
 
-def _offload_run(on: object, modules: object) -> dict[str, object]:
-    """The offloading a TransformerConfig runs: its offload_modules where fine_grained_activation_offloading is on."""
-    return {"offload_modules": sorted(str(m) for m in (modules or [])) if on else []}
+def _offload_run(on: object, modules: object, fraction: object = 1.0) -> dict[str, object]:
+    """The offloading a TransformerConfig runs: its offload_modules and the share of their groups offloaded, where
+    fine_grained_activation_offloading is on."""
+    return {"offload_modules": sorted(str(m) for m in (modules or [])) if on else [],
+            "activation_offload_fraction": float(fraction if fraction is not None else 1.0) if on else 1.0}
 
 
 def _cuda_graphs_run(impl: object, modules: object) -> dict[str, object]:
@@ -623,7 +628,7 @@ def _verl_engine(estimate: Estimate, worker) -> list[str]:
     actual.update(_cuda_graphs_run(transformer.get("cuda_graph_impl", "none"), transformer.get("cuda_graph_modules")))
     expected.update(_offload_priced(estimate))
     actual.update(_offload_run(transformer.get("fine_grained_activation_offloading", False),
-                               transformer.get("offload_modules")))
+                               transformer.get("offload_modules"), transformer.get("activation_offload_fraction", 1.0)))
     return (_differences(expected, actual)
             + _fp8_differences(estimate, fp8, recipe, transformer.get("fp8_param", False), ddp)
             + _transformer_config(estimate, {
@@ -978,7 +983,8 @@ def _bridge(estimate: Estimate, config: LaunchConfig) -> list[str]:
     expected.update(_cuda_graphs_priced(estimate))
     actual.update(_cuda_graphs_run(model.cuda_graph_impl, cuda_graph_module_names(model)))
     expected.update(_offload_priced(estimate))
-    actual.update(_offload_run(model.fine_grained_activation_offloading, model.offload_modules))
+    actual.update(_offload_run(model.fine_grained_activation_offloading, model.offload_modules,
+                               model.activation_offload_fraction))
     return (_differences(expected, actual) + _model_shape(estimate, model)
             + _fp8_differences(estimate, model.fp8, model.fp8_recipe, model.fp8_param, ddp)
             + _bridge_preset_differences(estimate, cfg.mixed_precision))

@@ -118,6 +118,8 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
     if offload:
         flags += [("--fine-grained-activation-offloading", None),
                   ("--offload-modules", " ".join(str(m) for m in offload["offload_modules"]))]
+        if "activation_offload_fraction" in offload:
+            flags.append(("--activation-offload-fraction", repr(float(offload["activation_offload_fraction"]))))
     return flags
 
 

@@ -242,6 +242,12 @@ def nemo2_config(estimate: Estimate) -> LaunchConfig:
 
         raise Unsupported("nemo", estimate.plan, (NEMO_UNBUILDABLE_MODELS[preset_name(estimate.model)],),
                           inputs_only=True)
+    if estimate.training.offload_fraction != 1.0:
+        from autopar.export.capabilities import Unsupported
+
+        raise Unsupported("nemo", estimate.plan, ("an activation offload fraction below 1: megatron-core 0.16.1, which "
+                                                  "NeMo 2.7.3 imports, has no activation_offload_fraction (it offloads "
+                                                  "every group of --offload-modules)",), inputs_only=True)
     plan, training, cluster = estimate.plan, estimate.training, estimate.cluster
     fields = mcore_parallel_fields(plan, estimate.model.num_layers, moe=estimate.model.is_moe,
                                    num_mtp_layers=estimate.model.num_mtp_layers)

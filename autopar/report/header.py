@@ -40,7 +40,8 @@ def inputs_header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                      f"cross entropy {t['cross_entropy']}, pipeline schedule {t.get('pipeline_schedule', '1f1b')}, "
                      f"gradients reduced in {'fp32' if t.get('grad_reduce_in_fp32', True) else 'bf16'}")
     if training.offload_modules:
-        training_text += f", activations of {', '.join(training.offload_modules)} offloaded to the host"
+        share = f" ({training.offload_fraction:g} of their groups)" if training.offload_fraction != 1.0 else ""
+        training_text += f", activations of {', '.join(training.offload_modules)} offloaded to the host{share}"
     if model.moe is not None:
         routing = ("dropless" if training.moe_capacity_factor is None
                    else f"capacity factor {training.moe_capacity_factor:g}")
