@@ -10,6 +10,7 @@ Shapes used below (autopar/presets):
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -164,8 +165,6 @@ def test_offload_copies_cost_what_the_layers_do_not_hide():
     bytes a layer each way. At the H100's 64 GB/s (PCIe Gen5 x16) that is 1.32 ms, under the layer's forward: no
     cost. Over a 1 GB/s host link each of the 32 layers waits 84.4 ms − f out and 84.4 ms − 2f back, f its
     forward; the term exists only where something is offloaded."""
-    import dataclasses
-
     from costmodels import compute, steptime
 
     model = autopar.load_model("llama-3-8b")
@@ -255,8 +254,6 @@ def test_the_readers_take_fine_grained_offloading():
 def test_an_offloading_estimate_exports_the_offloading_it_priced():
     """The Megatron-LM command of an estimate with offload modules turns the offloading on, so the launched run holds
     what was priced; read back, it gives the same modules. Bridge, NeMo and verl write the TransformerConfig fields."""
-    import dataclasses
-
     from autopar.export import launch_config
     from costmodels.scoring import estimate
 
