@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from costmodels.errors import InputError
 from costmodels.plan import Plan, Recompute
-from costmodels.specs import OFFLOAD_MODULES, ModelSpec
+from costmodels.specs import ModelSpec
 
 INPUT_NAME = "from-bridge-config"
 
@@ -271,20 +271,11 @@ def _fine_grained_offloading(config: _Config, notes: list[str]) -> dict[str, Any
         modules = modules.replace(",", " ").split()
     if not config.get("model", "fine_grained_activation_offloading"):
         return {}
-    if not modules:
-        raise InputError(INPUT_NAME, "model.fine_grained_activation_offloading without model.offload_modules: "
-                                     f"Megatron-Core refuses it; name some of {', '.join(OFFLOAD_MODULES)}")
-    unknown = [m for m in modules if m not in OFFLOAD_MODULES]
-    if unknown:
-        raise InputError(INPUT_NAME, f"model.offload_modules {unknown[0]}: expected some of "
-                                     f"{', '.join(OFFLOAD_MODULES)}")
-    notes.append(f"model.offload_modules {', '.join(modules)}: their saved activations priced on the host (but about "
-                 "two layers' worth); the copies' time beyond the layers they overlap priced at the GPU's host link")
-    out: dict[str, Any] = {"offload_modules": tuple(modules)}
-    fraction = config.get("model", "activation_offload_fraction")
-    if fraction is not None:
-        out["offload_fraction"] = fraction       # TrainingSpec checks the range, as TransformerConfig does
-    return out
+    from autopar.megatron_args import offload_fields
+
+    # the fraction's range is TrainingSpec's check, as it is TransformerConfig's
+    return offload_fields(tuple(modules), config.get("model", "activation_offload_fraction"),
+                          ("model.fine_grained_activation_offloading", "model.offload_modules"), notes, INPUT_NAME)
 
 
 def _attention(config: _Config) -> dict[str, Any]:

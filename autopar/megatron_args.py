@@ -660,19 +660,25 @@ def _fine_grained_offloading(flags: dict[str, "str | bool"], notes: list[str]) -
             notes.append("--offload-modules without --fine-grained-activation-offloading: nothing is offloaded "
                          "(Megatron-Core reads the modules only with the switch)")
         return {}
-    if not modules:     # TransformerConfig.__post_init__: `assert self.offload_modules is not None and len(...) > 0`
-        raise InputError(INPUT_NAME, "--fine-grained-activation-offloading without --offload-modules: Megatron-Core "
-                                     f"refuses it; name some of {', '.join(OFFLOAD_MODULES)}")
+    return offload_fields(modules, _probability(flags, "--activation-offload-fraction"),
+                          ("--fine-grained-activation-offloading", "--offload-modules"), notes, INPUT_NAME)
+
+
+def offload_fields(modules: "tuple[str, ...]", fraction: "float | None", names: tuple[str, str], notes: list[str],
+                   input_name: str) -> dict[str, Any]:
+    """TrainingSpec's offload fields from an importer's modules and fraction, with the switch on; `names` (the
+    switch, the modules) as the source spells them. Megatron-Core refuses the switch without modules
+    (TransformerConfig.__post_init__: `assert self.offload_modules is not None and len(...) > 0`)."""
+    switch, modules_name = names
+    if not modules:
+        raise InputError(input_name, f"{switch} without {modules_name}: Megatron-Core refuses it; name some of "
+                                     f"{', '.join(OFFLOAD_MODULES)}")
     unknown = [m for m in modules if m not in OFFLOAD_MODULES]
     if unknown:
-        raise InputError(INPUT_NAME, f"--offload-modules {unknown[0]}: expected some of {', '.join(OFFLOAD_MODULES)}")
-    notes.append(f"--offload-modules {' '.join(modules)}: their saved activations priced on the host (but about "
-                 "two layers' worth); the copies' time beyond the layers they overlap priced at the GPU's host link")
-    out: dict[str, Any] = {"offload_modules": modules}
-    fraction = _probability(flags, "--activation-offload-fraction")
-    if fraction is not None:
-        out["offload_fraction"] = fraction
-    return out
+        raise InputError(input_name, f"{modules_name} {unknown[0]}: expected some of {', '.join(OFFLOAD_MODULES)}")
+    notes.append(f"{modules_name} {' '.join(modules)}: their saved activations priced on the host (but about two "
+                 "layers' worth); the copies' time beyond the layers they overlap priced at the GPU's host link")
+    return {"offload_modules": tuple(modules), **({"offload_fraction": fraction} if fraction is not None else {})}
 
 
 COST_FLAGS_NOT_PRICED: dict[str, "tuple[str | None, str]"] = {

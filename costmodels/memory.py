@@ -502,11 +502,15 @@ def _norm_bytes_per_token(model: ModelSpec) -> float:
     return BF16_BYTES * model.hidden_size + stats
 
 
+def _activation_input_bytes_per_column(model: ModelSpec) -> float:
+    """The MLP activation's bf16 input per column of the MLP's width: gate and up (2 × 2) when gated, else 2."""
+    return 2 * BF16_BYTES if model.mlp is MlpKind.GATED else BF16_BYTES
+
+
 def _mlp_bytes_per_token(model: ModelSpec, training: TrainingSpec, width: float) -> float:
     """Inside the TP region, per token of an MLP `width` wide (before splitting by t): the activation's bf16 input
-    (gated 2·width, plain width) and the second linear's input (`saved_linear_input_bytes`, width)."""
-    activation_input = 2 * BF16_BYTES if model.mlp is MlpKind.GATED else BF16_BYTES
-    return (activation_input + saved_linear_input_bytes(training)) * width
+    (`_activation_input_bytes_per_column`) and the second linear's input (`saved_linear_input_bytes`, width)."""
+    return (_activation_input_bytes_per_column(model) + saved_linear_input_bytes(training)) * width
 
 
 def _norms_activation_bytes(model: ModelSpec, shape: StageShape) -> np.ndarray:
@@ -801,8 +805,8 @@ def offloaded_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
         if "expert_fc1" in offload:
             per_copy = per_copy + saved_linear_input_bytes(training) * h
         if "moe_act" in offload:
-            activation_input = 2 * BF16_BYTES if model.mlp is MlpKind.GATED else BF16_BYTES
-            per_copy = per_copy + activation_input * model.moe.expert_ffn_hidden_size / shape.plans.etp
+            per_copy = per_copy + _activation_input_bytes_per_column(model) * model.moe.expert_ffn_hidden_size \
+                / shape.plans.etp
     share = training.offload_fraction
     return attention * share, moe_layer * share, per_copy * share
 
@@ -815,7 +819,7 @@ def offloaded_bytes_by_layer_kind(model: ModelSpec, training: TrainingSpec, shap
     dense, moe = _stored_layer_counts(model, shape)
     dense_bytes, moe_bytes, per_copy = offloaded_bytes_per_layer(model, training, shape)
     if model.moe is not None:
-        moe_bytes = moe_bytes + _expert_copies_received(model, training, shape) * per_copy * _moe_kept(shape)
+        moe_bytes = moe_bytes + _stored_expert_rows(model, training, shape) * per_copy * _moe_kept(shape)
     return (dense, dense_bytes), (moe, moe_bytes)
 
 

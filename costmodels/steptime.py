@@ -945,7 +945,7 @@ def offload_copies_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     zeros = np.zeros(len(plans))
     if not training.offload_modules or not bandwidth:
         return zeros
-    times = compute_model.layer_times_s(model, cluster.profile, training, plans)
+    times, _ = layer_pieces(model, cluster, training, plans)     # the compute term's layer times, shared
     backward = compute_model.BACKWARD_TO_FORWARD
 
     def exposed(copy_s: np.ndarray, forward_s: np.ndarray) -> np.ndarray:
