@@ -195,6 +195,19 @@ def read_megatron_source(value: str) -> str:
     return value
 
 
+def _names_a_missing_file(text: str) -> bool:
+    """Whether `text` is one word written as a file path (a directory part or a file suffix) that does not exist: a
+    launch script given by a mistyped path, which read_megatron_source passed on as a command line."""
+    words = text.split()
+    if len(words) != 1 or words[0].startswith("-"):
+        return False
+    path = Path(words[0]).expanduser()
+    try:
+        return ("/" in words[0] or bool(path.suffix)) and not path.exists()
+    except OSError:
+        return False
+
+
 # ---- shell words -----------------------------------------------------------------------------------------------
 
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
@@ -977,8 +990,9 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
     flags = recognised_flags(words)
     if not any(name.startswith("--") and name not in LAUNCHER_FLAGS for name in flags):
         shown = " ".join(text.split())[:60]
-        raise InputError(INPUT_NAME, f"no Megatron-LM flags in {shown!r}: give a Megatron-LM command line or the "
-                                     "path of an existing launch script")
+        missing = " (no file has that path either)" if _names_a_missing_file(text) else ""
+        raise InputError(INPUT_NAME, f"no Megatron-LM flags in {shown!r}{missing}: give a Megatron-LM command line "
+                                     "or the path of an existing launch script")
     layout_text = flags.get("--pipeline-model-parallel-layout")
     if layout_text is not None:
         for other in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
