@@ -146,6 +146,10 @@ ACTIVATION_TERMS: tuple[str, ...] = (
     "mtp_activations")
 """Everything kept for (or created by) the backward pass."""
 
+GRADIENT_TERM_EXTRA_KNOBS: tuple[str, ...] = ("ep", "etp", "zero")
+"""Besides the activation terms' knobs, what the gradients at the peak read under an engine that frees them: the
+expert sharding and the ZeRO stage of the gradients themselves (`gradients_at_peak_share`)."""
+
 BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers", "tp_comm_userbuffers",
                                   "moe_dispatcher_buffers")
 """Communication working buffers; the profile's fixed overheads are the remaining terms."""
@@ -156,9 +160,19 @@ def group_bytes(terms: dict[str, np.ndarray], group: tuple[str, ...]) -> np.ndar
     return sum((value for name, value in terms.items() if name in group), np.zeros_like(next(iter(terms.values()))))
 
 
-def term_knobs(term: str) -> tuple[str, ...]:
-    """Plan fields `term` depends on; fixed overheads (any other key) depend on none."""
-    return TERM_KNOBS.get(term, ())
+GRADIENT_TERMS: tuple[str, ...] = ("gradients", "embedding_gradients", "expert_gradients")
+"""The gradients of a rank's parameters, whose share at the peak `gradients_at_peak_share` gives."""
+
+
+def term_knobs(term: str, training: "TrainingSpec | None" = None) -> tuple[str, ...]:
+    """Plan fields `term` depends on; fixed overheads (any other key) depend on none. Under an engine that frees its
+    gradients between steps (`frees_gradients_between_steps`), a gradient term also depends on what sets the
+    activations it may replace at the peak and on the micro-batch count (`gradients_at_peak_share`)."""
+    knobs = TERM_KNOBS.get(term, ())
+    if training is not None and term in GRADIENT_TERMS and frees_gradients_between_steps(training):
+        activation_knobs = (knob for name in ACTIVATION_TERMS for knob in TERM_KNOBS[name])
+        return tuple(dict.fromkeys((*knobs, *activation_knobs, *GRADIENT_TERM_EXTRA_KNOBS)))
+    return knobs
 
 
 # ---- the shape of one pipeline rank, shared by the term functions -------------------------------------------------
@@ -360,6 +374,30 @@ def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     shard to fp32 at the step (distrib_optimizer.py _copy_model_grads_to_main_grads: `shard_model_grad.float()`),
     4/(dp·cp) bytes that live only while the activations are freed, so not at the peak."""
     return shape.layer_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2, shape.dp_cp)
+
+
+def frees_gradients_between_steps(training: TrainingSpec) -> bool:
+    """Whether the engine's gradients exist only from a step's backward to its optimizer step: PyTorch's optimizers
+    free them (torch.optim.Optimizer.zero_grad's set_to_none=True, the default since PyTorch 2.0), which torchtitan
+    calls at the start of every step (train.py train_step: `self.optimizers.zero_grad()`) and a plain training loop
+    before or after each step (nanoGPT: `optimizer.zero_grad(set_to_none=True)`). Megatron-Core's gradient buffer,
+    DeepSpeed's partitioned gradient buffers and llm.c's gradient arrays are allocated once and stay."""
+    return training.engine in (Engine.TORCHTITAN, Engine.PYTORCH)
+
+
+def gradients_at_peak_share(shape: StageShape, gradient_bytes: np.ndarray, activation_bytes: np.ndarray
+                            ) -> np.ndarray:
+    """The share of a rank's gradients present at its memory peak under an engine that frees them between steps
+    (`frees_gradients_between_steps`). With one micro-batch a step, none exists when the backward starts, where the
+    rank holds all its activations; each layer's gradients appear as its backward ends (FSDP2's post-backward
+    reduce-scatter writes the sharded gradients of the layer's parameter group, torch/distributed/fsdp/_fully_shard/
+    _fsdp_param_group.py post_backward; DDP's AccumulateGrad allocates `.grad` on first write), when that layer's
+    saved activations are freed. The two together are largest at one end of the backward: all the activations at
+    its start, all the gradients at its end, so the gradients raise the peak by max(0, G - A): a share
+    max(0, 1 - A/G) of them. With several micro-batches the first one's gradients stay through the others' forward:
+    all of them. Elsewhere 1."""
+    beyond_activations = np.clip(1.0 - activation_bytes / np.maximum(gradient_bytes, 1e-9), 0.0, 1.0)
+    return np.where(shape.num_microbatches <= 1, beyond_activations, 1.0)
 
 
 def optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -1276,6 +1314,13 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
          lambda: moe_dispatcher_buffers_bytes(model, cluster, training, shape)),
     ]
     terms = {name: term() for name, present, term in entries if present and (only is None or name in only)}
+    if frees_gradients_between_steps(training) and any(name in terms for name in GRADIENT_TERMS):
+        def present_sum(group: tuple[str, ...]) -> np.ndarray:
+            return sum((terms[name] if name in terms else term()
+                        for name, present, term in entries if present and name in group), np.zeros(len(plans)))
+
+        share = gradients_at_peak_share(shape, present_sum(GRADIENT_TERMS), present_sum(ACTIVATION_TERMS))
+        terms.update({name: terms[name] * share for name in GRADIENT_TERMS if name in terms})
     modelled = {name for name, present, _ in entries if present}
     for name, value in fixed_overheads_bytes(cluster, len(plans)).items():
         if name in modelled:   # a profile's own overhead may not shadow a modelled term (the sum would count it twice)

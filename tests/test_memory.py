@@ -6,14 +6,15 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from costmodels import memory
+from costmodels.errors import InputError
 from costmodels.hardware import load_profile
 from costmodels.plan import PLAN_FIELDS, Plan, PlanArrays, Recompute
-from costmodels.specs import (ClusterSpec, CrossEntropyKernel, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding,
-                              TrainingSpec)
+from costmodels.specs import (ClusterSpec, CrossEntropyKernel, Engine, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind,
+                              PositionEmbedding, TrainingSpec)
 
 PROFILE = load_profile("a100-80gb")
 GIB = 1024**3
@@ -483,7 +484,7 @@ def test_terms_depend_only_on_their_declared_knobs(setup, knob, data):
     a = memory.memory_terms_bytes(model, cluster(num_gpus), training, one(plan), stage)
     b = memory.memory_terms_bytes(model, cluster(num_gpus), training, one(other), stage)
     for name in a:
-        if knob not in memory.term_knobs(name):
+        if knob not in memory.term_knobs(name, training):
             assert a[name][0] == pytest.approx(b[name][0], rel=1e-12, abs=1e-9), (name, knob)
 
 
@@ -501,3 +502,58 @@ def test_first_and_last_only_terms_vanish_elsewhere(setup):
             if (where == "first" and stage != 0) or (where == "last" and stage != plan.pp - 1) or \
                     (where == "first_and_last" and 0 < stage < plan.pp - 1):
                 assert value[0] == 0, (name, stage)
+
+
+# ---- gradients freed between steps (PyTorch optimizers' zero_grad(set_to_none=True)) ---------------------------------
+
+FREED_GRADIENT_MODEL = ModelSpec(name="freed-grads", hidden_size=1024, num_layers=8, num_attention_heads=8,
+                                 ffn_hidden_size=4096, vocab_size=32000)
+
+
+def _gradient_and_activation_sums(terms: dict[str, float]) -> tuple[float, float]:
+    gradients = sum(value for name, value in terms.items() if name in memory.GRADIENT_TERMS)
+    activations = sum(value for name, value in terms.items() if name in memory.ACTIVATION_TERMS)
+    return gradients, activations
+
+
+@pytest.mark.parametrize("engine", [Engine.TORCHTITAN, Engine.PYTORCH])
+@pytest.mark.parametrize("seq_len, recompute", [(4096, Recompute.NONE), (64, Recompute.FULL)])
+def test_freed_gradients_count_at_the_peak_only_beyond_the_activations_of_a_single_micro_batch(engine, seq_len,
+                                                                                             recompute):
+    """One micro-batch a step: the gradients appear as the backward frees the activations, so only what they exceed
+    the activations by raises the peak; with two micro-batches the first one's gradients are all there."""
+    plan = Plan(tp=1, pp=1, mbs=1, zero=3, recompute=recompute)
+    one_step = TrainingSpec(seq_len=seq_len, global_batch_size=8, engine=engine)
+    accumulating = dataclasses.replace(one_step, global_batch_size=16)             # 2 micro-batches a step
+    single = terms_at(FREED_GRADIENT_MODEL, 8, one_step, plan)
+    double = terms_at(FREED_GRADIENT_MODEL, 8, accumulating, plan)
+    all_gradients, _ = _gradient_and_activation_sums(double)
+    _, activations = _gradient_and_activation_sums(single)
+    share = max(0.0, 1.0 - activations / all_gradients)
+    for name in memory.GRADIENT_TERMS:
+        if name in single:
+            assert single[name] == pytest.approx(double[name] * share, rel=1e-9), name
+    megatron = dataclasses.replace(one_step, engine=Engine.MEGATRON)
+    assert _gradient_and_activation_sums(terms_at(FREED_GRADIENT_MODEL, 8, megatron, plan))[0] == \
+        pytest.approx(all_gradients, rel=1e-9)            # Megatron-Core's gradient buffer stays
+    if seq_len == 4096:
+        assert share == 0.0                               # activations of 4K tokens outweigh the gradient shards
+    else:
+        assert 0.0 < share < 1.0                          # 64 tokens with full recompute: the gradients set the peak
+
+
+@given(setups(model_strategy=models(moe=True)), st.sampled_from(sorted(KNOB_VARIANTS)), st.data())
+def test_freed_gradient_terms_depend_only_on_their_declared_knobs(setup, knob, data):
+    model, num_gpus, training, plan = setup
+    dp = num_gpus // (plan.tp * plan.cp * plan.pp)
+    try:                                    # one micro-batch a step, where the share reads the activations
+        training = dataclasses.replace(training, engine=Engine.TORCHTITAN, global_batch_size=dp * plan.mbs)
+    except InputError:                      # a switch torchtitan does not run (e.g. Megatron-Core's offloading)
+        assume(False)
+    value = data.draw(st.sampled_from(KNOB_VARIANTS[knob]))
+    other = dataclasses.replace(plan, **{knob: value})
+    a = memory.memory_terms_bytes(model, cluster(num_gpus), training, one(plan), 0)
+    b = memory.memory_terms_bytes(model, cluster(num_gpus), training, one(other), 0)
+    for name in memory.GRADIENT_TERMS:
+        if name in a and knob not in memory.term_knobs(name, training):
+            assert a[name][0] == pytest.approx(b[name][0], rel=1e-12, abs=1e-9), (name, knob)

@@ -125,7 +125,7 @@ def objective_structure(model: ModelSpec, cluster: ClusterSpec, training: Traini
 
     stage_terms, shared_terms = {}, {}
     for name in memory_names:
-        knobs = tuple(memory.term_knobs(name))
+        knobs = tuple(memory.term_knobs(name, training))
         if name in getattr(memory, "STAGE_INDEPENDENT_TERMS", frozenset()) or not knobs:
             shared_terms[name] = knobs
         else:
