@@ -395,9 +395,10 @@ def gradients_at_peak_share(shape: StageShape, gradient_bytes: np.ndarray, activ
     saved activations are freed. The two together are largest at one end of the backward: all the activations at
     its start, all the gradients at its end, so the gradients raise the peak by max(0, G - A): a share
     max(0, 1 - A/G) of them. With several micro-batches the first one's gradients stay through the others' forward:
-    all of them. Elsewhere 1."""
+    all of them. Under DDP (zero 0 and 1) too: its reducer's gradient buckets, allocated once at construction
+    (torch/nn/parallel/distributed.py, Reducer), hold every gradient whatever `.grad` holds. Elsewhere 1."""
     beyond_activations = np.clip(1.0 - activation_bytes / np.maximum(gradient_bytes, 1e-9), 0.0, 1.0)
-    return np.where(shape.num_microbatches <= 1, beyond_activations, 1.0)
+    return np.where((shape.num_microbatches <= 1) & (shape.plans.zero >= 2), beyond_activations, 1.0)
 
 
 def optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
