@@ -105,3 +105,22 @@ def test_a_compiled_torchtitan_plan_is_launched_compiled():
     eager = autopar(*SMALL, "--emit", "torchtitan", "--zero", "3")
     # written either way: a registry config that compiles must not leave an eager estimate compiled
     assert "config.compile = CompileConfig(enable=False)" in eager.stdout and "# note: cross_entropy" not in eager.stdout
+
+
+def test_the_estimate_says_why_freed_gradients_count_less():
+    """torchtitan frees its gradients between steps: with FSDP and one micro-batch a step the report says why the
+    gradient rows are below the gradients' size; with two micro-batches, or under Megatron-Core, it says nothing."""
+    def run(batch: int, *flags: str):
+        return autopar("estimate", "llama-3.2-1b", "--gpus", "8", "--seq-len", "1024", "--mbs", "1", "--zero", "3",
+                       "--tp", "1", "--pp", "1", "--global-batch", str(batch), *flags)
+
+    phrase = "frees them between steps (zero_grad(set_to_none=True))"
+    assert phrase in " ".join(run(8, "--framework", "torchtitan").stdout.split())
+    assert phrase not in " ".join(run(16, "--framework", "torchtitan").stdout.split())
+    assert phrase not in " ".join(run(8).stdout.split())
+
+    def gradients(batch: int) -> float:
+        return json.loads(run(batch, "--framework", "torchtitan", "--json").stdout)["stages"][0]["terms_bytes"][
+            "gradients"]
+
+    assert gradients(8) < gradients(16)

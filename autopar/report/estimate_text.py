@@ -82,6 +82,21 @@ def _print_memory(console: Any, result: "Estimate", all_stages: bool) -> None:
     console.print(table)
     if zero:
         console.print(f"[dim]not shown, zero on every stage: {', '.join(zero)}[/]")
+    note = freed_gradients_note(result)
+    if note:
+        console.print(f"[dim]{note}[/]")
+
+
+def freed_gradients_note(result: "Estimate") -> str:
+    """Why the gradient terms are below the gradients' size, where they are (costmodels.memory.
+    gradients_at_peak_share): empty elsewhere."""
+    from costmodels.memory import frees_gradients_between_steps
+
+    if not frees_gradients_between_steps(result.training) or result.num_microbatches > 1 or result.plan.zero < 2:
+        return ""
+    return (f"gradients: {result.training.engine.value} frees them between steps (zero_grad(set_to_none=True)); "
+            "with one micro-batch a step each layer's gradient shard appears as its activations are freed, so "
+            "the gradient terms hold only what the gradients exceed the activations by")
 
 
 def _print_time(console: Any, result: "Estimate") -> None:
