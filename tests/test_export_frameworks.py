@@ -346,6 +346,15 @@ def test_torchtitan_bf16_plan_does_not_start_from_a_float8_config():
     assert "llama3_405b as base_config" in emit(fp8, "torchtitan")
 
 
+@pytest.mark.parametrize("plan", [Plan(tp=8, sp=True, zero=3), Plan(tp=4, pp=2, sp=True, zero=3)])
+def test_torchtitan_runs_the_launch_path_priced_without_its_step_cuda_graph(plan):
+    """torchtitan 0.3.0 captures the whole forward-backward in a CUDA graph unless told not to, and then keeps its
+    gradients between steps (zero_grad(set_to_none=disable_cuda_graphs)); autopar prices eager or compiled launches
+    and gradients freed between steps, so every config turns the graph off, with or without a pipeline."""
+    text = emit(estimate_of(plan, num_gpus=16), "torchtitan")
+    assert "    config.training.disable_cuda_graphs = True\n" in text
+
+
 def test_overlaps_are_off_unless_set():
     """Megatron-Core's defaults: no overlap flag is written when the user did not ask for one."""
     megatron = emit(estimate_of(Plan(tp=8, sp=True, ep=8, zero=1), num_gpus=64), "megatron")

@@ -20,7 +20,9 @@ zero maps onto torchtitan's two DP axes: zero 0 = replicate (DDP), zero 3 = FSDP
 written, since torchtitan's "default" is "never" under pipeline parallelism. Zero 1, Megatron's module-level
 selective recompute and partial recompute are written as torchtitan's nearest settings and priced again
 (export.capabilities.PLAN_ADJUSTMENTS); plans with expert TP other than its own are refused, and so are estimates
-with fp8 parameters (TrainingSpec.fp8_param_gather): torchao's fp8 linears keep bf16 weights.
+with fp8 parameters (TrainingSpec.fp8_param_gather): torchao's fp8 linears keep bf16 weights. Every config sets
+`training.disable_cuda_graphs`: the step priced is eager or compiled, not 0.3.0's whole-step CUDA graph, and with the
+graph off torchtitan frees its gradients between steps, as the memory model prices.
 """
 
 from __future__ import annotations
@@ -152,8 +154,11 @@ def launch_config(estimate: Estimate) -> LaunchConfig:
               f"    config.training.global_batch_size = {training.global_batch_size}",
               f"    config.training.seq_len = {training.seq_len}",
               '    config.training.mixed_precision_param = "bfloat16"']
-    if plan.pp > 1:   # torchtitan's TrainingConfig refuses CUDA graphs with pipeline parallelism
-        lines.append("    config.training.disable_cuda_graphs = True")
+    # always off: autopar prices torchtitan's eager or compiled launches, not 0.3.0's whole-step CUDA graph (on by
+    # default where torchtitan allows it: no pipeline, no host-synchronising EP dispatcher); with it off
+    # Trainer.train_step frees the gradients between steps (zero_grad(set_to_none=disable_cuda_graphs)), as the
+    # memory model prices (costmodels.memory.frees_gradients_between_steps)
+    lines.append("    config.training.disable_cuda_graphs = True")
     if plan.recompute is Recompute.FULL:
         lines.append("    config.activation_checkpoint = FullAC.Config()")
     elif plan.recompute is Recompute.SELECTIVE:   # per-op SAC, as priced (costmodels.engines.per_op_sac)
