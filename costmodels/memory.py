@@ -379,8 +379,10 @@ def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
 def frees_gradients_between_steps(training: TrainingSpec) -> bool:
     """Whether the engine's gradients exist only from a step's backward to its optimizer step: PyTorch's optimizers
     free them (torch.optim.Optimizer.zero_grad's set_to_none=True, the default since PyTorch 2.0), which torchtitan
-    calls at the start of every step (train.py train_step: `self.optimizers.zero_grad()`) and a plain training loop
-    before or after each step (nanoGPT: `optimizer.zero_grad(set_to_none=True)`). Megatron-Core's gradient buffer,
+    calls at the start of every step (train.py train_step: `self.optimizers.zero_grad()`; 0.3.0's trainer.py:
+    `zero_grad(set_to_none=disable_cuda_graphs)`, off under its whole-step CUDA graph, which the engine priced here
+    does not run and autopar's torchtitan configs turn off) and a plain training loop before or after each step
+    (nanoGPT: `optimizer.zero_grad(set_to_none=True)`). Megatron-Core's gradient buffer,
     DeepSpeed's partitioned gradient buffers and llm.c's gradient arrays are allocated once and stay."""
     return training.engine in (Engine.TORCHTITAN, Engine.PYTORCH)
 
