@@ -75,3 +75,19 @@ def test_framework_and_emit_must_agree(capsys):
     assert err.splitlines() == [err.strip()] and "--emit nemo and --framework deepspeed name two frameworks" in err
     assert main(["solve", "llama-3.1-8b", "--gpus", "8", "--emit", "nemo2", "--framework", "NeMo", "--top", "1"]) == 0
     assert "autopar: note: --emit" not in capsys.readouterr().err   # aliases of one framework agree
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "verl"])
+def test_a_framework_without_layouts_gets_no_layout_plan(framework, capsys):
+    """The layout search (autopar.search.refine) adds per-stage layouts to the front; DeepSpeed's PipelineModule and
+    verl cannot express one, so under their rules none is searched (before, `--emit deepspeed` for this MoE on 16
+    GPUs chose a 25|23 layout DeepSpeed cannot run and exited 2)."""
+    command = ["solve", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100", "--seq-len", "4096", "--global-batch", "64",
+               "--json"]
+    code = main(command + ["--framework", framework])
+    front = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert not any(point["plan"].get("layout") for point in front["points"])
+    assert any("layouts: not searched" in note and framework in note for note in front["notes"])
+    assert main(command[:-1] + ["--emit", framework]) == 0
+    capsys.readouterr()

@@ -201,3 +201,14 @@ def test_gib_cells_keep_one_unit_and_small_values_visible():
     assert format_gib_cell(32 * 1024**2) == "0.03"       # 32 MiB = 0.03125 GiB
     assert format_gib_cell(-3 * gib) == "-3.00"
     assert format_gib_cell(float("inf")) == "∞"
+
+
+def test_the_assumptions_have_a_sentence_for_every_kernel_choice():
+    """The report's assumptions name the dispatcher, the expert GEMMs and the loss of every choice TrainingSpec takes
+    (a MoE front under DeepSpeed, whose experts run as a loop, once failed here with a KeyError)."""
+    from autopar.report.document import DISPATCHER_TEXT, EXPERT_GEMM_TEXT, LOSS_TEXT
+    from costmodels.specs import CrossEntropyKernel, ExpertGemm, MoEDispatcher
+
+    assert set(EXPERT_GEMM_TEXT) == {member.value for member in ExpertGemm}
+    assert set(DISPATCHER_TEXT) == {member.value for member in MoEDispatcher}
+    assert set(LOSS_TEXT) == {member.value for member in CrossEntropyKernel}

@@ -245,6 +245,7 @@ def refine_with_layouts(args: argparse.Namespace, front, gpu_range, cpsat_failur
     CP-SAT could not be loaded (`cpsat_failure`); the front's notes say which."""
     import dataclasses
 
+    from autopar.export import takes_layouts
     from autopar.export.capabilities import framework_rules
     from autopar.search.refine import refine_front
 
@@ -257,6 +258,9 @@ def refine_with_layouts(args: argparse.Namespace, front, gpu_range, cpsat_failur
         return dataclasses.replace(front, notes=tuple(front.notes) + (
             f"layouts: not searched: ortools' CP-SAT could not be loaded ({cpsat_failure}; a low `ulimit -v`?); "
             "the front is the uniform one",))
+    if args.framework and not takes_layouts(args.framework):
+        return dataclasses.replace(front, notes=tuple(front.notes) + (
+            f"layouts: not searched: {args.framework} cannot express a per-stage pipeline layout",))
     controls, _ = controls_from_args(args)
     return refine_front(front, budget_s=args.layouts_budget, controls=controls,
                         extra_rules=framework_rules(args.framework) if args.framework else ())[0]

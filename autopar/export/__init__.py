@@ -30,6 +30,12 @@ TransformerConfig field), torchtitan's per-stage module lists. verl and DeepSpee
 express, and say so (`layout_fallback`)."""
 
 
+def takes_layouts(framework: str) -> bool:
+    """Whether `framework`'s configs express a per-stage pipeline layout (LAYOUT_FRAMEWORKS); the frameworks autopar
+    prices but does not export (names.PRICED_ONLY) run no pipeline of autopar's making either."""
+    return framework_name(framework, field="framework") in LAYOUT_FRAMEWORKS
+
+
 def layout_fallback(estimate: "Estimate") -> "Estimate":
     """The plan without its layout, with the first/last split nearest to it (costmodels.layout.parent_plan); an
     InputError where no first/last split runs the structure (a layer count only a layout places, issue 43)."""
