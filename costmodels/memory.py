@@ -97,6 +97,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "mtp_activations": ("tp", "sp", "cp", "pp", "mbs", "etp"),
     "fp8_weight_copies": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
+    "ddp_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "tp_comm_userbuffers": ("tp", "sp", "cp", "mbs"),
     "moe_dispatcher_buffers": ("tp", "sp", "cp", "mbs", "ep", "etp", "pp", "first_stage_layers",
@@ -110,8 +111,8 @@ _VARIES_WITH_LAYERS_IN_FLIGHT = "layers_in_flight"   # ... and the micro-batches
 TERM_STAGE_DEPENDENCE: dict[str, str] = {
     **{name: _VARIES_WITH_LAYERS for name in (
         "weights", "gradients", "optimizer_states", "expert_weights", "expert_gradients", "expert_optimizer_states",
-        "fp8_weight_copies", "recompute_working_set", "zero_gradient_buckets", "zero3_prefetch_buffers",
-        "moe_stash_working_set", "moe_dispatcher_buffers")},
+        "fp8_weight_copies", "recompute_working_set", "zero_gradient_buckets", "ddp_gradient_buckets",
+        "zero3_prefetch_buffers", "moe_stash_working_set", "moe_dispatcher_buffers")},
     **{name: "first_and_last" for name in (
         "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
     **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
@@ -150,8 +151,8 @@ GRADIENT_TERM_EXTRA_KNOBS: tuple[str, ...] = ("ep", "etp", "zero")
 """Besides the activation terms' knobs, what the gradients at the peak read under an engine that frees them: the
 expert sharding and the ZeRO stage of the gradients themselves (`gradients_at_peak_share`)."""
 
-BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "zero3_prefetch_buffers", "tp_comm_userbuffers",
-                                  "moe_dispatcher_buffers")
+BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "ddp_gradient_buckets", "zero3_prefetch_buffers",
+                                  "tp_comm_userbuffers", "moe_dispatcher_buffers")
 """Communication working buffers; the profile's fixed overheads are the remaining terms."""
 
 
@@ -397,10 +398,26 @@ def gradients_at_peak_share(shape: StageShape, gradient_bytes: np.ndarray, activ
     saved activations are freed. The two together are largest at one end of the backward: all the activations at
     its start, all the gradients at its end, so the gradients raise the peak by max(0, G - A): a share
     max(0, 1 - A/G) of them. With several micro-batches the first one's gradients stay through the others' forward:
-    all of them. Under DDP (zero 0 and 1) too: its reducer's gradient buckets, allocated once at construction
-    (torch/nn/parallel/distributed.py, Reducer), hold every gradient whatever `.grad` holds. Elsewhere 1."""
+    all of them. DDP's own copy of every gradient, which stays, is `ddp_gradient_buckets_bytes`. Elsewhere 1."""
     beyond_activations = np.clip(1.0 - activation_bytes / np.maximum(gradient_bytes, 1e-9), 0.0, 1.0)
-    return np.where((shape.num_microbatches <= 1) & (shape.plans.zero >= 2), beyond_activations, 1.0)
+    return np.where(shape.num_microbatches <= 1, beyond_activations, 1.0)
+
+
+def ddp_gradient_buckets_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """DDP (zero 0 and 1 under the torchtitan and pytorch engines: torch.nn.parallel.DistributedDataParallel, and
+    torchtitan's `replicate`, which runs it) all-reduces the gradients in flat buckets its Reducer allocates once at
+    construction, as large as every gradient together, in the gradients' dtype; with gradient_as_bucket_view=False,
+    the default, `.grad` is a tensor of its own beside them ('gradient_as_bucket_view ... can reduce peak memory
+    usage, where the saved memory size will be equal to the total gradients size', DistributedDataParallel's
+    docstring). So DDP holds a second copy of the rank's gradients that no zero_grad frees. Zero elsewhere: FSDP
+    (zero 2 and 3) reduce-scatters from a layer's own buffer (zero_gradient_buckets_bytes), and Megatron-Core's
+    buckets are views into its gradient buffer (distributed/param_and_grad_buffer.py); DeepSpeed's fixed-size
+    reduce buffer (reduce_bucket_size) is not priced."""
+    if not frees_gradients_between_steps(training):
+        return np.zeros(len(shape.plans))
+    every_gradient = (shape.layer_params_per_gpu + shape.embedding_params_per_gpu + shape.expert_params_per_gpu) \
+        * training.gradient_bytes_per_param
+    return np.where(shape.plans.zero < 2, every_gradient, 0.0)
 
 
 def optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -1310,6 +1327,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
          lambda: deferred_output_wgrad_bytes(model, training, shape)),
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
         ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, training, shape)),
+        ("ddp_gradient_buckets", frees_gradients_between_steps(training),
+         lambda: ddp_gradient_buckets_bytes(training, shape)),
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, cluster.profile, training,
                                                                               shape)),
         ("tp_comm_userbuffers", training.tp_comm_overlap, lambda: tp_comm_userbuffers_bytes(model, training, plans)),

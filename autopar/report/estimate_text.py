@@ -92,11 +92,13 @@ def freed_gradients_note(result: "Estimate") -> str:
     gradients_at_peak_share): empty elsewhere."""
     from costmodels.memory import frees_gradients_between_steps
 
-    if not frees_gradients_between_steps(result.training) or result.num_microbatches > 1 or result.plan.zero < 2:
+    if not frees_gradients_between_steps(result.training) or result.num_microbatches > 1:
         return ""
     return (f"gradients: {result.training.engine.value} frees them between steps (zero_grad(set_to_none=True)); "
-            "with one micro-batch a step each layer's gradient shard appears as its activations are freed, so "
-            "the gradient terms hold only what the gradients exceed the activations by")
+            "with one micro-batch a step each layer's gradients appear as its activations are freed, so the "
+            "gradient terms hold only what the gradients exceed the activations by"
+            + ("; DDP's all-reduce buckets, a second copy of every gradient, stay (ddp_gradient_buckets)"
+               if result.plan.zero < 2 else ""))
 
 
 def _print_time(console: Any, result: "Estimate") -> None:
