@@ -161,13 +161,32 @@ def require_buildable(model: ModelSpec, cluster: ClusterSpec, training: Training
 
 # ---- the estimate ----------------------------------------------------------------------------------------------
 
+INPUT_TYPES = {"model": (ModelSpec, "autopar.load_model('llama-3.1-8b')"),
+               "cluster": (ClusterSpec, "autopar.make_cluster(gpu='h100', num_gpus=8)"),
+               "training": (TrainingSpec, "autopar.Training(seq_len=4096, global_batch_size=512)"),
+               "plan": (Plan, "autopar.Plan(tp=8, pp=4)")}
+"""What each argument of the Python API is, and how to make one (require_input_types)."""
+
+
+def require_input_types(**arguments: object) -> None:
+    """InputError naming the first argument (model, cluster, training, plan) that is not the spec the API takes, and
+    how to build one: a planner passing a model name or a dict gets that, not an AttributeError deep inside."""
+    for name, value in arguments.items():
+        kind, example = INPUT_TYPES[name]
+        if not isinstance(value, kind):
+            shown = repr(value) if isinstance(value, (str, int, float)) else type(value).__name__
+            raise InputError(name, f"give a {kind.__name__}, e.g. {example}; got {shown[:60]}")
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
              relax: Iterable[str] = ()) -> Estimate:
     """Memory of every pipeline stage, step time by term, throughput and broken rules of one plan.
 
-    Raises InputError when the plan cannot be built at all (a rule that is not relaxable, or the precision is not
-    supported by the GPU); guide rules (unless relaxed) and `memory` come back in `Estimate.violations`.
+    Raises InputError when an argument is not the spec it names (require_input_types), or the plan cannot be built
+    at all (a rule that is not relaxable, or the precision is not supported by the GPU); guide rules (unless
+    relaxed) and `memory` come back in `Estimate.violations`.
     """
+    require_input_types(model=model, cluster=cluster, training=training, plan=plan)
     return plan_estimates(model, cluster, training, [plan], relax)[0]
 
 

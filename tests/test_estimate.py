@@ -335,3 +335,22 @@ def test_estimate_warns_where_the_optimizer_steps_gradient_copy_is_the_peak() ->
     # dp 8 shards the copy 8 ways: the backward stays the peak
     assert "optimizer step" not in autopar("estimate", "llama-3.1-8b", "--tp", "1", "--num-gpus", "8", "--zero", "1",
                                            "--global-batch", "8", "--grad-reduce-in-bf16").stderr
+
+
+@pytest.mark.parametrize("argument, bad", [("model", "llama-3.1-8b"), ("cluster", "h100"),
+                                           ("training", {"seq_len": 4096}), ("plan", {"tp": 2}), ("plan", None)])
+def test_the_python_api_names_an_argument_of_the_wrong_kind(argument, bad):
+    """A planner embedding the API that passes a model name, a GPU name or a dict gets an InputError naming the
+    argument and how to build it, not an AttributeError from deep inside."""
+    import autopar
+
+    arguments = {"model": load_model("llama-3.2-1b"), "cluster": make_cluster(gpu="h100", num_gpus=8),
+                 "training": TrainingSpec(seq_len=1024, global_batch_size=64), "plan": Plan(tp=1)}
+    arguments[argument] = bad
+    with pytest.raises(InputError) as error:
+        autopar.estimate(**arguments)
+    assert error.value.field == argument and "e.g. autopar." in str(error.value)
+    if argument != "plan":
+        with pytest.raises(InputError) as error:
+            autopar.solve(arguments["model"], arguments["cluster"], arguments["training"])
+        assert error.value.field == argument

@@ -28,7 +28,7 @@ from autopar.search.space import (
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays
 from costmodels.rules import Problem, Rule, active_rules
-from costmodels.scoring import estimates, require_precision_supported
+from costmodels.scoring import estimates, require_input_types, require_precision_supported
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 SOLVERS = ("auto", "cpsat", "oracle")
@@ -80,6 +80,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     framework can run (autopar.export.capabilities.framework_rules, `solve --framework`).
     Raises InputError for bad controls and Infeasible when no plan fits.
     """
+    require_input_types(model=model, cluster=cluster, training=training)
     if solver not in SOLVERS:
         raise InputError("solver", f"unknown solver {solver!r}; use one of {', '.join(SOLVERS)}")
     if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
