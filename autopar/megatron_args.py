@@ -182,10 +182,10 @@ def read_megatron_source(value: str) -> str:
     """The text of a launch script when `value` names an existing file, else `value` itself (a command line)."""
     candidate = value.strip()
     if candidate and "\n" not in candidate and len(candidate) < 4096:
-        path = Path(candidate).expanduser()
         try:
+            path = Path(candidate).expanduser()
             is_file = path.is_file()
-        except OSError:  # not a usable path at all (e.g. a command line longer than a file name): a command
+        except (OSError, RuntimeError):  # not a usable path (a command line longer than a file name, ~nosuchuser)
             is_file = False
         if is_file:
             try:
@@ -201,10 +201,10 @@ def _names_a_missing_file(text: str) -> bool:
     words = text.split()
     if len(words) != 1 or words[0].startswith("-"):
         return False
-    path = Path(words[0]).expanduser()
     try:
+        path = Path(words[0]).expanduser()
         return ("/" in words[0] or bool(path.suffix)) and not path.exists()
-    except OSError:
+    except (OSError, RuntimeError):     # RuntimeError: ~user of no such user
         return False
 
 

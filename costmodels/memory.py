@@ -403,21 +403,34 @@ def gradients_at_peak_share(shape: StageShape, gradient_bytes: np.ndarray, activ
     return np.where(shape.num_microbatches <= 1, beyond_activations, 1.0)
 
 
+def full_gradient_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                        stage: "np.ndarray | int") -> np.ndarray:
+    """Every gradient of rank `stage`, whatever share of it the peak holds (gradients_at_peak_share): all of them
+    exist at the optimizer step."""
+    shape = stage_shape(model, cluster, training, plans, stage)
+    total = gradients_bytes(training, shape) + embedding_gradients_bytes(training, shape)
+    if model.moe is not None:
+        total = total + expert_gradients_bytes(training, shape)
+    return total
+
+
 def ddp_gradient_buckets_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
-    """DDP (zero 0 and 1 under the torchtitan and pytorch engines: torch.nn.parallel.DistributedDataParallel, and
-    torchtitan's `replicate`, which runs it) all-reduces the gradients in flat buckets its Reducer allocates once at
-    construction, as large as every gradient together, in the gradients' dtype; with gradient_as_bucket_view=False,
+    """DDP (a plain PyTorch loop at zero 0 and 1 with data parallelism: torch.nn.parallel.DistributedDataParallel)
+    all-reduces the gradients in flat buckets its Reducer allocates once at construction, as large as every
+    gradient together, in the gradients' dtype; with gradient_as_bucket_view=False,
     the default, `.grad` is a tensor of its own beside them ('gradient_as_bucket_view ... can reduce peak memory
     usage, where the saved memory size will be equal to the total gradients size', DistributedDataParallel's
-    docstring). So DDP holds a second copy of the rank's gradients that no zero_grad frees. Zero elsewhere: FSDP
-    (zero 2 and 3) reduce-scatters from a layer's own buffer (zero_gradient_buckets_bytes), and Megatron-Core's
-    buckets are views into its gradient buffer (distributed/param_and_grad_buffer.py); DeepSpeed's fixed-size
-    reduce buffer (reduce_bucket_size) is not priced."""
-    if not frees_gradients_between_steps(training):
+    docstring). So DDP holds a second copy of the rank's gradients that no zero_grad frees. Zero elsewhere: without
+    data parallelism (nothing wraps the model in DDP); FSDP (zero 2 and 3) reduce-scatters from a layer's own buffer
+    (zero_gradient_buckets_bytes); torchtitan replicates with fully_shard (replicate_with_fsdp since its PR #2458,
+    2026-03), not DDP; Megatron-Core's buckets are views into its gradient buffer
+    (distributed/param_and_grad_buffer.py); DeepSpeed's fixed-size reduce buffer (reduce_bucket_size) is not
+    priced."""
+    if training.engine is not Engine.PYTORCH:
         return np.zeros(len(shape.plans))
     every_gradient = (shape.layer_params_per_gpu + shape.embedding_params_per_gpu + shape.expert_params_per_gpu) \
         * training.gradient_bytes_per_param
-    return np.where(shape.plans.zero < 2, every_gradient, 0.0)
+    return np.where((shape.plans.zero < 2) & (shape.dp > 1), every_gradient, 0.0)
 
 
 def optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -1327,7 +1340,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
          lambda: deferred_output_wgrad_bytes(model, training, shape)),
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
         ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, training, shape)),
-        ("ddp_gradient_buckets", frees_gradients_between_steps(training),
+        ("ddp_gradient_buckets", training.engine is Engine.PYTORCH,
          lambda: ddp_gradient_buckets_bytes(training, shape)),
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, cluster.profile, training,
                                                                               shape)),

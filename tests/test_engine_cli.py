@@ -124,3 +124,26 @@ def test_the_estimate_says_why_freed_gradients_count_less():
             "gradients"]
 
     assert gradients(8) < gradients(16)
+
+
+def test_the_optimizer_step_holds_every_gradient_and_ddps_buckets():
+    """At the optimizer step the activations are gone but every gradient is there, whatever share of them the
+    backward's peak held, and DDP's buckets stay: the step's total counts both."""
+    import autopar
+    from autopar.commands import optimizer_step_warnings
+    from costmodels import memory
+    from costmodels.plan import PlanArrays
+
+    model, cluster = autopar.load_model("llama-3.2-1b"), autopar.make_cluster(gpu="h100", num_gpus=8)
+    training = autopar.Training(seq_len=512, global_batch_size=8, engine="pytorch", grad_reduce_in_fp32=False)
+    result = autopar.estimate(model, cluster, training, autopar.Plan(tp=1, mbs=1, zero=0,
+                                                                     recompute=autopar.Recompute.FULL))
+    terms = result.stages[0].terms_bytes
+    plans = PlanArrays.from_plans([result.plan])
+    kept = sum(value for name, value in terms.items() if name not in memory.ACTIVATION_TERMS
+               and name not in memory.GRADIENT_TERMS and (name not in memory.BUFFER_TERMS
+                                                          or name == "ddp_gradient_buckets"))
+    step = kept + float(memory.full_gradient_bytes(model, cluster, training, plans, 0)[0]) \
+        + float(memory.optimizer_step_grad_copy_bytes(model, cluster, training, plans, 0)[0])
+    assert terms["ddp_gradient_buckets"] > 0
+    assert f"holds {step / 2**30:.2f} GiB" in optimizer_step_warnings(result)[0]

@@ -72,6 +72,7 @@ def test_read_from_a_file_path(tmp_path):
     script.write_text(LAUNCH_SCRIPT)
     assert read_megatron_source(str(script)) == LAUNCH_SCRIPT
     assert read_megatron_source("--tensor-model-parallel-size 2") == "--tensor-model-parallel-size 2"
+    assert read_megatron_source("~nosuchuser_zz/train.sh") == "~nosuchuser_zz/train.sh"   # no such user: a command
 
 
 @pytest.mark.parametrize("flags, vpp", [
@@ -211,6 +212,7 @@ def test_shell_words_expand_variables_and_strings_of_flags():
     ("train.sh", r"no Megatron-LM flags in 'train.sh' \(no file has that path either\)"),
     ("/no/such/dir/launch", r"'/no/such/dir/launch' \(no file has that path either\)"),
     ("pretrain_gpt", r"no Megatron-LM flags in 'pretrain_gpt': give"),
+    ("~nosuchuser_zz/train.sh", r"no Megatron-LM flags in '~nosuchuser_zz/train.sh'"),
     ("torchrun --nproc-per-node 8 pretrain_gpt.py", "no Megatron-LM flags"),
     ("--use-megatron-fsdp --data-parallel-sharding-strategy everything", "data-parallel-sharding-strategy"),
     ("--hidden-dropout high", "--hidden-dropout 'high' is not a probability"),

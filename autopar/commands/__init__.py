@@ -503,9 +503,13 @@ def optimizer_step_warnings(result: "Estimate") -> list[str]:
     from costmodels import memory
     from costmodels.plan import PlanArrays
 
-    freed = set(memory.ACTIVATION_TERMS) | set(memory.BUFFER_TERMS)
+    # the activations and working buffers are freed at the step; DDP's buckets stay, and every gradient is there
+    freed = (set(memory.ACTIVATION_TERMS) | set(memory.BUFFER_TERMS) | set(memory.GRADIENT_TERMS)) \
+        - {"ddp_gradient_buckets"}
     plans = PlanArrays.from_plans([result.plan])
     step_peaks = [(sum(v for name, v in stage.terms_bytes.items() if name not in freed)
+                   + float(memory.full_gradient_bytes(result.model, result.cluster, result.training, plans,
+                                                      stage.stage)[0])
                    + float(memory.optimizer_step_grad_copy_bytes(result.model, result.cluster, result.training, plans,
                                                                  stage.stage)[0]), stage.stage)
                   for stage in result.stages]

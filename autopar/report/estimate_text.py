@@ -98,7 +98,7 @@ def freed_gradients_note(result: "Estimate") -> str:
             "with one micro-batch a step each layer's gradients appear as its activations are freed, so the "
             "gradient terms hold only what the gradients exceed the activations by"
             + ("; DDP's all-reduce buckets, a second copy of every gradient, stay (ddp_gradient_buckets)"
-               if result.plan.zero < 2 else ""))
+               if result.stages and result.stages[0].terms_bytes.get("ddp_gradient_buckets") else ""))
 
 
 def _print_time(console: Any, result: "Estimate") -> None:

@@ -123,18 +123,23 @@ def objective_structure(model: ModelSpec, cluster: ClusterSpec, training: Traini
     pipelined = {t: k for t, k in time_knobs.items() if factored and t in PIPELINED_TERMS}
     others = {t: k for t, k in time_knobs.items() if t not in pipelined}
 
-    stage_terms, shared_terms = {}, {}
+    stage_terms, shared_terms, widened_terms = {}, {}, {}
     for name in memory_names:
         knobs = tuple(memory.term_knobs(name, training))
         if name in getattr(memory, "STAGE_INDEPENDENT_TERMS", frozenset()) or not knobs:
             shared_terms[name] = knobs
+        elif knobs != tuple(memory.term_knobs(name)):
+            # the gradients of an engine that frees them read nearly every knob (memory.term_knobs): a group of
+            # their own, so the terms of few knobs keep their small groups (and the structure bound its weights)
+            widened_terms[name] = knobs
         else:
             stage_terms[name] = knobs
     return ObjectiveStructure(
         pipelined_time_groups=group_terms(pipelined) if pipelined else (),
         other_time_groups=group_terms(others) if others else (),
         factored=factored,
-        stage_memory_groups=group_terms(stage_terms) if stage_terms else (),
+        stage_memory_groups=(group_terms(stage_terms) if stage_terms else ())
+        + (group_terms(widened_terms) if widened_terms else ()),
         shared_memory_groups=group_terms(shared_terms) if shared_terms else (),
     )
 

@@ -214,7 +214,6 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
     search's own, so near-front candidates stay within them."""
     from costmodels.layout import (TIME_UNIT_S, layout_tables, price_layout, prices_layouts, split_is_whole,
                                    uniform_layout, with_layout)
-    from costmodels.plan import PlanArrays
     from costmodels.rules import Problem, layout_breaks
     from costmodels.scoring import plan_estimates
 
@@ -292,9 +291,8 @@ def refine_front(front: ParetoFront, budget_s: float | None = None, controls=Non
     problem = Problem(model, cluster, training)
     layout_plans = [with_layout(r.parent.plan, r.best_layout) for r in refinements
                     if r.best_layout != r.uniform_layout or not split_is_whole(model, r.parent.plan)]
-    runnable = [p for p in layout_plans if not layout_breaks(problem, p) and all(
-        bool(rule.holds(problem, PlanArrays.from_plans([p]))[0]) for rule in extra_rules)]   # the search's own rules
-    added = plan_estimates(model, cluster, training, runnable, relax=front.relaxed_rules)
+    added = plan_estimates(model, cluster, training, [p for p in layout_plans if not layout_breaks(problem, p)],
+                           relax=front.relaxed_rules)
     points = list(front.points) + [p for p in added if not p.violations]
     kept = [p for p in points
             if not any((q.step_time_s <= p.step_time_s and q.peak_memory_bytes <= p.peak_memory_bytes)
