@@ -22,8 +22,10 @@ memory, as a tuned production run would be. Rows autopar cannot express (a GPU w
 layout the source does not state, a pipeline schedule autopar does not model) are counted and listed with the reason.
 
 Within every group of runs of one model on one cluster (same GPU type and count, same sequence length), the measured
-and predicted per-token times are ranked: Spearman's rank correlation (groups of >= 3 runs) and the top-1 regret,
-the measured time of the run autopar predicts fastest over the measured fastest, minus 1 (groups of >= 2 runs).
+and predicted per-token times are ranked: Spearman's rank correlation (groups of >= 3 layouts: runs that share a layout
+differ in what autopar does not take as an input, software versions, so they rank nothing autopar chooses) and the
+top-1 regret, the measured time of the run autopar predicts fastest over the measured fastest, minus 1 (groups of >= 2
+runs).
 
 Peak memory per GPU is compared too where a source reports it in a comparable form (memory_table: Zero Bubble Table 4).
 
@@ -944,15 +946,30 @@ def llmc_scripts() -> "list[Case | Unexpressed]":
     return out
 
 
-def sdpa_kernel(method: str, profile: HardwareProfile) -> AttentionKernel:
-    """The kernel PyTorch's F.scaled_dot_product_attention runs under its default backend order, from the PyTorch
-    version the row states: 2.5.0 put cuDNN attention first on sm90 ('enabled by default for all users of SDPA on
-    H100 or newer GPUs', PyTorch 2.5 release blog); pytorch#138522, cherry-picked into 2.5.1, made it opt-in again,
-    so 2.4 and 2.5.1 onwards (up to the cuDNN 9.15 threshold of later releases) run the flash backend
-    (FlashAttention-2)."""
-    if "PyTorch 2.5.0" in method and "cudnn" in compute_model.attention_kernels_of(profile):
+def sdpa_kernel(method: str, profile: HardwareProfile, cudnn_forced: bool = False) -> AttentionKernel:
+    """The kernel PyTorch's F.scaled_dot_product_attention runs, from the PyTorch version the row states and the
+    trainer's own backend switches: 2.5.0 put cuDNN attention first on sm90 ('enabled by default for all users of SDPA
+    on H100 or newer GPUs', PyTorch 2.5 release blog); pytorch#138522, cherry-picked into 2.5.1, made it opt-in
+    again, so 2.4 and 2.5.1 onwards (up to the cuDNN 9.15 threshold of later releases) run the flash backend
+    (FlashAttention-2) unless the trainer opts in (`cudnn_forced`: enable_cudnn_sdp(True), enable_flash_sdp(False))."""
+    cudnn = "cudnn" in compute_model.attention_kernels_of(profile)
+    if cudnn and (cudnn_forced or "PyTorch 2.5.0" in method):
         return AttentionKernel.CUDNN
     return AttentionKernel.FA2
+
+
+MODDED_NANOGPT_CUDNN_SINCE = "2024-11-03"
+"""The first record whose trainer forces cuDNN attention: from records/track_1_short/2024-11-03_UntieEmbed on, the
+source printed at the top of each record's log sets enable_cudnn_sdp(True), enable_flash_sdp(False),
+enable_mem_efficient_sdp(False) ('CUDNN attention is ~4ms faster than Flash, but doesn't get selected by default in
+PyTorch 2.5.1'); the earlier logs (2024-10-10_Muon .. 2024-10-18_PyTorch25) leave the backend order alone
+(KellerJordan/modded-nanogpt at the records' logs)."""
+
+
+def record_date(row: dict) -> str:
+    """The record's date (YYYY-MM-DD) from the log path the row cites ('records/track_1_short/2024-11-03_...'), or ''."""
+    found = re.search(r"records/track_\w+/(\d{4}-\d{2}-\d{2})_", row.get("notes", "") + row.get("source_table", ""))
+    return found.group(1) if found else ""
 
 
 MODDED_NANOGPT_LOSS_NOTE = ("the loss inside torch.compile: Inductor fuses upcast, log-softmax and NLL into one "
@@ -960,7 +977,8 @@ MODDED_NANOGPT_LOSS_NOTE = ("the loss inside torch.compile: Inductor fuses upcas
                             "bf16 gradient, the bytes of the xentropy kernel (4 + 4 per logit)")
 MODDED_NANOGPT_NOTES = (
     "modded-nanogpt: a torch.compile'd GPT, DDP over 8 ranks (engine pytorch, launch compile), PyTorch SDPA with "
-    "its default backend order of the row's PyTorch (sdpa_kernel)",
+    "its default backend order of the row's PyTorch, or cuDNN where the record's trainer forces it (sdpa_kernel, "
+    "MODDED_NANOGPT_CUDNN_SINCE)",
     MODDED_NANOGPT_LOSS_NOTE,
     "Muon's Newton-Schulz iterations priced as Adam: ~1.5 TFLOP per step for the 124M model before record 6 spread "
     "them over the ranks, ~2% of the step (derived)",
@@ -997,12 +1015,16 @@ def modded_nanogpt() -> "list[Case | Unexpressed]":
             model = dataclasses.replace(gpt(r["model"], hidden, layers, heads, LLMC_VOCAB, seq), linear_bias=False,
                                         dropout=0.0)
             training = TrainingSpec(seq_len=seq, global_batch_size=gbs, engine=Engine.PYTORCH,
-                                    launch=LaunchPath.COMPILE, attention_kernel=sdpa_kernel(r["method"], profile),
+                                    launch=LaunchPath.COMPILE,
+                                    attention_kernel=sdpa_kernel(r["method"], profile,
+                                                                 record_date(r) >= MODDED_NANOGPT_CUDNN_SINCE),
                                     cross_entropy=CrossEntropyKernel.XENTROPY)   # MODDED_NANOGPT_LOSS_NOTE
             notes, mbs, zero = MODDED_NANOGPT_NOTES, _int(r, "micro_batch"), 0
         fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=mbs, zero=zero, recompute=Recompute.NONE)
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "step s", step,
-                        category(profile, False), (source, "records", profile.name, gpus, seq), notes,
+                        category(profile, False),
+                        # one model and engine a group: llm.c's record, the 124M-class records, the 1.5B scale-up
+                        (source, f"d{hidden} L{layers}", profile.name, gpus, seq, training.engine.value), notes,
                         small_kernel=True))
     return out
 
@@ -1239,8 +1261,9 @@ def _summary(errors: list[float]) -> Summary:
                    len(errors))
 
 
-def group_stats(results: list[Result]) -> list[tuple[tuple, int, float, float]]:
-    """(group key, runs, Spearman or nan, top-1 regret %) for every group of >= 2 runs."""
+def group_stats(results: list[Result]) -> list[tuple[tuple, int, int, float, float]]:
+    """(group key, runs, distinct layouts, Spearman or nan, top-1 regret %) for every group of >= 2 runs; Spearman
+    where the group holds >= 3 distinct layouts."""
     groups: dict[tuple, list[Result]] = {}
     for r in results:
         groups.setdefault(r.case.group, []).append(r)
@@ -1250,10 +1273,11 @@ def group_stats(results: list[Result]) -> list[tuple[tuple, int, float, float]]:
             continue
         measured = [m.measured_token_s for m in members]
         predicted = [m.predicted_token_s for m in members]
-        rho = spearman(measured, predicted) if len(members) >= 3 else float("nan")
+        layouts = len({m.plan for m in members})
+        rho = spearman(measured, predicted) if layouts >= 3 else float("nan")
         chosen = members[min(range(len(members)), key=lambda i: predicted[i])]
         regret = 100.0 * (chosen.measured_token_s / min(measured) - 1.0)
-        out.append((key, len(members), rho, regret))
+        out.append((key, len(members), layouts, rho, regret))
     return out
 
 
@@ -1285,9 +1309,9 @@ def run(verbose: bool = False) -> dict:
         members = [r for r in results if r.case.source == source]
         s = summarise(members)
         g = [x for x in all_groups if x[0][0] == source]
-        rhos = [x[2] for x in g if not math.isnan(x[2])]
+        rhos = [x[3] for x in g if not math.isnan(x[3])]
         rho = f"{statistics.median(rhos):>8.2f}" if rhos else f"{'-':>8}"
-        regret = f"{statistics.fmean(x[3] for x in g):>9.1f}" if g else f"{'-':>9}"
+        regret = f"{statistics.fmean(x[4] for x in g):>9.1f}" if g else f"{'-':>9}"
         print(f"{source:<22} {s.rows:>5} {s.mape:>8.1f} {s.max_err:>8.1f} {s.bias:>+8.1f} {len(g):>7} {rho} {regret}")
     print()
     # over memory: the published layout does not fit autopar's memory model (no candidate left free fits either)
@@ -1309,9 +1333,9 @@ def run(verbose: bool = False) -> dict:
     reserved_rows, reserved_under = reserved_table(results)
     print()
     print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
-    for key, n, rho, regret in all_groups:
+    for key, n, layouts, rho, regret in all_groups:
         label = " ".join(str(k) for k in key[1:])
-        print(f"  {label[:70]:<70} n={n:<3} rho={'  -  ' if math.isnan(rho) else f'{rho:+.2f}'} "
+        print(f"  {label[:70]:<70} n={n:<3} layouts={layouts:<3} rho={'  -  ' if math.isnan(rho) else f'{rho:+.2f}'} "
               f"regret={regret:5.1f}%")
     print()
     reasons: dict[str, list[Unexpressed]] = {}
@@ -1322,9 +1346,9 @@ def run(verbose: bool = False) -> dict:
         ids = ",".join(u.row_id for u in members)
         print(f"  {len(members):>4}  {reason}  [rows {ids if len(ids) < 60 else ids[:57] + '...'}]")
     overall = summarise(results)
-    rhos = [x[2] for x in all_groups if not math.isnan(x[2])]
+    rhos = [x[3] for x in all_groups if not math.isnan(x[3])]
     rho_median = statistics.median(rhos) if rhos else float("nan")
-    regret_mean = statistics.fmean(x[3] for x in all_groups) if all_groups else float("nan")
+    regret_mean = statistics.fmean(x[4] for x in all_groups) if all_groups else float("nan")
     print()
     print("fidelity-runs-categories: " + " ".join(
         f"{name.replace(' ', '_')}=" + (f"{s.mape:.1f}%" if s.rows else "none(0 rows)")

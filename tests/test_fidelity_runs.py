@@ -99,14 +99,35 @@ def test_spearman_and_ranks_by_hand():
 def test_regret_is_measured_time_of_the_predicted_best(rows):
     case = next(r for r in rows if isinstance(r, fidelity_runs.Case))
 
-    def result(measured, predicted):
+    def result(measured, predicted, tp):
         c = fidelity_runs.dataclasses.replace(case, measured_step_s=measured, group=("g",))
-        return fidelity_runs.Result(c, fidelity_runs.Plan(), predicted, True)
+        return fidelity_runs.Result(c, fidelity_runs.Plan(tp=tp), predicted, True)
 
-    stats = fidelity_runs.group_stats([result(1.0, 3.0), result(2.0, 1.0), result(4.0, 2.0)])
-    (_, n, rho, regret), = stats
-    assert n == 3 and regret == pytest.approx(100.0)          # predicted best measures 2.0 vs the best 1.0
+    stats = fidelity_runs.group_stats([result(1.0, 3.0, 1), result(2.0, 1.0, 2), result(4.0, 2.0, 4)])
+    (_, n, layouts, rho, regret), = stats
+    assert n == 3 and layouts == 3 and regret == pytest.approx(100.0)   # predicted best measures 2.0 vs the best 1.0
     assert rho == pytest.approx(-0.5)
+
+
+def test_runs_that_share_a_layout_are_not_ranked(rows):
+    """Spearman is for groups of >= 3 layouts: runs of one layout differ in what autopar does not take as an input
+    (a software version), so their order says nothing about a layout autopar chooses; the regret still counts."""
+    case = next(r for r in rows if isinstance(r, fidelity_runs.Case))
+
+    def result(measured, predicted, tp):
+        c = fidelity_runs.dataclasses.replace(case, measured_step_s=measured, group=("g",))
+        return fidelity_runs.Result(c, fidelity_runs.Plan(tp=tp), predicted, True)
+
+    (_, n, layouts, rho, regret), = fidelity_runs.group_stats(
+        [result(1.0, 3.0, 1), result(2.0, 1.0, 1), result(4.0, 2.0, 2)])
+    assert (n, layouts) == (3, 2) and fidelity_runs.math.isnan(rho) and regret == pytest.approx(100.0)
+
+
+def test_modded_nanogpt_groups_one_model_and_engine(rows):
+    """The speedrun file holds llm.c's record (engine native), the 124M-class records and a 1.5B scale-up at the same
+    sequence length and GPU count: three groups, not one."""
+    groups = {r.group for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "modded-nanogpt"}
+    assert len(groups) == 3
 
 
 def test_each_source_row_is_priced_with_the_kernels_its_software_ran(rows):
@@ -190,3 +211,16 @@ def test_small_kernel_files_are_read_with_their_engines(rows):
     assert fidelity_runs.is_small_kernel(next(r for r in cases if r.model.name == "qwen2-57b-a14b"))  # 64 experts
     assert not fidelity_runs.is_small_kernel(next(r for r in cases if r.source == "megatron-lm-readme"
                                                    and total_params(r.model) > 100e9))
+
+
+def test_modded_nanogpt_attention_follows_each_records_trainer(rows):
+    """PyTorch 2.4.1's records run the flash backend; 2.5.0 (record 7) picks cuDNN by default; from the 2024-11-03
+    record on the trainer forces cuDNN (enable_cudnn_sdp(True), enable_flash_sdp(False)) under 2.5.1, whose default
+    order is flash again."""
+    from costmodels.specs import AttentionKernel
+    kernels = {r.label.split(":")[0]: r.training.attention_kernel for r in rows
+               if isinstance(r, fidelity_runs.Case) and r.source == "modded-nanogpt" and "record" in r.label}
+    assert kernels["GPT-2 124M-class (record 4"] is AttentionKernel.FA2
+    assert kernels["GPT-2 124M-class (record 6"] is AttentionKernel.FA2
+    assert kernels["GPT-2 124M-class (record 7"] is AttentionKernel.CUDNN
+    assert all(kernels[f"GPT-2 124M-class (record {n}"] is AttentionKernel.CUDNN for n in (8, 9, 10, 11))
