@@ -125,7 +125,10 @@ TERM_STAGE_DEPENDENCE: dict[str, str] = {
 }
 """How each term varies between pipeline ranks: 'first' / 'last' (zero elsewhere), 'first_and_last' (zero on middle
 ranks), 'layers' (with the rank's layers), 'layers_in_flight' (with its layers and its in-flight micro-batches),
-'every' (the same on every rank, STAGE_INDEPENDENT_TERMS). The fixed overheads are the same on every rank."""
+'every' (the same on every rank, STAGE_INDEPENDENT_TERMS). The fixed overheads are the same on every rank. Under an
+engine that frees the gradients between steps with one micro-batch a step (`gradients_at_peak_share`), the gradient
+terms hold the share of them that exceeds the rank's activations: they stay 'layers' terms, but their size on a rank
+also reads its activations (GRADIENT_TERM_EXTRA_KNOBS), and is zero where those are the larger."""
 
 STAGE_INDEPENDENT_TERMS: frozenset[str] = frozenset({"tp_comm_userbuffers"})
 """Terms of TERM_KNOBS equal on every pipeline rank (TERM_STAGE_DEPENDENCE 'every'), like the fixed overheads,

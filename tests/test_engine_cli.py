@@ -146,4 +146,7 @@ def test_the_optimizer_step_holds_every_gradient_and_ddps_buckets():
     step = kept + float(memory.full_gradient_bytes(model, cluster, training, plans, 0)[0]) \
         + float(memory.optimizer_step_grad_copy_bytes(model, cluster, training, plans, 0)[0])
     assert terms["ddp_gradient_buckets"] > 0
-    assert f"holds {step / 2**30:.2f} GiB" in optimizer_step_warnings(result)[0]
+    warning, = optimizer_step_warnings(result)
+    assert f"holds {step / 2**30:.2f} GiB" in warning
+    # a plain PyTorch loop has no Megatron optimizer: the line names the mechanism, not the framework
+    assert "an fp32-master optimizer copies them" in warning and "Megatron" not in warning

@@ -502,6 +502,7 @@ def optimizer_step_warnings(result: "Estimate") -> list[str]:
     of that stage, which the estimate does not price; one line."""
     from costmodels import memory
     from costmodels.plan import PlanArrays
+    from costmodels.specs import Engine
 
     # the activations and working buffers are freed at the step; DDP's buckets stay, and every gradient is there
     freed = (set(memory.ACTIVATION_TERMS) | set(memory.BUFFER_TERMS) | set(memory.GRADIENT_TERMS)) \
@@ -517,10 +518,12 @@ def optimizer_step_warnings(result: "Estimate") -> list[str]:
     if peak <= result.peak_memory_bytes:
         return []
     over = " (over the limit: the step would run out of memory)" if peak > result.memory_limit_bytes else ""
-    return [f"bf16 gradients: at the optimizer step Megatron copies them to fp32 after the activations are freed, "
+    who = "Megatron copies them" if result.training.engine is Engine.MEGATRON else "an fp32-master optimizer copies them"
+    return [f"bf16 gradients: at the optimizer step {who} to fp32 after the activations are freed, "
             f"and stage {stage} then holds {peak / 2**30:.2f} GiB{over}, above the "
             f"{result.peak_memory_bytes / 2**30:.2f} GiB priced for the backward"
-            + ("; the distributed optimizer (--zero 1) copies only its shard" if result.plan.zero == 0 else "")]
+            + (f"; {'the distributed optimizer' if result.training.engine is Engine.MEGATRON else 'a sharded optimizer'}"
+               " (--zero 1) copies only its shard" if result.plan.zero == 0 else "")]
 
 
 MOE_ONLY_MODULES = ("moe_act", "moe", "shared_experts")
