@@ -350,6 +350,8 @@ def main(argv: "list[str] | None" = None) -> int:
 
 def torchtitan_configs(python: str) -> str:
     """How many train configs torchtitan's installed config registries define (`def <name>() -> Trainer.Config`)."""
+    if not Path(python).is_file():
+        return f"no interpreter at {python}: give --conformance-python"
     site = subprocess.run([python, "-c", "import torchtitan, os; print(os.path.dirname(torchtitan.__file__))"],
                           capture_output=True, text=True)
     if site.returncode != 0:
