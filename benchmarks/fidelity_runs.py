@@ -22,9 +22,10 @@ memory, as a tuned production run would be. Rows autopar cannot express (a GPU w
 layout the source does not state, a pipeline schedule autopar does not model) are counted and listed with the reason.
 
 Within every group of runs of one model on one cluster (same GPU type and count, same sequence length), the measured
-and predicted per-token times are ranked: Spearman's rank correlation (groups of >= 3 layouts: runs that share a layout
-differ in what autopar does not take as an input, software versions, so they rank nothing autopar chooses) and the
-top-1 regret, the measured time of the run autopar predicts fastest over the measured fastest, minus 1 (groups of >= 2
+and predicted per-token times are ranked: Spearman's rank correlation (groups of >= 3 runs autopar tells apart, by
+their layout or another input it prices, a pipeline schedule, a kernel: runs with the same inputs and layout differ
+only in what autopar does not read, a software version, so their order ranks nothing autopar chooses) and the top-1
+regret, the measured time of the run autopar predicts fastest over the measured fastest, minus 1 (groups of >= 2
 runs).
 
 Peak memory per GPU is compared too where a source reports it in a comparable form (memory_table: Zero Bubble Table 4).
@@ -941,7 +942,7 @@ def llmc_scripts() -> "list[Case | Unexpressed]":
         notes = (NATIVE_NOTE, "an approximate ('~') step time in a script comment") + (
             (LLMC_ATTENTION_NOTE,) if training.attention_kernel is AttentionKernel.FA2 else ())
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "step s",
-                        _num(r, "step_time_s"), category(profile, False), (source, "gpt-2", profile.name, gpus, seq),
+                        _num(r, "step_time_s"), category(profile, False), (source, f"gpt-2 d{layers}", profile.name, gpus, seq),
                         notes, small_kernel=True))
     return out
 
@@ -1261,9 +1262,14 @@ def _summary(errors: list[float]) -> Summary:
                    len(errors))
 
 
+def priced_model(model: ModelSpec) -> ModelSpec:
+    """The model as the cost model reads it: its name and where it came from are labels, not inputs."""
+    return dataclasses.replace(model, name="model", source="")
+
+
 def group_stats(results: list[Result]) -> list[tuple[tuple, int, int, float, float]]:
-    """(group key, runs, distinct layouts, Spearman or nan, top-1 regret %) for every group of >= 2 runs; Spearman
-    where the group holds >= 3 distinct layouts."""
+    """(group key, runs, runs autopar tells apart, Spearman or nan, top-1 regret %) for every group of >= 2 runs;
+    Spearman where >= 3 of its runs differ in their layout or in the model or training autopar prices."""
     groups: dict[tuple, list[Result]] = {}
     for r in results:
         groups.setdefault(r.case.group, []).append(r)
@@ -1273,11 +1279,11 @@ def group_stats(results: list[Result]) -> list[tuple[tuple, int, int, float, flo
             continue
         measured = [m.measured_token_s for m in members]
         predicted = [m.predicted_token_s for m in members]
-        layouts = len({m.plan for m in members})
-        rho = spearman(measured, predicted) if layouts >= 3 else float("nan")
+        distinct = len({(priced_model(m.case.model), m.case.training, m.plan) for m in members})
+        rho = spearman(measured, predicted) if distinct >= 3 else float("nan")
         chosen = members[min(range(len(members)), key=lambda i: predicted[i])]
         regret = 100.0 * (chosen.measured_token_s / min(measured) - 1.0)
-        out.append((key, len(members), layouts, rho, regret))
+        out.append((key, len(members), distinct, rho, regret))
     return out
 
 
@@ -1333,9 +1339,9 @@ def run(verbose: bool = False) -> dict:
     reserved_rows, reserved_under = reserved_table(results)
     print()
     print(f"groups (one model on one cluster, >= 2 runs): {len(all_groups)}")
-    for key, n, layouts, rho, regret in all_groups:
+    for key, n, distinct, rho, regret in all_groups:
         label = " ".join(str(k) for k in key[1:])
-        print(f"  {label[:70]:<70} n={n:<3} layouts={layouts:<3} rho={'  -  ' if math.isnan(rho) else f'{rho:+.2f}'} "
+        print(f"  {label[:70]:<70} n={n:<3} distinct={distinct:<3} rho={'  -  ' if math.isnan(rho) else f'{rho:+.2f}'} "
               f"regret={regret:5.1f}%")
     print()
     reasons: dict[str, list[Unexpressed]] = {}

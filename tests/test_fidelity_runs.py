@@ -104,30 +104,38 @@ def test_regret_is_measured_time_of_the_predicted_best(rows):
         return fidelity_runs.Result(c, fidelity_runs.Plan(tp=tp), predicted, True)
 
     stats = fidelity_runs.group_stats([result(1.0, 3.0, 1), result(2.0, 1.0, 2), result(4.0, 2.0, 4)])
-    (_, n, layouts, rho, regret), = stats
-    assert n == 3 and layouts == 3 and regret == pytest.approx(100.0)   # predicted best measures 2.0 vs the best 1.0
+    (_, n, distinct, rho, regret), = stats
+    assert n == 3 and distinct == 3 and regret == pytest.approx(100.0)   # predicted best measures 2.0 vs the best 1.0
     assert rho == pytest.approx(-0.5)
 
 
-def test_runs_that_share_a_layout_are_not_ranked(rows):
-    """Spearman is for groups of >= 3 layouts: runs of one layout differ in what autopar does not take as an input
-    (a software version), so their order says nothing about a layout autopar chooses; the regret still counts."""
+def test_runs_autopar_cannot_tell_apart_are_not_ranked(rows):
+    """Spearman is for groups of >= 3 runs autopar tells apart: runs of one layout and the same inputs differ in what
+    autopar does not read (a software version), so their order says nothing it chooses; the regret still counts.
+    A priced input other than the layout (here the pipeline schedule) tells runs apart."""
     case = next(r for r in rows if isinstance(r, fidelity_runs.Case))
 
     def result(measured, predicted, tp):
         c = fidelity_runs.dataclasses.replace(case, measured_step_s=measured, group=("g",))
         return fidelity_runs.Result(c, fidelity_runs.Plan(tp=tp), predicted, True)
 
-    (_, n, layouts, rho, regret), = fidelity_runs.group_stats(
+    (_, n, distinct, rho, regret), = fidelity_runs.group_stats(
         [result(1.0, 3.0, 1), result(2.0, 1.0, 1), result(4.0, 2.0, 2)])
-    assert (n, layouts) == (3, 2) and fidelity_runs.math.isnan(rho) and regret == pytest.approx(100.0)
+    assert (n, distinct) == (3, 2) and fidelity_runs.math.isnan(rho) and regret == pytest.approx(100.0)
+    zero_bubble = result(2.0, 1.0, 1)
+    zero_bubble = dataclasses.replace(zero_bubble, case=dataclasses.replace(
+        zero_bubble.case, training=dataclasses.replace(zero_bubble.case.training, pipeline_schedule="zb-1p")))
+    (_, _, distinct, rho, _), = fidelity_runs.group_stats([result(1.0, 3.0, 1), zero_bubble, result(4.0, 2.0, 2)])
+    assert distinct == 3 and rho == pytest.approx(-0.5)
 
 
 def test_modded_nanogpt_groups_one_model_and_engine(rows):
     """The speedrun file holds llm.c's record (engine native), the 124M-class records and a 1.5B scale-up at the same
-    sequence length and GPU count: three groups, not one."""
+    sequence length and GPU count: three groups, not one. llm.c's scripts train four GPT-2 sizes: a group each."""
     groups = {r.group for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "modded-nanogpt"}
     assert len(groups) == 3
+    llmc = [r for r in rows if isinstance(r, fidelity_runs.Case) and r.source == "llmc"]
+    assert len({r.group for r in llmc}) == len({r.model.num_layers for r in llmc}) == len(llmc)
 
 
 def test_each_source_row_is_priced_with_the_kernels_its_software_ran(rows):
