@@ -76,6 +76,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "cuda_graph_full_iteration": training.cuda_graph_full_iteration,
                      "fused_kernels": training.fused_kernels,
                      "zero3_serial_fetch": training.zero3_serial_fetch,
+                     "zero3_moe_leaf": training.zero3_moe_leaf,
                      "sac_saves_all_to_all": training.sac_saves_all_to_all,
                      "offload_modules": list(training.offload_modules),
                      "offload_fraction": training.offload_fraction,

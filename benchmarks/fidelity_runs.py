@@ -1086,7 +1086,8 @@ def ms_swift() -> "list[Case | Unexpressed]":
         cluster = _cluster(profile, gpus)
         if "DeepSpeed" in r["method"]:
             training = TrainingSpec(seq_len=seq, global_batch_size=16, engine=Engine.DEEPSPEED,
-                                    expert_gemm=ExpertGemm.LOOP, cross_entropy=CrossEntropyKernel.UNFUSED)
+                                    expert_gemm=ExpertGemm.LOOP, cross_entropy=CrossEntropyKernel.UNFUSED,
+                                    zero3_moe_leaf=False)        # MSWIFT_DEEPSPEED_NOTE
             fixed = dict(tp=1, pp=1, cp=1, ep=1, mbs=1, zero=3, recompute=Recompute.FULL)
             notes = (MSWIFT_DEEPSPEED_NOTE, MSWIFT_PACKING_NOTE)
         else:
@@ -1106,7 +1107,11 @@ MSWIFT_MEGATRON_NOTE = ("Megatron-SWIFT: Megatron-Core with TE, TP2 with sequenc
                         "(Megatron's default), grouped GEMM, full recompute of every layer, distributed optimizer, "
                         "fused cross entropy")
 MSWIFT_DEEPSPEED_NOTE = ("transformers + DeepSpeed ZeRO-3: Hugging Face's Qwen3MoeSparseMoeBlock loops over the "
-                         "128 experts (engine deepspeed, expert GEMMs loop), every GPU a data-parallel rank of "
+                         "128 experts (engine deepspeed, expert GEMMs loop); at the commit that recorded 91.2 s/it "
+                         "(ms-swift ad907793e, 2025-04-29) swift set no ZeRO-3 leaf module (its "
+                         "_deepspeed_set_z3_leaf_modules came in 35663af60, 2025-10) and transformers 4.51 looped over "
+                         "every expert, so each expert linear was fetched by hooks of its own (zero3_moe_leaf off); "
+                         "every GPU a data-parallel rank of "
                          "micro-batch 1, gradient checkpointing (swift's default), batch as the Megatron row's "
                          "(the source: 'assumed comparable')")
 

@@ -488,8 +488,8 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         moe_pre = moe_bwd = post = Launches()
         dispatch_syncs = np.zeros(n)
     deepspeed = engine is Engine.DEEPSPEED
-    if deepspeed and model.moe is not None:   # ZeRO-3 fetches each expert linear on its own (`_deepspeed_zero`)
-        fetch_fwd, fetch_bwd = _deepspeed_expert_fetch(model, plans)
+    if deepspeed and model.moe is not None:   # ZeRO-3's fetch of the MoE block's experts
+        fetch_fwd, fetch_bwd = _deepspeed_expert_fetch(model, training, plans)
         post, moe_bwd = post + fetch_fwd, moe_bwd + fetch_bwd
     return LayerLaunches(
         dense_fwd=layer_fwd + fsdp_fwd, dense_bwd=layer_bwd + fsdp_bwd,
@@ -538,12 +538,23 @@ def _deepspeed_zero(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Laun
     return forward, backward
 
 
-def _deepspeed_expert_fetch(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
-    """ZeRO-3's fetch of an eager MoE block's experts, each of its three linears a submodule with its own hooks
-    (`_deepspeed_zero`): per linear and pass an all-gather with its copy-in and copy-out, and a gradient copy into
-    the reduce bucket backward."""
+def _deepspeed_expert_fetch(model: ModelSpec, training: TrainingSpec, plans: PlanArrays
+                            ) -> tuple[Launches, Launches]:
+    """ZeRO-3's fetch of an eager MoE block's experts. The frameworks that train Hugging Face MoE models under ZeRO-3
+    register the MoE block as a ZeRO-3 leaf module (deepspeed.utils.set_z3_leaf_modules, DeepSpeed PR #4966: with
+    hooks on each expert the ranks, routing differently, fetch different experts and hang; ms-swift
+    swift/model/register.py `_deepspeed_set_z3_leaf_modules` registers Qwen3MoeSparseMoeBlock, Qwen2MoeSparseMoeBlock,
+    GptOssMLP, Llama4TextMoe and the rest; LlamaFactory likewise): DeepSpeed then hooks the block alone and fetches
+    every parameter under it at once (parameter_offload.py and partitioned_param_coordinator.py:
+    `iter_params(sub_module, recurse=z3_leaf_module(sub_module))`), one coalesced all-gather with its copy-in cat
+    and a copy-out per parameter (partition_parameters.py `_all_gather_coalesced`), per pass; backward the same fetch,
+    and each gradient copied into the reduce bucket once the block's backward is done (stage3.py
+    `reduce_leaf_module_grads`). Without the leaf module (TrainingSpec.zero3_moe_leaf off) each expert linear is a
+    submodule with hooks of its own (`_deepspeed_zero`): per linear and pass a coalesced all-gather with its copy-in
+    and copy-out."""
     linears = 3.0 * local_experts(model, plans)
-    fetch = Launches(aten_op=2.0 * linears, collective=linears)
+    fetch = Launches(aten_op=1.0 + linears, collective=1.0) if training.zero3_moe_leaf \
+        else Launches(aten_op=2.0 * linears, collective=linears)
     zero3 = plans.zero >= 3
     return fetch.where(zero3, Launches()), (fetch + Launches(aten_op=linears)).where(zero3, Launches())
 

@@ -659,6 +659,14 @@ class TrainingSpec:
     torch.cuda.synchronize(), every submodule's fetch ending in another, no prefetch ahead of the compute
     (partition_parameters.py _allgather_param, stage3.py _synchronize_communication); from v0.6 the fetch is
     coalesced per module and prefetched. Engine deepspeed only."""
+    zero3_moe_leaf: bool = True
+    """DeepSpeed's ZeRO-3 over a Hugging Face MoE model (engine deepspeed, zero 3): the MoE block registered as a
+    ZeRO-3 leaf module, so one coalesced all-gather brings every expert of the block (deepspeed.utils.
+    set_z3_leaf_modules; ms-swift registers its MoE blocks since 2025-10, LlamaFactory likewise, and transformers'
+    loop over the experts that received tokens needs it: ranks that route differently would fetch different experts
+    and hang). Off: each expert linear fetched by hooks of its own (384 all-gathers a layer for 128 experts), as
+    DeepSpeed ran transformers' loops over every expert before the frameworks set leaf modules. Priced in
+    costmodels.engines._deepspeed_expert_fetch and costmodels.steptime.zero3_collectives_per_layer."""
     sac_saves_all_to_all: bool = True
     """Under torchtitan's per-op selective activation checkpointing (engine torchtitan, recompute selective:
     costmodels.engines.per_op_sac), whether the policy keeps the MoE all-to-all outputs: torchtitan's default save
@@ -796,7 +804,8 @@ class TrainingSpec:
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
                      "deallocate_pipeline_outputs",
                      "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
-                     "zero3_serial_fetch", "fused_kernels", "sac_saves_all_to_all", "cuda_graph_full_iteration"):
+                     "zero3_serial_fetch", "fused_kernels", "sac_saves_all_to_all", "cuda_graph_full_iteration",
+                     "zero3_moe_leaf"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
         require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")

@@ -751,15 +751,17 @@ def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray,
 def zero3_collectives_per_layer(model: ModelSpec, training: TrainingSpec) -> tuple[float, float]:
     """Collectives one decoder layer's ZeRO-3 gather (and reduce-scatter) takes, for its dense parameters and for a
     MoE layer's experts: one each for an FSDP unit (torchtitan, FSDP, Megatron-FSDP); DeepSpeed's fetch all-gathers
-    per parameter-holding submodule (v0.6+: coalesced, partitioned_param_coordinator.py fetch_sub_module) -- an eager
-    MoE block's experts are three linears each -- and before v0.6 every parameter alone (partition_parameters.py
-    _allgather_param, TrainingSpec.zero3_serial_fetch)."""
+    per parameter-holding submodule (v0.6+: coalesced, partitioned_param_coordinator.py fetch_sub_module): a MoE
+    block's experts at once where it is the ZeRO-3 leaf module the frameworks register it as
+    (TrainingSpec.zero3_moe_leaf, engines._deepspeed_expert_fetch; its gradients reduced together once its backward
+    is done), else each expert linear on its own; before v0.6, which had no leaf modules, every parameter alone
+    (partition_parameters.py _allgather_param, TrainingSpec.zero3_serial_fetch)."""
     if training.engine is not Engine.DEEPSPEED:
         return 1.0, 1.0
-    experts = 3.0 * model.moe.num_experts if model.moe is not None else 1.0
+    per_linear = 3.0 * model.moe.num_experts if model.moe is not None else 1.0
     if training.zero3_serial_fetch:
-        return engines.param_tensors_per_layer(model), experts
-    return engines.param_modules_per_layer(model), experts
+        return engines.param_tensors_per_layer(model), per_linear
+    return engines.param_modules_per_layer(model), 1.0 if training.zero3_moe_leaf else per_linear
 
 
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,

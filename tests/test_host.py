@@ -232,3 +232,30 @@ def test_deepspeed_2021_zero3_exposes_every_gather():
     plan = [Plan(zero=3, mbs=1)]
     assert steps(model, "a100-80gb", legacy, plan, 256)["dp_comm"][0] > \
         2 * steps(model, "a100-80gb", modern, plan, 256)["dp_comm"][0]
+
+
+def test_deepspeed_zero3_fetches_a_moe_block_at_once_as_a_leaf_module():
+    """Frameworks register a Hugging Face MoE block as a ZeRO-3 leaf module (ranks that route differently would
+    otherwise fetch different experts and hang): one coalesced all-gather for all of its experts a pass, a copy-out
+    per expert weight; DeepSpeed before 0.6 (no leaf modules) gathers every weight on its own."""
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen3-30b-a3b")
+    plans = PlanArrays.from_plans([Plan(zero=3, mbs=1), Plan(zero=1, mbs=1)])
+    training = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED, expert_gemm="loop")
+    launches = engines.layer_launches(model, training, plans)
+    weights = 3.0 * model.moe.num_experts
+    dense = engines.layer_launches(dataclasses.replace(model, moe=None), training, plans)
+    assert launches.moe_post_fwd.collective[0] == 1.0 and launches.moe_post_fwd.collective[1] == 0.0
+    assert launches.moe_post_fwd.aten_op[0] - launches.moe_post_fwd.aten_op[1] == 1.0 + weights
+    assert dense.dense_fwd.collective[0] == engines.param_modules_per_layer(model)
+    legacy = dataclasses.replace(training, zero3_serial_fetch=True)
+    assert steptime.zero3_collectives_per_layer(model, training) == (engines.param_modules_per_layer(model), 1.0)
+    assert steptime.zero3_collectives_per_layer(model, legacy)[1] == weights
+    # without the leaf module (transformers' loop over every expert, before the frameworks registered it): hooks on
+    # every expert linear, an all-gather each, and the step pays their latency
+    hooked = dataclasses.replace(training, zero3_moe_leaf=False)
+    per_linear = engines.layer_launches(model, hooked, plans).moe_post_fwd
+    assert per_linear.collective[0] == weights and per_linear.aten_op[0] - per_linear.aten_op[1] == 2.0 * weights
+    assert steptime.zero3_collectives_per_layer(model, hooked)[1] == weights
+    plan = [Plan(zero=3, mbs=1)]
+    assert steps(model, "a800-80gb", hooked, plan, 16)["dp_comm"][0] > \
+        steps(model, "a800-80gb", training, plan, 16)["dp_comm"][0]

@@ -81,6 +81,8 @@ def engine_summary(training: TrainingSpec) -> str:
         launch = "eager launches"
     extras = (", fused kernels" if training.fused_kernels else "") + \
         (", ZeRO-3 fetch as DeepSpeed < 0.6" if training.zero3_serial_fetch else "") + \
+        (", each expert linear fetched on its own" if training.engine.value == "deepspeed"
+         and not training.zero3_moe_leaf else "") + \
         (", selective = per-op SAC" if training.engine.value == "torchtitan" else "") + \
         (" (all-to-alls recomputed)" if training.engine.value == "torchtitan" and not training.sac_saves_all_to_all
          else "")
