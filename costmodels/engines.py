@@ -25,6 +25,8 @@ Launch paths (`Launches` fields; `Launches.host_s` prices them with HostCosts):
     compiled     entering a torch.compile'd graph (guards, generated wrapper), its kernels counted apart
     graph_replay, graph_node   a CUDA-graph replay and its kernel nodes
     collective   a torch.distributed collective from Python (one dispatch, one NCCL launch)
+    dtensor      an operator on DTensor arguments (eager tensor parallelism through torch.distributed.tensor):
+                 DTensor's dispatch before the operator's own launch, host time only (dtensor_dispatches)
 
 A layer's pieces (`LayerLaunches`): the dense layer's forward and backward; a MoE layer's forward split at the
 dispatcher's host synchronisation (`moe_pre_fwd` up to it, `moe_post_fwd` after), its backward; the embedding
@@ -53,6 +55,16 @@ autograd Function) is Python work that scales like the torch call it wraps. A TE
 #2126) that the gap had 'greatly reduced' since; no newer figure is published, so the measured ratio is used."""
 
 
+DTENSOR_DISPATCH_TO_ATEN_OP = 0.94
+"""Host time of DTensor's dispatch of one operator, beyond the operator's own, in eager operators
+(host.aten_op_us): benchmarks/dtensor_dispatch.py on torch 2.13.0 (the CPU build, this project's Xeon machines) times
+detach, add, mul, mm and silu on DTensors against plain tensors, 6.7-7.1 µs more a call (median of the five, three
+runs; the kernel is the same, so the difference is the dispatch: the C++ fast path, the cached sharding propagation,
+unwrapping and rewrapping), over the profile's fitted eager operator, 7.35 µs. It is host Python and C++, which the
+same class of server CPU runs at about the same speed. (PyTorch's own detach benchmark gave 24-26 µs against a plain
+tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later fast-path work.)"""
+
+
 def _zero(n: int) -> np.ndarray:
     return np.zeros(n)
 
@@ -71,6 +83,7 @@ class Launches:
     graph_replay: "np.ndarray | float" = 0.0
     graph_node: "np.ndarray | float" = 0.0
     collective: "np.ndarray | float" = 0.0
+    dtensor: "np.ndarray | float" = 0.0
 
     def __add__(self, other: "Launches") -> "Launches":
         return Launches(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
@@ -85,7 +98,8 @@ class Launches:
 
     @property
     def kernels(self):
-        """GPU kernels these launches put on the GPU (a compiled-graph entry and a replay launch none of their own)."""
+        """GPU kernels these launches put on the GPU (a compiled-graph entry, a replay launch and DTensor's dispatch
+        none of their own)."""
         return (self.aten_op + self.aten_gemm + self.te_module + self.cublas + self.launch + self.triton
                 + self.graph_node + self.collective)
 
@@ -96,7 +110,8 @@ class Launches:
         return (self.aten_op * costs.aten_op_s + self.aten_gemm * costs.aten_gemm_s + self.te_module * te_module_s
                 + self.cublas * cublas_s + self.launch * costs.launch_s + self.triton * costs.triton_launch_s
                 + self.compiled * costs.compiled_call_s + self.graph_replay * costs.cuda_graph_replay_s
-                + self.graph_node * costs.cuda_graph_node_s + self.collective * costs.aten_op_s)
+                + self.graph_node * costs.cuda_graph_node_s + self.collective * costs.aten_op_s
+                + self.dtensor * DTENSOR_DISPATCH_TO_ATEN_OP * costs.aten_op_s)
 
     def captured(self) -> "Launches":
         """These launches replayed as one CUDA graph: one replay, a node per kernel (Megatron-Core's captured
@@ -162,6 +177,61 @@ def _tp_collectives(plans: PlanArrays, with_sp: int, without_sp: int) -> np.ndar
 # (--moe-router-fusion, --moe-permute-fusion, --moe-grouped-gemm). Megatron's jit_fuser is torch.compile
 # (megatron/core/jit.py), so its fused bias-dropout-add and activation functions are compiled calls of one Triton
 # kernel each.
+
+def dtensor_dispatches(linears: float, norms: float, norm_params: float, consumer_adds: float, linear_bias: bool
+                       ) -> tuple[float, float]:
+    """(forward, backward) operators on DTensor arguments of one decoder layer under torchtitan's tensor-parallel plan
+    (SequenceParallel norms, PrepareModuleInput before the attention and the MLP, ColwiseParallel / RowwiseParallel
+    linears whose outputs are local tensors): forward, per linear its weight's transpose, the matmul and two views
+    (4), per norm one (the fused kernel); backward, per linear two matmuls, four transposes and two views (8), a bias
+    gradient's sum and view (2 more), per norm one, per parameter its gradient's accumulation, and a gradient sum per
+    extra consumer of a DTensor input (q, k and v read the same input: 2; w1 and w3: 1). What is not a DTensor --
+    the attention core between the projections, the residual adds on the layer's local input -- runs on plain
+    tensors. benchmarks/dtensor_dispatch.py counts the same on torch 2.13 (tests/test_dtensor_dispatch.py)."""
+    forward = 4.0 * linears + norms
+    backward = 8.0 * linears + norms + linears * (2.0 if linear_bias else 1.0) + norm_params + consumer_adds \
+        + (2.0 * linears if linear_bias else 0.0)
+    return forward, backward
+
+
+def layer_dtensor_dispatches(model: ModelSpec, separate_qkv: bool) -> tuple[float, float]:
+    """`dtensor_dispatches` of one of the model's decoder layers: q, k, v and o (or a fused QKV and o) and the MLP's
+    two or three linears, its two norms' parameters (a LayerNorm's weight and bias, an RMSNorm's weight)."""
+    gated = _gated(model)
+    linears = (4.0 if separate_qkv else 2.0) + (3.0 if gated else 2.0)
+    norm_params = 2.0 * (2.0 if model.norm is NormKind.LAYERNORM else 1.0)
+    consumer_adds = (2.0 if separate_qkv else 0.0) + (1.0 if gated else 0.0)
+    return dtensor_dispatches(linears, 2.0, norm_params, consumer_adds, model.linear_bias)
+
+
+def _dtensor_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+    """DTensor's dispatches a torchtitan MoE layer adds to its attention half's (`_dtensor_layer` scaled to it): under
+    tensor parallelism the router's gate (NoParallel, a replicated DTensor weight) and the shared experts'
+    three linears (ColwiseParallel / RowwiseParallel, their input read twice); with the experts sharded over EP or TP
+    (DTensor weights), GroupedExperts' `to_local()` of its three weights each forward and their gradients back into
+    DTensors (distributed/expert_parallel.py, models/moe/moe.py). Compiled: none."""
+    n = len(plans)
+    if training.launch is LaunchPath.COMPILE or model.moe is None:
+        return Launches(dtensor=np.zeros(n)), Launches(dtensor=np.zeros(n))
+    router_fwd, router_bwd = dtensor_dispatches(1.0, 0.0, 0.0, 0.0, False)
+    shared = bool(model.moe.num_shared_experts)
+    shared_fwd, shared_bwd = dtensor_dispatches(3.0, 0.0, 0.0, 1.0, False) if shared else (0.0, 0.0)
+    tp, sharded = plans.tp > 1, (plans.tp > 1) | (plans.ep > 1)
+    forward = np.where(tp, router_fwd + shared_fwd, 0.0) + np.where(sharded, 3.0, 0.0)
+    backward = np.where(tp, router_bwd + shared_bwd, 0.0) + np.where(sharded, 6.0, 0.0)
+    return Launches(dtensor=forward), Launches(dtensor=backward)
+
+
+def _dtensor_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, separate_qkv: bool
+                   ) -> tuple[Launches, Launches]:
+    """DTensor's dispatches of one layer where eager tensor parallelism runs (tp > 1, not compiled: a compiled graph
+    is traced through DTensor once and runs on plain tensors)."""
+    if training.launch is LaunchPath.COMPILE:
+        return Launches(), Launches()
+    forward, backward = layer_dtensor_dispatches(model, separate_qkv)
+    tp = plans.tp > 1
+    return Launches(dtensor=np.where(tp, forward, 0.0)), Launches(dtensor=np.where(tp, backward, 0.0))
+
 
 def _megatron_attention(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
     """(forward, backward) of the attention half of a layer: QKV LayerNormLinear (its norm kernel from C++), core
@@ -372,16 +442,22 @@ def param_modules_per_layer(model: ModelSpec) -> float:
     return (7.0 if _gated(model) else 4.0) + 2.0
 
 
-def _eager_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+def _eager_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, dtensor: bool
+                 ) -> tuple[Launches, Launches]:
     """(forward, backward) launches of one dense decoder layer of an eager PyTorch model (EAGER_LAYER_KERNELS), plus
     a kernel per parameter tensor in the backward (AccumulateGrad's add while gradients accumulate, DDP's
     bucket copy on the last micro-batch: reducer.cpp mark_variable_ready_dense) and tensor-parallel collectives
-    (DTensor: an all-gather and a reduce-scatter per block each way under SP)."""
+    (an all-gather and a reduce-scatter per block each way under SP). A plain PyTorch loop shards for tensor
+    parallelism with DTensor (`_dtensor_layer`; q, k, v separate in Hugging Face's gated models, one fused QKV in
+    nanoGPT's); DeepSpeed's AutoTP replaces the linears with its own on plain tensors (`dtensor` False)."""
     ops_f, ops_b, gemm_f, gemm_b = EAGER_LAYER_KERNELS[(_gated(model), training.flash_attention)]
     bias_sums = 4.0 if model.linear_bias else 0.0
     forward = Launches(aten_op=ops_f - gemm_f, aten_gemm=gemm_f, collective=_tp_collectives(plans, 4, 2))
     backward = Launches(aten_op=ops_b - gemm_b + bias_sums + param_tensors_per_layer(model), aten_gemm=gemm_b,
                         collective=_tp_collectives(plans, 4, 2))
+    if dtensor:
+        dtensor_fwd, dtensor_bwd = _dtensor_layer(model, training, plans, separate_qkv=_gated(model))
+        forward, backward = forward + dtensor_fwd, backward + dtensor_bwd
     return forward, backward
 
 
@@ -451,6 +527,7 @@ def _torchtitan_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArray
     fallbacks as ATen ops). TP (DTensor SequenceParallel/Colwise/Rowwise): an all-gather and a reduce-scatter per
     block each way; a plain MLP has one GEMM fewer."""
     mlp_gemms = 3.0 if _gated(model) else 2.0
+    dtensor_fwd, dtensor_bwd = _dtensor_layer(model, training, plans, separate_qkv=True)
     if training.launch is LaunchPath.COMPILE:
         forward = Launches(compiled=1.0, triton=4.0, aten_gemm=4.0 + mlp_gemms, aten_op=3.0)
         backward = Launches(compiled=1.0, triton=5.0, aten_gemm=2.0 * (4.0 + mlp_gemms), aten_op=4.0, launch=2.0)
@@ -458,7 +535,7 @@ def _torchtitan_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArray
         forward = Launches(aten_gemm=4.0 + mlp_gemms, aten_op=9.0)
         backward = Launches(aten_gemm=2.0 * (4.0 + mlp_gemms), aten_op=19.0)
     tp = _tp_collectives(plans, 4, 2)
-    return forward + Launches(collective=tp), backward + Launches(collective=tp)
+    return forward + dtensor_fwd + Launches(collective=tp), backward + dtensor_bwd + Launches(collective=tp)
 
 
 def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> LayerLaunches:
@@ -470,7 +547,7 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         layer_fwd, layer_bwd = _torchtitan_layer(model, training, plans)
         attention_share = 0.6         # of a block's launches before its MLP (attention norm .. residual add)
     else:
-        layer_fwd, layer_bwd = _eager_layer(model, training, plans)
+        layer_fwd, layer_bwd = _eager_layer(model, training, plans, dtensor=engine is Engine.PYTORCH)
         attention_share = 0.6
         if compiled:   # a compiled eager model: Inductor's fusion of the block, one graph call each way
             layer_fwd = Launches(compiled=1.0, triton=layer_fwd.aten_op * 0.4, aten_gemm=layer_fwd.aten_gemm,
@@ -482,6 +559,9 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
     moe_pre_sac = Launches()
     if model.moe is not None:
         pre, post, moe_bwd, dispatch_syncs = _eager_moe(model, training, plans, compiled)
+        if engine is Engine.TORCHTITAN:
+            dtensor_fwd, dtensor_bwd = _dtensor_moe(model, training, plans)
+            pre, moe_bwd = pre + dtensor_fwd, moe_bwd + dtensor_bwd
         moe_pre, moe_pre_sac = attention_fwd + pre + fsdp_fwd, pre
         moe_bwd = layer_bwd.times(attention_share) + moe_bwd + fsdp_bwd
     else:
