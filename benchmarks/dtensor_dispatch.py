@@ -26,6 +26,7 @@ that it is not installed otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import statistics
 import sys
@@ -43,17 +44,23 @@ TIMED_CALLS = 20_000
 WARMUP_CALLS = 2_000
 
 
+@contextlib.contextmanager
 def one_rank_mesh():
-    """A one-rank gloo process group on this machine and a CPU device mesh over it."""
+    """A CPU device mesh over a one-rank gloo process group on this machine, destroyed on exit (a test process may
+    start another group later)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    if not dist.is_initialized():
-        with socket.socket() as probe:           # a port no other process on this machine holds
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    return init_device_mesh("cpu", (1,))
+    if dist.is_initialized():
+        raise RuntimeError("a default process group is already initialized in this process")
+    with socket.socket() as probe:               # a port no other process on this machine holds
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
 
 
 def build_block(gated: bool, hidden: int = 64, heads: int = 4, kv_heads: int = 2, ffn: int = 128):
@@ -154,18 +161,19 @@ def count_dispatches(gated: bool) -> tuple[int, int]:
             return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
-    block = tensor_parallel(build_block(gated), one_rank_mesh(), gated)
-    tokens = 16
-    x = torch.randn(2, tokens, 64, requires_grad=True)
-    rope = (torch.randn(tokens, 1, 16), torch.randn(tokens, 1, 16))
-    for _ in range(2):
-        block(x, rope).sum().backward()
-    forward, backward = Count(), Count()
-    with forward:
-        out = block(x, rope)
-    loss = out.sum()
-    with backward:
-        loss.backward()
+    with one_rank_mesh() as mesh:
+        block = tensor_parallel(build_block(gated), mesh, gated)
+        tokens = 16
+        x = torch.randn(2, tokens, 64, requires_grad=True)
+        rope = (torch.randn(tokens, 1, 16), torch.randn(tokens, 1, 16))
+        for _ in range(2):
+            block(x, rope).sum().backward()
+        forward, backward = Count(), Count()
+        with forward:
+            out = block(x, rope)
+        loss = out.sum()
+        with backward:
+            loss.backward()
     return forward.on_dtensors, backward.on_dtensors
 
 
@@ -175,11 +183,6 @@ def dispatch_extra_us() -> tuple[float, dict[str, tuple[float, float]]]:
     import torch.nn.functional as F
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    mesh = one_rank_mesh()
-    a, b, w = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
-    da, db = distribute_tensor(a, mesh, [Shard(0)]), distribute_tensor(b, mesh, [Shard(0)])
-    dw = distribute_tensor(w, mesh, [Replicate()])
-
     def per_call_us(call) -> float:
         for _ in range(WARMUP_CALLS):
             call()
@@ -188,12 +191,16 @@ def dispatch_extra_us() -> tuple[float, dict[str, tuple[float, float]]]:
             call()
         return (time.perf_counter() - start) / TIMED_CALLS * 1e6
 
-    ops = {"detach": (lambda: a.detach(), lambda: da.detach()),
-           "add": (lambda: a + b, lambda: da + db),
-           "mul": (lambda: a * b, lambda: da * db),
-           "mm": (lambda: a @ w, lambda: da @ dw),
-           "silu": (lambda: F.silu(a), lambda: F.silu(da))}
-    times = {name: (per_call_us(plain), per_call_us(dtensor)) for name, (plain, dtensor) in ops.items()}
+    with one_rank_mesh() as mesh:
+        a, b, w = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
+        da, db = distribute_tensor(a, mesh, [Shard(0)]), distribute_tensor(b, mesh, [Shard(0)])
+        dw = distribute_tensor(w, mesh, [Replicate()])
+        ops = {"detach": (lambda: a.detach(), lambda: da.detach()),
+               "add": (lambda: a + b, lambda: da + db),
+               "mul": (lambda: a * b, lambda: da * db),
+               "mm": (lambda: a @ w, lambda: da @ dw),
+               "silu": (lambda: F.silu(a), lambda: F.silu(da))}
+        times = {name: (per_call_us(plain), per_call_us(dtensor)) for name, (plain, dtensor) in ops.items()}
     return statistics.median(d - p for p, d in times.values()), times
 
 
