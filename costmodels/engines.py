@@ -55,12 +55,13 @@ autograd Function) is Python work that scales like the torch call it wraps. A TE
 #2126) that the gap had 'greatly reduced' since; no newer figure is published, so the measured ratio is used."""
 
 
-DTENSOR_DISPATCH_TO_ATEN_OP = 0.94
+DTENSOR_DISPATCH_TO_ATEN_OP = 0.95
 """Host time of DTensor's dispatch of one operator, beyond the operator's own, in eager operators
 (host.aten_op_us): benchmarks/dtensor_dispatch.py on torch 2.13.0 (the CPU build, this project's Xeon machines) times
-detach, add, mul, mm and silu on DTensors against plain tensors, 6.7-7.1 µs more a call (median of the five, three
-runs; the kernel is the same, so the difference is the dispatch: the C++ fast path, the cached sharding propagation,
-unwrapping and rewrapping), over the profile's fitted eager operator, 7.35 µs. It is host Python and C++, which the
+detach, add, mul, mm and silu on DTensors against plain tensors, 6.7-7.8 µs more a call over five runs (the median of
+the five operators each run; the median run 7.0 µs; the kernel is the same, so the difference is the dispatch: the
+C++ fast path, the cached sharding propagation, unwrapping and rewrapping), over the profile's fitted eager operator,
+7.35 µs. It is host Python and C++, which the
 same class of server CPU runs at about the same speed. (PyTorch's own detach benchmark gave 24-26 µs against a plain
 tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later fast-path work.)"""
 
