@@ -942,7 +942,8 @@ def llmc_scripts() -> "list[Case | Unexpressed]":
         notes = (NATIVE_NOTE, "an approximate ('~') step time in a script comment") + (
             (LLMC_ATTENTION_NOTE,) if training.attention_kernel is AttentionKernel.FA2 else ())
         out.append(Case(source, r["row_id"], label, model, _cluster(profile, gpus), training, fixed, {}, "step s",
-                        _num(r, "step_time_s"), category(profile, False), (source, f"gpt-2 d{layers}", profile.name, gpus, seq),
+                        _num(r, "step_time_s"), category(profile, False),
+                        (source, f"gpt-2 d{layers}", profile.name, gpus, seq),
                         notes, small_kernel=True))
     return out
 
@@ -968,7 +969,8 @@ PyTorch 2.5.1'); the earlier logs (2024-10-10_Muon .. 2024-10-18_PyTorch25) leav
 
 
 def record_date(row: dict) -> str:
-    """The record's date (YYYY-MM-DD) from the log path the row cites ('records/track_1_short/2024-11-03_...'), or ''."""
+    """The record's date (YYYY-MM-DD) from the log path the row cites ('records/track_1_short/2024-11-03_...'), or
+    ''."""
     found = re.search(r"records/track_\w+/(\d{4}-\d{2}-\d{2})_", row.get("notes", "") + row.get("source_table", ""))
     return found.group(1) if found else ""
 

@@ -61,9 +61,9 @@ DTENSOR_DISPATCH_TO_ATEN_OP = 0.95
 detach, add, mul, mm and silu on DTensors against plain tensors, 6.7-7.8 µs more a call over five runs (the median of
 the five operators each run; the median run 7.0 µs; the kernel is the same, so the difference is the dispatch: the
 C++ fast path, the cached sharding propagation, unwrapping and rewrapping), over the profile's fitted eager operator,
-7.35 µs. It is host Python and C++, which the
-same class of server CPU runs at about the same speed. (PyTorch's own detach benchmark gave 24-26 µs against a plain
-tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later fast-path work.)"""
+7.35 µs. It is host Python and C++, which the same class of server CPU runs at about the same speed. (PyTorch's own
+detach benchmark gave 24-26 µs against a plain tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later
+fast-path work.)"""
 
 
 def _zero(n: int) -> np.ndarray:
@@ -172,12 +172,7 @@ def _tp_collectives(plans: PlanArrays, with_sp: int, without_sp: int) -> np.ndar
     return np.where(plans.tp > 1, np.where(plans.sp, float(with_sp), float(without_sp)), 0.0)
 
 
-# ---- Megatron-Core + Transformer Engine ---------------------------------------------------------------------------
-# Counts: Megatron-Core core_v0.19.0 TE spec (gpt_layer_specs.py get_gpt_layer_with_transformer_engine_submodules)
-# with TE v2.17.1, bf16, as read from the sources (module docstring); the performance recipes' MoE fusions on
-# (--moe-router-fusion, --moe-permute-fusion, --moe-grouped-gemm). Megatron's jit_fuser is torch.compile
-# (megatron/core/jit.py), so its fused bias-dropout-add and activation functions are compiled calls of one Triton
-# kernel each.
+# ---- DTensor: eager tensor parallelism in torchtitan and a plain PyTorch loop ----------------------------------------
 
 def dtensor_dispatches(linears: float, norms: float, norm_params: float, consumer_adds: float, linear_bias: bool
                        ) -> tuple[float, float]:
@@ -233,6 +228,14 @@ def _dtensor_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, 
     tp = plans.tp > 1
     return Launches(dtensor=np.where(tp, forward, 0.0)), Launches(dtensor=np.where(tp, backward, 0.0))
 
+
+
+# ---- Megatron-Core + Transformer Engine ---------------------------------------------------------------------------
+# Counts: Megatron-Core core_v0.19.0 TE spec (gpt_layer_specs.py get_gpt_layer_with_transformer_engine_submodules)
+# with TE v2.17.1, bf16, as read from the sources (module docstring); the performance recipes' MoE fusions on
+# (--moe-router-fusion, --moe-permute-fusion, --moe-grouped-gemm). Megatron's jit_fuser is torch.compile
+# (megatron/core/jit.py), so its fused bias-dropout-add and activation functions are compiled calls of one Triton
+# kernel each.
 
 def _megatron_attention(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
     """(forward, backward) of the attention half of a layer: QKV LayerNormLinear (its norm kernel from C++), core
