@@ -49,6 +49,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
+from autopar.calibrate.from_runs import same_run_groups  # noqa: E402
 from autopar.runs import MEMORY_HEADROOM, choose_plan, cluster_for, gpu_profile  # noqa: E402
 from autopar.runs import integer as _int  # noqa: E402
 from autopar.runs import number as _num  # noqa: E402
@@ -1269,14 +1270,10 @@ def _summary(errors: list[float]) -> Summary:
                    len(errors))
 
 
-def priced_model(model: ModelSpec) -> ModelSpec:
-    """The model as the cost model reads it: its name and where it came from are labels, not inputs."""
-    return dataclasses.replace(model, name="model", source="")
-
-
 def group_stats(results: list[Result]) -> list[tuple[tuple, int, int, float, float]]:
     """(group key, runs, runs autopar tells apart, Spearman or nan, top-1 regret %) for every group of >= 2 runs;
-    Spearman where >= 3 of its runs differ in their layout or in the model or training autopar prices."""
+    Spearman where >= 3 of its runs differ in their layout or in the model or training autopar prices
+    (autopar.calibrate.from_runs.same_run_groups, as benchmarks/fit_runs.py tells them apart)."""
     groups: dict[tuple, list[Result]] = {}
     for r in results:
         groups.setdefault(r.case.group, []).append(r)
@@ -1286,7 +1283,7 @@ def group_stats(results: list[Result]) -> list[tuple[tuple, int, int, float, flo
             continue
         measured = [m.measured_token_s for m in members]
         predicted = [m.predicted_token_s for m in members]
-        distinct = len({(priced_model(m.case.model), m.case.training, m.plan) for m in members})
+        distinct = len(same_run_groups([m.case for m in members], [m.plan for m in members]))
         rho = spearman(measured, predicted) if distinct >= 3 else float("nan")
         chosen = members[min(range(len(members)), key=lambda i: predicted[i])]
         regret = 100.0 * (chosen.measured_token_s / min(measured) - 1.0)

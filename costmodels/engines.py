@@ -195,9 +195,8 @@ def layer_dtensor_dispatches(model: ModelSpec, separate_qkv: bool) -> tuple[floa
     two or three linears, its two norms' parameters (a LayerNorm's weight and bias, an RMSNorm's weight)."""
     gated = _gated(model)
     linears = (4.0 if separate_qkv else 2.0) + (3.0 if gated else 2.0)
-    norm_params = 2.0 * (2.0 if model.norm is NormKind.LAYERNORM else 1.0)
     consumer_adds = (2.0 if separate_qkv else 0.0) + (1.0 if gated else 0.0)
-    return dtensor_dispatches(linears, 2.0, norm_params, consumer_adds, model.linear_bias)
+    return dtensor_dispatches(linears, 2.0, norm_params_per_layer(model), consumer_adds, model.linear_bias)
 
 
 def _dtensor_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
@@ -206,9 +205,9 @@ def _dtensor_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) ->
     three linears (ColwiseParallel / RowwiseParallel, their input read twice); with the experts sharded over EP or TP
     (DTensor weights), GroupedExperts' `to_local()` of its three weights each forward and their gradients back into
     DTensors (distributed/expert_parallel.py, models/moe/moe.py). Compiled: none."""
-    n = len(plans)
-    if training.launch is LaunchPath.COMPILE or model.moe is None:
-        return Launches(dtensor=np.zeros(n)), Launches(dtensor=np.zeros(n))
+    assert model.moe is not None
+    if training.launch is LaunchPath.COMPILE:
+        return Launches(), Launches()
     router_fwd, router_bwd = dtensor_dispatches(1.0, 0.0, 0.0, 0.0, False)
     shared = bool(model.moe.num_shared_experts)
     shared_fwd, shared_bwd = dtensor_dispatches(3.0, 0.0, 0.0, 1.0, False) if shared else (0.0, 0.0)
@@ -431,13 +430,17 @@ EAGER_LAYER_KERNELS = {  # (gated family?, fused attention?) -> (forward ops, ba
 }
 
 
+def norm_params_per_layer(model: ModelSpec) -> float:
+    """Parameter tensors of a decoder layer's two norms: a LayerNorm's weight and bias, an RMSNorm's weight."""
+    return 2.0 * (2.0 if model.norm is NormKind.LAYERNORM else 1.0)
+
+
 def param_tensors_per_layer(model: ModelSpec) -> float:
     """Weight (and bias) tensors of one decoder layer as an eager model holds them (separate q, k, v, o and gate,
     up, down projections in Hugging Face models; a fused QKV and fc1 in GPT-2 / nanoGPT), its norms'."""
     gated = _gated(model)
     linears = (4.0 + 3.0) if gated else 4.0
-    norms = 2.0 * (2.0 if model.norm is NormKind.LAYERNORM else 1.0)
-    return linears * (2.0 if model.linear_bias else 1.0) + norms
+    return linears * (2.0 if model.linear_bias else 1.0) + norm_params_per_layer(model)
 
 
 def param_modules_per_layer(model: ModelSpec) -> float:

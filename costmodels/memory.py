@@ -406,18 +406,22 @@ def gradients_at_peak_share(shape: StageShape, gradient_bytes: np.ndarray, activ
     return np.where(shape.num_microbatches <= 1, beyond_activations, 1.0)
 
 
-def full_gradient_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-                        stage: "np.ndarray | int") -> np.ndarray:
-    """Every gradient of rank `stage`, whatever share of it the peak holds (gradients_at_peak_share): all of them
-    exist at the optimizer step."""
-    shape = stage_shape(model, cluster, training, plans, stage)
+def _every_gradient_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """The rank's gradients together (GRADIENT_TERMS), each at its own ZeRO sharding."""
     total = gradients_bytes(training, shape) + embedding_gradients_bytes(training, shape)
     if model.moe is not None:
         total = total + expert_gradients_bytes(training, shape)
     return total
 
 
-def ddp_gradient_buckets_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+def full_gradient_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                        stage: "np.ndarray | int") -> np.ndarray:
+    """Every gradient of rank `stage`, whatever share of it the peak holds (gradients_at_peak_share): all of them
+    exist at the optimizer step."""
+    return _every_gradient_bytes(model, training, stage_shape(model, cluster, training, plans, stage))
+
+
+def ddp_gradient_buckets_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """DDP (a plain PyTorch loop at zero 0 and 1 with data parallelism: torch.nn.parallel.DistributedDataParallel)
     all-reduces the gradients in flat buckets its Reducer allocates once at construction, as large as every
     gradient together, in the gradients' dtype; with gradient_as_bucket_view=False,
@@ -431,9 +435,8 @@ def ddp_gradient_buckets_bytes(training: TrainingSpec, shape: StageShape) -> np.
     priced."""
     if training.engine is not Engine.PYTORCH:
         return np.zeros(len(shape.plans))
-    every_gradient = (shape.layer_params_per_gpu + shape.embedding_params_per_gpu + shape.expert_params_per_gpu) \
-        * training.gradient_bytes_per_param
-    return np.where((shape.plans.zero < 2) & (shape.dp > 1), every_gradient, 0.0)
+    # at zero 0 and 1 the gradients are not sharded: each term is the whole gradient
+    return np.where((shape.plans.zero < 2) & (shape.dp > 1), _every_gradient_bytes(model, training, shape), 0.0)
 
 
 def optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -1344,7 +1347,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("mtp_activations", bool(model.num_mtp_layers), lambda: mtp_activations_bytes(model, training, shape)),
         ("zero_gradient_buckets", True, lambda: zero_gradient_buckets_bytes(model, training, shape)),
         ("ddp_gradient_buckets", training.engine is Engine.PYTORCH,
-         lambda: ddp_gradient_buckets_bytes(training, shape)),
+         lambda: ddp_gradient_buckets_bytes(model, training, shape)),
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, cluster.profile, training,
                                                                               shape)),
         ("tp_comm_userbuffers", training.tp_comm_overlap, lambda: tp_comm_userbuffers_bytes(model, training, plans)),

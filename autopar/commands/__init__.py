@@ -518,12 +518,13 @@ def optimizer_step_warnings(result: "Estimate") -> list[str]:
     if peak <= result.peak_memory_bytes:
         return []
     over = " (over the limit: the step would run out of memory)" if peak > result.memory_limit_bytes else ""
-    who = "Megatron copies them" if result.training.engine is Engine.MEGATRON else "an fp32-master optimizer copies them"
+    megatron = result.training.engine is Engine.MEGATRON
+    who = "Megatron copies them" if megatron else "an fp32-master optimizer copies them"
+    sharded = "the distributed optimizer" if megatron else "a sharded optimizer"
     return [f"bf16 gradients: at the optimizer step {who} to fp32 after the activations are freed, "
             f"and stage {stage} then holds {peak / 2**30:.2f} GiB{over}, above the "
             f"{result.peak_memory_bytes / 2**30:.2f} GiB priced for the backward"
-            + (f"; {'the distributed optimizer' if result.training.engine is Engine.MEGATRON else 'a sharded optimizer'}"
-               " (--zero 1) copies only its shard" if result.plan.zero == 0 else "")]
+            + (f"; {sharded} (--zero 1) copies only its shard" if result.plan.zero == 0 else "")]
 
 
 MOE_ONLY_MODULES = ("moe_act", "moe", "shared_experts")
