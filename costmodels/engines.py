@@ -27,6 +27,8 @@ Launch paths (`Launches` fields; `Launches.host_s` prices them with HostCosts):
     collective   a torch.distributed collective from Python (one dispatch, one NCCL launch)
     dtensor      an operator on DTensor arguments (eager tensor parallelism through torch.distributed.tensor):
                  DTensor's dispatch before the operator's own launch, host time only (dtensor_dispatches)
+    zero3_hook   DeepSpeed ZeRO-3's module hooks: their Python per hooked module and fetched parameter, in eager
+                 operators (ZERO3_HOOK_TO_ATEN_OP), host time only (the kernels they launch are counted apart)
 
 A layer's pieces (`LayerLaunches`): the dense layer's forward and backward; a MoE layer's forward split at the
 dispatcher's host synchronisation (`moe_pre_fwd` up to it, `moe_post_fwd` after), its backward; the embedding
@@ -65,6 +67,20 @@ C++ fast path, the cached sharding propagation, unwrapping and rewrapping), over
 detach benchmark gave 24-26 µs against a plain tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later
 fast-path work.)"""
 
+ZERO3_HOOK_TO_ATEN_OP = {"fwd": (74.4 / 7.352, 44.2 / 7.352), "bwd": (44.1 / 7.352, 64.2 / 7.352)}
+"""Host time of DeepSpeed ZeRO-3's hooks per pass, as (per hooked module, per fetched parameter) in eager operators
+(host.aten_op_us, 7.352 µs): benchmarks/deepspeed_zero3_host.py on DeepSpeed 0.19.8 (the CPU accelerator, one gloo
+rank, torch 2.13's CPU build, this project's Xeon machines) times forward and backward of models of small linears
+under ZeRO-3 against plain PyTorch and fits the extra time per hooked module and per parameter, a one-rank gloo
+all-gather per parameter taken out (on a GPU the NCCL call is a launch of its own): forward 74.4 µs a module and
+44.2 a parameter, backward 44.1 and 64.2 (the medians of three runs of the measurement). The module part is the hooks'
+Python on every submodule (the coordinator's trace and prefetch bookkeeping, the autograd Functions wrapped around
+each module's outputs for its backward hooks: parameter_offload.py, partitioned_param_coordinator.py); the parameter
+part the fetch, release and, backward, the gradient's reduce bookkeeping per parameter (partition_parameters.py,
+stage3.py). Python on the host, which the same class of server CPU runs at about the same speed; on a GPU the hooks
+also record and wait on CUDA events, which the CPU accelerator skips, so these are lower bounds. (DeepSpeed PR #6694:
+'the loop time is excessively long in fine-grained module'.)"""
+
 
 def _zero(n: int) -> np.ndarray:
     return np.zeros(n)
@@ -85,6 +101,7 @@ class Launches:
     graph_node: "np.ndarray | float" = 0.0
     collective: "np.ndarray | float" = 0.0
     dtensor: "np.ndarray | float" = 0.0
+    zero3_hook: "np.ndarray | float" = 0.0
 
     def __add__(self, other: "Launches") -> "Launches":
         return Launches(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
@@ -99,8 +116,8 @@ class Launches:
 
     @property
     def kernels(self):
-        """GPU kernels these launches put on the GPU (a compiled-graph entry, a replay launch and DTensor's dispatch
-        none of their own)."""
+        """GPU kernels these launches put on the GPU (a compiled-graph entry, a replay launch, DTensor's dispatch and
+        ZeRO-3's hook Python none of their own)."""
         return (self.aten_op + self.aten_gemm + self.te_module + self.cublas + self.launch + self.triton
                 + self.graph_node + self.collective)
 
@@ -112,7 +129,7 @@ class Launches:
                 + self.cublas * cublas_s + self.launch * costs.launch_s + self.triton * costs.triton_launch_s
                 + self.compiled * costs.compiled_call_s + self.graph_replay * costs.cuda_graph_replay_s
                 + self.graph_node * costs.cuda_graph_node_s + self.collective * costs.aten_op_s
-                + self.dtensor * DTENSOR_DISPATCH_TO_ATEN_OP * costs.aten_op_s)
+                + (self.dtensor * DTENSOR_DISPATCH_TO_ATEN_OP + self.zero3_hook) * costs.aten_op_s)
 
     def captured(self) -> "Launches":
         """These launches replayed as one CUDA graph: one replay, a node per kernel (Megatron-Core's captured
@@ -610,18 +627,43 @@ def _sac_recompute(forward: Launches, model: ModelSpec, moe_layer: bool) -> Laun
         triton=np.where(compiled, np.maximum(np.asarray(forward.triton) - 1.0, 0.0), forward.triton))
 
 
+CONTAINER_MODULES_PER_LAYER = 4.0
+"""Submodules of an eager decoder layer that hold no parameter of their own but carry ZeRO-3's hooks like any other
+(DeepSpeed hooks every submodule): the layer, its attention, its MLP and the MLP's activation module (Hugging Face's
+ACT2FN modules, GPT-2's NewGELUActivation)."""
+DROPOUT_MODULES_PER_LAYER = 3.0
+"""nn.Dropout submodules of a layer trained with dropout (GPT-2's attention, residual and MLP dropouts)."""
+
+
+def zero3_hook(hooked_modules: "np.ndarray | float", parameters: "np.ndarray | float", direction: str
+               ) -> "np.ndarray | float":
+    """ZeRO-3's hook Python in eager operators (Launches.zero3_hook) for one pass (`direction` 'fwd' or 'bwd') over
+    `hooked_modules` submodules fetching `parameters` parameter tensors (ZERO3_HOOK_TO_ATEN_OP)."""
+    per_module, per_parameter = ZERO3_HOOK_TO_ATEN_OP[direction]
+    return per_module * hooked_modules + per_parameter * parameters
+
+
+def zero3_hooked_modules_per_layer(model: ModelSpec) -> float:
+    """Submodules of one eager decoder layer that ZeRO-3 hooks: those holding parameters and the containers."""
+    dropouts = DROPOUT_MODULES_PER_LAYER if model.dropout else 0.0
+    return param_modules_per_layer(model) + CONTAINER_MODULES_PER_LAYER + dropouts
+
+
 def _deepspeed_zero(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
     """(forward, backward) launches DeepSpeed's ZeRO adds to one eager decoder layer (v0.19.5 runtime/zero/
     partitioned_param_coordinator.py, partition_parameters.py, stage3.py). ZeRO-3: per parameter-holding submodule
     and pass one coalesced all-gather (its copy-in cat and the NCCL call), per parameter a cat copy-out; backward
-    the same fetch plus a copy of each gradient into the reduce bucket. ZeRO-1/2: a copy of each gradient into the
-    bucket. The 2021 per-parameter fetch (zero3_serial_fetch) is priced by costmodels.steptime.dp_comm_s."""
+    the same fetch plus a copy of each gradient into the reduce bucket; and the hooks' Python on every submodule,
+    per pass (zero3_hook). ZeRO-1/2: a copy of each gradient into the bucket. The 2021 per-parameter fetch
+    (zero3_serial_fetch) is priced by costmodels.steptime.dp_comm_s."""
     tensors = param_tensors_per_layer(model)
     modules = param_modules_per_layer(model)
+    hooked = zero3_hooked_modules_per_layer(model)
     fetch = Launches(aten_op=modules + tensors, collective=modules)
-    forward = fetch.where(plans.zero >= 3, Launches())
-    backward = fetch.where(plans.zero >= 3, Launches()) + Launches(aten_op=tensors).where(plans.zero >= 1,
-                                                                                          Launches())
+    zero3 = plans.zero >= 3
+    forward = (fetch + Launches(zero3_hook=zero3_hook(hooked, tensors, "fwd"))).where(zero3, Launches())
+    backward = (fetch + Launches(zero3_hook=zero3_hook(hooked, tensors, "bwd"))).where(zero3, Launches()) \
+        + Launches(aten_op=tensors).where(plans.zero >= 1, Launches())
     return forward, backward
 
 
@@ -638,12 +680,18 @@ def _deepspeed_expert_fetch(model: ModelSpec, training: TrainingSpec, plans: Pla
     and each gradient copied into the reduce bucket once the block's backward is done (stage3.py
     `reduce_leaf_module_grads`). Without the leaf module (TrainingSpec.zero3_moe_leaf off) each expert linear is a
     submodule with hooks of its own (`_deepspeed_zero`): per linear and pass a coalesced all-gather with its copy-in
-    and copy-out."""
-    linears = 3.0 * local_experts(model, plans)
+    and copy-out. The hooks' Python (zero3_hook): per pass the block's hook (leaf), or the hooks of every expert, its
+    linears and its activation module (each expert an MLP module of its own in Hugging Face's MoE blocks); a fetch
+    for each linear's weight either way."""
+    experts = local_experts(model, plans)
+    linears = 3.0 * experts
+    hooked = 1.0 if training.zero3_moe_leaf else linears + 2.0 * experts
     fetch = Launches(aten_op=1.0 + linears, collective=1.0) if training.zero3_moe_leaf \
         else Launches(aten_op=2.0 * linears, collective=linears)
     zero3 = plans.zero >= 3
-    return fetch.where(zero3, Launches()), (fetch + Launches(aten_op=linears)).where(zero3, Launches())
+    forward = fetch + Launches(zero3_hook=zero3_hook(hooked, linears, "fwd"))
+    backward = fetch + Launches(aten_op=linears, zero3_hook=zero3_hook(hooked, linears, "bwd"))
+    return forward.where(zero3, Launches()), backward.where(zero3, Launches())
 
 
 # ---- a CUDA-C trainer (llm.c) ---------------------------------------------------------------------------------------

@@ -259,3 +259,51 @@ def test_deepspeed_zero3_fetches_a_moe_block_at_once_as_a_leaf_module():
     plan = [Plan(zero=3, mbs=1)]
     assert steps(model, "a800-80gb", hooked, plan, 16)["dp_comm"][0] > \
         steps(model, "a800-80gb", training, plan, 16)["dp_comm"][0]
+
+
+def test_deepspeed_zero3_hooks_cost_the_host_per_module_and_parameter():
+    """ZeRO-3 hooks every submodule (benchmarks/deepspeed_zero3_host.py): their Python is host time per hooked module
+    and fetched parameter in each pass, none below stage 3, and none of it a GPU kernel."""
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("llama-2-7b")
+    plans = PlanArrays.from_plans([Plan(zero=3, mbs=1), Plan(zero=2, mbs=1)])
+    training = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED)
+    launches = engines.layer_launches(model, training, plans)
+    hooked = engines.zero3_hooked_modules_per_layer(model)
+    assert hooked == 7 + 2 + engines.CONTAINER_MODULES_PER_LAYER      # q k v o gate up down, two norms, containers
+    params = engines.param_tensors_per_layer(model)
+    for direction, pieces in (("fwd", launches.dense_fwd), ("bwd", launches.dense_bwd)):
+        per_module, per_param = engines.ZERO3_HOOK_TO_ATEN_OP[direction]
+        assert pieces.zero3_hook[0] == pytest.approx(per_module * hooked + per_param * params)
+        assert pieces.zero3_hook[1] == 0.0
+    costs = host_costs_from_us(DEFAULT_HOST_COSTS_US)
+    hook_only = engines.Launches(zero3_hook=10.0)
+    assert hook_only.kernels == 0.0 and hook_only.host_s(costs) == pytest.approx(10.0 * costs.aten_op_s)
+
+
+def test_deepspeed_zero3_hooks_every_expert_unless_the_block_is_a_leaf():
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen3-30b-a3b")
+    plans = PlanArrays.from_plans([Plan(zero=3, mbs=1)])
+    leaf = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED, expert_gemm="loop")
+    hooked = dataclasses.replace(leaf, zero3_moe_leaf=False)
+    experts = model.moe.num_experts
+    per_module, per_param = engines.ZERO3_HOOK_TO_ATEN_OP["fwd"]
+    leaf_hook = engines.layer_launches(model, leaf, plans).moe_post_fwd.zero3_hook[0]
+    every_hook = engines.layer_launches(model, hooked, plans).moe_post_fwd.zero3_hook[0]
+    assert leaf_hook == pytest.approx(per_module + per_param * 3 * experts)
+    assert every_hook == pytest.approx(per_module * 5 * experts + per_param * 3 * experts)   # expert, act, 3 linears
+    plan = [Plan(zero=3, mbs=1)]
+    assert steps(model, "a800-80gb", hooked, plan, 16)["host"][0] > steps(model, "a800-80gb", leaf, plan, 16)["host"][0]
+
+
+def test_the_zero3_hook_benchmark_fits_what_it_measures():
+    """The benchmark's fit recovers known per-module and per-parameter costs (its measurement needs DeepSpeed, the
+    conformance extra; the fit does not)."""
+    from benchmarks.deepspeed_zero3_host import MODELS, fit_pass
+
+    collective_s, module_s, param_s = 80e-6, 70e-6, 30e-6
+    rows = []
+    for containers, linears in MODELS:
+        hooked, params = 2 + containers * (2 + linears), containers * linears
+        rows.append((hooked, params, hooked * module_s + params * (param_s + collective_s)))
+    module_us, param_us, rms = fit_pass(rows, collective_s)
+    assert module_us == pytest.approx(70.0) and param_us == pytest.approx(30.0) and rms < 1e-9

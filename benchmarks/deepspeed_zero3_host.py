@@ -1,0 +1,244 @@
+"""What DeepSpeed ZeRO-3's module hooks cost the host, per hooked module and per fetched parameter, in each pass.
+
+ZeRO-3 registers hooks on every submodule of the model (deepspeed/runtime/zero/parameter_offload.py
+`_register_deepspeed_module`): before a module's forward it fetches the module's own parameters (the coordinator's
+trace and prefetch bookkeeping, one coalesced all-gather, a copy-out per parameter), after it releases them, and it
+wraps the module's outputs in autograd Functions so that its backward hooks run (PreBackwardFunctionForModule,
+PostBackwardFunctionModule), which fetch again before the module's backward and release and reduce after. This is
+Python on the host, per module and per parameter, beyond the kernels it launches (costmodels.engines prices those
+as launches: the copy-in, the copy-out per parameter, the NCCL call).
+
+Measured here on DeepSpeed 0.19.8 (the conformance extra's pin) with its CPU accelerator on a one-rank gloo group:
+models of small linears (16 x 16, so the kernels themselves are ~1 µs) grouped into containers, forward, backward
+and optimizer step timed against the same model without DeepSpeed. The extra time of each pass is fitted by least
+squares (the median of three runs of the whole measurement) as
+
+    extra = module_us x hooked modules + param_us x fetched parameters + collective_us x collectives
+
+with collective_us measured apart in the same process (a one-rank gloo all-gather: on a GPU the collective is an
+NCCL launch, priced as a launch, not this), and one all-gather per parameter-holding module and pass (each of these
+modules holds one parameter, so per module and per parameter are told apart by the container modules, which hold
+none). costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries the fitted µs over the host profile's eager operator
+(host.aten_op_us, 7.35 µs, fitted to the public microbenchmarks): Python on the same class of server CPU.
+
+    python benchmarks/deepspeed_zero3_host.py
+
+Ends with `deepspeed-zero3-host: fwd_module_us=A fwd_param_us=B bwd_module_us=C bwd_param_us=D collective_us=G
+rms=R% deepspeed=V` (needs deepspeed and torch: the conformance extra; prints that they are not installed otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import socket
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
+
+MODELS = ((8, 4), (32, 4), (32, 1), (16, 8))
+"""(containers, linears per container): hooked modules (the root, its ModuleList, each container and its ModuleList,
+each linear) and parameters vary apart."""
+HIDDEN = 16
+TIMED_STEPS = 12
+WARMUP_STEPS = 3
+COLLECTIVE_CALLS = 2_000
+REPEATS = 3
+
+
+@contextlib.contextmanager
+def one_rank_cpu_deepspeed():
+    """The environment of a one-rank DeepSpeed job on its CPU accelerator (gloo), the process group destroyed on
+    exit."""
+    with socket.socket() as probe:               # a port no other process on this machine holds
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    saved = {key: os.environ.get(key) for key in ("DS_ACCELERATOR", "MASTER_ADDR", "MASTER_PORT", "RANK",
+                                                  "WORLD_SIZE", "LOCAL_RANK")}
+    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def build_model(containers: int, linears: int):
+    import torch.nn as nn
+
+    class Container(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linears = nn.ModuleList([nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(linears)])
+
+        def forward(self, x):
+            for linear in self.linears:
+                x = linear(x)
+            return x
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.containers = nn.ModuleList([Container() for _ in range(containers)])
+
+        def forward(self, x):
+            for container in self.containers:
+                x = container(x)
+            return x
+
+    return Model()
+
+
+def _median_pass_seconds(step) -> list[float]:
+    """Median seconds of each pass (forward, backward, optimizer step) over the timed steps."""
+    samples = []
+    for index in range(WARMUP_STEPS + TIMED_STEPS):
+        seconds = step()
+        if index >= WARMUP_STEPS:
+            samples.append(seconds)
+    return [statistics.median(column) for column in zip(*samples)]
+
+
+def measure_model(containers: int, linears: int) -> tuple[int, int, list[float]]:
+    """(hooked modules, parameters, extra seconds of forward / backward / step under ZeRO-3 over plain PyTorch)."""
+    import deepspeed
+    import torch
+
+    torch.manual_seed(0)
+    model = build_model(containers, linears)
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+              "optimizer": {"type": "SGD", "params": {"lr": 1e-4}}, "zero_allow_untested_optimizer": True,
+              "steps_per_print": 10**9}
+    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    hooked = sum(1 for module in model.modules() if module._forward_pre_hooks or module._forward_hooks)
+    parameters = sum(1 for _ in model.parameters())
+    x = torch.randn(4, HIDDEN)
+
+    def zero3_step() -> tuple[float, float, float]:
+        start = time.perf_counter()
+        loss = engine(x).sum()
+        forward = time.perf_counter()
+        engine.backward(loss)
+        backward = time.perf_counter()
+        engine.step()
+        return forward - start, backward - forward, time.perf_counter() - backward
+
+    plain = build_model(containers, linears)
+    optimizer = torch.optim.SGD(plain.parameters(), lr=1e-4)
+
+    def plain_step() -> tuple[float, float, float]:
+        start = time.perf_counter()
+        loss = plain(x).sum()
+        forward = time.perf_counter()
+        loss.backward()
+        backward = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad()
+        return forward - start, backward - forward, time.perf_counter() - backward
+
+    zero3, eager = _median_pass_seconds(zero3_step), _median_pass_seconds(plain_step)
+    return hooked, parameters, [a - b for a, b in zip(zero3, eager)]
+
+
+def collective_seconds() -> float:
+    """One all-gather on the one-rank gloo group (the median of five runs)."""
+    import torch
+    import torch.distributed as dist
+
+    source, target = torch.randn(HIDDEN * HIDDEN), torch.empty(HIDDEN * HIDDEN)
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(COLLECTIVE_CALLS):
+            dist.all_gather_into_tensor(target, source)
+        runs.append((time.perf_counter() - start) / COLLECTIVE_CALLS)
+    return statistics.median(runs)
+
+
+def fit_pass(rows: list[tuple[int, int, float]], collective_s: float) -> tuple[float, float, float]:
+    """(µs per hooked module, µs per parameter, rms relative residual) of one pass's extra time, an all-gather per
+    parameter (one parameter a parameter-holding module) taken out first."""
+    import numpy as np
+
+    design = np.array([[hooked, parameters] for hooked, parameters, _ in rows], dtype=float)
+    extra = np.array([seconds - parameters * collective_s for _, parameters, seconds in rows])
+    coefficients, *_ = np.linalg.lstsq(design, extra, rcond=None)
+    residual = design @ coefficients - extra
+    rms = float(np.sqrt(np.mean((residual / extra) ** 2)))
+    return coefficients[0] * 1e6, coefficients[1] * 1e6, rms
+
+
+def measure_once() -> dict:
+    """Every model of MODELS under ZeRO-3, the gloo all-gather, and the fit of each pass (inside
+    one_rank_cpu_deepspeed)."""
+    rows = [measure_model(containers, linears) for containers, linears in MODELS]
+    collective_s = collective_seconds()
+    fits = {name: fit_pass([(hooked, params, extra[index]) for hooked, params, extra in rows], collective_s)
+            for index, name in enumerate(("fwd", "bwd"))}
+    return {"rows": rows, "collective_us": collective_s * 1e6, "fits": fits}
+
+
+def measure(repeats: int = REPEATS) -> dict:
+    """`measure_once` `repeats` times in one process group (DeepSpeed keeps its groups for the process; a shared
+    machine is noisy): the last run's rows, the median of each fitted value and of the all-gather."""
+    import deepspeed
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    with one_rank_cpu_deepspeed(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        runs = [measure_once() for _ in range(repeats)]
+    fits = {name: tuple(statistics.median(run["fits"][name][index] for run in runs) for index in range(3))
+            for name in ("fwd", "bwd")}
+    return {"rows": runs[-1]["rows"], "collective_us": statistics.median(run["collective_us"] for run in runs),
+            "fits": fits, "deepspeed": deepspeed.__version__, "repeats": repeats}
+
+
+def main() -> int:
+    try:
+        import deepspeed  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        print("deepspeed-zero3-host: deepspeed and torch are not installed here (pip install -e '.[conformance]')")
+        return 0
+    from costmodels.engines import ZERO3_HOOK_TO_ATEN_OP
+    from costmodels.host import DEFAULT_HOST_COSTS_US
+
+    result = measure()
+    print(f"{'containers x linears':>22} {'hooked':>7} {'params':>7} {'fwd ms':>8} {'bwd ms':>8} {'step ms':>8}")
+    for (containers, linears), (hooked, params, extra) in zip(MODELS, result["rows"]):
+        print(f"{containers:>14} x {linears:<5} {hooked:>7} {params:>7} "
+              + " ".join(f"{seconds * 1e3:>8.2f}" for seconds in extra))
+    aten_op_us = DEFAULT_HOST_COSTS_US["aten_op_us"]
+    print(f"\n(the last of {result['repeats']} runs above; the fits below are the medians of the runs)\n"
+          f"one-rank gloo all-gather: {result['collective_us']:.1f} µs (taken out: one a parameter and pass)")
+    for name, (module_us, param_us, rms) in result["fits"].items():
+        bundled_module, bundled_param = (ratio * aten_op_us for ratio in ZERO3_HOOK_TO_ATEN_OP[name])
+        print(f"{name}: {module_us:.1f} µs a hooked module, {param_us:.1f} µs a parameter (rms {rms:.1%}); "
+              f"bundled {bundled_module:.1f} / {bundled_param:.1f} µs "
+              f"(costmodels.engines.ZERO3_HOOK_TO_ATEN_OP x host.aten_op_us {aten_op_us:g})")
+    fwd, bwd = result["fits"]["fwd"], result["fits"]["bwd"]
+    print(f"deepspeed-zero3-host: fwd_module_us={fwd[0]:.1f} fwd_param_us={fwd[1]:.1f} bwd_module_us={bwd[0]:.1f} "
+          f"bwd_param_us={bwd[1]:.1f} collective_us={result['collective_us']:.1f} "
+          f"rms={max(fwd[2], bwd[2]):.1%} deepspeed={result['deepspeed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
