@@ -13,23 +13,25 @@ models of small linears (16 x 16, so the kernels themselves are ~1 µs) grouped 
 and optimizer step timed against the same model without DeepSpeed. The extra time of each pass is fitted by least
 squares (the median of three runs of the whole measurement) as
 
-    extra = module_us x hooked modules + param_us x fetched parameters + collective_us x collectives
+    extra = module_us x hooked modules + param_us x parameters
 
-with collective_us measured apart in the same process (a one-rank gloo all-gather: on a GPU the collective is an
-NCCL launch, priced as a launch, not this), and one all-gather per parameter-holding module and pass (each of these
-modules holds one parameter, so per module and per parameter are told apart by the container modules, which hold
-none). costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries the fitted µs over the host profile's eager operator
-(host.aten_op_us, 7.35 µs, fitted to the public microbenchmarks): Python on the same class of server CPU.
+over the modules whose forward runs (a ModuleList carries hooks but is never called) and the parameters they hold;
+each holds one parameter or none, so per module and per parameter are told apart by the containers. On one rank
+DeepSpeed gathers nothing (partition_parameters.py: a one-rank group takes `_no_gather_coalesced`), so what is timed
+is the hooks' Python around the fetch, without the fetch's own copies and collective (costmodels.engines prices
+those as launches). costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries the fitted µs over the host profile's eager
+operator (host.aten_op_us, fitted to the public microbenchmarks): Python on the same class of server CPU.
 
     python benchmarks/deepspeed_zero3_host.py
 
-Ends with `deepspeed-zero3-host: fwd_module_us=A fwd_param_us=B bwd_module_us=C bwd_param_us=D collective_us=G
-rms=R% deepspeed=V` (needs deepspeed and torch: the conformance extra; prints that they are not installed otherwise).
+Ends with `deepspeed-zero3-host: fwd_module_us=A fwd_param_us=B bwd_module_us=C bwd_param_us=D rms=R%
+deepspeed=V` (needs deepspeed and torch: the conformance extra; prints that they are not installed otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import logging
 import os
@@ -44,12 +46,11 @@ if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
 MODELS = ((8, 4), (32, 4), (32, 1), (16, 8))
-"""(containers, linears per container): hooked modules (the root, its ModuleList, each container and its ModuleList,
-each linear) and parameters vary apart."""
+"""(containers, linears per container): the modules that run (the root, each container, each linear) and the
+parameters vary apart."""
 HIDDEN = 16
 TIMED_STEPS = 12
 WARMUP_STEPS = 3
-COLLECTIVE_CALLS = 2_000
 REPEATS = 3
 
 
@@ -114,20 +115,31 @@ def _median_pass_seconds(step) -> list[float]:
     return [statistics.median(column) for column in zip(*samples)]
 
 
+def modules_run(model, x) -> int:
+    """Submodules whose forward runs in one forward of `model` (those whose ZeRO-3 hooks fire)."""
+    called = set()
+    handles = [module.register_forward_pre_hook(lambda module, args: called.add(id(module)))
+               for module in model.modules()]
+    model(x)
+    for handle in handles:
+        handle.remove()
+    return len(called)
+
+
 def measure_model(containers: int, linears: int) -> tuple[int, int, list[float]]:
-    """(hooked modules, parameters, extra seconds of forward / backward / step under ZeRO-3 over plain PyTorch)."""
+    """(modules run, parameters, extra seconds of forward / backward / step under ZeRO-3 over plain PyTorch)."""
     import deepspeed
     import torch
 
     torch.manual_seed(0)
     model = build_model(containers, linears)
+    x = torch.randn(4, HIDDEN)
+    hooked = modules_run(model, x)
+    parameters = sum(1 for _ in model.parameters())
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "SGD", "params": {"lr": 1e-4}}, "zero_allow_untested_optimizer": True,
               "steps_per_print": 10**9}
     engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
-    hooked = sum(1 for module in model.modules() if module._forward_pre_hooks or module._forward_hooks)
-    parameters = sum(1 for _ in model.parameters())
-    x = torch.randn(4, HIDDEN)
 
     def zero3_step() -> tuple[float, float, float]:
         start = time.perf_counter()
@@ -155,28 +167,14 @@ def measure_model(containers: int, linears: int) -> tuple[int, int, list[float]]
     return hooked, parameters, [a - b for a, b in zip(zero3, eager)]
 
 
-def collective_seconds() -> float:
-    """One all-gather on the one-rank gloo group (the median of five runs)."""
-    import torch
-    import torch.distributed as dist
-
-    source, target = torch.randn(HIDDEN * HIDDEN), torch.empty(HIDDEN * HIDDEN)
-    runs = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(COLLECTIVE_CALLS):
-            dist.all_gather_into_tensor(target, source)
-        runs.append((time.perf_counter() - start) / COLLECTIVE_CALLS)
-    return statistics.median(runs)
-
-
-def fit_pass(rows: list[tuple[int, int, float]], collective_s: float) -> tuple[float, float, float]:
-    """(µs per hooked module, µs per parameter, rms relative residual) of one pass's extra time, an all-gather per
-    parameter (one parameter a parameter-holding module) taken out first."""
+def fit_pass(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]:
+    """(µs per hooked module, µs per parameter, rms relative residual) of one pass's extra seconds, by least squares
+    over (modules run, parameters, extra seconds) rows (no constant: every cost of a pass is per module or per
+    parameter)."""
     import numpy as np
 
     design = np.array([[hooked, parameters] for hooked, parameters, _ in rows], dtype=float)
-    extra = np.array([seconds - parameters * collective_s for _, parameters, seconds in rows])
+    extra = np.array([seconds for _, _, seconds in rows])
     coefficients, *_ = np.linalg.lstsq(design, extra, rcond=None)
     residual = design @ coefficients - extra
     rms = float(np.sqrt(np.mean((residual / extra) ** 2)))
@@ -184,50 +182,52 @@ def fit_pass(rows: list[tuple[int, int, float]], collective_s: float) -> tuple[f
 
 
 def measure_once() -> dict:
-    """Every model of MODELS under ZeRO-3, the gloo all-gather, and the fit of each pass (inside
-    one_rank_cpu_deepspeed)."""
+    """Every model of MODELS under ZeRO-3 and the fit of each pass (inside one_rank_cpu_deepspeed)."""
     rows = [measure_model(containers, linears) for containers, linears in MODELS]
-    collective_s = collective_seconds()
-    fits = {name: fit_pass([(hooked, params, extra[index]) for hooked, params, extra in rows], collective_s)
+    fits = {name: fit_pass([(hooked, params, extra[index]) for hooked, params, extra in rows])
             for index, name in enumerate(("fwd", "bwd"))}
-    return {"rows": rows, "collective_us": collective_s * 1e6, "fits": fits}
+    return {"rows": rows, "fits": fits}
 
 
 def measure(repeats: int = REPEATS) -> dict:
     """`measure_once` `repeats` times in one process group (DeepSpeed keeps its groups for the process; a shared
-    machine is noisy): the last run's rows, the median of each fitted value and of the all-gather."""
-    import deepspeed
+    machine is noisy): the last run's rows and the median of each fitted value. DeepSpeed is imported inside the
+    one-rank environment, which names its CPU accelerator (DeepSpeed picks the accelerator once, at import)."""
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-    with one_rank_cpu_deepspeed(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        runs = [measure_once() for _ in range(repeats)]
+    ds_logger = logging.getLogger("DeepSpeed")
+    level = ds_logger.level
+    ds_logger.setLevel(logging.ERROR)
+    try:
+        with one_rank_cpu_deepspeed(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            import deepspeed
+
+            runs = [measure_once() for _ in range(repeats)]
+    finally:
+        torch.set_num_threads(threads)
+        ds_logger.setLevel(level)
     fits = {name: tuple(statistics.median(run["fits"][name][index] for run in runs) for index in range(3))
             for name in ("fwd", "bwd")}
-    return {"rows": runs[-1]["rows"], "collective_us": statistics.median(run["collective_us"] for run in runs),
-            "fits": fits, "deepspeed": deepspeed.__version__, "repeats": repeats}
+    return {"rows": runs[-1]["rows"], "fits": fits, "deepspeed": deepspeed.__version__, "repeats": repeats}
 
 
 def main() -> int:
-    try:
-        import deepspeed  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("deepspeed") is None or importlib.util.find_spec("torch") is None:
         print("deepspeed-zero3-host: deepspeed and torch are not installed here (pip install -e '.[conformance]')")
         return 0
     from costmodels.engines import ZERO3_HOOK_TO_ATEN_OP
     from costmodels.host import DEFAULT_HOST_COSTS_US
 
     result = measure()
-    print(f"{'containers x linears':>22} {'hooked':>7} {'params':>7} {'fwd ms':>8} {'bwd ms':>8} {'step ms':>8}")
+    print(f"{'containers x linears':>22} {'run':>7} {'params':>7} {'fwd ms':>8} {'bwd ms':>8} {'step ms':>8}")
     for (containers, linears), (hooked, params, extra) in zip(MODELS, result["rows"]):
         print(f"{containers:>14} x {linears:<5} {hooked:>7} {params:>7} "
               + " ".join(f"{seconds * 1e3:>8.2f}" for seconds in extra))
     aten_op_us = DEFAULT_HOST_COSTS_US["aten_op_us"]
-    print(f"\n(the last of {result['repeats']} runs above; the fits below are the medians of the runs)\n"
-          f"one-rank gloo all-gather: {result['collective_us']:.1f} µs (taken out: one a parameter and pass)")
+    print(f"\n(the last of {result['repeats']} runs above; the fits below are the medians of the runs)")
     for name, (module_us, param_us, rms) in result["fits"].items():
         bundled_module, bundled_param = (ratio * aten_op_us for ratio in ZERO3_HOOK_TO_ATEN_OP[name])
         print(f"{name}: {module_us:.1f} µs a hooked module, {param_us:.1f} µs a parameter (rms {rms:.1%}); "
@@ -235,8 +235,7 @@ def main() -> int:
               f"(costmodels.engines.ZERO3_HOOK_TO_ATEN_OP x host.aten_op_us {aten_op_us:g})")
     fwd, bwd = result["fits"]["fwd"], result["fits"]["bwd"]
     print(f"deepspeed-zero3-host: fwd_module_us={fwd[0]:.1f} fwd_param_us={fwd[1]:.1f} bwd_module_us={bwd[0]:.1f} "
-          f"bwd_param_us={bwd[1]:.1f} collective_us={result['collective_us']:.1f} "
-          f"rms={max(fwd[2], bwd[2]):.1%} deepspeed={result['deepspeed']}")
+          f"bwd_param_us={bwd[1]:.1f} rms={max(fwd[2], bwd[2]):.1%} deepspeed={result['deepspeed']}")
     return 0
 
 

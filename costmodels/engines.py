@@ -67,19 +67,21 @@ C++ fast path, the cached sharding propagation, unwrapping and rewrapping), over
 detach benchmark gave 24-26 µs against a plain tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later
 fast-path work.)"""
 
-ZERO3_HOOK_TO_ATEN_OP = {"fwd": (74.4 / 7.352, 44.2 / 7.352), "bwd": (44.1 / 7.352, 64.2 / 7.352)}
+ZERO3_HOOK_TO_ATEN_OP = {"fwd": (139.1 / 7.352, 57.7 / 7.352), "bwd": (102.8 / 7.352, 93.1 / 7.352)}
 """Host time of DeepSpeed ZeRO-3's hooks per pass, as (per hooked module, per fetched parameter) in eager operators
 (host.aten_op_us, 7.352 µs): benchmarks/deepspeed_zero3_host.py on DeepSpeed 0.19.8 (the CPU accelerator, one gloo
 rank, torch 2.13's CPU build, this project's Xeon machines) times forward and backward of models of small linears
-under ZeRO-3 against plain PyTorch and fits the extra time per hooked module and per parameter, a one-rank gloo
-all-gather per parameter taken out (on a GPU the NCCL call is a launch of its own): forward 74.4 µs a module and
-44.2 a parameter, backward 44.1 and 64.2 (the medians of three runs of the measurement). The module part is the hooks'
-Python on every submodule (the coordinator's trace and prefetch bookkeeping, the autograd Functions wrapped around
-each module's outputs for its backward hooks: parameter_offload.py, partitioned_param_coordinator.py); the parameter
-part the fetch, release and, backward, the gradient's reduce bookkeeping per parameter (partition_parameters.py,
-stage3.py). Python on the host, which the same class of server CPU runs at about the same speed; on a GPU the hooks
-also record and wait on CUDA events, which the CPU accelerator skips, so these are lower bounds. (DeepSpeed PR #6694:
-'the loop time is excessively long in fine-grained module'.)"""
+under ZeRO-3 against plain PyTorch and fits the extra time per module whose forward runs and per parameter: forward
+139.1 µs a module and 57.7 a parameter, backward 102.8 and 93.1 (the medians of three runs). On one rank DeepSpeed
+gathers nothing (a one-rank group takes `_no_gather_coalesced`), so these are the hooks' Python without the fetch's
+own copies and collective, which `_deepspeed_zero` prices as launches (the backward's copy of each gradient into the
+reduce bucket runs on the CPU inside the figure, about a microsecond of it). The module part is the hooks on every
+submodule (the coordinator's trace and prefetch bookkeeping, the autograd Functions wrapped around each module's
+outputs for its backward hooks: parameter_offload.py, partitioned_param_coordinator.py); the parameter part the
+fetch's and release's bookkeeping and, backward, the gradient's reduce bookkeeping per parameter
+(partition_parameters.py, stage3.py). Python on the host, which the same class of server CPU runs at about the same
+speed; on a GPU the hooks also record and wait on CUDA events, which the CPU accelerator skips, so these are lower
+bounds. (DeepSpeed PR #6694: 'the loop time is excessively long in fine-grained module'.)"""
 
 
 def _zero(n: int) -> np.ndarray:
@@ -457,13 +459,20 @@ def param_tensors_per_layer(model: ModelSpec) -> float:
     up, down projections in Hugging Face models; a fused QKV and fc1 in GPT-2 / nanoGPT), its norms'."""
     gated = _gated(model)
     linears = (4.0 + 3.0) if gated else 4.0
-    return linears * (2.0 if model.linear_bias else 1.0) + norm_params_per_layer(model)
+    qkv_biases = 3.0 if model.qkv_bias and not model.linear_bias else 0.0      # Qwen2's q, k and v biases
+    qk_norms = 2.0 if model.qk_layernorm else 0.0                               # Qwen3's q_norm and k_norm
+    return linears * (2.0 if model.linear_bias else 1.0) + qkv_biases + norm_params_per_layer(model) + qk_norms
 
 
 def param_modules_per_layer(model: ModelSpec) -> float:
-    """Submodules holding parameters in one eager decoder layer: its linears and its two norms (DeepSpeed ZeRO-3
-    fetches each on its own)."""
-    return (7.0 if _gated(model) else 4.0) + 2.0
+    """Submodules holding parameters in one eager decoder layer: its linears and its two norms, and Qwen3's q_norm
+    and k_norm (DeepSpeed ZeRO-3 fetches each on its own)."""
+    return (7.0 if _gated(model) else 4.0) + 2.0 + (2.0 if model.qk_layernorm else 0.0)
+
+
+def mlp_linears_per_layer(model: ModelSpec) -> float:
+    """Linears of a dense layer's MLP: gate, up and down, or fc1 and fc2."""
+    return 3.0 if _gated(model) else 2.0
 
 
 def _eager_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, dtensor: bool
@@ -680,17 +689,24 @@ def _deepspeed_expert_fetch(model: ModelSpec, training: TrainingSpec, plans: Pla
     and each gradient copied into the reduce bucket once the block's backward is done (stage3.py
     `reduce_leaf_module_grads`). Without the leaf module (TrainingSpec.zero3_moe_leaf off) each expert linear is a
     submodule with hooks of its own (`_deepspeed_zero`): per linear and pass a coalesced all-gather with its copy-in
-    and copy-out. The hooks' Python (zero3_hook): per pass the block's hook (leaf), or the hooks of every expert, its
-    linears and its activation module (each expert an MLP module of its own in Hugging Face's MoE blocks); a fetch
-    for each linear's weight either way."""
+    and copy-out. The hooks' Python (zero3_hook): per pass the block's hook (leaf), or the hooks of the router and
+    of every expert, its linears and its activation module (each expert an MLP module of its own in a ModuleList,
+    as transformers' MoE blocks held them before 5.0 fused the experts into one module); a fetch for each weight
+    either way."""
     experts = local_experts(model, plans)
     linears = 3.0 * experts
-    hooked = 1.0 if training.zero3_moe_leaf else linears + 2.0 * experts
+    # beyond the dense layer's hooks (_deepspeed_zero, which every layer pays): the block stands in for the MLP
+    # module; not a leaf, its router and every expert's module, activation and three linears replace the MLP's
+    # activation and linears; a leaf hooks none of them (the dense count's activation and linears stay: an
+    # over-count of those few hooks a layer)
+    mlp_hooked = mlp_linears_per_layer(model) + 1.0
+    hooked = 0.0 if training.zero3_moe_leaf else 1.0 + linears + 2.0 * experts - mlp_hooked
+    fetched = 1.0 + linears - mlp_linears_per_layer(model)          # the router's weight and the experts'
     fetch = Launches(aten_op=1.0 + linears, collective=1.0) if training.zero3_moe_leaf \
         else Launches(aten_op=2.0 * linears, collective=linears)
     zero3 = plans.zero >= 3
-    forward = fetch + Launches(zero3_hook=zero3_hook(hooked, linears, "fwd"))
-    backward = fetch + Launches(aten_op=linears, zero3_hook=zero3_hook(hooked, linears, "bwd"))
+    forward = fetch + Launches(zero3_hook=zero3_hook(hooked, fetched, "fwd"))
+    backward = fetch + Launches(aten_op=linears, zero3_hook=zero3_hook(hooked, fetched, "bwd"))
     return forward.where(zero3, Launches()), backward.where(zero3, Launches())
 
 
