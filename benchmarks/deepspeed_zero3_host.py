@@ -9,14 +9,14 @@ Python on the host, per module and per parameter, beyond the kernels it launches
 as launches: the copy-in, the copy-out per parameter, the NCCL call).
 
 Measured here on DeepSpeed 0.19.8 (the conformance extra's pin) with its CPU accelerator on a one-rank gloo group:
-models of small linears (16 x 16, so the kernels themselves are ~1 µs) grouped into containers, forward, backward
+models of small weights (16 x 16, so the kernels themselves are ~1 µs), one or four to a module, grouped into containers, forward, backward
 and optimizer step timed against the same model without DeepSpeed. The extra time of each pass is fitted by least
 squares (the median of three runs of the whole measurement) as
 
     extra = module_us x hooked modules + param_us x parameters
 
 over the modules whose forward runs (a ModuleList carries hooks but is never called) and the parameters they hold;
-each holds one parameter or none, so per module and per parameter are told apart by the containers. On one rank
+per module and per parameter are told apart by the containers (none) and the modules of four weights. On one rank
 DeepSpeed gathers nothing (partition_parameters.py: a one-rank group takes `_no_gather_coalesced`), so what is timed
 is the hooks' Python around the fetch, without the fetch's own copies and collective (costmodels.engines prices
 those as launches). costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries the fitted µs over the host profile's eager
@@ -24,8 +24,11 @@ operator (host.aten_op_us, fitted to the public microbenchmarks): Python on the 
 
     python benchmarks/deepspeed_zero3_host.py
 
-Ends with `deepspeed-zero3-host: fwd_module_us=A fwd_param_us=B bwd_module_us=C bwd_param_us=D rms=R%
-deepspeed=V` (needs deepspeed and torch: the conformance extra; prints that they are not installed otherwise).
+The optimizer step is fitted as a fixed part and a part per parameter (ZeRO-3's step walks every parameter's partition
+once a step): costmodels.engines.ZERO3_STEP_TO_ATEN_OP.
+
+Ends with `deepspeed-zero3-host: fwd_module_us=A fwd_param_us=B bwd_module_us=C bwd_param_us=D step_us=E
+step_param_us=F rms=R% deepspeed=V` (needs deepspeed and torch: the conformance extra; prints that they are not installed otherwise).
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:  # run as `python benchmarks/NAME.py`: the checkout's root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `benchmarks.*` importable
 
-MODELS = ((8, 4), (32, 4), (32, 1), (16, 8))
-"""(containers, linears per container): the modules that run (the root, each container, each linear) and the
-parameters vary apart."""
+MODELS = ((8, 4, 1), (32, 4, 1), (32, 1, 1), (16, 8, 1), (16, 2, 4), (8, 4, 4))
+"""(containers, weight modules per container, weights per module): the modules that run (the root, each container,
+each weight module) and the parameters vary apart, the last two with four weights in one module."""
 HIDDEN = 16
 TIMED_STEPS = 12
 WARMUP_STEPS = 3
@@ -79,17 +82,32 @@ def one_rank_cpu_deepspeed():
                 os.environ[key] = value
 
 
-def build_model(containers: int, linears: int):
+def build_model(containers: int, modules: int, weights: int):
+    """A model of `containers` containers of `modules` modules, each applying its `weights` HIDDEN x HIDDEN weights
+    in turn (one weight: an nn.Linear's)."""
+    import torch
     import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Weights(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = nn.ParameterList([nn.Parameter(torch.randn(HIDDEN, HIDDEN) / HIDDEN)
+                                             for _ in range(weights)])
+
+        def forward(self, x):
+            for weight in self.weights:
+                x = F.linear(x, weight)
+            return x
 
     class Container(nn.Module):
         def __init__(self):
             super().__init__()
-            self.linears = nn.ModuleList([nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(linears)])
+            self.modules_ = nn.ModuleList([Weights() for _ in range(modules)])
 
         def forward(self, x):
-            for linear in self.linears:
-                x = linear(x)
+            for module in self.modules_:
+                x = module(x)
             return x
 
     class Model(nn.Module):
@@ -126,13 +144,13 @@ def modules_run(model, x) -> int:
     return len(called)
 
 
-def measure_model(containers: int, linears: int) -> tuple[int, int, list[float]]:
+def measure_model(containers: int, modules: int, weights: int) -> tuple[int, int, list[float]]:
     """(modules run, parameters, extra seconds of forward / backward / step under ZeRO-3 over plain PyTorch)."""
     import deepspeed
     import torch
 
     torch.manual_seed(0)
-    model = build_model(containers, linears)
+    model = build_model(containers, modules, weights)
     x = torch.randn(4, HIDDEN)
     hooked = modules_run(model, x)
     parameters = sum(1 for _ in model.parameters())
@@ -150,7 +168,7 @@ def measure_model(containers: int, linears: int) -> tuple[int, int, list[float]]
         engine.step()
         return forward - start, backward - forward, time.perf_counter() - backward
 
-    plain = build_model(containers, linears)
+    plain = build_model(containers, modules, weights)
     optimizer = torch.optim.SGD(plain.parameters(), lr=1e-4)
 
     def plain_step() -> tuple[float, float, float]:
@@ -181,11 +199,26 @@ def fit_pass(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]:
     return coefficients[0] * 1e6, coefficients[1] * 1e6, rms
 
 
+def fit_step(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]:
+    """(µs per step, µs per parameter, rms relative residual) of the optimizer step's extra seconds, by least
+    squares over (modules run, parameters, extra seconds) rows: ZeRO-3's step walks the parameters (each one's
+    partition bookkeeping, its gradient's release), once a step."""
+    import numpy as np
+
+    design = np.array([[1.0, parameters] for _, parameters, _ in rows])
+    extra = np.array([seconds for _, _, seconds in rows])
+    coefficients, *_ = np.linalg.lstsq(design, extra, rcond=None)
+    residual = design @ coefficients - extra
+    rms = float(np.sqrt(np.mean((residual / extra) ** 2)))
+    return coefficients[0] * 1e6, coefficients[1] * 1e6, rms
+
+
 def measure_once() -> dict:
     """Every model of MODELS under ZeRO-3 and the fit of each pass (inside one_rank_cpu_deepspeed)."""
-    rows = [measure_model(containers, linears) for containers, linears in MODELS]
+    rows = [measure_model(*shape) for shape in MODELS]
     fits = {name: fit_pass([(hooked, params, extra[index]) for hooked, params, extra in rows])
             for index, name in enumerate(("fwd", "bwd"))}
+    fits["step"] = fit_step([(hooked, params, extra[2]) for hooked, params, extra in rows])
     return {"rows": rows, "fits": fits}
 
 
@@ -210,7 +243,7 @@ def measure(repeats: int = REPEATS) -> dict:
         torch.set_num_threads(threads)
         ds_logger.setLevel(level)
     fits = {name: tuple(statistics.median(run["fits"][name][index] for run in runs) for index in range(3))
-            for name in ("fwd", "bwd")}
+            for name in ("fwd", "bwd", "step")}
     return {"rows": runs[-1]["rows"], "fits": fits, "deepspeed": deepspeed.__version__, "repeats": repeats}
 
 
@@ -218,24 +251,29 @@ def main() -> int:
     if importlib.util.find_spec("deepspeed") is None or importlib.util.find_spec("torch") is None:
         print("deepspeed-zero3-host: deepspeed and torch are not installed here (pip install -e '.[conformance]')")
         return 0
-    from costmodels.engines import ZERO3_HOOK_TO_ATEN_OP
+    from costmodels.engines import ZERO3_HOOK_TO_ATEN_OP, ZERO3_STEP_TO_ATEN_OP
     from costmodels.host import DEFAULT_HOST_COSTS_US
 
     result = measure()
-    print(f"{'containers x linears':>22} {'run':>7} {'params':>7} {'fwd ms':>8} {'bwd ms':>8} {'step ms':>8}")
-    for (containers, linears), (hooked, params, extra) in zip(MODELS, result["rows"]):
-        print(f"{containers:>14} x {linears:<5} {hooked:>7} {params:>7} "
+    print(f"{'containers x modules x weights':>30} {'run':>7} {'params':>7} {'fwd ms':>8} {'bwd ms':>8} {'step ms':>8}")
+    for (containers, modules, weights), (hooked, params, extra) in zip(MODELS, result["rows"]):
+        print(f"{containers:>18} x {modules:<3} x {weights:<4} {hooked:>7} {params:>7} "
               + " ".join(f"{seconds * 1e3:>8.2f}" for seconds in extra))
     aten_op_us = DEFAULT_HOST_COSTS_US["aten_op_us"]
     print(f"\n(the last of {result['repeats']} runs above; the fits below are the medians of the runs)")
-    for name, (module_us, param_us, rms) in result["fits"].items():
+    for name in ("fwd", "bwd"):
+        module_us, param_us, rms = result["fits"][name]
         bundled_module, bundled_param = (ratio * aten_op_us for ratio in ZERO3_HOOK_TO_ATEN_OP[name])
         print(f"{name}: {module_us:.1f} µs a hooked module, {param_us:.1f} µs a parameter (rms {rms:.1%}); "
               f"bundled {bundled_module:.1f} / {bundled_param:.1f} µs "
               f"(costmodels.engines.ZERO3_HOOK_TO_ATEN_OP x host.aten_op_us {aten_op_us:g})")
-    fwd, bwd = result["fits"]["fwd"], result["fits"]["bwd"]
+    fwd, bwd, step = result["fits"]["fwd"], result["fits"]["bwd"], result["fits"]["step"]
+    fixed_us, per_param_us = (ratio * aten_op_us for ratio in ZERO3_STEP_TO_ATEN_OP)
+    print(f"step: {step[0]:.0f} µs a step, {step[1]:.1f} µs a parameter (rms {step[2]:.1%}); bundled "
+          f"{fixed_us:.0f} / {per_param_us:.1f} µs (costmodels.engines.ZERO3_STEP_TO_ATEN_OP)")
     print(f"deepspeed-zero3-host: fwd_module_us={fwd[0]:.1f} fwd_param_us={fwd[1]:.1f} bwd_module_us={bwd[0]:.1f} "
-          f"bwd_param_us={bwd[1]:.1f} rms={max(fwd[2], bwd[2]):.1%} deepspeed={result['deepspeed']}")
+          f"bwd_param_us={bwd[1]:.1f} step_us={step[0]:.0f} step_param_us={step[1]:.1f} "
+          f"rms={max(fwd[2], bwd[2], step[2]):.1%} deepspeed={result['deepspeed']}")
     return 0
 
 

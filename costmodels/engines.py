@@ -67,12 +67,13 @@ C++ fast path, the cached sharding propagation, unwrapping and rewrapping), over
 detach benchmark gave 24-26 µs against a plain tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later
 fast-path work.)"""
 
-ZERO3_HOOK_TO_ATEN_OP = {"fwd": (139.1 / 7.352, 57.7 / 7.352), "bwd": (102.8 / 7.352, 93.1 / 7.352)}
+ZERO3_HOOK_TO_ATEN_OP = {"fwd": (178.6 / 7.352, 21.4 / 7.352), "bwd": (108.2 / 7.352, 84.9 / 7.352)}
 """Host time of DeepSpeed ZeRO-3's hooks per pass, as (per hooked module, per fetched parameter) in eager operators
 (host.aten_op_us, 7.352 µs): benchmarks/deepspeed_zero3_host.py on DeepSpeed 0.19.8 (the CPU accelerator, one gloo
 rank, torch 2.13's CPU build, this project's Xeon machines) times forward and backward of models of small linears
-under ZeRO-3 against plain PyTorch and fits the extra time per module whose forward runs and per parameter: forward
-139.1 µs a module and 57.7 a parameter, backward 102.8 and 93.1 (the medians of three runs). On one rank DeepSpeed
+under ZeRO-3 against plain PyTorch (one or four weights a module) and fits the extra time per module whose forward
+runs and per parameter: forward 178.6 µs a module and 21.4 a parameter, backward 108.2 and 84.9 (the medians of
+three runs). On one rank DeepSpeed
 gathers nothing (a one-rank group takes `_no_gather_coalesced`), so these are the hooks' Python without the fetch's
 own copies and collective, which `_deepspeed_zero` prices as launches (the backward's copy of each gradient into the
 reduce bucket runs on the CPU inside the figure, about a microsecond of it). The module part is the hooks on every
@@ -82,6 +83,14 @@ fetch's and release's bookkeeping and, backward, the gradient's reduce bookkeepi
 (partition_parameters.py, stage3.py). Python on the host, which the same class of server CPU runs at about the same
 speed; on a GPU the hooks also record and wait on CUDA events, which the CPU accelerator skips, so these are lower
 bounds. (DeepSpeed PR #6694: 'the loop time is excessively long in fine-grained module'.)"""
+
+ZERO3_STEP_TO_ATEN_OP = (1252.0 / 7.352, 55.7 / 7.352)
+"""Host time of DeepSpeed ZeRO-3's optimizer step beyond the optimizer's kernels, as (per step, per parameter
+tensor) in eager operators: benchmarks/deepspeed_zero3_host.py (as ZERO3_HOOK_TO_ATEN_OP) times engine.step() against
+a plain optimizer step and fits a fixed part and a part per parameter: 1252 µs a step and 55.7 a parameter (the
+medians of three runs). The step walks every parameter of the
+partition (stage3.py `_post_step`, `_reassign_or_swap_out_partitioned_parameters`, the gradients' release), Python
+per parameter on the host while the GPU has only the few fused kernels over the flat fp32 partition."""
 
 
 def _zero(n: int) -> np.ndarray:
@@ -855,11 +864,30 @@ def step_launches(training: TrainingSpec) -> tuple[float, Launches]:
     return 1.0, Launches(aten_op=8.0 * 2.0 + 8.0)
 
 
-def step_host_s(training: TrainingSpec, num_plans: int, costs: HostCosts) -> np.ndarray:
-    """The host's share of the optimizer step for each of `num_plans` plans: its synchronisations' wake-ups and the
-    launches after the last of them, which nothing hides (`step_launches`)."""
+def model_param_tensors(model: ModelSpec) -> float:
+    """Parameter tensors of the whole eager model (param_tensors_per_layer a dense layer; a MoE layer's router and
+    its experts' three weights each, and its shared experts', in place of the MLP's; the embedding, the final norm's
+    and an untied output layer)."""
+    dense = param_tensors_per_layer(model)
+    tensors = model.num_dense_layers * dense
+    if model.moe is not None:
+        mlp = mlp_linears_per_layer(model) * (2.0 if model.linear_bias else 1.0)
+        experts = 3.0 * (model.moe.num_experts + model.moe.num_shared_experts)
+        tensors += model.num_moe_layers * (dense - mlp + 1.0 + experts)
+    return tensors + 1.0 + norm_params_per_layer(model) / 2.0 + (0.0 if model.tied_embeddings else 1.0)
+
+
+def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts) -> np.ndarray:
+    """The host's share of the optimizer step for each plan: its synchronisations' wake-ups and the launches after
+    the last of them, which nothing hides (`step_launches`); under DeepSpeed ZeRO-3 also the step's walk over every
+    parameter of the partition (ZERO3_STEP_TO_ATEN_OP: every rank holds a shard of every parameter)."""
     syncs, optimizer = step_launches(training)
-    return np.full(num_plans, syncs * costs.sync_s + float(np.asarray(optimizer.host_s(costs))))
+    fixed_s = syncs * costs.sync_s + float(np.asarray(optimizer.host_s(costs)))
+    if training.engine is not Engine.DEEPSPEED:
+        return np.full(len(plans), fixed_s)
+    per_step, per_tensor = ZERO3_STEP_TO_ATEN_OP
+    zero3_s = (per_step + per_tensor * model_param_tensors(model)) * costs.aten_op_s
+    return fixed_s + np.where(plans.zero >= 3, zero3_s, 0.0)
 
 
 # ---- the engine's elementwise kernels: HBM traffic ----------------------------------------------------------------

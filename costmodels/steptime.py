@@ -911,7 +911,7 @@ def optimizer_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     copy = 0 if training.grad_reduce_in_fp32 else BF16_GRAD_COPY_BYTES_PER_PARAM
     return per_structure(plans, ("optimizer_s", id(model), id(cluster), copy),
                          lambda p, s: _optimizer_s(model, cluster, p, s, copy), stage, knobs=TERM_KNOBS["optimizer"]) \
-        + engines.step_host_s(training, len(plans), cluster.profile.host_costs)
+        + engines.step_host_s(model, training, plans, cluster.profile.host_costs)
 
 
 def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,

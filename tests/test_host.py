@@ -304,8 +304,8 @@ def test_the_zero3_hook_benchmark_fits_what_it_measures():
 
     module_s, param_s = 70e-6, 30e-6
     rows = []
-    for containers, linears in MODELS:
-        hooked, params = 1 + containers * (1 + linears), containers * linears     # the modules whose forward runs
+    for containers, modules, weights in MODELS:
+        hooked, params = 1 + containers * (1 + modules), containers * modules * weights   # the modules that run
         rows.append((hooked, params, hooked * module_s + params * param_s))
     module_us, param_us, rms = fit_pass(rows)
     assert module_us == pytest.approx(70.0) and param_us == pytest.approx(30.0) and rms < 1e-9
@@ -317,4 +317,24 @@ def test_the_zero3_hook_benchmark_counts_the_modules_whose_forward_runs():
     torch = pytest.importorskip("torch")
     from benchmarks.deepspeed_zero3_host import HIDDEN, build_model, modules_run
 
-    assert modules_run(build_model(2, 3), torch.randn(1, HIDDEN)) == 1 + 2 * (1 + 3)
+    assert modules_run(build_model(2, 3, 4), torch.randn(1, HIDDEN)) == 1 + 2 * (1 + 3)
+    assert sum(1 for _ in build_model(2, 3, 4).parameters()) == 2 * 3 * 4
+
+
+def test_deepspeed_zero3_step_walks_every_parameter_on_the_host():
+    """ZeRO-3's optimizer step walks every parameter's partition (ZERO3_STEP_TO_ATEN_OP): host time per parameter
+    tensor of the whole model, once a step, under DeepSpeed at stage 3 only."""
+    load = __import__("autopar.models", fromlist=["load_model"]).load_model
+    llama, qwen = load("llama-2-7b"), load("qwen3-30b-a3b")
+    # 32 layers of 9 tensors (q k v o gate up down, two norms), the embedding, the final norm and the output layer
+    assert engines.model_param_tensors(llama) == 32 * 9 + 3
+    # Qwen3's q/k norms; a MoE layer's router and 3 x 128 experts in place of the MLP's three linears
+    assert engines.model_param_tensors(qwen) == 48 * (11 - 3 + 1 + 384) + 3
+    plans = PlanArrays.from_plans([Plan(zero=3), Plan(zero=1)])
+    costs = host_costs_from_us(DEFAULT_HOST_COSTS_US)
+    deepspeed = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED)
+    host_s = engines.step_host_s(qwen, deepspeed, plans, costs)
+    per_step, per_tensor = engines.ZERO3_STEP_TO_ATEN_OP
+    assert host_s[0] - host_s[1] == pytest.approx((per_step + per_tensor * (48 * 393 + 3)) * costs.aten_op_s)
+    megatron = engines.step_host_s(qwen, TrainingSpec(seq_len=1024, global_batch_size=64), plans, costs)
+    assert megatron[0] == megatron[1]

@@ -555,8 +555,8 @@ def test_bf16_gradient_reduce_halves_the_reduce_bytes_and_pays_the_fp32_copy_in_
     bf16_training = dataclasses.replace(training, grad_reduce_in_fp32=False)
     fp32_terms, bf16_terms = terms(MIXTRAL, 64, plans, training), terms(MIXTRAL, 64, plans, bf16_training)
     # the optimizer term also carries the host's share of the step (engines.step_host_s), the same either way
-    host_s = engines.step_host_s(training, len(plans), H100.host_costs)
-    np.testing.assert_array_equal(host_s, engines.step_host_s(bf16_training, len(plans), H100.host_costs))
+    host_s = engines.step_host_s(MIXTRAL, training, plans, H100.host_costs)
+    np.testing.assert_array_equal(host_s, engines.step_host_s(MIXTRAL, bf16_training, plans, H100.host_costs))
     np.testing.assert_allclose((bf16_terms["optimizer"] - host_s) / (fp32_terms["optimizer"] - host_s),
                                [40 / 34, 40 / 34, 1.0], rtol=1e-12)
     assert np.all(bf16_terms["dp_comm"] < fp32_terms["dp_comm"])

@@ -233,9 +233,11 @@ TERM_CAUSES = {
     "ep_comm": "EP all-to-all dispatch and combine",
     "host": "the host: kernel launches the GPU waits for and the queue drained at each host synchronisation "
             "(small kernels: small micro-batch, high TP, narrow experts, a fast GPU; MoE dispatch syncs; DTensor's "
-            "dispatch of every operator under eager TP in torchtitan or a plain loop)",
+            "dispatch of every operator under eager TP in torchtitan or a plain loop; DeepSpeed ZeRO-3's hooks on "
+            "every submodule)",
     "dp_comm": "data-parallel gradient synchronisation (exposed, plus the SMs its overlapped part takes)",
-    "optimizer": "optimizer step (and the host's synchronisations and launches around it)",
+    "optimizer": "optimizer step (and the host's synchronisations and launches around it; under DeepSpeed ZeRO-3 "
+                 "its walk over every parameter)",
     "offload_copies": "fine-grained activation offloading: copies to and from host memory longer than the layers "
                       "they overlap (--offload-modules; the host link's rate)",
 }
