@@ -13,13 +13,15 @@ models of small weights (16 x 16, so the kernels themselves are ~1 µs), one or 
 and optimizer step timed against the same model without DeepSpeed. The extra time of each pass is fitted by least
 squares (the median of three runs of the whole measurement) as
 
-    extra = module_us x hooked modules + param_us x parameters
+    extra = module_us x hooked modules + param_us x parameters + pass_us
 
 over the modules whose forward runs (a ModuleList carries hooks but is never called) and the parameters they hold;
-per module and per parameter are told apart by the containers (none) and the modules of four weights. On one rank
-DeepSpeed gathers nothing (partition_parameters.py: a one-rank group takes `_no_gather_coalesced`), so what is timed
-is the hooks' Python around the fetch, without the fetch's own copies and collective (costmodels.engines prices
-those as launches). costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries the fitted µs over the host profile's eager
+per module and per parameter are told apart by the containers (none) and the modules of four weights. Every weight is
+partitioned (stage3_param_persistence_threshold 0: the default keeps these small weights whole, as it keeps a real
+layer's norms and biases). On one rank DeepSpeed gathers nothing (partition_parameters.py: a one-rank group takes
+`_no_gather_coalesced`), so what is timed is the hooks' Python around the fetch and release, without the fetch's own
+copies and collective (costmodels.engines prices those as launches); pass_us, what a pass costs once, is printed
+and not priced. costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries the fitted µs over the host profile's eager
 operator (host.aten_op_us, fitted to the public microbenchmarks): Python on the same class of server CPU.
 
     python benchmarks/deepspeed_zero3_host.py
@@ -154,7 +156,10 @@ def measure_model(containers: int, modules: int, weights: int) -> tuple[int, int
     x = torch.randn(4, HIDDEN)
     hooked = modules_run(model, x)
     parameters = sum(1 for _ in model.parameters())
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+    # every parameter partitioned, fetched and released (the default threshold keeps ones under 100,000 elements
+    # whole on every rank: costmodels.engines.ZERO3_PERSISTENCE_THRESHOLD_PARAMS; a real layer's weights are above)
+    config = {"train_micro_batch_size_per_gpu": 1,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
               "optimizer": {"type": "SGD", "params": {"lr": 1e-4}}, "zero_allow_untested_optimizer": True,
               "steps_per_print": 10**9}
     engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
@@ -185,32 +190,30 @@ def measure_model(containers: int, modules: int, weights: int) -> tuple[int, int
     return hooked, parameters, [a - b for a, b in zip(zero3, eager)]
 
 
-def fit_pass(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]:
-    """(µs per hooked module, µs per parameter, rms relative residual) of one pass's extra seconds, by least squares
-    over (modules run, parameters, extra seconds) rows (no constant: every cost of a pass is per module or per
-    parameter)."""
+def fit_pass(rows: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
+    """(µs per hooked module, µs per parameter, µs per pass, rms relative residual) of one pass's extra seconds, by
+    least squares over (modules run, parameters, extra seconds) rows, with a constant for what a pass costs once
+    (the engine's own entry, the backward's reduce of the last bucket), held at zero where the free fit makes it
+    negative (no cost is negative)."""
     import numpy as np
 
-    design = np.array([[hooked, parameters] for hooked, parameters, _ in rows], dtype=float)
     extra = np.array([seconds for _, _, seconds in rows])
+    design = np.array([[hooked, parameters, 1.0] for hooked, parameters, _ in rows], dtype=float)
     coefficients, *_ = np.linalg.lstsq(design, extra, rcond=None)
+    if coefficients[2] < 0.0:
+        coefficients, *_ = np.linalg.lstsq(design[:, :2], extra, rcond=None)
+        coefficients = np.append(coefficients, 0.0)
     residual = design @ coefficients - extra
     rms = float(np.sqrt(np.mean((residual / extra) ** 2)))
-    return coefficients[0] * 1e6, coefficients[1] * 1e6, rms
+    return coefficients[0] * 1e6, coefficients[1] * 1e6, coefficients[2] * 1e6, rms
 
 
 def fit_step(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]:
     """(µs per step, µs per parameter, rms relative residual) of the optimizer step's extra seconds, by least
     squares over (modules run, parameters, extra seconds) rows: ZeRO-3's step walks the parameters (each one's
     partition bookkeeping, its gradient's release), once a step."""
-    import numpy as np
-
-    design = np.array([[1.0, parameters] for _, parameters, _ in rows])
-    extra = np.array([seconds for _, _, seconds in rows])
-    coefficients, *_ = np.linalg.lstsq(design, extra, rcond=None)
-    residual = design @ coefficients - extra
-    rms = float(np.sqrt(np.mean((residual / extra) ** 2)))
-    return coefficients[0] * 1e6, coefficients[1] * 1e6, rms
+    module_us, param_us, step_us, rms = fit_pass([(0, parameters, seconds) for _, parameters, seconds in rows])
+    return step_us, param_us, rms
 
 
 def measure_once() -> dict:
@@ -242,7 +245,8 @@ def measure(repeats: int = REPEATS) -> dict:
     finally:
         torch.set_num_threads(threads)
         ds_logger.setLevel(level)
-    fits = {name: tuple(statistics.median(run["fits"][name][index] for run in runs) for index in range(3))
+    fits = {name: tuple(statistics.median(run["fits"][name][index] for run in runs)
+                        for index in range(len(runs[0]["fits"][name])))
             for name in ("fwd", "bwd", "step")}
     return {"rows": runs[-1]["rows"], "fits": fits, "deepspeed": deepspeed.__version__, "repeats": repeats}
 
@@ -262,9 +266,10 @@ def main() -> int:
     aten_op_us = DEFAULT_HOST_COSTS_US["aten_op_us"]
     print(f"\n(the last of {result['repeats']} runs above; the fits below are the medians of the runs)")
     for name in ("fwd", "bwd"):
-        module_us, param_us, rms = result["fits"][name]
+        module_us, param_us, pass_us, rms = result["fits"][name]
         bundled_module, bundled_param = (ratio * aten_op_us for ratio in ZERO3_HOOK_TO_ATEN_OP[name])
-        print(f"{name}: {module_us:.1f} µs a hooked module, {param_us:.1f} µs a parameter (rms {rms:.1%}); "
+        print(f"{name}: {module_us:.1f} µs a hooked module, {param_us:.1f} µs a parameter, {pass_us:.0f} µs a pass "
+              f"(rms {rms:.1%}); "
               f"bundled {bundled_module:.1f} / {bundled_param:.1f} µs "
               f"(costmodels.engines.ZERO3_HOOK_TO_ATEN_OP x host.aten_op_us {aten_op_us:g})")
     fwd, bwd, step = result["fits"]["fwd"], result["fits"]["bwd"], result["fits"]["step"]
@@ -273,7 +278,7 @@ def main() -> int:
           f"{fixed_us:.0f} / {per_param_us:.1f} µs (costmodels.engines.ZERO3_STEP_TO_ATEN_OP)")
     print(f"deepspeed-zero3-host: fwd_module_us={fwd[0]:.1f} fwd_param_us={fwd[1]:.1f} bwd_module_us={bwd[0]:.1f} "
           f"bwd_param_us={bwd[1]:.1f} step_us={step[0]:.0f} step_param_us={step[1]:.1f} "
-          f"rms={max(fwd[2], bwd[2], step[2]):.1%} deepspeed={result['deepspeed']}")
+          f"rms={max(fwd[3], bwd[3], step[2]):.1%} deepspeed={result['deepspeed']}")
     return 0
 
 

@@ -67,13 +67,13 @@ C++ fast path, the cached sharding propagation, unwrapping and rewrapping), over
 detach benchmark gave 24-26 µs against a plain tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later
 fast-path work.)"""
 
-ZERO3_HOOK_TO_ATEN_OP = {"fwd": (178.6 / 7.352, 21.4 / 7.352), "bwd": (108.2 / 7.352, 84.9 / 7.352)}
+ZERO3_HOOK_TO_ATEN_OP = {"fwd": (189.2 / 7.352, 30.6 / 7.352), "bwd": (134.3 / 7.352, 108.4 / 7.352)}
 """Host time of DeepSpeed ZeRO-3's hooks per pass, as (per hooked module, per fetched parameter) in eager operators
 (host.aten_op_us, 7.352 µs): benchmarks/deepspeed_zero3_host.py on DeepSpeed 0.19.8 (the CPU accelerator, one gloo
 rank, torch 2.13's CPU build, this project's Xeon machines) times forward and backward of models of small linears
-under ZeRO-3 against plain PyTorch (one or four weights a module) and fits the extra time per module whose forward
-runs and per parameter: forward 178.6 µs a module and 21.4 a parameter, backward 108.2 and 84.9 (the medians of
-three runs). On one rank DeepSpeed
+under ZeRO-3 against plain PyTorch (one or four weights a module, every weight partitioned) and fits the extra time
+per module whose forward runs and per parameter: forward 189.2 µs a module and 30.6 a parameter, backward 134.3 and
+108.4 (the medians of three runs; no cost once a pass). On one rank DeepSpeed
 gathers nothing (a one-rank group takes `_no_gather_coalesced`), so these are the hooks' Python without the fetch's
 own copies and collective, which `_deepspeed_zero` prices as launches (the backward's copy of each gradient into the
 reduce bucket runs on the CPU inside the figure, about a microsecond of it). The module part is the hooks on every
@@ -84,10 +84,10 @@ fetch's and release's bookkeeping and, backward, the gradient's reduce bookkeepi
 speed; on a GPU the hooks also record and wait on CUDA events, which the CPU accelerator skips, so these are lower
 bounds. (DeepSpeed PR #6694: 'the loop time is excessively long in fine-grained module'.)"""
 
-ZERO3_STEP_TO_ATEN_OP = (1252.0 / 7.352, 55.7 / 7.352)
+ZERO3_STEP_TO_ATEN_OP = (1474.0 / 7.352, 22.9 / 7.352)
 """Host time of DeepSpeed ZeRO-3's optimizer step beyond the optimizer's kernels, as (per step, per parameter
 tensor) in eager operators: benchmarks/deepspeed_zero3_host.py (as ZERO3_HOOK_TO_ATEN_OP) times engine.step() against
-a plain optimizer step and fits a fixed part and a part per parameter: 1252 µs a step and 55.7 a parameter (the
+a plain optimizer step and fits a fixed part and a part per parameter: 1474 µs a step and 22.9 a parameter (the
 medians of three runs). The step walks every parameter of the
 partition (stage3.py `_post_step`, `_reassign_or_swap_out_partitioned_parameters`, the gradients' release), Python
 per parameter on the host while the GPU has only the few fused kernels over the flat fp32 partition."""
@@ -596,7 +596,10 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
                                  collective=layer_fwd.collective)
             layer_bwd = Launches(compiled=1.0, triton=layer_bwd.aten_op * 0.4, aten_gemm=layer_bwd.aten_gemm,
                                  collective=layer_bwd.collective)
-    fsdp_fwd, fsdp_bwd = _fsdp2_unit(plans) if engine is not Engine.DEEPSPEED else _deepspeed_zero(model, plans)
+    deepspeed = engine is Engine.DEEPSPEED
+    fsdp_fwd, fsdp_bwd = _fsdp2_unit(plans) if not deepspeed else _deepspeed_zero(model, plans)
+    # a MoE layer's own: DeepSpeed fetches its attention side here and its block in _deepspeed_expert_fetch
+    moe_fsdp_fwd, moe_fsdp_bwd = (fsdp_fwd, fsdp_bwd) if not deepspeed else _deepspeed_zero(model, plans, True)
     attention_fwd = layer_fwd.times(attention_share)
     moe_pre_sac = Launches()
     if model.moe is not None:
@@ -604,21 +607,25 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         if engine is Engine.TORCHTITAN:
             dtensor_fwd, dtensor_bwd = _dtensor_moe(model, training, plans)
             pre, moe_bwd = pre + dtensor_fwd, moe_bwd + dtensor_bwd
-        moe_pre, moe_pre_sac = attention_fwd + pre + fsdp_fwd, pre
-        moe_bwd = layer_bwd.times(attention_share) + moe_bwd + fsdp_bwd
+        moe_pre, moe_pre_sac = attention_fwd + pre + moe_fsdp_fwd, pre
+        moe_bwd = layer_bwd.times(attention_share) + moe_bwd + moe_fsdp_bwd
     else:
         moe_pre = moe_bwd = post = Launches()
         dispatch_syncs = np.zeros(n)
-    deepspeed = engine is Engine.DEEPSPEED
     if deepspeed and model.moe is not None:   # ZeRO-3's fetch of the MoE block's experts
         fetch_fwd, fetch_bwd = _deepspeed_expert_fetch(model, training, plans)
         post, moe_bwd = post + fetch_fwd, moe_bwd + fetch_bwd
+    head_fwd, head_bwd = Launches(aten_op=2.0), Launches(aten_op=4.0)
+    # final norm, output GEMM, PyTorch's cross entropy (log_softmax + nll_loss, 2 kernels each way)
+    tail_fwd, tail_bwd = Launches(aten_op=3.0, aten_gemm=1.0), Launches(aten_op=4.0, aten_gemm=2.0)
+    if deepspeed:   # ZeRO-3 around the decoder layers: the model's own modules and embeddings
+        ends = _deepspeed_model_ends(model, plans)
+        head_fwd, head_bwd, tail_fwd, tail_bwd = (a + b for a, b in zip((head_fwd, head_bwd, tail_fwd, tail_bwd),
+                                                                         ends))
     return LayerLaunches(
         dense_fwd=layer_fwd + fsdp_fwd, dense_bwd=layer_bwd + fsdp_bwd,
         moe_pre_fwd=moe_pre, moe_post_fwd=post, moe_bwd=moe_bwd,
-        head_fwd=Launches(aten_op=2.0), head_bwd=Launches(aten_op=4.0),
-        # final norm, output GEMM, PyTorch's cross entropy (log_softmax + nll_loss, 2 kernels each way)
-        tail_fwd=Launches(aten_op=3.0, aten_gemm=1.0), tail_bwd=Launches(aten_op=4.0, aten_gemm=2.0),
+        head_fwd=head_fwd, head_bwd=head_bwd, tail_fwd=tail_fwd, tail_bwd=tail_bwd,
         # activation checkpointing re-runs the checkpointed block's forward (full); torchtitan's per-op SAC all of it
         # but the kept ops (_sac_recompute); selective recompute elsewhere about a third of the block's launches
         dense_recompute=_sac_recompute(layer_fwd, model, False) if engine is Engine.TORCHTITAN
@@ -645,12 +652,13 @@ def _sac_recompute(forward: Launches, model: ModelSpec, moe_layer: bool) -> Laun
         triton=np.where(compiled, np.maximum(np.asarray(forward.triton) - 1.0, 0.0), forward.triton))
 
 
-CONTAINER_MODULES_PER_LAYER = 4.0
-"""Submodules of an eager decoder layer that hold no parameter of their own but carry ZeRO-3's hooks like any other
-(DeepSpeed hooks every submodule): the layer, its attention, its MLP and the MLP's activation module (Hugging Face's
-ACT2FN modules, GPT-2's NewGELUActivation)."""
-DROPOUT_MODULES_PER_LAYER = 3.0
-"""nn.Dropout submodules of a layer trained with dropout (GPT-2's attention, residual and MLP dropouts)."""
+ZERO3_PERSISTENCE_THRESHOLD_PARAMS = 100_000
+"""DeepSpeed's `stage3_param_persistence_threshold` default (runtime/zero/config.py): a parameter of fewer elements
+is kept whole on every rank and never fetched or released. A layer's norm weights and biases fall below it, its
+linears' weights above it (a 512 x 512 weight already holds 262,144), so ZeRO-3 fetches a layer's linears only."""
+DROPOUT_MODULES_PER_LAYER = 2.0
+"""nn.Dropout submodules whose forward runs in a layer trained with dropout (Hugging Face's GPT-2: the attention's
+residual dropout and the MLP's; its attention-probability dropout is a function call)."""
 
 
 def zero3_hook(hooked_modules: "np.ndarray | float", parameters: "np.ndarray | float", direction: str
@@ -661,61 +669,94 @@ def zero3_hook(hooked_modules: "np.ndarray | float", parameters: "np.ndarray | f
     return per_module * hooked_modules + per_parameter * parameters
 
 
-def zero3_hooked_modules_per_layer(model: ModelSpec) -> float:
-    """Submodules of one eager decoder layer that ZeRO-3 hooks: those holding parameters and the containers."""
+def zero3_fetched_linears_per_layer(model: ModelSpec, moe_layer: bool = False) -> float:
+    """Linears of one eager decoder layer that ZeRO-3 fetches (ZERO3_PERSISTENCE_THRESHOLD_PARAMS): the attention's
+    four (q, k, v, o; a fused QKV and o in GPT-2) and a dense layer's MLP; a MoE layer's block is
+    `_deepspeed_expert_fetch`'s."""
+    attention = 4.0 if _gated(model) else 2.0
+    return attention + (0.0 if moe_layer else mlp_linears_per_layer(model))
+
+
+def zero3_hooked_modules_per_layer(model: ModelSpec, moe_layer: bool = False) -> float:
+    """Submodules of one eager decoder layer whose forward runs, each with ZeRO-3's hooks (DeepSpeed hooks every
+    submodule): the layer and its attention, the attention's linears, the norms (two, and Qwen3's q_norm and
+    k_norm), the dropouts of a model trained with dropout, and the MLP module with its linears and its activation
+    module (Hugging Face's ACT2FN modules, GPT-2's NewGELUActivation), or a MoE layer's block (its router and experts:
+    `_deepspeed_expert_fetch`)."""
+    norms = 2.0 + (2.0 if model.qk_layernorm else 0.0)
     dropouts = DROPOUT_MODULES_PER_LAYER if model.dropout else 0.0
-    return param_modules_per_layer(model) + CONTAINER_MODULES_PER_LAYER + dropouts
+    mlp = 1.0 if moe_layer else 1.0 + mlp_linears_per_layer(model) + 1.0
+    return 2.0 + zero3_fetched_linears_per_layer(model, moe_layer=True) + norms + dropouts + mlp
 
 
-def _deepspeed_zero(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
+def _deepspeed_zero(model: ModelSpec, plans: PlanArrays, moe_layer: bool = False) -> tuple[Launches, Launches]:
     """(forward, backward) launches DeepSpeed's ZeRO adds to one eager decoder layer (v0.19.5 runtime/zero/
-    partitioned_param_coordinator.py, partition_parameters.py, stage3.py). ZeRO-3: per parameter-holding submodule
-    and pass one coalesced all-gather (its copy-in cat and the NCCL call), per parameter a cat copy-out; backward
-    the same fetch plus a copy of each gradient into the reduce bucket; and the hooks' Python on every submodule,
-    per pass (zero3_hook). ZeRO-1/2: a copy of each gradient into the bucket. The 2021 per-parameter fetch
-    (zero3_serial_fetch) is priced by costmodels.steptime.dp_comm_s."""
-    tensors = param_tensors_per_layer(model)
-    modules = param_modules_per_layer(model)
-    hooked = zero3_hooked_modules_per_layer(model)
-    fetch = Launches(aten_op=modules + tensors, collective=modules)
+    partitioned_param_coordinator.py, partition_parameters.py, stage3.py); for a MoE layer its attention side and
+    block (the experts are `_deepspeed_expert_fetch`'s). ZeRO-3: per fetched linear and pass one coalesced
+    all-gather (its copy-in cat and the NCCL call) and a cat copy-out (norms and biases stay whole on every rank:
+    ZERO3_PERSISTENCE_THRESHOLD_PARAMS); backward the same fetch plus a copy of each gradient into the reduce bucket;
+    and the hooks' Python on every submodule, per pass (zero3_hook). ZeRO-1/2: a copy of each gradient into the
+    bucket. The 2021 per-parameter fetch (zero3_serial_fetch) is priced by costmodels.steptime.dp_comm_s."""
+    linears = zero3_fetched_linears_per_layer(model, moe_layer)
+    tensors = param_tensors_per_layer(model) - (mlp_linears_per_layer(model) * (2.0 if model.linear_bias else 1.0)
+                                                if moe_layer else 0.0)
+    hooked = zero3_hooked_modules_per_layer(model, moe_layer)
+    fetch = Launches(aten_op=2.0 * linears, collective=linears)
     zero3 = plans.zero >= 3
-    forward = (fetch + Launches(zero3_hook=zero3_hook(hooked, tensors, "fwd"))).where(zero3, Launches())
-    backward = (fetch + Launches(zero3_hook=zero3_hook(hooked, tensors, "bwd"))).where(zero3, Launches()) \
+    forward = (fetch + Launches(zero3_hook=zero3_hook(hooked, linears, "fwd"))).where(zero3, Launches())
+    backward = (fetch + Launches(zero3_hook=zero3_hook(hooked, linears, "bwd"))).where(zero3, Launches()) \
         + Launches(aten_op=tensors).where(plans.zero >= 1, Launches())
     return forward, backward
 
 
+def _deepspeed_model_ends(model: ModelSpec, plans: PlanArrays) -> tuple[Launches, Launches, Launches, Launches]:
+    """(head forward, head backward, tail forward, tail backward) that ZeRO-3 adds around the decoder layers of a
+    Hugging Face model: the causal-LM wrapper, the inner model, the token embedding (GPT-2's position embedding too)
+    and the rotary embedding module hooked, the embeddings' weights fetched; the final norm and the output layer
+    hooked, its weight fetched (the embedding's again when tied)."""
+    # the wrapper, the inner model, the token embedding, and the rotary module or GPT-2's position embedding
+    head_hooked = 4.0
+    head_weights = 2.0 if model.position_embedding is PositionEmbedding.LEARNED else 1.0
+    zero3 = plans.zero >= 3
+
+    def fetching(hooked: float, weights: float, direction: str) -> Launches:
+        return Launches(aten_op=2.0 * weights, collective=weights,
+                        zero3_hook=zero3_hook(hooked, weights, direction)).where(zero3, Launches())
+
+    return (fetching(head_hooked, head_weights, "fwd"), fetching(head_hooked, head_weights, "bwd"),
+            fetching(2.0, 1.0, "fwd"), fetching(2.0, 1.0, "bwd"))
+
+
 def _deepspeed_expert_fetch(model: ModelSpec, training: TrainingSpec, plans: PlanArrays
                             ) -> tuple[Launches, Launches]:
-    """ZeRO-3's fetch of an eager MoE block's experts. The frameworks that train Hugging Face MoE models under ZeRO-3
-    register the MoE block as a ZeRO-3 leaf module (deepspeed.utils.set_z3_leaf_modules, DeepSpeed PR #4966: with
-    hooks on each expert the ranks, routing differently, fetch different experts and hang; ms-swift
-    swift/model/register.py `_deepspeed_set_z3_leaf_modules` registers Qwen3MoeSparseMoeBlock, Qwen2MoeSparseMoeBlock,
-    GptOssMLP, Llama4TextMoe and the rest; LlamaFactory likewise): DeepSpeed then hooks the block alone and fetches
-    every parameter under it at once (parameter_offload.py and partitioned_param_coordinator.py:
-    `iter_params(sub_module, recurse=z3_leaf_module(sub_module))`), one coalesced all-gather with its copy-in cat
-    and a copy-out per parameter (partition_parameters.py `_all_gather_coalesced`), per pass; backward the same fetch,
-    and each gradient copied into the reduce bucket once the block's backward is done (stage3.py
-    `reduce_leaf_module_grads`). Without the leaf module (TrainingSpec.zero3_moe_leaf off) each expert linear is a
-    submodule with hooks of its own (`_deepspeed_zero`): per linear and pass a coalesced all-gather with its copy-in
-    and copy-out. The hooks' Python (zero3_hook): per pass the block's hook (leaf), or the hooks of the router and
-    of every expert, its linears and its activation module (each expert an MLP module of its own in a ModuleList,
-    as transformers' MoE blocks held them before 5.0 fused the experts into one module); a fetch for each weight
+    """ZeRO-3's fetch of an eager MoE block's router and experts. The frameworks that train Hugging Face MoE models
+    under ZeRO-3 register the MoE block as a ZeRO-3 leaf module (deepspeed.utils.set_z3_leaf_modules, DeepSpeed PR
+    #4966: with hooks on each expert the ranks, routing differently, fetch different experts and hang; ms-swift
+    swift/model/register.py `_deepspeed_set_z3_leaf_modules` registers Qwen3MoeSparseMoeBlock,
+    Qwen2MoeSparseMoeBlock, GptOssMLP, Llama4TextMoe and the rest; LlamaFactory likewise): DeepSpeed then hooks the
+    block alone and fetches every parameter under it at once (parameter_offload.py and
+    partitioned_param_coordinator.py: `iter_params(sub_module, recurse=z3_leaf_module(sub_module))`), one coalesced
+    all-gather with its copy-in cat and a copy-out per parameter (partition_parameters.py `_all_gather_coalesced`),
+    per pass; backward the same fetch, and each gradient copied into the reduce bucket once the block's backward is
+    done (stage3.py `reduce_leaf_module_grads`). Without the leaf module (TrainingSpec.zero3_moe_leaf off) the router
+    and each expert linear are submodules with hooks of their own (`_deepspeed_zero`): per linear and pass a
+    coalesced all-gather with its copy-in and copy-out. The hooks' Python (zero3_hook): the block's own hook is in
+    the layer's count; not a leaf, the router's and every expert's, its three linears' and its activation module's
+    (each expert an MLP module of its own in a ModuleList, as transformers' MoE blocks held them before 5.0; with
+    the experts in one grouped module, ExpertGemm not LOOP, that module and its two weights); a fetch for each weight
     either way."""
     experts = local_experts(model, plans)
-    linears = 3.0 * experts
-    # beyond the dense layer's hooks (_deepspeed_zero, which every layer pays): the block stands in for the MLP
-    # module; not a leaf, its router and every expert's module, activation and three linears replace the MLP's
-    # activation and linears; a leaf hooks none of them (the dense count's activation and linears stay: an
-    # over-count of those few hooks a layer)
-    mlp_hooked = mlp_linears_per_layer(model) + 1.0
-    hooked = 0.0 if training.zero3_moe_leaf else 1.0 + linears + 2.0 * experts - mlp_hooked
-    fetched = 1.0 + linears - mlp_linears_per_layer(model)          # the router's weight and the experts'
-    fetch = Launches(aten_op=1.0 + linears, collective=1.0) if training.zero3_moe_leaf \
-        else Launches(aten_op=2.0 * linears, collective=linears)
+    looped = training.expert_gemm is ExpertGemm.LOOP
+    weights = 1.0 + (3.0 * experts if looped else 2.0)                       # the router's and the experts'
+    hooked = 1.0 + (5.0 * experts if looped else 1.0)
+    if training.zero3_moe_leaf:
+        fetch = Launches(aten_op=1.0 + weights, collective=1.0)
+        hooked = 0.0
+    else:
+        fetch = Launches(aten_op=2.0 * weights, collective=weights)
     zero3 = plans.zero >= 3
-    forward = fetch + Launches(zero3_hook=zero3_hook(hooked, fetched, "fwd"))
-    backward = fetch + Launches(aten_op=linears, zero3_hook=zero3_hook(hooked, fetched, "bwd"))
+    forward = fetch + Launches(zero3_hook=zero3_hook(hooked, weights, "fwd"))
+    backward = fetch + Launches(aten_op=weights, zero3_hook=zero3_hook(hooked, weights, "bwd"))
     return forward.where(zero3, Launches()), backward.where(zero3, Launches())
 
 
@@ -866,7 +907,7 @@ def step_launches(training: TrainingSpec) -> tuple[float, Launches]:
 
 def model_param_tensors(model: ModelSpec) -> float:
     """Parameter tensors of the whole eager model (param_tensors_per_layer a dense layer; a MoE layer's router and
-    its experts' three weights each, and its shared experts', in place of the MLP's; the embedding, the final norm's
+    its experts' three weights each, and its shared experts', in place of the MLP's; the embeddings, the final norm's
     and an untied output layer)."""
     dense = param_tensors_per_layer(model)
     tensors = model.num_dense_layers * dense
@@ -874,7 +915,8 @@ def model_param_tensors(model: ModelSpec) -> float:
         mlp = mlp_linears_per_layer(model) * (2.0 if model.linear_bias else 1.0)
         experts = 3.0 * (model.moe.num_experts + model.moe.num_shared_experts)
         tensors += model.num_moe_layers * (dense - mlp + 1.0 + experts)
-    return tensors + 1.0 + norm_params_per_layer(model) / 2.0 + (0.0 if model.tied_embeddings else 1.0)
+    learned = 1.0 if model.position_embedding is PositionEmbedding.LEARNED else 0.0      # GPT-2's wpe
+    return tensors + 1.0 + learned + norm_params_per_layer(model) / 2.0 + (0.0 if model.tied_embeddings else 1.0)
 
 
 def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts) -> np.ndarray:

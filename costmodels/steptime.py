@@ -761,7 +761,10 @@ def zero3_collectives_per_layer(model: ModelSpec, training: TrainingSpec) -> tup
     per_linear = 3.0 * model.moe.num_experts if model.moe is not None else 1.0
     if training.zero3_serial_fetch:
         return engines.param_tensors_per_layer(model), per_linear
-    return engines.param_modules_per_layer(model), 1.0 if training.zero3_moe_leaf else per_linear
+    # the layer's linears (norms and biases stay whole: engines.ZERO3_PERSISTENCE_THRESHOLD_PARAMS); a MoE model's
+    # layers gather their attention side so, and the block's router and experts at once (a leaf) or each alone
+    dense = engines.zero3_fetched_linears_per_layer(model, moe_layer=model.is_moe)
+    return dense, 1.0 if training.zero3_moe_leaf else 1.0 + per_linear
 
 
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,

@@ -245,17 +245,21 @@ def test_deepspeed_zero3_fetches_a_moe_block_at_once_as_a_leaf_module():
     weights = 3.0 * model.moe.num_experts
     dense = engines.layer_launches(dataclasses.replace(model, moe=None), training, plans)
     assert launches.moe_post_fwd.collective[0] == 1.0 and launches.moe_post_fwd.collective[1] == 0.0
-    assert launches.moe_post_fwd.aten_op[0] - launches.moe_post_fwd.aten_op[1] == 1.0 + weights
-    assert dense.dense_fwd.collective[0] == engines.param_modules_per_layer(model)
+    # a copy-in, the router's weight and the experts', each copied out
+    assert launches.moe_post_fwd.aten_op[0] - launches.moe_post_fwd.aten_op[1] == 1.0 + 1.0 + weights
+    # the layer's linears only: norms stay whole on every rank (the persistence threshold)
+    assert dense.dense_fwd.collective[0] == 7.0
+    assert launches.moe_pre_fwd.collective[0] == 4.0          # a MoE layer's attention side
     legacy = dataclasses.replace(training, zero3_serial_fetch=True)
-    assert steptime.zero3_collectives_per_layer(model, training) == (engines.param_modules_per_layer(model), 1.0)
+    assert steptime.zero3_collectives_per_layer(model, training) == (4.0, 1.0)
     assert steptime.zero3_collectives_per_layer(model, legacy)[1] == weights
     # without the leaf module (transformers' loop over every expert, before the frameworks registered it): hooks on
     # every expert linear, an all-gather each, and the step pays their latency
     hooked = dataclasses.replace(training, zero3_moe_leaf=False)
     per_linear = engines.layer_launches(model, hooked, plans).moe_post_fwd
-    assert per_linear.collective[0] == weights and per_linear.aten_op[0] - per_linear.aten_op[1] == 2.0 * weights
-    assert steptime.zero3_collectives_per_layer(model, hooked)[1] == weights
+    assert per_linear.collective[0] == 1.0 + weights
+    assert per_linear.aten_op[0] - per_linear.aten_op[1] == 2.0 * (1.0 + weights)
+    assert steptime.zero3_collectives_per_layer(model, hooked)[1] == 1.0 + weights
     plan = [Plan(zero=3, mbs=1)]
     assert steps(model, "a800-80gb", hooked, plan, 16)["dp_comm"][0] > \
         steps(model, "a800-80gb", training, plan, 16)["dp_comm"][0]
@@ -270,10 +274,10 @@ def test_deepspeed_zero3_hooks_cost_the_host_per_module_and_parameter():
     launches = engines.layer_launches(model, training, plans)
     hooked = engines.zero3_hooked_modules_per_layer(model)
     assert hooked == 13      # q k v o gate up down, two norms; the layer, its attention, MLP and activation
-    params = engines.param_tensors_per_layer(model)
+    fetched = 7.0       # the linears' weights; the norms' stay whole on every rank (the persistence threshold)
     for direction, pieces in (("fwd", launches.dense_fwd), ("bwd", launches.dense_bwd)):
         per_module, per_param = engines.ZERO3_HOOK_TO_ATEN_OP[direction]
-        assert pieces.zero3_hook[0] == pytest.approx(per_module * hooked + per_param * params)
+        assert pieces.zero3_hook[0] == pytest.approx(per_module * hooked + per_param * fetched)
         assert pieces.zero3_hook[1] == 0.0
     costs = host_costs_from_us(DEFAULT_HOST_COSTS_US)
     hook_only = engines.Launches(zero3_hook=10.0)
@@ -289,10 +293,12 @@ def test_deepspeed_zero3_hooks_every_expert_unless_the_block_is_a_leaf():
     per_module, per_param = engines.ZERO3_HOOK_TO_ATEN_OP["fwd"]
     leaf_hook = engines.layer_launches(model, leaf, plans).moe_post_fwd.zero3_hook[0]
     every_hook = engines.layer_launches(model, hooked, plans).moe_post_fwd.zero3_hook[0]
-    # beyond the dense count's MLP (its module stands for the block; its activation and three linears): the router
-    # and, unless the block is a leaf, every expert's module, activation and three linears
-    assert leaf_hook == pytest.approx(per_param * (1 + 3 * experts - 3))
-    assert every_hook == pytest.approx(per_module * (1 + 5 * experts - 4) + per_param * (1 + 3 * experts - 3))
+    # the router's weight and every expert's three are fetched either way; not a leaf, the router and every expert's
+    # module, activation and three linears are hooked too (the block's own hook is the layer's)
+    assert leaf_hook == pytest.approx(per_param * (1 + 3 * experts))
+    assert every_hook == pytest.approx(per_module * (1 + 5 * experts) + per_param * (1 + 3 * experts))
+    moe_side = engines.layer_launches(model, leaf, plans).moe_pre_fwd.zero3_hook[0]
+    assert moe_side == pytest.approx(per_module * (2 + 4 + 4 + 1) + per_param * 4)   # q k v o; 2 + 2 norms; block
     plan = [Plan(zero=3, mbs=1)]
     assert steps(model, "a800-80gb", hooked, plan, 16)["host"][0] > steps(model, "a800-80gb", leaf, plan, 16)["host"][0]
 
@@ -307,8 +313,12 @@ def test_the_zero3_hook_benchmark_fits_what_it_measures():
     for containers, modules, weights in MODELS:
         hooked, params = 1 + containers * (1 + modules), containers * modules * weights   # the modules that run
         rows.append((hooked, params, hooked * module_s + params * param_s))
-    module_us, param_us, rms = fit_pass(rows)
-    assert module_us == pytest.approx(70.0) and param_us == pytest.approx(30.0) and rms < 1e-9
+    module_us, param_us, pass_us, rms = fit_pass([(h, n, seconds + 500e-6) for h, n, seconds in rows])
+    assert module_us == pytest.approx(70.0) and param_us == pytest.approx(30.0) and pass_us == pytest.approx(500.0)
+    assert rms < 1e-9
+    # a constant the free fit makes negative is held at zero
+    module_us, param_us, pass_us, _ = fit_pass([(h, n, seconds - 200e-6) for h, n, seconds in rows])
+    assert pass_us == 0.0 and module_us < 70.0
 
 
 def test_the_zero3_hook_benchmark_counts_the_modules_whose_forward_runs():
@@ -338,3 +348,20 @@ def test_deepspeed_zero3_step_walks_every_parameter_on_the_host():
     assert host_s[0] - host_s[1] == pytest.approx((per_step + per_tensor * (48 * 393 + 3)) * costs.aten_op_s)
     megatron = engines.step_host_s(qwen, TrainingSpec(seq_len=1024, global_batch_size=64), plans, costs)
     assert megatron[0] == megatron[1]
+
+
+def test_deepspeed_zero3_counts_a_gpt2_layer_and_the_model_around_the_layers():
+    """GPT-2 under ZeRO-3: a fused QKV and the projections (four linears fetched; biases and LayerNorms stay whole),
+    its two dropout modules hooked, its position embedding fetched with the token embedding."""
+    gpt = __import__("autopar.models", fromlist=["load_model"]).load_model("gpt-1.7b")
+    assert gpt.dropout and gpt.linear_bias
+    assert engines.zero3_fetched_linears_per_layer(gpt) == 4.0
+    # layer, attention, c_attn, c_proj, two LayerNorms, two dropouts, MLP, c_fc, c_proj, activation
+    assert engines.zero3_hooked_modules_per_layer(gpt) == 12.0
+    # 24 layers of 4 weights, 4 biases, 4 LayerNorm tensors; wte, wpe, the final LayerNorm's two (tied output)
+    assert engines.model_param_tensors(gpt) == 24 * 12 + 2 + 2 + (0 if gpt.tied_embeddings else 1)
+    plans = PlanArrays.from_plans([Plan(zero=3, mbs=1), Plan(zero=1, mbs=1)])
+    training = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED)
+    launches = engines.layer_launches(gpt, training, plans)
+    assert launches.head_fwd.collective[0] == 2.0 and launches.head_fwd.collective[1] == 0.0
+    assert launches.tail_fwd.zero3_hook[0] > 0.0 and launches.tail_fwd.zero3_hook[1] == 0.0
