@@ -92,37 +92,32 @@ def build_model(containers: int, modules: int, weights: int):
     import torch.nn.functional as F
 
     class Weights(nn.Module):
+        """Its weights held as its own parameters (as an nn.Linear holds its weight: ZeRO-3 fetches a module's own
+        parameters before its forward; a ParameterList's would be fetched on access instead)."""
+
         def __init__(self):
             super().__init__()
-            self.weights = nn.ParameterList([nn.Parameter(torch.randn(HIDDEN, HIDDEN) / HIDDEN)
-                                             for _ in range(weights)])
+            for index in range(weights):
+                self.register_parameter(f"weight{index}", nn.Parameter(torch.randn(HIDDEN, HIDDEN) / HIDDEN))
 
         def forward(self, x):
-            for weight in self.weights:
-                x = F.linear(x, weight)
+            for index in range(weights):
+                x = F.linear(x, getattr(self, f"weight{index}"))
             return x
 
-    class Container(nn.Module):
-        def __init__(self):
+    class Chain(nn.Module):
+        """Its children applied in turn (the root model, and each container)."""
+
+        def __init__(self, children):
             super().__init__()
-            self.modules_ = nn.ModuleList([Weights() for _ in range(modules)])
+            self.chain = nn.ModuleList(children)
 
         def forward(self, x):
-            for module in self.modules_:
-                x = module(x)
+            for child in self.chain:
+                x = child(x)
             return x
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.containers = nn.ModuleList([Container() for _ in range(containers)])
-
-        def forward(self, x):
-            for container in self.containers:
-                x = container(x)
-            return x
-
-    return Model()
+    return Chain([Chain([Weights() for _ in range(modules)]) for _ in range(containers)])
 
 
 def _median_pass_seconds(step) -> list[float]:
