@@ -743,12 +743,14 @@ def _deepspeed_expert_fetch(model: ModelSpec, training: TrainingSpec, plans: Pla
     coalesced all-gather with its copy-in and copy-out. The hooks' Python (zero3_hook): the block's own hook is in
     the layer's count; not a leaf, the router's and every expert's, its three linears' and its activation module's
     (each expert an MLP module of its own in a ModuleList, as transformers' MoE blocks held them before 5.0; with
-    the experts in one grouped module, ExpertGemm not LOOP, that module and its two weights); a fetch for each weight
-    either way."""
+    the experts in one grouped module, ExpertGemm not LOOP, that module and its two weights), and the shared experts'
+    likewise; a fetch for each weight either way."""
     experts = local_experts(model, plans)
+    shared = float(model.moe.num_shared_experts)       # an MLP module each (DeepSeek's, Qwen2-MoE's shared expert)
     looped = training.expert_gemm is ExpertGemm.LOOP
-    weights = 1.0 + (3.0 * experts if looped else 2.0)                       # the router's and the experts'
-    hooked = 1.0 + (5.0 * experts if looped else 1.0)
+    # the router's weight, the experts' and the shared experts'
+    weights = 1.0 + (3.0 * experts if looped else 2.0) + 3.0 * shared
+    hooked = 1.0 + (5.0 * experts if looped else 1.0) + 5.0 * shared
     if training.zero3_moe_leaf:
         fetch = Launches(aten_op=1.0 + weights, collective=1.0)
         hooked = 0.0

@@ -365,3 +365,16 @@ def test_deepspeed_zero3_counts_a_gpt2_layer_and_the_model_around_the_layers():
     launches = engines.layer_launches(gpt, training, plans)
     assert launches.head_fwd.collective[0] == 2.0 and launches.head_fwd.collective[1] == 0.0
     assert launches.tail_fwd.zero3_hook[0] > 0.0 and launches.tail_fwd.zero3_hook[1] == 0.0
+
+
+def test_deepspeed_zero3_fetches_shared_experts_with_the_block():
+    """A shared expert is an MLP module of the block (DeepSeek's, Qwen2-MoE's): fetched with it (a leaf) or hooked
+    with its activation and three linears like a routed expert."""
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen1.5-moe-a2.7b")
+    plans = PlanArrays.from_plans([Plan(zero=3, mbs=1)])
+    leaf = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED, expert_gemm="loop")
+    shared, experts = model.moe.num_shared_experts, model.moe.num_experts
+    fetch = engines.layer_launches(model, leaf, plans).moe_post_fwd
+    assert fetch.collective[0] == 1.0 and fetch.aten_op[0] >= 1.0 + 1.0 + 3 * (experts + shared)
+    hooked = engines.layer_launches(model, dataclasses.replace(leaf, zero3_moe_leaf=False), plans).moe_post_fwd
+    assert hooked.collective[0] == 1.0 + 3 * (experts + shared)
