@@ -1,4 +1,5 @@
-"""What DeepSpeed ZeRO-3's module hooks cost the host, per hooked module and per fetched parameter, in each pass.
+"""What DeepSpeed ZeRO-3's module hooks cost the host, per hooked module and per fetched parameter in each pass, and
+what its optimizer step costs per parameter.
 
 ZeRO-3 registers hooks on every submodule of the model (deepspeed/runtime/zero/parameter_offload.py
 `_register_deepspeed_module`): before a module's forward it fetches the module's own parameters (the coordinator's
@@ -9,9 +10,9 @@ Python on the host, per module and per parameter, beyond the kernels it launches
 as launches: the copy-in, the copy-out per parameter, the NCCL call).
 
 Measured here on DeepSpeed 0.19.8 (the conformance extra's pin) with its CPU accelerator on a one-rank gloo group:
-models of small weights (16 x 16, so the kernels themselves are ~1 µs), one or four to a module, grouped into containers, forward, backward
-and optimizer step timed against the same model without DeepSpeed. The extra time of each pass is fitted by least
-squares (the median of three runs of the whole measurement) as
+models of small weights (16 x 16, so the kernels themselves are ~1 µs), one or four to a module, grouped into
+containers; forward, backward and optimizer step timed against the same model without DeepSpeed. The extra time of
+each pass is fitted by least squares (the median of three runs of the whole measurement) as
 
     extra = module_us x hooked modules + param_us x parameters + pass_us
 
@@ -21,16 +22,16 @@ partitioned (stage3_param_persistence_threshold 0: the default keeps these small
 layer's norms and biases). On one rank DeepSpeed gathers nothing (partition_parameters.py: a one-rank group takes
 `_no_gather_coalesced`), so what is timed is the hooks' Python around the fetch and release, without the fetch's own
 copies and collective (costmodels.engines prices those as launches); pass_us, what a pass costs once, is printed
-and not priced. costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries the fitted µs over the host profile's eager
-operator (host.aten_op_us, fitted to the public microbenchmarks): Python on the same class of server CPU.
+and not priced (held at zero where the free fit makes it negative). costmodels.engines.ZERO3_HOOK_TO_ATEN_OP carries
+the fitted µs over the host profile's eager operator (host.aten_op_us, fitted to the public microbenchmarks): Python
+on the same class of server CPU. The optimizer step is fitted as a fixed part and a part per parameter (ZeRO-3's step
+walks every parameter's partition once a step): costmodels.engines.ZERO3_STEP_TO_ATEN_OP.
 
     python benchmarks/deepspeed_zero3_host.py
 
-The optimizer step is fitted as a fixed part and a part per parameter (ZeRO-3's step walks every parameter's partition
-once a step): costmodels.engines.ZERO3_STEP_TO_ATEN_OP.
-
 Ends with `deepspeed-zero3-host: fwd_module_us=A fwd_param_us=B bwd_module_us=C bwd_param_us=D step_us=E
-step_param_us=F rms=R% deepspeed=V` (needs deepspeed and torch: the conformance extra; prints that they are not installed otherwise).
+step_param_us=F rms=R% deepspeed=V` (needs deepspeed and torch: the conformance extra; prints that they are not
+installed otherwise).
 """
 
 from __future__ import annotations

@@ -70,27 +70,27 @@ fast-path work.)"""
 ZERO3_HOOK_TO_ATEN_OP = {"fwd": (184.2 / 7.352, 33.3 / 7.352), "bwd": (136.2 / 7.352, 113.0 / 7.352)}
 """Host time of DeepSpeed ZeRO-3's hooks per pass, as (per hooked module, per fetched parameter) in eager operators
 (host.aten_op_us, 7.352 µs): benchmarks/deepspeed_zero3_host.py on DeepSpeed 0.19.8 (the CPU accelerator, one gloo
-rank, torch 2.13's CPU build, this project's Xeon machines) times forward and backward of models of small linears
+rank, torch 2.13's CPU build, this project's Xeon machines) times forward and backward of models of small weights
 under ZeRO-3 against plain PyTorch (one or four weights a module, every weight partitioned) and fits the extra time
 per module whose forward runs and per parameter: forward 184.2 µs a module and 33.3 a parameter, backward 136.2 and
-113.0 (the medians of three runs; no cost once a pass). On one rank DeepSpeed
-gathers nothing (a one-rank group takes `_no_gather_coalesced`), so these are the hooks' Python without the fetch's
-own copies and collective, which `_deepspeed_zero` prices as launches (the backward's copy of each gradient into the
-reduce bucket runs on the CPU inside the figure, about a microsecond of it). The module part is the hooks on every
-submodule (the coordinator's trace and prefetch bookkeeping, the autograd Functions wrapped around each module's
-outputs for its backward hooks: parameter_offload.py, partitioned_param_coordinator.py); the parameter part the
-fetch's and release's bookkeeping and, backward, the gradient's reduce bookkeeping per parameter
-(partition_parameters.py, stage3.py). Python on the host, which the same class of server CPU runs at about the same
-speed; on a GPU the hooks also record and wait on CUDA events, which the CPU accelerator skips, so these are lower
-bounds. (DeepSpeed PR #6694: 'the loop time is excessively long in fine-grained module'.)"""
+113.0 (the medians of three runs; no cost once a pass). On one rank DeepSpeed gathers nothing (a one-rank group takes
+`_no_gather_coalesced`), so these are the hooks' Python without the fetch's own copies and collective, which
+`_deepspeed_zero` prices as launches (the backward's copy of each gradient into the reduce bucket runs on the CPU
+inside the figure, about a microsecond of it). The module part is the hooks on every submodule (the coordinator's
+trace and prefetch bookkeeping, the autograd Functions wrapped around each module's outputs for its backward hooks:
+parameter_offload.py, partitioned_param_coordinator.py); the parameter part the fetch's and release's bookkeeping
+and, backward, the gradient's reduce bookkeeping per parameter (partition_parameters.py, stage3.py). Python on the
+host, which the same class of server CPU runs at about the same speed; on a GPU the hooks also record and wait on
+CUDA events, which the CPU accelerator skips, so these are lower bounds. (DeepSpeed PR #6694: 'the loop time is
+excessively long in fine-grained module'.)"""
 
 ZERO3_STEP_TO_ATEN_OP = (1458.0 / 7.352, 22.0 / 7.352)
-"""Host time of DeepSpeed ZeRO-3's optimizer step beyond the optimizer's kernels, as (per step, per parameter
-tensor) in eager operators: benchmarks/deepspeed_zero3_host.py (as ZERO3_HOOK_TO_ATEN_OP) times engine.step() against
-a plain optimizer step and fits a fixed part and a part per parameter: 1458 µs a step and 22.0 a parameter (the
-medians of three runs). The step walks every parameter of the
-partition (stage3.py `_post_step`, `_reassign_or_swap_out_partitioned_parameters`, the gradients' release), Python
-per parameter on the host while the GPU has only the few fused kernels over the flat fp32 partition."""
+"""Host time of DeepSpeed ZeRO-3's optimizer step beyond the optimizer's kernels, as (per step, per parameter tensor) in
+eager operators: benchmarks/deepspeed_zero3_host.py (as ZERO3_HOOK_TO_ATEN_OP) times engine.step() against a plain
+optimizer step and fits a fixed part and a part per parameter: 1458 µs a step and 22.0 a parameter (the medians of
+three runs). The step walks every parameter of the partition (stage3.py `_post_step`,
+`_reassign_or_swap_out_partitioned_parameters`, the gradients' release), Python per parameter on the host while the
+GPU has only the few fused kernels over the flat fp32 partition."""
 
 
 def _zero(n: int) -> np.ndarray:
