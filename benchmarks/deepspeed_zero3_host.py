@@ -208,7 +208,7 @@ def fit_step(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]:
     """(µs per step, µs per parameter, rms relative residual) of the optimizer step's extra seconds, by least
     squares over (modules run, parameters, extra seconds) rows: ZeRO-3's step walks the parameters (each one's
     partition bookkeeping, its gradient's release), once a step."""
-    module_us, param_us, step_us, rms = fit_pass([(0, parameters, seconds) for _, parameters, seconds in rows])
+    _, param_us, step_us, rms = fit_pass([(0, parameters, seconds) for _, parameters, seconds in rows])
     return step_us, param_us, rms
 
 

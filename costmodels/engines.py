@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels.errors import InputError
-from costmodels.host import HostCosts
+from costmodels.host import DEFAULT_HOST_COSTS_US, HostCosts
 from costmodels.plan import PlanArrays, Recompute, RecomputeModule, recomputes_module
 from costmodels.specs import (CrossEntropyKernel, Engine, ExpertGemm, LaunchPath, MlpKind, ModelSpec, MoEDispatcher,
                               NormKind, PositionEmbedding, TrainingSpec)
@@ -67,7 +67,12 @@ C++ fast path, the cached sharding propagation, unwrapping and rewrapping), over
 detach benchmark gave 24-26 µs against a plain tensor's 4.8 µs in 2025-10, pytorch#166371 and #160580, before later
 fast-path work.)"""
 
-ZERO3_HOOK_TO_ATEN_OP = {"fwd": (184.2 / 7.352, 33.3 / 7.352), "bwd": (136.2 / 7.352, 113.0 / 7.352)}
+MEASURED_ATEN_OP_US = DEFAULT_HOST_COSTS_US["aten_op_us"]
+"""The eager operator the host microbenchmarks give (7.352 µs): the unit host measurements of this machine's CPU are
+carried over in (DTENSOR_DISPATCH_TO_ATEN_OP, ZERO3_HOOK_TO_ATEN_OP, ZERO3_STEP_TO_ATEN_OP)."""
+
+ZERO3_HOOK_TO_ATEN_OP = {"fwd": (184.2 / MEASURED_ATEN_OP_US, 33.3 / MEASURED_ATEN_OP_US),
+                         "bwd": (136.2 / MEASURED_ATEN_OP_US, 113.0 / MEASURED_ATEN_OP_US)}
 """Host time of DeepSpeed ZeRO-3's hooks per pass, as (per hooked module, per fetched parameter) in eager operators
 (host.aten_op_us, 7.352 µs): benchmarks/deepspeed_zero3_host.py on DeepSpeed 0.19.8 (the CPU accelerator, one gloo
 rank, torch 2.13's CPU build, this project's Xeon machines) times forward and backward of models of small weights
@@ -84,7 +89,7 @@ host, which the same class of server CPU runs at about the same speed; on a GPU 
 CUDA events, which the CPU accelerator skips, so these are lower bounds. (DeepSpeed PR #6694: 'the loop time is
 excessively long in fine-grained module'.)"""
 
-ZERO3_STEP_TO_ATEN_OP = (1458.0 / 7.352, 22.0 / 7.352)
+ZERO3_STEP_TO_ATEN_OP = (1458.0 / MEASURED_ATEN_OP_US, 22.0 / MEASURED_ATEN_OP_US)
 """Host time of DeepSpeed ZeRO-3's optimizer step beyond the optimizer's kernels, as (per step, per parameter tensor) in
 eager operators: benchmarks/deepspeed_zero3_host.py (as ZERO3_HOOK_TO_ATEN_OP) times engine.step() against a plain
 optimizer step and fits a fixed part and a part per parameter: 1458 µs a step and 22.0 a parameter (the medians of
@@ -463,25 +468,36 @@ def norm_params_per_layer(model: ModelSpec) -> float:
     return 2.0 * (2.0 if model.norm is NormKind.LAYERNORM else 1.0)
 
 
-def param_tensors_per_layer(model: ModelSpec) -> float:
-    """Weight (and bias) tensors of one decoder layer as an eager model holds them (separate q, k, v, o and gate,
-    up, down projections in Hugging Face models; a fused QKV and fc1 in GPT-2 / nanoGPT), its norms'."""
-    gated = _gated(model)
-    linears = (4.0 + 3.0) if gated else 4.0
-    qkv_biases = 3.0 if model.qkv_bias and not model.linear_bias else 0.0      # Qwen2's q, k and v biases
-    qk_norms = 2.0 if model.qk_layernorm else 0.0                               # Qwen3's q_norm and k_norm
-    return linears * (2.0 if model.linear_bias else 1.0) + qkv_biases + norm_params_per_layer(model) + qk_norms
-
-
-def param_modules_per_layer(model: ModelSpec) -> float:
-    """Submodules holding parameters in one eager decoder layer: its linears and its two norms, and Qwen3's q_norm
-    and k_norm (DeepSpeed ZeRO-3 fetches each on its own)."""
-    return (7.0 if _gated(model) else 4.0) + 2.0 + (2.0 if model.qk_layernorm else 0.0)
+def attention_linears_per_layer(model: ModelSpec) -> float:
+    """Linears of an eager decoder layer's attention as the model holds them: q, k, v and o in Hugging Face's gated
+    models, a fused QKV and the output projection in GPT-2 / nanoGPT."""
+    return 4.0 if _gated(model) else 2.0
 
 
 def mlp_linears_per_layer(model: ModelSpec) -> float:
     """Linears of a dense layer's MLP: gate, up and down, or fc1 and fc2."""
     return 3.0 if _gated(model) else 2.0
+
+
+def linear_tensors(model: ModelSpec, linears: float) -> float:
+    """Parameter tensors of `linears` linears: a weight each, and a bias with linear_bias."""
+    return linears * (2.0 if model.linear_bias else 1.0)
+
+
+def param_tensors_per_layer(model: ModelSpec) -> float:
+    """Weight (and bias) tensors of one decoder layer as an eager model holds them (attention_linears_per_layer,
+    mlp_linears_per_layer), its norms'."""
+    linears = attention_linears_per_layer(model) + mlp_linears_per_layer(model)
+    qkv_biases = 3.0 if model.qkv_bias and not model.linear_bias else 0.0      # Qwen2's q, k and v biases
+    qk_norms = 2.0 if model.qk_layernorm else 0.0                               # Qwen3's q_norm and k_norm
+    return linear_tensors(model, linears) + qkv_biases + norm_params_per_layer(model) + qk_norms
+
+
+def param_modules_per_layer(model: ModelSpec) -> float:
+    """Submodules holding parameters in one eager decoder layer: its linears and its two norms, and Qwen3's q_norm
+    and k_norm (DeepSpeed ZeRO-3 before 0.6 fetched each on its own)."""
+    return attention_linears_per_layer(model) + mlp_linears_per_layer(model) + 2.0 \
+        + (2.0 if model.qk_layernorm else 0.0)
 
 
 def _eager_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, dtensor: bool
@@ -568,7 +584,7 @@ def _torchtitan_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArray
     each way with ~4 / 5 Inductor kernels, the GEMMs as extern mm calls from the wrapper, SDPA and the complex-RoPE
     fallbacks as ATen ops). TP (DTensor SequenceParallel/Colwise/Rowwise): an all-gather and a reduce-scatter per
     block each way; a plain MLP has one GEMM fewer."""
-    mlp_gemms = 3.0 if _gated(model) else 2.0
+    mlp_gemms = mlp_linears_per_layer(model)
     dtensor_fwd, dtensor_bwd = _dtensor_layer(model, training, plans, separate_qkv=True)
     if training.launch is LaunchPath.COMPILE:
         forward = Launches(compiled=1.0, triton=4.0, aten_gemm=4.0 + mlp_gemms, aten_op=3.0)
@@ -661,8 +677,8 @@ DROPOUT_MODULES_PER_LAYER = 2.0
 residual dropout and the MLP's; its attention-probability dropout is a function call)."""
 
 
-def zero3_hook(hooked_modules: "np.ndarray | float", parameters: "np.ndarray | float", direction: str
-               ) -> "np.ndarray | float":
+def zero3_hook_ops(hooked_modules: "np.ndarray | float", parameters: "np.ndarray | float", direction: str
+                   ) -> "np.ndarray | float":
     """ZeRO-3's hook Python in eager operators (Launches.zero3_hook) for one pass (`direction` 'fwd' or 'bwd') over
     `hooked_modules` submodules fetching `parameters` parameter tensors (ZERO3_HOOK_TO_ATEN_OP)."""
     per_module, per_parameter = ZERO3_HOOK_TO_ATEN_OP[direction]
@@ -673,8 +689,7 @@ def zero3_fetched_linears_per_layer(model: ModelSpec, moe_layer: bool = False) -
     """Linears of one eager decoder layer that ZeRO-3 fetches (ZERO3_PERSISTENCE_THRESHOLD_PARAMS): the attention's
     four (q, k, v, o; a fused QKV and o in GPT-2) and a dense layer's MLP; a MoE layer's block is
     `_deepspeed_expert_fetch`'s."""
-    attention = 4.0 if _gated(model) else 2.0
-    return attention + (0.0 if moe_layer else mlp_linears_per_layer(model))
+    return attention_linears_per_layer(model) + (0.0 if moe_layer else mlp_linears_per_layer(model))
 
 
 def zero3_hooked_modules_per_layer(model: ModelSpec, moe_layer: bool = False) -> float:
@@ -686,7 +701,7 @@ def zero3_hooked_modules_per_layer(model: ModelSpec, moe_layer: bool = False) ->
     norms = 2.0 + (2.0 if model.qk_layernorm else 0.0)
     dropouts = DROPOUT_MODULES_PER_LAYER if model.dropout else 0.0
     mlp = 1.0 if moe_layer else 1.0 + mlp_linears_per_layer(model) + 1.0
-    return 2.0 + zero3_fetched_linears_per_layer(model, moe_layer=True) + norms + dropouts + mlp
+    return 2.0 + attention_linears_per_layer(model) + norms + dropouts + mlp
 
 
 def _deepspeed_zero(model: ModelSpec, plans: PlanArrays, moe_layer: bool = False) -> tuple[Launches, Launches]:
@@ -698,13 +713,13 @@ def _deepspeed_zero(model: ModelSpec, plans: PlanArrays, moe_layer: bool = False
     and the hooks' Python on every submodule, per pass (zero3_hook). ZeRO-1/2: a copy of each gradient into the
     bucket. The 2021 per-parameter fetch (zero3_serial_fetch) is priced by costmodels.steptime.dp_comm_s."""
     linears = zero3_fetched_linears_per_layer(model, moe_layer)
-    tensors = param_tensors_per_layer(model) - (mlp_linears_per_layer(model) * (2.0 if model.linear_bias else 1.0)
-                                                if moe_layer else 0.0)
+    tensors = param_tensors_per_layer(model) - (linear_tensors(model, mlp_linears_per_layer(model)) if moe_layer
+                                                else 0.0)
     hooked = zero3_hooked_modules_per_layer(model, moe_layer)
     fetch = Launches(aten_op=2.0 * linears, collective=linears)
     zero3 = plans.zero >= 3
-    forward = (fetch + Launches(zero3_hook=zero3_hook(hooked, linears, "fwd"))).where(zero3, Launches())
-    backward = (fetch + Launches(zero3_hook=zero3_hook(hooked, linears, "bwd"))).where(zero3, Launches()) \
+    forward = (fetch + Launches(zero3_hook=zero3_hook_ops(hooked, linears, "fwd"))).where(zero3, Launches())
+    backward = (fetch + Launches(zero3_hook=zero3_hook_ops(hooked, linears, "bwd"))).where(zero3, Launches()) \
         + Launches(aten_op=tensors).where(plans.zero >= 1, Launches())
     return forward, backward
 
@@ -721,7 +736,7 @@ def _deepspeed_model_ends(model: ModelSpec, plans: PlanArrays) -> tuple[Launches
 
     def fetching(hooked: float, weights: float, direction: str) -> Launches:
         return Launches(aten_op=2.0 * weights, collective=weights,
-                        zero3_hook=zero3_hook(hooked, weights, direction)).where(zero3, Launches())
+                        zero3_hook=zero3_hook_ops(hooked, weights, direction)).where(zero3, Launches())
 
     return (fetching(head_hooked, head_weights, "fwd"), fetching(head_hooked, head_weights, "bwd"),
             fetching(2.0, 1.0, "fwd"), fetching(2.0, 1.0, "bwd"))
@@ -757,8 +772,8 @@ def _deepspeed_expert_fetch(model: ModelSpec, training: TrainingSpec, plans: Pla
     else:
         fetch = Launches(aten_op=2.0 * weights, collective=weights)
     zero3 = plans.zero >= 3
-    forward = fetch + Launches(zero3_hook=zero3_hook(hooked, weights, "fwd"))
-    backward = fetch + Launches(aten_op=weights, zero3_hook=zero3_hook(hooked, weights, "bwd"))
+    forward = fetch + Launches(zero3_hook=zero3_hook_ops(hooked, weights, "fwd"))
+    backward = fetch + Launches(aten_op=weights, zero3_hook=zero3_hook_ops(hooked, weights, "bwd"))
     return forward.where(zero3, Launches()), backward.where(zero3, Launches())
 
 
@@ -914,9 +929,8 @@ def model_param_tensors(model: ModelSpec) -> float:
     dense = param_tensors_per_layer(model)
     tensors = model.num_dense_layers * dense
     if model.moe is not None:
-        mlp = mlp_linears_per_layer(model) * (2.0 if model.linear_bias else 1.0)
         experts = 3.0 * (model.moe.num_experts + model.moe.num_shared_experts)
-        tensors += model.num_moe_layers * (dense - mlp + 1.0 + experts)
+        tensors += model.num_moe_layers * (dense - linear_tensors(model, mlp_linears_per_layer(model)) + 1.0 + experts)
     learned = 1.0 if model.position_embedding is PositionEmbedding.LEARNED else 0.0      # GPT-2's wpe
     return tensors + 1.0 + learned + norm_params_per_layer(model) / 2.0 + (0.0 if model.tied_embeddings else 1.0)
 
