@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 from autopar.calibrate.measurements import (CollectiveMeasurement, GemmMeasurement, HostMeasurement, Measurements,
                                            Timing)
-from costmodels.comm import algorithm_factor
+from costmodels.comm import algorithm_factor, expected_destinations
 from costmodels.hardware import load_profile
 
 A100 = ("a100-80gb", "a100-40gb")
@@ -346,6 +346,20 @@ def read_p2p_matrices(path: Path) -> Iterator[Row]:
 
 
 DEEPEP_DTYPE_BYTES = {"FP8": 1, "BF16": 2}
+DEEPEP_COUNTED_BYTES = {"FP8": 1.0 + 4.0 / 128.0, "BF16": 2.0}
+"""Bytes per hidden element DeepEP's benchmarks count for a token: BF16 2; FP8 1 plus a 4-byte fp32 scale per 128
+channels (tests/legacy/test_intranode.py `fp8_factor = (1 + 4 / 128) / 2` of the BF16 bytes)."""
+DEEPEP_TEST_EXPERTS = 256
+"""Experts of DeepEP's benchmarks (tests/legacy/test_intranode.py and tests/elastic/test_ep.py `--num-experts`
+default 256, DeepSeek-V3's routed experts), each token's top-k drawn from uniform random scores."""
+
+
+def deepep_counted_bytes(tokens: int, hidden: int, topk: int, ranks: int, dtype: str) -> float:
+    """The bytes one rank receives in a DeepEP dispatch as DeepEP's benchmarks count them (one row per token and
+    destination rank, its own included), with the tests' balanced routing: tokens x ranks' expected share."""
+    rows = tokens * float(expected_destinations(DEEPEP_TEST_EXPERTS, topk, ranks))
+    return rows * hidden * DEEPEP_COUNTED_BYTES[dtype]
+
 
 
 def read_deepep_v1(path: Path) -> Iterator[Row]:
@@ -355,11 +369,16 @@ def read_deepep_v1(path: Path) -> Iterator[Row]:
 
 
 def read_deepep_h800(path: Path) -> Iterator[Row]:
-    """DeepEP V1 normal (training) kernels on H800 as all-to-all: one rank's dispatch (FP8) or combine (BF16) buffer
-    of tokens x hidden x top-k elements (what costmodels.steptime passes as all-to-all bytes), timed at the printed
-    bottleneck bandwidth: t = buffer x (n-1)/n / bw on NVLink (EP 8, one node), t = buffer x (N-1)/N / bw over RDMA
-    (EP 16/32/64 on N = 2/4/8 nodes of 8: the off-node share on each GPU's NIC, costmodels.comm). The buffer size
-    only places the row in the bandwidth regime (alpha is not determined). The current (docs/legacy.md) figures are
+    """DeepEP V1 normal (training) kernels on H800 as all-to-all. On NVLink (EP 8, one node) the printed bandwidth
+    is DeepEP's own count over the time: tests/legacy/test_intranode.py divides `recv_x.numel()` bytes (one row per
+    token and destination rank, the rank's own tokens included: DeepEP sends a token once per rank, not once per
+    expert) by it, FP8 counted with its per-128-channel fp32 scales (`fp8_factor`); so t = those bytes / bw, and the
+    row is an all-to-all of those bytes, the deduplicated copies costmodels.comm.deepep_all_to_all_time_s sends
+    (tokens x `expected_destinations` of the test's routing: DEEPEP_TEST_EXPERTS experts, top-k, uniform scores).
+    Over RDMA (EP 16/32/64 on N = 2/4/8 nodes of 8) one rank's buffer of tokens x hidden x top-k elements (what
+    costmodels.steptime passes as all-to-all bytes) at the printed bottleneck bandwidth: t = buffer x (N-1)/N / bw,
+    the off-node share on each GPU's NIC (costmodels.comm), as read_deepep_internode reads it. The buffer size only
+    places the row in the bandwidth regime (alpha is not determined). The current (docs/legacy.md) figures are
     fitted; the initial README's are checked only (superseded kernels), and so are the low-latency kernels
     (128-token inference decoding, not what a training step runs)."""
     for row in _csv(path):
@@ -371,10 +390,34 @@ def read_deepep_h800(path: Path) -> Iterator[Row]:
             "check", "low-latency inference kernels (128 tokens)" if low_latency else
             "initial README figures, superseded by the current kernels")
         for phase, dtype in (("dispatch", row["dispatch_dtype"]), ("combine", row["combine_dtype"])):
-            buffer = tokens * hidden * topk * DEEPEP_DTYPE_BYTES[dtype]
-            group = ep if link == "nvlink" else nodes
-            seconds = buffer * float(algorithm_factor("all_to_all", group)) / (float(row[f"{phase}_bw_GBps"]) * 1e9)
-            yield Row(H800, _collective(path, link, "all_to_all", ep, buffer, seconds, 8), role, why)
+            bandwidth = float(row[f"{phase}_bw_GBps"]) * 1e9
+            if link == "nvlink":
+                buffer = deepep_counted_bytes(tokens, hidden, topk, ep, dtype)
+                seconds = buffer / bandwidth
+            else:
+                buffer = tokens * hidden * topk * DEEPEP_DTYPE_BYTES[dtype]
+                seconds = buffer * float(algorithm_factor("all_to_all", nodes)) / bandwidth
+            yield Row(H800, _collective(path, link, "all_to_all", ep, int(buffer), seconds, 8), role, why)
+
+
+def read_deepep_v2(path: Path) -> Iterator[Row]:
+    """DeepEP v2 (ElasticBuffer, NCCL Gin) on one SM100 NVLink domain of 8 GPUs, checked against the B200 profile:
+    its 'logical bandwidth' counts what a rank receives, its own tokens included (the README's caveat; tests/elastic/
+    test_ep.py: received tokens x bytes per token), a token once per destination rank, so the row is an all-to-all
+    of `deepep_counted_bytes` (the token's metadata, ~1% more, left out) -- what costmodels.comm prices DeepEP's
+    dispatch as. A check, not a fit: the SKU is not stated (an 8-GPU B200 node or 8 GPUs of a GB200 rack), and
+    B200's NVLink fit comes from all-reduce measurements, so the row tests the per-rank deduplication on a link
+    fitted without it. The RDMA rows (EP 8 x 2, 8 x 4) state neither the GPU nor the NIC rate: not fed."""
+    for row in _csv(path):
+        if row["link"] != "NVLink" or row["arch"] != "SM100":
+            continue
+        ranks = int(row["topo"].split()[-1])
+        tokens, hidden, topk = (int(row[key]) for key in ("tokens_per_rank", "hidden", "topk"))
+        for phase, dtype in (("dispatch", row["dispatch_dtype"]), ("combine", row["combine_dtype"])):
+            counted = deepep_counted_bytes(tokens, hidden, topk, ranks, dtype)
+            seconds = counted / (float(row[f"{phase}_bw_GBps"]) * 1e9)
+            yield Row(B200, _collective(path, "nvlink", "all_to_all", ranks, int(counted), seconds), "check",
+                      f"SM100 SKU not stated; DeepEP v2 {phase} on {row['sms_used']} SMs")
 
 
 # ---- fused attention ------------------------------------------------------------------------------------------------
@@ -652,6 +695,8 @@ TABLES = (
     Table("moe_deepep_v1_dispatch_combine_h800.csv", read_deepep_v1,
           "collectives.ib.all_to_all (H100: same CX7 400 Gb/s NIC; internode normal kernels only); H800: "
           "collectives.nvlink.all_to_all (EP 8), collectives.ib.all_to_all (EP 16/32/64)"),
+    Table("moe_deepep_v2_dispatch_combine.csv", read_deepep_v2,
+          "check only (SM100 NVLink EP 8 against B200: DeepEP's per-rank deduplication)"),
     Table("gemm_mamf_max_achievable_matmul_ml_engineering.csv", read_mamf,
           "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, H800, B200, GB200)"),
     Table("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", read_cublas_sweep,
@@ -680,7 +725,6 @@ TABLES = (
 )
 
 UNUSED = {
-    "moe_deepep_v2_dispatch_combine.csv": "DeepEP v2 (NCCL Gin) kernels, GPU SKU not stated",
     "cuda_graphs_training_speedup_pytorch_blog.csv": (
         "end-to-end speedups only (GPU, batch and kernel counts not stated): no per-launch cost follows from them; "
         "benchmarks/microbatch_sweep.py prints the graphed-backbone ratio beside what the fitted costs imply"),

@@ -43,6 +43,7 @@ may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fast
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -266,42 +267,90 @@ def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement,
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
 
 
-def deepep_off_node_share(placement: GroupPlacement, num_experts: int, top_k: int) -> np.ndarray:
+def _missed_fraction(pool: float, block: "np.ndarray | float", top_k: int) -> np.ndarray:
+    """C(pool - block, top_k) / C(pool, top_k): the chance that top_k distinct experts drawn evenly from `pool`
+    avoid a `block` of them (a product of top_k ratios, so non-integer blocks work too)."""
+    block = np.asarray(block, dtype=float)
+    missed = np.ones(block.shape)
+    for i in range(top_k):
+        missed = missed * np.clip((pool - block - i) / (pool - i), 0.0, None)
+    return missed
+
+
+def _destination_hit_probability(num_experts: int, top_k: int, destinations: float, num_groups: int,
+                                 group_topk: int) -> float:
+    """`expected_destinations` / destinations for one destination count."""
+    groups, chosen = (num_groups, group_topk) if num_groups else (1, 1)
+    group_size, block = num_experts / groups, num_experts / destinations
+    pool = chosen * group_size                        # the experts of the chosen groups
+    if block <= group_size:                           # a destination inside one group: chosen with its group
+        return chosen / groups * (1.0 - float(_missed_fraction(pool, block, top_k)))
+    spanned = int(round(block / group_size))          # a destination holding several whole groups
+    total = math.comb(groups, chosen)
+    return sum(math.comb(spanned, j) * math.comb(groups - spanned, chosen - j) / total
+               * (1.0 - float(_missed_fraction(pool, j * group_size, top_k)))
+               for j in range(1, min(spanned, chosen) + 1))
+
+
+def expected_destinations(num_experts: int, top_k: int, destinations: "np.ndarray | float", num_groups: int = 0,
+                          group_topk: int = 0) -> np.ndarray:
+    """How many of `destinations` (ranks or nodes, each holding num_experts / destinations consecutive experts, as
+    expert parallelism lays them out) a token's top_k distinct experts live on, on average, with routing balanced
+    (every expert set equally likely, which load balancing aims for): destinations × (1 - C(E - E/D, k) / C(E, k)).
+    Group-limited routing (MoESpec.num_groups / group_topk: DeepSeek-V3's n_group 8, topk_group 4) draws the k
+    experts from the group_topk chosen groups only, so fewer destinations are reached when a destination holds a
+    group or part of one."""
+    values = np.asarray(destinations, dtype=float)
+    unique, index = np.unique(np.maximum(values, 1.0), return_inverse=True)
+    per_unique = np.array([count * _destination_hit_probability(num_experts, top_k, count, num_groups, group_topk)
+                           for count in unique])
+    return per_unique[index].reshape(values.shape)
+
+
+def deepep_on_rank_share(placement: GroupPlacement, num_experts: int, top_k: int, num_groups: int = 0,
+                         group_topk: int = 0) -> np.ndarray:
+    """Bytes a DeepEP dispatch (or combine) moves between GPUs over those of the all-to-all on the same EP group: the
+    all-to-all sends a token once per routed expert (top_k copies), DeepEP once per destination rank, the rank
+    fanning it out to its local experts (csrc/kernels intranode/internode dispatch send by `is_token_in_rank`;
+    tests/legacy/test_intranode.py counts its NVLink bytes as `recv_x.numel()`, one row per token and rank):
+    `expected_destinations` over the group's ranks / top_k. 1 for top-1 routing."""
+    return expected_destinations(num_experts, top_k, placement.size, num_groups, group_topk) / float(top_k)
+
+
+def deepep_off_node_share(placement: GroupPlacement, num_experts: int, top_k: int, num_groups: int = 0,
+                          group_topk: int = 0) -> np.ndarray:
     """Off-node bytes of a DeepEP dispatch (or combine) over those of the all-to-all on the same EP group.
 
     The all-to-all sends one copy of a token per routed expert, top_k·(N-1)/N of them to other nodes on average (N
     nodes in the group). DeepEP's normal kernels send a token once per destination node over RDMA and fan it out to
     that node's experts over NVLink (DeepEP README: 'forwarding data from NVLink domain to RDMA domain'; its
-    benchmark's 'RDMA bandwidth' counts those deduplicated bytes). With the experts spread evenly (E/N to a node)
-    and routing balanced (top_k distinct experts, each set equally likely, which load balancing aims for), a node
-    receives a token with probability 1 - C(E - E/N, top_k) / C(E, top_k), so a token crosses to
-    R = (N-1)·(1 - C(E - E/N, top_k) / C(E, top_k)) other nodes, and the share is R / (top_k·(N-1)/N).
-    Node-limited routing (DeepSeek-V3: at most 4 nodes per token) lowers R further; it is not an input, so this
-    is an upper bound for such models. 1 inside a node."""
+    benchmark's 'RDMA bandwidth' counts those deduplicated bytes): a token reaches `expected_destinations` of the N
+    nodes, the token's own among them as often as any other, so R = (N-1)/N of them are other nodes, and the share
+    is R / (top_k·(N-1)/N). Node-limited routing (DeepSeek-V3: at most 4 nodes per token) is group-limited routing
+    whose groups are the nodes; other group layouts count as `expected_destinations` places them. 1 inside a node."""
     nodes = np.asarray(placement.nodes, dtype=float)
-    experts_per_node = num_experts / np.maximum(nodes, 1.0)
-    missed = np.ones(nodes.shape)                     # C(E - E/N, k) / C(E, k) as a product of k ratios
-    for i in range(top_k):
-        missed = missed * np.clip((num_experts - experts_per_node - i) / (num_experts - i), 0.0, None)
-    remote_nodes = (nodes - 1.0) * (1.0 - missed)
+    remote_nodes = expected_destinations(num_experts, top_k, nodes, num_groups, group_topk) * (nodes - 1.0) \
+        / np.maximum(nodes, 1.0)
     naive_remote_copies = top_k * (nodes - 1.0) / np.maximum(nodes, 1.0)
     return np.where(nodes > 1, remote_nodes / np.where(nodes > 1, naive_remote_copies, 1.0), 1.0)
 
 
 def deepep_all_to_all_time_s(profile: HardwareProfile, placement: GroupPlacement, bytes_: "np.ndarray | float",
-                             num_experts: int, top_k: int) -> np.ndarray:
+                             num_experts: int, top_k: int, num_groups: int = 0, group_topk: int = 0) -> np.ndarray:
     """One DeepEP normal-kernel dispatch or combine of `bytes_` (the all-to-all's buffer: top_k copies of each
-    token) on a placed EP group. Inside a node it is the all-to-all (DeepEP's intranode kernels move the same
-    copies over NVLink). Across nodes the RDMA stage carries `deepep_off_node_share` of the all-to-all's off-node
-    bytes at the profile's InfiniBand all-to-all rate (fitted to DeepEP's own internode benchmark,
-    microbench/moe_deepep_v1_dispatch_combine_h800.csv), while NVLink delivers every copy on the node, the
-    forwarded ones included; the two run at the same time."""
+    token) on a placed EP group. Inside a node it is an all-to-all of the copies DeepEP sends, one per destination
+    rank (`deepep_on_rank_share`). Across nodes the RDMA stage carries `deepep_off_node_share` of the all-to-all's
+    off-node bytes at the profile's InfiniBand all-to-all rate (fitted to DeepEP's own internode benchmark,
+    microbench/moe_deepep_v1_dispatch_combine_h800.csv), while NVLink delivers each token once to every rank on
+    the node that needs it, the forwarded ones included; the two run at the same time."""
     n, k, nodes = placement.size, placement.members_per_node, placement.nodes
-    bytes_ = np.asarray(bytes_, dtype=float)
-    inside = link_collective_time_s(profile, "nvlink", "all_to_all", bytes_, n)
-    on_latency_s, on_transfer_s = link_stage_s(profile, "nvlink", "all_to_all", bytes_, k)
+    routing = (num_experts, top_k, num_groups, group_topk)
+    delivered = np.asarray(bytes_, dtype=float) * deepep_on_rank_share(placement, *routing)
+    inside = link_collective_time_s(profile, "nvlink", "all_to_all", delivered, n)
+    on_latency_s, on_transfer_s = link_stage_s(profile, "nvlink", "all_to_all", delivered, k)
     off_latency_s, off_transfer_s = link_stage_s(profile, "ib", "all_to_all",
-                                                 bytes_ * deepep_off_node_share(placement, num_experts, top_k), nodes)
+                                                 np.asarray(bytes_, dtype=float)
+                                                 * deepep_off_node_share(placement, *routing), nodes)
     on_s = np.where(k > 1, on_latency_s + on_transfer_s, 0.0)
     across = np.maximum(on_s, off_latency_s + off_transfer_s)
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)

@@ -627,7 +627,9 @@ def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
     bytes_ = tokens * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES * compute_model.moe_load_factor(training)
     group = ep_group(plans, cluster.nvlink_domain_gpus)
     if training.moe_dispatcher is MoEDispatcher.DEEPEP:
-        return deepep_all_to_all_time_s(cluster.profile, group, bytes_, model.moe.num_experts, model.moe.top_k)
+        moe = model.moe
+        return deepep_all_to_all_time_s(cluster.profile, group, bytes_, moe.num_experts, moe.top_k,
+                                        moe.router.num_groups, moe.router.group_topk)
     return group_collective_time_s(cluster.profile, group, "all_to_all", bytes_)
 
 

@@ -32,9 +32,10 @@ def test_profiles_state_their_node_and_nvlink_domain():
     assert h100.nvlink_domain_size == h100.gpus_per_node == 8            # absent in the YAML: one node
     assert h800.peak_flops_per_s == h100.peak_flops_per_s                # H800 = H100 SXM compute
     assert h800.links["nvlink"].nominal_bandwidth_bytes_per_s == 200e9   # 400 GB/s bidirectional
-    # DeepEP's ~160 GB/s achieved on H800 NVLink, not H100's 450 GB/s link
+    # DeepEP's ~155 GB/s of received bytes on H800 NVLink, 7/8 of them from the other ranks: ~135 GB/s over the
+    # links, not H100's 450 GB/s
     (point,) = h800.collectives["nvlink"]["all_to_all"]
-    assert 140e9 < point.bus_bandwidth_bytes_per_s < 170e9
+    assert 125e9 < point.bus_bandwidth_bytes_per_s < 145e9
 
 
 @pytest.mark.parametrize("name", ["gb200-186gb", "h800-80gb"])

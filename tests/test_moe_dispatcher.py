@@ -12,7 +12,8 @@ import pytest
 
 from autopar.export import emit
 from autopar.megatron_args import parse_megatron_args
-from costmodels.comm import deepep_all_to_all_time_s, deepep_off_node_share, group_collective_time_s, place_group
+from costmodels.comm import (deepep_all_to_all_time_s, deepep_off_node_share, deepep_on_rank_share,
+                             expected_destinations, group_collective_time_s, place_group)
 from costmodels.errors import InputError
 from costmodels.hardware import load_profile
 from costmodels.plan import Plan, PlanArrays
@@ -30,6 +31,42 @@ def remote_nodes_by_enumeration(num_experts: int, top_k: int, nodes: int) -> flo
     return hit / len(sets)
 
 
+def destinations_by_enumeration(num_experts: int, top_k: int, destinations: int, num_groups: int = 0,
+                                group_topk: int = 0) -> float:
+    """Average number of destinations (E / D consecutive experts each) a token's experts live on, over every
+    choice of groups and of top_k experts among the chosen groups' experts, each equally likely."""
+    per_destination = num_experts // destinations
+    groups, chosen_groups = (num_groups, group_topk) if num_groups else (1, 1)
+    group_size = num_experts // groups
+    total = count = 0
+    for chosen in itertools.combinations(range(groups), chosen_groups):
+        pool = [e for g in chosen for e in range(g * group_size, (g + 1) * group_size)]
+        for experts in itertools.combinations(pool, top_k):
+            total += len({expert // per_destination for expert in experts})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("num_experts, top_k, destinations, num_groups, group_topk", [
+    (8, 2, 4, 0, 0), (16, 4, 4, 0, 0), (16, 4, 2, 0, 0), (8, 8, 2, 0, 0), (16, 1, 8, 0, 0),
+    (16, 3, 8, 4, 2),      # a destination inside a group
+    (16, 3, 2, 4, 2),      # a destination holding two groups
+    (16, 4, 4, 4, 2),      # destinations are the groups (node-limited routing)
+    (24, 4, 2, 6, 3)])
+def test_expected_destinations_is_the_average_over_every_routing(num_experts, top_k, destinations, num_groups,
+                                                                  group_topk):
+    found = float(expected_destinations(num_experts, top_k, destinations, num_groups, group_topk))
+    assert found == pytest.approx(destinations_by_enumeration(num_experts, top_k, destinations, num_groups,
+                                                              group_topk))
+
+
+def test_group_limited_routing_reaches_fewer_nodes():
+    """DeepSeek-V3 (256 experts, top-8 of the 4 best of 8 groups) on 8 nodes of 32 experts: a token reaches at
+    most 4 nodes, fewer than unrestricted top-8 routing reaches."""
+    limited = float(expected_destinations(256, 8, 8, 8, 4))
+    assert limited <= 4.0 < float(expected_destinations(256, 8, 8))
+
+
 @pytest.mark.parametrize("num_experts, top_k, nodes", [(8, 2, 2), (8, 2, 4), (16, 4, 4), (12, 3, 3), (8, 8, 2)])
 def test_off_node_share_is_the_expected_count_of_destination_nodes(num_experts, top_k, nodes):
     placement = place_group(nodes * 4, 1, 4)                     # 4 EP ranks to a node, `nodes` nodes
@@ -42,13 +79,19 @@ def test_top_1_routing_sends_the_same_bytes_as_the_all_to_all():
     assert float(deepep_off_node_share(place_group(32, 1, 8), 64, 1)) == pytest.approx(1.0)
 
 
-def test_inside_a_node_the_share_is_one_and_deepep_is_the_all_to_all():
+def test_inside_a_node_deepep_sends_a_token_once_per_destination_rank():
+    """No RDMA stage inside a node (off-node share 1); DeepEP's intranode dispatch sends a token once to every rank
+    that holds one of its experts, the all-to-all once per expert: 64 experts on 8 ranks, top-8, reach
+    8·(1 - C(56, 8) / C(64, 8)) ranks."""
     profile = load_profile("h100-80gb")
     placement = place_group(8, 1, 8)
     assert float(deepep_off_node_share(placement, 64, 8)) == 1.0
+    share = float(deepep_on_rank_share(placement, 64, 8))
+    assert share == pytest.approx(8 * (1 - math.comb(56, 8) / math.comb(64, 8)) / 8)
     bytes_ = 64e6
     assert float(deepep_all_to_all_time_s(profile, placement, bytes_, 64, 8)) == pytest.approx(
-        float(group_collective_time_s(profile, placement, "all_to_all", bytes_)))
+        float(group_collective_time_s(profile, placement, "all_to_all", bytes_ * share)))
+    assert float(deepep_on_rank_share(placement, 64, 1)) == pytest.approx(1.0)    # top-1: one copy either way
 
 
 def test_across_nodes_deepep_sends_fewer_infiniband_bytes_and_is_faster():
@@ -70,7 +113,8 @@ def test_the_step_prices_the_dispatcher_the_training_names():
     plans = PlanArrays.from_plans([Plan(tp=1, ep=8, etp=1, mbs=1), Plan(tp=2, ep=8, etp=2, mbs=1, sp=True)])
     nccl = ep_all_to_all_one_s(model, gpus, TrainingSpec(), plans)
     deepep = ep_all_to_all_one_s(model, gpus, TrainingSpec(moe_dispatcher="deepep"), plans)
-    assert deepep[0] == pytest.approx(nccl[0])                   # EP 8 at stride 1 stays in the node
+    # EP 8 at stride 1 stays in the node; one expert to a rank, so the token's copies go to distinct ranks either way
+    assert deepep[0] == pytest.approx(nccl[0])
     assert deepep[1] < nccl[1]                                   # EP 8 at stride etp 2 spans 2 nodes
     assert ep_comm_sms(TrainingSpec(moe_dispatcher="deepep", nccl_ctas=4)) == DEEPEP_NUM_SMS
     assert ep_comm_sms(TrainingSpec(nccl_ctas=4)) == 4
@@ -206,3 +250,23 @@ def test_the_expert_gemm_flag_reaches_the_header_and_the_json_and_bad_values_exi
     assert_one_line_bad_input(autopar(*argv, "--expert-gemm", "fused"), ["expert_gemm", "fused", "cublas"])
     dense = autopar("estimate", LLAMA_8B, "--gpus", "8", "--expert-gemm", "grouped")
     assert "--expert-gemm grouped has no effect" in dense.stderr
+
+
+def test_deepep_v2_on_sm100_is_priced_on_the_copies_deepep_sends(microbench_tables):
+    """DeepEP v2's EP 8 NVLink dispatch and combine on SM100 (moe_deepep_v2_dispatch_combine.csv, 8192 tokens,
+    hidden 7168, top-8), checked against the B200 profile, whose NVLink fit comes from all-reduce measurements:
+    priced as DeepEP sends them (once per destination rank) they agree within 10%; priced as the all-to-all's
+    top-8 copies they would take about 1.3-1.5x as long."""
+    rows = [row for row in microbench_tables.all_rows()["moe_deepep_v2_dispatch_combine.csv"]]
+    assert len(rows) == 4                                    # max-performance and min-SM rows, dispatch and combine
+    b200 = load_profile("b200-180gb")
+    for row in rows:
+        m = row.measurement
+        assert (row.role, row.profiles, m.link, m.kind, m.group_size) == ("check", ("b200-180gb",), "nvlink",
+                                                                          "all_to_all", 8)
+        bytes_per_element = m.bytes / (8192 * 7168 * expected_destinations(256, 8, 8))
+        top_k_buffer = 8192 * 8 * 7168 * bytes_per_element   # what the dispatcher's all-to-all would send
+        deepep = float(deepep_all_to_all_time_s(b200, place_group(8, 1, 8), top_k_buffer, 256, 8))
+        all_to_all = float(group_collective_time_s(b200, place_group(8, 1, 8), "all_to_all", top_k_buffer))
+        assert deepep == pytest.approx(m.timing.median_s, rel=0.10 if "64" in row.why else 0.25)
+        assert all_to_all > 1.25 * m.timing.median_s
