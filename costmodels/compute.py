@@ -57,12 +57,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels import engines, moe_kernels
+from costmodels.comm import expected_destinations
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.params import padded_vocab_size
 from costmodels.plan import PlanArrays, Recompute, RecomputeModule, layers_on_stage, recomputes_module
-from costmodels.specs import (CrossEntropyKernel, ExpertGemm, Fp8Recipe, MlpKind, ModelSpec, Precision, TrainingSpec,
-                              fp8_copy_bytes_per_element)
+from costmodels.specs import (CrossEntropyKernel, Engine, ExpertGemm, Fp8Recipe, LaunchPath, MlpKind, ModelSpec,
+                              MoEDispatcher, Precision, TrainingSpec, fp8_copy_bytes_per_element)
 
 BACKWARD_TO_FORWARD = 2.0
 """Backward runs two GEMMs (data gradient and weight gradient) per forward GEMM (arXiv 2104.04473, appendix)."""
@@ -508,12 +509,28 @@ def routed_expert_activation_bytes(model: ModelSpec, training: TrainingSpec, pla
     are applied there; `fused_bias_gelu.py` for an ungated MLP) reads the fc1 output (2 + 2 bytes per column gated, 2
     ungated) and writes its output (2): `mlp_interior_bytes_per_column`. Priced at HBM bandwidth like the
     permutation, the same bytes its selective recompute (`moe_act`) re-runs; the backward is 2 × the forward (it
-    reads the output gradient and the stored input and writes the input gradient: 10 bytes a gated column)."""
+    reads the output gradient and the stored input and writes the input gradient: 10 bytes a gated column). Eager
+    PyTorch experts run the activation and the gate multiply as two kernels (`expert_activation_bytes_per_column`)."""
     assert model.moe is not None
     moe = model.moe
     expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training) \
         * moe.num_experts / plans.ep
-    return expert_tokens * mlp_interior_bytes_per_column(model) * moe.expert_ffn_hidden_size / plans.etp
+    return expert_tokens * expert_activation_bytes_per_column(model, training) * moe.expert_ffn_hidden_size \
+        / plans.etp
+
+
+EAGER_GATED_ACTIVATION_BYTES = 10.0
+"""`F.silu(gate) * up` as two eager kernels, per column: the SiLU reads and writes 2 + 2, the multiply reads both
+halves and writes 2 + 2 + 2 (torchtitan models/moe/moe.py _run_experts_grouped_mm; Hugging Face's expert MLPs)."""
+
+
+def expert_activation_bytes_per_column(model: ModelSpec, training: TrainingSpec) -> float:
+    """Bytes per routed copy per expert column of the experts' activation: one fused kernel
+    (`mlp_interior_bytes_per_column`: Megatron-Core's, a compiled block's, TrainingSpec.fused_kernels'), or a gated
+    MLP's SiLU and multiply as two kernels in an eager PyTorch engine (EAGER_GATED_ACTIVATION_BYTES)."""
+    eager = training.engine in (Engine.TORCHTITAN, Engine.PYTORCH, Engine.DEEPSPEED) \
+        and training.launch is not LaunchPath.COMPILE and not training.fused_kernels
+    return EAGER_GATED_ACTIVATION_BYTES if eager and model.mlp is MlpKind.GATED else mlp_interior_bytes_per_column(model)
 
 
 # ---- FP8 casts ---------------------------------------------------------------------------------------------------
@@ -798,7 +815,12 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     (costmodels.moe_kernels): the GPU routes its mbs·s/(cp·tp) sequence-parallel tokens (all mbs·s/cp without SP),
     sends top_k copies of each, and holds the busiest rank's received copies (moe_tokens_per_local_expert × local
     experts × load) for its experts. torchtitan routes all mbs·s/cp on every TP rank, and with expert TP permutes
-    and sends all of them too (engines.moe_router_replicated, moe_dispatch_replicated)."""
+    and sends all of them too (engines.moe_router_replicated, moe_dispatch_replicated). Under DeepEP Megatron-Core's
+    flex dispatcher hands DeepEP the tokens as they are and permutes and unpermutes only the copies a rank receives,
+    with no chunk sort (token_dispatcher.py MoEFlexTokenDispatcher, _DeepepManager
+    get_permuted_hidden_states_by_experts / get_restored_hidden_states_by_experts). torchtitan copies them as its own
+    code does (moe_kernels.torchtitan_token_movement_bytes; under DeepEP a rank receives each token once, the
+    distinct tokens comm.expected_destinations counts over the EP ranks with balanced routing)."""
     assert model.moe is not None
     moe = model.moe
     tokens = _tokens(training, plans)
@@ -808,10 +830,20 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     load = moe_load_factor(training)
     local_experts = moe.num_experts / plans.ep
     received = moe_tokens_per_local_expert(model, training, plans) * load * local_experts
+    router = moe_kernels.router_bytes(router_tokens, moe.num_experts)
+    if training.engine is Engine.TORCHTITAN:
+        ranks_reached = expected_destinations(moe.num_experts, moe.top_k, plans.ep, moe.router.num_groups,
+                                              moe.router.group_topk)
+        return moe_kernels.torchtitan_token_movement_bytes(
+            routed_tokens * moe.top_k * load, routed_tokens, received, routed_tokens * ranks_reached * load,
+            model.hidden_size, moe.router.probs_on_input, training.launch is LaunchPath.COMPILE,
+            training.moe_dispatcher is MoEDispatcher.DEEPEP) + router
+    if training.moe_dispatcher is MoEDispatcher.DEEPEP:   # the flex dispatcher: DeepEP sends unpermuted tokens
+        return moe_kernels.token_permutation_bytes(received, received, model.hidden_size,
+                                                   np.zeros(len(plans), dtype=bool)) + router
     sorts_local_chunks = (plans.ep > 1) & (local_experts > 1)
     return moe_kernels.token_permutation_bytes(routed_tokens * moe.top_k * load, received, model.hidden_size,
-                                               sorts_local_chunks) \
-        + moe_kernels.router_bytes(router_tokens, moe.num_experts)
+                                               sorts_local_chunks) + router
 
 
 def moe_backward_extra_s(profile: HardwareProfile, training: TrainingSpec, moe_mlp: list[Gemm],

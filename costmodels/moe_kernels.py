@@ -40,7 +40,20 @@ times into expert order before the dispatch (`permute`: index_select, read + wri
 the copies back after the combine (`unpermute`: multiply by the routing probability, read + write, and
 `scatter_add`, a read), and, with several local experts behind an EP > 1 all-to-all, regroups the received tokens
 by local expert after the dispatch and back before the combine (`sort_chunks_by_idxs`, read + write each way).
-The backward runs the transposed copies (a gather's gradient is a scatter of the same bytes), once.
+The backward runs the transposed copies (a gather's gradient is a scatter of the same bytes), once. Under DeepEP
+(the flex dispatcher) DeepEP takes the tokens unpermuted, so only the received copies are permuted and unpermuted,
+with no chunk sort (`token_permutation_bytes` of the received copies alone).
+
+torchtitan's token movement (`torchtitan_token_movement_bytes`) is its own code's, not Megatron-Core's (torchtitan
+models/moe/moe.py MoE.forward, models/moe/utils.py _permute / _unpermute, distributed/expert_parallel.py, as of
+2026-01): the routed input gathered in expert order (`x[token_indices // top_k]`), with the weights applied first
+where the model says so (score_before_experts: an fp32 round trip eager, one fused pass compiled), the received
+copies copied once more with a padding row (`torch.vstack`) and gathered into padded expert groups (`_permute`),
+scattered back after the experts (`_unpermute`), scattered again into top_k slots per token (`torch.zeros`, index
+assignment), and, without score_before_experts, upcast to fp32 (`.float()`) for the weighted sum `torch.bmm`
+(written in fp32 and cast back per token). Its DeepEP path (distributed/deepep/deepep.py) receives a token once per
+rank, gathers the copies per local expert (`index_select`), multiplies the weights in bf16, and sums the copies back
+per received token (`scatter_add_` into zeros) before DeepEP's combine.
 
 Router elementwise work (`router_bytes`): the h×E gating GEMM is a GEMM (compute.moe_mlp_gemms); after it the
 fp32 logits (Megatron-Core `moe/router.py`, `moe_router_dtype` fp32) go through softmax (read + write), top-k (read),
@@ -133,6 +146,41 @@ def token_permutation_bytes(sent_copies: np.ndarray, received_copies: np.ndarray
     sent = (2.0 + 3.0) * sent_copies * row_bytes
     regrouped = np.where(sorts_local_chunks, 2.0 * 2.0 * received_copies * row_bytes, 0.0)
     return sent + regrouped
+
+
+TORCHTITAN_GATHER_BYTES = 4.0
+"""A gather or index assignment of bf16 rows: read 2 + write 2 bytes per element."""
+TORCHTITAN_EAGER_WEIGHTING_BYTES = 20.0
+"""score_before_experts eager: `.to(float32)` (read 2, write 4), the multiply (read 4, write 4), `.to(x.dtype)` (read
+4, write 2)."""
+TORCHTITAN_FP32_COMBINE_BYTES = 10.0
+"""Per copy element of the weighted sum: `.float()` (read 2, write 4) and `torch.bmm` reading the fp32 copy (4)."""
+TORCHTITAN_FP32_TOKEN_BYTES = 10.0
+"""Per token element of the weighted sum: bmm's fp32 output (4), read (4) and written back in bf16 (2)."""
+SCATTER_ADD_BYTES = 6.0
+"""`scatter_add_` per source element: read the source (2), read and write the destination (2 + 2)."""
+
+
+def torchtitan_token_movement_bytes(sent_copies: np.ndarray, tokens: np.ndarray, received_copies: np.ndarray,
+                                    received_tokens: np.ndarray, hidden_size: int, weights_first: bool,
+                                    compiled: bool, deepep: bool) -> np.ndarray:
+    """Forward HBM bytes of torchtitan's copies of the routed tokens on one GPU (module docstring): `sent_copies` =
+    tokens x top_k rows in expert order, `received_copies` the rows its experts take, `received_tokens` the distinct
+    tokens DeepEP delivers; `weights_first` the model's score_before_experts (MoESpec.router.probs_on_input);
+    `compiled` fuses the weighting's pointwise chain into one pass (the gathers and scatters stay kernels of their
+    own: their outputs feed the all-to-all, the grouped GEMMs and torch.bmm, extern kernels Inductor does not fuse
+    into); h bf16 values a row."""
+    row = float(hidden_size)
+    if deepep:
+        return row * ((TORCHTITAN_GATHER_BYTES + TORCHTITAN_GATHER_BYTES + SCATTER_ADD_BYTES) * received_copies
+                      + ACTIVATION_BYTES * received_tokens)
+    weighting = np.where(weights_first, TORCHTITAN_GATHER_BYTES if compiled else TORCHTITAN_EAGER_WEIGHTING_BYTES,
+                         0.0)
+    combine = np.where(weights_first, ACTIVATION_BYTES * sent_copies + ACTIVATION_BYTES * tokens,
+                       TORCHTITAN_FP32_COMBINE_BYTES * sent_copies + TORCHTITAN_FP32_TOKEN_BYTES * tokens)
+    unsort = (ACTIVATION_BYTES + TORCHTITAN_GATHER_BYTES) * sent_copies
+    padded_groups = 3.0 * TORCHTITAN_GATHER_BYTES * received_copies      # vstack, gather, scatter back
+    return row * ((TORCHTITAN_GATHER_BYTES + weighting) * sent_copies + padded_groups + unsort + combine)
 
 
 def router_bytes(tokens: np.ndarray, num_experts: int) -> np.ndarray:

@@ -165,6 +165,56 @@ def test_token_permutation_bytes_hand_computed():
     assert alone[0] == pytest.approx(5 * sent * row)
 
 
+def test_torchtitan_token_movement_hand_computed():
+    """torchtitan's own copies (moe_kernels module docstring), per copy element of h = 2048: the gather in expert
+    order 4, the padded groups around the experts 3 x 4 on the received copies, the unsort 2 + 4, and the weighted
+    sum in fp32 10 (plus 10 per token element); weights applied first instead: 20 eager, 4 compiled, and a bf16 sum
+    (2 per copy, 2 per token); DeepEP: index_select 4, the weight multiply 4 and scatter_add 6 per received copy,
+    zeros 2 per distinct received token."""
+    h, tokens, top_k = 2048, 1000.0, 8
+    sent = received = np.array([tokens * top_k])
+    distinct = np.array([tokens * 5.3])
+    t = np.array([tokens])
+    plain = moe_kernels.torchtitan_token_movement_bytes(sent, t, received, distinct, h, False, False, False)
+    assert plain[0] == pytest.approx(h * ((4 + 12 + 6 + 10) * tokens * top_k + 10 * tokens))
+    first_eager = moe_kernels.torchtitan_token_movement_bytes(sent, t, received, distinct, h, True, False, False)
+    assert first_eager[0] == pytest.approx(h * ((4 + 20 + 12 + 6 + 2) * tokens * top_k + 2 * tokens))
+    first_compiled = moe_kernels.torchtitan_token_movement_bytes(sent, t, received, distinct, h, True, True, False)
+    assert first_compiled[0] == pytest.approx(h * ((4 + 4 + 12 + 6 + 2) * tokens * top_k + 2 * tokens))
+    deepep = moe_kernels.torchtitan_token_movement_bytes(sent, t, received, distinct, h, False, True, True)
+    assert deepep[0] == pytest.approx(h * (14 * tokens * top_k + 2 * tokens * 5.3))
+
+
+def test_the_engine_chooses_the_token_movement_and_the_activation_kernels():
+    """The same plan: Megatron-Core's permutation (5 passes over the sent copies, 4 over the received ones) and its
+    fused SwiGLU (6 bytes a column); torchtitan's own copies; eager PyTorch's SiLU and multiply as two kernels (10
+    bytes a column), fused again when compiled."""
+    from costmodels.specs import Engine, LaunchPath
+
+    fine = dataclasses.replace(MIXTRAL, moe=MoESpec(num_experts=64, top_k=8, expert_ffn_hidden_size=2048))
+    plans = PlanArrays.from_plans([Plan(tp=1, ep=8, etp=1)])
+    megatron = TrainingSpec(seq_len=4096, global_batch_size=256)
+    titan = dataclasses.replace(megatron, engine=Engine.TORCHTITAN)
+    compiled = dataclasses.replace(titan, launch=LaunchPath.COMPILE)
+    assert compute.moe_dispatch_bytes(fine, titan, plans)[0] > 1.5 * compute.moe_dispatch_bytes(fine, megatron,
+                                                                                                 plans)[0]
+    megatron_act = compute.routed_expert_activation_bytes(fine, megatron, plans)[0]
+    assert compute.routed_expert_activation_bytes(fine, titan, plans)[0] == pytest.approx(megatron_act * 10 / 6)
+    assert compute.routed_expert_activation_bytes(fine, compiled, plans)[0] == pytest.approx(megatron_act)
+
+
+def test_megatron_core_under_deepep_permutes_only_the_received_copies():
+    """The flex dispatcher hands DeepEP the tokens unpermuted: permute + unpermute (5 passes) of the copies a rank
+    receives and no chunk sort, where the alltoall dispatcher permutes the sent copies and sorts the received."""
+    fine = dataclasses.replace(MIXTRAL, moe=MoESpec(num_experts=64, top_k=8, expert_ffn_hidden_size=2048))
+    plans = PlanArrays.from_plans([Plan(tp=1, ep=8, etp=1)])
+    alltoall = TrainingSpec(seq_len=4096, global_batch_size=256)
+    deepep = dataclasses.replace(alltoall, moe_dispatcher="deepep")
+    copies, row, router = 4096.0 * 8, 6144 * 2.0, 6 * 4 * 4096 * 64
+    assert compute.moe_dispatch_bytes(fine, alltoall, plans)[0] == pytest.approx(9 * copies * row + router)
+    assert compute.moe_dispatch_bytes(fine, deepep, plans)[0] == pytest.approx(5 * copies * row + router)
+
+
 def test_router_bytes_hand_computed():
     assert moe_kernels.router_bytes(np.array([1000.0]), 128)[0] == pytest.approx(6 * 4 * 1000 * 128)
 
@@ -361,13 +411,13 @@ def test_torchtitan_moe_under_tp_routes_replicated_tokens():
         H100, ep2, "all_to_all", tokens / 4 * top_k * h * 2.0)[0]))              # the 1/tp sequence-parallel share
     assert a2a_titan[1] == pytest.approx(float(a2a_megatron[1]))                # etp 1: split over TP again
 
-    # router on every token for both torchtitan plans; permutation of all tokens only with expert TP
+    # router on every token for both torchtitan plans; torchtitan's copies of all tokens only with expert TP (per
+    # copy element: gather 4, vstack + padded gather + scatter back 12, unsort 6, fp32 weighted sum 10; per token 10)
     row = h * 2.0
     got = compute.moe_dispatch_bytes(MIXTRAL, titan, plans)
     router = 6 * 4 * tokens * 8
-    # 4 local experts on EP 2: the received copies (all tokens' top_k, balanced) are regrouped around the dispatch
-    assert got[0] == pytest.approx(5 * tokens * top_k * row + 4 * tokens * top_k * row + router)
-    assert got[1] == pytest.approx(5 * tokens / 4 * top_k * row + router)      # 1 local expert on EP 8: no regroup
+    assert got[0] == pytest.approx(h * ((4 + 12 + 6 + 10) * tokens * top_k + 10 * tokens) + router)
+    assert got[1] == pytest.approx(h * ((4 + 12 + 6 + 10) * tokens / 4 * top_k + 10 * tokens / 4) + router)
     assert float(compute.moe_dispatch_bytes(MIXTRAL, megatron, plans)[1]) == pytest.approx(
         5 * tokens / 4 * top_k * row + 6 * 4 * tokens / 4 * 8)
 
