@@ -141,6 +141,23 @@ FIGURES: dict[str, Figure] = {
     "runs-memory-rows": Figure(RUNS, r"fidelity-runs-memory: .* rows=(\d+)", expensive=True),
     **{f"runs-reserved-ratio-{n}": Figure(RUNS, rf"ladder Qwen3-30B-A3B Experiment {n} +[\d.]+ +[\d.]+ +([\d.]+)",
                                           expensive=True) for n in (1, 4, 5, 6, 7)},
+    # ---- benchmarks/fit_runs.py ----
+    "fit-runs-bundled": Figure("python benchmarks/fit_runs.py", r"fit-runs: .* bundled_mape=([\d.]+%)",
+                               expensive=True),
+    "fit-runs-fitted": Figure("python benchmarks/fit_runs.py", r"fit-runs: .* fitted_mape=([\d.]+%)",
+                              expensive=True),
+    "fit-runs-worst": Figure("python benchmarks/fit_runs.py", r"fit-runs: .* worst_source=(\S+)", expensive=True),
+    **{f"fit-runs-{name}-{column}": Figure("python benchmarks/fit_runs.py",
+                                           rf"(?m)^{source} +{gpu} +\d+ +\d+ +" + r" +".join(
+                                               [r"[\d.]+"] * index + [r"([\d.]+)"]), expensive=True)
+       for name, source, gpu in (("foundry-a100-40", "llm-foundry", "a100-40gb"),
+                                 ("foundry-a100-80", "llm-foundry", "a100-80gb"),
+                                 ("foundry-h100", "llm-foundry", "h100-80gb"),
+                                 ("modelzoo", "mcore-moe-modelzoo", "h100-80gb"),
+                                 ("nanogpt", "modded-nanogpt", "h100-80gb"),
+                                 ("folding", "moe-parallel-folding", "h100-80gb"),
+                                 ("zb", "zero-bubble-pp", "a100-80gb"))
+       for index, column in ((0, "bundled"), (1, "fitted"))},
     # ---- the other fidelity benchmarks ----
     "microbench-median": Figure("python benchmarks/fidelity_microbench.py",
                                 r"fidelity-microbench: files=\d+ median=([\d.]+%)"),
