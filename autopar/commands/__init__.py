@@ -183,8 +183,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="busiest expert rank's load over a balanced one, dropless routing (>= 1); default 1")
     group.add_argument("--moe-dispatcher", default="alltoall", metavar="{alltoall,deepep}",
                        help="MoE token dispatcher: alltoall (NCCL all-to-all, one copy per routed expert) or deepep "
-                            "(DeepEP through Megatron-Core's flex dispatcher: one copy per destination node over "
-                            "InfiniBand); default alltoall")
+                            "(DeepEP through Megatron-Core's flex dispatcher: one copy per destination rank over "
+                            "NVLink, per destination node over InfiniBand); default alltoall")
     group.add_argument("--expert-gemm", default=None, metavar="{cublas,grouped,loop}",
                        help="how the routed experts' GEMMs run: cublas (a cuBLAS GEMM per expert: Megatron-Core with "
                             "Transformer Engine's GroupedLinear), grouped (one grouped kernel: torchtitan's "

@@ -30,7 +30,8 @@ from costmodels.units import GIB
 
 SCHEMA_RESOURCE = "front.schema.json"
 DISPATCHER_TEXT = {"alltoall": "NCCL all-to-all (one copy per routed expert)",
-                   "deepep": "DeepEP (one copy per destination node over InfiniBand, fanned out over NVLink)"}
+                   "deepep": "DeepEP (one copy per destination rank: once per node over InfiniBand, fanned out "
+                             "over NVLink)"}
 EXPERT_GEMM_TEXT = {"cublas": "a cuBLAS GEMM per expert (Transformer Engine's GroupedLinear)",
                     "grouped": "one grouped kernel over the local experts (torch._grouped_mm)",
                     "loop": "a Python loop over the experts, each an eager MLP on the tokens routed to it (Hugging "
