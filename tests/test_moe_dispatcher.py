@@ -92,6 +92,8 @@ def test_inside_a_node_deepep_sends_a_token_once_per_destination_rank():
     assert float(deepep_all_to_all_time_s(profile, placement, bytes_, 64, 8)) == pytest.approx(
         float(group_collective_time_s(profile, placement, "all_to_all", bytes_ * share)))
     assert float(deepep_on_rank_share(placement, 64, 1)) == pytest.approx(1.0)    # top-1: one copy either way
+    # Qwen3-30B-A3B at EP 8 (128 experts, top-8), the figure docs/cost-model.md quotes
+    assert float(deepep_on_rank_share(placement, 128, 8)) == pytest.approx(0.67, abs=0.005)
 
 
 def test_across_nodes_deepep_sends_fewer_infiniband_bytes_and_is_faster():
