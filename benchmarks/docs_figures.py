@@ -158,6 +158,16 @@ FIGURES: dict[str, Figure] = {
                                  ("folding", "moe-parallel-folding", "h100-80gb"),
                                  ("zb", "zero-bubble-pp", "a100-80gb"))
        for index, column in ((0, "bundled"), (1, "fitted"))},
+    **{f"fit-runs-{name}-adopted": Figure("python benchmarks/fit_runs.py",
+                                          rf"(?m)^{source} +{gpu} +\d+ +\d+" + r" +[\d.]+" * 5 + r" +(yes|no)\b",
+                                          expensive=True)
+       for name, source, gpu in (("foundry-a100-40", "llm-foundry", "a100-40gb"),
+                                 ("foundry-a100-80", "llm-foundry", "a100-80gb"),
+                                 ("foundry-h100", "llm-foundry", "h100-80gb"),
+                                 ("modelzoo", "mcore-moe-modelzoo", "h100-80gb"),
+                                 ("nanogpt", "modded-nanogpt", "h100-80gb"),
+                                 ("folding", "moe-parallel-folding", "h100-80gb"),
+                                 ("zb", "zero-bubble-pp", "a100-80gb"))},
     # ---- the other fidelity benchmarks ----
     "microbench-median": Figure("python benchmarks/fidelity_microbench.py",
                                 r"fidelity-microbench: files=\d+ median=([\d.]+%)"),

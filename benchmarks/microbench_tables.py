@@ -193,23 +193,31 @@ def read_sendrecv_a100(path: Path) -> Iterator[Row]:
                                     float(row["oop_time_us"]) * 1e-6))
 
 
+DEEPEP_NOT_NIC_BOUND = ("2 nodes: half of DeepEP's counted RDMA rows stay on the node and the NIC carries ~22 GB/s "
+                        "of its ~50, so the kernel is not NIC-bound there")
+
+
 def read_deepep_internode(path: Path) -> Iterator[Row]:
     """DeepEP (V1) normal-kernel dispatch and combine across nodes, EP 16/32/64 = 2/4/8 nodes of 8 H800, one CX7
     400 Gb/s NIC per GPU: the same ConnectX-7 NIC as a DGX H100, so the NIC-bound rate carries to H100 as it is (the
     intranode rows run on H800's ~160 GB/s NVLink, not H100's 450: not fed). The README's 'bottleneck bandwidth' is
-    the bytes over RDMA over the time. As an all-to-all of the cost model (costmodels.comm: each rank's off-node
-    share (N-1)/N of its buffer over its own NIC, N nodes): a buffer of the dispatched tokens × top-k × hidden
-    (FP8 dispatch 1 byte, BF16 combine 2) whose off-node share crosses at that bandwidth. DeepEP sends a token once
-    per destination node and the alltoall dispatcher top_k times; the NIC's achieved rate is what is taken here."""
+    DeepEP's RDMA byte count over the time (`deepep_rdma_counted_bytes`, the token's own node counted), so the time
+    is those bytes / bw, and the row is an all-to-all of them: the cost model sends each rank's off-node share
+    (N-1)/N over its own NIC (costmodels.comm), the rows DeepEP really puts on the wire, as its RDMA stage prices
+    them (comm.deepep_all_to_all_time_s with deepep_off_node_share). The fitted points are thus the NIC rate DeepEP
+    reached, ~40-44 GB/s of the NIC's ~50 on 4 and 8 nodes. On 2 nodes every token goes to both, half of the
+    counted rows stay on the node and the NIC carries ~22 GB/s: the kernel is bounded elsewhere, so those rows do
+    not measure the NIC and are checked only (DEEPEP_NOT_NIC_BOUND); a 2-node group takes the 4-node point."""
     for row in _csv(path):
         if row["kernel"] != "normal (high-throughput)" or row["scope"] != "internode":
             continue
         ranks, nodes = int(row["ep_ranks"]), int(row["ep_ranks"]) // 8
-        tokens = int(row["tokens_per_rank"]) * int(row["topk"]) * int(row["hidden"])
-        for element_bytes, column in ((1, "dispatch_bw_GBps"), (2, "combine_bw_GBps")):
-            size = tokens * element_bytes
-            seconds = size * (nodes - 1) / nodes / (float(row[column]) * 1e9)
-            yield Row(H100, _collective(path, "ib", "all_to_all", ranks, size, seconds, 8))
+        tokens, hidden, topk = (int(row[key]) for key in ("tokens_per_rank", "hidden", "topk"))
+        role, why = ("check", DEEPEP_NOT_NIC_BOUND) if nodes <= 2 else ("fit", "")
+        for dtype, column in ((row["dispatch_dtype"], "dispatch_bw_GBps"), (row["combine_dtype"], "combine_bw_GBps")):
+            counted = deepep_rdma_counted_bytes(tokens, hidden, topk, nodes, int(row["topk_groups"]), dtype)
+            seconds = counted / (float(row[column]) * 1e9)
+            yield Row(H100, _collective(path, "ib", "all_to_all", ranks, int(counted), seconds, 8), role, why)
 
 
 # ---- GEMMs ---------------------------------------------------------------------------------------------------------
@@ -345,21 +353,36 @@ def read_p2p_matrices(path: Path) -> Iterator[Row]:
                                                       "are fitted to its NCCL tables")
 
 
-DEEPEP_DTYPE_BYTES = {"FP8": 1, "BF16": 2}
 DEEPEP_COUNTED_BYTES = {"FP8": 1.0 + 4.0 / 128.0, "BF16": 2.0}
-"""Bytes per hidden element DeepEP's benchmarks count for a token: BF16 2; FP8 1 plus a 4-byte fp32 scale per 128
-channels (tests/legacy/test_intranode.py `fp8_factor = (1 + 4 / 128) / 2` of the BF16 bytes)."""
+"""Bytes per hidden element DeepEP's benchmarks count for a token of the normal kernels: BF16 2; FP8 1 plus a 4-byte
+fp32 scale per 128 channels (tests/legacy/test_intranode.py and test_internode.py `fp8_factor = (1 + 4 / 128) / 2`
+of the BF16 bytes)."""
+DEEPEP_LOW_LATENCY_TOKEN_BYTES = {"FP8": lambda hidden: hidden + hidden / 128 * 4 + 16,
+                                  "BF16": lambda hidden: 2.0 * hidden}
+"""Bytes per routed copy DeepEP's low-latency benchmark counts (tests/legacy/test_low_latency.py: `num_fp8_bytes`
+for the dispatch, `num_bf16_bytes` for the combine, times every selection: no deduplication)."""
 DEEPEP_TEST_EXPERTS = 256
-"""Experts of DeepEP's benchmarks (tests/legacy/test_intranode.py and tests/elastic/test_ep.py `--num-experts`
-default 256, DeepSeek-V3's routed experts), each token's top-k drawn from uniform random scores."""
+"""Experts of DeepEP's benchmarks (tests/legacy/test_intranode.py, test_internode.py and tests/elastic/test_ep.py
+`--num-experts` default 256, DeepSeek-V3's routed experts), each token's top-k drawn from uniform random scores."""
 
 
 def deepep_counted_bytes(tokens: int, hidden: int, topk: int, ranks: int, dtype: str) -> float:
-    """The bytes one rank receives in a DeepEP dispatch as DeepEP's benchmarks count them (one row per token and
-    destination rank, its own included), with the tests' balanced routing: tokens x ranks' expected share."""
+    """The bytes one rank receives in an intranode DeepEP dispatch as DeepEP's benchmarks count them (`recv_x`: one
+    row per token and destination rank, its own included), with the tests' balanced routing: tokens x the expected
+    number of destination ranks."""
     rows = tokens * float(expected_destinations(DEEPEP_TEST_EXPERTS, topk, ranks))
     return rows * hidden * DEEPEP_COUNTED_BYTES[dtype]
 
+
+def deepep_rdma_counted_bytes(tokens: int, hidden: int, topk: int, nodes: int, topk_groups: int, dtype: str) -> float:
+    """The RDMA bytes one rank's internode DeepEP dispatch sends as tests/legacy/test_internode.py counts them
+    (`num_rdma_token_sent`: one row per token and destination node, the token's own node included, though nothing
+    for it crosses the NIC: csrc/kernels/legacy/internode.cu only fences the local RDMA rank), with the test's
+    routing: the nodes are the groups, the best min(N, topk_groups) of them by their best expert kept
+    (`--num-topk-groups`), the top-k chosen among their experts."""
+    chosen = min(nodes, topk_groups)
+    rows = tokens * float(expected_destinations(DEEPEP_TEST_EXPERTS, topk, nodes, nodes, chosen))
+    return rows * hidden * DEEPEP_COUNTED_BYTES[dtype]
 
 
 def read_deepep_v1(path: Path) -> Iterator[Row]:
@@ -369,18 +392,15 @@ def read_deepep_v1(path: Path) -> Iterator[Row]:
 
 
 def read_deepep_h800(path: Path) -> Iterator[Row]:
-    """DeepEP V1 normal (training) kernels on H800 as all-to-all. On NVLink (EP 8, one node) the printed bandwidth
-    is DeepEP's own count over the time: tests/legacy/test_intranode.py divides `recv_x.numel()` bytes (one row per
-    token and destination rank, the rank's own tokens included: DeepEP sends a token once per rank, not once per
-    expert) by it, FP8 counted with its per-128-channel fp32 scales (`fp8_factor`); so t = those bytes / bw, and the
-    row is an all-to-all of those bytes, the deduplicated copies costmodels.comm.deepep_all_to_all_time_s sends
-    (tokens x `expected_destinations` of the test's routing: DEEPEP_TEST_EXPERTS experts, top-k, uniform scores).
-    Over RDMA (EP 16/32/64 on N = 2/4/8 nodes of 8) one rank's buffer of tokens x hidden x top-k elements (what
-    costmodels.steptime passes as all-to-all bytes) at the printed bottleneck bandwidth: t = buffer x (N-1)/N / bw,
-    the off-node share on each GPU's NIC (costmodels.comm), as read_deepep_internode reads it. The buffer size only
-    places the row in the bandwidth regime (alpha is not determined). The current (docs/legacy.md) figures are
-    fitted; the initial README's are checked only (superseded kernels), and so are the low-latency kernels
-    (128-token inference decoding, not what a training step runs)."""
+    """DeepEP V1 on H800 as all-to-all, each row read with DeepEP's own byte count, so t = counted bytes / printed
+    bandwidth and the row is an all-to-all of those bytes: on NVLink (EP 8, one node) `deepep_counted_bytes` (one
+    row per token and destination rank: the deduplicated copies costmodels.comm.deepep_all_to_all_time_s sends);
+    over RDMA (EP 16/32/64 on N = 2/4/8 nodes of 8) `deepep_rdma_counted_bytes`, as read_deepep_internode reads
+    them for H100; the low-latency kernels count every routed copy (DEEPEP_LOW_LATENCY_TOKEN_BYTES). The buffer
+    size only places the row in the bandwidth regime (alpha is not determined). The current (docs/legacy.md)
+    figures of the normal kernels are fitted, but for 2 nodes (DEEPEP_NOT_NIC_BOUND); the initial README's are
+    checked only (superseded kernels), and so are the low-latency kernels (128-token inference decoding, not what a
+    training step runs)."""
     for row in _csv(path):
         ep, tokens, hidden, topk = (int(row[key]) for key in ("ep_ranks", "tokens_per_rank", "hidden", "topk"))
         nodes = max(1, ep // 8)
@@ -389,15 +409,17 @@ def read_deepep_h800(path: Path) -> Iterator[Row]:
         role, why = ("fit", "") if row["readme_version"].startswith("current") and not low_latency else (
             "check", "low-latency inference kernels (128 tokens)" if low_latency else
             "initial README figures, superseded by the current kernels")
+        if role == "fit" and nodes == 2:
+            role, why = "check", DEEPEP_NOT_NIC_BOUND
         for phase, dtype in (("dispatch", row["dispatch_dtype"]), ("combine", row["combine_dtype"])):
-            bandwidth = float(row[f"{phase}_bw_GBps"]) * 1e9
-            if link == "nvlink":
-                buffer = deepep_counted_bytes(tokens, hidden, topk, ep, dtype)
-                seconds = buffer / bandwidth
+            if low_latency:
+                counted = tokens * topk * DEEPEP_LOW_LATENCY_TOKEN_BYTES[dtype](hidden)
+            elif link == "nvlink":
+                counted = deepep_counted_bytes(tokens, hidden, topk, ep, dtype)
             else:
-                buffer = tokens * hidden * topk * DEEPEP_DTYPE_BYTES[dtype]
-                seconds = buffer * float(algorithm_factor("all_to_all", nodes)) / bandwidth
-            yield Row(H800, _collective(path, link, "all_to_all", ep, int(buffer), seconds, 8), role, why)
+                counted = deepep_rdma_counted_bytes(tokens, hidden, topk, nodes, int(row["topk_groups"]), dtype)
+            seconds = counted / (float(row[f"{phase}_bw_GBps"]) * 1e9)
+            yield Row(H800, _collective(path, link, "all_to_all", ep, int(counted), seconds, 8), role, why)
 
 
 def read_deepep_v2(path: Path) -> Iterator[Row]:

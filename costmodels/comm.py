@@ -43,6 +43,8 @@ may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fast
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -267,42 +269,71 @@ def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement,
     return np.where(n > 1, np.where(nodes > 1, across, inside), 0.0)
 
 
-def _missed_fraction(pool: float, block: "np.ndarray | float", top_k: int) -> np.ndarray:
-    """C(pool - block, top_k) / C(pool, top_k): the chance that top_k distinct experts drawn evenly from `pool`
-    avoid a `block` of them (a product of top_k ratios, so non-integer blocks work too)."""
-    block = np.asarray(block, dtype=float)
-    missed = np.ones(block.shape)
-    for i in range(top_k):
-        missed = missed * np.clip((pool - block - i) / (pool - i), 0.0, None)
+def _avoid_fraction(pool: float, block: float, draws: int) -> float:
+    """C(pool - block, draws) / C(pool, draws): the chance that `draws` distinct experts drawn evenly from `pool`
+    avoid `block` of them (a product of ratios)."""
+    missed = 1.0
+    for i in range(draws):
+        missed *= max((pool - block - i) / (pool - i), 0.0)
     return missed
 
 
-def _destination_hit_probability(num_experts: int, top_k: int, destinations: float, num_groups: int,
-                                 group_topk: int) -> float:
-    """`expected_destinations` / destinations for one destination count."""
+def _overlap(start_a: float, end_a: float, start_b: float, end_b: float) -> float:
+    return max(0.0, min(end_a, end_b) - max(start_a, start_b))
+
+
+@functools.lru_cache(maxsize=1024)
+def _expected_destinations_one(num_experts: int, top_k: int, destinations: int, num_groups: int,
+                               group_topk: int) -> float:
+    """`expected_destinations` for one destination count: the sum over destinations of the chance that a token
+    reaches it. A destination overlaps some groups wholly (exchangeable: only how many of them are chosen matters)
+    and at most two partly; the sum runs over those counts and subsets, each weighted by the chance that exactly
+    they are chosen among the groups it overlaps (every set of chosen groups equally likely)."""
     groups, chosen = (num_groups, group_topk) if num_groups else (1, 1)
     group_size, block = num_experts / groups, num_experts / destinations
-    pool = chosen * group_size                        # the experts of the chosen groups
-    if block <= group_size:                           # a destination inside one group: chosen with its group
-        return chosen / groups * (1.0 - float(_missed_fraction(pool, block, top_k)))
-    spanned = int(round(block / group_size))          # a destination holding several whole groups
-    total = math.comb(groups, chosen)
-    return sum(math.comb(spanned, j) * math.comb(groups - spanned, chosen - j) / total
-               * (1.0 - float(_missed_fraction(pool, j * group_size, top_k)))
-               for j in range(1, min(spanned, chosen) + 1))
+    pool = chosen * group_size
+    guaranteed = num_groups > 0 and top_k >= chosen   # each chosen group holds the expert that chose it
+    draws = top_k - chosen if guaranteed else top_k
+    remaining = pool - chosen if guaranteed else pool
+    sets = math.comb(groups, chosen)
+    total = 0.0
+    for d in range(destinations):
+        lo, hi = d * block, (d + 1) * block
+        overlaps = [_overlap(lo, hi, g * group_size, (g + 1) * group_size) for g in range(groups)]
+        whole = sum(1 for o in overlaps if o >= group_size)
+        partial = [o for o in overlaps if 0.0 < o < group_size]
+        others = groups - whole - len(partial)
+        missed = 0.0
+        for j in range(min(whole, chosen) + 1):
+            for picked in itertools.chain.from_iterable(itertools.combinations(partial, r)
+                                                        for r in range(len(partial) + 1)):
+                rest = chosen - j - len(picked)
+                if rest < 0 or rest > others:
+                    continue
+                weight = math.comb(whole, j) * math.comb(others, rest) / sets
+                inside = j * group_size + sum(picked)
+                leaders_away = (0.0 if j else 1.0) * math.prod(1.0 - o / group_size for o in picked) \
+                    if guaranteed else 1.0
+                missed += weight * leaders_away * _avoid_fraction(remaining, inside, draws)
+        total += 1.0 - missed
+    return total
 
 
 def expected_destinations(num_experts: int, top_k: int, destinations: "np.ndarray | float", num_groups: int = 0,
                           group_topk: int = 0) -> np.ndarray:
     """How many of `destinations` (ranks or nodes, each holding num_experts / destinations consecutive experts, as
     expert parallelism lays them out) a token's top_k distinct experts live on, on average, with routing balanced
-    (every expert set equally likely, which load balancing aims for): destinations × (1 - C(E - E/D, k) / C(E, k)).
-    Group-limited routing (MoESpec.num_groups / group_topk: DeepSeek-V3's n_group 8, topk_group 4) draws the k
-    experts from the group_topk chosen groups only, so fewer destinations are reached when a destination holds a
-    group or part of one."""
+    (load balancing aims for it): without group-limited routing every expert set is equally likely, so
+    destinations × (1 - C(E - E/D, k) / C(E, k)). Group-limited routing (MoESpec.router num_groups / group_topk:
+    DeepSeek-V3's n_group 8, topk_group 4) chooses group_topk groups by the scores of their best experts
+    (Megatron-Core's group_limited_topk: the sum of a group's top top_k / group_topk scores; DeepSeek-V2's and
+    DeepEP's benchmark: the best one), so each chosen group holds at least the expert that chose it; the token's
+    other top_k - group_topk experts are drawn evenly from the rest of the chosen groups' experts. Every set of
+    groups is equally likely; a destination may straddle groups. With top_k < group_topk the experts are drawn
+    evenly from the chosen groups."""
     values = np.asarray(destinations, dtype=float)
-    unique, index = np.unique(np.maximum(values, 1.0), return_inverse=True)
-    per_unique = np.array([count * _destination_hit_probability(num_experts, top_k, count, num_groups, group_topk)
+    unique, index = np.unique(np.maximum(np.round(values), 1.0), return_inverse=True)
+    per_unique = np.array([_expected_destinations_one(num_experts, top_k, int(count), num_groups, group_topk)
                            for count in unique])
     return per_unique[index].reshape(values.shape)
 
@@ -311,7 +342,7 @@ def deepep_on_rank_share(placement: GroupPlacement, num_experts: int, top_k: int
                          group_topk: int = 0) -> np.ndarray:
     """Bytes a DeepEP dispatch (or combine) moves between GPUs over those of the all-to-all on the same EP group: the
     all-to-all sends a token once per routed expert (top_k copies), DeepEP once per destination rank, the rank
-    fanning it out to its local experts (csrc/kernels intranode/internode dispatch send by `is_token_in_rank`;
+    fanning it out to its local experts (csrc/kernels/legacy/intranode.cu and internode.cu send by `is_token_in_rank`;
     tests/legacy/test_intranode.py counts its NVLink bytes as `recv_x.numel()`, one row per token and rank):
     `expected_destinations` over the group's ranks / top_k. 1 for top-1 routing."""
     return expected_destinations(num_experts, top_k, placement.size, num_groups, group_topk) / float(top_k)

@@ -835,9 +835,9 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
         ranks_reached = expected_destinations(moe.num_experts, moe.top_k, plans.ep, moe.router.num_groups,
                                               moe.router.group_topk)
         return moe_kernels.torchtitan_token_movement_bytes(
-            routed_tokens * moe.top_k * load, routed_tokens, received, routed_tokens * ranks_reached * load,
-            model.hidden_size, moe.router.probs_on_input, training.launch is LaunchPath.COMPILE,
-            training.moe_dispatcher is MoEDispatcher.DEEPEP) + router
+            routed_tokens * moe.top_k, router_tokens, received, routed_tokens * ranks_reached * load,
+            model.hidden_size, moe.top_k, weights_first=moe.router.probs_on_input,
+            deepep=training.moe_dispatcher is MoEDispatcher.DEEPEP) + router
     if training.moe_dispatcher is MoEDispatcher.DEEPEP:   # the flex dispatcher: DeepEP sends unpermuted tokens
         return moe_kernels.token_permutation_bytes(received, received, model.hidden_size,
                                                    np.zeros(len(plans), dtype=bool)) + router
@@ -870,8 +870,8 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     """(dense layer, MoE layer) seconds of re-running the selected --recompute-modules in the backward pass:
     core_attn the attention core; layernorm the norms that are modules of their own (ModelSpec.num_separate_norms; read
     2h, write 2h bytes per token each, HBM-bound);
-    mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: reads
-    the fused gate/up output, 4 bytes, writes 2, per expert column); moe the router and routed-expert GEMMs and
+    mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: a fused
+    kernel reads the gate/up output, 4 bytes, and writes 2 per expert column; eager PyTorch's two kernels 10); moe the router and routed-expert GEMMs and
     permutation (its all-to-alls are re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's
     GEMMs; mla_up_proj the MLA up projections. Megatron-Core recomputes each from its stored input
     (CheckpointWithoutOutput)."""

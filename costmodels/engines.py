@@ -830,10 +830,13 @@ def moe_router_replicated(training: TrainingSpec) -> bool:
 def moe_dispatch_replicated(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     """Where each TP rank permutes and dispatches all of the micro-batch's routed tokens rather than its 1/tp share:
     torchtitan with expert TP (etp = tp > 1: ExpertTensorParallel, whose experts hold 1/tp of each expert's width
-    and take the tokens replicated over TP). With etp 1 torchtitan splits the routed tokens over TP again before
-    the dispatch ("If TP is borrowed for EP, then split the tokens across TP ranks": ReordererSequenceParallel), as
-    Megatron-Core's sequence-parallel dispatch does."""
-    return np.full(len(plans), moe_router_replicated(training)) & (plans.etp > 1)
+    and take the tokens replicated over TP), and torchtitan's DeepEP path under TP (DeepEPMoE sets its reorderer to
+    None, so the "moe.reorderer": ReordererSequenceParallel() entry of apply_moe_ep_tp's plan never applies and every
+    TP rank dispatches the whole all-gathered input: models/moe/moe_deepep.py, 2026-01). With etp 1 the standard path
+    splits the routed tokens over TP again before the dispatch ("If TP is borrowed for EP, then split the tokens
+    across TP ranks": ReordererSequenceParallel), as Megatron-Core's sequence-parallel dispatch does."""
+    deepep = training.moe_dispatcher is MoEDispatcher.DEEPEP
+    return np.full(len(plans), moe_router_replicated(training)) & ((plans.etp > 1) | (deepep & (plans.tp > 1)))
 
 
 def per_op_sac(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:

@@ -47,7 +47,7 @@ with no chunk sort (`token_permutation_bytes` of the received copies alone).
 torchtitan's token movement (`torchtitan_token_movement_bytes`) is its own code's, not Megatron-Core's (torchtitan
 models/moe/moe.py MoE.forward, models/moe/utils.py _permute / _unpermute, distributed/expert_parallel.py, as of
 2026-01): the routed input gathered in expert order (`x[token_indices // top_k]`), with the weights applied first
-where the model says so (score_before_experts: an fp32 round trip eager, one fused pass compiled), the received
+where the model says so (score_before_experts: an fp32 round trip, eager even under torch.compile), the received
 copies copied once more with a padding row (`torch.vstack`) and gathered into padded expert groups (`_permute`),
 scattered back after the experts (`_unpermute`), scattered again into top_k slots per token (`torch.zeros`, index
 assignment), and, without score_before_experts, upcast to fp32 (`.float()`) for the weighted sum `torch.bmm`
@@ -148,11 +148,14 @@ def token_permutation_bytes(sent_copies: np.ndarray, received_copies: np.ndarray
     return sent + regrouped
 
 
-TORCHTITAN_GATHER_BYTES = 4.0
-"""A gather or index assignment of bf16 rows: read 2 + write 2 bytes per element."""
-TORCHTITAN_EAGER_WEIGHTING_BYTES = 20.0
-"""score_before_experts eager: `.to(float32)` (read 2, write 4), the multiply (read 4, write 4), `.to(x.dtype)` (read
-4, write 2)."""
+BF16_COPY_PASS_BYTES = 4.0
+"""One pass over bf16 rows that reads and writes them (a gather, an index assignment, a bf16 multiply): 2 + 2 bytes
+per element."""
+TORCHTITAN_WEIGHTING_BYTES = 20.0
+"""score_before_experts: `.to(float32)` (read 2, write 4), the multiply (read 4, write 4), `.to(x.dtype)` (read 4,
+write 2). MoE.forward runs eager even under torch.compile: torchtitan's apply_compile compiles a MoE block's router,
+reorderer, shared experts and expert GEMM function apart, not the module's own forward (models/llama4/infra/
+parallelize.py, shared by qwen3 and deepseek_v3)."""
 TORCHTITAN_FP32_COMBINE_BYTES = 10.0
 """Per copy element of the weighted sum: `.float()` (read 2, write 4) and `torch.bmm` reading the fp32 copy (4)."""
 TORCHTITAN_FP32_TOKEN_BYTES = 10.0
@@ -161,26 +164,26 @@ SCATTER_ADD_BYTES = 6.0
 """`scatter_add_` per source element: read the source (2), read and write the destination (2 + 2)."""
 
 
-def torchtitan_token_movement_bytes(sent_copies: np.ndarray, tokens: np.ndarray, received_copies: np.ndarray,
-                                    received_tokens: np.ndarray, hidden_size: int, weights_first: bool,
-                                    compiled: bool, deepep: bool) -> np.ndarray:
-    """Forward HBM bytes of torchtitan's copies of the routed tokens on one GPU (module docstring): `sent_copies` =
-    tokens x top_k rows in expert order, `received_copies` the rows its experts take, `received_tokens` the distinct
-    tokens DeepEP delivers; `weights_first` the model's score_before_experts (MoESpec.router.probs_on_input);
-    `compiled` fuses the weighting's pointwise chain into one pass (the gathers and scatters stay kernels of their
-    own: their outputs feed the all-to-all, the grouped GEMMs and torch.bmm, extern kernels Inductor does not fuse
-    into); h bf16 values a row."""
+def torchtitan_token_movement_bytes(sent_copies: np.ndarray, router_tokens: np.ndarray, received_copies: np.ndarray,
+                                    received_tokens: np.ndarray, hidden_size: int, top_k: int, *,
+                                    weights_first: bool, deepep: bool) -> np.ndarray:
+    """Forward HBM bytes of torchtitan's copies of the routed tokens on one GPU (module docstring): `sent_copies` the
+    rows it gathers in expert order and sends (its share of the router's tokens x top_k), `router_tokens` the
+    tokens its router scored (every token of the micro-batch under TP: MoE.forward's unsort buffer and weighted sum
+    cover them all), `received_copies` the rows its experts take, `received_tokens` the distinct tokens DeepEP
+    delivers; `weights_first` the model's score_before_experts (MoESpec.router.probs_on_input); h bf16 values a
+    row."""
     row = float(hidden_size)
     if deepep:
-        return row * ((TORCHTITAN_GATHER_BYTES + TORCHTITAN_GATHER_BYTES + SCATTER_ADD_BYTES) * received_copies
+        return row * ((BF16_COPY_PASS_BYTES + BF16_COPY_PASS_BYTES + SCATTER_ADD_BYTES) * received_copies
                       + ACTIVATION_BYTES * received_tokens)
-    weighting = np.where(weights_first, TORCHTITAN_GATHER_BYTES if compiled else TORCHTITAN_EAGER_WEIGHTING_BYTES,
-                         0.0)
-    combine = np.where(weights_first, ACTIVATION_BYTES * sent_copies + ACTIVATION_BYTES * tokens,
-                       TORCHTITAN_FP32_COMBINE_BYTES * sent_copies + TORCHTITAN_FP32_TOKEN_BYTES * tokens)
-    unsort = (ACTIVATION_BYTES + TORCHTITAN_GATHER_BYTES) * sent_copies
-    padded_groups = 3.0 * TORCHTITAN_GATHER_BYTES * received_copies      # vstack, gather, scatter back
-    return row * ((TORCHTITAN_GATHER_BYTES + weighting) * sent_copies + padded_groups + unsort + combine)
+    router_copies = router_tokens * top_k
+    weighting = TORCHTITAN_WEIGHTING_BYTES if weights_first else 0.0
+    combine = ACTIVATION_BYTES * (router_copies + router_tokens) if weights_first \
+        else TORCHTITAN_FP32_COMBINE_BYTES * router_copies + TORCHTITAN_FP32_TOKEN_BYTES * router_tokens
+    unsort = ACTIVATION_BYTES * router_copies + BF16_COPY_PASS_BYTES * sent_copies   # zeros, index assignment
+    padded_groups = 3.0 * BF16_COPY_PASS_BYTES * received_copies                     # vstack, gather, scatter back
+    return row * ((BF16_COPY_PASS_BYTES + weighting) * sent_copies + padded_groups + unsort + combine)
 
 
 def router_bytes(tokens: np.ndarray, num_experts: int) -> np.ndarray:

@@ -135,6 +135,10 @@ class MoESpec:
         if self.router.num_groups:
             require(self.num_experts % self.router.num_groups == 0, "router_num_groups",
                     f"num_experts={self.num_experts} does not split into {self.router.num_groups} router groups")
+            eligible = self.router.group_topk * self.num_experts // self.router.num_groups
+            require(self.top_k <= eligible, "router_group_topk",
+                    f"top_k={self.top_k} exceeds the {eligible} experts of the {self.router.group_topk} chosen "
+                    f"router groups; raise router_group_topk or lower top_k")
         require((self.num_shared_experts == 0) == (self.shared_expert_ffn_hidden_size == 0),
                 "shared_expert_ffn_hidden_size",
                 "give a shared-expert width exactly when num_shared_experts > 0")

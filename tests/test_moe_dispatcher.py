@@ -31,40 +31,60 @@ def remote_nodes_by_enumeration(num_experts: int, top_k: int, nodes: int) -> flo
     return hit / len(sets)
 
 
-def destinations_by_enumeration(num_experts: int, top_k: int, destinations: int, num_groups: int = 0,
-                                group_topk: int = 0) -> float:
-    """Average number of destinations (E / D consecutive experts each) a token's experts live on, over every
-    choice of groups and of top_k experts among the chosen groups' experts, each equally likely."""
+def destinations_by_enumeration(num_experts: int, top_k: int, destinations: int) -> float:
+    """Average number of destinations (E / D consecutive experts each) a token's top_k distinct experts live on,
+    over every expert set (each equally likely: balanced routing without group limits)."""
     per_destination = num_experts // destinations
-    groups, chosen_groups = (num_groups, group_topk) if num_groups else (1, 1)
-    group_size = num_experts // groups
-    total = count = 0
-    for chosen in itertools.combinations(range(groups), chosen_groups):
-        pool = [e for g in chosen for e in range(g * group_size, (g + 1) * group_size)]
-        for experts in itertools.combinations(pool, top_k):
-            total += len({expert // per_destination for expert in experts})
-            count += 1
-    return total / count
+    sets = list(itertools.combinations(range(num_experts), top_k))
+    return sum(len({expert // per_destination for expert in chosen}) for chosen in sets) / len(sets)
+
+
+def destinations_by_group_limited_routing(num_experts: int, top_k: int, destinations: int, num_groups: int,
+                                          group_topk: int, tokens: int = 20000) -> float:
+    """The same count under Megatron-Core's group-limited top-k (moe_utils.group_limited_topk: a group scores the
+    sum of its best top_k / group_topk experts, the best group_topk groups are kept, the top_k experts chosen among
+    them) on independent uniform scores, the balanced case; a fixed seed."""
+    rng = np.random.default_rng(0)
+    scores = rng.random((tokens, num_groups, num_experts // num_groups))
+    group_scores = np.sort(scores, axis=2)[:, :, -(top_k // group_topk):].sum(axis=2)
+    kept = np.argsort(-group_scores, axis=1)[:, :group_topk]
+    mask = np.full((tokens, num_groups), -np.inf)
+    np.put_along_axis(mask, kept, 0.0, axis=1)
+    experts = np.argsort(-(scores + mask[:, :, None]).reshape(tokens, num_experts), axis=1)[:, :top_k]
+    reached = np.sort(experts * destinations // num_experts, axis=1)
+    return float(np.mean(1 + (np.diff(reached, axis=1) > 0).sum(axis=1)))
+
+
+@pytest.mark.parametrize("num_experts, top_k, destinations", [(8, 2, 4), (16, 4, 4), (16, 4, 2), (8, 8, 2),
+                                                              (16, 1, 8), (12, 3, 3)])
+def test_expected_destinations_is_the_average_over_every_routing(num_experts, top_k, destinations):
+    found = float(expected_destinations(num_experts, top_k, destinations))
+    assert found == pytest.approx(destinations_by_enumeration(num_experts, top_k, destinations))
 
 
 @pytest.mark.parametrize("num_experts, top_k, destinations, num_groups, group_topk", [
-    (8, 2, 4, 0, 0), (16, 4, 4, 0, 0), (16, 4, 2, 0, 0), (8, 8, 2, 0, 0), (16, 1, 8, 0, 0),
-    (16, 3, 8, 4, 2),      # a destination inside a group
-    (16, 3, 2, 4, 2),      # a destination holding two groups
-    (16, 4, 4, 4, 2),      # destinations are the groups (node-limited routing)
-    (24, 4, 2, 6, 3)])
-def test_expected_destinations_is_the_average_over_every_routing(num_experts, top_k, destinations, num_groups,
-                                                                  group_topk):
+    (256, 8, 8, 8, 4),     # DeepSeek-V3's groups as the nodes of EP 64
+    (256, 8, 16, 8, 4),    # two destinations inside a group
+    (256, 8, 64, 8, 4),
+    (160, 6, 10, 8, 3),    # DeepSeek-V2's router: destinations straddle groups
+    (160, 6, 5, 8, 3),
+    (64, 4, 2, 8, 2)])     # a destination holding four groups
+def test_group_limited_destinations_follow_megatron_core_routing(num_experts, top_k, destinations, num_groups,
+                                                                 group_topk):
+    """The count's model of group-limited routing (each chosen group holds the expert that chose it, the rest drawn
+    evenly) against a simulation of Megatron-Core's group-limited top-k on balanced scores: within 2%; the model
+    of experts drawn evenly from the chosen groups alone would be up to 8% low (DeepSeek-V3 on 8 destinations: 3.64
+    against 3.95)."""
     found = float(expected_destinations(num_experts, top_k, destinations, num_groups, group_topk))
-    assert found == pytest.approx(destinations_by_enumeration(num_experts, top_k, destinations, num_groups,
-                                                              group_topk))
+    simulated = destinations_by_group_limited_routing(num_experts, top_k, destinations, num_groups, group_topk)
+    assert found == pytest.approx(simulated, rel=0.02)
 
 
 def test_group_limited_routing_reaches_fewer_nodes():
-    """DeepSeek-V3 (256 experts, top-8 of the 4 best of 8 groups) on 8 nodes of 32 experts: a token reaches at
-    most 4 nodes, fewer than unrestricted top-8 routing reaches."""
-    limited = float(expected_destinations(256, 8, 8, 8, 4))
-    assert limited <= 4.0 < float(expected_destinations(256, 8, 8))
+    """DeepSeek-V3 (256 experts, top-8 of the 4 best of 8 groups) on 8 nodes of 32 experts reaches 4 nodes (one
+    for each chosen group); unrestricted top-8 routing reaches 8·(1 - C(224, 8) / C(256, 8))."""
+    assert float(expected_destinations(256, 8, 8, 8, 4)) == pytest.approx(4.0)
+    assert float(expected_destinations(256, 8, 8)) == pytest.approx(8 * (1 - math.comb(224, 8) / math.comb(256, 8)))
 
 
 @pytest.mark.parametrize("num_experts, top_k, nodes", [(8, 2, 2), (8, 2, 4), (16, 4, 4), (12, 3, 3), (8, 8, 2)])
@@ -272,3 +292,12 @@ def test_deepep_v2_on_sm100_is_priced_on_the_copies_deepep_sends(microbench_tabl
         all_to_all = float(group_collective_time_s(b200, place_group(8, 1, 8), "all_to_all", top_k_buffer))
         assert deepep == pytest.approx(m.timing.median_s, rel=0.10 if "64" in row.why else 0.25)
         assert all_to_all > 1.25 * m.timing.median_s
+
+
+def test_a_router_that_chooses_fewer_experts_than_top_k_is_an_input_error():
+    """Group-limited routing picks top_k experts among the chosen groups' experts: 2 groups of 2 cannot give 6."""
+    from costmodels.specs import MoESpec, RouterSpec
+
+    with pytest.raises(InputError, match="router_group_topk"):
+        MoESpec(num_experts=16, top_k=6, expert_ffn_hidden_size=64, router=RouterSpec(num_groups=8, group_topk=2))
+    MoESpec(num_experts=16, top_k=4, expert_ffn_hidden_size=64, router=RouterSpec(num_groups=8, group_topk=2))
