@@ -201,6 +201,30 @@ def attention_head_dim_factor(profile: HardwareProfile, kernel: str, attention_p
     return np.minimum(factor, 1.0)
 
 
+KERNEL_HEAD_DIMS = {
+    "fa1": (32.0, 64.0, 128.0),
+    "fa2": (32.0, 64.0, 96.0, 128.0, 192.0, 256.0),
+    "fa3": (64.0, 96.0, 128.0, 192.0, 256.0),
+}
+"""The head dimensions each FlashAttention kernel is compiled for; a head runs on the smallest one that holds it, its
+matmuls over the padded width (flash-attn v1.0.9 csrc/flash_attn/fmha_api.cpp: d <= 32 / 64 / 128; v2
+csrc/flash_attn/src/static_switch.h HEADDIM_SWITCH; FlashAttention-3 hopper/flash_api.cpp round_up_headdim).
+FlashAttention in Triton pads to the next power of two (flash_attn_triton.py `BLOCK_HEADDIM =
+max(triton.next_power_of_2(d), 16)`); cuDNN's fused attention takes any multiple of 8 and is priced unpadded."""
+
+
+def kernel_head_dim(kernel: str, head_dim: "np.ndarray | float") -> np.ndarray:
+    """The head dimension `kernel` computes on for heads of `head_dim` (KERNEL_HEAD_DIMS); the head's own where the
+    kernel pads nothing or the head is wider than every instantiation."""
+    d = np.maximum(np.asarray(head_dim, dtype=float), 1.0)
+    if kernel == "fa_triton":
+        return np.maximum(2.0 ** np.ceil(np.log2(d)), 16.0)
+    padded = d
+    for width in reversed(KERNEL_HEAD_DIMS.get(kernel, ())):
+        padded = np.where(d <= width, width, padded)
+    return padded
+
+
 def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
                          k: "np.ndarray | float", kernel: str = "", attention_pass: str = "fwd") -> np.ndarray:
     """Fraction of the bf16 peak a fused attention kernel reaches in one pass (`attention_pass` fwd or bwd), for
@@ -218,7 +242,8 @@ def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "
     (five matmuls, dS and the atomics of dQ) runs well below the forward (FA3 on H100:
     ~540 against ~630 TFLOPS non-causal at 8K). Every measured kernel has head dim 128; a smaller head dim k runs
     at `attention_head_dim_factor` of the curve (the softmax's exponentials weigh more against fewer matmul FLOPs),
-    a larger one (MLA's 192) at the curve. `kernel` '' or a profile without that kernel's curve: the kernel-less
+    a larger one (MLA's 192) at the curve; a head the kernel pads (`kernel_head_dim`: 80 runs as 96 in
+    FlashAttention-2, as 128 in Triton) runs the padded width's matmuls, k / padded of its FLOPs useful. `kernel` '' or a profile without that kernel's curve: the kernel-less
     curve (ATTENTION_PARAMETERS, both passes) where the profile has it, else the GEMM curve."""
     params = profile.gemm_efficiency
     names = attention_curve_parameters(kernel, attention_pass) if kernel else ATTENTION_PARAMETERS
@@ -227,8 +252,9 @@ def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "
     if not all(name in params for name in names):
         return gemm_efficiency(profile, m, n, k, "bf16")
     keys = np.maximum(np.asarray(n, dtype=float), 1.0)
+    padded = kernel_head_dim(kernel, k)
     curve = params[names[0]] / (1.0 + params[names[1]] / keys) \
-        * attention_head_dim_factor(profile, kernel, attention_pass, k)
+        * attention_head_dim_factor(profile, kernel, attention_pass, padded) * np.asarray(k, dtype=float) / padded
     return np.broadcast_to(curve, np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(k))).astype(float)
 
 

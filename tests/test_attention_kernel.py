@@ -247,3 +247,18 @@ def test_megatron_export_leaves_a_fa1_era_kernel_to_transformer_engine_and_says_
     megatron = emit(estimate, "megatron")
     assert not any(line.strip().startswith("--attention-backend") for line in megatron.splitlines())
     assert "not a Transformer Engine attention backend" in megatron
+
+
+@pytest.mark.parametrize("kernel, head_dim, padded", [
+    ("fa2", 80, 96), ("fa2", 112, 128), ("fa2", 160, 192), ("fa2", 64, 64), ("fa2", 128, 128),
+    ("fa3", 48, 64), ("fa3", 112, 128), ("fa1", 80, 128), ("fa_triton", 80, 128), ("fa_triton", 112, 128),
+    ("fa_triton", 8, 16), ("cudnn", 112, 112)])
+def test_a_flash_kernel_runs_a_head_on_its_compiled_width(kernel, head_dim, padded):
+    """flash-attn's HEADDIM_SWITCH (v2), round_up_headdim (v3) and fmha_api (v1), Triton's next power of two: a head
+    narrower than the kernel's tile runs the tile's matmuls, so its useful FLOP rate is head_dim / padded of the
+    padded head's; cuDNN is priced unpadded."""
+    assert float(compute.kernel_head_dim(kernel, head_dim)) == padded
+    profile = H100 if kernel == "fa3" else A100                     # FlashAttention-3 runs on Hopper only
+    padded_rate = float(compute.attention_efficiency(profile, 8192, 8192, padded, kernel, "fwd"))
+    assert float(compute.attention_efficiency(profile, 8192, 8192, head_dim, kernel, "fwd")) == pytest.approx(
+        padded_rate * head_dim / padded)
