@@ -71,6 +71,11 @@ FIDELITY = "python benchmarks/fidelity.py"
 LAYOUT_DEMO = "autopar solve llama-3.1-8b --gpus 32 --fix pp=4 --fix vpp=2 --top 1"
 LAYOUT_EXPLAIN = "autopar explain llama-3.1-8b --gpus 32 --tp 2 --pp 4 --mbs 1"
 RUNS = "python benchmarks/fidelity_runs.py"
+FIT_RUNS_SOURCES = (("foundry-a100-40", "llm-foundry", "a100-40gb"), ("foundry-a100-80", "llm-foundry", "a100-80gb"),
+                    ("foundry-h100", "llm-foundry", "h100-80gb"), ("modelzoo", "mcore-moe-modelzoo", "h100-80gb"),
+                    ("nanogpt", "modded-nanogpt", "h100-80gb"), ("folding", "moe-parallel-folding", "h100-80gb"),
+                    ("zb", "zero-bubble-pp", "a100-80gb"))
+"""The rows of benchmarks/fit_runs.py's table docs/calibrate_from_runs.md quotes: (figure name, source, GPU)."""
 
 
 def _low(mfu: str, published: int) -> str:
@@ -150,24 +155,11 @@ FIGURES: dict[str, Figure] = {
     **{f"fit-runs-{name}-{column}": Figure("python benchmarks/fit_runs.py",
                                            rf"(?m)^{source} +{gpu} +\d+ +\d+ +" + r" +".join(
                                                [r"[\d.]+"] * index + [r"([\d.]+)"]), expensive=True)
-       for name, source, gpu in (("foundry-a100-40", "llm-foundry", "a100-40gb"),
-                                 ("foundry-a100-80", "llm-foundry", "a100-80gb"),
-                                 ("foundry-h100", "llm-foundry", "h100-80gb"),
-                                 ("modelzoo", "mcore-moe-modelzoo", "h100-80gb"),
-                                 ("nanogpt", "modded-nanogpt", "h100-80gb"),
-                                 ("folding", "moe-parallel-folding", "h100-80gb"),
-                                 ("zb", "zero-bubble-pp", "a100-80gb"))
-       for index, column in ((0, "bundled"), (1, "fitted"))},
+       for name, source, gpu in FIT_RUNS_SOURCES for index, column in ((0, "bundled"), (1, "fitted"))},
     **{f"fit-runs-{name}-adopted": Figure("python benchmarks/fit_runs.py",
                                           rf"(?m)^{source} +{gpu} +\d+ +\d+" + r" +[\d.]+" * 5 + r" +(yes|no)\b",
                                           expensive=True)
-       for name, source, gpu in (("foundry-a100-40", "llm-foundry", "a100-40gb"),
-                                 ("foundry-a100-80", "llm-foundry", "a100-80gb"),
-                                 ("foundry-h100", "llm-foundry", "h100-80gb"),
-                                 ("modelzoo", "mcore-moe-modelzoo", "h100-80gb"),
-                                 ("nanogpt", "modded-nanogpt", "h100-80gb"),
-                                 ("folding", "moe-parallel-folding", "h100-80gb"),
-                                 ("zb", "zero-bubble-pp", "a100-80gb"))},
+       for name, source, gpu in FIT_RUNS_SOURCES},
     # ---- the other fidelity benchmarks ----
     "microbench-median": Figure("python benchmarks/fidelity_microbench.py",
                                 r"fidelity-microbench: files=\d+ median=([\d.]+%)"),
