@@ -611,8 +611,9 @@ def _router_spec(config: Mapping[str, Any], model_type: str, num_experts: int, w
     (noaux_tc: an expert bias; group_limited_greedy: groups scored by their best expert), `n_group` / `topk_group`,
     `routed_scaling_factor` (their config classes' defaults filled in as for every key: CONFIG_CLASS_DEFAULTS or
     AutoConfig), with each model type's own rule where the class has no such key (SIGMOID_ROUTER_TYPES,
-    RENORMALISED_ROUTER_TYPES, DeepSeek-V3's noaux_tc). No cost term reads it, so a value RouterSpec refuses does not
-    refuse the model: it is warned about (LaunchSemanticsWarning) and the router left at Megatron-Core's default."""
+    RENORMALISED_ROUTER_TYPES, DeepSeek-V3's noaux_tc). Few cost terms read it (RouterSpec), so a value RouterSpec
+    refuses does not refuse the model: it is warned about (LaunchSemanticsWarning) and the router left at
+    Megatron-Core's default."""
     score = config.get("scoring_func") or ("sigmoid" if model_type in SIGMOID_ROUTER_TYPES else "softmax")
     method = config.get("topk_method") or ("noaux_tc" if model_type == "deepseek_v3" else "greedy")
     groups = (config.get("n_group") or 0) if method in GROUPED_TOPK_METHODS else 0

@@ -160,6 +160,18 @@ FIGURES: dict[str, Figure] = {
                                           rf"(?m)^{source} +{gpu} +\d+ +\d+" + r" +[\d.]+" * 5 + r" +(yes|no)\b",
                                           expensive=True)
        for name, source, gpu in FIT_RUNS_SOURCES},
+    "fit-runs-modelzoo-loo": Figure("python benchmarks/fit_runs.py", r"(?m)^mcore-moe-modelzoo .*leave-one-out RMS "
+                                    r"([\d.]+%)", expensive=True),
+    "fit-runs-modelzoo-loo-bundled": Figure("python benchmarks/fit_runs.py", r"(?m)^mcore-moe-modelzoo .*leave-one-out "
+                                            r"RMS [\d.]+% >= bundled ([\d.]+%)", expensive=True),
+    **{f"fit-runs-{name}-in-sample": Figure("python benchmarks/fit_runs.py", rf"(?m)^{source} .*reach only ([\d.]+%)",
+                                            expensive=True)
+       for name, source in (("modelzoo", "mcore-moe-modelzoo"), ("nanogpt", "modded-nanogpt"),
+                            ("folding", "moe-parallel-folding"))},
+    "fit-runs-folding-low": Figure("python benchmarks/fit_runs.py", r"(?m)^moe-parallel-folding .*errors by layout "
+                                   r"from (-?\d+%)", expensive=True),
+    "fit-runs-folding-high": Figure("python benchmarks/fit_runs.py", r"(?m)^moe-parallel-folding .*errors by layout "
+                                    r"from -?\d+% \([^)]*\) to (\+?-?\d+%)", expensive=True),
     # ---- the other fidelity benchmarks ----
     "microbench-median": Figure("python benchmarks/fidelity_microbench.py",
                                 r"fidelity-microbench: files=\d+ median=([\d.]+%)"),

@@ -44,7 +44,6 @@ may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fast
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -278,78 +277,80 @@ def _avoid_fraction(pool: float, block: float, draws: int) -> float:
     return missed
 
 
-def _overlap(start_a: float, end_a: float, start_b: float, end_b: float) -> float:
-    return max(0.0, min(end_a, end_b) - max(start_a, start_b))
+def _ungrouped_destinations(num_experts: int, top_k: int, destinations: int) -> float:
+    """Every expert set equally likely: destinations × (1 - C(E - E/D, k) / C(E, k))."""
+    return destinations * (1.0 - _avoid_fraction(num_experts, num_experts / destinations, top_k))
+
+
+ROUTING_SAMPLE_TOKENS = 8192
+"""Tokens of the simulated group-limited router (`_group_limited_experts`); the count's standard error is under
+0.3% at this size."""
+
+
+@functools.lru_cache(maxsize=64)
+def _group_limited_experts(num_experts: int, top_k: int, num_groups: int, group_topk: int,
+                           group_by_max: bool) -> np.ndarray:
+    """The experts group-limited routing gives ROUTING_SAMPLE_TOKENS tokens of independent uniform scores (balanced
+    routing), by the router's own rule (Megatron-Core moe_utils.group_limited_topk: a group scores the sum of its best
+    top_k // group_topk experts, or its best one with group_by_max as DeepSeek-V2 and DeepEP's benchmark do; the best
+    group_topk groups are kept and the top_k experts chosen among them). The count has no closed form: whether the
+    kept groups each hold a chosen expert depends on the order of scores across groups; a fixed seed keeps it
+    reproducible."""
+    rng = np.random.default_rng(0)
+    scores = rng.random((ROUTING_SAMPLE_TOKENS, num_groups, num_experts // num_groups))
+    best = 1 if group_by_max else max(top_k // group_topk, 1)
+    group_scores = np.sort(scores, axis=2)[:, :, -best:].sum(axis=2)
+    kept = np.argpartition(-group_scores, group_topk - 1, axis=1)[:, :group_topk]
+    mask = np.full(group_scores.shape, -np.inf)
+    np.put_along_axis(mask, kept, 0.0, axis=1)
+    flat = (scores + mask[:, :, None]).reshape(ROUTING_SAMPLE_TOKENS, num_experts)
+    return np.argpartition(-flat, top_k - 1, axis=1)[:, :top_k]
 
 
 @functools.lru_cache(maxsize=1024)
-def _expected_destinations_one(num_experts: int, top_k: int, destinations: int, num_groups: int,
-                               group_topk: int) -> float:
-    """`expected_destinations` for one destination count: the sum over destinations of the chance that a token
-    reaches it. A destination overlaps some groups wholly (exchangeable: only how many of them are chosen matters)
-    and at most two partly; the sum runs over those counts and subsets, each weighted by the chance that exactly
-    they are chosen among the groups it overlaps (every set of chosen groups equally likely)."""
-    groups, chosen = (num_groups, group_topk) if num_groups else (1, 1)
-    group_size, block = num_experts / groups, num_experts / destinations
-    pool = chosen * group_size
-    guaranteed = num_groups > 0 and top_k >= chosen   # each chosen group holds the expert that chose it
-    draws = top_k - chosen if guaranteed else top_k
-    remaining = pool - chosen if guaranteed else pool
-    sets = math.comb(groups, chosen)
-    total = 0.0
-    for d in range(destinations):
-        lo, hi = d * block, (d + 1) * block
-        overlaps = [_overlap(lo, hi, g * group_size, (g + 1) * group_size) for g in range(groups)]
-        whole = sum(1 for o in overlaps if o >= group_size)
-        partial = [o for o in overlaps if 0.0 < o < group_size]
-        others = groups - whole - len(partial)
-        missed = 0.0
-        for j in range(min(whole, chosen) + 1):
-            for picked in itertools.chain.from_iterable(itertools.combinations(partial, r)
-                                                        for r in range(len(partial) + 1)):
-                rest = chosen - j - len(picked)
-                if rest < 0 or rest > others:
-                    continue
-                weight = math.comb(whole, j) * math.comb(others, rest) / sets
-                inside = j * group_size + sum(picked)
-                leaders_away = (0.0 if j else 1.0) * math.prod(1.0 - o / group_size for o in picked) \
-                    if guaranteed else 1.0
-                missed += weight * leaders_away * _avoid_fraction(remaining, inside, draws)
-        total += 1.0 - missed
-    return total
+def _expected_destinations_one(num_experts: int, top_k: int, destinations: int, num_groups: int, group_topk: int,
+                               group_by_max: bool) -> float:
+    """`expected_destinations` for one whole destination count."""
+    if not num_groups or group_topk >= num_groups:          # no group limit, or every group kept
+        return _ungrouped_destinations(num_experts, top_k, destinations)
+    experts = _group_limited_experts(num_experts, top_k, num_groups, group_topk, group_by_max)
+    reached = np.sort(experts * destinations // num_experts, axis=1)
+    return float(np.mean(1 + (np.diff(reached, axis=1) > 0).sum(axis=1)))
 
 
 def expected_destinations(num_experts: int, top_k: int, destinations: "np.ndarray | float", num_groups: int = 0,
-                          group_topk: int = 0) -> np.ndarray:
+                          group_topk: int = 0, group_by_max: bool = False) -> np.ndarray:
     """How many of `destinations` (ranks or nodes, each holding num_experts / destinations consecutive experts, as
     expert parallelism lays them out) a token's top_k distinct experts live on, on average, with routing balanced
-    (load balancing aims for it): without group-limited routing every expert set is equally likely, so
-    destinations × (1 - C(E - E/D, k) / C(E, k)). Group-limited routing (MoESpec.router num_groups / group_topk:
-    DeepSeek-V3's n_group 8, topk_group 4) chooses group_topk groups by the scores of their best experts
-    (Megatron-Core's group_limited_topk: the sum of a group's top top_k / group_topk scores; DeepSeek-V2's and
-    DeepEP's benchmark: the best one), so each chosen group holds at least the expert that chose it; the token's
-    other top_k - group_topk experts are drawn evenly from the rest of the chosen groups' experts. Every set of
-    groups is equally likely; a destination may straddle groups. With top_k < group_topk the experts are drawn
-    evenly from the chosen groups."""
-    values = np.asarray(destinations, dtype=float)
-    unique, index = np.unique(np.maximum(np.round(values), 1.0), return_inverse=True)
-    per_unique = np.array([_expected_destinations_one(num_experts, top_k, int(count), num_groups, group_topk)
-                           for count in unique])
+    (load balancing aims for it). Without a group limit every expert set is equally likely: destinations × (1 -
+    C(E - E/D, k) / C(E, k)). Group-limited routing (MoESpec.router num_groups / group_topk / group_by_max:
+    DeepSeek-V3's n_group 8, topk_group 4) is counted on the router's own rule applied to balanced scores
+    (`_group_limited_experts`). A fractional count (nodes of a group that does not fill its last node) is
+    interpolated between the whole counts around it."""
+    values = np.maximum(np.asarray(destinations, dtype=float), 1.0)
+    unique, index = np.unique(values, return_inverse=True)
+
+    def whole(count: float) -> float:
+        return _expected_destinations_one(num_experts, top_k, int(count), num_groups, group_topk, group_by_max)
+
+    per_unique = np.array([whole(np.floor(v)) + (v - np.floor(v)) * (whole(np.ceil(v)) - whole(np.floor(v)))
+                           for v in unique])
     return per_unique[index].reshape(values.shape)
 
 
 def deepep_on_rank_share(placement: GroupPlacement, num_experts: int, top_k: int, num_groups: int = 0,
-                         group_topk: int = 0) -> np.ndarray:
+                         group_topk: int = 0, group_by_max: bool = False) -> np.ndarray:
     """Bytes a DeepEP dispatch (or combine) moves between GPUs over those of the all-to-all on the same EP group: the
     all-to-all sends a token once per routed expert (top_k copies), DeepEP once per destination rank, the rank
     fanning it out to its local experts (csrc/kernels/legacy/intranode.cu and internode.cu send by `is_token_in_rank`;
     tests/legacy/test_intranode.py counts its NVLink bytes as `recv_x.numel()`, one row per token and rank):
     `expected_destinations` over the group's ranks / top_k. 1 for top-1 routing."""
-    return expected_destinations(num_experts, top_k, placement.size, num_groups, group_topk) / float(top_k)
+    return expected_destinations(num_experts, top_k, placement.size, num_groups, group_topk, group_by_max) \
+        / float(top_k)
 
 
 def deepep_off_node_share(placement: GroupPlacement, num_experts: int, top_k: int, num_groups: int = 0,
-                          group_topk: int = 0) -> np.ndarray:
+                          group_topk: int = 0, group_by_max: bool = False) -> np.ndarray:
     """Off-node bytes of a DeepEP dispatch (or combine) over those of the all-to-all on the same EP group.
 
     The all-to-all sends one copy of a token per routed expert, top_k·(N-1)/N of them to other nodes on average (N
@@ -360,14 +361,15 @@ def deepep_off_node_share(placement: GroupPlacement, num_experts: int, top_k: in
     is R / (top_k·(N-1)/N). Node-limited routing (DeepSeek-V3: at most 4 nodes per token) is group-limited routing
     whose groups are the nodes; other group layouts count as `expected_destinations` places them. 1 inside a node."""
     nodes = np.asarray(placement.nodes, dtype=float)
-    remote_nodes = expected_destinations(num_experts, top_k, nodes, num_groups, group_topk) * (nodes - 1.0) \
-        / np.maximum(nodes, 1.0)
+    reached = expected_destinations(num_experts, top_k, nodes, num_groups, group_topk, group_by_max)
+    remote_nodes = reached * (nodes - 1.0) / np.maximum(nodes, 1.0)
     naive_remote_copies = top_k * (nodes - 1.0) / np.maximum(nodes, 1.0)
     return np.where(nodes > 1, remote_nodes / np.where(nodes > 1, naive_remote_copies, 1.0), 1.0)
 
 
 def deepep_all_to_all_time_s(profile: HardwareProfile, placement: GroupPlacement, bytes_: "np.ndarray | float",
-                             num_experts: int, top_k: int, num_groups: int = 0, group_topk: int = 0) -> np.ndarray:
+                             num_experts: int, top_k: int, num_groups: int = 0, group_topk: int = 0,
+                             group_by_max: bool = False) -> np.ndarray:
     """One DeepEP normal-kernel dispatch or combine of `bytes_` (the all-to-all's buffer: top_k copies of each
     token) on a placed EP group. Inside a node it is an all-to-all of the copies DeepEP sends, one per destination
     rank (`deepep_on_rank_share`). Across nodes the RDMA stage carries `deepep_off_node_share` of the all-to-all's
@@ -375,7 +377,7 @@ def deepep_all_to_all_time_s(profile: HardwareProfile, placement: GroupPlacement
     microbench/moe_deepep_v1_dispatch_combine_h800.csv), while NVLink delivers each token once to every rank on
     the node that needs it, the forwarded ones included; the two run at the same time."""
     n, k, nodes = placement.size, placement.members_per_node, placement.nodes
-    routing = (num_experts, top_k, num_groups, group_topk)
+    routing = (num_experts, top_k, num_groups, group_topk, group_by_max)
     delivered = np.asarray(bytes_, dtype=float) * deepep_on_rank_share(placement, *routing)
     inside = link_collective_time_s(profile, "nvlink", "all_to_all", delivered, n)
     on_latency_s, on_transfer_s = link_stage_s(profile, "nvlink", "all_to_all", delivered, k)

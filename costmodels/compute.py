@@ -203,12 +203,13 @@ def attention_head_dim_factor(profile: HardwareProfile, kernel: str, attention_p
 
 KERNEL_HEAD_DIMS = {
     "fa1": (32.0, 64.0, 128.0),
-    "fa2": (32.0, 64.0, 96.0, 128.0, 192.0, 256.0),
+    "fa2": (32.0, 64.0, 96.0, 128.0, 160.0, 192.0, 224.0, 256.0),
     "fa3": (64.0, 96.0, 128.0, 192.0, 256.0),
 }
 """The head dimensions each FlashAttention kernel is compiled for; a head runs on the smallest one that holds it, its
 matmuls over the padded width (flash-attn v1.0.9 csrc/flash_attn/fmha_api.cpp: d <= 32 / 64 / 128; v2
-csrc/flash_attn/src/static_switch.h HEADDIM_SWITCH; FlashAttention-3 hopper/flash_api.cpp round_up_headdim).
+csrc/flash_attn/src/static_switch.h HEADDIM_SWITCH, with 160 and 224 through v2.7 and in PyTorch's vendored copy that
+SDPA's flash backend runs; FlashAttention-3 hopper/flash_api.cpp round_up_headdim).
 FlashAttention in Triton pads to the next power of two (flash_attn_triton.py `BLOCK_HEADDIM =
 max(triton.next_power_of_2(d), 16)`); cuDNN's fused attention takes any multiple of 8 and is priced unpadded."""
 
@@ -242,8 +243,8 @@ def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "
     (five matmuls, dS and the atomics of dQ) runs well below the forward (FA3 on H100:
     ~540 against ~630 TFLOPS non-causal at 8K). Every measured kernel has head dim 128; a smaller head dim k runs
     at `attention_head_dim_factor` of the curve (the softmax's exponentials weigh more against fewer matmul FLOPs),
-    a larger one (MLA's 192) at the curve; a head the kernel pads (`kernel_head_dim`: 80 runs as 96 in
-    FlashAttention-2, as 128 in Triton) runs the padded width's matmuls, k / padded of its FLOPs useful. `kernel` '' or a profile without that kernel's curve: the kernel-less
+    a larger one (MLA's 192) at the curve; a head the kernel pads (`kernel_head_dim`: 112 runs as 128 in
+    FlashAttention-2, 80 as 128 in Triton) runs the padded width's matmuls, k / padded of its FLOPs useful. `kernel` '' or a profile without that kernel's curve: the kernel-less
     curve (ATTENTION_PARAMETERS, both passes) where the profile has it, else the GEMM curve."""
     params = profile.gemm_efficiency
     names = attention_curve_parameters(kernel, attention_pass) if kernel else ATTENTION_PARAMETERS
@@ -378,11 +379,14 @@ def moe_tokens_per_local_expert(model: ModelSpec, training: TrainingSpec, plans:
 
     A GPU's attention handles mbs·s/(tp·cp) distinct tokens; each is sent to top_k experts, replicated over the
     etp ranks of an expert; the ep·etp GPUs of an expert group hold E/ep experts each:
-    m_e = mbs·s·top_k·etp·ep / (tp·cp·E).
+    m_e = mbs·s·top_k·etp·ep / (tp·cp·E). Where every TP rank dispatches all of the micro-batch's tokens with
+    unsplit experts (torchtitan's DeepEP path under TP, engines.moe_dispatch_replicated with etp 1), each expert
+    receives each token once from every TP rank of its EP group: tp times as many copies, computed again.
     """
     assert model.moe is not None
     moe = model.moe
-    return (plans.mbs * training.seq_len * moe.top_k * plans.etp * plans.ep
+    duplicated = np.where(engines.moe_dispatch_replicated(training, plans) & (plans.etp == 1), plans.tp, 1.0)
+    return (plans.mbs * training.seq_len * moe.top_k * plans.etp * plans.ep * duplicated
             / (plans.tp * plans.cp * float(moe.num_experts)))
 
 
@@ -840,8 +844,8 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     """Forward HBM bytes of one MoE layer's router softmax/top-k/aux loss and token permutation on one GPU
     (costmodels.moe_kernels): the GPU routes its mbs·s/(cp·tp) sequence-parallel tokens (all mbs·s/cp without SP),
     sends top_k copies of each, and holds the busiest rank's received copies (moe_tokens_per_local_expert × local
-    experts × load) for its experts. torchtitan routes all mbs·s/cp on every TP rank, and with expert TP permutes
-    and sends all of them too (engines.moe_router_replicated, moe_dispatch_replicated). Under DeepEP Megatron-Core's
+    experts × load) for its experts. torchtitan routes all mbs·s/cp on every TP rank, and with expert TP (or on its
+    DeepEP path) permutes and sends all of them too (engines.moe_router_replicated, moe_dispatch_replicated). Under DeepEP Megatron-Core's
     flex dispatcher hands DeepEP the tokens as they are and permutes and unpermutes only the copies a rank receives,
     with no chunk sort (token_dispatcher.py MoEFlexTokenDispatcher, _DeepepManager
     get_permuted_hidden_states_by_experts / get_restored_hidden_states_by_experts). torchtitan copies them as its own
@@ -858,12 +862,12 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     received = moe_tokens_per_local_expert(model, training, plans) * load * local_experts
     router = moe_kernels.router_bytes(router_tokens, moe.num_experts)
     if training.engine is Engine.TORCHTITAN:
+        deepep = training.moe_dispatcher is MoEDispatcher.DEEPEP
         ranks_reached = expected_destinations(moe.num_experts, moe.top_k, plans.ep, moe.router.num_groups,
-                                              moe.router.group_topk)
+                                              moe.router.group_topk, moe.router.group_by_max) if deepep else 0.0
         return moe_kernels.torchtitan_token_movement_bytes(
             routed_tokens * moe.top_k, router_tokens, received, routed_tokens * ranks_reached * load,
-            model.hidden_size, moe.top_k, weights_first=moe.router.probs_on_input,
-            deepep=training.moe_dispatcher is MoEDispatcher.DEEPEP) + router
+            model.hidden_size, moe.top_k, weights_first=moe.router.probs_on_input, deepep=deepep) + router
     if training.moe_dispatcher is MoEDispatcher.DEEPEP:   # the flex dispatcher: DeepEP sends unpermuted tokens
         return moe_kernels.token_permutation_bytes(received, received, model.hidden_size,
                                                    np.zeros(len(plans), dtype=bool)) + router

@@ -52,7 +52,10 @@ ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
 class RouterSpec:
     """How the router turns its logits into the weights of the chosen experts, in Megatron-Core's terms
     (TransformerConfig moe_router_*; megatron/core/transformer/moe/moe_utils.py topk_routing_with_score_function).
-    No cost term reads it: the launch configs write it so the job routes the way the model was trained."""
+    The launch configs write it so the job routes the way the model was trained; cost terms read only where its
+    group limit sends a token (num_groups, group_topk, group_by_max: the ranks and nodes DeepEP sends it to,
+    comm.expected_destinations) and whether the weights multiply the input (probs_on_input: torchtitan's
+    weighting pass, moe_kernels.torchtitan_token_movement_bytes)."""
 
     score_function: str = "softmax"
     """'softmax' (Mixtral, Qwen-MoE, DeepSeek-V2, GPT-OSS), 'sigmoid' (DeepSeek-V3 `scoring_func`, Llama 4) or

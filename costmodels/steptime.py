@@ -457,9 +457,9 @@ def routed_input_grad_reduce_s(model: ModelSpec, cluster: ClusterSpec, training:
     """torchtitan's expert TP, once per MoE layer backward: ExpertTensorParallel._token_dispatch makes the routed
     input (top_k copies of the micro-batch's mbs·s/cp tokens, h bf16 values each, replicated over TP) a Replicate
     DTensor on the tp mesh with grad_placements=(Partial(),) ("the necessary reductions are performed during
-    backward", distributed/expert_parallel.py): its gradient is all-reduced over the tp group. 0 elsewhere
-    (engines.moe_dispatch_replicated)."""
-    replicated = engines.moe_dispatch_replicated(training, plans)
+    backward", distributed/expert_parallel.py): its gradient is all-reduced over the tp group. 0 elsewhere, torchtitan's
+    DeepEP path under TP included (DeepEPExpertParallel has no such reduction)."""
+    replicated = np.full(len(plans), engines.moe_router_replicated(training)) & (plans.etp > 1)
     if model.moe is None or not replicated.any():
         return np.zeros(len(plans))
     bytes_ = plans.mbs * training.seq_len / plans.cp * model.moe.top_k * model.hidden_size * ACTIVATION_BYTES
@@ -629,7 +629,7 @@ def ep_all_to_all_one_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if training.moe_dispatcher is MoEDispatcher.DEEPEP:
         moe = model.moe
         return deepep_all_to_all_time_s(cluster.profile, group, bytes_, moe.num_experts, moe.top_k,
-                                        moe.router.num_groups, moe.router.group_topk)
+                                        moe.router.num_groups, moe.router.group_topk, moe.router.group_by_max)
     return group_collective_time_s(cluster.profile, group, "all_to_all", bytes_)
 
 
@@ -641,8 +641,8 @@ def ep_all_to_all_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     all-gather happens after the all-to-all, on the etp group, and is priced in tp_comm_s); the busiest rank receives
     `moe_load_factor` × the average. Overlap (--overlap-moe-expert-parallel-comm) is applied per step in
     `step_time_terms_s`, see `ep_overlap_exposed_s`. One all-to-all is `ep_all_to_all_one_s` (`comm` when given).
-    torchtitan with expert TP sends every token of the micro-batch from each TP rank (engines.moe_dispatch_replicated:
-    its tokens are replicated over TP)."""
+    torchtitan with expert TP, and its DeepEP path under TP, sends every token of the micro-batch from each TP rank
+    (engines.moe_dispatch_replicated: its tokens are replicated over TP)."""
     if model.moe is None:
         return np.zeros(len(plans))
     layers = layers_on_stage(model.num_layers, plans, stage)

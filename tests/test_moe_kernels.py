@@ -355,15 +355,16 @@ def test_deepep_internode_rows_give_the_ib_all_to_all_points():
         m = row.measurement
         assert (m.link, m.kind, m.ranks_per_node) == ("ib", "all_to_all", 8)
         if row.role == "fit":
-            assert predict_collective_s(H100, m) == pytest.approx(m.timing.median_s, rel=0.15)
-        else:                                       # 2 nodes: not NIC-bound, the model (4-node point) runs faster
-            assert m.group_size == 16 and predict_collective_s(H100, m) < m.timing.median_s
+            assert predict_collective_s(H100, m) == pytest.approx(m.timing.median_s, rel=0.05)
+        elif m.group_size == 16:                    # 2 nodes: not NIC-bound, the model (4-node point) runs faster
+            assert predict_collective_s(H100, m) < m.timing.median_s
+    assert sum(row.role == "fit" for row in rows) == 4   # the current figures on 4 and 8 nodes
     points = {p.group_size: p for p in H100.collectives["ib"]["all_to_all"]}
     assert set(points) == {4, 8}
     # the rows DeepEP puts on the wire, its own node's left out: 0.75-0.9 of the ~50 GB/s NIC (DeepEP's printed
     # 'RDMA bandwidth' counts the own node's rows too, and reads up to 58 GB/s)
     for point in points.values():
-        assert 0.75 * 50e9 <= point.bus_bandwidth_bytes_per_s <= 0.9 * 50e9
+        assert 0.8 * 50e9 <= point.bus_bandwidth_bytes_per_s <= 0.9 * 50e9
 
 
 def test_routed_expert_activation_is_priced_on_its_own_bytes():
