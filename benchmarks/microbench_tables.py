@@ -205,7 +205,7 @@ def read_deepep_internode(path: Path) -> Iterator[Row]:
     is those bytes / bw, and the row is an all-to-all of them: the cost model sends each rank's off-node share
     (N-1)/N over its own NIC (costmodels.comm), the rows DeepEP really puts on the wire, as its RDMA stage prices
     them (comm.deepep_all_to_all_time_s with deepep_off_node_share). The fitted points are thus the NIC rate DeepEP
-    reached, ~40-44 GB/s of the NIC's ~50 on 4 and 8 nodes. On 2 nodes every token goes to both, half of the
+    reached, ~43-44 GB/s of the NIC's ~50 on 4 and 8 nodes. On 2 nodes every token goes to both, half of the
     counted rows stay on the node and the NIC carries ~22 GB/s: the kernel is bounded elsewhere, so those rows do
     not measure the NIC and are checked only (DEEPEP_NOT_NIC_BOUND); a 2-node group takes the 4-node point."""
     for row in _csv(path):

@@ -44,7 +44,6 @@ may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fast
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np

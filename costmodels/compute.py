@@ -244,8 +244,9 @@ def attention_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "
     ~540 against ~630 TFLOPS non-causal at 8K). Every measured kernel has head dim 128; a smaller head dim k runs
     at `attention_head_dim_factor` of the curve (the softmax's exponentials weigh more against fewer matmul FLOPs),
     a larger one (MLA's 192) at the curve; a head the kernel pads (`kernel_head_dim`: 112 runs as 128 in
-    FlashAttention-2, 80 as 128 in Triton) runs the padded width's matmuls, k / padded of its FLOPs useful. `kernel` '' or a profile without that kernel's curve: the kernel-less
-    curve (ATTENTION_PARAMETERS, both passes) where the profile has it, else the GEMM curve."""
+    FlashAttention-2, 80 as 128 in Triton) runs the padded width's matmuls, k / padded of its FLOPs useful.
+    `kernel` '' or a profile without that kernel's curve: the kernel-less curve (ATTENTION_PARAMETERS, both passes)
+    where the profile has it, else the GEMM curve."""
     params = profile.gemm_efficiency
     names = attention_curve_parameters(kernel, attention_pass) if kernel else ATTENTION_PARAMETERS
     if not all(name in params for name in names):
@@ -560,7 +561,9 @@ def expert_activation_bytes_per_column(model: ModelSpec, training: TrainingSpec)
     MLP's SiLU and multiply as two kernels in an eager PyTorch engine (EAGER_GATED_ACTIVATION_BYTES)."""
     eager = training.engine in (Engine.TORCHTITAN, Engine.PYTORCH, Engine.DEEPSPEED) \
         and training.launch is not LaunchPath.COMPILE and not training.fused_kernels
-    return EAGER_GATED_ACTIVATION_BYTES if eager and model.mlp is MlpKind.GATED else mlp_interior_bytes_per_column(model)
+    if eager and model.mlp is MlpKind.GATED:
+        return EAGER_GATED_ACTIVATION_BYTES
+    return mlp_interior_bytes_per_column(model)
 
 
 # ---- FP8 casts ---------------------------------------------------------------------------------------------------
@@ -845,9 +848,9 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     (costmodels.moe_kernels): the GPU routes its mbs·s/(cp·tp) sequence-parallel tokens (all mbs·s/cp without SP),
     sends top_k copies of each, and holds the busiest rank's received copies (moe_tokens_per_local_expert × local
     experts × load) for its experts. torchtitan routes all mbs·s/cp on every TP rank, and with expert TP (or on its
-    DeepEP path) permutes and sends all of them too (engines.moe_router_replicated, moe_dispatch_replicated). Under DeepEP Megatron-Core's
-    flex dispatcher hands DeepEP the tokens as they are and permutes and unpermutes only the copies a rank receives,
-    with no chunk sort (token_dispatcher.py MoEFlexTokenDispatcher, _DeepepManager
+    DeepEP path) permutes and sends all of them too (engines.moe_router_replicated, moe_dispatch_replicated). Under
+    DeepEP Megatron-Core's flex dispatcher hands DeepEP the tokens as they are and permutes and unpermutes only the
+    copies a rank receives, with no chunk sort (token_dispatcher.py MoEFlexTokenDispatcher, _DeepepManager
     get_permuted_hidden_states_by_experts / get_restored_hidden_states_by_experts). torchtitan copies them as its own
     code does (moe_kernels.torchtitan_token_movement_bytes; under DeepEP a rank receives each token once, the
     distinct tokens comm.expected_destinations counts over the EP ranks with balanced routing)."""
@@ -901,8 +904,8 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     core_attn the attention core; layernorm the norms that are modules of their own (ModelSpec.num_separate_norms; read
     2h, write 2h bytes per token each, HBM-bound);
     mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: a fused
-    kernel reads the gate/up output, 4 bytes, and writes 2 per expert column; eager PyTorch's two kernels 10); moe the router and routed-expert GEMMs and
-    permutation (its all-to-alls are re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's
+    kernel reads the gate/up output, 4 bytes, and writes 2 per expert column; eager PyTorch's two kernels 10); moe
+    the router and routed-expert GEMMs and permutation (its all-to-alls are re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's
     GEMMs; mla_up_proj the MLA up projections. Megatron-Core recomputes each from its stored input
     (CheckpointWithoutOutput)."""
     n = len(plans)
