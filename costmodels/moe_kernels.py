@@ -36,9 +36,10 @@ is priced on the dense curve like every dense Linear, whose wgrad GEMM accumulat
 
 Token permutation (`token_permutation_bytes`): Megatron-Core's alltoall dispatcher (`moe/token_dispatcher.py`
 MoEAlltoAllTokenDispatcher, `moe/moe_utils.py` permute / unpermute / sort_chunks_by_idxs) copies each token top_k
-times into expert order before the dispatch (`permute`: index_select, read + write of every copy), weights and sums
-the copies back after the combine (`unpermute`: multiply by the routing probability, read + write, and
-`scatter_add`, a read), and, with several local experts behind an EP > 1 all-to-all, regroups the received tokens
+times into expert order before the dispatch (`permute`: index_select, read + write of every copy), sums the copies
+back after the combine (`unpermute`: a scatter-add that reads every copy and reads and writes its token's row, three
+passes; megatron-core 0.19 calls it without probabilities, which the experts' activation applies,
+`weighted_bias_swiglu_impl`), and, with several local experts behind an EP > 1 all-to-all, regroups the received tokens
 by local expert after the dispatch and back before the combine (`sort_chunks_by_idxs`, read + write each way).
 The backward runs the transposed copies (a gather's gradient is a scatter of the same bytes), once. Under DeepEP
 (the flex dispatcher) DeepEP takes the tokens unpermuted, so only the received copies are permuted and unpermuted,
@@ -138,10 +139,10 @@ def grouped_wgrad_accumulation_bytes(flops: np.ndarray, m: np.ndarray, n: np.nda
 
 def token_permutation_bytes(sent_copies: np.ndarray, received_copies: np.ndarray, hidden_size: int,
                             sorts_local_chunks: np.ndarray) -> np.ndarray:
-    """Forward HBM bytes of the dispatcher's copies on one GPU: permute (read + write) and unpermute (multiply read +
-    write, scatter_add read) of the `sent_copies` = tokens × top_k rows it sends, and, where `sorts_local_chunks`
-    (EP > 1 with several local experts), sort_chunks_by_idxs after the dispatch and before the combine (read + write
-    each) of the `received_copies` rows it holds; h bf16 values per row."""
+    """Forward HBM bytes of the dispatcher's copies on one GPU: permute (read + write) and unpermute (scatter-add: read
+    the copy, read and write its token's row) of the `sent_copies` = tokens × top_k rows it sends, and, where
+    `sorts_local_chunks` (EP > 1 with several local experts), sort_chunks_by_idxs after the dispatch and before the
+    combine (read + write each) of the `received_copies` rows it holds; h bf16 values per row."""
     row_bytes = hidden_size * ACTIVATION_BYTES
     sent = (2.0 + 3.0) * sent_copies * row_bytes
     regrouped = np.where(sorts_local_chunks, 2.0 * 2.0 * received_copies * row_bytes, 0.0)
