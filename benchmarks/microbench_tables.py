@@ -207,19 +207,10 @@ def read_deepep_internode(path: Path) -> Iterator[Row]:
     them (comm.deepep_all_to_all_time_s with deepep_off_node_share). The fitted points are thus the NIC rate DeepEP
     reached, ~43-44 GB/s of the NIC's ~50 on 4 and 8 nodes. On 2 nodes every token goes to both, half of the
     counted rows stay on the node and the NIC carries ~22 GB/s: the kernel is bounded elsewhere, so those rows do
-    not measure the NIC and are checked only (DEEPEP_NOT_NIC_BOUND); a 2-node group takes the 4-node point."""
-    for row in _csv(path):
-        if row["kernel"] != "normal (high-throughput)" or row["scope"] != "internode":
-            continue
-        ranks, nodes = int(row["ep_ranks"]), int(row["ep_ranks"]) // 8
-        tokens, hidden, topk = (int(row[key]) for key in ("tokens_per_rank", "hidden", "topk"))
-        role, why = ("check", DEEPEP_NOT_NIC_BOUND) if nodes <= 2 else ("fit", "")
-        if not row["readme_version"].startswith("current"):
-            role, why = "check", "initial README figures, superseded by the current kernels"
-        for dtype, column in ((row["dispatch_dtype"], "dispatch_bw_GBps"), (row["combine_dtype"], "combine_bw_GBps")):
-            counted = deepep_rdma_counted_bytes(tokens, hidden, topk, nodes, int(row["topk_groups"]), dtype)
-            seconds = counted / (float(row[column]) * 1e9)
-            yield Row(H100, _collective(path, "ib", "all_to_all", ranks, int(counted), seconds, 8), role, why)
+    not measure the NIC and are checked only (DEEPEP_NOT_NIC_BOUND); a 2-node group takes the 4-node point. The roles
+    are `_deepep_v1_rows`'."""
+    return _deepep_v1_rows(path, H100, lambda row: row["kernel"] == "normal (high-throughput)"
+                           and row["scope"] == "internode")
 
 
 # ---- GEMMs ---------------------------------------------------------------------------------------------------------
@@ -359,13 +350,16 @@ DEEPEP_COUNTED_BYTES = {"FP8": 1.0 + 4.0 / 128.0, "BF16": 2.0}
 """Bytes per hidden element DeepEP's benchmarks count for a token of the normal kernels: BF16 2; FP8 1 plus a 4-byte
 fp32 scale per 128 channels (tests/legacy/test_intranode.py and test_internode.py `fp8_factor = (1 + 4 / 128) / 2`
 of the BF16 bytes)."""
-DEEPEP_LOW_LATENCY_TOKEN_BYTES = {"FP8": lambda hidden: hidden + hidden / 128 * 4 + 16,
-                                  "BF16": lambda hidden: 2.0 * hidden}
-"""Bytes per routed copy DeepEP's low-latency benchmark counts (tests/legacy/test_low_latency.py: `num_fp8_bytes`
-for the dispatch, `num_bf16_bytes` for the combine, times every selection: no deduplication)."""
 DEEPEP_TEST_EXPERTS = 256
 """Experts of DeepEP's benchmarks (tests/legacy/test_intranode.py, test_internode.py and tests/elastic/test_ep.py
 `--num-experts` default 256, DeepSeek-V3's routed experts), each token's top-k drawn from uniform random scores."""
+
+
+def deepep_low_latency_bytes(hidden: int, dtype: str) -> float:
+    """Bytes per routed copy DeepEP's low-latency benchmark counts (tests/legacy/test_low_latency.py: `num_fp8_bytes`
+    for the dispatch, the token with its scales and 16 bytes beside, `num_bf16_bytes` for the combine; every selection
+    counted, no deduplication)."""
+    return hidden + hidden / 128 * 4 + 16 if dtype == "FP8" else 2.0 * hidden
 
 
 def deepep_counted_bytes(tokens: int, hidden: int, topk: int, ranks: int, dtype: str) -> float:
@@ -399,12 +393,19 @@ def read_deepep_h800(path: Path) -> Iterator[Row]:
     bandwidth and the row is an all-to-all of those bytes: on NVLink (EP 8, one node) `deepep_counted_bytes` (one
     row per token and destination rank: the deduplicated copies costmodels.comm.deepep_all_to_all_time_s sends);
     over RDMA (EP 16/32/64 on N = 2/4/8 nodes of 8) `deepep_rdma_counted_bytes`, as read_deepep_internode reads
-    them for H100; the low-latency kernels count every routed copy (DEEPEP_LOW_LATENCY_TOKEN_BYTES). The buffer
-    size only places the row in the bandwidth regime (alpha is not determined). The current (docs/legacy.md)
-    figures of the normal kernels are fitted, but for 2 nodes (DEEPEP_NOT_NIC_BOUND); the initial README's are
-    checked only (superseded kernels), and so are the low-latency kernels (128-token inference decoding, not what a
-    training step runs)."""
+    them for H100; the low-latency kernels count every routed copy (`deepep_low_latency_bytes`). The buffer size
+    only places the row in the bandwidth regime (alpha is not determined)."""
+    return _deepep_v1_rows(path, H800, lambda row: True)
+
+
+def _deepep_v1_rows(path: Path, profiles: tuple[str, ...], keep: Callable[[dict], bool]) -> Iterator[Row]:
+    """The DeepEP V1 table's rows that `keep` selects, as all-to-alls of DeepEP's own byte count for `profiles`.
+    Fitted: the current (docs/legacy.md) figures of the normal kernels; checked only: the initial README's
+    (superseded kernels), the low-latency kernels (128-token inference decoding, not what a training step runs) and
+    the 2-node rows (DEEPEP_NOT_NIC_BOUND)."""
     for row in _csv(path):
+        if not keep(row):
+            continue
         ep, tokens, hidden, topk = (int(row[key]) for key in ("ep_ranks", "tokens_per_rank", "hidden", "topk"))
         nodes = max(1, ep // 8)
         link = "nvlink" if nodes == 1 else "ib"
@@ -416,13 +417,13 @@ def read_deepep_h800(path: Path) -> Iterator[Row]:
             role, why = "check", DEEPEP_NOT_NIC_BOUND
         for phase, dtype in (("dispatch", row["dispatch_dtype"]), ("combine", row["combine_dtype"])):
             if low_latency:
-                counted = tokens * topk * DEEPEP_LOW_LATENCY_TOKEN_BYTES[dtype](hidden)
+                counted = tokens * topk * deepep_low_latency_bytes(hidden, dtype)
             elif link == "nvlink":
                 counted = deepep_counted_bytes(tokens, hidden, topk, ep, dtype)
             else:
                 counted = deepep_rdma_counted_bytes(tokens, hidden, topk, nodes, int(row["topk_groups"]), dtype)
             seconds = counted / (float(row[f"{phase}_bw_GBps"]) * 1e9)
-            yield Row(H800, _collective(path, link, "all_to_all", ep, int(counted), seconds, 8), role, why)
+            yield Row(profiles, _collective(path, link, "all_to_all", ep, int(counted), seconds, 8), role, why)
 
 
 def read_deepep_v2(path: Path) -> Iterator[Row]:
