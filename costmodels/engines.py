@@ -493,6 +493,11 @@ def param_tensors_per_layer(model: ModelSpec) -> float:
     return linear_tensors(model, linears) + qkv_biases + norm_params_per_layer(model) + qk_norms
 
 
+def attention_side_param_tensors(model: ModelSpec) -> float:
+    """Parameter tensors of a MoE decoder layer outside its block: a dense layer's less its MLP's linears."""
+    return param_tensors_per_layer(model) - linear_tensors(model, mlp_linears_per_layer(model))
+
+
 def param_modules_per_layer(model: ModelSpec) -> float:
     """Submodules holding parameters in one eager decoder layer: its linears and its two norms, and Qwen3's q_norm
     and k_norm (DeepSpeed ZeRO-3 before 0.6 fetched each on its own)."""
@@ -713,8 +718,7 @@ def _deepspeed_zero(model: ModelSpec, plans: PlanArrays, moe_layer: bool = False
     and the hooks' Python on every submodule, per pass (zero3_hook). ZeRO-1/2: a copy of each gradient into the
     bucket. The 2021 per-parameter fetch (zero3_serial_fetch) is priced by costmodels.steptime.dp_comm_s."""
     linears = zero3_fetched_linears_per_layer(model, moe_layer)
-    tensors = param_tensors_per_layer(model) - (linear_tensors(model, mlp_linears_per_layer(model)) if moe_layer
-                                                else 0.0)
+    tensors = attention_side_param_tensors(model) if moe_layer else param_tensors_per_layer(model)
     hooked = zero3_hooked_modules_per_layer(model, moe_layer)
     fetch = Launches(aten_op=2.0 * linears, collective=linears)
     zero3 = plans.zero >= 3
@@ -929,11 +933,10 @@ def model_param_tensors(model: ModelSpec) -> float:
     """Parameter tensors of the whole eager model (param_tensors_per_layer a dense layer; a MoE layer's router and
     its experts' three weights each, and its shared experts', in place of the MLP's; the embeddings, the final norm's
     and an untied output layer)."""
-    dense = param_tensors_per_layer(model)
-    tensors = model.num_dense_layers * dense
+    tensors = model.num_dense_layers * param_tensors_per_layer(model)
     if model.moe is not None:
         experts = 3.0 * (model.moe.num_experts + model.moe.num_shared_experts)
-        tensors += model.num_moe_layers * (dense - linear_tensors(model, mlp_linears_per_layer(model)) + 1.0 + experts)
+        tensors += model.num_moe_layers * (attention_side_param_tensors(model) + 1.0 + experts)
     learned = 1.0 if model.position_embedding is PositionEmbedding.LEARNED else 0.0      # GPT-2's wpe
     return tensors + 1.0 + learned + norm_params_per_layer(model) / 2.0 + (0.0 if model.tied_embeddings else 1.0)
 
