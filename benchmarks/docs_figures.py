@@ -76,6 +76,12 @@ FIT_RUNS_SOURCES = (("foundry-a100-40", "llm-foundry", "a100-40gb"), ("foundry-a
                     ("nanogpt", "modded-nanogpt", "h100-80gb"), ("folding", "moe-parallel-folding", "h100-80gb"),
                     ("zb", "zero-bubble-pp", "a100-80gb"))
 """The rows of benchmarks/fit_runs.py's table docs/calibrate_from_runs.md quotes: (figure name, source, GPU)."""
+SENSITIVITY = "python benchmarks/fidelity_sensitivity.py"
+SENSITIVITY_VARIANTS = ("burst-clock", "triton-mma-sync", "triton-mma-sync+burst-clock", "elementwise-once")
+"""benchmarks/fidelity_sensitivity.py's variants, in the order of its table's columns (after `bundled`)."""
+SENSITIVITY_SOURCES = (("foundry", "llm-foundry"), ("llmc", "llmc"), ("nanogpt", "modded-nanogpt"),
+                       ("readme", "megatron-lm-readme"), ("zb", "zero-bubble-pp"))
+"""The sources whose cells of that table docs/fidelity.md quotes: (figure name, source)."""
 
 
 def _low(mfu: str, published: int) -> str:
@@ -172,6 +178,17 @@ FIGURES: dict[str, Figure] = {
                                    r"from (-?\d+%)", expensive=True),
     "fit-runs-folding-high": Figure("python benchmarks/fit_runs.py", r"(?m)^moe-parallel-folding .*errors by layout "
                                     r"from -?\d+% \([^)]*\) to (\+?-?\d+%)", expensive=True),
+    # ---- benchmarks/fidelity_sensitivity.py: the same rows under the variants (expensive: ~35 s) ----
+    **{f"sens-{variant.replace('+', '-and-')}-{name}": Figure(SENSITIVITY, rf"fidelity-sensitivity: {re.escape(variant)} .*{category}="
+                                                     r"([\d.]+%)", expensive=True)
+       for variant in SENSITIVITY_VARIANTS for name, category in (("dense-a100", "dense_A100"),
+                                                                   ("dense-h100", "dense_H100/H200"),
+                                                                   ("moe", "MoE"))},
+    **{f"sens-{variant.replace('+', '-and-')}-{name}-{figure}": Figure(
+        SENSITIVITY, rf"(?m)^{source} +\d+" + r" +[\d.]+ +[+-][\d.]+" * column
+        + (r" +([\d.]+) +[+-][\d.]+" if figure == "mape" else r" +[\d.]+ +([+-][\d.]+)"), expensive=True)
+       for column, variant in enumerate(("bundled", *SENSITIVITY_VARIANTS))
+       for name, source in SENSITIVITY_SOURCES for figure in ("mape", "bias")},
     # ---- the other fidelity benchmarks ----
     "microbench-median": Figure("python benchmarks/fidelity_microbench.py",
                                 r"fidelity-microbench: files=\d+ median=([\d.]+%)"),

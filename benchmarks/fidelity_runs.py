@@ -333,8 +333,13 @@ def llm_foundry_attention(r: dict, profile: HardwareProfile) -> "tuple[Attention
     if "fa_triton" in compute_model.attention_kernels_of(profile):
         return AttentionKernel.FA_TRITON, ("attention MPT's Triton kernel (--attn_impl triton, submit_benchmarks "
                                            "default): FlashAttention in Triton")
-    return AttentionKernel.FA2, ("attention MPT's Triton kernel (--attn_impl triton): no curve for it on this GPU, "
-                                 "priced as FlashAttention-2 (an upper bound on its speed)")
+    return AttentionKernel.FA2, TRITON_AS_FA2_NOTE
+
+
+TRITON_AS_FA2_NOTE = ("attention MPT's Triton kernel (--attn_impl triton): no curve for it on this GPU, priced as "
+                      "FlashAttention-2 (an upper bound on its speed)")
+"""The note of an llm-foundry row whose Triton attention is priced as FlashAttention-2 (benchmarks/
+fidelity_sensitivity.py prices those rows with a Triton curve instead, as one of its variants)."""
 
 
 def megatron_readme() -> "list[Case | Unexpressed]":
