@@ -101,12 +101,15 @@ def overlaps_p2p(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     return (plans.pp > 1) & (plans.vpp > 1) & training.overlap_p2p_comm
 
 
-def interleaved_warmup_chunks(plans: PlanArrays, microbatches: np.ndarray) -> np.ndarray:
+def interleaved_warmup_chunks(plans: PlanArrays, microbatches: np.ndarray, group: int = 0) -> np.ndarray:
     """Forward chunk passes the first pipeline rank runs before its first backward in the interleaved schedule:
-    (p−1)·2 + (v−1)·p, at most all v·m (Megatron-Core `pipeline_parallel/schedules.py`,
-    forward_backward_pipelining_with_interleaving: num_warmup_microbatches with microbatch_group_size_per_vp_stage
-    = p, its default); the cooldown runs as many backward chunk passes."""
-    return np.minimum((plans.pp - 1) * 2 + (plans.vpp - 1) * plans.pp, plans.vpp * microbatches)
+    (p−1)·2 + (v−1)·g, at most all v·m (Megatron-Core `pipeline_parallel/schedules.py`,
+    forward_backward_pipelining_with_interleaving: num_warmup_microbatches), g the micro-batch group
+    (TrainingSpec.microbatch_group_size_per_vp_stage, `group`; 0 = p, Megatron's default; never below p, as
+    memory.in_flight_microbatches takes it); the cooldown runs as many backward chunk passes."""
+    pp = plans.pp.astype(float)
+    g = np.maximum(float(group), pp) if group else pp
+    return np.minimum((pp - 1.0) * 2.0 + (plans.vpp - 1.0) * g, plans.vpp * microbatches)
 
 
 def p2p_transfer_counts(training: TrainingSpec, plans: PlanArrays, microbatches: np.ndarray
@@ -121,9 +124,10 @@ def p2p_transfer_counts(training: TrainingSpec, plans: PlanArrays, microbatches:
     2024-11); in the steady state the backward send of a chunk is left in flight while the next forward computes and
     waited on one step later, while the forward send is waited on at once before its output is freed (Megatron-LM
     always sets deallocate_pipeline_outputs; since 260cba7133, 2026-04, core_v0.18). So v·m − W of the transfers
-    overlap, W = interleaved_warmup_chunks. (Between 4eeff55d1f, 2023-10, and those commits more of them did:
+    overlap, W = interleaved_warmup_chunks (with the run's micro-batch group). (Between 4eeff55d1f, 2023-10, and those commits more of them did:
     priced as today's release, an upper bound for that software.)"""
     transfers = 2.0 * (plans.vpp * microbatches + plans.pp - 1)
-    steady_backward_sends = plans.vpp * microbatches - interleaved_warmup_chunks(plans, microbatches)
+    steady_backward_sends = plans.vpp * microbatches - interleaved_warmup_chunks(
+        plans, microbatches, training.microbatch_group_size_per_vp_stage)
     overlapped = np.where(overlaps_p2p(training, plans), steady_backward_sends, 0.0)   # 0 without a pipeline
     return np.where(plans.pp > 1, transfers - overlapped, 0.0), overlapped

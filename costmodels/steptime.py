@@ -561,7 +561,7 @@ def ep_a2a_overlap_applies(model: ModelSpec, training: TrainingSpec, plans: Plan
 
 
 def ep_overlap_exposed_s(a2a_s: np.ndarray, paired_s: np.ndarray, microbatches: np.ndarray,
-                         plans: "PlanArrays | None" = None) -> np.ndarray:
+                         plans: "PlanArrays | None" = None, group: int = 0) -> np.ndarray:
     """Exposed EP all-to-all per step under --overlap-moe-expert-parallel-comm (`a2a_s`: one micro-batch's on the
     stage; `paired_s`: what it adds when paired, `ep_paired_exposed_s`). Megatron-Core runs the forward of one
     micro-batch (chunk) and the backward of another as one merged schedule (`pipeline_parallel/combined_1f1b.py`;
@@ -569,12 +569,12 @@ def ep_overlap_exposed_s(a2a_s: np.ndarray, paired_s: np.ndarray, microbatches: 
     no backward to pair with keeps its all-to-alls exposed, and so does a backward alone: the first forward and the
     last backward without a pipeline, the warmup forwards and the cooldown backwards of the interleaved schedule,
     which runs one extra warmup chunk with the overlap (schedules.py get_pp_rank_microbatches: interleaved warmup
-    + 1). With v chunks a chunk pass carries 1/v of a micro-batch's all-to-alls."""
+    + 1; `group` the run's micro-batch group, pipeline.interleaved_warmup_chunks). With v chunks a chunk pass carries 1/v of a micro-batch's all-to-alls."""
     if plans is None:
         alone_chunks, chunks = np.ones_like(microbatches, dtype=float), microbatches
     else:
         chunks = plans.vpp * microbatches
-        alone_chunks = np.minimum(interleaved_warmup_chunks(plans, microbatches) + 1.0, chunks)
+        alone_chunks = np.minimum(interleaved_warmup_chunks(plans, microbatches, group) + 1.0, chunks)
         alone_chunks, chunks = alone_chunks / plans.vpp, chunks / plans.vpp   # in micro-batches
     return alone_chunks * a2a_s + (chunks - alone_chunks) * paired_s
 
@@ -612,7 +612,8 @@ def ep_exposed_per_microbatch_s(model: ModelSpec, training: TrainingSpec, plans:
     per micro-batch, `ep_paired_exposed_s`): `ep_overlap_exposed_s` / m where --overlap-moe-expert-parallel-comm
     runs (`ep_a2a_overlap_applies`), the whole all-to-all elsewhere. The layout tables (costmodels.layout) price
     each virtual stage with it."""
-    overlapped = ep_overlap_exposed_s(a2a_s, paired_s, microbatches, plans) / microbatches
+    overlapped = ep_overlap_exposed_s(a2a_s, paired_s, microbatches, plans,
+                                      training.microbatch_group_size_per_vp_stage) / microbatches
     return np.where(ep_a2a_overlap_applies(model, training, plans), overlapped, a2a_s)
 
 

@@ -217,19 +217,22 @@ def test_bubble_fraction_falls_with_microbatches_and_with_vpp():
     assert by_vpp["pp_p2p"][0] < by_vpp["pp_p2p"][1] < by_vpp["pp_p2p"][2]      # v times the transfers
 
 
-@pytest.mark.parametrize("pp, vpp, m, overlap, exposed, overlapped", [
+@pytest.mark.parametrize("pp, vpp, m, overlap, group, exposed, overlapped", [
     # 2(v·m + p − 1) transfers; overlapped: the steady state's backward sends, v·m − warmup, warmup =
-    # min(2(p−1) + (v−1)·p, v·m) chunk passes (Megatron's first rank); its forward sends block (core_v0.18+)
-    (4, 2, 8, True, 2 * (16 + 3) - (16 - 10), 16 - 10),           # warmup 6 + 4 = 10
-    (4, 2, 8, False, 2 * (16 + 3), 0),                            # --no-overlap-p2p-communication: all block
-    (4, 1, 8, True, 2 * (8 + 3), 0),                              # non-interleaved: Megatron turns it off
-    (4, 4, 2, True, 2 * (8 + 3), 0),                              # warmup 6 + 12 > v·m = 8: every pass warms up
-    (1, 1, 8, True, 0, 0),                                        # no pipeline
+    # min(2(p−1) + (v−1)·g, v·m) chunk passes (Megatron's first rank, g the micro-batch group, default p); its
+    # forward sends block (core_v0.18+)
+    (4, 2, 8, True, 0, 2 * (16 + 3) - (16 - 10), 16 - 10),        # warmup 6 + 4 = 10
+    (4, 2, 16, True, 8, 2 * (32 + 3) - (32 - 14), 32 - 14),       # g = 8: warmup 6 + 8 = 14
+    (4, 2, 8, True, 2, 2 * (16 + 3) - (16 - 10), 16 - 10),        # a group below p is taken as p
+    (4, 2, 8, False, 0, 2 * (16 + 3), 0),                         # --no-overlap-p2p-communication: all block
+    (4, 1, 8, True, 0, 2 * (8 + 3), 0),                           # non-interleaved: Megatron turns it off
+    (4, 4, 2, True, 0, 2 * (8 + 3), 0),                           # warmup 6 + 12 > v·m = 8: every pass warms up
+    (1, 1, 8, True, 0, 0, 0),                                     # no pipeline
 ])
-def test_p2p_transfers_block_in_warmup_and_cooldown_and_overlap_in_the_steady_state(pp, vpp, m, overlap, exposed,
-                                                                                       overlapped):
+def test_p2p_transfers_block_in_warmup_and_cooldown_and_overlap_in_the_steady_state(pp, vpp, m, overlap, group,
+                                                                                       exposed, overlapped):
     plans = PlanArrays.from_plans([Plan(pp=pp, vpp=vpp)])
-    training = TrainingSpec(overlap_p2p_comm=overlap)
+    training = TrainingSpec(overlap_p2p_comm=overlap, microbatch_group_size_per_vp_stage=group)
     got_exposed, got_overlapped = pipeline.p2p_transfer_counts(training, plans, np.array([m]))
     assert (got_exposed[0], got_overlapped[0]) == (exposed, overlapped)
 
@@ -413,6 +416,8 @@ def test_a2a_overlap_leaves_the_interleaved_warmup_and_cooldown_exposed():
     assert steptime.ep_overlap_exposed_s(a2a, paired, m, plans)[0] == pytest.approx(alone * 2.0)
     # every chunk in the warmup: nothing overlaps
     assert steptime.ep_overlap_exposed_s(a2a, paired, np.array([4.0]), plans)[0] == pytest.approx(4 * 2.0)
+    # a micro-batch group of 8 warms up (v−1)·8 chunk passes instead of (v−1)·4
+    assert steptime.ep_overlap_exposed_s(a2a, paired, m, plans, 8)[0] == pytest.approx((3 * 2 + 8 + 1) / 2 * 2.0)
 
 
 @pytest.mark.parametrize("plan, overlaps", [
