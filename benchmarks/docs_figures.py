@@ -81,7 +81,8 @@ SENSITIVITY_VARIANTS = ("burst-clock", "triton-mma-sync", "triton-mma-sync+burst
 """benchmarks/fidelity_sensitivity.py's variants, in the order of its table's columns (after `bundled`)."""
 SENSITIVITY_SOURCES = (("foundry", "llm-foundry"), ("llmc", "llmc"), ("nanogpt", "modded-nanogpt"),
                        ("readme", "megatron-lm-readme"), ("zb", "zero-bubble-pp"))
-"""The sources whose cells of that table docs/fidelity.md quotes: (figure name, source)."""
+"""The sources whose cells of that table docs/fidelity.md quotes: (figure name, source); the cells are named
+sens-VARIANT-NAME-mape|bias."""
 
 
 def _low(mfu: str, published: int) -> str:
@@ -179,16 +180,23 @@ FIGURES: dict[str, Figure] = {
     "fit-runs-folding-high": Figure("python benchmarks/fit_runs.py", r"(?m)^moe-parallel-folding .*errors by layout "
                                     r"from -?\d+% \([^)]*\) to (\+?-?\d+%)", expensive=True),
     # ---- benchmarks/fidelity_sensitivity.py: the same rows under the variants (expensive: ~35 s) ----
-    **{f"sens-{variant.replace('+', '-and-')}-{name}": Figure(SENSITIVITY, rf"fidelity-sensitivity: {re.escape(variant)} .*{category}="
-                                                     r"([\d.]+%)", expensive=True)
-       for variant in SENSITIVITY_VARIANTS for name, category in (("dense-a100", "dense_A100"),
-                                                                   ("dense-h100", "dense_H100/H200"),
-                                                                   ("moe", "MoE"))},
-    **{f"sens-{variant.replace('+', '-and-')}-{name}-{figure}": Figure(
-        SENSITIVITY, rf"(?m)^{source} +\d+" + r" +[\d.]+ +[+-][\d.]+" * column
+    **{f"sens-{variant.replace('+', '-and-')}-{name}": Figure(
+        SENSITIVITY, rf"fidelity-sensitivity: {re.escape(variant)} .*{category}=([\d.]+%)", expensive=True)
+       for variant, name, category in (("burst-clock", "dense-h100", "dense_H100/H200"), ("burst-clock", "moe", "MoE"),
+                                       ("triton-mma-sync", "dense-h100", "dense_H100/H200"),
+                                       ("triton-mma-sync+burst-clock", "dense-h100", "dense_H100/H200"),
+                                       ("triton-mma-sync+burst-clock", "moe", "MoE"),
+                                       ("elementwise-once", "dense-a100", "dense_A100"))},
+    **{f"sens-{variant}-{name}-{figure}": Figure(
+        SENSITIVITY, rf"(?m)^{dict(SENSITIVITY_SOURCES)[name]} +\d+"
+        + r" +[\d.]+ +[+-][\d.]+" * ("bundled", *SENSITIVITY_VARIANTS).index(variant)
         + (r" +([\d.]+) +[+-][\d.]+" if figure == "mape" else r" +[\d.]+ +([+-][\d.]+)"), expensive=True)
-       for column, variant in enumerate(("bundled", *SENSITIVITY_VARIANTS))
-       for name, source in SENSITIVITY_SOURCES for figure in ("mape", "bias")},
+       for variant, name, figure in (("bundled", "foundry", "bias"), ("triton-mma-sync", "foundry", "bias"),
+                                     *((variant, name, "mape") for variant, name in (
+                                         ("bundled", "llmc"), ("bundled", "nanogpt"), ("bundled", "readme"),
+                                         ("bundled", "zb"), ("burst-clock", "llmc"), ("burst-clock", "nanogpt"),
+                                         ("burst-clock", "readme"), ("elementwise-once", "llmc"),
+                                         ("elementwise-once", "nanogpt"), ("elementwise-once", "zb"))))},
     # ---- the other fidelity benchmarks ----
     "microbench-median": Figure("python benchmarks/fidelity_microbench.py",
                                 r"fidelity-microbench: files=\d+ median=([\d.]+%)"),

@@ -33,8 +33,9 @@ the time is both latencies plus the slower stage's transfer, not the sum of the 
 measured 12-node H100 all-reduce (nccl_allreduce_coreweave_gb200_h100_a100.csv) would need 280 GB/s per NIC. All-to-all: each rank's (n-k)/n off-node share goes over
 its own NIC while the (k-1)/n on-node share goes over NVLink at the same time.
 
-A multi-node all-gather or reduce-scatter is one ring over every rank of the group (NCCL has no tree for them): each
-of its n - 1 steps waits for the one before, so its latency grows with the ring (`ring_growth_latency_s`), a
+A multi-node all-gather or reduce-scatter is one ring over every rank of the group (NCCL has no tree for them), so
+each node's NICs carry (n - 1)/n of the buffer between them, not the (N - 1)/N of a hierarchical exchange among the
+N nodes (`ring_nic_share`); each of its n - 1 steps waits for the one before, so its latency grows with the ring (`ring_growth_latency_s`), a
 per-step cost the profile's measured points, taken at one or a few node counts, do not carry to other sizes; each
 NCCL protocol has its own step latency and bandwidth (LL, LL128, Simple), and with one GPU per node NCCL (2.23 on)
 may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fastest is taken, as NCCL's tuner does
@@ -203,6 +204,19 @@ PAT_BANDWIDTH_SHARE = 0.75
 RING_KINDS = ("all_gather", "reduce_scatter")
 
 
+def ring_nic_share(n: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """A ring all-gather / reduce-scatter over all n ranks of N nodes, over the same buffer's (N-1)/N that the IB
+    stage's bus-bandwidth convention counts (link_stage_s, algorithm_factor over the N nodes): ((n-1)/n) / ((N-1)/N).
+    The ring passes every rank's piece through every node (NCCL runs these collectives as one ring, or PAT with one
+    GPU per node, or NVLS inside one NVLink domain: src/graph/tuning.cc), so each node's k NICs carry (n-1)/n of
+    the buffer between them, as nccl-tests counts it (doc/PERFORMANCE.md: all-gather busbw = algbw·(n-1)/n over all
+    ranks); 1 with one GPU per node (n = N), 1 on one node."""
+    n = np.asarray(n, dtype=float)
+    nodes = np.asarray(nodes, dtype=float)
+    multi = nodes > 1
+    return np.where(multi, ((n - 1.0) / np.maximum(n, 1.0)) / np.where(multi, (nodes - 1.0) / nodes, 1.0), 1.0)
+
+
 def ring_reference_nodes(profile: HardwareProfile, kind: str) -> float:
     """The node count the profile's InfiniBand latency of `kind` stands for: its largest measured group size, or a
     two-node ring where it has no points (the link's alpha)."""
@@ -255,6 +269,8 @@ def group_collective_time_s(profile: HardwareProfile, placement: GroupPlacement,
             on_bytes, off_bytes = bytes_ * k / n, bytes_
         else:                     # the k local ranks each drive the inter-node stage with 1/k of the buffer
             on_bytes, off_bytes = bytes_, bytes_ / k
+            if kind in RING_KINDS:  # one ring over all n ranks: each NIC carries (n-1)/n of its 1/k, not (N-1)/N
+                off_bytes = off_bytes * ring_nic_share(n, nodes)
         on_latency_s, on_transfer_s = link_stage_s(profile, "nvlink", kind, on_bytes, k)
         off_latency_s, off_transfer_s = link_stage_s(profile, "ib", kind, off_bytes, nodes)
         on_latency_s, on_transfer_s = np.where(k > 1, on_latency_s, 0.0), np.where(k > 1, on_transfer_s, 0.0)
