@@ -92,10 +92,11 @@ import autopar
 from autopar.search.pareto import front_indices
 from costmodels.rules import RULES_BY_ID, Problem
 from autopar.search.space import Controls, SearchSpace, build_space
-from costmodels.comm import dp_cp_group, group_collective_time_s, pp_group, tp_group
+from costmodels.comm import dp_cp_group, group_collective_time_s
 from costmodels.compute import layer_times_s
 from costmodels.memory import in_flight_microbatches
 from costmodels.params import stage_params_per_gpu
+from costmodels.pipeline import p2p_transfer_s
 from costmodels.steptime import candidate_stages, tp_block_s
 from costmodels.plan import PlanArrays
 from costmodels.specs import ClusterSpec, ModelSpec, TrainingSpec
@@ -121,7 +122,6 @@ HELD_SCALE = 16           # H = ceil(16 · micro-batches held)
 KIB_PER_MIB = 1024
 BYTES_PER_KIB = 1024
 BYTES_PER_MIB = 2**20
-ACTIVATION_BYTES = 2      # bf16
 GRADIENT_BYTES = 4        # fp32 gradients reduced over dp·cp (TrainingSpec.gradient_bytes_per_param, the default)
 PARAMETER_BYTES = 2       # bf16 parameters gathered with ZeRO >= 1 (costmodels.steptime.PARAM_BYTES)
 ADAM_BYTES_PER_PARAM = 34  # costmodels.steptime.ADAM_BYTES_PER_PARAM
@@ -336,18 +336,13 @@ def activation_tables(model: ModelSpec, cluster: ClusterSpec, training: Training
 
 def p2p_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
               domains: dict[str, tuple[int, ...]]) -> FactorTable:
-    """ONE: one stage-to-stage transfer of the 1/tp activation shard, plus the TP all-gather that rebuilds it
-    without SP; 0 without a pipeline (costmodels.pipeline.p2p_transfer_s, one of its transfers)."""
+    """ONE: one stage-to-stage transfer of the tensor a rank holds (its 1/tp share with SP, the whole activation
+    without); 0 without a pipeline (costmodels.pipeline.p2p_transfer_s, one of its transfers)."""
     knobs = ("tp", "cp", "pp", "mbs", "sp")
     grid = _grid(domains, knobs)
     plans = _plans(grid)
-    profile = cluster.profile
-    shard_bytes = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES / plans.tp
-    send_s = group_collective_time_s(profile, pp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus),
-                                     "send_recv", shard_bytes)
-    regather_s = group_collective_time_s(profile, tp_group(plans, cluster.nvlink_domain_gpus), "all_gather",
-                                         shard_bytes * plans.tp)
-    transfer_s = np.where(plans.pp > 1, send_s + np.where(plans.sp, 0.0, regather_s), 0.0)
+    one_s = p2p_transfer_s(model, cluster.profile, training, plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
+    transfer_s = np.where(plans.pp > 1, one_s, 0.0)
     return FactorTable.of(knobs, np.rint(transfer_s.reshape(grid["tp"].shape) / TIME_UNIT_S), True)
 
 

@@ -398,14 +398,15 @@ def megascale() -> "list[Case | Unexpressed]":
         # The baseline runs without DP/TP overlap: "3D-parallel communication overlap" is one of the things MegaScale
         # adds to Megatron-LM (the file's header; arXiv 2402.15627, "Communication overlapping in 3D parallelism"),
         # so the overlap switches stay off here; the pipeline's P2P overlap too: the baseline's Megatron-LM commit
-        # 285068c8 (2023-01-11) predates --overlap-p2p-communication.
+        # 285068c8 (2023-01-11) predates --overlap-p2p-communication, and Megatron-Core's p2p (39b83c7, 2023-01-31):
+        # its megatron/p2p_communication.py still scatters and gathers the stage-to-stage tensor without SP.
         # (nor a fused cross entropy: Megatron-LM had none in 2023). Attention: 285068c8 is the merge of
         # 'tridao-flashattn', which adds --use-flash-attn over flash-attn 1.x's flash_attn_unpadded_func (renamed in
         # flash-attn 2.0, six months later). The source does not say whether the baseline turned it on: assumed on,
         # FlashAttention v1, the fastest core that commit runs (unfused without the flag).
         training = TrainingSpec(seq_len=seq, global_batch_size=_int(r, "global_batch_seqs"),
                                 cross_entropy=CrossEntropyKernel.UNFUSED, overlap_p2p_comm=False,
-                                attention_kernel=AttentionKernel.FA1)
+                                p2p_scatter_gather=True, attention_kernel=AttentionKernel.FA1)
         tp, pp, vpp = _int(r, "tp"), _int(r, "pp"), _int(r, "vpp", 1)
         fixed = dict(tp=tp, pp=pp, vpp=vpp, cp=1, ep=1)
         free = dict(mbs=(1, 2, 4), sp=(False, True), zero=(0, 1),

@@ -79,10 +79,10 @@ def _predict_time_s(profile: HardwareProfile, model: ModelSpec, num_gpus: int, g
                     overlap_grad_reduce: bool = False) -> float:
     cluster = ClusterSpec(profile=profile, num_gpus=num_gpus, gpus_per_node=8)
     # the 2021-22 Megatron-LM stack: no flash attention, no fused cross entropy, no P2P overlap (none existed yet;
-    # the interleaved schedule waited on every batched isend/irecv)
+    # the interleaved schedule waited on every batched isend/irecv), the pipeline's scatter/gather without SP
     training = TrainingSpec(seq_len=SEQ_LEN, global_batch_size=gbs, flash_attention=False,
                             cross_entropy=CrossEntropyKernel.UNFUSED, overlap_grad_reduce=overlap_grad_reduce,
-                            overlap_p2p_comm=False)
+                            overlap_p2p_comm=False, p2p_scatter_gather=True)
     return float(step_time_s(model, cluster, training, PlanArrays.from_plans([plan]))[0])
 
 

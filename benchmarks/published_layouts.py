@@ -113,7 +113,8 @@ def compare(case: Case, profile: HardwareProfile | None = None) -> Comparison:
     # Table 1 runs used PyTorch DDP (overlapped gradient all-reduce) up to 18B (examples/sc21 --DDP-impl torch)
     torch_ddp = case.source == "table1" and float(row["params_billion"]) in SC21_TABLE1_TORCH_DDP
     training = TrainingSpec(seq_len=SEQ_LEN, global_batch_size=int(row["global_batch_size"]),
-                            overlap_grad_reduce=torch_ddp, overlap_p2p_comm=False)   # 2021-22: no P2P overlap
+                            overlap_grad_reduce=torch_ddp, overlap_p2p_comm=False,   # 2021-22: no P2P overlap,
+                            p2p_scatter_gather=True)                                  # the pipeline's scatter/gather
     tp, pp = int(row["tp"]), int(row["pp"])
     if case.source == "table1":
         published = autopar.solve(model, cluster, training, fix={**features, "tp": tp, "pp": pp},

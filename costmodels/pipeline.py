@@ -73,24 +73,29 @@ def bubble_fraction(plans: PlanArrays, microbatches: np.ndarray) -> np.ndarray:
 
 
 def p2p_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    """Bytes one GPU sends across a stage boundary per microbatch and direction: its 1/tp share of the
-    b·(s/cp)·h bf16 activation. With SP each rank holds exactly that share (Megatron-Core
-    p2p_communication.py sends the tensor each rank holds); without SP the TP ranks hold replicas and Megatron's
-    scatter/gather optimisation (arXiv 2104.04473 §4.1) sends 1/tp of it per rank and all-gathers it over the TP
-    group on the receiving side (see p2p_transfer_s)."""
-    return plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES / plans.tp
+    """Bytes one GPU sends across a stage boundary per microbatch and direction: the tensor it holds of the
+    b·(s/cp)·h bf16 activation. With SP that is its 1/tp share; without SP the TP ranks hold replicas and each sends
+    its whole one to its peer of the next stage (Megatron-Core schedules.py get_tensor_shapes: the sequence is
+    divided by tp only under sequence parallelism; p2p_communication.py sends the tensor as it is), unless the run
+    is Megatron-LM's before core's p2p (TrainingSpec.p2p_scatter_gather: 1/tp of it per rank, all-gathered on the
+    receiving side, see p2p_transfer_s)."""
+    whole = plans.mbs * (training.seq_len / plans.cp) * model.hidden_size * ACTIVATION_BYTES
+    return whole / np.where(plans.sp | training.p2p_scatter_gather, plans.tp, 1)
 
 
 def p2p_transfer_s(model: ModelSpec, profile: HardwareProfile, training: TrainingSpec, plans: PlanArrays,
                    num_gpus: int, nvlink_domain_gpus: int) -> np.ndarray:
     """One stage-to-stage transfer (one direction, one microbatch, one chunk): on InfiniBand as soon as the pipeline
-    spans nodes (the slowest boundary sets the pace), else NVLink. Without SP it is followed by the TP all-gather of
-    the scatter/gather optimisation (arXiv 2104.04473 §4.1)."""
+    spans nodes (the slowest boundary sets the pace), else NVLink. Under the scatter/gather of Megatron-LM before
+    core's p2p (TrainingSpec.p2p_scatter_gather) and without SP it is followed by the TP all-gather that restores the
+    tensor (arXiv 2104.04473 §4.1)."""
     placement = pp_group(plans, num_gpus, nvlink_domain_gpus)
-    shard_bytes = p2p_bytes(model, training, plans)
-    one = group_collective_time_s(profile, placement, "send_recv", shard_bytes)
+    sent_bytes = p2p_bytes(model, training, plans)
+    one = group_collective_time_s(profile, placement, "send_recv", sent_bytes)
+    if not training.p2p_scatter_gather:
+        return one
     regather = group_collective_time_s(profile, tp_group(plans, nvlink_domain_gpus), "all_gather",
-                                       shard_bytes * plans.tp)
+                                       sent_bytes * plans.tp)
     return one + np.where(plans.sp, 0.0, regather)
 
 

@@ -645,6 +645,13 @@ class TrainingSpec:
     --no-overlap-p2p-communication turns it off; NeMo's MegatronCommOverlapCallback and Megatron-Bridge's
     CommOverlapConfig set it for vpp > 1). Only the interleaved schedule has it (pipeline.overlaps_p2p; which
     transfers it hides: pipeline.p2p_transfer_counts); off: every transfer blocks, as in Megatron before then."""
+    p2p_scatter_gather: bool = False
+    """Megatron-LM's pipeline scatter/gather of the stage-to-stage activation without sequence parallelism (arXiv
+    2104.04473 §4.1: each TP rank sends 1/tp of the replicated tensor and the receiving stage all-gathers it over
+    its TP group): on by default in Megatron-LM's megatron/p2p_communication.py (--no-scatter-gather-tensors-in-
+    pipeline turned it off) until p2p_communication.py moved into Megatron-Core (39b83c7, 2023-01-31), which sends
+    each rank's whole tensor (schedules.py get_tensor_shapes divides the sequence by tp only under sequence
+    parallelism). Off for today's Megatron-Core; on to price runs of the Megatron-LM before (pipeline.p2p_bytes)."""
     engine: Engine = Engine.MEGATRON
     """The software that runs the step (Engine): its launches and host synchronisations are priced
     (costmodels.engines, the `host` term)."""
@@ -810,7 +817,7 @@ class TrainingSpec:
                 "--moe-expert-rank-capacity-factor")
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
                      "deallocate_pipeline_outputs",
-                     "overlap_p2p_comm", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
+                     "overlap_p2p_comm", "p2p_scatter_gather", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
                      "zero3_serial_fetch", "fused_kernels", "sac_saves_all_to_all", "cuda_graph_full_iteration",
                      "zero3_moe_leaf"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")

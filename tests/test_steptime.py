@@ -237,6 +237,23 @@ def test_p2p_transfers_block_in_warmup_and_cooldown_and_overlap_in_the_steady_st
     assert (got_exposed[0], got_overlapped[0]) == (exposed, overlapped)
 
 
+def test_without_sp_each_tp_rank_sends_its_whole_replica_unless_the_old_scatter_gather_runs():
+    """Megatron-Core sends the tensor a rank holds (get_tensor_shapes divides the sequence by tp only under SP): 1/tp
+    of the activation with SP, all of it without; Megatron-LM before core's p2p (TrainingSpec.p2p_scatter_gather)
+    sent 1/tp without SP too and all-gathered it over the TP group on the receiving stage."""
+    plans = PlanArrays.from_plans([Plan(tp=8, pp=4, sp=True), Plan(tp=8, pp=4, sp=False)])
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    whole = 4096 * LLAMA_7B.hidden_size * 2.0
+    assert list(pipeline.p2p_bytes(LLAMA_7B, training, plans)) == [whole / 8, whole]
+    legacy = dataclasses.replace(training, p2p_scatter_gather=True)
+    assert list(pipeline.p2p_bytes(LLAMA_7B, legacy, plans)) == [whole / 8, whole / 8]
+    core = pipeline.p2p_transfer_s(LLAMA_7B, H100, training, plans, 32, 8)
+    old = pipeline.p2p_transfer_s(LLAMA_7B, H100, legacy, plans, 32, 8)
+    assert core[0] == old[0] and core[1] > 4 * core[0]        # across nodes: 8x the bytes on each rank's NIC
+    regather = comm.group_collective_time_s(H100, comm.tp_group(plans.take([1]), 8), "all_gather", whole)
+    assert old[1] == pytest.approx(core[0] + float(regather[0]))
+
+
 def test_overlapped_p2p_costs_its_cta_share_beside_a_long_chunk_and_its_excess_beside_a_short_one():
     """An overlapped transfer adds max(its excess over the chunk's forward, NCCL's SM share × itself)."""
     plans = PlanArrays.from_plans([Plan(tp=2, pp=4, vpp=2, sp=True), Plan(tp=2, pp=4, vpp=1, sp=True)])
