@@ -238,7 +238,18 @@ def _batch(problem: Problem, p: PlanArrays) -> np.ndarray:
     per_step = np.maximum(dp, 1) * p.mbs
     fits = whole_dp & (gbs % per_step == 0)
     microbatches = gbs // per_step
-    return fits & ((p.vpp == 1) | (microbatches % p.pp == 0))
+    return fits & ((p.vpp == 1) | interleaved_groups_hold(microbatches, p.pp, problem.training))
+
+
+def interleaved_groups_hold(microbatches: np.ndarray, pp: np.ndarray, training: TrainingSpec) -> np.ndarray:
+    """Megatron-Core's interleaved schedule takes m micro-batches in groups of g (TrainingSpec.
+    microbatch_group_size_per_vp_stage, 0 = pp, its default): it raises ValueError unless pp <= g <= m, and
+    RuntimeError when the last group is short, 0 < m % g < pp ('dependency bubbles';
+    pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving). With g = pp: m a multiple of pp."""
+    group = np.where(training.microbatch_group_size_per_vp_stage > 0, training.microbatch_group_size_per_vp_stage,
+                     pp)
+    rest = microbatches % np.maximum(group, 1)
+    return (group >= pp) & (group <= microbatches) & ((rest == 0) | (rest >= pp))
 
 
 def _explain_batch(problem: Problem, plan: Plan) -> str | None:
@@ -248,7 +259,14 @@ def _explain_batch(problem: Problem, plan: Plan) -> str | None:
     per_step = dp * plan.mbs
     if gbs % per_step:
         return f"global_batch_size={gbs} must be divisible by dp·mbs={dp}·{plan.mbs}={per_step}"
-    return f"the interleaved schedule needs num_microbatches={gbs // per_step} divisible by pp={plan.pp}"
+    microbatches = gbs // per_step
+    group = problem.training.microbatch_group_size_per_vp_stage
+    if not group:
+        return f"the interleaved schedule needs num_microbatches={microbatches} divisible by pp={plan.pp}"
+    return (f"the interleaved schedule takes the {microbatches} micro-batches in groups of "
+            f"--microbatch-group-size-per-virtual-pipeline-stage {group}: it needs pp={plan.pp} <= {group} <= "
+            f"{microbatches}, and the last group either full or of at least pp micro-batches (Megatron-Core raises "
+            "otherwise); change the group size or the global batch")
 
 
 def _vpp(problem: Problem, p: PlanArrays) -> np.ndarray:
@@ -418,7 +436,8 @@ RULES: tuple[Rule, ...] = (
     Rule("cp_seq", "seq_len must split into 2·cp chunks (load balancing), and with SP seq_len/cp by tp",
          "Megatron CP load balancing", ("cp", "sp", "tp"), False, _cp_seq, _explain_cp_seq),
     Rule("batch", "the global batch must split into dp × mbs × microbatches; interleaving needs the microbatches "
-         "to be a multiple of pp", "Megatron schedules", ("tp", "cp", "pp", "mbs", "vpp"), False, _batch,
+         "to be a multiple of pp (of the micro-batch group, with a last group of at least pp, when one is set)",
+         "Megatron schedules", ("tp", "cp", "pp", "mbs", "vpp"), False, _batch,
          _explain_batch),
     Rule("vpp", "virtual pipeline stages need pp > 1 (pp > 2 without the P2P overlap)", "Megatron",
          ("vpp", "pp"), False, _vpp, _explain_vpp),

@@ -66,6 +66,27 @@ def test_each_rule_rejects_its_case(plan, rule):
     assert rule in broken(plan)
 
 
+@pytest.mark.parametrize("group, gbs, holds", [
+    # 64 GPUs at tp 2 pp 4 mbs 1: dp 8, so m = gbs / 8 micro-batches, interleaved in groups of g (Megatron-Core
+    # schedules.py: pp <= g <= m, and a last group of 0 or at least pp)
+    (0, 128, True),         # g = pp = 4, m = 16
+    (0, 80, False),         # m = 10: not a multiple of pp
+    (8, 128, True),         # m = 16 = 2 groups of 8
+    (8, 96, True),          # m = 12: 8 + 4, the last group = pp
+    (8, 80, False),         # m = 10: 8 + 2, the last group under pp (RuntimeError)
+    (16, 64, False),        # g 16 > m 8 (ValueError)
+    (2, 128, False),        # g 2 < pp 4 (ValueError)
+])
+def test_interleaving_takes_the_micro_batch_group_megatron_core_accepts(group, gbs, holds):
+    training = TrainingSpec(seq_len=4096, global_batch_size=gbs, microbatch_group_size_per_vp_stage=group)
+    plan = Plan(tp=2, pp=4, vpp=3, mbs=1, sp=True)
+    assert ("batch" not in broken(plan, training=training)) is holds
+    assert "batch" not in broken(Plan(tp=2, pp=4, mbs=1, sp=True), training=training)   # not interleaved: no groups
+    if not holds:
+        why = RULES_BY_ID["batch"].why_broken(Problem(DENSE, CLUSTER, training), plan)
+        assert ("groups of" in why) if group else ("divisible by pp=4" in why)
+
+
 def test_uneven_stages():
     # 12 layers on pp 4: first 2, last 1, middle (12 - 3) / 2 = 4.5 -> invalid; first 2, last 2 -> middle 4
     assert "layers" in broken(Plan(pp=4, first_stage_layers=2, last_stage_layers=1, mbs=1))
