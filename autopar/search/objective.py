@@ -82,7 +82,8 @@ class ObjectiveStructure:
     pipelined_time_groups: tuple[TermGroup, ...]
     other_time_groups: tuple[TermGroup, ...]
     factored: bool
-    """True when pp_bubble is formed as (pipeline factor − 1) × Σ pipelined (else it is an ordinary term)."""
+    """True when pp_bubble is formed as (pipeline factor − 1) × Σ pipelined (else it is an ordinary term: the
+    zero-bubble schedules, and the MoE all-to-all overlap, whose bubble takes the undiscounted all-to-all)."""
     stage_memory_groups: tuple[TermGroup, ...]
     """Terms that differ between pipeline ranks (evaluated on each candidate worst rank)."""
     shared_memory_groups: tuple[TermGroup, ...]
@@ -116,8 +117,12 @@ def objective_structure(model: ModelSpec, cluster: ClusterSpec, training: Traini
         time_names = tuple(steptime.step_time_terms_s(model, cluster, training, probe))
         memory_names = tuple(memory.memory_terms_bytes(model, cluster, training, probe, 0))
     time_knobs = {name: tuple(steptime.TERM_KNOBS.get(name, PLAN_FIELDS)) for name in time_names}
+    # the bubble is (p-1)/v x the worst stage's micro-batch time with its whole EP all-to-all (the warmup and cooldown
+    # chunks run unpaired), while under --overlap-moe-expert-parallel-comm the ep_comm term carries the overlap's
+    # discount: Σ pipelined / m no longer gives the bubble's micro-batch time, so the bubble is a term of its own
+    ep_overlap = training.moe_a2a_overlap and model.is_moe
     factored = BUBBLE_TERM in time_knobs and all(t in time_knobs for t in PIPELINED_TERMS) \
-        and pipeline.bubble_is_proportional(training)
+        and pipeline.bubble_is_proportional(training) and not ep_overlap
     if factored:
         del time_knobs[BUBBLE_TERM]
     pipelined = {t: k for t, k in time_knobs.items() if factored and t in PIPELINED_TERMS}
