@@ -45,6 +45,7 @@ may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fast
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,10 +158,13 @@ class GroupPlacement:
 
     size: np.ndarray
     members_per_node: np.ndarray
+    domains: "np.ndarray | None" = None
+    """NVLink domains (nodes) a group touches where its members are not spread evenly (place_group); None: size /
+    members_per_node."""
 
     @property
     def nodes(self) -> np.ndarray:
-        return self.size / self.members_per_node
+        return self.size / self.members_per_node if self.domains is None else self.domains
 
     @property
     def crosses_nodes(self) -> np.ndarray:
@@ -170,11 +174,43 @@ class GroupPlacement:
 def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", domain_gpus: int) -> GroupPlacement:
     """Group of `size` ranks spaced `stride` apart on NVLink domains of G = `domain_gpus` GPUs (a node, or the job's
     share of a multi-node NVLink domain, ClusterSpec.nvlink_domain_gpus): min(size, G // stride) members per domain,
-    at least 1."""
+    at least 1, where the groups tile the domains; where they do not (a span size·stride that neither divides G nor
+    is a multiple of it, as 16 consecutive ranks on a 72-GPU NVL72 rack: ranks 64..79 straddle two racks), the
+    fewest members any group has on one domain and the most domains one touches (`uneven_group_placement`): every
+    group of a kind runs its collective at once, so the most split one sets the pace."""
     size = np.asarray(size, dtype=float)
     stride = np.maximum(np.asarray(stride, dtype=float), 1.0)
     per_node = np.clip(np.floor(domain_gpus / stride), 1.0, np.maximum(size, 1.0))
-    return GroupPlacement(size=np.broadcast_to(size, per_node.shape).astype(float), members_per_node=per_node)
+    span = np.broadcast_to(size * stride, per_node.shape)
+    tiles = (np.mod(domain_gpus, span) == 0) | (np.mod(span, domain_gpus) == 0)
+    tiles &= (np.broadcast_to(stride, per_node.shape) < domain_gpus) | (np.mod(stride, domain_gpus) == 0)
+    sizes = np.broadcast_to(size, per_node.shape).astype(float)
+    if np.all(tiles):
+        return GroupPlacement(size=sizes, members_per_node=per_node)
+    strides = np.broadcast_to(stride, per_node.shape)
+    pairs, where = np.unique(np.stack([sizes[~tiles], strides[~tiles]], axis=1).astype(np.int64), axis=0,
+                             return_inverse=True)
+    uneven = np.array([uneven_group_placement(int(n), int(k), domain_gpus) for n, k in pairs])
+    members, domains = np.array(per_node, dtype=float), np.array(sizes / per_node, dtype=float)
+    members[~tiles], domains[~tiles] = uneven[where.ravel(), 0], uneven[where.ravel(), 1]
+    return GroupPlacement(size=sizes, members_per_node=members, domains=domains)
+
+
+@functools.lru_cache(maxsize=None)
+def uneven_group_placement(size: int, stride: int, domain_gpus: int) -> tuple[float, float]:
+    """(fewest members any group has on one NVLink domain it touches, most domains a group touches) for groups of
+    `size` ranks `stride` apart in Megatron's rank order (a group: a + stride·i + stride·size·b, a < stride,
+    i < size), over one period of the pattern, lcm(stride·size, G) ranks. The group split most unevenly sets the
+    pace: its smallest share of a domain drives that domain's NICs with the largest part of the buffer."""
+    span = size * stride
+    period = math.lcm(span, domain_gpus)
+    starts = (np.arange(stride)[:, None] + span * np.arange(period // span)[None, :]).ravel()
+    domains = (starts[:, None] + stride * np.arange(size)[None, :]) // domain_gpus
+    fewest, touched = size, 1
+    for row in domains:
+        counts = np.unique(row, return_counts=True)[1]
+        fewest, touched = min(fewest, int(counts.min())), max(touched, len(counts))
+    return float(fewest), float(touched)
 
 
 @dataclass(frozen=True)

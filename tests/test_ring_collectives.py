@@ -116,3 +116,18 @@ def test_each_dp_collective_pays_its_latency_so_the_step_sum_grows_with_the_ring
     smaller = steptime.dp_traffic_s(SMALL, ClusterSpec(profile=H100, num_gpus=64), plans, stage)
     growth_s = float(reduce_s[0] - smaller[0][0])
     assert growth_s > 26 * 56 * 9.0 * US         # 56 more nodes' steps per unit, at least LL's ~9.7 µs each
+
+
+def test_groups_that_straddle_an_nvlink_domain_are_priced_by_the_most_split_one():
+    """16 consecutive ranks on 72-GPU NVL72 racks (144 GPUs, Megatron's rank order): ranks 64..79 sit 8 + 8 on two
+    racks, so an EP 16 all-to-all crosses racks though 16 < 72; groups that tile the domain stay on it."""
+    gb200 = load_profile("gb200-186gb")
+    ep16 = comm.place_group(np.array([16.0, 8.0, 72.0]), 1, 72)
+    assert list(ep16.members_per_node) == [8.0, 8.0, 72.0] and list(ep16.nodes) == [2.0, 1.0, 1.0]
+    assert comm.uneven_group_placement(32, 1, 72) == (8.0, 2.0)        # 64..95: 8 + 24 on two racks
+    assert comm.uneven_group_placement(16, 2, 72) == (4.0, 2.0)        # CP 16 at stride 2: 64..94 step 2
+    split = comm.GroupPlacement(size=np.array([16.0]), members_per_node=np.array([8.0]))
+    assert comm.group_collective_time_s(gb200, ep16, "all_to_all", 256e6)[0] == pytest.approx(
+        float(comm.group_collective_time_s(gb200, split, "all_to_all", 256e6)[0]))
+    on_one_rack = comm.group_collective_time_s(gb200, comm.place_group(16, 1, 144), "all_to_all", 256e6)
+    assert float(on_one_rack) < comm.group_collective_time_s(gb200, ep16, "all_to_all", 256e6)[0] / 5
