@@ -318,7 +318,8 @@ def layout_breakdown(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         piece = steptime.stage_microbatch(model, cluster, training, plans, times,
                                           StageContent.of(role_rank, dense + moe, moe))
         rank_plans = base.take(np.zeros(pp, dtype=np.int64))
-        rank_stage = StageContent.of(np.arange(pp), rank_dense + rank_moe, rank_moe)
+        rank_stage = StageContent.of(np.arange(pp), rank_dense + rank_moe, rank_moe,
+                                     np.array([layers[r::pp] for r in range(pp)]))
         microbatches = num_microbatches(rank_plans, cluster.num_gpus, training.global_batch_size)
         rank_times = compute_model.layer_times_s(model, cluster.profile, training, rank_plans)
         rank_piece = steptime.stage_microbatch(model, cluster, training, rank_plans, rank_times, rank_stage)

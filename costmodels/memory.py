@@ -284,6 +284,53 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
     return np.minimum(held, microbatches)
 
 
+def interleaved_held_layers(pp: int, vpp: int, rank: int, microbatches: int, group: int,
+                            chunk_layers: "np.ndarray | list[float]", extra_warmup: int = 0) -> float:
+    """Layer-micro-batches of activations pipeline rank `rank` holds at its peak in the interleaved schedule when its
+    vpp chunks hold `chunk_layers` decoder layers each (chunk 0 first), by walking Megatron-Core's schedule
+    (pipeline_parallel/schedules.py): forwards in `get_schedule_table` order (micro-batches in groups of g =
+    `group`, or pp for 0: the group through chunk 0, the same group through chunk 1, ..., then the next group),
+    backwards in the same order with chunk vpp-1-c for c (get_model_chunk_id(forward=False)); W = (pp - rank - 1)·2
+    + (vpp - 1)·g warmup forwards (+ `extra_warmup`: the EP overlap's one more), then one forward and one backward
+    per steady step. The peak is the largest sum of the held entries' chunk layers after a forward: with equal
+    chunks W + 1 entries at any steady step (in_flight_microbatches' closed form), with unequal ones whenever the
+    held mix of chunks is heaviest, later than the first steady step where a light chunk leaves and a heavy one
+    comes."""
+    layers = np.asarray(chunk_layers, dtype=float)
+    g = max(int(group), pp) if group else pp
+    chunks = np.concatenate([np.repeat(np.arange(vpp), min(g, microbatches - start))
+                             for start in range(0, microbatches, g)]) if microbatches > 0 else np.zeros(0, int)
+    total = len(chunks)
+    if not total:
+        return 0.0
+    warmup = min((pp - rank - 1) * 2 + (vpp - 1) * g + extra_warmup, total)
+    forwards = np.cumsum(layers[chunks])
+    backwards = np.concatenate(([0.0], np.cumsum(layers[vpp - 1 - chunks])))
+    steady = total - warmup
+    if steady <= 0:
+        return float(forwards[-1])
+    step = np.arange(steady)
+    return float(np.max(forwards[warmup + step] - backwards[step]))
+
+
+def layout_in_flight(plans: PlanArrays, ranks: StageContent, microbatches: np.ndarray, training: TrainingSpec,
+                     moe_a2a_overlap: bool) -> np.ndarray:
+    """in_flight_microbatches of a layout's ranks, whose chunks may hold different numbers of layers: the
+    interleaved schedule's peak held layers (`interleaved_held_layers`) over the rank's layers; 1F1B and the
+    zero-bubble schedules hold whole micro-batches, as in_flight_microbatches says."""
+    closed = in_flight_microbatches(plans, np.asarray(ranks), microbatches, training.pipeline_schedule,
+                                    training.microbatch_group_size_per_vp_stage, moe_a2a_overlap=moe_a2a_overlap)
+    interleaved = (plans.vpp > 1) & (training.pipeline_schedule is PipelineSchedule.ONE_F_ONE_B)
+    held = np.array(closed, dtype=float)
+    for i in np.flatnonzero(interleaved & (np.asarray(ranks.layers) > 0)):
+        layers = interleaved_held_layers(int(plans.pp[i]), int(plans.vpp[i]), int(ranks[i]),
+                                         int(round(float(microbatches[i]))),
+                                         training.microbatch_group_size_per_vp_stage, ranks.chunk_layers[i],
+                                         1 if moe_a2a_overlap else 0)
+        held[i] = min(layers / float(ranks.layers[i]), float(microbatches[i]))
+    return held
+
+
 def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                 stage: "np.ndarray | int") -> StageShape:
     """The shape of pipeline rank `stage` (int, or one rank per plan) for every plan."""
@@ -312,7 +359,9 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         plans=plans, stage=stage, is_first=stage == 0, is_last=stage == plans.pp - 1,
         layers=layers, moe_layers=moe_layers, recomputed_layers=recomputed, offloaded_layers=offloaded,
         num_microbatches=microbatches,
-        in_flight=in_flight_microbatches(
+        in_flight=layout_in_flight(plans, rank, microbatches, training,
+                                   training.moe_a2a_overlap and model.moe is not None)
+        if isinstance(rank, StageContent) and rank.chunk_layers is not None else in_flight_microbatches(
             plans, stage, microbatches,
             training.pipeline_schedule, training.microbatch_group_size_per_vp_stage, layers, *slots,
             moe_a2a_overlap=training.moe_a2a_overlap and model.moe is not None),

@@ -157,10 +157,11 @@ def layout_stage_layers(model: ModelSpec, layout: "tuple[float, ...]") -> tuple[
 
 def layout_rank_content(model: ModelSpec, layout: "tuple[float, ...]", pp: int) -> StageContent:
     """Every pipeline rank (0..pp-1) of `layout` with its decoder and MoE layers, all its virtual stages together
-    (virtual stage i runs on rank i % pp: Megatron-Core's PipelineParallelLayerLayout)."""
+    (virtual stage i runs on rank i % pp: Megatron-Core's PipelineParallelLayerLayout), and each chunk's layers."""
     layers, moe = layout_stage_layers(model, layout)
     return StageContent.of(np.arange(pp), np.array([layers[r::pp].sum() for r in range(pp)]),
-                           np.array([moe[r::pp].sum() for r in range(pp)]))
+                           np.array([moe[r::pp].sum() for r in range(pp)]),
+                           np.array([layers[r::pp] for r in range(pp)]))
 
 
 def moe_layers_on_stage(model: ModelSpec, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:

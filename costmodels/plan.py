@@ -355,17 +355,24 @@ class StageContent(np.ndarray):
 
     layers: np.ndarray
     moe_layers: np.ndarray
+    chunk_layers: "np.ndarray | None"
+    """Decoder layers of each of the rank's virtual stages (one row per plan, vpp columns, chunk 0 first) where they
+    are known (a layout's ranks); None: equal chunks. The interleaved schedule holds the chunks for different
+    numbers of micro-batches (memory.interleaved_held_layers)."""
 
     @classmethod
-    def of(cls, ranks: np.ndarray, layers: np.ndarray, moe_layers: np.ndarray) -> "StageContent":
+    def of(cls, ranks: np.ndarray, layers: np.ndarray, moe_layers: np.ndarray,
+           chunk_layers: "np.ndarray | None" = None) -> "StageContent":
         content = np.asarray(ranks, dtype=np.int64).view(cls)
         content.layers = np.asarray(layers, dtype=float)
         content.moe_layers = np.asarray(moe_layers, dtype=float)
+        content.chunk_layers = None if chunk_layers is None else np.asarray(chunk_layers, dtype=float)
         return content
 
     def __array_finalize__(self, obj) -> None:
         self.layers = getattr(obj, "layers", None)
         self.moe_layers = getattr(obj, "moe_layers", None)
+        self.chunk_layers = getattr(obj, "chunk_layers", None)
 
 
 def layers_on_stage(num_layers: int, plans: PlanArrays, stage: "np.ndarray | int") -> np.ndarray:

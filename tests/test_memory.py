@@ -186,6 +186,36 @@ def test_in_flight_microbatches():
     np.testing.assert_allclose(held, [4, 1, 5.5, 2.5, 2])
 
 
+@pytest.mark.parametrize("pp, vpp, group, microbatches", [(4, 2, 0, 16), (8, 4, 0, 32), (4, 3, 8, 12), (2, 2, 0, 4),
+                                                          (4, 2, 0, 2), (8, 2, 16, 40)])
+def test_the_schedule_walk_holds_what_the_closed_form_says_with_equal_chunks(pp, vpp, group, microbatches):
+    """Every rank, equal chunks: the walk over Megatron-Core's schedule table peaks at W + 1 entries (capped at all
+    of them), in_flight_microbatches' closed form."""
+    plans = PlanArrays.from_plans([Plan(pp=pp, vpp=vpp)] * pp)
+    closed = memory.in_flight_microbatches(plans, np.arange(pp), np.full(pp, float(microbatches)), group=group)
+    for rank in range(pp):
+        walked = memory.interleaved_held_layers(pp, vpp, rank, microbatches, group, [3.0] * vpp)
+        assert walked / (3.0 * vpp) == pytest.approx(closed[rank])
+
+
+def test_a_heavy_first_chunk_is_held_longest():
+    """Rank 0 of pp 4, vpp 2, 16 micro-batches: chunk 0 stays held through the warmup's 6 + 4 forwards, chunk 1 is
+    released first, so 7 + 1 layers hold 59 layer-micro-batches at the peak, 1 + 7 hold 35 and 4 + 4 hold 44
+    (the closed form's 5.5 whole-rank micro-batches of 8 layers, for any split)."""
+    assert memory.interleaved_held_layers(4, 2, 0, 16, 0, [7.0, 1.0]) == 59.0
+    assert memory.interleaved_held_layers(4, 2, 0, 16, 0, [1.0, 7.0]) == 35.0
+    assert memory.interleaved_held_layers(4, 2, 0, 16, 0, [4.0, 4.0]) == 44.0
+    # an explicit layout prices it: rank 0 of the heavy-first layout holds more activations than of the even one
+    model = dataclasses.replace(TOY_GPT, num_layers=32)
+    cluster = ClusterSpec(profile=PROFILE, num_gpus=4)
+    training = TrainingSpec(seq_len=16, global_batch_size=16)
+    even = memory.layout_memory_terms_bytes(model, cluster, training, Plan(pp=4, vpp=2, layout=(4,) * 8))
+    heavy = memory.layout_memory_terms_bytes(model, cluster, training,
+                                             Plan(pp=4, vpp=2, layout=(7, 4, 4, 4, 1, 4, 4, 4)))
+    ratio = heavy["layer_activations"][0] / even["layer_activations"][0]
+    assert ratio == pytest.approx(59 / 44)
+
+
 # Toy MoE: h=64, a=4, 4 layers, 4 experts of width 32, top-2, no shared experts.
 TOY_MOE = ModelSpec(name="toy-moe", hidden_size=64, num_layers=4, num_attention_heads=4, ffn_hidden_size=128,
                     vocab_size=256, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32))
