@@ -1172,14 +1172,22 @@ def pipeline_outputs_bytes(model: ModelSpec, training: TrainingSpec, shape: Stag
     """With deallocate_pipeline_outputs off (TrainingSpec), each chunk-micro-batch a rank holds keeps the output it
     sent to the next stage (2h per token, /t with SP) until its backward (schedules.py: deallocate_output_tensor
     returns at once when `not deallocate_pipeline_outputs`, and the schedule keeps output_tensors for backward_step).
-    The held entries are `in_flight` × vpp; the last rank's last chunk sends nothing (its output is the loss): there
-    vpp − 1 of every vpp entries count, and none without interleaving. Zero with pp = 1."""
+    The held entries are `in_flight` × vpp; the last rank's last chunk sends nothing (its output is the loss), and
+    its peak holds the first entries of Megatron-Core's schedule table (in_flight_microbatches): g micro-batches
+    through each chunk in turn, the last chunk's last, so (vpp − 1)·g of its W + 1 = (vpp − 1)·g + 1 send (g the
+    micro-batch group); none without interleaving. Zero with pp = 1."""
     if training.deallocate_pipeline_outputs:
         return np.zeros(len(shape.plans))
-    vpp = shape.plans.vpp.astype(float)
-    sending_chunks = np.where(shape.is_last, vpp - 1.0, vpp)
+    plans = shape.plans
+    vpp, pp = plans.vpp.astype(float), plans.pp.astype(float)
+    entries = shape.in_flight * vpp
+    group = training.microbatch_group_size_per_vp_stage
+    g = np.maximum(float(group), pp) if group else pp
+    full = np.floor(entries / (g * vpp))
+    last_chunk = full * g + np.clip(entries - full * g * vpp - (vpp - 1.0) * g, 0.0, g)
+    sending = np.where(shape.is_last, entries - last_chunk, entries)
     per_entry = BF16_BYTES * model.hidden_size * shape.tokens_outside_tp
-    return np.where(shape.plans.pp > 1, shape.in_flight * sending_chunks * per_entry, 0.0)
+    return np.where(plans.pp > 1, sending * per_entry, 0.0)
 
 
 def deferred_output_wgrad_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:

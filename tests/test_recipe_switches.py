@@ -320,6 +320,12 @@ def test_pipeline_outputs_kept_without_deallocation():
     assert terms("llama-3-8b", 2, kept, plan, stage=0)["pipeline_outputs"] == pytest.approx(2 * 2 * 4096 * 4096)
     assert terms("llama-3-8b", 2, kept, plan, stage=1)["pipeline_outputs"] == 0.0
     assert "pipeline_outputs" not in terms("llama-3-8b", 2, TrainingSpec(seq_len=4096, global_batch_size=8), plan)
+    # interleaved, pp 4 vpp 2 (8 micro-batches): the last rank warms up (vpp − 1)·pp = 4 chunk-0 passes and holds 5
+    # entries at its peak; the 4 of chunk 0 keep their sent output, the chunk-1 one (the loss) none
+    interleaved = Plan(tp=1, pp=4, vpp=2, mbs=1, zero=1)
+    entry = 2 * 4096 * 4096
+    assert terms("llama-3-8b", 4, kept, interleaved, stage=3)["pipeline_outputs"] == pytest.approx(4 * entry)
+    assert terms("llama-3-8b", 4, kept, interleaved, stage=0)["pipeline_outputs"] == pytest.approx(11 * entry)
 
 
 def test_tp_comm_overlap_userbuffers():
