@@ -182,15 +182,18 @@ def place_group(size: "np.ndarray | int", stride: "np.ndarray | int", domain_gpu
     stride = np.maximum(np.asarray(stride, dtype=float), 1.0)
     per_node = np.clip(np.floor(domain_gpus / stride), 1.0, np.maximum(size, 1.0))
     span = np.broadcast_to(size * stride, per_node.shape)
-    tiles = (np.mod(domain_gpus, span) == 0) | (np.mod(span, domain_gpus) == 0)
-    tiles &= (np.broadcast_to(stride, per_node.shape) < domain_gpus) | (np.mod(stride, domain_gpus) == 0)
+    strides = np.broadcast_to(stride, per_node.shape)
     sizes = np.broadcast_to(size, per_node.shape).astype(float)
+    with np.errstate(invalid="ignore"):
+        tiles = ((np.mod(domain_gpus, span) == 0) | (np.mod(span, domain_gpus) == 0)) \
+            & ((np.mod(domain_gpus, strides) == 0) | (np.mod(strides, domain_gpus) == 0))
+    # a size that is no whole number of ranks (an invalid plan's, which a rule refuses) keeps the formula above
+    tiles |= ~np.isfinite(span) | (sizes != np.round(sizes)) | (strides != np.round(strides))
     if np.all(tiles):
         return GroupPlacement(size=sizes, members_per_node=per_node)
-    strides = np.broadcast_to(stride, per_node.shape)
-    pairs, where = np.unique(np.stack([sizes[~tiles], strides[~tiles]], axis=1).astype(np.int64), axis=0,
-                             return_inverse=True)
-    uneven = np.array([uneven_group_placement(int(n), int(k), domain_gpus) for n, k in pairs])
+    keys, where = np.unique(sizes[~tiles].astype(np.int64) * 2**32 + strides[~tiles].astype(np.int64),
+                            return_inverse=True)
+    uneven = np.array([uneven_group_placement(int(key) >> 32, int(key) & (2**32 - 1), domain_gpus) for key in keys])
     members, domains = np.array(per_node, dtype=float), np.array(sizes / per_node, dtype=float)
     members[~tiles], domains[~tiles] = uneven[where.ravel(), 0], uneven[where.ravel(), 1]
     return GroupPlacement(size=sizes, members_per_node=members, domains=domains)

@@ -32,8 +32,11 @@ bubble (p − 1)/v micro-batch times). Counting each rank's largest chunk is thi
 chunks: a layout that piles a rank's layers into one chunk gets the non-interleaved bubble back. E_r is rank r's
 exposed data-parallel sync and optimizer step (steptime.dp_comm_s + optimizer_s, on the rank's parameters); p2p the
 stage-to-stage transfers (steptime.pp_p2p_s, the overlapped ones beside the even split's chunk), which a layout does
-not change. Memory is per rank: its weights and its activations times its own in-flight micro-batches
-(memory.in_flight_microbatches), on its total layers.
+not change. Memory is per rank: its weights and its activations times its own in-flight micro-batches, in the
+search's tables on its total layers (memory.in_flight_microbatches: chunks taken as equal, what the tables can
+index), in a layout's breakdown and estimate from its chunks' own layers (memory.interleaved_held_layers, the
+interleaved schedule walked: chunk 0 is held longest), so a layout the tables admit may come out over memory and
+leave the front.
 
 One approximation against the uniform model: under --overlap-moe-expert-parallel-comm the fill and drain term counts
 each chunk's discounted all-to-all, where the uniform model's bubble (warmup and cooldown, when the exchange is

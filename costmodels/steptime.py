@@ -90,7 +90,8 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
 microbatches through tp, cp, pp, mbs). Under 1F1B pp_bubble factors as bubble_microbatch_equivalents(pp, vpp) × the
 sum of the compute, tp_comm, cp_comm and ep_comm terms divided by m: a solver can form it as a product of two
 variables instead of tabulating it over all its knobs (pipeline.bubble_is_proportional; the zero-bubble schedules'
-bubble is an ordinary term on the same knobs)."""
+bubble is an ordinary term on the same knobs, and so is 1F1B's under --overlap-moe-expert-parallel-comm, whose
+bubble takes the whole all-to-all of its unpaired chunks while ep_comm carries the overlap's discount)."""
 
 
 # ---- profile knobs -----------------------------------------------------------------------------------------------

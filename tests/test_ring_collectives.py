@@ -61,7 +61,7 @@ def test_a_large_ring_all_gather_drives_each_nic_at_the_link_rate_over_all_ranks
         ((n - 1) / n) / ((nodes - 1) / nodes))
 
 
-def test_at_the_reference_size_and_for_other_collectives_nothing_changes():
+def test_at_the_reference_size_the_ring_adds_no_latency_and_other_collectives_keep_their_regimes():
     placement = comm.place_group(16, 1, 8)             # 2 nodes of 8: the reference ring
     on = comm.link_stage_s(H100, "nvlink", "reduce_scatter", 1e6, 8.0)
     off = comm.link_stage_s(H100, "ib", "reduce_scatter", 1e6 / 8 * comm.ring_nic_share(16.0, 2.0), 2.0)
@@ -131,3 +131,28 @@ def test_groups_that_straddle_an_nvlink_domain_are_priced_by_the_most_split_one(
         float(comm.group_collective_time_s(gb200, split, "all_to_all", 256e6)[0]))
     on_one_rack = comm.group_collective_time_s(gb200, comm.place_group(16, 1, 144), "all_to_all", 256e6)
     assert float(on_one_rack) < comm.group_collective_time_s(gb200, ep16, "all_to_all", 256e6)[0] / 5
+
+
+def test_a_stride_that_does_not_divide_the_domain_is_placed_by_enumeration():
+    """Expert data parallel of EP 16 on 144 GB200s (9 ranks 16 apart) and a 3-stage pipeline (ranks 48 apart): their
+    spans are multiples of the 72-GPU rack, but the strides do not divide it, so the members fall unevenly (4 + 5
+    and 2 + 1 on two racks); an invalid plan's fractional size keeps the closed form."""
+    edp = comm.place_group(9, 16, 72)
+    assert (float(edp.members_per_node), float(edp.nodes)) == (4.0, 2.0)
+    assert float(comm.place_group(3, 48, 72).nodes) == 2.0
+    assert float(comm.place_group(2.5, 1, 72).members_per_node) == 2.5
+
+
+def test_the_profile_fit_reads_a_multi_node_ring_row_with_the_ring_share():
+    """autopar calibrate's regime guesses and pruning read each row's bus bytes as the model prices the link's stage:
+    an ib all-gather over 2 nodes of 8 carries bytes/8 × 15/16 on each NIC (ring_nic_share), an all-reduce the
+    hierarchical share."""
+    from autopar.calibrate.fit import _link_stage_bytes
+    from autopar.calibrate.measurements import CollectiveMeasurement, Timing
+
+    timing = Timing(median_s=1e-3, q1_s=1e-3, q3_s=1e-3, runs=5)
+    gather = CollectiveMeasurement("ib", "all_gather", 16, 2**30, timing, ranks_per_node=8)
+    assert _link_stage_bytes(gather, "all_gather") == pytest.approx(2**30 / 8 * 15 / 16)
+    reduce = CollectiveMeasurement("ib", "all_reduce", 16, 2**30, timing, ranks_per_node=8)
+    assert _link_stage_bytes(reduce, "all_reduce") == pytest.approx(
+        2**30 / 8 * float(comm.algorithm_factor("all_reduce", 2)))

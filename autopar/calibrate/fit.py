@@ -542,21 +542,31 @@ def fit_collective_points(rows: Sequence[CollectiveMeasurement], base: HardwareP
     return fits
 
 
+def _link_stage_bytes(row: CollectiveMeasurement, kind: str) -> float:
+    """Bus bytes the measured link's stage of `row` moves as the cost model prices it (costmodels.comm
+    group_collective_time_s): the buffer × the kind's algorithm factor over the ranks the link joins; an ib row
+    across nodes with several ranks a node, each local rank's 1/k share, and for a ring all-gather / reduce-scatter
+    the ring's share over all n ranks (comm.ring_nic_share)."""
+    from costmodels.comm import RING_KINDS, algorithm_factor, ring_nic_share
+
+    wire = row.bytes / row.ranks_per_node * float(algorithm_factor(kind, row.group_size_on_link))
+    if row.link == "ib" and kind in RING_KINDS:
+        wire *= float(ring_nic_share(row.group_size, row.group_size_on_link))
+    return wire
+
+
 def _regime_guesses(members: Sequence[CollectiveMeasurement], kind: str, count: int, fitted: tuple[str, ...],
                     alpha0: float, bandwidth0: float) -> list[dict[str, float]]:
     """Start points: the base's values, and the rows split into `count` bands of message size, each band's regime
     read off its smallest (alpha) and largest (bandwidth) message."""
-    from costmodels.comm import algorithm_factor
-
     bands = np.array_split(np.arange(len(members)), count)
     read_off: dict[str, float] = {}
     for i, band in enumerate(bands):
         small, large = members[band[0]], members[band[-1]]
         read_off[f"alpha_s_{i}"] = small.timing.median_s * 0.8
-        # the bytes this link's stage moves (an ib row spanning nodes: each local rank's share among the nodes,
-        # costmodels.comm), so the start point is this link's bus bandwidth, not the whole group's
-        wire = large.bytes / large.ranks_per_node * algorithm_factor(kind, large.group_size_on_link)
-        read_off[f"bandwidth_{i}"] = float(wire / large.timing.median_s)
+        # the bytes this link's stage moves (an ib row spanning nodes: each local rank's share, costmodels.comm), so
+        # the start point is this link's bus bandwidth, not the whole group's
+        read_off[f"bandwidth_{i}"] = float(_link_stage_bytes(large, kind) / large.timing.median_s)
     base = {**{f"alpha_s_{i}": alpha0 * (1 + i) for i in range(count)},
             **{f"bandwidth_{i}": bandwidth0 * (0.5 + 0.5 * i) for i in range(count)}}
     keep = [name for i in range(count) for name in (f"alpha_s_{i}", f"bandwidth_{i}")
@@ -573,10 +583,8 @@ def _regime_bounds(count: int) -> dict[str, tuple[float, float]]:
 def _used_regimes(regimes: list[CollectivePoint], members: Sequence[CollectiveMeasurement],
                   kind: str) -> list[CollectivePoint]:
     """The regimes that are the fastest for at least one measured size (a regime never chosen says nothing)."""
-    from costmodels.comm import algorithm_factor
-
     used = set()
     for row in members:
-        wire = row.bytes / row.ranks_per_node * float(algorithm_factor(kind, row.group_size_on_link))
+        wire = _link_stage_bytes(row, kind)
         used.add(min(range(len(regimes)), key=lambda i: regimes[i].alpha_s + wire / regimes[i].bus_bandwidth_bytes_per_s))
     return [regimes[i] for i in sorted(used)]

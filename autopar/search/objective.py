@@ -13,7 +13,9 @@ identical integers:
   pp_bubble = bubble_microbatch_equivalents(pp, vpp) × (compute + tp_comm + cp_comm + ep_comm) / m, so
   step time = (1 + bubble/m) · Σ pipelined + Σ others; the CP-SAT model forms that product of two variables instead
   of tabulating pp_bubble over all its knobs. Under a zero-bubble schedule (costmodels.pipeline.bubble_is_proportional
-  False) pp_bubble is an ordinary group like the others, F = S and there are no pipelined groups.
+  False), and under --overlap-moe-expert-parallel-comm for an MoE model (the bubble's unpaired chunks keep the
+  whole all-to-all that ep_comm discounts), pp_bubble is an ordinary group like the others, F = S and there are no
+  pipelined groups.
 
 Tolerance (what "equal within rounding" means): a group is off by at most 0.5 µs (time) or 1 MiB (memory), the
 pipeline factor by 2^-17 relative, so |time_units·1µs/S − step_time_s| <= n_groups·0.5 µs·(1 + bubble/m) +
