@@ -35,11 +35,11 @@ its own NIC while the (k-1)/n on-node share goes over NVLink at the same time.
 
 A multi-node all-gather or reduce-scatter is one ring over every rank of the group (NCCL has no tree for them), so
 each node's NICs carry (n - 1)/n of the buffer between them, not the (N - 1)/N of a hierarchical exchange among the
-N nodes (`ring_nic_share`); each of its n - 1 steps waits for the one before, so its latency grows with the ring (`ring_growth_latency_s`), a
-per-step cost the profile's measured points, taken at one or a few node counts, do not carry to other sizes; each
-NCCL protocol has its own step latency and bandwidth (LL, LL128, Simple), and with one GPU per node NCCL (2.23 on)
-may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fastest is taken, as NCCL's tuner does
-(`ring_across_nodes_s`).
+N nodes (`ring_nic_share`); each of its n - 1 steps waits for the one before, so its latency grows with the ring
+(`ring_growth_latency_s`), a per-step cost the profile's measured points, taken at one or a few node counts, do
+not carry to other sizes; each NCCL protocol has its own step latency and bandwidth (LL, LL128, Simple), and with one
+GPU per node NCCL (2.23 on) may run PAT instead, logarithmic in the nodes (`pat_growth_latency_s`). The fastest is
+taken, as NCCL's tuner does (`ring_across_nodes_s`).
 """
 
 from __future__ import annotations

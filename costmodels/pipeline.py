@@ -130,8 +130,8 @@ def p2p_transfer_counts(training: TrainingSpec, plans: PlanArrays, microbatches:
     2024-11); in the steady state the backward send of a chunk is left in flight while the next forward computes and
     waited on one step later, while the forward send is waited on at once before its output is freed (Megatron-LM
     always sets deallocate_pipeline_outputs; since 260cba7133, 2026-04, core_v0.18). So v·m − W of the transfers
-    overlap, W = interleaved_warmup_chunks (with the run's micro-batch group). (Between 4eeff55d1f, 2023-10, and those commits more of them did:
-    priced as today's release, an upper bound for that software.)"""
+    overlap, W = interleaved_warmup_chunks (with the run's micro-batch group). (Between 4eeff55d1f, 2023-10, and
+    those commits more of them did: priced as today's release, an upper bound for that software.)"""
     transfers = 2.0 * (plans.vpp * microbatches + plans.pp - 1)
     steady_backward_sends = plans.vpp * microbatches - interleaved_warmup_chunks(
         plans, microbatches, training.microbatch_group_size_per_vp_stage)

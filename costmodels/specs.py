@@ -816,10 +816,9 @@ class TrainingSpec:
                 "TransformerConfig: 'moe_paged_stash requires moe_expert_rank_capacity_factor to be set'); add "
                 "--moe-expert-rank-capacity-factor")
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
-                     "deallocate_pipeline_outputs",
-                     "overlap_p2p_comm", "p2p_scatter_gather", "grad_reduce_in_fp32", "fp8_param_gather", "moe_pad_to_capacity",
-                     "zero3_serial_fetch", "fused_kernels", "sac_saves_all_to_all", "cuda_graph_full_iteration",
-                     "zero3_moe_leaf"):
+                     "deallocate_pipeline_outputs", "overlap_p2p_comm", "p2p_scatter_gather", "grad_reduce_in_fp32",
+                     "fp8_param_gather", "moe_pad_to_capacity", "zero3_serial_fetch", "fused_kernels",
+                     "sac_saves_all_to_all", "cuda_graph_full_iteration", "zero3_moe_leaf"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
         require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")

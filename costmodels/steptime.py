@@ -570,7 +570,8 @@ def ep_overlap_exposed_s(a2a_s: np.ndarray, paired_s: np.ndarray, microbatches: 
     no backward to pair with keeps its all-to-alls exposed, and so does a backward alone: the first forward and the
     last backward without a pipeline, the warmup forwards and the cooldown backwards of the interleaved schedule,
     which runs one extra warmup chunk with the overlap (schedules.py get_pp_rank_microbatches: interleaved warmup
-    + 1; `group` the run's micro-batch group, pipeline.interleaved_warmup_chunks). With v chunks a chunk pass carries 1/v of a micro-batch's all-to-alls."""
+    + 1; `group` the run's micro-batch group, pipeline.interleaved_warmup_chunks). With v chunks a chunk pass
+    carries 1/v of a micro-batch's all-to-alls."""
     if plans is None:
         alone_chunks, chunks = np.ones_like(microbatches, dtype=float), microbatches
     else:
