@@ -35,6 +35,7 @@ layouts are the weights and there is no bf16 copy (`layer_weight_bytes_per_param
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -246,7 +247,9 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
     `interleaved_schedule_memory_penalty`; for vpp = 1, pp - r. Where the embedding (loss) takes a layer slot of
     the first (last) rank (`--account-for-embedding/loss-in-pipeline-split`, costmodels.plan.embedding_loss_slots),
     that rank's first (last) chunk holds one decoder layer fewer: its n_0 (n_last) held entries carry one layer
-    less each. `layers` (the rank's decoder layers) is needed for that weighting; without it chunks are equal.
+    less each at the first steady step, and since a lighter chunk moves the peak later (its entries leave while
+    heavier ones come), such a rank's peak is the schedule walked (interleaved_held_layers). `layers` (the rank's
+    decoder layers) is needed for that weighting; without it chunks are equal.
     Never more than the step's micro-batches (theoretical_memory_usage: `min(1, num_microbatches / pp)`).
     With the MoE all-to-all overlapped between micro-batches (`moe_a2a_overlap`, overlap_moe_expert_parallel_comm)
     the interleaved schedule warms up one chunk-micro-batch more, so that every steady step's forward and backward
@@ -279,6 +282,24 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
         chunk_layers = (rank_layers + e + loss) / vpp
         held_layers = chunk_layers * entries - e * first_chunk - loss * last_chunk
         held = np.where((vpp > 1) & (rank_layers > 0), held_layers / np.maximum(rank_layers, 1e-12), held)
+        # a chunk a layer lighter moves the peak past the first steady step (its entries leave, heavier ones come):
+        # there the schedule is walked (interleaved_held_layers), the closed form above its first steady step
+        lighter = np.flatnonzero(np.broadcast_to((vpp > 1) & (rank_layers > 0) & ((e > 0) | (loss > 0))
+                                                 & np.isfinite(microbatches) & (microbatches <= MAX_WALKED_MICROBATCHES),
+                                                 held.shape))
+        if len(lighter):
+            held = np.array(held, dtype=float)
+            ranks = np.broadcast_to(np.asarray(stage), held.shape)
+            m_all, layers_all = np.broadcast_to(microbatches, held.shape), np.broadcast_to(rank_layers, held.shape)
+            e_all, loss_all = np.broadcast_to(e, held.shape), np.broadcast_to(loss, held.shape)
+            for i in lighter:
+                v, chunk = int(plans.vpp[i]), float(chunk_layers[i]) if np.ndim(chunk_layers) else float(chunk_layers)
+                chunks = [chunk] * v
+                chunks[0] -= float(e_all[i])
+                chunks[-1] -= float(loss_all[i])
+                walked = _cached_held_layers(int(plans.pp[i]), v, int(ranks[i]), int(round(float(m_all[i]))),
+                                             int(group), tuple(chunks), 1 if moe_a2a_overlap else 0)
+                held[i] = walked / float(layers_all[i])
     plain = pp - stage
     held = np.where(plans.vpp > 1, held, plain)
     return np.minimum(held, microbatches)
@@ -311,6 +332,17 @@ def interleaved_held_layers(pp: int, vpp: int, rank: int, microbatches: int, gro
         return float(forwards[-1])
     step = np.arange(steady)
     return float(np.max(forwards[warmup + step] - backwards[step]))
+
+
+MAX_WALKED_MICROBATCHES = 1e5
+"""An even split with an embedding or loss slot is walked (interleaved_held_layers) up to this many micro-batches a
+step (a walk is O(m·vpp)); beyond, its closed form stands."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_held_layers(pp: int, vpp: int, rank: int, microbatches: int, group: int, chunk_layers: tuple,
+                        extra_warmup: int) -> float:
+    return interleaved_held_layers(pp, vpp, rank, microbatches, group, chunk_layers, extra_warmup)
 
 
 def layout_in_flight(plans: PlanArrays, ranks: StageContent, microbatches: np.ndarray, training: TrainingSpec,

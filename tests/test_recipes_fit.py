@@ -112,9 +112,11 @@ def test_in_flight_with_the_embedding_and_loss_slots_and_micro_batch_groups():
     rank 0: W = 2·15 + 7·16 = 142, N = 143 entries: chunk 0 of micro-batches 0-15, chunks 1-7 of 0-15 (128 entries),
     then chunk 0 of 16-30 (15): chunk 0 (no layer) 31 entries, chunks 1-7 16 each: 7·16 = 112 layer-micro-batches,
     112 / 7 = 16 whole-rank micro-batches (the equal-chunk formula: 143 / 8 = 17.875).
-    rank 15: W = 0 + 112, N = 113: chunks 0-6 16 each, chunk 7 (the loss, no layer) 1: 7·16 = 112 -> 16
-    (equal chunks: 113 / 8 = 14.125). rank 1 (8 layers, no slot): N = 2·14 + 112 + 1 = 141 -> 141 / 8.
-    With g = 32: rank 1 W = 28 + 7·32 = 252, N = 253 -> 253 / 8."""
+    rank 15: W = 0 + 112, N = 113: chunks 0-6 16 each, chunk 7 (the loss, no layer) 1: 7·16 = 112 at the first
+    steady step (equal chunks: 113 / 8 = 14.125); the steady state then swaps loss-chunk entries for each other
+    until the forward of micro-batch 16's chunk 0 (a layer) comes before the backward of micro-batch 0's chunk 6
+    takes one: the peak is 113 -> 113 / 7 (the schedule walked, interleaved_held_layers). rank 1 (8 layers, no
+    slot): N = 2·14 + 112 + 1 = 141 -> 141 / 8. With g = 32: rank 1 W = 28 + 7·32 = 252, N = 253 -> 253 / 8."""
     model = autopar.load_model("llama-3.1-405b")
     plan = Plan(tp=4, pp=16, vpp=8, sp=True, zero=1, first_stage_layers=7, last_stage_layers=7)
     plans = PlanArrays.from_plans([plan] * 3)
@@ -122,7 +124,7 @@ def test_in_flight_with_the_embedding_and_loss_slots_and_micro_batch_groups():
     layers = np.array([7.0, 7.0, 8.0])
     held = memory.in_flight_microbatches(plans, stage, np.full(3, 384.0), layers=layers,
                                          embedding_slot=np.ones(3, bool), loss_slot=np.ones(3, bool))
-    assert held.tolist() == pytest.approx([16.0, 16.0, 141 / 8])
+    assert held.tolist() == pytest.approx([16.0, 113 / 7, 141 / 8])
     grouped = memory.in_flight_microbatches(plans, stage, np.full(3, 384.0), group=32, layers=layers)
     assert grouped[2] == pytest.approx(253 / 8)
     # through the cost model: rank 0's layer activations are 112 layer-micro-batches of one layer's
