@@ -45,6 +45,7 @@ from costmodels import engines, params
 from costmodels.compute import fp8_tn_only
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
+from costmodels.pipeline import microbatch_group
 from costmodels.plan import (Plan, PlanArrays, Recompute, RecomputeModule, StageContent, data_parallel_size,
                              embedding_loss_slots, expert_data_parallel_size, layers_on_stage,
                              layers_per_middle_stage, num_microbatches, recomputes_module)
@@ -246,10 +247,10 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
     pp·(1 + (pp - 1)/(pp·vpp)), Korthikanti §4.2.3's factor and Megatron theoretical_memory_usage's
     `interleaved_schedule_memory_penalty`; for vpp = 1, pp - r. Where the embedding (loss) takes a layer slot of
     the first (last) rank (`--account-for-embedding/loss-in-pipeline-split`, costmodels.plan.embedding_loss_slots),
-    that rank's first (last) chunk holds one decoder layer fewer: its n_0 (n_last) held entries carry one layer
-    less each at the first steady step, and since a lighter chunk moves the peak later (its entries leave while
-    heavier ones come), such a rank's peak is the schedule walked (interleaved_held_layers). `layers` (the rank's
-    decoder layers) is needed for that weighting; without it chunks are equal.
+    that rank's first (last) chunk holds one decoder layer fewer, and a lighter chunk moves the peak past the first
+    steady step (its entries leave while heavier ones come): such a rank's peak is the schedule walked
+    (interleaved_held_layers, in whole-rank micro-batches). `layers` (the rank's decoder layers) is needed for
+    that; without it chunks are equal.
     Never more than the step's micro-batches (theoretical_memory_usage: `min(1, num_microbatches / pp)`).
     With the MoE all-to-all overlapped between micro-batches (`moe_a2a_overlap`, overlap_moe_expert_parallel_comm)
     the interleaved schedule warms up one chunk-micro-batch more, so that every steady step's forward and backward
@@ -265,41 +266,26 @@ def in_flight_microbatches(plans: PlanArrays, stage: np.ndarray, microbatches: n
     if schedule is PipelineSchedule.ZB_2P:
         return np.minimum(np.broadcast_to(2.0 * pp - 1.0, np.shape(stage)), microbatches)
     vpp = plans.vpp.astype(float)
-    g = np.maximum(float(group), pp) if group else pp
+    g = microbatch_group(pp, group)
     warmup = (pp - stage - 1.0) * 2.0 + (vpp - 1.0) * g + (1.0 if moe_a2a_overlap else 0.0)
     entries = np.minimum(warmup + 1.0, np.asarray(microbatches, dtype=float) * vpp)
     held = entries / vpp
     if layers is not None:
-        # chunk 0 and chunk vpp-1 entries among the first N of the schedule table (groups of g per chunk)
-        per_group = g * vpp
-        full = np.floor(entries / per_group)
-        rest = entries - full * per_group
-        first_chunk = full * g + np.minimum(rest, g)
-        last_chunk = full * g + np.clip(rest - (vpp - 1.0) * g, 0.0, g)
+        # a rank whose first (last) chunk is a layer lighter: the peak comes where the held mix of chunks is heaviest,
+        # past the first steady step (its entries leave, heavier ones come), so the schedule is walked
         e = np.asarray(embedding_slot, dtype=float) * (stage == 0)
         loss = np.asarray(loss_slot, dtype=float) * (stage == plans.pp - 1)
         rank_layers = np.asarray(layers, dtype=float)
-        chunk_layers = (rank_layers + e + loss) / vpp
-        held_layers = chunk_layers * entries - e * first_chunk - loss * last_chunk
-        held = np.where((vpp > 1) & (rank_layers > 0), held_layers / np.maximum(rank_layers, 1e-12), held)
-        # a chunk a layer lighter moves the peak past the first steady step (its entries leave, heavier ones come):
-        # there the schedule is walked (interleaved_held_layers), the closed form above its first steady step
-        lighter = np.flatnonzero(np.broadcast_to((vpp > 1) & (rank_layers > 0) & ((e > 0) | (loss > 0))
-                                                 & np.isfinite(microbatches) & (microbatches <= MAX_WALKED_MICROBATCHES),
-                                                 held.shape))
-        if len(lighter):
-            held = np.array(held, dtype=float)
-            ranks = np.broadcast_to(np.asarray(stage), held.shape)
-            m_all, layers_all = np.broadcast_to(microbatches, held.shape), np.broadcast_to(rank_layers, held.shape)
-            e_all, loss_all = np.broadcast_to(e, held.shape), np.broadcast_to(loss, held.shape)
-            for i in lighter:
-                v, chunk = int(plans.vpp[i]), float(chunk_layers[i]) if np.ndim(chunk_layers) else float(chunk_layers)
-                chunks = [chunk] * v
-                chunks[0] -= float(e_all[i])
-                chunks[-1] -= float(loss_all[i])
-                walked = _cached_held_layers(int(plans.pp[i]), v, int(ranks[i]), int(round(float(m_all[i]))),
-                                             int(group), tuple(chunks), 1 if moe_a2a_overlap else 0)
-                held[i] = walked / float(layers_all[i])
+        shape = np.shape(held)
+        lighter = np.broadcast_to((vpp > 1) & (rank_layers > 0) & ((e > 0) | (loss > 0)) & np.isfinite(microbatches)
+                                  & (microbatches <= MAX_WALKED_MICROBATCHES), shape)
+        if lighter.any():
+            columns = np.stack([np.broadcast_to(np.asarray(c, dtype=float), shape)[lighter] for c in
+                                (pp, vpp, stage, np.round(microbatches), rank_layers, e, loss)], axis=1)
+            cases, where = np.unique(columns, axis=0, return_inverse=True)
+            walked = np.array([_walked_slot_rank(*case, group, moe_a2a_overlap) for case in cases])
+            held = np.array(np.broadcast_to(held, shape), dtype=float)
+            held[lighter] = walked[where.ravel()]
     plain = pp - stage
     held = np.where(plans.vpp > 1, held, plain)
     return np.minimum(held, microbatches)
@@ -318,7 +304,7 @@ def interleaved_held_layers(pp: int, vpp: int, rank: int, microbatches: int, gro
     held mix of chunks is heaviest, later than the first steady step where a light chunk leaves and a heavy one
     comes."""
     layers = np.asarray(chunk_layers, dtype=float)
-    g = max(int(group), pp) if group else pp
+    g = int(microbatch_group(pp, group))
     chunks = np.concatenate([np.repeat(np.arange(vpp), min(g, microbatches - start))
                              for start in range(0, microbatches, g)]) if microbatches > 0 else np.zeros(0, int)
     total = len(chunks)
@@ -336,13 +322,20 @@ def interleaved_held_layers(pp: int, vpp: int, rank: int, microbatches: int, gro
 
 MAX_WALKED_MICROBATCHES = 1e5
 """An even split with an embedding or loss slot is walked (interleaved_held_layers) up to this many micro-batches a
-step (a walk is O(m·vpp)); beyond, its closed form stands."""
+step (a walk is O(m·vpp)); beyond, its chunks are taken as equal."""
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_held_layers(pp: int, vpp: int, rank: int, microbatches: int, group: int, chunk_layers: tuple,
-                        extra_warmup: int) -> float:
-    return interleaved_held_layers(pp, vpp, rank, microbatches, group, chunk_layers, extra_warmup)
+def _walked_slot_rank(pp: float, vpp: float, rank: float, microbatches: float, rank_layers: float, embedding: float,
+                      loss: float, group: int, moe_a2a_overlap: bool) -> float:
+    """in_flight_microbatches of an even split's rank with the embedding (loss) slot: its vpp chunks of
+    (layers + slots) / vpp layers, the first (last) one a layer lighter, walked; in whole-rank micro-batches."""
+    v = int(vpp)
+    chunks = np.full(v, (rank_layers + embedding + loss) / v)
+    chunks[0] -= embedding
+    chunks[-1] -= loss
+    return interleaved_held_layers(int(pp), v, int(rank), int(microbatches), group, chunks,
+                                   1 if moe_a2a_overlap else 0) / rank_layers
 
 
 def layout_in_flight(plans: PlanArrays, ranks: StageContent, microbatches: np.ndarray, training: TrainingSpec,
@@ -1213,8 +1206,7 @@ def pipeline_outputs_bytes(model: ModelSpec, training: TrainingSpec, shape: Stag
     plans = shape.plans
     vpp, pp = plans.vpp.astype(float), plans.pp.astype(float)
     entries = shape.in_flight * vpp
-    group = training.microbatch_group_size_per_vp_stage
-    g = np.maximum(float(group), pp) if group else pp
+    g = microbatch_group(pp, training.microbatch_group_size_per_vp_stage)
     full = np.floor(entries / (g * vpp))
     last_chunk = full * g + np.clip(entries - full * g * vpp - (vpp - 1.0) * g, 0.0, g)
     sending = np.where(shape.is_last, entries - last_chunk, entries)

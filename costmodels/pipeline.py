@@ -106,15 +106,19 @@ def overlaps_p2p(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     return (plans.pp > 1) & (plans.vpp > 1) & training.overlap_p2p_comm
 
 
+def microbatch_group(pp: "np.ndarray | int", group: int) -> "np.ndarray | int":
+    """The interleaved schedule's micro-batch group g (TrainingSpec.microbatch_group_size_per_vp_stage, `group`):
+    pp for 0, Megatron's default; taken as pp below it (rule `batch` refuses such a group, as Megatron-Core does)."""
+    return np.maximum(group, pp) if group else pp
+
+
 def interleaved_warmup_chunks(plans: PlanArrays, microbatches: np.ndarray, group: int = 0) -> np.ndarray:
     """Forward chunk passes the first pipeline rank runs before its first backward in the interleaved schedule:
     (p−1)·2 + (v−1)·g, at most all v·m (Megatron-Core `pipeline_parallel/schedules.py`,
     forward_backward_pipelining_with_interleaving: num_warmup_microbatches), g the micro-batch group
-    (TrainingSpec.microbatch_group_size_per_vp_stage, `group`; 0 = p, Megatron's default; taken as p below it, as
-    memory.in_flight_microbatches does, though rule `batch` refuses such a group as Megatron-Core does); the
-    cooldown runs as many backward chunk passes."""
+    (`microbatch_group`); the cooldown runs as many backward chunk passes."""
     pp = plans.pp.astype(float)
-    g = np.maximum(float(group), pp) if group else pp
+    g = microbatch_group(pp, group)
     return np.minimum((pp - 1.0) * 2.0 + (plans.vpp - 1.0) * g, plans.vpp * microbatches)
 
 
