@@ -312,11 +312,16 @@ def attention_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays)
     a = model.num_attention_heads
     if model.mla is not None:
         mla = model.mla
-        gemms = [_linear(tokens, h, mla.kv_lora_rank + mla.qk_rope_head_dim),              # kv down (replicated)
+        # the down projections are plain (duplicated) linears: Megatron-Core runs them on the rank's sequence-parallel
+        # shard, s/tp (gpt_layer_specs.py backend.linear(); multi_latent_attention.py _qkv_down_projection:
+        # "kv_combined: [s / TP, b, ...]"), the up projections gathering the latents; torchtitan replicates them
+        # over TP on every token (deepseek_v3 sharding: wq_a / wkv_a replicated)
+        down_tokens = np.where(plans.sp & (training.engine is Engine.MEGATRON), tokens / tp, tokens)
+        gemms = [_linear(down_tokens, h, mla.kv_lora_rank + mla.qk_rope_head_dim),         # kv down
                  _linear(tokens, mla.kv_lora_rank, a * (mla.qk_nope_head_dim + mla.v_head_dim) / tp),
                  _linear(tokens, a * mla.v_head_dim / tp, h)]                              # output projection
         if mla.q_lora_rank:
-            gemms += [_linear(tokens, h, mla.q_lora_rank),                                 # q down (replicated)
+            gemms += [_linear(down_tokens, h, mla.q_lora_rank),                            # q down
                       _linear(tokens, mla.q_lora_rank, a * mla.qk_head_dim / tp)]
         else:
             gemms.append(_linear(tokens, h, a * mla.qk_head_dim / tp))
@@ -393,9 +398,16 @@ def moe_tokens_per_local_expert(model: ModelSpec, training: TrainingSpec, plans:
 
 def moe_load_factor(training: TrainingSpec) -> float:
     """Busiest expert rank over the average: dropless routing lets the imbalance through; a capacity factor caps it
-    (tokens beyond capacity are dropped; Fedus et al., Switch Transformer, arXiv 2101.03961 §2.1)."""
+    (tokens beyond capacity are dropped; Fedus et al., Switch Transformer, arXiv 2101.03961 §2.1). Padded to
+    capacity (--moe-pad-expert-input-to-capacity), every expert runs exactly its capacity whatever the routing:
+    Megatron-Core's drop-and-pad mode makes every expert's column of the routing map its capacity
+    (moe_utils.apply_router_token_dropping, final_map = capacity_mask) and the alltoall dispatcher permutes and
+    sends capacity x experts rows (token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess, num_out_tokens =
+    capacity * num_experts)."""
     if training.moe_capacity_factor is None:
         return training.moe_imbalance_factor
+    if training.moe_pad_to_capacity:
+        return training.moe_capacity_factor
     return min(training.moe_imbalance_factor, training.moe_capacity_factor)
 
 
@@ -874,9 +886,20 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     if training.moe_dispatcher is MoEDispatcher.DEEPEP:   # the flex dispatcher: DeepEP sends unpermuted tokens
         return moe_kernels.token_permutation_bytes(received, received, model.hidden_size,
                                                    np.zeros(len(plans), dtype=bool)) + router
-    sorts_local_chunks = (plans.ep > 1) & (local_experts > 1)
-    return moe_kernels.token_permutation_bytes(routed_tokens * moe.top_k * load, received, model.hidden_size,
-                                               sorts_local_chunks) + router
+    # the chunk sort runs whenever a rank holds more than one expert, at any EP size (token_dispatcher.py
+    # dispatch_postprocess / combine_preprocess: `if self.num_local_experts > 1`)
+    sorts_local_chunks = np.broadcast_to(local_experts > 1, (len(plans),))
+    return moe_kernels.token_permutation_bytes(routed_tokens * moe.top_k * moe_sent_copy_factor(training), received,
+                                               model.hidden_size, sorts_local_chunks) + router
+
+
+def moe_sent_copy_factor(training: TrainingSpec) -> float:
+    """Rows a GPU permutes and sends per routed (token, expert) pair: each of its top_k copies once under dropless
+    routing (an imbalance loads the receivers, not the sender), the kept ones under a capacity factor below 1, and
+    the padded capacity (c per pair) under drop-and-pad (`moe_load_factor`)."""
+    if training.moe_pad_to_capacity:
+        return moe_load_factor(training)
+    return moe_kept_token_fraction(training)
 
 
 def moe_backward_extra_s(profile: HardwareProfile, training: TrainingSpec, moe_mlp: list[Gemm],
@@ -905,8 +928,8 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     2h, write 2h bytes per token each, HBM-bound);
     mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: a fused
     kernel reads the gate/up output, 4 bytes, and writes 2 per expert column; eager PyTorch's two kernels 10); moe
-    the router and routed-expert GEMMs and permutation (its all-to-alls are re-run too, priced in steptime.ep_all_to_all_s); shared_experts the shared MLP's
-    GEMMs; mla_up_proj the MLA up projections. Megatron-Core recomputes each from its stored input
+    the router, routed-expert GEMMs, permutation and the shared experts (its all-to-alls are re-run too, priced in
+    steptime.ep_all_to_all_s); shared_experts the shared MLP's GEMMs; mla_up_proj the MLA up projections. Megatron-Core recomputes each from its stored input
     (CheckpointWithoutOutput)."""
     n = len(plans)
     tokens = _tokens(training, plans)
@@ -917,8 +940,9 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     mla = np.zeros(n)
     if model.mla is not None:
         up = [g for g in attention_gemms(model, training, plans)[:-1]]
-        # the up projections: kv up (index 1) and q up (index 4 with a q latent)
-        picked = [up[1]] + ([up[4]] if model.mla.q_lora_rank else [])
+        # the up projections: kv up (index 1) and q up (index 4 with a q latent); without one the q projection
+        # (index 3), which the checkpointed qkv_up_proj_and_rope_apply runs too (multi_latent_attention.py)
+        picked = [up[1], up[4] if model.mla.q_lora_rank else up[3]]
         mla = _gemms_time_s(profile, training, picked)
     dense_mlp_gemms = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
     act_bytes = tokens * (6.0 if model.mlp is MlpKind.GATED else 4.0) * model.ffn_hidden_size / tp
@@ -940,9 +964,14 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
         permute = moe_dispatch_bytes(model, training, plans) * per_byte
         shared = _gemms_time_s(profile, training, routed_gemms[len(routed_gemms) - shared_count:]) \
             if shared_count else np.zeros(n)
+        # module moe checkpoints MoELayer's custom_forward, which runs shared_experts_compute first (moe_layer.py):
+        # its re-run includes the shared experts; with shared_experts also listed, that inner checkpoint re-runs
+        # them once more in its own backward (nested), so each listed module re-runs them once
+        shared_runs = recomputes_module(plans, RecomputeModule.MOE).astype(float) \
+            + recomputes_module(plans, RecomputeModule.SHARED_EXPERTS)
         moe = common + pick(RecomputeModule.LAYERNORM, model.num_separate_norms(moe_layer=True) * norm) \
             + np.where(recomputes_module(plans, RecomputeModule.MOE), routed + permute + act,
-                                pick(RecomputeModule.MOE_ACT, act)) + pick(RecomputeModule.SHARED_EXPERTS, shared)
+                       pick(RecomputeModule.MOE_ACT, act)) + shared_runs * shared
     return dense, moe
 
 

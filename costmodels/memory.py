@@ -861,7 +861,7 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
       (`_qkv_input_bytes_per_element`, `_mlp_input_bytes_per_element`; under fp8 those keep the original input then,
       set_save_original_input);
     - mlp: a dense MLP's interior (_mlp_bytes_per_token of its width, inside TP);
-    - shared_experts: the shared-expert MLP's interior;
+    - shared_experts: the shared-expert MLP's interior (module moe drops it too: its checkpoint runs them);
     - mla_up_proj: Q, K and V as the up projections produce them (a·(d_qk + d_qk + d_v), inside TP).
     The routed-expert modules (moe_act, moe) act on the expert terms (expert_mlp_activations_bytes and the router
     and dispatch terms)."""
@@ -886,7 +886,10 @@ def selective_dropped_bytes_per_layer(model: ModelSpec, training: TrainingSpec,
         # its interior, and under delayed scaling the fp8 copy of its input its fc1 keeps (the checkpoint keeps the
         # original: _mlp_input_bytes_per_element's extra)
         fc1_copy = _mlp_input_bytes_per_element(model, training, moe_layer=True) - BF16_BYTES
-        shared = np.where(recomputes_module(plans, RecomputeModule.SHARED_EXPERTS),
+        # module moe's checkpoint holds the shared experts too (moe_layer.py custom_forward runs
+        # shared_experts_compute inside it): their interior goes under either module
+        shared = np.where(recomputes_module(plans, RecomputeModule.SHARED_EXPERTS)
+                          | recomputes_module(plans, RecomputeModule.MOE),
                           _mlp_bytes_per_token(model, training, model.moe.shared_expert_ffn_hidden_size)
                           * shape.tokens_inside_tp + fc1_copy * model.hidden_size * shape.tokens_outside_tp, 0.0)
     moe_norms = norm_outputs(moe_layer=True) if model.moe is not None else zeros

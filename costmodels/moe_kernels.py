@@ -141,7 +141,7 @@ def token_permutation_bytes(sent_copies: np.ndarray, received_copies: np.ndarray
                             sorts_local_chunks: np.ndarray) -> np.ndarray:
     """Forward HBM bytes of the dispatcher's copies on one GPU: permute (read + write) and unpermute (scatter-add: read
     the copy, read and write its token's row) of the `sent_copies` = tokens × top_k rows it sends, and, where
-    `sorts_local_chunks` (EP > 1 with several local experts), sort_chunks_by_idxs after the dispatch and before the
+    `sorts_local_chunks` (several local experts), sort_chunks_by_idxs after the dispatch and before the
     combine (read + write each) of the `received_copies` rows it holds; h bf16 values per row."""
     row_bytes = hidden_size * ACTIVATION_BYTES
     sent = (2.0 + 3.0) * sent_copies * row_bytes

@@ -60,7 +60,8 @@ class RecomputeModule(enum.IntFlag):
     MOE_ACT = 8
     """The routed experts' activation function: its output (the down projection's input) is not kept."""
     MOE = 16
-    """A MoE layer's whole routed MLP (router, dispatch, experts, combine): only its input is kept."""
+    """A MoE layer's whole MLP (router, dispatch, routed experts, combine, and the shared experts, which
+    MoELayer's checkpointed forward runs first): only its input is kept."""
     SHARED_EXPERTS = 32
     """The shared experts' MLP."""
     MLA_UP_PROJ = 64

@@ -229,17 +229,41 @@ def test_dispatch_bytes_follow_the_plan():
     plans = PlanArrays.from_plans([Plan(tp=2, ep=8, etp=1, sp=True), Plan(tp=2, ep=1, etp=1, sp=True)])
     local, h = 4096 / 2, 6144                       # sequence-parallel tokens of one GPU
     row = h * 2.0
-    # 8 experts on EP 8: one local expert, no sort_chunks; EP 1: no all-to-all, no sort_chunks
+    # 8 experts on EP 8: one local expert, no sort_chunks; EP 1: no all-to-all, but all 8 experts are local, and
+    # Megatron-Core sorts the chunks whenever a rank holds more than one (token_dispatcher.py dispatch_postprocess,
+    # combine_preprocess: `if self.num_local_experts > 1`), at any EP size
     got = compute.moe_dispatch_bytes(MIXTRAL, training, plans)
     single = 5 * local * 2 * row + 6 * 4 * local * 8
     assert got[0] == pytest.approx(single)
-    assert got[1] == pytest.approx(single)
+    assert got[1] == pytest.approx(single + 4 * local * 2 * row)
     # 64 experts on EP 8: 8 local experts, the received copies are regrouped after dispatch and back before combine
     got = compute.moe_dispatch_bytes(fine, training, plans)
     received = float(compute.moe_tokens_per_local_expert(fine, training, plans)[0]) * 8
     assert received == pytest.approx(local * 8)     # balanced routing: a GPU receives what it sends
     assert got[0] == pytest.approx(5 * local * 8 * row + 4 * received * row + 6 * 4 * local * 64)
-    assert got[1] == pytest.approx(5 * local * 8 * row + 6 * 4 * local * 64)
+    assert got[1] == pytest.approx(5 * local * 8 * row + 4 * local * 8 * row + 6 * 4 * local * 64)
+
+
+def test_padding_to_capacity_runs_every_expert_at_its_capacity_whatever_the_imbalance():
+    """--moe-pad-expert-input-to-capacity: Megatron-Core's drop-and-pad gives every expert exactly its capacity rows
+    (moe_utils.apply_router_token_dropping: final_map = capacity_mask; token_dispatcher.py preprocess: num_out_tokens
+    = capacity * num_experts), so the expert GEMMs, the activation and the sender's permuted rows are c times the
+    balanced load even at imbalance 1; without padding an imbalance loads the receivers, not the sender."""
+    plans = PlanArrays.from_plans([Plan(tp=1, ep=8, etp=1)])
+    balanced = TrainingSpec(seq_len=4096, global_batch_size=256)
+    capped = dataclasses.replace(balanced, moe_capacity_factor=1.5)
+    padded = dataclasses.replace(capped, moe_pad_to_capacity=True)
+    assert compute.moe_load_factor(capped) == 1.0 and compute.moe_load_factor(padded) == 1.5
+    experts = [g for g in compute.moe_mlp_gemms(MIXTRAL, padded, plans) if g.grouped]
+    balanced_experts = [g for g in compute.moe_mlp_gemms(MIXTRAL, balanced, plans) if g.grouped]
+    assert experts[0].flops[0] == pytest.approx(1.5 * balanced_experts[0].flops[0])
+    assert compute.routed_expert_activation_bytes(MIXTRAL, padded, plans)[0] == pytest.approx(
+        1.5 * compute.routed_expert_activation_bytes(MIXTRAL, balanced, plans)[0])
+    tokens, row = 4096.0, 6144 * 2.0                # h 6144, top 2, one local expert on EP 8, tp 1: no SP split
+    router = 6 * 4 * tokens * 8
+    assert compute.moe_dispatch_bytes(MIXTRAL, padded, plans)[0] == pytest.approx(5 * 1.5 * tokens * 2 * row + router)
+    imbalanced = dataclasses.replace(balanced, moe_imbalance_factor=1.3)
+    assert compute.moe_dispatch_bytes(MIXTRAL, imbalanced, plans)[0] == pytest.approx(5 * tokens * 2 * row + router)
 
 
 def test_moe_layer_prices_grouped_experts_and_wgrad_accumulation():

@@ -3,6 +3,8 @@ its place in the search, and the Megatron-LM flags written and read back."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,54 @@ def test_modules_a_model_lacks_are_warned_about():
     assert plan_input_warnings(dense, TrainingSpec(), sel("mlp")) == []
     moe = autopar.load_model("deepseek-v3")
     assert plan_input_warnings(moe, TrainingSpec(), sel("moe_act,mla_up_proj,shared_experts")) == []
+
+
+SHARED = ModelSpec(name="moe-shared", hidden_size=2048, num_layers=8, num_attention_heads=16, num_kv_heads=4,
+                   ffn_hidden_size=8192, vocab_size=32000,
+                   moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024, num_shared_experts=1,
+                               shared_expert_ffn_hidden_size=4096))
+
+
+def test_moe_module_recomputes_the_shared_experts_it_checkpoints():
+    """Module moe checkpoints MoELayer's custom_forward, which runs shared_experts_compute first (Megatron-Core
+    moe_layer.py): the shared experts' interior is not kept and they re-run with it. Listing shared_experts too
+    nests their own checkpoint inside, which re-runs them once more in its backward."""
+    from costmodels import compute
+
+    plans = PlanArrays.from_plans([sel("moe"), sel("moe,shared_experts"), sel("shared_experts"), sel("moe_act")])
+    result = run(SHARED, [sel("moe"), sel("moe,shared_experts"), sel("shared_experts"), sel("moe_act")])
+    stored = result.memory_terms_bytes["layer_activations"]
+    tokens = 4096
+    shared_interior = SHARED.num_moe_layers * 6 * 4096 * tokens           # SwiGLU interior, 6 bytes a column
+    assert stored[0] == stored[1] == stored[2]
+    assert stored[3] - stored[2] == pytest.approx(shared_interior)
+    _, moe_rerun_s = compute.selective_recompute_s(SHARED, H100, TRAINING, plans, np.zeros(len(plans)))
+    shared_s = compute._gemms_time_s(H100, TRAINING, compute.moe_mlp_gemms(SHARED, TRAINING, plans)[-2:])
+    routed_only = dataclasses.replace(SHARED, moe=dataclasses.replace(SHARED.moe, num_shared_experts=0,
+                                                                       shared_expert_ffn_hidden_size=0))
+    _, routed_rerun_s = compute.selective_recompute_s(routed_only, H100, TRAINING, plans, np.zeros(len(plans)))
+    assert moe_rerun_s[0] == pytest.approx(routed_rerun_s[0] + shared_s[0])
+    assert moe_rerun_s[1] - moe_rerun_s[0] == pytest.approx(shared_s[1])
+    assert moe_rerun_s[2] == pytest.approx(shared_s[2])
+
+
+def test_mla_projections_as_megatron_core_runs_them():
+    """Megatron-Core's MLA down projections are duplicated linears on the rank's sequence-parallel shard (s/tp
+    tokens; the up projections gather the latents), torchtitan's replicated on every token; without a q latent,
+    module mla_up_proj re-runs the q projection with the kv up projection (qkv_up_proj_and_rope_apply)."""
+    from autopar.models import load_model
+    from costmodels import compute
+    from costmodels.specs import Engine, LaunchPath
+
+    v3, lite = load_model("deepseek-v3"), load_model("deepseek-v2-lite")
+    plans = PlanArrays.from_plans([Plan(tp=4, sp=True), Plan(tp=4, sp=False)])
+    tokens, h = 4096.0, v3.hidden_size
+    kv_down, q_down = (compute.attention_gemms(v3, TRAINING, plans)[i] for i in (0, 3))
+    assert kv_down.m[0] == tokens / 4 and kv_down.m[1] == tokens
+    assert q_down.flops[0] == pytest.approx(2 * tokens / 4 * h * v3.mla.q_lora_rank)
+    titan = TrainingSpec(seq_len=4096, global_batch_size=8, engine=Engine.TORCHTITAN, launch=LaunchPath.EAGER)
+    assert compute.attention_gemms(v3, titan, plans)[0].m[0] == tokens
+    one = PlanArrays.from_plans([sel("mla_up_proj")])
+    _, rerun_s = compute.selective_recompute_s(lite, H100, TRAINING, one, np.zeros(1))
+    gemms = compute.attention_gemms(lite, TRAINING, one)
+    assert rerun_s[0] == pytest.approx(compute._gemms_time_s(H100, TRAINING, [gemms[1], gemms[3]])[0])
