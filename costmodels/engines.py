@@ -544,8 +544,9 @@ def _eager_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, comp
     torchtitan v0.2.2 (models/moe/moe.py, distributed/expert_parallel.py), ExpertGemm.GROUPED: router GEMM, scores,
     top-k, histc counts, argsort reorder, torch._grouped_mm x3 (48 forward / 39 backward ops in all for a Qwen3-like
     router); EP > 1 exchanges counts by all-to-all and reads the split sizes on the host (`.to("cpu",
-    non_blocking=False)`: one sync), dispatches and combines by all-to-all; DeepEP spins on its receive counters and
-    then indexes by a boolean mask and repeat_interleave (3 syncs). Compiled (apply_compile compiles the router,
+    non_blocking=False)`: one sync), dispatches and combines by all-to-all; DeepEP spins on its receive counters
+    (buffer.dispatch(do_cpu_sync=True)) and then _permute_tokens indexes by the mask twice and repeat_interleaves
+    without an output size (distributed/deepep/deepep.py at v0.2.2: 4 syncs). Compiled (apply_compile compiles the router,
     reorderer, shared experts and the expert GEMM function apart): ~7 graph calls each way, eager glue between.
     ExpertGemm.LOOP (Hugging Face's eager blocks, e.g. Qwen3MoeSparseMoeBlock; DeepSpeed-MoE): `expert_hit =
     (mask.sum() > 0).nonzero()` and, per local expert, `torch.where(expert_mask[e])` -- each a host sync (data-
@@ -576,7 +577,7 @@ def _eager_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, comp
         pre = pre + exchange
         post = post + Launches(collective=np.where(ep, 2.0, 0.0))
         backward = backward + Launches(collective=np.where(ep, 2.0, 0.0))
-        syncs = np.where(ep, 3.0 if deepep else 1.0, 0.0)
+        syncs = np.where(ep, DEEPEP_TITAN_SYNCS if deepep else 1.0, 0.0)
     if shared:
         pre = pre + Launches(aten_gemm=3.0, aten_op=2.0)
         backward = backward + Launches(aten_gemm=6.0, aten_op=3.0)
@@ -653,18 +654,33 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         else layer_fwd.times(0.35),
         moe_recompute=_sac_recompute(attention_fwd + moe_pre_sac + post, model, True)
         if engine is Engine.TORCHTITAN and model.moe is not None else (attention_fwd + post).times(0.35),
-        dispatch_syncs=dispatch_syncs, moe_recompute_syncs=np.zeros(n),
+        dispatch_syncs=dispatch_syncs, moe_recompute_syncs=_sac_recompute_syncs(training, plans, dispatch_syncs),
         loss_syncs=0.0,
         # torch.distributed.pipelining and DeepSpeed's PipelineEngine wait on the stream, not the host
         transfer_syncs=np.zeros(n, dtype=bool),
     )
 
 
+DEEPEP_TITAN_SYNCS = 4.0
+"""Host syncs of one torchtitan MoE forward on its DeepEP path (_eager_moe)."""
+
+
+def _sac_recompute_syncs(training: TrainingSpec, plans: PlanArrays, dispatch_syncs: np.ndarray) -> np.ndarray:
+    """Host syncs torchtitan's per-op SAC re-runs in a MoE layer's backward: none on the all-to-all path (its policy
+    saves the split sizes' copy to the CPU, aten._to_copy: activation_checkpoint.py _get_custom_policy); on the DeepEP
+    path the permutation's three data-dependent ops re-run, and the dispatch's CPU wait too unless the save list
+    keeps the all-to-all outputs (TrainingSpec.sac_saves_all_to_all)."""
+    rerun = DEEPEP_TITAN_SYNCS - (1.0 if training.sac_saves_all_to_all else 0.0)
+    deepep = training.moe_dispatcher is MoEDispatcher.DEEPEP
+    return np.where(per_op_sac(training, plans) & (dispatch_syncs > 0) & deepep, rerun, 0.0)
+
+
 def _sac_recompute(forward: Launches, model: ModelSpec, moe_layer: bool) -> Launches:
     """torchtitan's per-op SAC recompute of a block (per_op_sac): its forward's launches less the attention kernel
     (one op: an eager ATen op, or one of a compiled block's kernels) and the matmuls whose outputs are kept
     (sac_kept_matmuls); compiled, the recompute runs inside the backward graph, so no graph entry of its own. Its
-    device-to-host copies are kept (the policy saves `_to_copy` to the CPU), so it adds no synchronisation."""
+    device-to-host copies are kept (the policy saves `_to_copy` to the CPU): on the all-to-all path it adds no
+    synchronisation; on the DeepEP path `_sac_recompute_syncs`."""
     compiled = np.asarray(forward.compiled) > 0
     kept = float(len(sac_kept_matmuls(model, moe_layer)))
     return dataclasses.replace(

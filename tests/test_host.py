@@ -156,6 +156,23 @@ def test_megatron_dispatcher_syncs_once_per_moe_layer_unless_padded():
     assert engines.layer_launches(model, deepep, plans).dispatch_syncs[0] == 4
 
 
+def test_torchtitan_deepep_syncs_four_times_and_its_sac_reruns_the_permutation():
+    """torchtitan's DeepEP path (distributed/deepep/deepep.py at v0.2.2): the dispatch's CPU wait, then
+    _permute_tokens' two boolean-mask indexings and a repeat_interleave without an output size; per-op SAC re-runs
+    the three (its policy saves the dispatch's outputs only where the save list keeps the all-to-all) and nothing on
+    the all-to-all path (the split sizes' CPU copy is saved)."""
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen3-30b-a3b")
+    plans = PlanArrays.from_plans([Plan(ep=8, recompute="selective", zero=3), Plan(ep=8, recompute="full", zero=3)])
+    titan = TrainingSpec(engine="torchtitan", moe_dispatcher=MoEDispatcher.DEEPEP)
+    launches = engines.layer_launches(model, titan, plans)
+    assert list(launches.dispatch_syncs) == [4, 4]
+    assert list(launches.moe_recompute_syncs) == [3, 0]          # full recompute: host_timeline re-runs all 4
+    no_save = dataclasses.replace(titan, sac_saves_all_to_all=False)
+    assert engines.layer_launches(model, no_save, plans).moe_recompute_syncs[0] == 4
+    alltoall = dataclasses.replace(titan, moe_dispatcher=MoEDispatcher.ALLTOALL)
+    assert list(engines.layer_launches(model, alltoall, plans).moe_recompute_syncs) == [0, 0]
+
+
 def test_cuda_graphs_replace_a_layers_launches_by_replays():
     plans = PlanArrays.from_plans([Plan(tp=2, sp=True)])
     eager = engines.layer_launches(SMALL, TrainingSpec(), plans)
