@@ -1012,19 +1012,26 @@ def _forward_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> dic
     core = sum(g.flops[0] for g in attention if g.attention_core)
     projections = sum(g.flops[0] for g in attention if not g.attention_core)
     dense_mlp = sum(g.flops[0] for g in mlp_gemms(model, tokens, model.ffn_hidden_size, plans.tp.astype(float)))
-    moe_mlp = 0.0
+    moe_mlp = shared_mlp = 0.0
     if model.moe is not None:
         moe = model.moe
         moe_mlp = 2.0 * training.seq_len * model.hidden_size * moe.num_experts + moe.top_k * dense_mlp \
             * moe.expert_ffn_hidden_size / model.ffn_hidden_size * moe_kept_token_fraction(training)
         if moe.num_shared_experts:
-            moe_mlp += dense_mlp * moe.shared_expert_ffn_hidden_size / model.ffn_hidden_size
+            shared_mlp = dense_mlp * moe.shared_expert_ffn_hidden_size / model.ffn_hidden_size
+            moe_mlp += shared_mlp
+    # what module mla_up_proj re-runs: kv up, and q up (or the q projection without a q latent)
+    mla_up = (attention[1].flops[0] + attention[4 if model.mla.q_lora_rank else 3].flops[0]) \
+        if model.mla is not None else 0.0
     logits = 2.0 * training.seq_len * model.hidden_size * model.vocab_size
     layer_flops = {"dense": projections + core + dense_mlp, "moe": projections + core + moe_mlp}
     mtp = model.num_mtp_layers * (layer_flops["moe" if model.is_moe else "dense"]
                                   + 2.0 * training.seq_len * 2 * model.hidden_size ** 2 + logits)
     return {"layers": model.num_dense_layers * layer_flops["dense"] + model.num_moe_layers * layer_flops["moe"],
-            "attention_core": model.num_layers * core, "logits": logits, "mtp": mtp}
+            "attention_core": model.num_layers * core, "logits": logits, "mtp": mtp,
+            # what each --recompute-modules module re-runs, over the layers that have it
+            "dense_mlp": model.num_dense_layers * dense_mlp, "moe_mlp": model.num_moe_layers * moe_mlp,
+            "shared_mlp": model.num_moe_layers * shared_mlp, "mla_up": model.num_layers * mla_up}
 
 
 def attention_core_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> float:
@@ -1040,12 +1047,24 @@ def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
 
 
 def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    """FLOPs actually executed per step: model FLOPs plus the recomputed forward passes."""
+    """FLOPs actually executed per step: model FLOPs plus the recomputed forward passes (full: the recomputed layers;
+    selective: the modules it re-runs, `selective_recompute_s`'s: core_attn the attention core, mlp a dense MLP, moe
+    the router, the routed experts and the shared ones, shared_experts the shared ones once more, mla_up_proj the
+    MLA up projections; torchtitan's per-op SAC is counted as its attention core)."""
     parts = _forward_flops_per_sequence(model, training)
     layers = layers_on_stage(model.num_layers, plans, 0)  # block-method fraction; stage-uniform when split evenly
     full_fraction = recomputed_layer_fraction(plans, layers)
     selective = plans.recompute == Recompute.SELECTIVE
-    recomputed = np.where(selective, parts["attention_core"], full_fraction * parts["layers"])
+    sac = engines.per_op_sac(training, plans)
+
+    def rerun(module: RecomputeModule, flops: float) -> np.ndarray:
+        return np.where(recomputes_module(plans, module) & ~sac, flops, 0.0)
+
+    modules = rerun(RecomputeModule.CORE_ATTN, parts["attention_core"]) + rerun(RecomputeModule.MLP,
+                                                                               parts["dense_mlp"]) \
+        + rerun(RecomputeModule.MOE, parts["moe_mlp"]) + rerun(RecomputeModule.SHARED_EXPERTS, parts["shared_mlp"]) \
+        + rerun(RecomputeModule.MLA_UP_PROJ, parts["mla_up"])
+    recomputed = np.where(selective, np.where(sac, parts["attention_core"], modules), full_fraction * parts["layers"])
     # a fused attention backward recomputes the scores: 2.5x the core's forward, not 2x (FLASH_CORE_BACKWARD_...)
     flash_extra = (attention_core_backward_to_forward(training) - BACKWARD_TO_FORWARD) * parts["attention_core"]
     return model_flops_per_step(model, training) + (recomputed + flash_extra) * training.global_batch_size

@@ -175,3 +175,20 @@ def test_mla_projections_as_megatron_core_runs_them():
     _, rerun_s = compute.selective_recompute_s(lite, H100, TRAINING, one, np.zeros(1))
     gemms = compute.attention_gemms(lite, TRAINING, one)
     assert rerun_s[0] == pytest.approx(compute._gemms_time_s(H100, TRAINING, [gemms[1], gemms[3]])[0])
+
+
+def test_hardware_flops_count_the_modules_recomputed():
+    """Hardware FLOPs add what the selected modules re-run: the attention core for core_attn (the default), a dense
+    MLP for mlp, the whole MoE MLP for moe; layernorm re-runs no GEMM."""
+    from costmodels import compute
+
+    plans = PlanArrays.from_plans([sel("core_attn"), sel("layernorm"), sel("moe"), sel("core_attn,moe"), Plan(zero=1)])
+    hardware = compute.hardware_flops_per_step(SHARED, TRAINING, plans)
+    parts = compute._forward_flops_per_sequence(SHARED, TRAINING)
+    flash_extra = hardware[4] - compute.model_flops_per_step(SHARED, TRAINING)
+    per_step = TRAINING.global_batch_size
+    assert hardware[0] - hardware[4] == pytest.approx(parts["attention_core"] * per_step)
+    assert hardware[1] == pytest.approx(hardware[4])
+    assert hardware[2] - hardware[4] == pytest.approx(parts["moe_mlp"] * per_step)
+    assert hardware[3] - hardware[2] == pytest.approx(parts["attention_core"] * per_step)
+    assert flash_extra > 0
