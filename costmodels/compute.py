@@ -371,13 +371,28 @@ def local_attention_core_fraction(model: ModelSpec, training: TrainingSpec) -> f
 
 
 def mlp_gemms(model: ModelSpec, tokens: np.ndarray, width: float, tp: np.ndarray,
-              norm_fused: bool = False) -> list[Gemm]:
+              norm_fused: bool = False, split_gate_up: bool = False) -> list[Gemm]:
     """A dense MLP of intermediate size `width`, column- then row-parallel over `tp`; `norm_fused` where the pre-MLP
-    norm is fused into its fc1 (a dense layer's MLP; a MoE layer keeps the norm apart for the router)."""
-    up = 2 * width if model.mlp is MlpKind.GATED else width                                # gate and up fused
+    norm is fused into its fc1 (a dense layer's MLP; a MoE layer keeps the norm apart for the router). A gated MLP's
+    gate and up projections are one GEMM of 2·width columns, or two of `width` each reading the same input where the
+    engine keeps them apart (`split_gate_up`, `gate_up_fused`)."""
+    gated = model.mlp is MlpKind.GATED
+    down = _linear(tokens, width / tp, model.hidden_size)
+    if gated and split_gate_up:
+        one = _linear(tokens, model.hidden_size, width / tp)
+        return [dataclasses.replace(one, sp_gathered_input=True, norm_fused_input=norm_fused), one, down]
+    up = 2 * width if gated else width                                                      # gate and up fused
     return [dataclasses.replace(_linear(tokens, model.hidden_size, up / tp), sp_gathered_input=True,
-                                norm_fused_input=norm_fused),
-            _linear(tokens, width / tp, model.hidden_size)]
+                                norm_fused_input=norm_fused), down]
+
+
+def gate_up_fused(training: TrainingSpec) -> bool:
+    """Whether a gated MLP's gate and up projections run as one GEMM: Megatron-Core's linear_fc1 holds both in one
+    weight (mlp.py, gated_linear_unit), and fused SwiGLU kernels pack them (xformers' SwiGLU w12:
+    TrainingSpec.fused_kernels); torchtitan's FeedForward (w1, w3 nn.Linear) and GroupedExperts
+    (_run_experts_grouped_mm: one torch._grouped_mm for w1, one for w3, models/moe/moe.py at v0.2.2) and Hugging
+    Face's gate_proj / up_proj run two, each reading the input, whose two input gradients the backward adds."""
+    return training.engine in (Engine.MEGATRON, Engine.NATIVE) or training.fused_kernels
 
 
 def moe_tokens_per_local_expert(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -433,10 +448,12 @@ def moe_mlp_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
     gemms = [dataclasses.replace(_linear(router_tokens, model.hidden_size, moe.num_experts), bf16_only=True)]
     expert_tokens = moe_tokens_per_local_expert(model, training, plans) * moe_load_factor(training)
     local_experts = moe.num_experts / plans.ep
-    for gemm in mlp_gemms(model, expert_tokens, moe.expert_ffn_hidden_size, plans.etp.astype(float)):
+    split = not gate_up_fused(training)
+    for gemm in mlp_gemms(model, expert_tokens, moe.expert_ffn_hidden_size, plans.etp.astype(float),
+                          split_gate_up=split):
         gemms.append(Gemm(flops=gemm.flops * local_experts, m=gemm.m, n=gemm.n, k=gemm.k, grouped=True))
     if moe.num_shared_experts:
-        gemms += mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
+        gemms += mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp, split_gate_up=split)
     return gemms
 
 
@@ -812,7 +829,8 @@ def layer_times_s(model: ModelSpec, profile: HardwareProfile, training: Training
         + BACKWARD_TO_FORWARD * score_bytes * seconds_per_byte
     projections_s = _gemms_time_s(profile, training, attention, attention_core=False)
     attention_s = projections_s + core_s + fp8_cast_bytes(attention, profile, training, plans) * cast_s_per_byte
-    dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp, norm_fused=True)
+    dense_mlp = mlp_gemms(model, tokens, model.ffn_hidden_size, tp, norm_fused=True,
+                          split_gate_up=not gate_up_fused(training))
     dense_mlp_s = _gemms_time_s(profile, training, dense_mlp)
     dense_weight_s = projections_s + dense_mlp_s
     dense_s = attention_s + dense_mlp_s + dense_bytes * layer_s_per_byte \
@@ -902,16 +920,27 @@ def moe_sent_copy_factor(training: TrainingSpec) -> float:
     return moe_kept_token_fraction(training)
 
 
+GRADIENT_ADD_BYTES_PER_ELEMENT = 6.0
+"""Autograd's sum of two bf16 gradients of one tensor (read 2 + 2, write 2 bytes an element)."""
+
+
 def moe_backward_extra_s(profile: HardwareProfile, training: TrainingSpec, moe_mlp: list[Gemm],
                          dispatch_s: np.ndarray) -> np.ndarray:
     """MoE-layer backward seconds the uniform 2 × forward rule misses: one forward of the dispatch copies and router
     passes less (their backward is a single transposed copy; moe_kernels module docstring), and, where the routed
     experts run as one grouped kernel on the grouped roofline, its fp32 weight-gradient accumulation
     (moe_kernels.grouped_wgrad_accumulation_bytes: the roofline itemises a kernel's bytes, and accumulating into
-    main_grad adds 6 per weight element). A cuBLAS GEMM per expert (expert_gemm cublas) accumulates the way a dense
-    Linear's wgrad GEMM does (Transformer Engine `GroupedLinear` and `Linear` both run cuBLAS with beta = 1 into
-    main_grad under --gradient-accumulation-fusion) and is priced like it, on the dense curve, with nothing added."""
+    main_grad adds 6 per weight element), and where the gate and up GEMMs are apart (`gate_up_fused`) the sum of
+    their input gradients over the received copies. A cuBLAS GEMM per expert (expert_gemm cublas) accumulates the
+    way a dense Linear's wgrad GEMM does (Transformer Engine `GroupedLinear` and `Linear` both run cuBLAS with
+    beta = 1 into main_grad under --gradient-accumulation-fusion) and is priced like it, on the dense curve, with
+    nothing added."""
     extra = -dispatch_s
+    if not gate_up_fused(training):      # the two input gradients of the gate and up GEMMs added: read 2 + 2, write 2
+        gate = next((gemm for gemm in moe_mlp if gemm.grouped), None)
+        if gate is not None:
+            rows_by_width = gate.flops / (2.0 * gate.n)                   # received copies x h, over the experts
+            extra = extra + GRADIENT_ADD_BYTES_PER_ELEMENT * rows_by_width / profile.hbm_bandwidth_bytes_per_s
     grouped = training.expert_gemm is ExpertGemm.GROUPED
     if grouped and moe_kernels.has_grouped_curve(profile, training.precision.value):
         for gemm in moe_mlp:
@@ -929,8 +958,8 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     mlp a dense MLP's GEMMs and activation; moe_act the experts' activation (routed_expert_activation_bytes: a fused
     kernel reads the gate/up output, 4 bytes, and writes 2 per expert column; eager PyTorch's two kernels 10); moe
     the router, routed-expert GEMMs, permutation and the shared experts (its all-to-alls are re-run too, priced in
-    steptime.ep_all_to_all_s); shared_experts the shared MLP's GEMMs; mla_up_proj the MLA up projections. Megatron-Core recomputes each from its stored input
-    (CheckpointWithoutOutput)."""
+    steptime.ep_all_to_all_s); shared_experts the shared MLP's GEMMs; mla_up_proj the MLA up projections.
+    Megatron-Core recomputes each from its stored input (CheckpointWithoutOutput)."""
     n = len(plans)
     tokens = _tokens(training, plans)
     tp = plans.tp.astype(float)
@@ -956,14 +985,12 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
         + pick(RecomputeModule.MLP, dense_mlp)
     moe = np.zeros(n)
     if model.moe is not None:
-        spec = model.moe
         act = routed_expert_activation_bytes(model, training, plans) * per_byte
-        routed_gemms = moe_mlp_gemms(model, training, plans)
-        shared_count = 2 if spec.num_shared_experts else 0
-        routed = _gemms_time_s(profile, training, routed_gemms[:len(routed_gemms) - shared_count])
+        moe_gemms = moe_mlp_gemms(model, training, plans)    # the router, the routed experts, the shared ones
+        shared_gemms = [g for g in moe_gemms[1:] if not g.grouped]
+        routed = _gemms_time_s(profile, training, [g for g in moe_gemms if g.grouped or g is moe_gemms[0]])
         permute = moe_dispatch_bytes(model, training, plans) * per_byte
-        shared = _gemms_time_s(profile, training, routed_gemms[len(routed_gemms) - shared_count:]) \
-            if shared_count else np.zeros(n)
+        shared = _gemms_time_s(profile, training, shared_gemms) if shared_gemms else np.zeros(n)
         # module moe checkpoints MoELayer's custom_forward, which runs shared_experts_compute first (moe_layer.py):
         # its re-run includes the shared experts; with shared_experts also listed, that inner checkpoint re-runs
         # them once more in its own backward (nested), so each listed module re-runs them once

@@ -508,3 +508,27 @@ def test_torchtitan_deepep_under_tp_dispatches_every_token_on_every_tp_rank():
     assert not engines.moe_dispatch_replicated(titan, plans).any()
     assert not engines.moe_dispatch_replicated(TrainingSpec(seq_len=4096, global_batch_size=256,
                                                             moe_dispatcher="deepep"), plans).any()
+
+
+def test_engines_that_keep_gate_and_up_apart_run_two_gemms_and_add_their_input_gradients():
+    """Megatron-Core's linear_fc1 holds gate and up in one weight (one GEMM of 2F columns); torchtitan's
+    GroupedExperts runs torch._grouped_mm once for w1 and once for w3 (models/moe/moe.py _run_experts_grouped_mm at
+    v0.2.2), each reading the received copies, and its backward adds their two input gradients."""
+    plans = PlanArrays.from_plans([Plan(tp=1, ep=8, etp=1)])
+    megatron = TrainingSpec(seq_len=4096, global_batch_size=256, expert_gemm="grouped")
+    titan = dataclasses.replace(megatron, engine="torchtitan")
+    assert compute.gate_up_fused(megatron) and not compute.gate_up_fused(titan)
+    fused = [g for g in compute.moe_mlp_gemms(MIXTRAL, megatron, plans) if g.grouped]
+    split = [g for g in compute.moe_mlp_gemms(MIXTRAL, titan, plans) if g.grouped]
+    assert len(fused) == 2 and len(split) == 3
+    assert split[0].n[0] == split[1].n[0] == fused[0].n[0] / 2
+    assert sum(g.flops[0] for g in split) == pytest.approx(sum(g.flops[0] for g in fused))
+    # the grouped roofline reads the input once per GEMM: two GEMMs take longer than one of twice the width
+    assert compute._gemms_time_s(H100, titan, split[:2])[0] > compute._gemms_time_s(H100, megatron, fused[:1])[0]
+    rows = 4096 * 2                                 # tp 1: a GPU's 4096 tokens x top 2, one local expert
+    added_s = compute.GRADIENT_ADD_BYTES_PER_ELEMENT * rows * 6144 / H100.hbm_bandwidth_bytes_per_s
+    zero = np.zeros(1)
+    assert compute.moe_backward_extra_s(H100, titan, split, zero)[0] - compute.moe_backward_extra_s(
+        H100, megatron, split, zero)[0] == pytest.approx(added_s)
+    dense = compute.mlp_gemms(MIXTRAL, np.array([4096.0]), 16384, np.array([1.0]), split_gate_up=True)
+    assert [g.n[0] for g in dense] == [16384, 16384, 6144]
