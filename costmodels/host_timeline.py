@@ -216,6 +216,12 @@ def run_microbatch(chains: Chains, pieces: StagePieces, launches: LayerLaunches,
     chunks = np.where(launches.transfer_syncs, plans.vpp.astype(float), 1.0)
     share = 1.0 / chunks
     transfer = np.where(launches.transfer_syncs, 1.0, 0.0)
+    # non-interleaved 1F1B: the last stage's send_forward_recv_backward and the first stage's
+    # send_backward_recv_forward call no _communicate (nothing to send or receive there), so no synchronize
+    # (Megatron-Core pipeline_parallel/p2p_communication.py)
+    plain = plans.vpp == 1
+    after_forward = np.where(p.last & plain, 0.0, transfer)
+    after_backward = np.where(p.first & plain, 0.0, transfer)
     more = chunks > 1
     middle = np.maximum(chunks - 2.0, 0.0)
     chains.run(p.head_fwd)
@@ -225,14 +231,14 @@ def run_microbatch(chains: Chains, pieces: StagePieces, launches: LayerLaunches,
     _forward_layers(chains, p, launches, np.where(more, share, 0.0))
     chains.run(p.tail_fwd)
     chains.sync(np.where(p.last, launches.loss_syncs, 0.0))
-    chains.sync(transfer)
+    chains.sync(after_forward)
     chains.run(p.tail_bwd)
     _backward_layers(chains, p, share)
     chains.sync(np.where(more, 1.0, 0.0))
     chains.exposed_s = chains.exposed_s + middle * _closed_chunks(p, launches, share, chains.wake_s, n, True)
     _backward_layers(chains, p, np.where(more, share, 0.0))
     chains.run(p.head_bwd)
-    chains.sync(transfer)
+    chains.sync(after_backward)
 
 
 def _closed_chunks(p: StagePieces, launches: LayerLaunches, share, wake_s: float, n: int, backward: bool

@@ -395,3 +395,34 @@ def test_deepspeed_zero3_fetches_shared_experts_with_the_block():
     assert fetch.collective[0] == 1.0 and fetch.aten_op[0] >= 1.0 + 1.0 + 3 * (experts + shared)
     hooked = engines.layer_launches(model, dataclasses.replace(leaf, zero3_moe_leaf=False), plans).moe_post_fwd
     assert hooked.collective[0] == 1.0 + 3 * (experts + shared)
+
+
+def test_plain_1f1b_syncs_at_the_transfers_a_stage_makes(monkeypatch):
+    """Non-interleaved 1F1B ends every _communicate in torch.cuda.synchronize(); the last stage sends nothing after
+    its forward (send_forward_recv_backward skips _communicate there) and the first nothing after its backward
+    (send_backward_recv_forward), so they synchronise once a micro-batch, the stages between twice
+    (Megatron-Core pipeline_parallel/p2p_communication.py)."""
+    plans = PlanArrays.from_plans([Plan(pp=3)])
+    cluster = ClusterSpec(profile=H100, num_gpus=3)
+    training = TrainingSpec(seq_len=1024, global_batch_size=8)
+    times = steptime.compute_model.layer_times_s(SMALL, H100, training, plans)
+    launches = engines.layer_launches(SMALL, training, plans)
+    assert launches.transfer_syncs[0] and launches.loss_syncs == 2.0
+    counted = []
+    original = host_timeline.Chains.sync
+
+    def counting(self, count):
+        counted.append(float(np.asarray(count, dtype=float).ravel()[0]))
+        original(self, count)
+
+    monkeypatch.setattr(host_timeline.Chains, "sync", counting)
+    # the interleaved schedule's chunk passes between transfers (none here: vpp 1) run chains of their own
+    monkeypatch.setattr(host_timeline, "_closed_chunks", lambda *args: np.zeros(1))
+    zero = np.zeros(1)
+    per_stage = []
+    for stage in range(3):
+        counted.clear()
+        steptime.stage_host_s(SMALL, cluster, training, plans, times, stage, zero + 1e-3, zero + 2e-3, zero, zero,
+                              launches)
+        per_stage.append(sum(counted))
+    assert per_stage == [1.0, 2.0, 1.0 + 2.0]          # the last stage adds the loss's two NaN checks
