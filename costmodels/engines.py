@@ -45,7 +45,8 @@ import numpy as np
 
 from costmodels.errors import InputError
 from costmodels.host import DEFAULT_HOST_COSTS_US, HostCosts
-from costmodels.plan import PlanArrays, Recompute, RecomputeModule, recomputes_module
+from costmodels.params import stage_params_per_gpu
+from costmodels.plan import PlanArrays, Recompute, RecomputeModule, data_parallel_size, recomputes_module
 from costmodels.specs import (CrossEntropyKernel, Engine, ExpertGemm, LaunchPath, MlpKind, ModelSpec, MoEDispatcher,
                               NormKind, PositionEmbedding, TrainingSpec)
 
@@ -927,9 +928,10 @@ def host_reads_zero(training: TrainingSpec) -> bool:
 
 def step_launches(training: TrainingSpec) -> tuple[float, Launches]:
     """(host synchronisations, launches) of the engine's optimizer step, per step, the same for every plan:
-      Megatron-Core: the DDP buckets' NaN checks (2), the rerun state machine's reduce (1), train_step's four reads
-        after the optimizer and get_loss_scale().item() (training.py); TE's multi-tensor Adam, the norm and the bf16
-        copy, a few launches per ~110 tensors;
+      Megatron-Core: the rerun state machine's reduce (1), train_step's four reads after the optimizer and
+        get_loss_scale().item() (training.py), and the DDP buckets' NaN checks (`megatron_bucket_checks`, per plan:
+        2 for the one bucket of a dense model without --overlap-grad-reduce); TE's multi-tensor Adam, the norm and
+        the bf16 copy, a few launches per ~110 tensors;
       torchtitan v0.2.2: dist_sum(local_valid_tokens).item() at every step start (train.py train_step); nanoGPT:
         loss.item() every iteration (log_interval 1); DeepSpeed 0.19: none per step (2021, `zero3_serial_fetch`:
         its timers called torch.cuda.synchronize() at start and stop of train_batch); foreach AdamW: 8 ops a
@@ -937,7 +939,7 @@ def step_launches(training: TrainingSpec) -> tuple[float, Launches]:
       llm.c: two per step, four kernels and two all-reduces launched from C."""
     engine = training.engine
     if engine is Engine.MEGATRON:
-        return 8.0, Launches(aten_op=12.0)
+        return 6.0, Launches(aten_op=12.0)
     if engine is Engine.NATIVE:
         return 2.0, Launches(launch=4.0, collective=2.0)
     if engine is Engine.DEEPSPEED:
@@ -957,12 +959,42 @@ def model_param_tensors(model: ModelSpec) -> float:
     return tensors + 1.0 + learned + norm_params_per_layer(model) / 2.0 + (0.0 if model.tied_embeddings else 1.0)
 
 
-def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts) -> np.ndarray:
-    """The host's share of the optimizer step for each plan: its synchronisations' wake-ups and the launches after
-    the last of them, which nothing hides (`step_launches`); under DeepSpeed ZeRO-3 also the step's walk over every
-    parameter of the partition (ZERO3_STEP_TO_ATEN_OP: every rank holds a shard of every parameter)."""
+MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+"""Megatron-Core's default DDP bucket under --overlap-grad-reduce: max(40M, 1M x dp) parameters
+(distributed_data_parallel.py: ddp_config.bucket_size = max(40000000, 1000000 * dp_group.size()))."""
+NAN_CHECK_SYNCS_PER_BUCKET = 2.0
+"""check_grads (param_and_grad_buffer.py, --check-for-nan-in-loss-and-grad, on by default): validate_result of the
+bucket's grad norm against isnan and isinf, each a bool() of a device tensor under the default rerun mode."""
+
+
+def megatron_bucket_checks(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, num_gpus: int,
+                           stage: "np.ndarray | int") -> np.ndarray:
+    """Host syncs of Megatron-Core's DDP NaN/Inf checks per step on pipeline rank `stage`: two per bucket
+    (NAN_CHECK_SYNCS_PER_BUCKET). Each model chunk has its own DDP with a dense buffer and, in a MoE model, an expert
+    buffer; without --overlap-grad-reduce each buffer is one bucket, and with it only pipeline rank 0's first
+    chunk is split into buckets of max(40M, 1M x dp) parameters (DistributedDataParallel: `if disable_bucketing or
+    pp_rank > 0: self.bucket_size = None`; the chunks after the first are built with disable_bucketing)."""
+    non_expert, expert = stage_params_per_gpu(model, plans, stage)
+    vpp = plans.vpp.astype(float)
+    buffers = [non_expert] + ([expert] if model.is_moe else [])
+    bucket = np.maximum(float(MEGATRON_MIN_BUCKET_PARAMS),
+                        MEGATRON_BUCKET_PARAMS_PER_DP_RANK * data_parallel_size(plans, num_gpus))
+    bucketed = training.overlap_grad_reduce & (np.asarray(stage) == 0)
+    buckets = sum(np.where(bucketed, np.ceil(params / vpp / bucket) + vpp - 1.0, vpp) for params in buffers)
+    return NAN_CHECK_SYNCS_PER_BUCKET * buckets
+
+
+def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts, num_gpus: int,
+                stage: "np.ndarray | int") -> np.ndarray:
+    """The host's share of the optimizer step for each plan on pipeline rank `stage`: its synchronisations'
+    wake-ups and the launches after the last of them, which nothing hides (`step_launches`; Megatron-Core's DDP
+    checks with them, `megatron_bucket_checks`); under DeepSpeed ZeRO-3 also the step's walk over every parameter
+    of the partition (ZERO3_STEP_TO_ATEN_OP: every rank holds a shard of every parameter)."""
     syncs, optimizer = step_launches(training)
     fixed_s = syncs * costs.sync_s + float(np.asarray(optimizer.host_s(costs)))
+    if training.engine is Engine.MEGATRON:
+        return fixed_s + megatron_bucket_checks(model, training, plans, num_gpus, stage) * costs.sync_s
     if training.engine is not Engine.DEEPSPEED:
         return np.full(len(plans), fixed_s)
     per_step, per_tensor = ZERO3_STEP_TO_ATEN_OP

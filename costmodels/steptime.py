@@ -80,7 +80,9 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     # gradient sync of the stage's parameters, hidden behind one microbatch's backward (its compute knobs)
     "dp_comm": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "zero", "recompute", "recompute_layers",
                 "recompute_modules", "vpp", "first_stage_layers", "last_stage_layers"),
-    "optimizer": ("tp", "cp", "pp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
+    # the Adam step over the stage's parameters; under Megatron-Core the DDP buckets' NaN checks too, whose count
+    # depends on the model chunks (vpp: each its own buffers; engines.megatron_bucket_checks)
+    "optimizer": ("tp", "cp", "pp", "vpp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     # fine-grained activation offloading's copies beyond the layer compute they overlap (compute's and the stored
     # activations' knobs); a term only when TrainingSpec.offload_modules names some
     "offload_copies": ("tp", "cp", "pp", "mbs", "sp", "ep", "etp", "recompute", "recompute_layers",
@@ -919,7 +921,7 @@ def optimizer_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     copy = 0 if training.grad_reduce_in_fp32 else BF16_GRAD_COPY_BYTES_PER_PARAM
     return per_structure(plans, ("optimizer_s", id(model), id(cluster), copy),
                          lambda p, s: _optimizer_s(model, cluster, p, s, copy), stage, knobs=TERM_KNOBS["optimizer"]) \
-        + engines.step_host_s(model, training, plans, cluster.profile.host_costs)
+        + engines.step_host_s(model, training, plans, cluster.profile.host_costs, cluster.num_gpus, stage)
 
 
 def _optimizer_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from costmodels import engines, host_timeline, steptime
 from costmodels.hardware import load_profile
 from costmodels.host import DEFAULT_HOST_COSTS_US, HOST_FIELDS, Segment, host_costs_from_us
+from costmodels.params import stage_params_per_gpu
 from costmodels.plan import Plan, PlanArrays
 from costmodels.specs import ClusterSpec, Engine, LaunchPath, ModelSpec, MoEDispatcher, TrainingSpec
 
@@ -360,11 +361,34 @@ def test_deepspeed_zero3_step_walks_every_parameter_on_the_host():
     plans = PlanArrays.from_plans([Plan(zero=3), Plan(zero=1)])
     costs = host_costs_from_us(DEFAULT_HOST_COSTS_US)
     deepspeed = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED)
-    host_s = engines.step_host_s(qwen, deepspeed, plans, costs)
+    host_s = engines.step_host_s(qwen, deepspeed, plans, costs, 8, 0)
     per_step, per_tensor = engines.ZERO3_STEP_TO_ATEN_OP
     assert host_s[0] - host_s[1] == pytest.approx((per_step + per_tensor * (48 * 393 + 3)) * costs.aten_op_s)
-    megatron = engines.step_host_s(qwen, TrainingSpec(seq_len=1024, global_batch_size=64), plans, costs)
+    megatron = engines.step_host_s(qwen, TrainingSpec(seq_len=1024, global_batch_size=64), plans, costs, 8, 0)
     assert megatron[0] == megatron[1]
+
+
+def test_megatron_checks_every_ddp_bucket_for_nan_on_the_host():
+    """--check-for-nan-in-loss-and-grad (on by default) checks each DDP bucket's grad norm against isnan and isinf,
+    a host read each (param_and_grad_buffer.py check_grads). Without --overlap-grad-reduce a chunk's dense and expert
+    buffers are one bucket each; with it pipeline rank 0's first chunk is cut into buckets of max(40M, 1M x dp)
+    parameters, the other ranks and chunks staying whole (distributed_data_parallel.py)."""
+    load = __import__("autopar.models", fromlist=["load_model"]).load_model
+    llama, qwen = load("llama-2-7b"), load("qwen3-30b-a3b")
+    plans = PlanArrays.from_plans([Plan(zero=1), Plan(pp=2, zero=1), Plan(pp=2, vpp=2, zero=1)])
+    plain = TrainingSpec(seq_len=1024, global_batch_size=64)
+    overlap = dataclasses.replace(plain, overlap_grad_reduce=True)
+    assert list(engines.megatron_bucket_checks(llama, plain, plans, 8, 0)) == [2, 2, 4]
+    assert list(engines.megatron_bucket_checks(qwen, plain, plans, 8, 0)) == [4, 4, 8]
+    # 6.74B parameters on one rank of dp 8: buckets of 40M; on pp 2 rank 1 stays unbucketed
+    one = PlanArrays.from_plans([Plan(zero=1)])
+    buckets = engines.megatron_bucket_checks(llama, overlap, one, 8, 0)[0] / 2
+    dense, _ = stage_params_per_gpu(llama, one, 0)
+    assert buckets == np.ceil(dense[0] / 40e6) and buckets > 100
+    assert engines.megatron_bucket_checks(llama, overlap, plans, 8, 1)[1] == 2
+    costs = host_costs_from_us(DEFAULT_HOST_COSTS_US)
+    more = engines.step_host_s(llama, overlap, plans, costs, 8, 0) - engines.step_host_s(llama, plain, plans, costs, 8, 0)
+    assert more[0] == pytest.approx((2 * buckets - 2) * costs.sync_s)
 
 
 def test_deepspeed_zero3_counts_a_gpt2_layer_and_the_model_around_the_layers():

@@ -348,7 +348,10 @@ def test_overlaps_default_off_and_each_hides_its_own_term():
         on = terms(model, 64, plans, dataclasses.replace(base, **{option: True}))
         assert on[term][0] < off[term][0], option
         changed = {name for name in off if not math.isclose(on[name][0], off[name][0], rel_tol=1e-12)}
-        assert changed <= {term, "pp_bubble"}, (option, changed)
+        # overlapping the grad reduce cuts the buffers into buckets, each checked for NaN on the host at the step
+        # (engines.megatron_bucket_checks, in the optimizer term)
+        checks = {"optimizer"} if option == "overlap_grad_reduce" else set()
+        assert changed <= {term, "pp_bubble"} | checks, (option, changed)
 
 
 def test_param_gather_overlap_needs_grad_reduce_overlap():
@@ -577,8 +580,8 @@ def test_bf16_gradient_reduce_halves_the_reduce_bytes_and_pays_the_fp32_copy_in_
     bf16_training = dataclasses.replace(training, grad_reduce_in_fp32=False)
     fp32_terms, bf16_terms = terms(MIXTRAL, 64, plans, training), terms(MIXTRAL, 64, plans, bf16_training)
     # the optimizer term also carries the host's share of the step (engines.step_host_s), the same either way
-    host_s = engines.step_host_s(MIXTRAL, training, plans, H100.host_costs)
-    np.testing.assert_array_equal(host_s, engines.step_host_s(MIXTRAL, bf16_training, plans, H100.host_costs))
+    host_s = engines.step_host_s(MIXTRAL, training, plans, H100.host_costs, 64, 0)
+    np.testing.assert_array_equal(host_s, engines.step_host_s(MIXTRAL, bf16_training, plans, H100.host_costs, 64, 0))
     np.testing.assert_allclose((bf16_terms["optimizer"] - host_s) / (fp32_terms["optimizer"] - host_s),
                                [40 / 34, 40 / 34, 1.0], rtol=1e-12)
     assert np.all(bf16_terms["dp_comm"] < fp32_terms["dp_comm"])
