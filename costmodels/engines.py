@@ -920,6 +920,18 @@ def sac_kept_matmuls(model: ModelSpec, moe_layer: bool) -> list[BlockMatmul]:
     return sac_block_matmuls(model, moe_layer)[0::2]
 
 
+def fsdp_unsharded_through_step(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Where FSDP keeps a pipeline stage's parameters and gradients unsharded for the whole step: torchtitan with
+    pipeline parallelism (zero 2 and 3). Its default reshard policy does not reshard after the forward under PP
+    ('For PP, by default do not reshard after forward to avoid per-microbatch all-gathers', apply_fsdp at v0.2.2:
+    reshard_after_forward = not pp_enabled), and torch.distributed.pipelining runs every micro-batch's backward
+    with set_reshard_after_backward(False) and set_requires_gradient_sync(False) (stage.py
+    backward_maybe_with_nosync): the parameters are all-gathered once, at the stage's first forward, and the
+    gradients accumulate unsharded in the reduce dtype until the schedule's REDUCE_GRAD after the stage's last
+    backward reduce-scatters them once and waits (schedules.py _add_reduce_grad, stage.perform_reduce_grad)."""
+    return (training.engine is Engine.TORCHTITAN) & (plans.pp > 1) & (plans.zero >= 2)
+
+
 def host_reads_zero(training: TrainingSpec) -> bool:
     """Whether the engine's launches per layer depend on the ZeRO stage (FSDP2's and DeepSpeed's per-layer parameter
     gathers are host launches beside the compute; Megatron-Core's buckets are not per layer)."""

@@ -840,6 +840,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       Off (Megatron-Core's default), each runs after the backward / after the optimizer step, fully exposed.
     - ZeRO-2/3 (FSDP, DeepSpeed) overlap by design (FSDP backward prefetch, DeepSpeed overlap_comm), whatever the
       Megatron switches say.
+    - torchtitan with pipeline parallelism (engines.fsdp_unsharded_through_step): one gather beside the stage's
+      first forward and one reduce-scatter after its last backward, exposed, per step.
     - What a collective adds beside compute is `overlapped_exposed_s`: its excess over the window or the share of
       the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length, whichever is larger.
     """
@@ -872,7 +874,11 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if training.zero3_serial_fetch:   # DeepSpeed < 0.6: nothing overlaps (zero3_serial_fetch_s)
         zero3 = microbatches * zero3_traffic + zero3_serial_fetch_s(model, cluster, training, plans, stage,
                                                                     microbatches)
-    return np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
+    sharded_dp = np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
+    # torchtitan with pipeline parallelism gathers the stage once, beside its first forward (the first unit
+    # exposed), and reduce-scatters once after its last backward, waited for (engines.fsdp_unsharded_through_step)
+    once = bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s, share) + reduce_s
+    return np.where(engines.fsdp_unsharded_through_step(training, plans), once, sharded_dp)
 
 
 def dp_comm_floor_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

@@ -603,3 +603,32 @@ def test_freed_gradient_terms_depend_only_on_their_declared_knobs(setup, knob, d
     for name in memory.GRADIENT_TERMS:
         if name in a and knob not in memory.term_knobs(name, training):
             assert a[name][0] == pytest.approx(b[name][0], rel=1e-12, abs=1e-9), (name, knob)
+
+
+def test_torchtitan_pipeline_stage_stays_unsharded_and_reduces_once_a_step():
+    """torchtitan does not reshard after the forward under pipeline parallelism (apply_fsdp's default policy), and
+    torch.distributed.pipelining runs each micro-batch's backward without resharding or gradient sync
+    (backward_maybe_with_nosync): the stage's bf16 parameters and fp32 gradients stay whole all step, gathered
+    once and reduce-scattered once after the last backward, whatever the micro-batch count."""
+    from autopar.models import load_model
+    from costmodels import engines
+    from costmodels.evaluate import evaluate
+    from costmodels.params import stage_params_per_gpu
+    from costmodels.specs import Engine, LaunchPath
+
+    model = load_model("llama-3.1-8b")
+    cluster = ClusterSpec(profile=load_profile("h100-80gb"), num_gpus=16)
+    plans = PlanArrays.from_plans([Plan(pp=2, zero=3), Plan(pp=1, zero=3), Plan(pp=2, zero=1)])
+    titan = TrainingSpec(seq_len=4096, global_batch_size=32, engine=Engine.TORCHTITAN, launch=LaunchPath.EAGER)
+    assert list(engines.fsdp_unsharded_through_step(titan, plans)) == [True, False, False]
+    assert not engines.fsdp_unsharded_through_step(TrainingSpec(), plans).any()
+    result = evaluate(model, cluster, titan, plans)
+    terms = result.memory_terms_bytes
+    dense, _ = stage_params_per_gpu(model, plans, 0)                    # the stage's layers and embedding
+    assert terms["weights"][0] + terms["embedding_weights"][0] == pytest.approx(2 * dense[0])          # bf16, whole
+    assert terms["gradients"][0] + terms["embedding_gradients"][0] == pytest.approx(4 * dense[0])      # fp32, whole
+    assert terms["zero3_prefetch_buffers"][0] == 0 and terms["zero_gradient_buckets"][0] == 0
+    assert terms["weights"][1] == 0                                      # FSDP2's sharded fp32 is the master
+    more = evaluate(model, cluster, dataclasses.replace(titan, global_batch_size=128), plans).time_terms_s["dp_comm"]
+    assert more[0] == pytest.approx(result.time_terms_s["dp_comm"][0], rel=0.05)
+    assert more[1] > 2 * result.time_terms_s["dp_comm"][1]                # per micro-batch without PP
