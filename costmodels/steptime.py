@@ -27,10 +27,10 @@ import numpy as np
 from costmodels import compute as compute_model
 from costmodels import engines, host_timeline, memory
 from costmodels.comm import (cp_group, deepep_all_to_all_time_s, dp_cp_group, edp_group, ep_group, etp_group,
-                             group_collective_time_s, stage_group, tp_group)
+                             group_collective_time_s, place_group, stage_group, tp_group)
 from costmodels.hardware import OVERLAP_TERMS, HardwareProfile
-from costmodels.params import (moe_layers_before, moe_layers_on_stage, stage_embedding_params_per_gpu,
-                               stage_params_per_gpu)
+from costmodels.params import (moe_layers_before, moe_layers_on_stage, padded_vocab_size,
+                               stage_embedding_params_per_gpu, stage_params_per_gpu)
 from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubble_microbatch_equivalents,
                                  interleaved_warmup_chunks, p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
 from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
@@ -878,7 +878,26 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # torchtitan with pipeline parallelism gathers the stage once, beside its first forward (the first unit
     # exposed), and reduce-scatters once after its last backward, waited for (engines.fsdp_unsharded_through_step)
     once = bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s, share) + reduce_s
-    return np.where(engines.fsdp_unsharded_through_step(training, plans), once, sharded_dp)
+    return np.where(engines.fsdp_unsharded_through_step(training, plans), once, sharded_dp) \
+        + tied_embedding_allreduce_s(model, cluster, training, plans, stage)
+
+
+def tied_embedding_allreduce_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                               stage: np.ndarray) -> np.ndarray:
+    """Megatron-Core with a tied embedding (or MTP) under pipeline parallelism: after the DP grad sync
+    finalize_model_grads all-reduces the word embedding's main gradient between the first and the last pipeline
+    stage, blocking, once a step (distributed/finalize_model_grads.py _allreduce_word_embedding_grads: a
+    torch.distributed.all_reduce over the embedding group), V_padded/tp × h elements in the gradient dtype, on the
+    two end stages' ranks (num_gpus·(pp−1)/pp apart in Megatron's rank order)."""
+    megatron = training.engine is Engine.MEGATRON and (model.tied_embeddings or model.num_mtp_layers > 0)
+    if not megatron:
+        return np.zeros(len(plans))
+    rank = np.broadcast_to(np.asarray(stage), (len(plans),))
+    ends = (plans.pp > 1) & ((rank == 0) | (rank == plans.pp - 1))
+    group = place_group(2, cluster.num_gpus * np.maximum(plans.pp - 1, 1) / plans.pp, cluster.nvlink_domain_gpus)
+    elements = padded_vocab_size(model, plans.tp) / plans.tp * model.hidden_size
+    return np.where(ends, group_collective_time_s(cluster.profile, group, "all_reduce",
+                                                  elements * training.gradient_bytes_per_param), 0.0)
 
 
 def dp_comm_floor_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

@@ -646,3 +646,25 @@ def test_bundled_profiles_throttle_hopper_and_blackwell_but_not_a100():
         profile = load_profile(name)
         assert profile.sustained_clock_fraction == pytest.approx(fraction)
         assert "MHz" in profile.provenance["compute.sustained_clock_fraction"] or fraction == 1.0
+
+
+def test_megatron_all_reduces_a_tied_embedding_between_the_end_stages_once_a_step():
+    """finalize_model_grads all-reduces the word embedding's main gradient between the first and the last pipeline
+    stage after the DP sync (_allreduce_word_embedding_grads), blocking: V_padded/tp x h elements on a group of
+    two ranks num_gpus (pp-1)/pp apart, on the end stages only; nothing without pipelining or with untied
+    embeddings, nor under an engine that is not Megatron-Core."""
+    tied = ModelSpec(name="gpt-tied", hidden_size=4096, num_layers=32, num_attention_heads=32,
+                     ffn_hidden_size=16384, vocab_size=50257, tied_embeddings=True)
+    untied = dataclasses.replace(tied, tied_embeddings=False)
+    cluster = ClusterSpec(profile=H100, num_gpus=64)
+    plans = PlanArrays.from_plans([Plan(tp=2, pp=4), Plan(tp=2, pp=1)])
+    training = TrainingSpec(seq_len=2048, global_batch_size=128)
+    group = comm.place_group(2, 48, 8)                      # ranks 0 and 48: two nodes
+    expected = comm.group_collective_time_s(H100, group, "all_reduce",
+                                            padded_vocab_size(tied, np.array([2]))[0] / 2 * 4096 * 4)
+    for stage, want in ((0, expected), (3, expected), (1, 0.0)):
+        got = steptime.tied_embedding_allreduce_s(tied, cluster, training, plans, np.array([stage, 0]))
+        assert got[0] == pytest.approx(float(want)) and got[1] == 0.0
+    assert not steptime.tied_embedding_allreduce_s(untied, cluster, training, plans, np.array([0, 0])).any()
+    titan = dataclasses.replace(training, engine="torchtitan")
+    assert not steptime.tied_embedding_allreduce_s(tied, cluster, titan, plans, np.array([0, 0])).any()
