@@ -537,12 +537,15 @@ def cp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     `transformer/dot_product_attention` CP via TE): cp-1 steps per layer, each sending the local K and V chunk
     (b·(s/cp)·2·g·d/tp, bf16) forward and K, V plus their gradients backward, each step overlapped with one
     chunk of attention core compute: exposed (cp-1)·max(0, t_send - t_core/cp) per pass (one layer's passes:
-    `cp_exchange_s`, `comm` when given); recomputed layers repeat the forward pass."""
+    `cp_exchange_s`, `comm` when given); recomputed layers repeat the forward pass, and so does selective
+    recompute of the attention core (core_attn: Megatron-Core's _checkpointed_attention_forward re-runs TE's
+    context-parallel attention, its ring included; torchtitan's per-op SAC keeps the attention's outputs)."""
     forward, backward = ((comm.cp_forward_s, comm.cp_backward_s) if comm is not None
                          else cp_exchange_s(model, cluster, training, plans, attention_core_fwd_s,
                                             attention_core_bwd_s))
     layers = layers_on_stage(model.num_layers, plans, stage)
-    passes_forward = 1.0 + compute_model.recomputed_layer_fraction(plans, layers)
+    core_rerun = recomputes_module(plans, RecomputeModule.CORE_ATTN) & ~engines.per_op_sac(training, plans)
+    passes_forward = 1.0 + compute_model.recomputed_layer_fraction(plans, layers) + core_rerun
     return layers * (passes_forward * forward + backward)
 
 

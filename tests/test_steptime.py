@@ -668,3 +668,16 @@ def test_megatron_all_reduces_a_tied_embedding_between_the_end_stages_once_a_ste
     assert not steptime.tied_embedding_allreduce_s(untied, cluster, training, plans, np.array([0, 0])).any()
     titan = dataclasses.replace(training, engine="torchtitan")
     assert not steptime.tied_embedding_allreduce_s(tied, cluster, titan, plans, np.array([0, 0])).any()
+
+
+def test_selective_core_attention_recompute_reruns_the_context_parallel_ring():
+    """Megatron-Core's core_attn recompute re-runs TE's context-parallel attention in the backward
+    (_checkpointed_attention_forward), its KV ring with it: one more forward exchange a layer."""
+    cluster = ClusterSpec(profile=H100, num_gpus=16)
+    plans = PlanArrays.from_plans([Plan(tp=2, cp=8, sp=True), Plan(tp=2, cp=8, sp=True, recompute="selective")])
+    training = TrainingSpec(seq_len=65536, global_batch_size=8)
+    forward, backward = steptime.cp_exchange_s(MIXTRAL, cluster, training, plans, np.full(2, 1e-4), np.full(2, 2e-4))
+    got = steptime.cp_comm_s(MIXTRAL, cluster, training, plans, np.zeros(2, dtype=int), np.full(2, 1e-4),
+                             np.full(2, 2e-4))
+    assert forward[0] > 0
+    assert got[1] - got[0] == pytest.approx(MIXTRAL.num_layers * forward[0])
