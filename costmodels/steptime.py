@@ -739,8 +739,10 @@ def pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
 
 def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray, params: np.ndarray,
                          bucket_params: np.ndarray, overlap_grad_reduce: bool, experts: bool = False,
-                         zero3_per_layer: float = 1.0) -> np.ndarray:
+                         zero3_per_layer: float = 1.0, units_from_zero: int = 3) -> np.ndarray:
     """How many collectives carry `params` of `stage` per reduce (or gather): every one pays its own latency.
+    FSDP units from ZeRO stage `units_from_zero` on (2 for the FSDP engines, whose ZeRO-2 wraps the same units:
+    `fsdp_units_from_zero`), buckets below it.
 
     ZeRO-0..2, Megatron-Core DDP / distributed optimizer (`distributed/distributed_data_parallel.py`): buckets of
     `bucket_params` (max(40M, 1M·dp)) with overlap_grad_reduce, one bucket for everything without it ('Set
@@ -755,7 +757,15 @@ def dp_collective_counts(model: ModelSpec, plans: PlanArrays, stage: np.ndarray,
         ranks = np.broadcast_to(np.asarray(stage, dtype=np.int64), (len(plans),))
         units = layers_on_stage(model.num_layers, plans, stage) * zero3_per_layer \
             + (ranks == 0) + (ranks == plans.pp - 1)
-    return np.where(plans.zero >= 3, np.maximum(units, 1.0), buckets)
+    return np.where(plans.zero >= units_from_zero, np.maximum(units, 1.0), buckets)
+
+
+def fsdp_units_from_zero(training: TrainingSpec) -> int:
+    """The ZeRO stage from which the engine moves a stage's parameters in per-layer units: 2 where ZeRO-2 is FSDP
+    with gradients sharded per unit (torchtitan's FSDP2 with reshard_after_forward never, PyTorch FSDP's
+    SHARD_GRAD_OP, Megatron-FSDP's optim_grads), 3 elsewhere (DeepSpeed's ZeRO-2 reduces in reduce_bucket_size
+    buckets, as the Megatron DDP buckets are priced)."""
+    return 2 if training.engine in (Engine.TORCHTITAN, Engine.PYTORCH, Engine.MEGATRON) else 3
 
 
 def zero3_collectives_per_layer(model: ModelSpec, training: TrainingSpec) -> tuple[float, float]:
@@ -780,7 +790,7 @@ def zero3_collectives_per_layer(model: ModelSpec, training: TrainingSpec) -> tup
 def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stage: np.ndarray,
                  overlap_grad_reduce: bool = False, grad_bytes: int = 4,
                  layer_param_bytes_by_zero: tuple[float, ...] = (PARAM_BYTES,) * 4,
-                 zero3_collectives: tuple[float, float] = (1.0, 1.0)
+                 zero3_collectives: tuple[float, float] = (1.0, 1.0), units_from_zero: int = 3
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gradient reduce, parameter gather, last-bucket reduce, last-bucket gather) seconds of `stage`'s data-parallel
     traffic per step (see dp_comm_s for the collectives and their sources), each the sum of its collectives
@@ -799,7 +809,7 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     sharded = plans.zero >= 1
     bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
     dense_count, expert_count = (dp_collective_counts(model, plans, stage, params, bucket, overlap_grad_reduce,
-                                                      experts, per_layer)
+                                                      experts, per_layer, units_from_zero)
                                  for params, experts, per_layer in ((dense_params, False, zero3_collectives[0]),
                                                                     (expert_params, True, zero3_collectives[1])))
 
@@ -816,7 +826,7 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
         return reduce, gather
 
     reduce_s, gather_s = traffic_s(dense_params, expert_params, (dense_count, expert_count))
-    last = tuple(np.where(plans.zero >= 3, params / count, np.minimum(bucket, params))
+    last = tuple(np.where(plans.zero >= units_from_zero, params / count, np.minimum(bucket, params))
                  for params, count in ((dense_params, dense_count), (expert_params, expert_count)))
     bucket_reduce_s, bucket_gather_s = traffic_s(*last, (np.ones(len(plans)),) * 2)
     return reduce_s, gather_s, bucket_reduce_s, bucket_gather_s
@@ -833,7 +843,7 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       layers' gathers carry fp8 (MXFP8 under the distributed optimizer bf16: TrainingSpec.param_gather_bytes_by_zero).
     - ZeRO-2: the gradients are partitioned, so they are reduce-scattered after every microbatch's backward, not
       accumulated (ZeRO §5.2; DeepSpeed issue #2252: "for zero stage 2 (and 3), gradient reduction is required after
-      every backward"), each hidden behind that backward.
+      every backward"), as each engine runs it (`zero2_exposed_s`).
     - ZeRO-3: every microbatch all-gathers the bf16 parameters for its forward and again for its backward and
       reduce-scatters its gradients (§5.3), hidden behind that microbatch's compute; no step-level gather.
     - Dense gradients reduce over dp·cp (stride tp); expert gradients over edp (stride etp·ep).
@@ -841,20 +851,22 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       last microbatch's backward, with `overlap_param_gather` the gather the next forward, bucket by bucket:
       exposed = the last bucket + what the rest adds beside the window, the bucket max(40M, 1M·dp) parameters.
       Off (Megatron-Core's default), each runs after the backward / after the optimizer step, fully exposed.
-    - ZeRO-2/3 (FSDP, DeepSpeed) overlap by design (FSDP backward prefetch, DeepSpeed overlap_comm), whatever the
-      Megatron switches say.
+    - ZeRO-3 (FSDP, DeepSpeed) overlaps by design (FSDP backward prefetch, DeepSpeed overlap_comm, on at stage 3),
+      whatever the Megatron switches say.
     - torchtitan with pipeline parallelism (engines.fsdp_unsharded_through_step): one gather beside the stage's
       first forward and one reduce-scatter after its last backward, exposed, per step.
     - What a collective adds beside compute is `overlapped_exposed_s`: its excess over the window or the share of
       the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length, whichever is larger.
     """
     zero3_collectives = zero3_collectives_per_layer(model, training)
+    units_from_zero = fsdp_units_from_zero(training)
     reduce_s, gather_s, bucket_reduce_s, bucket_gather_s = per_structure(
         plans, ("dp_traffic_s", id(model), id(cluster), training.overlap_grad_reduce,
-                training.gradient_bytes_per_param, training.param_gather_bytes_by_zero, zero3_collectives),
+                training.gradient_bytes_per_param, training.param_gather_bytes_by_zero, zero3_collectives,
+                units_from_zero),
         lambda p, s: dp_traffic_s(model, cluster, p, s, training.overlap_grad_reduce,
                                   training.gradient_bytes_per_param, training.param_gather_bytes_by_zero,
-                                  zero3_collectives), stage,
+                                  zero3_collectives, units_from_zero), stage,
         knobs=TERM_KNOBS["optimizer"])
     sharded = plans.zero >= 1
     share = overlap_contention_share(cluster.profile, training.nccl_ctas)
@@ -867,8 +879,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         gather_exposed = bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s,
                                                                 share)
     exposed = reduce_exposed + np.where(sharded, gather_exposed, 0.0)
-    # ZeRO-2: the other microbatches' reduce-scatters, each beside its own backward (the last one is in `exposed`)
-    zero2_extra = (microbatches - 1.0) * overlapped_exposed_s(reduce_s, backward_s, share)
+    zero2 = zero2_exposed_s(training, microbatch, microbatches, share, reduce_s, gather_s, bucket_reduce_s,
+                            bucket_gather_s, gather_exposed)
     # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, beside its compute; the last
     # microbatch's last bucket of reduce-scatter waits for its backward to end, so only the rest runs beside it
     zero3_traffic = 2.0 * gather_s + reduce_s
@@ -877,12 +889,41 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if training.zero3_serial_fetch:   # DeepSpeed < 0.6: nothing overlaps (zero3_serial_fetch_s)
         zero3 = microbatches * zero3_traffic + zero3_serial_fetch_s(model, cluster, training, plans, stage,
                                                                     microbatches)
-    sharded_dp = np.where(plans.zero >= 3, zero3, exposed + np.where(plans.zero == 2, zero2_extra, 0.0))
+    sharded_dp = np.where(plans.zero >= 3, zero3, np.where(plans.zero == 2, zero2, exposed))
     # torchtitan with pipeline parallelism gathers the stage once, beside its first forward (the first unit
     # exposed), and reduce-scatters once after its last backward, waited for (engines.fsdp_unsharded_through_step)
     once = bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s, share) + reduce_s
     return np.where(engines.fsdp_unsharded_through_step(training, plans), once, sharded_dp) \
         + tied_embedding_allreduce_s(model, cluster, training, plans, stage)
+
+
+def zero2_exposed_s(training: TrainingSpec, microbatch: StageMicrobatch, microbatches: np.ndarray, share: float,
+                    reduce_s: np.ndarray, gather_s: np.ndarray, bucket_reduce_s: np.ndarray,
+                    bucket_gather_s: np.ndarray, step_gather_exposed_s: np.ndarray) -> np.ndarray:
+    """ZeRO-2's exposed data-parallel traffic per step as the engine runs it; every micro-batch reduce-scatters its
+    gradients (the collectives of `dp_traffic_s`, `fsdp_units_from_zero`'s units or buckets):
+    - FSDP (torchtitan's FSDP2 with reshard_after_forward never, PyTorch FSDP's SHARD_GRAD_OP): the parameters
+      are resharded after each backward and gathered again for the next forward (torch fsdp _runtime_utils
+      _should_free_in_backward; FSDP2 reshard_after_backward), so each micro-batch gathers once and reduce-scatters
+      once, prefetched and on their own streams beside its compute; the last unit's reduce-scatter waits for the
+      backward to end;
+    - Megatron-FSDP's optim_grads: the gradient reduce overlaps every backward whatever the switches
+      (megatron_fsdp.py forces overlap_grad_reduce for sharded gradients), the parameters stay whole and are
+      gathered once after the step (`step_gather_exposed_s`, with --overlap-param-gather beside the next forward);
+    - DeepSpeed: overlap_comm is off below stage 3 (runtime/zero/config.py), so every micro-batch's reduce-scatter
+      runs on the compute stream after its backward, and the parameters are gathered after the step, both exposed
+      (stage_1_and_2.py reduce_ipg_grads, step);
+    - the other engines (llm.c) as Megatron-FSDP."""
+    backward_s = microbatch.backward_s + microbatch.recompute_s
+    if training.engine in (Engine.TORCHTITAN, Engine.PYTORCH):
+        traffic = gather_s + reduce_s
+        return (microbatches - 1.0) * overlapped_exposed_s(traffic, microbatch.compute_s, share) \
+            + bucket_reduce_s + overlapped_exposed_s(traffic - bucket_reduce_s, microbatch.compute_s, share)
+    if training.engine is Engine.DEEPSPEED:
+        return microbatches * reduce_s + gather_s
+    reduce = bucket_reduce_s + overlapped_exposed_s(reduce_s - bucket_reduce_s, backward_s, share) \
+        + (microbatches - 1.0) * overlapped_exposed_s(reduce_s, backward_s, share)
+    return reduce + step_gather_exposed_s
 
 
 def tied_embedding_allreduce_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,

@@ -681,3 +681,23 @@ def test_selective_core_attention_recompute_reruns_the_context_parallel_ring():
                              np.full(2, 2e-4))
     assert forward[0] > 0
     assert got[1] - got[0] == pytest.approx(MIXTRAL.num_layers * forward[0])
+
+
+def test_zero2_exposes_what_each_engine_exposes():
+    """ZeRO-2 reduce-scatters every micro-batch's gradients. FSDP engines (FSDP2 reshard-never, FSDP1
+    SHARD_GRAD_OP) gather and reduce beside each micro-batch's compute, per unit, so ZeRO-2 costs no more than
+    ZeRO-3 (which gathers twice); DeepSpeed's ZeRO-2 has overlap_comm off, so each micro-batch's reduce-scatter and
+    the step's gather are exposed whole."""
+    dense = ModelSpec(name="dense-8b", hidden_size=4096, num_layers=32, num_attention_heads=32, num_kv_heads=8,
+                      ffn_hidden_size=14336, vocab_size=128256, mlp=MlpKind.GATED)
+    cluster = ClusterSpec(profile=H100, num_gpus=16, gpus_per_node=8)
+    plans = PlanArrays.from_plans([Plan(zero=2, mbs=1), Plan(zero=3, mbs=1)])
+    base = TrainingSpec(seq_len=4096, global_batch_size=128)
+    titan = dataclasses.replace(base, engine="torchtitan")
+    dp = steptime.step_time_terms_s(dense, cluster, titan, plans)["dp_comm"]
+    assert dp[0] <= dp[1]
+    deepspeed = dataclasses.replace(base, engine="deepspeed")
+    reduce_s, gather_s, _, _ = steptime.dp_traffic_s(dense, cluster, plans, np.zeros(2, dtype=int))
+    microbatches = 128 / 16
+    got = steptime.step_time_terms_s(dense, cluster, deepspeed, plans)["dp_comm"][0]
+    assert got == pytest.approx(microbatches * reduce_s[0] + gather_s[0], rel=1e-9)
