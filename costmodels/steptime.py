@@ -398,6 +398,7 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     (`overlap`, see `tp_block_overlapped_s`); the routed experts' etp collectives are not userbuffer-fused and stay
     exposed; the GEMMs Transformer Engine runs beside its userbuffer SMs pay `tp_overlap_sm_margin_s`. The
     profile's `overlap.tp_comm` fraction (default 0) applies on top of the collectives, for calibrated profiles.
+    Under MLA the attention block's all-gather carries its latents (`mla_gather_saving_s`).
     In fp8 the SP all-gathers carry fp8 (`tp_gather_bytes_per_element`), current scaling adds its amax all-reduce
     per block and pass (`fp8_amax_reduction_s`), delayed scaling one amax all-reduce per pass over the stage's ranks
     (`fp8_delayed_amax_reduction_s`), counted here with the other collectives of the stage's micro-batch.
@@ -433,6 +434,8 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                                                                                            recomputed)), 0.0)
     else:
         margin = 0.0
+        # MLA under sequence parallelism gathers the attention's latents, not the hidden states
+        total = total - per_block * layers * mla_gather_saving_s(model, cluster, training, plans, gather_s)
     if model.moe is not None:
         total = total + per_block * moe_layers * etp_block \
             + moe_layers * routed_input_grad_reduce_s(model, cluster, training, plans)
@@ -441,6 +444,24 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     passes = (2.0 + np.minimum(recomputed * layers, 1.0)) * plans.vpp
     delayed_amax_s = passes * fp8_delayed_amax_reduction_s(model, cluster, training, plans, stage)
     return (1.0 - overlap_fraction(profile, "tp_comm")) * total + margin + delayed_amax_s
+
+
+def mla_gather_saving_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                        gather_s: np.ndarray) -> np.ndarray:
+    """What an MLA attention block's sequence-parallel all-gather costs less than the h-wide one `tp_block_s`
+    prices: Megatron-Core runs the down projections on the rank's s/tp tokens (duplicated linears) and gathers their
+    outputs, the q latent, the kv latent and the rope key (multi_latent_attention.py: the column-parallel
+    linear_q_up_proj / linear_kv_up_proj gather their inputs, k_pos_emb goes through
+    gather_from_sequence_parallel_region); without a q latent linear_q_proj gathers the hidden states. 0 where
+    there is no MLA, no sequence parallelism, or the engine replicates the down projections (torchtitan)."""
+    if model.mla is None or training.engine is not Engine.MEGATRON:
+        return np.zeros(len(plans))
+    mla = model.mla
+    latents = (mla.q_lora_rank or model.hidden_size) + mla.kv_lora_rank + mla.qk_rope_head_dim
+    elements = plans.mbs * (training.seq_len / plans.cp) * latents
+    latent_s = group_collective_time_s(cluster.profile, tp_group(plans, cluster.nvlink_domain_gpus), "all_gather",
+                                       elements * tp_gather_bytes_per_element(training))
+    return np.where(plans.sp & (plans.tp > 1), np.maximum(gather_s - latent_s, 0.0), 0.0)
 
 
 def expert_tp_block_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays, block_s,

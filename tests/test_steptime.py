@@ -701,3 +701,22 @@ def test_zero2_exposes_what_each_engine_exposes():
     microbatches = 128 / 16
     got = steptime.step_time_terms_s(dense, cluster, deepspeed, plans)["dp_comm"][0]
     assert got == pytest.approx(microbatches * reduce_s[0] + gather_s[0], rel=1e-9)
+
+
+def test_mla_gathers_its_latents_under_sequence_parallelism():
+    """Megatron-Core's MLA runs the down projections on the sequence shard and gathers the q and kv latents and the
+    rope key (1536 + 512 + 64 elements a token for DeepSeek-V3), not the 7168-wide hidden states."""
+    from autopar.models import load_model
+
+    v3 = load_model("deepseek-v3")
+    cluster = ClusterSpec(profile=H100, num_gpus=8)
+    plans = PlanArrays.from_plans([Plan(tp=4, sp=True), Plan(tp=4, sp=False)])
+    training = TrainingSpec(seq_len=4096, global_batch_size=8)
+    _, _, gather_s, _, _, _ = steptime.tp_block_s(v3, cluster, training, plans)
+    group = comm.tp_group(plans, 8)
+    latent_s = comm.group_collective_time_s(H100, group, "all_gather", 4096 * (1536 + 512 + 64) * 2.0)
+    saving = steptime.mla_gather_saving_s(v3, cluster, training, plans, gather_s)
+    assert saving[0] == pytest.approx(gather_s[0] - latent_s[0]) and saving[0] > 0
+    assert saving[1] == 0.0
+    titan = dataclasses.replace(training, engine="torchtitan")
+    assert not steptime.mla_gather_saving_s(v3, cluster, titan, plans, gather_s).any()
