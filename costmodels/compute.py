@@ -391,7 +391,9 @@ def gate_up_fused(training: TrainingSpec) -> bool:
     weight (mlp.py, gated_linear_unit), and fused SwiGLU kernels pack them (xformers' SwiGLU w12:
     TrainingSpec.fused_kernels); torchtitan's FeedForward (w1, w3 nn.Linear) and GroupedExperts
     (_run_experts_grouped_mm: one torch._grouped_mm for w1, one for w3, models/moe/moe.py at v0.2.2) and Hugging
-    Face's gate_proj / up_proj run two, each reading the input, whose two input gradients the backward adds."""
+    Face's gate_proj / up_proj run two, each reading the input, whose two input gradients the backward adds
+    (priced for the routed experts, moe_backward_extra_s; a dense or shared MLP's add, a few bytes a token, is
+    left in the elementwise traffic)."""
     return training.engine in (Engine.MEGATRON, Engine.NATIVE) or training.fused_kernels
 
 
@@ -904,9 +906,11 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, plans: PlanArra
     if training.moe_dispatcher is MoEDispatcher.DEEPEP:   # the flex dispatcher: DeepEP sends unpermuted tokens
         return moe_kernels.token_permutation_bytes(received, received, model.hidden_size,
                                                    np.zeros(len(plans), dtype=bool)) + router
-    # the chunk sort runs whenever a rank holds more than one expert, at any EP size (token_dispatcher.py
-    # dispatch_postprocess / combine_preprocess: `if self.num_local_experts > 1`)
-    sorts_local_chunks = np.broadcast_to(local_experts > 1, (len(plans),))
+    # Megatron-Core sorts the chunks whenever a rank holds more than one expert, at any EP size (token_dispatcher.py
+    # dispatch_postprocess / combine_preprocess: `if self.num_local_experts > 1`); the eager engines' expert loops
+    # priced on this path gather each expert's rows and sort nothing without an all-to-all
+    several = np.broadcast_to(local_experts > 1, (len(plans),))
+    sorts_local_chunks = several if training.engine is Engine.MEGATRON else several & (plans.ep > 1)
     return moe_kernels.token_permutation_bytes(routed_tokens * moe.top_k * moe_sent_copy_factor(training), received,
                                                model.hidden_size, sorts_local_chunks) + router
 
@@ -1073,11 +1077,20 @@ def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
     return float((1.0 + BACKWARD_TO_FORWARD) * forward * training.global_batch_size)
 
 
+def sac_kept_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> float:
+    """Forward FLOPs of one sequence's matmuls whose outputs torchtitan's per-op SAC keeps (engines.sac_kept_matmuls),
+    over the model's dense and MoE layers."""
+    def kept(moe_layer: bool) -> float:
+        return sum(2.0 * training.seq_len * m.d_in * m.d_out for m in engines.sac_kept_matmuls(model, moe_layer))
+    return model.num_dense_layers * kept(False) + (model.num_moe_layers * kept(True) if model.moe else 0.0)
+
+
 def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     """FLOPs actually executed per step: model FLOPs plus the recomputed forward passes (full: the recomputed layers;
     selective: the modules it re-runs, `selective_recompute_s`'s: core_attn the attention core, mlp a dense MLP, moe
     the router, the routed experts and the shared ones, shared_experts the shared ones once more, mla_up_proj the
-    MLA up projections; torchtitan's per-op SAC is counted as its attention core)."""
+    MLA up projections; torchtitan's per-op SAC: the layers' forward less the attention core and the matmuls whose
+    outputs it keeps, engines.sac_kept_matmuls)."""
     parts = _forward_flops_per_sequence(model, training)
     layers = layers_on_stage(model.num_layers, plans, 0)  # block-method fraction; stage-uniform when split evenly
     full_fraction = recomputed_layer_fraction(plans, layers)
@@ -1091,7 +1104,8 @@ def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, plans: Pla
                                                                                parts["dense_mlp"]) \
         + rerun(RecomputeModule.MOE, parts["moe_mlp"]) + rerun(RecomputeModule.SHARED_EXPERTS, parts["shared_mlp"]) \
         + rerun(RecomputeModule.MLA_UP_PROJ, parts["mla_up"])
-    recomputed = np.where(selective, np.where(sac, parts["attention_core"], modules), full_fraction * parts["layers"])
+    sac_rerun = parts["layers"] - parts["attention_core"] - sac_kept_flops_per_sequence(model, training)
+    recomputed = np.where(selective, np.where(sac, sac_rerun, modules), full_fraction * parts["layers"])
     # a fused attention backward recomputes the scores: 2.5x the core's forward, not 2x (FLASH_CORE_BACKWARD_...)
     flash_extra = (attention_core_backward_to_forward(training) - BACKWARD_TO_FORWARD) * parts["attention_core"]
     return model_flops_per_step(model, training) + (recomputed + flash_extra) * training.global_batch_size

@@ -545,9 +545,9 @@ def _eager_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, comp
     torchtitan v0.2.2 (models/moe/moe.py, distributed/expert_parallel.py), ExpertGemm.GROUPED: router GEMM, scores,
     top-k, histc counts, argsort reorder, torch._grouped_mm x3 (48 forward / 39 backward ops in all for a Qwen3-like
     router); EP > 1 exchanges counts by all-to-all and reads the split sizes on the host (`.to("cpu",
-    non_blocking=False)`: one sync), dispatches and combines by all-to-all; DeepEP spins on its receive counters
-    (buffer.dispatch(do_cpu_sync=True)) and then _permute_tokens indexes by the mask twice and repeat_interleaves
-    without an output size (distributed/deepep/deepep.py at v0.2.2: 4 syncs). Compiled (apply_compile compiles the router,
+    non_blocking=False)`: one sync), dispatches and combines by all-to-all; DeepEP's normal dispatch waits on the
+    CPU for its receive counts, then _permute_tokens indexes by the mask twice and repeat_interleaves without an
+    output size (distributed/deepep/deepep.py at v0.2.2: 4 syncs). Compiled (apply_compile compiles the router,
     reorderer, shared experts and the expert GEMM function apart): ~7 graph calls each way, eager glue between.
     ExpertGemm.LOOP (Hugging Face's eager blocks, e.g. Qwen3MoeSparseMoeBlock; DeepSpeed-MoE): `expert_hit =
     (mask.sum() > 0).nonzero()` and, per local expert, `torch.where(expert_mask[e])` -- each a host sync (data-
@@ -669,11 +669,10 @@ DEEPEP_TITAN_SYNCS = 4.0
 def _sac_recompute_syncs(training: TrainingSpec, plans: PlanArrays, dispatch_syncs: np.ndarray) -> np.ndarray:
     """Host syncs torchtitan's per-op SAC re-runs in a MoE layer's backward: none on the all-to-all path (its policy
     saves the split sizes' copy to the CPU, aten._to_copy: activation_checkpoint.py _get_custom_policy); on the DeepEP
-    path the permutation's three data-dependent ops re-run, and the dispatch's CPU wait too unless the save list
-    keeps the all-to-all outputs (TrainingSpec.sac_saves_all_to_all)."""
-    rerun = DEEPEP_TITAN_SYNCS - (1.0 if training.sac_saves_all_to_all else 0.0)
+    path the permutation's three data-dependent ops, the dispatch's outputs being saved whenever DeepEP runs
+    (deepseek_v3 infra/parallelize.py adds its dispatch and combine ops to the save list)."""
     deepep = training.moe_dispatcher is MoEDispatcher.DEEPEP
-    return np.where(per_op_sac(training, plans) & (dispatch_syncs > 0) & deepep, rerun, 0.0)
+    return np.where(per_op_sac(training, plans) & (dispatch_syncs > 0) & deepep, DEEPEP_TITAN_SYNCS - 1.0, 0.0)
 
 
 def _sac_recompute(forward: Launches, model: ModelSpec, moe_layer: bool) -> Launches:
@@ -920,15 +919,15 @@ def sac_kept_matmuls(model: ModelSpec, moe_layer: bool) -> list[BlockMatmul]:
     return sac_block_matmuls(model, moe_layer)[0::2]
 
 
-def fsdp_unsharded_through_step(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    """Where FSDP keeps a pipeline stage's parameters and gradients unsharded for the whole step: torchtitan with
-    pipeline parallelism (zero 2 and 3). Its default reshard policy does not reshard after the forward under PP
-    ('For PP, by default do not reshard after forward to avoid per-microbatch all-gathers', apply_fsdp at v0.2.2:
-    reshard_after_forward = not pp_enabled), and torch.distributed.pipelining runs every micro-batch's backward
-    with set_reshard_after_backward(False) and set_requires_gradient_sync(False) (stage.py
-    backward_maybe_with_nosync): the parameters are all-gathered once, at the stage's first forward, and the
-    gradients accumulate unsharded in the reduce dtype until the schedule's REDUCE_GRAD after the stage's last
-    backward reduce-scatters them once and waits (schedules.py _add_reduce_grad, stage.perform_reduce_grad)."""
+def fsdp_gradients_unsynced(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    """Where FSDP accumulates a pipeline stage's gradients unsharded over the step and reduce-scatters them once:
+    torchtitan with pipeline parallelism (zero 2 and 3). torch.distributed.pipelining runs every micro-batch's
+    backward with set_requires_gradient_sync(False) and set_reshard_after_backward(False) (stage.py
+    backward_maybe_with_nosync): the gradients accumulate unsharded in the reduce dtype until the schedule's
+    REDUCE_GRAD after the stage's last backward reduce-scatters them and waits (schedules.py _add_reduce_grad,
+    stage.perform_reduce_grad). The parameters follow the reshard policy autopar's export writes
+    (export.torchtitan.FSDP_RESHARD_AFTER_FORWARD): at ZeRO-2 ('never') they are gathered once and stay, since
+    no backward reshards them; at ZeRO-3 ('always') each forward frees them and each backward gathers them again."""
     return (training.engine is Engine.TORCHTITAN) & (plans.pp > 1) & (plans.zero >= 2)
 
 
@@ -986,7 +985,9 @@ def megatron_bucket_checks(model: ModelSpec, training: TrainingSpec, plans: Plan
     (NAN_CHECK_SYNCS_PER_BUCKET). Each model chunk has its own DDP with a dense buffer and, in a MoE model, an expert
     buffer; without --overlap-grad-reduce each buffer is one bucket, and with it only pipeline rank 0's first
     chunk is split into buckets of max(40M, 1M x dp) parameters (DistributedDataParallel: `if disable_bucketing or
-    pp_rank > 0: self.bucket_size = None`; the chunks after the first are built with disable_bucketing)."""
+    pp_rank > 0: self.bucket_size = None`; the chunks after the first are built with disable_bucketing). None under
+    Megatron-FSDP (zero >= 2): it checks only on its non-overlapped reduce path (megatron_fsdp param_and_grad_buffer
+    reduce_scatter_gradients), and sharded gradients force the overlapped one (megatron_fsdp.py)."""
     non_expert, expert = stage_params_per_gpu(model, plans, stage)
     vpp = plans.vpp.astype(float)
     buffers = [non_expert] + ([expert] if model.is_moe else [])
@@ -994,7 +995,7 @@ def megatron_bucket_checks(model: ModelSpec, training: TrainingSpec, plans: Plan
                         MEGATRON_BUCKET_PARAMS_PER_DP_RANK * data_parallel_size(plans, num_gpus))
     bucketed = training.overlap_grad_reduce & (np.asarray(stage) == 0)
     buckets = sum(np.where(bucketed, np.ceil(params / vpp / bucket) + vpp - 1.0, vpp) for params in buffers)
-    return NAN_CHECK_SYNCS_PER_BUCKET * buckets
+    return np.where(plans.zero >= 2, 0.0, NAN_CHECK_SYNCS_PER_BUCKET * buckets)
 
 
 def step_host_s(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, costs: HostCosts, num_gpus: int,

@@ -438,35 +438,32 @@ def layer_weight_bytes_per_param(profile: HardwareProfile, training: TrainingSpe
     return np.where(zero >= 2, megatron_fsdp, fp8_weight_copies_per_param_bytes(profile, training))
 
 
-def _unsharded_through_step(training: TrainingSpec, shape: StageShape, sharded: np.ndarray,
-                            params: np.ndarray, bytes_per_param: float) -> np.ndarray:
-    """`sharded`, or where FSDP keeps the stage's parameters and gradients unsharded all step (torchtitan with
-    pipeline parallelism, engines.fsdp_unsharded_through_step) `params` × `bytes_per_param` whole."""
-    return np.where(engines.fsdp_unsharded_through_step(training, shape.plans), params * bytes_per_param, sharded)
+def _unsynced_gradients(training: TrainingSpec, shape: StageShape, sharded: np.ndarray,
+                        params: np.ndarray) -> np.ndarray:
+    """`sharded`, or where FSDP accumulates the stage's gradients unsharded over the step (torchtitan with pipeline
+    parallelism, engines.fsdp_gradients_unsynced) `params` whole in the reduce dtype."""
+    return np.where(engines.fsdp_gradients_unsynced(training, shape.plans),
+                    params * training.gradient_bytes_per_param, sharded)
 
 
 def weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
-    """Decoder-layer weights (non-expert) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over dp·cp. Under
-    torchtitan with pipeline parallelism the bf16 unsharded copy stays all step (engines.fsdp_unsharded_through_step),
-    beside the sharded fp32 master in the optimizer states."""
+    """Decoder-layer weights (non-expert) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over dp·cp."""
     zero = shape.plans.zero
-    sharded = shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
-                                                    shape.dp_cp)
-    return _unsharded_through_step(training, shape, sharded, shape.layer_params_per_gpu, WEIGHT_BYTES_PER_PARAM)
+    return shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
+                                                 shape.dp_cp)
 
 
 def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Main gradients of the decoder layers, fp32 or bf16 (TrainingSpec.gradient_bytes_per_param: Megatron-Core's
     grad buffer has the reduce dtype, param_and_grad_buffer.py `grad_dtype = torch.float if grad_reduce_in_fp32
-    else param.dtype`); ZeRO-2/3 shard them over dp·cp, except where they accumulate unsharded all step
-    (torchtitan with pipeline parallelism: engines.fsdp_unsharded_through_step). With bf16 gradients the distributed
+    else param.dtype`); ZeRO-2/3 shard them over dp·cp, except where they accumulate unsharded over the step
+    (torchtitan with pipeline parallelism: engines.fsdp_gradients_unsynced). With bf16 gradients the distributed
     optimizer copies its shard to fp32 at the step (distrib_optimizer.py _copy_model_grads_to_main_grads:
     `shard_model_grad.float()`), 4/(dp·cp) bytes that live only while the activations are freed, so not at the
     peak."""
     sharded = shape.layer_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2,
                                                     shape.dp_cp)
-    return _unsharded_through_step(training, shape, sharded, shape.layer_params_per_gpu,
-                                   training.gradient_bytes_per_param)
+    return _unsynced_gradients(training, shape, sharded, shape.layer_params_per_gpu)
 
 
 def frees_gradients_between_steps(training: TrainingSpec) -> bool:
@@ -539,15 +536,13 @@ def expert_weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape
     """Routed-expert weights (already split over ep·etp) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over
     edp."""
     zero = shape.plans.zero
-    sharded = shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
-                                                     shape.edp)
-    return _unsharded_through_step(training, shape, sharded, shape.expert_params_per_gpu, WEIGHT_BYTES_PER_PARAM)
+    return shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
+                                                  shape.edp)
 
 
 def expert_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     sharded = shape.expert_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2, shape.edp)
-    return _unsharded_through_step(training, shape, sharded, shape.expert_params_per_gpu,
-                                   training.gradient_bytes_per_param)
+    return _unsynced_gradients(training, shape, sharded, shape.expert_params_per_gpu)
 
 
 def expert_optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -591,17 +586,15 @@ def fp8_weight_copies_bytes(profile: HardwareProfile, training: TrainingSpec, sh
     return (shape.layer_params_per_gpu + shape.expert_params_per_gpu) * per_param
 
 
-def embedding_weights_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+def embedding_weights_bytes(shape: StageShape) -> np.ndarray:
     """Embedding (first rank), output layer and final norm (last rank), bf16."""
-    sharded = shape.embedding_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
-    return _unsharded_through_step(training, shape, sharded, shape.embedding_params_per_gpu, WEIGHT_BYTES_PER_PARAM)
+    return shape.embedding_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
 
 
 def embedding_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     sharded = shape.embedding_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2,
                                                         shape.dp_cp)
-    return _unsharded_through_step(training, shape, sharded, shape.embedding_params_per_gpu,
-                                   training.gradient_bytes_per_param)
+    return _unsynced_gradients(training, shape, sharded, shape.embedding_params_per_gpu)
 
 
 def embedding_optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -803,9 +796,12 @@ def _expert_load_factor(training: TrainingSpec) -> float:
     routing takes the imbalance factor; a capacity factor c caps it at c (GShard §2.2 / Switch §2.1 expert
     capacity); a rank token budget (TrainingSpec.moe_rank_capacity_factor, HybridEP / NCCL-EP) sizes every rank's
     buffers at the budget, whatever the routing (token_dispatcher.py _HybridEPManager.setup_metadata: the permuted
-    tokens' static `num_permuted_tokens`)."""
+    tokens' static `num_permuted_tokens`); padded to capacity (drop-and-pad) every expert holds exactly its
+    capacity, c (compute.moe_load_factor)."""
     if training.moe_rank_capacity_factor is not None:
         return float(training.moe_rank_capacity_factor)
+    if training.moe_pad_to_capacity and training.moe_capacity_factor is not None:
+        return float(training.moe_capacity_factor)
     load = training.moe_imbalance_factor
     if training.moe_capacity_factor is not None:
         load = min(load, training.moe_capacity_factor)
@@ -1307,8 +1303,8 @@ def zero_gradient_buckets_bytes(model: ModelSpec, training: TrainingSpec, shape:
     """ZeRO-2/3: a layer's whole gradient, in the reduce dtype, exists until it is reduce-scattered (ZeRO §5.2
     'bucketization'; DeepSpeed reduce_bucket_size; FSDP's unsharded gradient before its reduce-scatter). The GPU's
     own shard of it is already in the gradient terms, so this is the other (1 - 1/(dp·cp)) of one layer. None where
-    the gradients stay unsharded all step (engines.fsdp_unsharded_through_step: whole in the gradient terms)."""
-    bucketed = (shape.plans.zero >= 2) & ~engines.fsdp_unsharded_through_step(training, shape.plans)
+    the gradients stay unsharded over the step (engines.fsdp_gradients_unsynced: whole in the gradient terms)."""
+    bucketed = (shape.plans.zero >= 2) & ~engines.fsdp_gradients_unsynced(training, shape.plans)
     return np.where(bucketed, _unsharded_layer_bytes(model, shape, 1, training.gradient_bytes_per_param), 0.0)
 
 
@@ -1324,9 +1320,7 @@ def zero3_prefetch_buffers_bytes(model: ModelSpec, profile: HardwareProfile, tra
     made_after = 0.0
     if training.fp8_param_gather and training.fp8_scaling not in (None, Fp8Recipe.MXFP8):
         made_after = fp8_weight_copies_per_param_bytes(profile, training) - gathered
-    # none where the whole stage stays gathered all step (engines.fsdp_unsharded_through_step: in weights_bytes)
-    prefetching = (shape.plans.zero == 3) & ~engines.fsdp_unsharded_through_step(training, shape.plans)
-    return np.where(prefetching, _unsharded_layer_bytes(model, shape, 2, gathered)
+    return np.where(shape.plans.zero == 3, _unsharded_layer_bytes(model, shape, 2, gathered)
                     + _unsharded_layer_bytes(model, shape, 1, made_after), 0.0)
 
 
@@ -1424,7 +1418,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("weights", True, lambda: weights_bytes(cluster.profile, training, shape)),
         ("gradients", True, lambda: gradients_bytes(training, shape)),
         ("optimizer_states", True, lambda: optimizer_states_bytes(training, shape)),
-        ("embedding_weights", True, lambda: embedding_weights_bytes(training, shape)),
+        ("embedding_weights", True, lambda: embedding_weights_bytes(shape)),
         ("embedding_gradients", True, lambda: embedding_gradients_bytes(training, shape)),
         ("embedding_optimizer_states", True, lambda: embedding_optimizer_states_bytes(training, shape)),
         ("expert_weights", moe, lambda: expert_weights_bytes(cluster.profile, training, shape)),

@@ -874,8 +874,8 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
       Off (Megatron-Core's default), each runs after the backward / after the optimizer step, fully exposed.
     - ZeRO-3 (FSDP, DeepSpeed) overlaps by design (FSDP backward prefetch, DeepSpeed overlap_comm, on at stage 3),
       whatever the Megatron switches say.
-    - torchtitan with pipeline parallelism (engines.fsdp_unsharded_through_step): one gather beside the stage's
-      first forward and one reduce-scatter after its last backward, exposed, per step.
+    - torchtitan with pipeline parallelism (engines.fsdp_gradients_unsynced): one reduce-scatter after the stage's
+      last backward, exposed, per step; the parameters gathered once (ZeRO-2) or once a micro-batch (ZeRO-3).
     - What a collective adds beside compute is `overlapped_exposed_s`: its excess over the window or the share of
       the SMs its CTAs take (TrainingSpec.nccl_ctas) × its length, whichever is larger.
     """
@@ -911,10 +911,14 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         zero3 = microbatches * zero3_traffic + zero3_serial_fetch_s(model, cluster, training, plans, stage,
                                                                     microbatches)
     sharded_dp = np.where(plans.zero >= 3, zero3, np.where(plans.zero == 2, zero2, exposed))
-    # torchtitan with pipeline parallelism gathers the stage once, beside its first forward (the first unit
-    # exposed), and reduce-scatters once after its last backward, waited for (engines.fsdp_unsharded_through_step)
-    once = bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s, share) + reduce_s
-    return np.where(engines.fsdp_unsharded_through_step(training, plans), once, sharded_dp) \
+    # torchtitan with pipeline parallelism (engines.fsdp_gradients_unsynced) reduce-scatters once, after the stage's
+    # last backward, waited for; its parameters are gathered once beside the first forward at ZeRO-2 (no backward
+    # reshards them), and once per micro-batch, for its backward, beside the compute at ZeRO-3
+    gathers = np.where(plans.zero >= 3,
+                       microbatches * overlapped_exposed_s(gather_s, microbatch.compute_s, share),
+                       bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s,
+                                                              share))
+    return np.where(engines.fsdp_gradients_unsynced(training, plans), gathers + reduce_s, sharded_dp) \
         + tied_embedding_allreduce_s(model, cluster, training, plans, stage)
 
 

@@ -160,16 +160,16 @@ def test_megatron_dispatcher_syncs_once_per_moe_layer_unless_padded():
 def test_torchtitan_deepep_syncs_four_times_and_its_sac_reruns_the_permutation():
     """torchtitan's DeepEP path (distributed/deepep/deepep.py at v0.2.2): the dispatch's CPU wait, then
     _permute_tokens' two boolean-mask indexings and a repeat_interleave without an output size; per-op SAC re-runs
-    the three (its policy saves the dispatch's outputs only where the save list keeps the all-to-all) and nothing on
-    the all-to-all path (the split sizes' CPU copy is saved)."""
+    the three (the dispatch's outputs are on its save list) and nothing on the all-to-all path (the split sizes'
+    CPU copy is saved)."""
     model = __import__("autopar.models", fromlist=["load_model"]).load_model("qwen3-30b-a3b")
     plans = PlanArrays.from_plans([Plan(ep=8, recompute="selective", zero=3), Plan(ep=8, recompute="full", zero=3)])
     titan = TrainingSpec(engine="torchtitan", moe_dispatcher=MoEDispatcher.DEEPEP)
     launches = engines.layer_launches(model, titan, plans)
     assert list(launches.dispatch_syncs) == [4, 4]
     assert list(launches.moe_recompute_syncs) == [3, 0]          # full recompute: host_timeline re-runs all 4
-    no_save = dataclasses.replace(titan, sac_saves_all_to_all=False)
-    assert engines.layer_launches(model, no_save, plans).moe_recompute_syncs[0] == 4
+    no_save = dataclasses.replace(titan, sac_saves_all_to_all=False)     # DeepEP's outputs are saved whatever
+    assert engines.layer_launches(model, no_save, plans).moe_recompute_syncs[0] == 3
     alltoall = dataclasses.replace(titan, moe_dispatcher=MoEDispatcher.ALLTOALL)
     assert list(engines.layer_launches(model, alltoall, plans).moe_recompute_syncs) == [0, 0]
 
@@ -364,8 +364,11 @@ def test_deepspeed_zero3_step_walks_every_parameter_on_the_host():
     host_s = engines.step_host_s(qwen, deepspeed, plans, costs, 8, 0)
     per_step, per_tensor = engines.ZERO3_STEP_TO_ATEN_OP
     assert host_s[0] - host_s[1] == pytest.approx((per_step + per_tensor * (48 * 393 + 3)) * costs.aten_op_s)
-    megatron = engines.step_host_s(qwen, TrainingSpec(seq_len=1024, global_batch_size=64), plans, costs, 8, 0)
-    assert megatron[0] == megatron[1]
+    plain = TrainingSpec(seq_len=1024, global_batch_size=64)
+    megatron = engines.step_host_s(qwen, plain, plans, costs, 8, 0)
+    # no walk under Megatron; only the distributed optimizer's DDP buckets are checked for NaN (not Megatron-FSDP's)
+    assert megatron[1] - megatron[0] == pytest.approx(
+        engines.megatron_bucket_checks(qwen, plain, plans, 8, 0)[1] * costs.sync_s)
 
 
 def test_megatron_checks_every_ddp_bucket_for_nan_on_the_host():
@@ -386,6 +389,8 @@ def test_megatron_checks_every_ddp_bucket_for_nan_on_the_host():
     dense, _ = stage_params_per_gpu(llama, one, 0)
     assert buckets == np.ceil(dense[0] / 40e6) and buckets > 100
     assert engines.megatron_bucket_checks(llama, overlap, plans, 8, 1)[1] == 2
+    fsdp = PlanArrays.from_plans([Plan(zero=2), Plan(zero=3)])     # Megatron-FSDP: the overlapped path checks none
+    assert not engines.megatron_bucket_checks(llama, overlap, fsdp, 8, 0).any()
     costs = host_costs_from_us(DEFAULT_HOST_COSTS_US)
     more = engines.step_host_s(llama, overlap, plans, costs, 8, 0) - engines.step_host_s(llama, plain, plans, costs, 8, 0)
     assert more[0] == pytest.approx((2 * buckets - 2) * costs.sync_s)

@@ -605,11 +605,12 @@ def test_freed_gradient_terms_depend_only_on_their_declared_knobs(setup, knob, d
             assert a[name][0] == pytest.approx(b[name][0], rel=1e-12, abs=1e-9), (name, knob)
 
 
-def test_torchtitan_pipeline_stage_stays_unsharded_and_reduces_once_a_step():
-    """torchtitan does not reshard after the forward under pipeline parallelism (apply_fsdp's default policy), and
-    torch.distributed.pipelining runs each micro-batch's backward without resharding or gradient sync
-    (backward_maybe_with_nosync): the stage's bf16 parameters and fp32 gradients stay whole all step, gathered
-    once and reduce-scattered once after the last backward, whatever the micro-batch count."""
+def test_torchtitan_pipeline_accumulates_whole_gradients_and_reduces_once_a_step():
+    """torch.distributed.pipelining runs each micro-batch's backward without gradient sync or resharding
+    (backward_maybe_with_nosync): under torchtitan with pipeline parallelism the stage's gradients accumulate whole
+    in fp32 and are reduce-scattered once after the last backward, whatever the micro-batch count. The parameters
+    follow the export's reshard policy: ZeRO-2 ('never') keeps them whole, gathered once; ZeRO-3 ('always') frees
+    them after each forward, so they are sharded at rest as without pipelining."""
     from autopar.models import load_model
     from costmodels import engines
     from costmodels.evaluate import evaluate
@@ -618,17 +619,17 @@ def test_torchtitan_pipeline_stage_stays_unsharded_and_reduces_once_a_step():
 
     model = load_model("llama-3.1-8b")
     cluster = ClusterSpec(profile=load_profile("h100-80gb"), num_gpus=16)
-    plans = PlanArrays.from_plans([Plan(pp=2, zero=3), Plan(pp=1, zero=3), Plan(pp=2, zero=1)])
+    plans = PlanArrays.from_plans([Plan(pp=2, zero=3), Plan(pp=1, zero=3), Plan(pp=2, zero=1), Plan(pp=2, zero=2)])
     titan = TrainingSpec(seq_len=4096, global_batch_size=32, engine=Engine.TORCHTITAN, launch=LaunchPath.EAGER)
-    assert list(engines.fsdp_unsharded_through_step(titan, plans)) == [True, False, False]
-    assert not engines.fsdp_unsharded_through_step(TrainingSpec(), plans).any()
+    assert list(engines.fsdp_gradients_unsynced(titan, plans)) == [True, False, False, True]
+    assert not engines.fsdp_gradients_unsynced(TrainingSpec(), plans).any()
     result = evaluate(model, cluster, titan, plans)
     terms = result.memory_terms_bytes
     dense, _ = stage_params_per_gpu(model, plans, 0)                    # the stage's layers and embedding
-    assert terms["weights"][0] + terms["embedding_weights"][0] == pytest.approx(2 * dense[0])          # bf16, whole
     assert terms["gradients"][0] + terms["embedding_gradients"][0] == pytest.approx(4 * dense[0])      # fp32, whole
-    assert terms["zero3_prefetch_buffers"][0] == 0 and terms["zero_gradient_buckets"][0] == 0
-    assert terms["weights"][1] == 0                                      # FSDP2's sharded fp32 is the master
+    assert terms["zero_gradient_buckets"][0] == 0
+    assert terms["weights"][0] == 0 and terms["zero3_prefetch_buffers"][0] > 0      # ZeRO-3: sharded at rest
+    assert terms["weights"][3] + terms["embedding_weights"][3] == pytest.approx(2 * dense[3])          # ZeRO-2
     more = evaluate(model, cluster, dataclasses.replace(titan, global_batch_size=128), plans).time_terms_s["dp_comm"]
-    assert more[0] == pytest.approx(result.time_terms_s["dp_comm"][0], rel=0.05)
+    assert more[3] == pytest.approx(result.time_terms_s["dp_comm"][3], rel=0.05)      # gathered and reduced once
     assert more[1] > 2 * result.time_terms_s["dp_comm"][1]                # per micro-batch without PP

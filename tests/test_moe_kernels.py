@@ -12,7 +12,7 @@ from costmodels import compute, moe_kernels
 from costmodels.errors import InputError
 from costmodels.hardware import load_profile
 from costmodels.plan import Plan, PlanArrays, Recompute, RecomputeModule
-from costmodels.specs import ExpertGemm, MlpKind, ModelSpec, MoESpec, TrainingSpec
+from costmodels.specs import ClusterSpec, ExpertGemm, MlpKind, ModelSpec, MoESpec, TrainingSpec
 
 H100 = load_profile("h100-80gb")
 A100 = load_profile("a100-80gb")
@@ -264,6 +264,11 @@ def test_padding_to_capacity_runs_every_expert_at_its_capacity_whatever_the_imba
     assert compute.moe_dispatch_bytes(MIXTRAL, padded, plans)[0] == pytest.approx(5 * 1.5 * tokens * 2 * row + router)
     imbalanced = dataclasses.replace(balanced, moe_imbalance_factor=1.3)
     assert compute.moe_dispatch_bytes(MIXTRAL, imbalanced, plans)[0] == pytest.approx(5 * tokens * 2 * row + router)
+    # the experts' stored activations hold the padded rows too
+    from costmodels.evaluate import evaluate
+    stored = [evaluate(MIXTRAL, ClusterSpec(profile=H100, num_gpus=8), t, plans).memory_terms_bytes[
+        "expert_mlp_activations"][0] for t in (balanced, padded)]
+    assert stored[1] == pytest.approx(1.5 * stored[0])
 
 
 def test_moe_layer_prices_grouped_experts_and_wgrad_accumulation():

@@ -106,3 +106,22 @@ def test_torchtitan_launches_selective_as_selective_ac_where_it_was_priced():
     config = launch_config(megatron, "torchtitan")
     assert "SelectiveAC.Config()" in config.text and "per-op SAC" in config.text.splitlines()[0]
     assert config.priced.training.engine is Engine.TORCHTITAN
+
+
+def test_hardware_flops_count_what_per_op_sac_reruns():
+    """Per-op SAC re-runs a block's forward but the attention kernel and the matmuls it keeps (every other one):
+    hardware FLOPs add the layers' forward less those, not the attention core."""
+    from autopar.models import load_model
+    from costmodels import compute
+
+    model = load_model("llama-3.1-8b")
+    training = TrainingSpec(seq_len=8192, global_batch_size=64, engine="torchtitan")
+    plans = PlanArrays.from_plans([Plan(recompute="selective", zero=3), Plan(zero=3)])
+    hardware = compute.hardware_flops_per_step(model, training, plans)
+    parts = compute._forward_flops_per_sequence(model, training)
+    kept = compute.sac_kept_flops_per_sequence(model, training)
+    # wq, wv, w1, w2 of every layer: the 1st, 3rd, 5th and 7th of wq wk wv wo w1 w3 w2
+    h, kv, f = 4096, 1024, 14336
+    assert kept == pytest.approx(32 * 2 * 8192 * (h * h + h * kv + h * f + f * h))
+    assert hardware[0] - hardware[1] == pytest.approx(
+        (parts["layers"] - parts["attention_core"] - kept) * training.global_batch_size)
