@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import autopar
+from autopar.errors import Infeasible
 from autopar.cli import main
 from autopar.megatron_args import parse_megatron_args
 from costmodels import memory, steptime
@@ -168,9 +169,12 @@ def test_the_search_keeps_zero_at_one_or_more_and_both_solvers_agree():
     by_oracle = autopar.solve(model, cluster, training, solver="oracle", **options)
     assert by_oracle.points and all(point.plan.zero >= 1 for point in by_oracle.points)
     assert [p.plan for p in by_cpsat] == [p.plan for p in by_oracle]
-    without = autopar.solve(model, cluster, dataclasses.replace(training, fp8_param_gather=False), solver="oracle",
-                            **options)
-    assert any(point.plan.zero == 0 for point in without.points)
+    # the rule is what excludes ZeRO-0: pinned there, the search finds plans without fp8 parameters and none with
+    pinned = {**options, "fix": {"zero": 0}}
+    assert autopar.solve(model, cluster, dataclasses.replace(training, fp8_param_gather=False), solver="oracle",
+                         **pinned).points
+    with pytest.raises(Infeasible):
+        autopar.solve(model, cluster, training, solver="oracle", **pinned)
 
 
 # ---- the Megatron-LM reader and the CLI --------------------------------------------------------------------------
