@@ -228,6 +228,8 @@ class LayerComm:
     """... and of its backward pass."""
     ep_all_to_all_s: np.ndarray
     """One EP all-to-all (a dispatch or a combine) of one MoE layer (0 for a dense model)."""
+    mla_gather_saving_s: np.ndarray
+    """What an MLA attention block's SP all-gather costs less than tp_gather_s (mla_gather_saving_s; 0 without)."""
 
 
 def layer_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -238,7 +240,8 @@ def layer_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return LayerComm(tp_block_s=tp_block, etp_block_s=etp_block, tp_gather_s=gather, tp_scatter_s=scatter,
                      tp_amax_s=amax, tp_backward_extra_s=backward_extra, cp_forward_s=cp_forward,
                      cp_backward_s=cp_backward,
-                     ep_all_to_all_s=ep_all_to_all_one_s(model, cluster, training, plans))
+                     ep_all_to_all_s=ep_all_to_all_one_s(model, cluster, training, plans),
+                     mla_gather_saving_s=mla_gather_saving_s(model, cluster, training, plans, gather))
 
 
 def layer_pieces(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays
@@ -435,7 +438,9 @@ def tp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     else:
         margin = 0.0
         # MLA under sequence parallelism gathers the attention's latents, not the hidden states
-        total = total - per_block * layers * mla_gather_saving_s(model, cluster, training, plans, gather_s)
+        saving = comm.mla_gather_saving_s if comm is not None else mla_gather_saving_s(model, cluster, training,
+                                                                                        plans, gather_s)
+        total = total - per_block * layers * saving
     if model.moe is not None:
         total = total + per_block * moe_layers * etp_block \
             + moe_layers * routed_input_grad_reduce_s(model, cluster, training, plans)
@@ -918,8 +923,11 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                        microbatches * overlapped_exposed_s(gather_s, microbatch.compute_s, share),
                        bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s,
                                                               share))
-    return np.where(engines.fsdp_gradients_unsynced(training, plans), gathers + reduce_s, sharded_dp) \
-        + tied_embedding_allreduce_s(model, cluster, training, plans, stage)
+    tied = per_structure(plans, ("tied_embedding_allreduce_s", id(model), id(cluster), training.engine,
+                                 training.gradient_bytes_per_param),
+                         lambda p, s: tied_embedding_allreduce_s(model, cluster, training, p, s), stage,
+                         knobs=("tp", "pp"))
+    return np.where(engines.fsdp_gradients_unsynced(training, plans), gathers + reduce_s, sharded_dp) + tied
 
 
 def zero2_exposed_s(training: TrainingSpec, microbatch: StageMicrobatch, microbatches: np.ndarray, share: float,
