@@ -908,10 +908,11 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     zero2 = zero2_exposed_s(training, microbatch, microbatches, share, reduce_s, gather_s, bucket_reduce_s,
                             bucket_gather_s, gather_exposed)
     # ZeRO-3: per microbatch, gathers for forward and backward plus the reduce-scatter, beside its compute; the last
-    # microbatch's last bucket of reduce-scatter waits for its backward to end, so only the rest runs beside it
+    # bucket of reduce-scatter waits for its backward to end, so only the rest runs beside it: on the last micro-batch
+    # under Megatron-FSDP, on every one where the engine waits at each backward's end (`waits_each_backward`)
     zero3_traffic = 2.0 * gather_s + reduce_s
-    zero3 = (microbatches - 1.0) * overlapped_exposed_s(zero3_traffic, microbatch.compute_s, share) \
-        + bucket_reduce_s + overlapped_exposed_s(zero3_traffic - bucket_reduce_s, microbatch.compute_s, share)
+    zero3 = fsdp_microbatches_exposed_s(training, microbatch.compute_s, microbatches, share, zero3_traffic,
+                                        bucket_reduce_s)
     if training.zero3_serial_fetch:   # DeepSpeed < 0.6: nothing overlaps (zero3_serial_fetch_s)
         zero3 = microbatches * zero3_traffic + zero3_serial_fetch_s(model, cluster, training, plans, stage,
                                                                     microbatches)
@@ -928,6 +929,26 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                          lambda p, s: tied_embedding_allreduce_s(model, cluster, training, p, s), stage,
                          knobs=("tp", "pp"))
     return np.where(engines.fsdp_gradients_unsynced(training, plans), gathers + reduce_s, sharded_dp) + tied
+
+
+def waits_each_backward(training: TrainingSpec) -> bool:
+    """Whether the engine waits for its last reduce-scatter at the end of every micro-batch's backward, not only the
+    step's last: PyTorch FSDP1 (_runtime_utils._post_backward_final_callback waits on the post-backward stream
+    whenever gradients sync, every backward under Composer, which never no_syncs FSDP), FSDP2
+    (_root_post_backward_final_callback with is_last_backward, True unless a pipeline schedule clears it) and
+    DeepSpeed's ZeRO-3 (stage3.py independent_gradient_partition_epilogue ends every backward in
+    reduce_and_partition_stream.synchronize()); not Megatron-FSDP."""
+    return training.engine in (Engine.TORCHTITAN, Engine.PYTORCH, Engine.DEEPSPEED)
+
+
+def fsdp_microbatches_exposed_s(training: TrainingSpec, compute_s: np.ndarray, microbatches: np.ndarray,
+                                share: float, traffic_s: np.ndarray, bucket_reduce_s: np.ndarray) -> np.ndarray:
+    """A step of micro-batches each moving `traffic_s` of per-unit gathers and reduce-scatters beside its compute:
+    the last unit's reduce-scatter runs after the backward, exposed, on the last micro-batch, or on every one where
+    the engine waits for it at each backward's end (`waits_each_backward`)."""
+    waited = microbatches if waits_each_backward(training) else 1.0
+    return (microbatches - waited) * overlapped_exposed_s(traffic_s, compute_s, share) \
+        + waited * (bucket_reduce_s + overlapped_exposed_s(traffic_s - bucket_reduce_s, compute_s, share))
 
 
 def zero2_exposed_s(training: TrainingSpec, microbatch: StageMicrobatch, microbatches: np.ndarray, share: float,
@@ -949,9 +970,8 @@ def zero2_exposed_s(training: TrainingSpec, microbatch: StageMicrobatch, microba
     - the other engines (llm.c) as Megatron-FSDP."""
     backward_s = microbatch.backward_s + microbatch.recompute_s
     if training.engine in (Engine.TORCHTITAN, Engine.PYTORCH):
-        traffic = gather_s + reduce_s
-        return (microbatches - 1.0) * overlapped_exposed_s(traffic, microbatch.compute_s, share) \
-            + bucket_reduce_s + overlapped_exposed_s(traffic - bucket_reduce_s, microbatch.compute_s, share)
+        return fsdp_microbatches_exposed_s(training, microbatch.compute_s, microbatches, share, gather_s + reduce_s,
+                                           bucket_reduce_s)
     if training.engine is Engine.DEEPSPEED:
         return microbatches * reduce_s + gather_s
     reduce = bucket_reduce_s + overlapped_exposed_s(reduce_s - bucket_reduce_s, backward_s, share) \

@@ -720,3 +720,15 @@ def test_mla_gathers_its_latents_under_sequence_parallelism():
     assert saving[1] == 0.0
     titan = dataclasses.replace(training, engine="torchtitan")
     assert not steptime.mla_gather_saving_s(v3, cluster, titan, plans, gather_s).any()
+
+
+def test_fsdp_engines_wait_for_the_last_reduce_scatter_after_every_backward():
+    """FSDP1, FSDP2 and DeepSpeed's ZeRO-3 make the compute stream wait for the last reduce-scatter at the end of
+    every micro-batch's backward; Megatron-FSDP only at the step's last."""
+    compute_s, traffic_s, bucket_s = np.array([1.0]), np.array([0.5]), np.array([0.1])
+    m = np.array([8.0])
+    megatron = steptime.fsdp_microbatches_exposed_s(TrainingSpec(), compute_s, m, 0.0, traffic_s, bucket_s)
+    titan = steptime.fsdp_microbatches_exposed_s(TrainingSpec(engine="torchtitan"), compute_s, m, 0.0, traffic_s,
+                                                 bucket_s)
+    assert megatron[0] == pytest.approx(0.1) and titan[0] == pytest.approx(8 * 0.1)
+    assert steptime.waits_each_backward(TrainingSpec(engine="deepspeed"))
