@@ -180,6 +180,8 @@ class LayerLaunches:
     """Per micro-batch, on the last stage, right after its forward."""
     transfer_syncs: np.ndarray
     """Whether every stage-to-stage transfer ends in a full device synchronisation (per plan)."""
+    backward_end_syncs: "np.ndarray | float" = 0.0
+    """Per micro-batch, at the end of its backward (per plan): DeepSpeed's ZeRO-3 epilogue."""
 
 
 # ---- shapes of a layer the counts read ---------------------------------------------------------------------------
@@ -659,6 +661,9 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
         loss_syncs=0.0,
         # torch.distributed.pipelining and DeepSpeed's PipelineEngine wait on the stream, not the host
         transfer_syncs=np.zeros(n, dtype=bool),
+        # DeepSpeed's ZeRO-3 ends every backward in independent_gradient_partition_epilogue, whose
+        # reduce_and_partition_stream.synchronize() the host waits on (stage3.py; overlap_comm, on at stage 3)
+        backward_end_syncs=np.where(deepspeed & (plans.zero >= 3), 1.0, 0.0),
     )
 
 

@@ -6,7 +6,8 @@ piece's launches, costmodels.compute and costmodels.steptime its GPU seconds):
     forward   [embedding]  dense layers  MoE layers (before the dispatch | SYNC x k | after)  [output layer + loss]
               [SYNC x loss checks]  [SYNC at the stage-to-stage transfer]
     backward  [loss + output layer]  MoE layers (a recomputed forward with its syncs, then the backward)
-              dense layers (a recomputed forward, then the backward)  [embedding]  [SYNC at the transfer]
+              dense layers (a recomputed forward, then the backward)  [embedding]  [SYNC at the backward's end]
+              [SYNC at the transfer]
 
 Between two synchronisations the pieces form one chain (costmodels.host.Segment algebra): the GPU idles while the
 host enqueues the chain's first kernel after a drained queue, and wherever the host falls behind. The exposed
@@ -238,6 +239,7 @@ def run_microbatch(chains: Chains, pieces: StagePieces, launches: LayerLaunches,
     chains.exposed_s = chains.exposed_s + middle * _closed_chunks(p, launches, share, chains.wake_s, n, True)
     _backward_layers(chains, p, np.where(more, share, 0.0))
     chains.run(p.head_bwd)
+    chains.sync(launches.backward_end_syncs)
     chains.sync(after_backward)
 
 

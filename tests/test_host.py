@@ -455,3 +455,14 @@ def test_plain_1f1b_syncs_at_the_transfers_a_stage_makes(monkeypatch):
                               launches)
         per_stage.append(sum(counted))
     assert per_stage == [1.0, 2.0, 1.0 + 2.0]          # the last stage adds the loss's two NaN checks
+
+
+def test_deepspeed_zero3_host_waits_at_the_end_of_every_backward():
+    """DeepSpeed's ZeRO-3 ends every micro-batch's backward in independent_gradient_partition_epilogue, whose
+    reduce_and_partition_stream.synchronize() the host waits on: a dense model's step is no longer one chain, and
+    the host pays for it at every micro-batch; at ZeRO-1 nothing syncs there."""
+    plans = PlanArrays.from_plans([Plan(zero=3), Plan(zero=1)])
+    deepspeed = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.DEEPSPEED)
+    launches = engines.layer_launches(SMALL, deepspeed, plans)
+    assert list(launches.backward_end_syncs) == [1.0, 0.0]
+    assert not np.any(engines.layer_launches(SMALL, TrainingSpec(), plans).backward_end_syncs)
