@@ -527,17 +527,19 @@ def _eager_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, dt
     return forward, backward
 
 
-def _fsdp2_unit(plans: PlanArrays) -> tuple[Launches, Launches]:
+def _fsdp2_unit(training: TrainingSpec, plans: PlanArrays) -> tuple[Launches, Launches]:
     """(forward, backward) of one FSDP2 unit (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py) at
     zero 3 / 2: forward unshard = the param all-gather input copy (_foreach_copy_), the copy-in, the all-gather, the
     copy-out (split_with_sizes_copy); backward: the unshard again when resharded after forward (zero 3), then
     foreach_reduce's chunk_cat, a div and the reduce-scatter. FSDP2 never blocks the host (record_stream-free
-    design)."""
+    design). Under a pipeline schedule (fsdp_gradients_unsynced) no backward reduces or reshards: the reduce-scatter
+    runs once a step, and the forward finds the unit still gathered by the backward before it."""
     fsdp = plans.zero >= 2
+    unsynced = fsdp_gradients_unsynced(training, plans)
     unshard = Launches(aten_op=3.0, collective=1.0)
-    forward = unshard.where(fsdp, Launches())
+    forward = unshard.where(fsdp & ~unsynced, Launches())
     backward = unshard.where(plans.zero >= 3, Launches()) + Launches(aten_op=2.0, collective=1.0).where(
-        fsdp, Launches())
+        fsdp & ~unsynced, Launches())
     return forward, backward
 
 
@@ -622,7 +624,7 @@ def _eager_engine(model: ModelSpec, training: TrainingSpec, plans: PlanArrays) -
             layer_bwd = Launches(compiled=1.0, triton=layer_bwd.aten_op * 0.4, aten_gemm=layer_bwd.aten_gemm,
                                  collective=layer_bwd.collective)
     deepspeed = engine is Engine.DEEPSPEED
-    fsdp_fwd, fsdp_bwd = _fsdp2_unit(plans) if not deepspeed else _deepspeed_zero(model, plans)
+    fsdp_fwd, fsdp_bwd = _fsdp2_unit(training, plans) if not deepspeed else _deepspeed_zero(model, plans)
     # a MoE layer's own: DeepSpeed fetches its attention side here and its block in _deepspeed_expert_fetch
     moe_fsdp_fwd, moe_fsdp_bwd = (fsdp_fwd, fsdp_bwd) if not deepspeed else _deepspeed_zero(model, plans, True)
     attention_fwd = layer_fwd.times(attention_share)

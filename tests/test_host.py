@@ -466,3 +466,15 @@ def test_deepspeed_zero3_host_waits_at_the_end_of_every_backward():
     launches = engines.layer_launches(SMALL, deepspeed, plans)
     assert list(launches.backward_end_syncs) == [1.0, 0.0]
     assert not np.any(engines.layer_launches(SMALL, TrainingSpec(), plans).backward_end_syncs)
+
+
+def test_torchtitan_pipeline_launches_no_per_microbatch_reduce_scatter():
+    """Under a pipeline schedule FSDP2 neither reduces nor reshards in a micro-batch's backward: its reduce-scatter
+    launches once a step, and at ZeRO-2 the forward finds the unit still gathered."""
+    plans = PlanArrays.from_plans([Plan(pp=1, zero=2), Plan(pp=2, zero=2), Plan(pp=2, zero=3)])
+    titan = TrainingSpec(seq_len=1024, global_batch_size=64, engine=Engine.TORCHTITAN, launch=LaunchPath.EAGER)
+    launches = engines.layer_launches(SMALL, titan, plans)
+    forward = np.asarray(launches.dense_fwd.collective)
+    backward = np.asarray(launches.dense_bwd.collective)
+    assert forward[0] - forward[1] == 1 and backward[0] - backward[1] == 1      # the gather, the reduce-scatter
+    assert backward[2] - backward[1] == 1                                          # ZeRO-3: the backward's gather
