@@ -979,8 +979,9 @@ def model_param_tensors(model: ModelSpec) -> float:
 
 MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
 MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
-"""Megatron-Core's default DDP bucket under --overlap-grad-reduce: max(40M, 1M x dp) parameters
-(distributed_data_parallel.py: ddp_config.bucket_size = max(40000000, 1000000 * dp_group.size()))."""
+"""Megatron-Core's default DDP bucket under --overlap-grad-reduce: max(40M, 1M x dp·cp) parameters
+(distributed_data_parallel.py: ddp_config.bucket_size = max(40000000, 1000000 * dp_group.size()), the
+data-parallel group with context parallelism)."""
 NAN_CHECK_SYNCS_PER_BUCKET = 2.0
 """check_grads (param_and_grad_buffer.py, --check-for-nan-in-loss-and-grad, on by default): validate_result of the
 bucket's grad norm against isnan and isinf, each a bool() of a device tensor under the default rerun mode."""
@@ -991,15 +992,16 @@ def megatron_bucket_checks(model: ModelSpec, training: TrainingSpec, plans: Plan
     """Host syncs of Megatron-Core's DDP NaN/Inf checks per step on pipeline rank `stage`: two per bucket
     (NAN_CHECK_SYNCS_PER_BUCKET). Each model chunk has its own DDP with a dense buffer and, in a MoE model, an expert
     buffer; without --overlap-grad-reduce each buffer is one bucket, and with it only pipeline rank 0's first
-    chunk is split into buckets of max(40M, 1M x dp) parameters (DistributedDataParallel: `if disable_bucketing or
+    chunk is split into buckets of max(40M, 1M x dp·cp) parameters (DistributedDataParallel: `if disable_bucketing or
     pp_rank > 0: self.bucket_size = None`; the chunks after the first are built with disable_bucketing). None under
     Megatron-FSDP (zero >= 2): it checks only on its non-overlapped reduce path (megatron_fsdp param_and_grad_buffer
     reduce_scatter_gradients), and sharded gradients force the overlapped one (megatron_fsdp.py)."""
     non_expert, expert = stage_params_per_gpu(model, plans, stage)
     vpp = plans.vpp.astype(float)
     buffers = [non_expert] + ([expert] if model.is_moe else [])
+    # over the data-parallel group with context parallelism, as steptime.dp_traffic_s's buckets
     bucket = np.maximum(float(MEGATRON_MIN_BUCKET_PARAMS),
-                        MEGATRON_BUCKET_PARAMS_PER_DP_RANK * data_parallel_size(plans, num_gpus))
+                        MEGATRON_BUCKET_PARAMS_PER_DP_RANK * data_parallel_size(plans, num_gpus) * plans.cp)
     bucketed = training.overlap_grad_reduce & (np.asarray(stage) == 0)
     buckets = sum(np.where(bucketed, np.ceil(params / vpp / bucket) + vpp - 1.0, vpp) for params in buffers)
     return np.where(plans.zero >= 2, 0.0, NAN_CHECK_SYNCS_PER_BUCKET * buckets)
