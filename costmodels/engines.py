@@ -932,9 +932,10 @@ def fsdp_gradients_unsynced(training: TrainingSpec, plans: PlanArrays) -> np.nda
     backward with set_requires_gradient_sync(False) and set_reshard_after_backward(False) (stage.py
     backward_maybe_with_nosync): the gradients accumulate unsharded in the reduce dtype until the schedule's
     REDUCE_GRAD after the stage's last backward reduce-scatters them and waits (schedules.py _add_reduce_grad,
-    stage.perform_reduce_grad). The parameters follow the reshard policy autopar's export writes
-    (export.torchtitan.FSDP_RESHARD_AFTER_FORWARD): at ZeRO-2 ('never') they are gathered once and stay, since
-    no backward reshards them; at ZeRO-3 ('always') each forward frees them and each backward gathers them again."""
+    stage.perform_reduce_grad). No backward reshards the parameters either: at ZeRO-2 (the export's
+    fsdp_reshard_after_forward 'never', export.torchtitan.FSDP_RESHARD_AFTER_FORWARD) they are gathered once and
+    stay; at ZeRO-3 ('always') each forward frees them after it and each backward gathers them again, and they stay
+    gathered from one backward's end to the next forward."""
     return (training.engine is Engine.TORCHTITAN) & (plans.pp > 1) & (plans.zero >= 2)
 
 
@@ -979,9 +980,8 @@ def model_param_tensors(model: ModelSpec) -> float:
 
 MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
 MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
-"""Megatron-Core's default DDP bucket under --overlap-grad-reduce: max(40M, 1M x dp·cp) parameters
-(distributed_data_parallel.py: ddp_config.bucket_size = max(40000000, 1000000 * dp_group.size()), the
-data-parallel group with context parallelism)."""
+"""Megatron-LM's DDP bucket under --overlap-grad-reduce: max(40M, 1M x dp·cp) parameters (training.py
+resolve_ddp_bucket_size, over the data-parallel group with context parallelism)."""
 NAN_CHECK_SYNCS_PER_BUCKET = 2.0
 """check_grads (param_and_grad_buffer.py, --check-for-nan-in-loss-and-grad, on by default): validate_result of the
 bucket's grad norm against isnan and isinf, each a bool() of a device tensor under the default rerun mode."""
@@ -999,7 +999,8 @@ def megatron_bucket_checks(model: ModelSpec, training: TrainingSpec, plans: Plan
     non_expert, expert = stage_params_per_gpu(model, plans, stage)
     vpp = plans.vpp.astype(float)
     buffers = [non_expert] + ([expert] if model.is_moe else [])
-    # over the data-parallel group with context parallelism, as steptime.dp_traffic_s's buckets
+    # Megatron-LM resolves it over the data-parallel group with context parallelism (training.py
+    # resolve_ddp_bucket_size: max(40_000_000, 1_000_000 * dp_cp_size)), as steptime.dp_traffic_s's buckets
     bucket = np.maximum(float(MEGATRON_MIN_BUCKET_PARAMS),
                         MEGATRON_BUCKET_PARAMS_PER_DP_RANK * data_parallel_size(plans, num_gpus) * plans.cp)
     bucketed = training.overlap_grad_reduce & (np.asarray(stage) == 0)

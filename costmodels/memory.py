@@ -446,11 +446,22 @@ def _unsynced_gradients(training: TrainingSpec, shape: StageShape, sharded: np.n
                     params * training.gradient_bytes_per_param, sharded)
 
 
+def _gathered_through_step(training: TrainingSpec, shape: StageShape, sharded: np.ndarray,
+                           params: np.ndarray) -> np.ndarray:
+    """`sharded`, or where FSDP leaves the stage gathered after each backward (torchtitan with pipeline parallelism:
+    engines.fsdp_gradients_unsynced; the schedule's set_reshard_after_backward(False)) `params` whole in bf16: after
+    a micro-batch's backward every unit of the stage stays gathered until the next forward reshards it, beside the
+    other micro-batches' activations in flight."""
+    return np.where(engines.fsdp_gradients_unsynced(training, shape.plans), params * WEIGHT_BYTES_PER_PARAM, sharded)
+
+
 def weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
-    """Decoder-layer weights (non-expert) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over dp·cp."""
+    """Decoder-layer weights (non-expert) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over dp·cp, except
+    where the stage stays gathered after each backward (`_gathered_through_step`)."""
     zero = shape.plans.zero
-    return shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
-                                                 shape.dp_cp)
+    sharded = shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
+                                                    shape.dp_cp)
+    return _gathered_through_step(training, shape, sharded, shape.layer_params_per_gpu)
 
 
 def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -536,8 +547,9 @@ def expert_weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape
     """Routed-expert weights (already split over ep·etp) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over
     edp."""
     zero = shape.plans.zero
-    return shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
-                                                  shape.edp)
+    sharded = shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
+                                                     shape.edp)
+    return _gathered_through_step(training, shape, sharded, shape.expert_params_per_gpu)
 
 
 def expert_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -586,9 +598,10 @@ def fp8_weight_copies_bytes(profile: HardwareProfile, training: TrainingSpec, sh
     return (shape.layer_params_per_gpu + shape.expert_params_per_gpu) * per_param
 
 
-def embedding_weights_bytes(shape: StageShape) -> np.ndarray:
+def embedding_weights_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Embedding (first rank), output layer and final norm (last rank), bf16."""
-    return shape.embedding_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
+    sharded = shape.embedding_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
+    return _gathered_through_step(training, shape, sharded, shape.embedding_params_per_gpu)
 
 
 def embedding_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -1320,7 +1333,9 @@ def zero3_prefetch_buffers_bytes(model: ModelSpec, profile: HardwareProfile, tra
     made_after = 0.0
     if training.fp8_param_gather and training.fp8_scaling not in (None, Fp8Recipe.MXFP8):
         made_after = fp8_weight_copies_per_param_bytes(profile, training) - gathered
-    return np.where(shape.plans.zero == 3, _unsharded_layer_bytes(model, shape, 2, gathered)
+    # none where the whole stage stays gathered after each backward (in weights_bytes: _gathered_through_step)
+    prefetching = (shape.plans.zero == 3) & ~engines.fsdp_gradients_unsynced(training, shape.plans)
+    return np.where(prefetching, _unsharded_layer_bytes(model, shape, 2, gathered)
                     + _unsharded_layer_bytes(model, shape, 1, made_after), 0.0)
 
 
@@ -1418,7 +1433,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("weights", True, lambda: weights_bytes(cluster.profile, training, shape)),
         ("gradients", True, lambda: gradients_bytes(training, shape)),
         ("optimizer_states", True, lambda: optimizer_states_bytes(training, shape)),
-        ("embedding_weights", True, lambda: embedding_weights_bytes(shape)),
+        ("embedding_weights", True, lambda: embedding_weights_bytes(training, shape)),
         ("embedding_gradients", True, lambda: embedding_gradients_bytes(training, shape)),
         ("embedding_optimizer_states", True, lambda: embedding_optimizer_states_bytes(training, shape)),
         ("expert_weights", moe, lambda: expert_weights_bytes(cluster.profile, training, shape)),

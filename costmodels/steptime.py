@@ -920,14 +920,16 @@ def dp_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # torchtitan with pipeline parallelism (engines.fsdp_gradients_unsynced) reduce-scatters once, after the stage's
     # last backward, waited for; its parameters are gathered once beside the first forward at ZeRO-2 (no backward
     # reshards them), and once per micro-batch, for its backward, beside the compute at ZeRO-3
+    # (ZeRO-3: each backward, and each warmup forward after the first, which finds the stage resharded)
+    warmup = np.maximum(plans.pp - 1 - np.asarray(stage), 0)
     gathers = np.where(plans.zero >= 3,
-                       microbatches * overlapped_exposed_s(gather_s, microbatch.compute_s, share),
+                       (microbatches + warmup) * overlapped_exposed_s(gather_s, microbatch.compute_s, share),
                        bucket_gather_s + overlapped_exposed_s(gather_s - bucket_gather_s, microbatch.forward_s,
                                                               share))
     tied = per_structure(plans, ("tied_embedding_allreduce_s", id(model), id(cluster), training.engine,
                                  training.gradient_bytes_per_param),
                          lambda p, s: tied_embedding_allreduce_s(model, cluster, training, p, s), stage,
-                         knobs=("tp", "pp"))
+                         knobs=("tp", "cp", "pp", "zero"))
     return np.where(engines.fsdp_gradients_unsynced(training, plans), gathers + reduce_s, sharded_dp) + tied
 
 
@@ -984,8 +986,9 @@ def tied_embedding_allreduce_s(model: ModelSpec, cluster: ClusterSpec, training:
     """Megatron-Core with a tied embedding (or MTP) under pipeline parallelism: after the DP grad sync
     finalize_model_grads all-reduces the word embedding's main gradient between the first and the last pipeline
     stage, blocking, once a step (distributed/finalize_model_grads.py _allreduce_word_embedding_grads: a
-    torch.distributed.all_reduce over the embedding group), V_padded/tp × h elements in the gradient dtype, on the
-    two end stages' ranks (num_gpus·(pp−1)/pp apart in Megatron's rank order)."""
+    torch.distributed.all_reduce over the embedding group), V_padded/tp × h elements in the gradient dtype (under
+    Megatron-FSDP, zero >= 2, the rank's shard of them: `orig_grad._local_tensor`, 1/(dp·cp)), on the two end
+    stages' ranks (num_gpus·(pp−1)/pp apart in Megatron's rank order)."""
     megatron = training.engine is Engine.MEGATRON and (model.tied_embeddings or model.num_mtp_layers > 0)
     if not megatron:
         return np.zeros(len(plans))
@@ -993,6 +996,7 @@ def tied_embedding_allreduce_s(model: ModelSpec, cluster: ClusterSpec, training:
     ends = (plans.pp > 1) & ((rank == 0) | (rank == plans.pp - 1))
     group = place_group(2, cluster.num_gpus * np.maximum(plans.pp - 1, 1) / plans.pp, cluster.nvlink_domain_gpus)
     elements = padded_vocab_size(model, plans.tp) / plans.tp * model.hidden_size
+    elements = elements / np.where(plans.zero >= 2, np.maximum(cluster.num_gpus / (plans.tp * plans.pp), 1.0), 1.0)
     return np.where(ends, group_collective_time_s(cluster.profile, group, "all_reduce",
                                                   elements * training.gradient_bytes_per_param), 0.0)
 

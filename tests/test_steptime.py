@@ -668,6 +668,12 @@ def test_megatron_all_reduces_a_tied_embedding_between_the_end_stages_once_a_ste
     assert not steptime.tied_embedding_allreduce_s(untied, cluster, training, plans, np.array([0, 0])).any()
     titan = dataclasses.replace(training, engine="torchtitan")
     assert not steptime.tied_embedding_allreduce_s(tied, cluster, titan, plans, np.array([0, 0])).any()
+    # Megatron-FSDP all-reduces the rank's shard of the gradient, 1/(dp·cp) of it (dp 8 here)
+    fsdp = PlanArrays.from_plans([Plan(tp=2, pp=4, zero=3), Plan(tp=2, pp=4)])
+    shard = comm.group_collective_time_s(H100, group, "all_reduce",
+                                         padded_vocab_size(tied, np.array([2]))[0] / 2 * 4096 * 4 / 8)
+    got = steptime.tied_embedding_allreduce_s(tied, cluster, training, fsdp, np.array([0, 0]))
+    assert got[0] == pytest.approx(float(shard)) and got[1] == pytest.approx(float(expected))
 
 
 def test_selective_core_attention_recompute_reruns_the_context_parallel_ring():

@@ -15,7 +15,7 @@ from costmodels.specs import TrainingSpec
 from costmodels.structure import link
 
 
-@pytest.mark.parametrize("name,gpus", [("deepseek-v2-lite", 64), ("llama-3.1-8b", 32)])
+@pytest.mark.parametrize("name,gpus", [("deepseek-v2-lite", 64), ("llama-3.1-8b", 32), ("gpt-1.7b", 32)])
 def test_shared_structure_values_equal_direct_evaluation(name, gpus):
     model = autopar.load_model(name)
     cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus)
@@ -89,7 +89,7 @@ def _search_batches(name: str, gpus: int, batches: int):
     return model, cluster, training, plain, linked, cache
 
 
-@pytest.mark.parametrize("name,gpus", [("deepseek-v2-lite", 64), ("llama-3.1-8b", 32)])
+@pytest.mark.parametrize("name,gpus", [("deepseek-v2-lite", 64), ("llama-3.1-8b", 32), ("gpt-1.7b", 32)])
 def test_values_kept_for_the_search_equal_direct_evaluation(name, gpus):
     """Batch after batch, the layer pieces kept on their knob grid (steptime.layer_pieces) and the per-stage pieces
     evaluated once per distinct knob combination give every term bit for bit as evaluated plan by plan."""
