@@ -344,6 +344,14 @@ def attention_gemms(model: ModelSpec, training: TrainingSpec, plans: PlanArrays)
     return gemms
 
 
+def mla_up_projections(model: ModelSpec, attention: list[Gemm]) -> list[Gemm]:
+    """What module mla_up_proj re-runs of `attention_gemms`' MLA projections: the kv up projection (index 1) and the
+    q up projection (index 4 with a q latent), or without one the q projection (index 3), which the checkpointed
+    qkv_up_proj_and_rope_apply runs too (multi_latent_attention.py)."""
+    assert model.mla is not None
+    return [attention[1], attention[4] if model.mla.q_lora_rank else attention[3]]
+
+
 def local_attention_core_fraction(model: ModelSpec, training: TrainingSpec) -> float:
     """Attention-core work of the average layer relative to full causal attention.
 
@@ -972,11 +980,7 @@ def selective_recompute_s(model: ModelSpec, profile: HardwareProfile, training: 
     norm = 4.0 * model.hidden_size * outside * per_byte            # one norm module: read 2h, write 2h a token
     mla = np.zeros(n)
     if model.mla is not None:
-        up = [g for g in attention_gemms(model, training, plans)[:-1]]
-        # the up projections: kv up (index 1) and q up (index 4 with a q latent); without one the q projection
-        # (index 3), which the checkpointed qkv_up_proj_and_rope_apply runs too (multi_latent_attention.py)
-        picked = [up[1], up[4] if model.mla.q_lora_rank else up[3]]
-        mla = _gemms_time_s(profile, training, picked)
+        mla = _gemms_time_s(profile, training, mla_up_projections(model, attention_gemms(model, training, plans)))
     dense_mlp_gemms = mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
     act_bytes = tokens * (6.0 if model.mlp is MlpKind.GATED else 4.0) * model.ffn_hidden_size / tp
     dense_mlp = _gemms_time_s(profile, training, dense_mlp_gemms) + act_bytes * per_byte
@@ -1051,9 +1055,7 @@ def _forward_flops_per_sequence(model: ModelSpec, training: TrainingSpec) -> dic
         if moe.num_shared_experts:
             shared_mlp = dense_mlp * moe.shared_expert_ffn_hidden_size / model.ffn_hidden_size
             moe_mlp += shared_mlp
-    # what module mla_up_proj re-runs: kv up, and q up (or the q projection without a q latent)
-    mla_up = (attention[1].flops[0] + attention[4 if model.mla.q_lora_rank else 3].flops[0]) \
-        if model.mla is not None else 0.0
+    mla_up = sum(g.flops[0] for g in mla_up_projections(model, attention)) if model.mla is not None else 0.0
     logits = 2.0 * training.seq_len * model.hidden_size * model.vocab_size
     layer_flops = {"dense": projections + core + dense_mlp, "moe": projections + core + moe_mlp}
     mtp = model.num_mtp_layers * (layer_flops["moe" if model.is_moe else "dense"]

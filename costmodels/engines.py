@@ -980,8 +980,14 @@ def model_param_tensors(model: ModelSpec) -> float:
 
 MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
 MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
-"""Megatron-LM's DDP bucket under --overlap-grad-reduce: max(40M, 1M x dp·cp) parameters (training.py
-resolve_ddp_bucket_size, over the data-parallel group with context parallelism)."""
+
+
+def megatron_ddp_bucket_params(plans: PlanArrays, num_gpus: int) -> np.ndarray:
+    """Megatron-LM's DDP bucket under --overlap-grad-reduce: max(40M, 1M x dp·cp) parameters (training.py
+    resolve_ddp_bucket_size: max(40_000_000, 1_000_000 * dp_cp_size), over the data-parallel group with context
+    parallelism)."""
+    return np.maximum(float(MEGATRON_MIN_BUCKET_PARAMS),
+                      MEGATRON_BUCKET_PARAMS_PER_DP_RANK * data_parallel_size(plans, num_gpus) * plans.cp)
 NAN_CHECK_SYNCS_PER_BUCKET = 2.0
 """check_grads (param_and_grad_buffer.py, --check-for-nan-in-loss-and-grad, on by default): validate_result of the
 bucket's grad norm against isnan and isinf, each a bool() of a device tensor under the default rerun mode."""
@@ -999,10 +1005,7 @@ def megatron_bucket_checks(model: ModelSpec, training: TrainingSpec, plans: Plan
     non_expert, expert = stage_params_per_gpu(model, plans, stage)
     vpp = plans.vpp.astype(float)
     buffers = [non_expert] + ([expert] if model.is_moe else [])
-    # Megatron-LM resolves it over the data-parallel group with context parallelism (training.py
-    # resolve_ddp_bucket_size: max(40_000_000, 1_000_000 * dp_cp_size)), as steptime.dp_traffic_s's buckets
-    bucket = np.maximum(float(MEGATRON_MIN_BUCKET_PARAMS),
-                        MEGATRON_BUCKET_PARAMS_PER_DP_RANK * data_parallel_size(plans, num_gpus) * plans.cp)
+    bucket = megatron_ddp_bucket_params(plans, num_gpus)
     bucketed = training.overlap_grad_reduce & (np.asarray(stage) == 0)
     buckets = sum(np.where(bucketed, np.ceil(params / vpp / bucket) + vpp - 1.0, vpp) for params in buffers)
     return np.where(plans.zero >= 2, 0.0, NAN_CHECK_SYNCS_PER_BUCKET * buckets)

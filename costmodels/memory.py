@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels import engines, params
-from costmodels.compute import fp8_tn_only
+from costmodels.compute import fp8_tn_only, moe_load_factor
 from costmodels.errors import InputError
 from costmodels.hardware import HardwareProfile
 from costmodels.pipeline import microbatch_group
@@ -438,30 +438,23 @@ def layer_weight_bytes_per_param(profile: HardwareProfile, training: TrainingSpe
     return np.where(zero >= 2, megatron_fsdp, fp8_weight_copies_per_param_bytes(profile, training))
 
 
-def _unsynced_gradients(training: TrainingSpec, shape: StageShape, sharded: np.ndarray,
-                        params: np.ndarray) -> np.ndarray:
-    """`sharded`, or where FSDP accumulates the stage's gradients unsharded over the step (torchtitan with pipeline
-    parallelism, engines.fsdp_gradients_unsynced) `params` whole in the reduce dtype."""
-    return np.where(engines.fsdp_gradients_unsynced(training, shape.plans),
-                    params * training.gradient_bytes_per_param, sharded)
-
-
-def _gathered_through_step(training: TrainingSpec, shape: StageShape, sharded: np.ndarray,
-                           params: np.ndarray) -> np.ndarray:
-    """`sharded`, or where FSDP leaves the stage gathered after each backward (torchtitan with pipeline parallelism:
-    engines.fsdp_gradients_unsynced; the schedule's set_reshard_after_backward(False)) `params` whole in bf16: after
-    a micro-batch's backward every unit of the stage stays gathered until the next forward reshards it, beside the
-    other micro-batches' activations in flight."""
-    return np.where(engines.fsdp_gradients_unsynced(training, shape.plans), params * WEIGHT_BYTES_PER_PARAM, sharded)
+def _whole_through_step(training: TrainingSpec, shape: StageShape, sharded: np.ndarray, params: np.ndarray,
+                        bytes_per_param: float) -> np.ndarray:
+    """`sharded`, or where FSDP keeps the stage whole over the step (torchtitan with pipeline parallelism,
+    engines.fsdp_gradients_unsynced) `params` × `bytes_per_param`: its gradients accumulate unsharded in the reduce
+    dtype, and its bf16 parameters stay gathered after every backward (the schedule's
+    set_reshard_after_backward(False)) until the next forward reshards them, beside the other micro-batches'
+    activations in flight."""
+    return np.where(engines.fsdp_gradients_unsynced(training, shape.plans), params * bytes_per_param, sharded)
 
 
 def weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Decoder-layer weights (non-expert) at `layer_weight_bytes_per_param`; ZeRO-3 shards them over dp·cp, except
-    where the stage stays gathered after each backward (`_gathered_through_step`)."""
+    where the stage stays gathered after each backward (`_whole_through_step`)."""
     zero = shape.plans.zero
     sharded = shape.layer_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
                                                     shape.dp_cp)
-    return _gathered_through_step(training, shape, sharded, shape.layer_params_per_gpu)
+    return _whole_through_step(training, shape, sharded, shape.layer_params_per_gpu, WEIGHT_BYTES_PER_PARAM)
 
 
 def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -474,7 +467,7 @@ def gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     peak."""
     sharded = shape.layer_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2,
                                                     shape.dp_cp)
-    return _unsynced_gradients(training, shape, sharded, shape.layer_params_per_gpu)
+    return _whole_through_step(training, shape, sharded, shape.layer_params_per_gpu, training.gradient_bytes_per_param)
 
 
 def frees_gradients_between_steps(training: TrainingSpec) -> bool:
@@ -549,12 +542,12 @@ def expert_weights_bytes(profile: HardwareProfile, training: TrainingSpec, shape
     zero = shape.plans.zero
     sharded = shape.expert_params_per_gpu * _sharded(layer_weight_bytes_per_param(profile, training, zero), zero, 3,
                                                      shape.edp)
-    return _gathered_through_step(training, shape, sharded, shape.expert_params_per_gpu)
+    return _whole_through_step(training, shape, sharded, shape.expert_params_per_gpu, WEIGHT_BYTES_PER_PARAM)
 
 
 def expert_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     sharded = shape.expert_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2, shape.edp)
-    return _unsynced_gradients(training, shape, sharded, shape.expert_params_per_gpu)
+    return _whole_through_step(training, shape, sharded, shape.expert_params_per_gpu, training.gradient_bytes_per_param)
 
 
 def expert_optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -601,13 +594,14 @@ def fp8_weight_copies_bytes(profile: HardwareProfile, training: TrainingSpec, sh
 def embedding_weights_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     """Embedding (first rank), output layer and final norm (last rank), bf16."""
     sharded = shape.embedding_params_per_gpu * _sharded(WEIGHT_BYTES_PER_PARAM, shape.plans.zero, 3, shape.dp_cp)
-    return _gathered_through_step(training, shape, sharded, shape.embedding_params_per_gpu)
+    return _whole_through_step(training, shape, sharded, shape.embedding_params_per_gpu, WEIGHT_BYTES_PER_PARAM)
 
 
 def embedding_gradients_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
     sharded = shape.embedding_params_per_gpu * _sharded(training.gradient_bytes_per_param, shape.plans.zero, 2,
                                                         shape.dp_cp)
-    return _unsynced_gradients(training, shape, sharded, shape.embedding_params_per_gpu)
+    return _whole_through_step(training, shape, sharded, shape.embedding_params_per_gpu,
+                               training.gradient_bytes_per_param)
 
 
 def embedding_optimizer_states_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -805,20 +799,15 @@ def _dispatch_buffers_bytes_per_layer(model: ModelSpec, shape: StageShape) -> np
 
 
 def _expert_load_factor(training: TrainingSpec) -> float:
-    """Rows of the busiest expert rank's buffers relative to the tokens a perfectly balanced rank receives: dropless
-    routing takes the imbalance factor; a capacity factor c caps it at c (GShard §2.2 / Switch §2.1 expert
-    capacity); a rank token budget (TrainingSpec.moe_rank_capacity_factor, HybridEP / NCCL-EP) sizes every rank's
-    buffers at the budget, whatever the routing (token_dispatcher.py _HybridEPManager.setup_metadata: the permuted
-    tokens' static `num_permuted_tokens`); padded to capacity (drop-and-pad) every expert holds exactly its
-    capacity, c (compute.moe_load_factor)."""
+    """Rows of the busiest expert rank's buffers relative to the tokens a perfectly balanced rank receives: the
+    busiest expert's load the compute is priced at (compute.moe_load_factor: the imbalance factor dropless, capped at
+    a capacity factor c, exactly c padded to capacity), or, with a rank token budget
+    (TrainingSpec.moe_rank_capacity_factor, HybridEP / NCCL-EP), the budget every rank's buffers are sized at,
+    whatever the routing (token_dispatcher.py _HybridEPManager.setup_metadata: the permuted tokens' static
+    `num_permuted_tokens`)."""
     if training.moe_rank_capacity_factor is not None:
         return float(training.moe_rank_capacity_factor)
-    if training.moe_pad_to_capacity and training.moe_capacity_factor is not None:
-        return float(training.moe_capacity_factor)
-    load = training.moe_imbalance_factor
-    if training.moe_capacity_factor is not None:
-        load = min(load, training.moe_capacity_factor)
-    return load
+    return float(moe_load_factor(training))
 
 
 def _expert_mlp_bytes_per_copy(model: ModelSpec, training: TrainingSpec, shape: StageShape) -> np.ndarray:
@@ -1333,7 +1322,7 @@ def zero3_prefetch_buffers_bytes(model: ModelSpec, profile: HardwareProfile, tra
     made_after = 0.0
     if training.fp8_param_gather and training.fp8_scaling not in (None, Fp8Recipe.MXFP8):
         made_after = fp8_weight_copies_per_param_bytes(profile, training) - gathered
-    # none where the whole stage stays gathered after each backward (in weights_bytes: _gathered_through_step)
+    # none where the whole stage stays gathered after each backward (in weights_bytes: _whole_through_step)
     prefetching = (shape.plans.zero == 3) & ~engines.fsdp_gradients_unsynced(training, shape.plans)
     return np.where(prefetching, _unsharded_layer_bytes(model, shape, 2, gathered)
                     + _unsharded_layer_bytes(model, shape, 1, made_after), 0.0)

@@ -246,8 +246,7 @@ def interleaved_groups_hold(microbatches: np.ndarray, pp: np.ndarray, training: 
     microbatch_group_size_per_vp_stage, 0 = pp, its default): it raises ValueError unless pp <= g <= m, and
     RuntimeError when the last group is short, 0 < m % g < pp ('dependency bubbles';
     pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving). With g = pp: m a multiple of pp."""
-    group = np.where(training.microbatch_group_size_per_vp_stage > 0, training.microbatch_group_size_per_vp_stage,
-                     pp)
+    group = training.microbatch_group_size_per_vp_stage or pp
     rest = microbatches % np.maximum(group, 1)
     return (group >= pp) & (group <= microbatches) & ((rest == 0) | (rest >= pp))
 

@@ -50,8 +50,6 @@ BF16_GRAD_COPY_BYTES_PER_PARAM = 6
 """With bf16 main gradients (TrainingSpec.grad_reduce_in_fp32 off) Megatron's optimizers first copy each gradient
 to fp32 (distrib_optimizer.py _copy_model_grads_to_main_grads, optimizer.py Float16OptimizerWithFloat16Params:
 `.float()`): read 2 bytes, write 4."""
-DDP_BUCKET_PARAMS_MIN = 40_000_000
-"""Megatron-Core DDP bucket size: max(40M, 1M·dp) parameters (`distributed/distributed_data_parallel.py`)."""
 
 TERM_KNOBS: dict[str, tuple[str, ...]] = {
     # m × per-microbatch stage FLOP time; m = gbs/(dp·mbs) brings (tp, cp, pp, mbs); layers per stage bring
@@ -833,7 +831,7 @@ def dp_traffic_s(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, stag
     dense_group = dp_cp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     expert_group = edp_group(plans, cluster.num_gpus, cluster.nvlink_domain_gpus)
     sharded = plans.zero >= 1
-    bucket = np.maximum(DDP_BUCKET_PARAMS_MIN, 1e6 * dense_group.size)
+    bucket = engines.megatron_ddp_bucket_params(plans, cluster.num_gpus)
     dense_count, expert_count = (dp_collective_counts(model, plans, stage, params, bucket, overlap_grad_reduce,
                                                       experts, per_layer, units_from_zero)
                                  for params, experts, per_layer in ((dense_params, False, zero3_collectives[0]),
