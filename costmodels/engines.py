@@ -29,6 +29,9 @@ Launch paths (`Launches` fields; `Launches.host_s` prices them with HostCosts):
                  DTensor's dispatch before the operator's own launch, host time only (dtensor_dispatches)
     zero3_hook   DeepSpeed ZeRO-3's module hooks: their Python per hooked module and fetched parameter, in eager
                  operators (ZERO3_HOOK_TO_ATEN_OP), host time only (the kernels they launch are counted apart)
+    model_python an eager model's own host work around the kernels it launches (its modules' Python, the views
+                 between kernels, the autograd graph; in the backward the autograd engine's per node), in eager
+                 operators (EAGER_MODEL_PYTHON_TO_ATEN_OP), host time only (`eager_model_python`)
 
 A layer's pieces (`LayerLaunches`): the dense layer's forward and backward; a MoE layer's forward split at the
 dispatcher's host synchronisation (`moe_pre_fwd` up to it, `moe_post_fwd` after), its backward; the embedding
@@ -70,7 +73,19 @@ fast-path work.)"""
 
 MEASURED_ATEN_OP_US = DEFAULT_HOST_COSTS_US["aten_op_us"]
 """The eager operator the host microbenchmarks give (7.352 µs): the unit host measurements of this machine's CPU are
-carried over in (DTENSOR_DISPATCH_TO_ATEN_OP, ZERO3_HOOK_TO_ATEN_OP, ZERO3_STEP_TO_ATEN_OP)."""
+carried over in (DTENSOR_DISPATCH_TO_ATEN_OP, ZERO3_HOOK_TO_ATEN_OP, ZERO3_STEP_TO_ATEN_OP,
+EAGER_MODEL_PYTHON_TO_ATEN_OP)."""
+
+EAGER_MODEL_PYTHON_TO_ATEN_OP = {"fwd": 6.20 / MEASURED_ATEN_OP_US, "bwd": 2.65 / MEASURED_ATEN_OP_US}
+"""Host time an eager model adds to each kernel it launches, per pass, in eager operators (host.aten_op_us, 7.352
+µs): benchmarks/eager_model_host.py on torch 2.13.0 (the CPU build, this project's Xeon machines) times nanoGPT's
+Block and Hugging Face's LlamaDecoderLayer at weights too small for the kernels to matter, forward with gradients
+and backward per layer, against the same pass's kernel operators replayed bare (the same arguments, no module, no
+autograd): 6.52 and 5.88 µs more per kernel forward (the median 6.20), 3.09 and 2.22 backward (2.65). The forward's
+part is the modules' Python, the views and reshapes between kernels and the autograd graph it records; the
+backward's the autograd engine's work per node. The host profile's eager operator is a bare `torch.add` in a loop
+(FlagGems #4558: 7.1 µs on A100), which has none of it. Python and C++ on the host, which the same class of server
+CPU runs at about the same speed."""
 
 ZERO3_HOOK_TO_ATEN_OP = {"fwd": (184.2 / MEASURED_ATEN_OP_US, 33.3 / MEASURED_ATEN_OP_US),
                          "bwd": (136.2 / MEASURED_ATEN_OP_US, 113.0 / MEASURED_ATEN_OP_US)}
@@ -119,6 +134,7 @@ class Launches:
     collective: "np.ndarray | float" = 0.0
     dtensor: "np.ndarray | float" = 0.0
     zero3_hook: "np.ndarray | float" = 0.0
+    model_python: "np.ndarray | float" = 0.0
 
     def __add__(self, other: "Launches") -> "Launches":
         return Launches(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
@@ -133,8 +149,8 @@ class Launches:
 
     @property
     def kernels(self):
-        """GPU kernels these launches put on the GPU (a compiled-graph entry, a replay launch, DTensor's dispatch and
-        ZeRO-3's hook Python none of their own)."""
+        """GPU kernels these launches put on the GPU (a compiled-graph entry, a replay launch, DTensor's dispatch,
+        ZeRO-3's hook Python and an eager model's own Python none of their own)."""
         return (self.aten_op + self.aten_gemm + self.te_module + self.cublas + self.launch + self.triton
                 + self.graph_node + self.collective)
 
@@ -146,7 +162,8 @@ class Launches:
                 + self.cublas * cublas_s + self.launch * costs.launch_s + self.triton * costs.triton_launch_s
                 + self.compiled * costs.compiled_call_s + self.graph_replay * costs.cuda_graph_replay_s
                 + self.graph_node * costs.cuda_graph_node_s + self.collective * costs.aten_op_s
-                + (self.dtensor * DTENSOR_DISPATCH_TO_ATEN_OP + self.zero3_hook) * costs.aten_op_s)
+                + (self.dtensor * DTENSOR_DISPATCH_TO_ATEN_OP + self.zero3_hook + self.model_python)
+                * costs.aten_op_s)
 
     def captured(self) -> "Launches":
         """These launches replayed as one CUDA graph: one replay, a node per kernel (Megatron-Core's captured
@@ -508,19 +525,28 @@ def param_modules_per_layer(model: ModelSpec) -> float:
         + (2.0 if model.qk_layernorm else 0.0)
 
 
+def eager_model_python(launches: Launches, direction: str) -> Launches:
+    """`launches` issued by an eager model's Python, with the host work the model adds to each of their ATen
+    kernels in `direction` ('fwd' or 'bwd'; EAGER_MODEL_PYTHON_TO_ATEN_OP)."""
+    kernels = np.asarray(launches.aten_op, dtype=float) + np.asarray(launches.aten_gemm, dtype=float)
+    return launches + Launches(model_python=kernels * EAGER_MODEL_PYTHON_TO_ATEN_OP[direction])
+
+
 def _eager_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, dtensor: bool
                  ) -> tuple[Launches, Launches]:
     """(forward, backward) launches of one dense decoder layer of an eager PyTorch model (EAGER_LAYER_KERNELS), plus
     a kernel per parameter tensor in the backward (AccumulateGrad's add while gradients accumulate, DDP's
-    bucket copy on the last micro-batch: reducer.cpp mark_variable_ready_dense) and tensor-parallel collectives
-    (an all-gather and a reduce-scatter per block each way under SP). A plain PyTorch loop shards for tensor
+    bucket copy on the last micro-batch: reducer.cpp mark_variable_ready_dense), the model's own host work around
+    each kernel (`eager_model_python`) and tensor-parallel collectives (an all-gather and a reduce-scatter per block
+    each way under SP). A plain PyTorch loop shards for tensor
     parallelism with DTensor (`_dtensor_layer`; q, k, v separate in Hugging Face's gated models, one fused QKV in
     nanoGPT's); DeepSpeed's AutoTP replaces the linears with its own on plain tensors (`dtensor` False)."""
     ops_f, ops_b, gemm_f, gemm_b = EAGER_LAYER_KERNELS[(_gated(model), training.flash_attention)]
     bias_sums = 4.0 if model.linear_bias else 0.0
-    forward = Launches(aten_op=ops_f - gemm_f, aten_gemm=gemm_f, collective=_tp_collectives(plans, 4, 2))
-    backward = Launches(aten_op=ops_b - gemm_b + bias_sums + param_tensors_per_layer(model), aten_gemm=gemm_b,
-                        collective=_tp_collectives(plans, 4, 2))
+    forward = eager_model_python(Launches(aten_op=ops_f - gemm_f, aten_gemm=gemm_f), "fwd") \
+        + Launches(collective=_tp_collectives(plans, 4, 2))
+    backward = eager_model_python(Launches(aten_op=ops_b - gemm_b + bias_sums + param_tensors_per_layer(model),
+                                           aten_gemm=gemm_b), "bwd") + Launches(collective=_tp_collectives(plans, 4, 2))
     if dtensor:
         dtensor_fwd, dtensor_bwd = _dtensor_layer(model, training, plans, separate_qkv=_gated(model))
         forward, backward = forward + dtensor_fwd, backward + dtensor_bwd
@@ -556,7 +582,7 @@ def _eager_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, comp
     ExpertGemm.LOOP (Hugging Face's eager blocks, e.g. Qwen3MoeSparseMoeBlock; DeepSpeed-MoE): `expert_hit =
     (mask.sum() > 0).nonzero()` and, per local expert, `torch.where(expert_mask[e])` -- each a host sync (data-
     dependent size) -- then the expert's three linears, its activation and multiply, the routing-weight multiply
-    and index_add_."""
+    and index_add_. Eager, each kernel carries the block's own host work (`eager_model_python`)."""
     experts = local_experts(model, plans)
     shared = model.moe is not None and bool(model.moe.num_shared_experts)
     ep = plans.ep > 1
@@ -586,6 +612,9 @@ def _eager_moe(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, comp
     if shared:
         pre = pre + Launches(aten_gemm=3.0, aten_op=2.0)
         backward = backward + Launches(aten_gemm=6.0, aten_op=3.0)
+    if not compiled:      # the MoE block's own Python around each kernel (outside a compiled region's graph calls)
+        pre, post, backward = (eager_model_python(pre, "fwd"), eager_model_python(post, "fwd"),
+                               eager_model_python(backward, "bwd"))
     return pre, post, backward, np.broadcast_to(np.asarray(syncs, dtype=float), (len(plans),)).copy()
 
 
@@ -601,8 +630,8 @@ def _torchtitan_layer(model: ModelSpec, training: TrainingSpec, plans: PlanArray
         forward = Launches(compiled=1.0, triton=4.0, aten_gemm=4.0 + mlp_gemms, aten_op=3.0)
         backward = Launches(compiled=1.0, triton=5.0, aten_gemm=2.0 * (4.0 + mlp_gemms), aten_op=4.0, launch=2.0)
     else:
-        forward = Launches(aten_gemm=4.0 + mlp_gemms, aten_op=9.0)
-        backward = Launches(aten_gemm=2.0 * (4.0 + mlp_gemms), aten_op=19.0)
+        forward = eager_model_python(Launches(aten_gemm=4.0 + mlp_gemms, aten_op=9.0), "fwd")
+        backward = eager_model_python(Launches(aten_gemm=2.0 * (4.0 + mlp_gemms), aten_op=19.0), "bwd")
     tp = _tp_collectives(plans, 4, 2)
     return forward + dtensor_fwd + Launches(collective=tp), backward + dtensor_bwd + Launches(collective=tp)
 

@@ -478,3 +478,56 @@ def test_torchtitan_pipeline_launches_no_per_microbatch_reduce_scatter():
     backward = np.asarray(launches.dense_bwd.collective)
     assert forward[0] - forward[1] == 1 and backward[0] - backward[1] == 1      # the gather, the reduce-scatter
     assert backward[2] - backward[1] == 1                                          # ZeRO-3: the backward's gather
+
+
+# ---- an eager model's own Python ---------------------------------------------------------------------------------
+
+def _eager_launches(engine, launch=LaunchPath.EAGER, model_name="llama-2-7b", **training_fields):
+    model = __import__("autopar.models", fromlist=["load_model"]).load_model(model_name)
+    training = TrainingSpec(seq_len=1024, global_batch_size=64, engine=engine, launch=launch, **training_fields)
+    return engines.layer_launches(model, training, PlanArrays.from_plans([Plan(mbs=1)]))
+
+
+@pytest.mark.parametrize("engine", [Engine.PYTORCH, Engine.DEEPSPEED, Engine.TORCHTITAN])
+def test_an_eager_model_adds_its_python_to_every_kernel_it_launches(engine):
+    """benchmarks/eager_model_host.py: inside a model each ATen kernel costs the host its module's Python, the views
+    around it and the autograd graph (forward) or the autograd engine's node (backward) beyond the bare operator the
+    host profile was fitted to; host time only, per kernel of the pass."""
+    launches = _eager_launches(engine)
+    for direction, pieces in (("fwd", launches.dense_fwd), ("bwd", launches.dense_bwd)):
+        kernels = np.asarray(pieces.aten_op) + np.asarray(pieces.aten_gemm)
+        assert np.asarray(pieces.model_python)[0] == pytest.approx(
+            kernels[0] * engines.EAGER_MODEL_PYTHON_TO_ATEN_OP[direction])
+    costs = host_costs_from_us(DEFAULT_HOST_COSTS_US)
+    python_only = engines.Launches(model_python=4.0)
+    assert python_only.kernels == 0.0 and python_only.host_s(costs) == pytest.approx(4.0 * costs.aten_op_s)
+
+
+def test_compiled_models_and_megatron_pay_no_eager_model_python():
+    """A compiled block runs as one graph call (its Python ran once, at trace); Megatron-Core's TE modules carry
+    their own measured Python (TE_MODULE_TO_TORCH_LINEAR)."""
+    for launches in (_eager_launches(Engine.TORCHTITAN, LaunchPath.COMPILE),
+                     _eager_launches(Engine.PYTORCH, LaunchPath.COMPILE), _eager_launches(Engine.MEGATRON)):
+        assert np.all(np.asarray(launches.dense_fwd.model_python) == 0.0)
+        assert np.all(np.asarray(launches.dense_bwd.model_python) == 0.0)
+
+
+def test_an_eager_expert_loop_pays_the_python_of_every_expert():
+    """Hugging Face's loop over the local experts (ExpertGemm.LOOP) runs each expert's module forward: its kernels
+    carry the model's Python like the layer's."""
+    launches = _eager_launches(Engine.DEEPSPEED, model_name="qwen3-30b-a3b", expert_gemm="loop")
+    post = launches.moe_post_fwd
+    kernels = np.asarray(post.aten_op) + np.asarray(post.aten_gemm)
+    assert np.asarray(post.model_python)[0] == pytest.approx(kernels[0] * engines.EAGER_MODEL_PYTHON_TO_ATEN_OP["fwd"])
+    assert kernels[0] >= 8 * 128      # three linears, the activation, multiply, weighting and index_add_ per expert
+
+
+def test_the_eager_model_benchmark_counts_nanogpt_blocks_kernels():
+    """The benchmark's op counter on nanoGPT's Block (views and allocations left out): 16 kernels forward -- two
+    norms, four linears, two bmm, the scale, the mask's comparison and fill, softmax, the head merge copy, GELU, two
+    residual adds -- and 38 backward, among them an accumulation into each of its twelve parameters' gradients."""
+    pytest.importorskip("torch", reason="torch is not installed (the CPU build: pip install torch==2.13.0)")
+    from benchmarks.eager_model_host import PassCost, kernels_per_layer, nanogpt
+
+    assert kernels_per_layer(nanogpt) == (16.0, 38.0)
+    assert PassCost(kernels=10.0, layer_us=150.0, bare_us=50.0).extra_us == pytest.approx(10.0)
