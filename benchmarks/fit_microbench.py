@@ -157,6 +157,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     notes: list[str] = []
     fixed_gemm: list[str] = []
     gemm_notes: list[str] = []
+    base = _hold_small_gemms(name, data, base, fitted, rows_by_file, exclude, fixed_gemm, gemm_notes)
     for precision, key, donor_name, share_donor_name in GEMM_DONORS:
         shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision and g.kind == "gemm"}
         if len(shapes) >= 3 or not base.supports(precision) or donor_name not in fitted or donor_name == name:
@@ -193,6 +194,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
             f"; {', '.join(held_grouped)} not determined by these rows: extrapolated, the {GROUPED_DONOR} fit "
             "(fractions of this GPU's own HBM bandwidth and fp8 peak)")
     _hold_undetermined_link_alpha(data, base, measurements, provenance)
+    _fit_small_gemms(name, data, rows_by_file, exclude, gemm_notes)
     if gemm_notes:
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
     _extrapolate(name, data, provenance, fitted, rule)
@@ -203,6 +205,56 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     data["provenance"] = provenance
     profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
     return profile, data, notes
+
+
+SMALL_GEMM_START = {"tile_side": 128.0, "kernel_floor_us": 5.0}
+"""Where the small-GEMM fit starts: a 128-wide output tile (cuBLAS's common CTA tile side on Ampere and Hopper) and a
+5 µs kernel floor (of the order of a kernel's launch latency on the GPU)."""
+SMALL_GEMM_DONOR = "h100-80gb"
+SMALL_GEMM_RULE = ("no GEMM sweep below the curve's plateau measured this GPU: the {donor} fit, as its roll-off "
+                   "(GEMM_DONORS): cuBLAS on Blackwell computes output tiles of the same order per SM (128 x 256 per "
+                   "SM with tcgen05's two-SM MMA), on 148 SMs to fill, and starts a kernel the same way")
+
+
+def _hold_small_gemms(name: str, data: dict[str, Any], base: HardwareProfile, fitted: dict[str, HardwareProfile],
+                      rows_by_file, exclude: str | None, fixed_gemm: list[str], gemm_notes: list[str]) -> HardwareProfile:
+    """`base` with SMALL_GEMM_DONOR's small-GEMM terms (costmodels.compute.TILE_SIDE, KERNEL_FLOOR_US) held, where no
+    cuBLAS sweep measured this GPU below the plateau (SMALL_GEMM_RULE), before its curve is fitted to what it measured;
+    `base` unchanged where one did (`_fit_small_gemms` fits them after the curve) or for a variant (fit_from_profile
+    takes its donor's whole curve)."""
+    keys = tuple(SMALL_GEMM_START)
+    donor = fitted.get(SMALL_GEMM_DONOR)
+    if tables.measurements_for(name, rows_by_file, role=tables.OCCUPANCY_ROLE, exclude=exclude).gemm \
+            or "fit_from_profile" in EXTRAPOLATED.get(name, {}) or donor is None \
+            or not all(key in donor.gemm_efficiency for key in keys):
+        return base
+    held = {key: donor.gemm_efficiency[key] for key in keys}
+    data["compute"]["gemm_efficiency"].update(held)
+    fixed_gemm.extend(keys)
+    gemm_notes.append(f"{', '.join(keys)} extrapolated: {SMALL_GEMM_RULE.format(donor=SMALL_GEMM_DONOR)}")
+    return dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **held})
+
+
+def _fit_small_gemms(name: str, data: dict[str, Any], rows_by_file, exclude: str | None,
+                     gemm_notes: list[str]) -> None:
+    """The small-GEMM terms fitted to the cuBLAS sweeps' GEMMs below the plateau (microbench_tables.OCCUPANCY_ROLE)
+    with the rest of the curve held at the fit just made (peak_fraction and half_saturation_dim are what the GEMMs of
+    50 µs of math and more determine), through the same least squares as `autopar profile fit`."""
+    import yaml
+
+    from autopar.calibrate.fit import fit_gemm_efficiency
+
+    rows = tables.measurements_for(name, rows_by_file, role=tables.OCCUPANCY_ROLE, exclude=exclude).gemm
+    if not rows:
+        return
+    keys = tuple(SMALL_GEMM_START)
+    profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
+    base = dataclasses.replace(profile, gemm_efficiency={**profile.gemm_efficiency, **SMALL_GEMM_START})
+    result = fit_gemm_efficiency(rows, base, fixed=tuple(k for k in base.gemm_efficiency if k not in keys))
+    data["compute"]["gemm_efficiency"].update({key: round(result.params[key], 3) for key in keys})
+    gemm_notes.append(f"{', '.join(keys)} then by least squares over the cuBLAS sweeps' {len(rows)} GEMMs under 50 µs "
+                      f"of math, the rest of the curve held, rms residual {result.rms_relative_residual:.1%} "
+                      f"({tables.CUBLAS_OCCUPANCY_WHY})")
 
 
 def _hold_undetermined_link_alpha(data: dict[str, Any], base: HardwareProfile, measurements, provenance: dict[str, str]

@@ -234,11 +234,11 @@ def test_attention_rows_fit_the_attention_curve_and_leave_the_gemm_curve_alone()
     gemm_rows = [GemmMeasurement("bf16", 4096, 4096, 4096, _timing(2.0 * 4096**3 / 700e12))]
     gemm = fit_gemm_efficiency([*gemm_rows, *rows], base)            # attention rows are not GEMMs
     assert gemm.points == 1
-    # a profile without attention parameters prices the core with the GEMM curve
+    # a profile without attention parameters prices the core with the GEMM curve, as one kernel over every head
     plain = dataclasses.replace(base, gemm_efficiency={k: v for k, v in base.gemm_efficiency.items()
                                                        if not k.startswith("attention")})
     assert float(attention_efficiency(plain, 4096, 4096, 128)) == pytest.approx(
-        float(gemm_efficiency(plain, 4096, 4096, 128, "bf16")))
+        float(gemm_efficiency(plain, 4096, 4096, 128, "bf16", concurrent=np.inf)))
     with pytest.raises(InputError, match="kind"):
         measurements_from_dict({"gemm": [{"precision": "bf16", "m": 1, "n": 1, "k": 1, "median_s": 1e-3,
                                           "q1_s": 1e-3, "q3_s": 1e-3, "runs": 1, "kind": "conv"}]}, "bad.yaml")
@@ -358,7 +358,9 @@ def test_every_fitted_key_of_the_bundled_profiles_names_its_source():
     ("nccl_allreduce_h100_dgx_8gpu_dgxc.csv", 0.06, 0.80),      # one 5× spike at 32 B in the source
     ("nccl_allreduce_sweeps_ml_engineering.csv", 0.05, 0.95),   # B200 4-node 32-64 KiB: 3-6 ms warm-up spikes
     ("nccl_sendrecv_a100_8gpu_liplus.csv", 0.20, 0.40),
-    ("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", 0.08, 0.15),
+    # the curve's rows (50 µs of math and more) with the small-GEMM terms fitted below them: the kernel floor adds
+    # ~5% at 2048-3200 on A100, whose sweep scatters ±8% between neighbouring sizes (2304³ 246 TFLOP/s, 2432³ 219)
+    ("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", 0.08, 0.16),
     ("gemm_fp8_deepgemm_h800.csv", 0.10, 0.25),
     ("attention_cudnn_sdpa_training_h200_gb200.csv", 0.08, 0.20),
     ("attention_fa3_h100_tritonbench_prs.csv", 0.12, 0.30),
