@@ -26,6 +26,7 @@ budget. The notes say how many structures were searched, how many were near-fron
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -102,6 +103,26 @@ def layout_gain_bound(tables, uniform_ns: int) -> int:
     return max(0, uniform_ns - layout_time_lower_bound_ns(tables))
 
 
+LAYOUT_MEMORY_RETRIES = 3
+"""Times a structure's layout search runs again, its memory limit lowered by what the layout it found holds over the
+limit when priced exactly (costmodels.layout: the search's tables take a rank's chunks as equal in size, the exact
+schedule holds chunk 0 longest, so a layout that piles layers into one chunk can come out over memory)."""
+
+
+def layout_over_memory_mib(model, cluster, training, plan, layout) -> int:
+    """MiB by which `plan` with `layout` exceeds the memory limit when priced exactly (<= 0: it fits; 0 for a layout
+    that breaks the layout's own rules, which refine_front drops whatever its memory)."""
+    from costmodels.layout import MEMORY_UNIT_BYTES, with_layout
+    from costmodels.rules import Problem, layout_breaks
+    from costmodels.scoring import plan_estimates
+
+    candidate = with_layout(plan, layout)
+    if layout_breaks(Problem(model, cluster, training), candidate):
+        return 0
+    priced = plan_estimates(model, cluster, training, [candidate])[0]
+    return int(math.ceil((priced.peak_memory_bytes - cluster.memory_limit_bytes) / MEMORY_UNIT_BYTES))
+
+
 def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S,
                      tables=None, deterministic_limit: float | None = None) -> Refinement | None:
     from autopar.search.layouts import best_layout
@@ -114,8 +135,15 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
     tables = tables if tables is not None else layout_tables(model, cluster, training, plan)
     uniform = uniform_layout(model, plan)
     own = price_layout(tables, uniform)
-    result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform, deterministic_limit=deterministic_limit)
-    best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
+    for _ in range(1 + LAYOUT_MEMORY_RETRIES):
+        result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform, deterministic_limit=deterministic_limit)
+        best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
+        over_mib = layout_over_memory_mib(model, cluster, training, plan, best.layout) if best is not own else 0
+        if over_mib <= 0:
+            break
+        tables = dataclasses.replace(tables, memory_limit_mib=tables.memory_limit_mib - over_mib)
+    else:
+        best = own               # every layout found came out over memory: the structure keeps its own split
     return Refinement(parent=point, uniform_layout=uniform, best_layout=best.layout, uniform_ns=own.objective_ns,
                       best_ns=best.objective_ns, engine=result.engine, search_s=time.perf_counter() - start,
                       proven_optimal=result.proven_optimal,
