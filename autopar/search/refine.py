@@ -112,15 +112,14 @@ schedule holds chunk 0 longest, so a layout that piles layers into one chunk can
 def layout_over_memory_mib(model, cluster, training, plan, layout) -> int:
     """MiB by which `plan` with `layout` exceeds the memory limit when priced exactly (<= 0: it fits; 0 for a layout
     that breaks the layout's own rules, which refine_front drops whatever its memory)."""
-    from costmodels.layout import MEMORY_UNIT_BYTES, with_layout
+    from costmodels.layout import MEMORY_UNIT_BYTES, layout_breakdown, with_layout
     from costmodels.rules import Problem, layout_breaks
-    from costmodels.scoring import plan_estimates
 
-    candidate = with_layout(plan, layout)
-    if layout_breaks(Problem(model, cluster, training), candidate):
+    if layout_breaks(Problem(model, cluster, training), with_layout(plan, layout)):
         return 0
-    priced = plan_estimates(model, cluster, training, [candidate])[0]
-    return int(math.ceil((priced.peak_memory_bytes - cluster.memory_limit_bytes) / MEMORY_UNIT_BYTES))
+    ranks = layout_breakdown(model, cluster, training, plan, layout).rank_memory_terms_bytes
+    peak_bytes = max(float(sum(terms.values())) for terms in ranks)      # as scoring.layout_estimate sums them
+    return int(math.ceil((peak_bytes - cluster.memory_limit_bytes) / MEMORY_UNIT_BYTES))
 
 
 def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S,
