@@ -376,7 +376,7 @@ def test_solve_searches_layouts_by_default_repeatably_and_says_so():
     def solve(*extra: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
         return subprocess.run([sys.executable, "-m", "autopar", "solve", "llama-3.1-8b", "--gpus", "32",
-                               "--fix", "pp=2", "--fix", "vpp=2", "--json", *extra],
+                               "--fix", "pp=4", "--fix", "vpp=2", "--json", *extra],
                               capture_output=True, text=True, timeout=300, env=env)
 
     first, second, off = solve(), solve(), solve("--no-layouts")
@@ -395,10 +395,10 @@ def test_solve_searches_layouts_by_default_repeatably_and_says_so():
 def test_a_layout_the_tables_admit_but_exact_pricing_puts_over_memory_is_searched_again():
     """The layout search's tables take a rank's chunks as equal; the exact schedule holds chunk 0 longest, so the
     fastest layout by the tables can come out over memory (llama-3.1-8b on 32 H100 at pp 4 vpp 2, mbs 2: a layout
-    piling nine layers into one chunk, 18 GiB over). refine_structure searches again under a lower limit and keeps
-    only a layout that fits when priced exactly, else the structure's own split."""
+    piling nine layers into one chunk, 18 GiB over). refine_structure searches again without the layer totals that
+    put a rank over, and keeps only a layout that fits when priced exactly, else the structure's own split."""
     from autopar.models import load_model
-    from autopar.search.refine import layout_over_memory_mib, refine_structure
+    from autopar.search.refine import ranks_over_memory, refine_structure
     from costmodels.hardware import load_profile
     from costmodels.scoring import plan_estimates
     from costmodels.specs import ClusterSpec
@@ -411,7 +411,7 @@ def test_a_layout_the_tables_admit_but_exact_pricing_puts_over_memory_is_searche
     found = refine_structure(model, cluster, training, point, time_limit_s=None)
     assert found is not None
     assert found.best_layout == found.uniform_layout or \
-        layout_over_memory_mib(model, cluster, training, plan, found.best_layout) <= 0
+        not ranks_over_memory(model, cluster, training, plan, found.best_layout)
 
 
 def test_a_pinned_split_is_not_replaced_by_layouts():

@@ -26,7 +26,6 @@ budget. The notes say how many structures were searched, how many were near-fron
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 
@@ -104,22 +103,31 @@ def layout_gain_bound(tables, uniform_ns: int) -> int:
 
 
 LAYOUT_MEMORY_RETRIES = 3
-"""Times a structure's layout search runs again, its memory limit lowered by what the layout it found holds over the
-limit when priced exactly (costmodels.layout: the search's tables take a rank's chunks as equal in size, the exact
-schedule holds chunk 0 longest, so a layout that piles layers into one chunk can come out over memory)."""
+"""Times a structure's layout search runs again when the layout it found comes out over memory priced exactly
+(costmodels.layout: the search's tables index a rank's memory by its total layers, chunks taken as equal; the exact
+schedule holds chunk 0 longest, so a layout that piles layers into one chunk can exceed the limit)."""
 
 
-def layout_over_memory_mib(model, cluster, training, plan, layout) -> int:
-    """MiB by which `plan` with `layout` exceeds the memory limit when priced exactly (<= 0: it fits; 0 for a layout
-    that breaks the layout's own rules, which refine_front drops whatever its memory)."""
-    from costmodels.layout import MEMORY_UNIT_BYTES, layout_breakdown, with_layout
+def ranks_over_memory(model, cluster, training, plan, layout) -> tuple[int, ...]:
+    """The pipeline ranks whose memory exceeds the limit when `plan` with `layout` is priced exactly (none for a
+    layout that breaks the layout's own rules, which refine_front drops whatever its memory)."""
+    from costmodels.layout import layout_breakdown, with_layout
     from costmodels.rules import Problem, layout_breaks
 
     if layout_breaks(Problem(model, cluster, training), with_layout(plan, layout)):
-        return 0
+        return ()
     ranks = layout_breakdown(model, cluster, training, plan, layout).rank_memory_terms_bytes
-    peak_bytes = max(float(sum(terms.values())) for terms in ranks)      # as scoring.layout_estimate sums them
-    return int(math.ceil((peak_bytes - cluster.memory_limit_bytes) / MEMORY_UNIT_BYTES))
+    # summed as scoring.layout_estimate sums a rank's terms
+    return tuple(r for r, terms in enumerate(ranks) if float(sum(terms.values())) > cluster.memory_limit_bytes)
+
+
+def without_rank_totals(tables, cost, ranks: tuple[int, ...]):
+    """`tables` with each of `ranks` refused the layer totals `cost` gave it (its memory cell set over the limit):
+    the next search must place that rank's layers otherwise."""
+    memory = tables.memory_mib.copy()
+    for rank in ranks:
+        memory[rank, cost.rank_dense[rank], cost.rank_moe[rank]] = tables.memory_limit_mib + 1
+    return dataclasses.replace(tables, memory_mib=memory)
 
 
 def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S,
@@ -137,10 +145,10 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
     for _ in range(1 + LAYOUT_MEMORY_RETRIES):
         result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform, deterministic_limit=deterministic_limit)
         best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
-        over_mib = layout_over_memory_mib(model, cluster, training, plan, best.layout) if best is not own else 0
-        if over_mib <= 0:
+        over = ranks_over_memory(model, cluster, training, plan, best.layout) if best is not own else ()
+        if not over:
             break
-        tables = dataclasses.replace(tables, memory_limit_mib=tables.memory_limit_mib - over_mib)
+        tables = without_rank_totals(tables, best, over)
     else:
         best = own               # every layout found came out over memory: the structure keeps its own split
     return Refinement(parent=point, uniform_layout=uniform, best_layout=best.layout, uniform_ns=own.objective_ns,
