@@ -51,7 +51,7 @@ def predict_s(profile: HardwareProfile, measurement) -> float:
     return predict_collective_s(profile, measurement)
 
 
-FITTED_ROLES = ("fit", tables.OCCUPANCY_ROLE)
+FITTED_ROLES = ("fit", tables.SMALL_GEMM_ROLE)
 """Roles of the rows a bundled value was fitted to: the curves', and the small GEMMs' (tile side, kernel floor)."""
 
 

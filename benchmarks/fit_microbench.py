@@ -194,7 +194,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
             f"; {', '.join(held_grouped)} not determined by these rows: extrapolated, the {GROUPED_DONOR} fit "
             "(fractions of this GPU's own HBM bandwidth and fp8 peak)")
     _hold_undetermined_link_alpha(data, base, measurements, provenance)
-    _fit_small_gemms(name, data, rows_by_file, exclude, gemm_notes)
+    _fit_kernel_floor(name, data, rows_by_file, exclude, gemm_notes)
     if gemm_notes:
         provenance["compute.gemm_efficiency"] += f" ({'; '.join(gemm_notes)})"
     _extrapolate(name, data, provenance, fitted, rule)
@@ -207,24 +207,22 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     return profile, data, notes
 
 
-SMALL_GEMM_START = {"tile_side": 128.0, "kernel_floor_us": 5.0}
-"""Where the small-GEMM fit starts: a 128-wide output tile (cuBLAS's common CTA tile side on Ampere and Hopper) and a
-5 µs kernel floor (of the order of a kernel's launch latency on the GPU)."""
+SMALL_GEMM_START = {"kernel_floor_us": 5.0}
+"""Where the kernel floor's fit starts: 5 µs, of the order of a kernel's launch latency on the GPU."""
 SMALL_GEMM_DONOR = "h100-80gb"
-SMALL_GEMM_RULE = ("no GEMM sweep below the curve's plateau measured this GPU: the {donor} fit, as its roll-off "
-                   "(GEMM_DONORS): cuBLAS on Blackwell computes output tiles of the same order per SM (128 x 256 per "
-                   "SM with tcgen05's two-SM MMA), on 148 SMs to fill, and starts a kernel the same way")
+SMALL_GEMM_RULE = ("no GEMM sweep below the curve's plateau measured this GPU: the {donor} fit: a kernel starts, fills "
+                   "its first wave and drains its last the same way on Blackwell (148 SMs against 132)")
 
 
 def _hold_small_gemms(name: str, data: dict[str, Any], base: HardwareProfile, fitted: dict[str, HardwareProfile],
                       rows_by_file, exclude: str | None, fixed_gemm: list[str], gemm_notes: list[str]) -> HardwareProfile:
-    """`base` with SMALL_GEMM_DONOR's small-GEMM terms (costmodels.compute.TILE_SIDE, KERNEL_FLOOR_US) held, where no
-    cuBLAS sweep measured this GPU below the plateau (SMALL_GEMM_RULE), before its curve is fitted to what it measured;
-    `base` unchanged where one did (`_fit_small_gemms` fits them after the curve) or for a variant (fit_from_profile
-    takes its donor's whole curve)."""
+    """`base` with SMALL_GEMM_DONOR's kernel floor (costmodels.compute.KERNEL_FLOOR_US) held, where no cuBLAS sweep
+    measured this GPU below the plateau (SMALL_GEMM_RULE), before its curve is fitted to what it measured; `base`
+    unchanged where one did (`_fit_kernel_floor` fits it after the curve) or for a variant (fit_from_profile takes its donor's whole
+    curve)."""
     keys = tuple(SMALL_GEMM_START)
     donor = fitted.get(SMALL_GEMM_DONOR)
-    if tables.measurements_for(name, rows_by_file, role=tables.OCCUPANCY_ROLE, exclude=exclude).gemm \
+    if tables.measurements_for(name, rows_by_file, role=tables.SMALL_GEMM_ROLE, exclude=exclude).gemm \
             or "fit_from_profile" in EXTRAPOLATED.get(name, {}) or donor is None \
             or not all(key in donor.gemm_efficiency for key in keys):
         return base
@@ -235,26 +233,27 @@ def _hold_small_gemms(name: str, data: dict[str, Any], base: HardwareProfile, fi
     return dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **held})
 
 
-def _fit_small_gemms(name: str, data: dict[str, Any], rows_by_file, exclude: str | None,
-                     gemm_notes: list[str]) -> None:
-    """The small-GEMM terms fitted to the cuBLAS sweeps' GEMMs below the plateau (microbench_tables.OCCUPANCY_ROLE)
-    with the rest of the curve held at the fit just made (peak_fraction and half_saturation_dim are what the GEMMs of
-    50 µs of math and more determine), through the same least squares as `autopar profile fit`."""
+def _fit_kernel_floor(name: str, data: dict[str, Any], rows_by_file, exclude: str | None,
+                      gemm_notes: list[str]) -> None:
+    """The kernel floor (costmodels.compute.KERNEL_FLOOR_US) fitted to the cuBLAS sweeps' GEMMs under 50 µs of math
+    (microbench_tables.SMALL_GEMM_ROLE) with the rest of the curve held at the fit just made (the plateau and roll-off
+    are what the larger GEMMs determine; the floor only prices a GEMM where it exceeds the roll-off), through the
+    same least squares as `autopar profile fit`."""
     import yaml
 
     from autopar.calibrate.fit import fit_gemm_efficiency
+    from costmodels.compute import KERNEL_FLOOR_US
 
-    rows = tables.measurements_for(name, rows_by_file, role=tables.OCCUPANCY_ROLE, exclude=exclude).gemm
-    if not rows:
+    small = tables.measurements_for(name, rows_by_file, role=tables.SMALL_GEMM_ROLE, exclude=exclude).gemm
+    if not small:
         return
-    keys = tuple(SMALL_GEMM_START)
     profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
     base = dataclasses.replace(profile, gemm_efficiency={**profile.gemm_efficiency, **SMALL_GEMM_START})
-    result = fit_gemm_efficiency(rows, base, fixed=tuple(k for k in base.gemm_efficiency if k not in keys))
-    data["compute"]["gemm_efficiency"].update({key: round(result.params[key], 3) for key in keys})
-    gemm_notes.append(f"{', '.join(keys)} then by least squares over the cuBLAS sweeps' {len(rows)} GEMMs under 50 µs "
-                      f"of math, the rest of the curve held, rms residual {result.rms_relative_residual:.1%} "
-                      f"({tables.CUBLAS_OCCUPANCY_WHY})")
+    floor = fit_gemm_efficiency(small, base, fixed=tuple(k for k in base.gemm_efficiency if k != KERNEL_FLOOR_US))
+    data["compute"]["gemm_efficiency"][KERNEL_FLOOR_US] = round(floor.params[KERNEL_FLOOR_US], 3)
+    gemm_notes.append(f"{KERNEL_FLOOR_US} then by least squares over the cuBLAS sweeps' {len(small)} GEMMs under 50 µs "
+                      f"of math, the rest of the curve held, rms residual {floor.rms_relative_residual:.1%} "
+                      f"({tables.CUBLAS_SMALL_GEMM_WHY})")
 
 
 def _hold_undetermined_link_alpha(data: dict[str, Any], base: HardwareProfile, measurements, provenance: dict[str, str]

@@ -39,14 +39,14 @@ MIN_GEMM_IDEAL_S = 50e-6
 """GEMMs whose ideal time (2mnk at the dense peak) is below 50 µs are far from the curve's plateau — a 256³ fp16
 cuBLAS call on A100 takes ~11 µs for 0.1 µs of math (gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv): their
 output has fewer tiles than the GPU has SMs. They do not fit the plateau and roll-off (peak_fraction,
-half_saturation_dim); the cuBLAS sweeps' rows among them fit the occupancy term alone (role OCCUPANCY_ROLE,
-compute.TILE_SIDE), the others are checked."""
+half_saturation_dim); the cuBLAS sweeps' rows among them fit the kernel floor (role SMALL_GEMM_ROLE,
+compute.KERNEL_FLOOR_US), the others are checked."""
 
-OCCUPANCY_ROLE = "occupancy"
-"""Rows that fit compute.gemm_efficiency's tile_side with the rest of the curve held at its fit (fit_microbench)."""
-CUBLAS_OCCUPANCY_WHY = (
-    "fewer output tiles than SMs (under 50 µs of math at the dense peak): fits tile_side alone. The sweeps time the "
-    "kernel, not its launch: triton.testing.do_bench zeroes a 256 MB buffer before every call (fast_flush), a GPU "
+SMALL_GEMM_ROLE = "small_gemm"
+"""Rows that fit compute.gemm_efficiency's kernel_floor_us, the rest of the curve held at its fit (fit_microbench)."""
+CUBLAS_SMALL_GEMM_WHY = (
+    "under 50 µs of math at the dense peak, where a kernel's fixed time weighs: fits kernel_floor_us. The sweeps "
+    "time the kernel, not its launch: triton.testing.do_bench zeroes a 256 MB buffer before every call (fast_flush), a GPU "
     "memset of ~100 µs during which the host has long enqueued the GEMM, and times the call between CUDA events")
 
 PEAK_TFLOPS = {"bf16": {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "H800": 989.0},
@@ -249,7 +249,7 @@ def read_mamf(path: Path) -> Iterator[Row]:
 def read_cublas_sweep(path: Path) -> Iterator[Row]:
     """fp16 cuBLAS sweeps (fp16 and bf16 run at the same tensor-core rate): tutorial 03's square sizes (A100 #3551,
     H100 #3672) and tutorial 10's cuBLAS column at 2048 × N × N (H100 #2339). The sizes under MIN_GEMM_IDEAL_S fit
-    the occupancy term (OCCUPANCY_ROLE), the others the curve.
+    the occupancy term (SMALL_GEMM_ROLE), the others the curve.
 
     The H100 variant is not stated in either thread; both are taken as SXM: #2339's cuBLAS reaches 722 TFLOPS at
     2048×8192×8192, 95% of an H100 PCIe's 756 dense peak and so only possible on the SXM part (989), and #3672 agrees
@@ -263,7 +263,7 @@ def read_cublas_sweep(path: Path) -> Iterator[Row]:
         m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
         role, why = _gemm_role(gpu, "bf16", m, n, k)
         if role == "check":
-            role, why = OCCUPANCY_ROLE, CUBLAS_OCCUPANCY_WHY
+            role, why = SMALL_GEMM_ROLE, CUBLAS_SMALL_GEMM_WHY
         measurement = _gemm(path, "bf16", m, n, k, float(row["cublas_tflops"]), f"cuBLAS fp16 {gpu} {m}x{n}x{k}")
         profiles = A100 if gpu == "A100" else (*H100, *H200, *H800)   # H800: the H100 SXM die
         yield Row(profiles, measurement, role, why)

@@ -17,26 +17,25 @@ FLOP counting (forward pass, one sequence of s tokens; backward = 2 × forward, 
 
 GEMM efficiency (the fraction of the dense peak a GEMM of shape m×k·k×n reaches), documented curve:
 
-    efficiency(m, n, k) = peak_fraction / (1 / occupancy + (half_saturation_dim / 3) · (1/m + 1/n + 1/k)
-                                           + peak_fraction · peak · kernel_floor / (concurrent · 2mnk))
-    occupancy = min(1, concurrent · max(1, m / tile_side) · max(1, n / tile_side) / SMs)
+    efficiency(m, n, k) = peak_fraction / (1 + max((half_saturation_dim / 3) · (1/m + 1/n + 1/k),
+                                               peak_fraction · peak · kernel_floor / (concurrent · 2mnk)))
 
-It is the roofline of one GEMM written as a sum of times: 2mnk FLOPs at peak_fraction × peak on the SMs its output
-tiles keep busy, plus the operand traffic 2(mk + kn + mn) bytes at HBM speed, whose ratio to the FLOPs is (1/m + 1/n
-+ 1/k), plus the kernel's fixed time. `half_saturation_dim` absorbs HBM bandwidth and the main loop's prologue and
-epilogue: a square GEMM of side `half_saturation_dim` runs at half of `peak_fraction` (fitted, with peak_fraction,
-to GEMMs of 50 µs of math and more). Below that the cuBLAS sweeps fit the two small-GEMM terms: `tile_side`, the side
-of the output tile one SM computes (an output of fewer tiles than the GPU has SMs leaves the others idle; a side
-shorter than a tile is one tile, so a skinny GEMM stays bound by its traffic), and `kernel_floor`
-(`kernel_floor_us`), the kernel's start, first-wave fill and last-wave drain, shared by the `concurrent` GEMMs of one
-batched kernel or of parallel streams (Gemm.concurrent). The sweeps time each call between CUDA events after a
-256 MB flush that keeps the GPU busy while the host enqueues the GEMM: kernel times, not launches (the host's launch
-is priced by costmodels.host). On H100 a 1024³ GEMM runs at 12% of peak (121 TFLOP/s), not the plateau's 44%. The
-curve is symmetric in (m, n, k) but for the occupancy, so the forward GEMM and its two backward GEMMs (same three
-dimensions, permuted) get the forward's efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak and, where the
-profile has it, their own `fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the bytes,
-so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes down to 64 rows, which absorb their
-small-GEMM behaviour, so fp8 takes no occupancy or floor term) (profiles without fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
+It is the roofline of one GEMM written as a sum of times: 2mnk FLOPs at peak_fraction × peak, plus what the kernel
+spends beyond them, the larger of two readings of it. `half_saturation_dim` prices the operand traffic 2(mk + kn +
+mn) bytes at HBM speed, whose ratio to the FLOPs is (1/m + 1/n + 1/k), with tile quantisation and the main loop's
+prologue and epilogue: a square GEMM of side `half_saturation_dim` runs at half of `peak_fraction`.
+`kernel_floor_us` is the least a GEMM kernel spends beyond its work (its start on the SMs, a first wave that does not
+fill them, the last wave's drain), once per kernel: GEMMs run as one batched kernel (the unfused attention core over
+every head) or on parallel streams (Transformer Engine's per-expert GEMMs, TE_COMPUTE_STREAMS) share it
+(Gemm.concurrent). The roll-off is fitted to the GEMMs of 50 µs of math and more; below that the floor is the larger
+and most of a GEMM's time: the cuBLAS sweeps time each call between CUDA events after a 256 MB flush that keeps the
+GPU busy while the host enqueues it (kernel times, not launches; the host's launch is costmodels.host's), and
+measure a 1024³ GEMM at 121 TFLOP/s on H100, 12% of the peak, where the roll-off alone gives 44%. The floor is
+fitted to those small sizes with the rest of the curve held (benchmarks/fit_microbench.py). It is symmetric in (m, n, k), so the forward GEMM and its two backward GEMMs (same
+three dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak and, where
+the profile has it, their own `fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the
+bytes, so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes), and the same kernel floor
+(profiles without fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
 attention in bf16). Unfused, it uses the GEMM curve with its (s/cp) × (s/cp) × head_dim shape; a fused kernel
 (TrainingSpec.attention_kernel: FlashAttention-2, FlashAttention-3 or cuDNN) has its own measured curve per pass
 (attention_efficiency), the backward's 2.5× FLOPs priced at the backward's own rate.
@@ -104,41 +103,23 @@ def gemm_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.nd
     else:
         peak_fraction = params["peak_fraction"]
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
-    roll_off = half_saturation_dim / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k)
-    if precision == Precision.FP8.value:    # its curve was fitted down to DeepGEMM's 64-row GEMMs: their own roll-off
-        return peak_fraction / (1.0 + roll_off)
-    floor_s = float(params.get(KERNEL_FLOOR_US, 0.0)) * 1e-6
-    floor = peak_fraction * profile.peak_flops_per_s[precision] * floor_s / (
+    floor = peak_fraction * profile.peak_flops_per_s[precision] * kernel_floor_s(profile) / (
         np.asarray(concurrent, dtype=float) * 2.0 * m * n * k)
-    return peak_fraction / (1.0 / gemm_occupancy(profile, m, n, concurrent) + roll_off + floor)
+    return peak_fraction / (1.0 + np.maximum(half_saturation_dim / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k), floor))
 
 
 KERNEL_FLOOR_US = "kernel_floor_us"
-"""Profile key (compute.gemm_efficiency): the GPU time a GEMM kernel takes beyond its work, µs (its start on the
-SMs, its first wave's fill and last wave's drain), fitted with `tile_side` to the cuBLAS sweeps at small sizes; shared
-by the `concurrent` GEMMs of one batched kernel or of parallel streams. Absent: none."""
-
-TILE_SIDE = "tile_side"
-"""Profile key (compute.gemm_efficiency): the side, in elements, of the square output tile one SM computes, as GEMM
-sweeps at small sizes measure it (benchmarks/fit_microbench.py). Absent, 0, or a profile without its SM count: every
-SM busy (no occupancy term)."""
+"""Profile key (compute.gemm_efficiency): the GPU time a GEMM kernel takes beyond its work, µs (module docstring).
+Absent: none."""
 
 TE_COMPUTE_STREAMS = 4
 """Streams Transformer Engine spreads a GroupedLinear's per-expert cuBLAS GEMMs over (nvte_multi_stream_cublas_gemm;
-transformer_engine/common/util/multi_stream.h, num_compute_streams = 4): up to four experts' GEMMs share the SMs."""
+transformer_engine/common/util/multi_stream.h, num_compute_streams = 4): up to four experts' kernels at once."""
 
 
-def gemm_occupancy(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
-                   concurrent: "np.ndarray | float" = 1.0) -> np.ndarray:
-    """Fraction of the GPU's SMs the output tiles of `concurrent` m×n GEMMs keep busy: min(1, concurrent ·
-    max(1, m / tile_side) · max(1, n / tile_side) / SMs). A side shorter than a tile is one tile: a skinny GEMM (a
-    router's n = experts) is bound by its operand traffic, which the curve's other term prices."""
-    side = float(profile.gemm_efficiency.get(TILE_SIDE, 0.0))
-    sms = profile.streaming_multiprocessors
-    if side <= 0.0 or not sms:
-        return np.ones(np.broadcast_shapes(np.shape(m), np.shape(n)))
-    tiles = np.maximum(1.0, np.asarray(m, dtype=float) / side) * np.maximum(1.0, np.asarray(n, dtype=float) / side)
-    return np.minimum(1.0, tiles * np.asarray(concurrent, dtype=float) / sms)
+def kernel_floor_s(profile: HardwareProfile) -> float:
+    """A GEMM kernel's fixed time on the GPU (profile `kernel_floor_us`; 0 where absent)."""
+    return float(profile.gemm_efficiency.get(KERNEL_FLOOR_US, 0.0)) * 1e-6
 
 
 ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_seq")
@@ -339,13 +320,16 @@ class Gemm:
     spec: the fused QKV without MLA, a dense MLP's fc1): in FP8 the norm kernel casts (`fp8_cast_bytes_per_element`)."""
 
     def concurrent(self, training: TrainingSpec) -> "np.ndarray | float":
-        """GEMMs of this family that fill the GPU together (`gemm_occupancy`): the unfused attention core is one
-        batched GEMM over every head and sequence; routed experts as cuBLAS GEMMs run on Transformer Engine's compute
-        streams, TE_COMPUTE_STREAMS at a time; a loop over experts and every other GEMM one at a time."""
+        """GEMMs of this family that share one kernel floor (`gemm_efficiency`): the unfused attention core is one
+        batched GEMM over every head and sequence; routed experts in one grouped kernel share one; as cuBLAS GEMMs
+        under Transformer Engine they run on its compute streams, TE_COMPUTE_STREAMS at a time; a loop over experts
+        and every other GEMM one at a time."""
         count = np.asarray(self.flops, dtype=float) / np.maximum(2.0 * self.m * self.n * self.k, 1.0)
         if self.attention_core:
             return np.maximum(count, 1.0)
-        if self.grouped and training.expert_gemm is ExpertGemm.CUBLAS:
+        if self.grouped and training.expert_gemm is ExpertGemm.GROUPED:
+            return np.maximum(count, 1.0)
+        if self.grouped and training.expert_gemm is ExpertGemm.CUBLAS and training.engine is Engine.MEGATRON:
             return np.clip(count, 1.0, TE_COMPUTE_STREAMS)
         return 1.0
 

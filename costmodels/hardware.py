@@ -65,7 +65,6 @@ GEMM_EFFICIENCY_FIELDS: tuple[tuple[str, float, float, str], ...] = (
      "a fraction of the dense peak"),
     (r"grouped_hbm_efficiency", 1e-6, 1.0, "a fraction of the HBM bandwidth"),
     (r"(fp8_)?half_saturation_dim", 0.0, 1e12, "a GEMM dimension (elements)"),
-    (r"tile_side", 0.0, 1e6, "an output tile's side (elements; 0: every SM busy)"),
     (r"kernel_floor_us", 0.0, 1e4, "microseconds"),
     (rf"attention_(({_KERNELS})_(fwd|bwd)_)?half_saturation_seq", 0.0, 1e12, "a sequence length (tokens)"),
     (rf"attention_({_KERNELS})_(fwd|bwd)_harness_dispatch_us", 0.0, 1e6, "microseconds"),
@@ -644,7 +643,7 @@ def _check_fields(origin: str, data: dict) -> None:
         if _gemm_efficiency_field(str(key)) is None:
             raise InputError("profile", f"{origin}: field compute.gemm_efficiency.{_short_repr(str(key))[1:-1]} is "
                                         "not a curve parameter autopar reads (peak_fraction, half_saturation_dim, "
-                                        "tile_side, kernel_floor_us, fp8_*, grouped_*, attention_<kernel>_<fwd|bwd>_*; kernels "
+                                        "kernel_floor_us, fp8_*, grouped_*, attention_<kernel>_<fwd|bwd>_*; kernels "
                                         f"{', '.join(ATTENTION_KERNEL_NAMES)}); fix the name or remove it")
 
 

@@ -358,9 +358,7 @@ def test_every_fitted_key_of_the_bundled_profiles_names_its_source():
     ("nccl_allreduce_h100_dgx_8gpu_dgxc.csv", 0.06, 0.80),      # one 5× spike at 32 B in the source
     ("nccl_allreduce_sweeps_ml_engineering.csv", 0.05, 0.95),   # B200 4-node 32-64 KiB: 3-6 ms warm-up spikes
     ("nccl_sendrecv_a100_8gpu_liplus.csv", 0.20, 0.40),
-    # the curve's rows (50 µs of math and more) with the small-GEMM terms fitted below them: the kernel floor adds
-    # ~5% at 2048-3200 on A100, whose sweep scatters ±8% between neighbouring sizes (2304³ 246 TFLOP/s, 2432³ 219)
-    ("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", 0.08, 0.16),
+    ("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", 0.08, 0.15),
     ("gemm_fp8_deepgemm_h800.csv", 0.10, 0.25),
     ("attention_cudnn_sdpa_training_h200_gb200.csv", 0.08, 0.20),
     ("attention_fa3_h100_tritonbench_prs.csv", 0.12, 0.30),

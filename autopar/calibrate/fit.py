@@ -210,11 +210,9 @@ ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_se
 FP8_HALF_SATURATION = "fp8_half_saturation_dim"
 """costmodels.compute's roll-off side for fp8 GEMMs (bf16's `half_saturation_dim` where absent)."""
 
-GEMM_BOUNDS = {"peak_fraction": (1e-6, 1.0), FP8_PEAK_FRACTION: (1e-6, 1.0), "tile_side": (1.0, 1e4),
-               "kernel_floor_us": (1e-3, 1e3)}
+GEMM_BOUNDS = {"peak_fraction": (1e-6, 1.0), FP8_PEAK_FRACTION: (1e-6, 1.0), "kernel_floor_us": (1e-3, 1e3)}
 """A fraction of the dense peak is at most 1 (a shape the curve cannot follow must not push it above); an output
-tile's side (costmodels.compute.gemm_occupancy) is at least one element; a kernel's floor lies between a nanosecond
-and a millisecond."""
+kernel's floor (costmodels.compute.KERNEL_FLOOR_US) lies between a nanosecond and a millisecond."""
 
 
 def _default_gemm_efficiency() -> GemmEfficiency:
