@@ -395,8 +395,8 @@ def test_solve_searches_layouts_by_default_repeatably_and_says_so():
 def test_a_layout_the_tables_admit_but_exact_pricing_puts_over_memory_is_searched_again():
     """The layout search's tables take a rank's chunks as equal; the exact schedule holds chunk 0 longest, so the
     fastest layout by the tables can come out over memory (llama-3.1-8b on 32 H100 at pp 4 vpp 2, mbs 2: a layout
-    piling nine layers into one chunk, 18 GiB over). refine_structure searches again without the layer totals that
-    put a rank over, and keeps only a layout that fits when priced exactly, else the structure's own split."""
+    piling nine layers into one chunk, 18 GiB over). refine_structure re-splits the ranks over memory within
+    themselves (or searches again without their totals) and keeps only a layout that fits when priced exactly."""
     from autopar.models import load_model
     from autopar.search.refine import ranks_over_memory, refine_structure
     from costmodels.hardware import load_profile
@@ -409,9 +409,19 @@ def test_a_layout_the_tables_admit_but_exact_pricing_puts_over_memory_is_searche
     plan = Plan(tp=1, pp=4, vpp=2, mbs=2, zero=1)
     point = plan_estimates(model, cluster, training, [plan])[0]
     found = refine_structure(model, cluster, training, point, time_limit_s=None)
-    assert found is not None
-    assert found.best_layout == found.uniform_layout or \
-        not ranks_over_memory(model, cluster, training, plan, found.best_layout)
+    assert found is not None and found.best_layout != found.uniform_layout
+    assert not ranks_over_memory(model, cluster, training, plan, found.best_layout)
+    # a layout that fits is as fast as the one piling nine layers into a chunk (the same layers per rank, re-split):
+    # 11% faster than the even split
+    assert found.best_ns < 0.9 * found.uniform_ns
+
+
+def test_a_rank_re_split_keeps_its_layers_and_puts_the_remainder_on_its_later_chunks():
+    from autopar.search.refine import resplit_ranks
+
+    # pp 4, vpp 2: rank 2 holds virtual stages 2 and 6
+    assert resplit_ranks((4, 5, 9, 4, 4, 4, 0, 2), 4, (2,)) == (4, 5, 4, 4, 4, 4, 5, 2)
+    assert resplit_ranks((4, 5, 9, 4, 4, 4, 0, 2), 4, (2, 3)) == (4, 5, 4, 3, 4, 4, 5, 3)
 
 
 def test_a_pinned_split_is_not_replaced_by_layouts():

@@ -121,6 +121,20 @@ def ranks_over_memory(model, cluster, training, plan, layout) -> tuple[int, ...]
     return tuple(r for r, terms in enumerate(ranks) if float(sum(terms.values())) > cluster.memory_limit_bytes)
 
 
+def resplit_ranks(layout: tuple[int, ...], pp: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """`layout` with each of `ranks`' layers spread evenly over its chunks, the remainder on its later ones (chunk 0,
+    held longest by the interleaved schedule, lightest): the same layers per rank, which is all the tables price a
+    rank's memory by, the least the exact schedule holds for them."""
+    out = list(layout)
+    chunks = len(layout) // pp
+    for rank in ranks:
+        where = [rank + pp * v for v in range(chunks)]
+        total = sum(out[i] for i in where)
+        for v, i in enumerate(where):
+            out[i] = total // chunks + (1 if v >= chunks - total % chunks else 0)
+    return tuple(out)
+
+
 def without_rank_totals(tables, cost, ranks: tuple[int, ...]):
     """`tables` with each of `ranks` refused the layer totals `cost` gave it (its memory cell set over the limit):
     the next search must place that rank's layers otherwise."""
@@ -130,9 +144,52 @@ def without_rank_totals(tables, cost, ranks: tuple[int, ...]):
     return dataclasses.replace(tables, memory_mib=memory)
 
 
+@dataclass(frozen=True)
+class LayoutSearch:
+    """The best layout of a structure that fits when priced exactly (`search_layout_that_fits`)."""
+
+    best: "object"
+    """costmodels.layout.LayoutCost of the layout kept (the structure's own where none found beats it and fits)."""
+    engine: str
+    proven_optimal: bool
+    """The search proved it optimal, on the tables as built (False once a layout over memory was set aside)."""
+    elapsed_s: float
+    searches: int
+    set_aside: bool
+    """A faster layout came out over memory priced exactly and was set aside."""
+
+
+def search_layout_that_fits(model, cluster, training, plan, tables, own, hint, time_limit_s: float | None,
+                            deterministic_limit: float | None = None) -> LayoutSearch:
+    """The fastest layout the search finds that beats `own` and fits when priced exactly: a layout over memory on
+    some ranks is first re-split within them at the same totals (`resplit_ranks`); still over, the search runs again
+    without those ranks' totals (`without_rank_totals`), at most LAYOUT_MEMORY_RETRIES times within `time_limit_s`
+    in all; else `own`."""
+    from autopar.search.layouts import best_layout
+    from costmodels.layout import price_layout
+
+    start = time.perf_counter()
+    engine, proven, searches = "", True, 0
+    for _ in range(1 + LAYOUT_MEMORY_RETRIES):
+        left_s = None if time_limit_s is None else max(time_limit_s - (time.perf_counter() - start), 0.05)
+        result = best_layout(tables, time_limit_s=left_s, hint=hint, deterministic_limit=deterministic_limit)
+        searches += 1
+        engine, proven = engine or result.engine, proven and result.proven_optimal
+        best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
+        over = ranks_over_memory(model, cluster, training, plan, best.layout) if best is not own else ()
+        if not over:
+            return LayoutSearch(best, engine, proven, time.perf_counter() - start, searches, searches > 1)
+        proven = False
+        resplit = price_layout(tables, resplit_ranks(best.layout, plan.pp, over))
+        if resplit.objective_ns < own.objective_ns and not ranks_over_memory(model, cluster, training, plan,
+                                                                             resplit.layout):
+            return LayoutSearch(resplit, engine, False, time.perf_counter() - start, searches, True)
+        tables = without_rank_totals(tables, best, over)
+    return LayoutSearch(own, engine, False, time.perf_counter() - start, searches, True)
+
+
 def refine_structure(model, cluster, training, point: Estimate, time_limit_s: float | None = PER_STRUCTURE_LIMIT_S,
                      tables=None, deterministic_limit: float | None = None) -> Refinement | None:
-    from autopar.search.layouts import best_layout
     from costmodels.layout import layout_space_log10, layout_tables, price_layout, uniform_layout
 
     plan = point.plan
@@ -142,18 +199,11 @@ def refine_structure(model, cluster, training, point: Estimate, time_limit_s: fl
     tables = tables if tables is not None else layout_tables(model, cluster, training, plan)
     uniform = uniform_layout(model, plan)
     own = price_layout(tables, uniform)
-    for _ in range(1 + LAYOUT_MEMORY_RETRIES):
-        result = best_layout(tables, time_limit_s=time_limit_s, hint=uniform, deterministic_limit=deterministic_limit)
-        best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
-        over = ranks_over_memory(model, cluster, training, plan, best.layout) if best is not own else ()
-        if not over:
-            break
-        tables = without_rank_totals(tables, best, over)
-    else:
-        best = own               # every layout found came out over memory: the structure keeps its own split
-    return Refinement(parent=point, uniform_layout=uniform, best_layout=best.layout, uniform_ns=own.objective_ns,
-                      best_ns=best.objective_ns, engine=result.engine, search_s=time.perf_counter() - start,
-                      proven_optimal=result.proven_optimal,
+    found = search_layout_that_fits(model, cluster, training, plan, tables, own, uniform, time_limit_s,
+                                    deterministic_limit)
+    return Refinement(parent=point, uniform_layout=uniform, best_layout=found.best.layout,
+                      uniform_ns=own.objective_ns, best_ns=found.best.objective_ns, engine=found.engine,
+                      search_s=time.perf_counter() - start, proven_optimal=found.proven_optimal,
                       space_log10=layout_space_log10(model.num_layers, plan.pp * plan.vpp))
 
 
@@ -365,7 +415,6 @@ def explain_layout(model, cluster, training, plan, time_limit_s: float | None = 
                    ) -> tuple[list[str], dict]:
     """Where a per-stage layout pays for `plan`'s structure: the plan's own layout against the best one, with every
     rank's per-microbatch time and peak memory before and after (the per-stage model's integers: ns, MiB)."""
-    from autopar.search.layouts import best_layout
     from costmodels.layout import (layout_space_log10, layout_tables, parent_plan, price_layout, prices_layouts,
                                    uniform_layout)
 
@@ -375,10 +424,12 @@ def explain_layout(model, cluster, training, plan, time_limit_s: float | None = 
     tables = layout_tables(model, cluster, training, base)
     own_layout = plan.layout or uniform_layout(model, base)
     own = price_layout(tables, own_layout)
-    result = best_layout(tables, time_limit_s=time_limit_s, hint=own_layout)
-    best = result.best if result.best is not None and result.best.objective_ns < own.objective_ns else own
+    result = search_layout_that_fits(model, cluster, training, base, tables, own, own_layout, time_limit_s)
+    best = result.best
     gain = 1.0 - best.objective_ns / own.objective_ns
-    proof = "optimal" if result.proven_optimal else "best found in the time limit"
+    proof = "optimal" if result.proven_optimal else (
+        "best found that fits (a faster one came out over memory)" if result.set_aside
+        else "best found in the time limit")
     lines = [f"layout: {'|'.join(map(str, own.layout))} (decoder layers per virtual stage) -> "
              + ("already the best" if best is own else f"{'|'.join(map(str, best.layout))}, "
                 f"{100 * gain:.1f}% faster step ({own.step_time_s:.3f} s -> {best.step_time_s:.3f} s per-stage model)")
