@@ -37,17 +37,21 @@ PROFILES = (*A100, *H100, *H200, *B200, *GB200, *H800)
 
 MIN_GEMM_IDEAL_S = 50e-6
 """GEMMs whose ideal time (2mnk at the dense peak) is below 50 µs are far from the curve's plateau — a 256³ fp16
-cuBLAS call on A100 takes ~11 µs for 0.1 µs of math (gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv): their
-output has fewer tiles than the GPU has SMs. They do not fit the plateau and roll-off (peak_fraction,
-half_saturation_dim); the cuBLAS sweeps' rows among them fit the kernel floor (role SMALL_GEMM_ROLE,
-compute.KERNEL_FLOOR_US), the others are checked."""
+cuBLAS call on A100 takes ~11 µs for 0.1 µs of math (gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv): a
+kernel's fixed time, and an output of fewer tiles than the GPU has SMs. They do not fit the plateau and roll-off
+(peak_fraction, half_saturation_dim); the cuBLAS sweeps' rows under FLOOR_GEMM_IDEAL_S fit the kernel floor (role
+SMALL_GEMM_ROLE, compute.KERNEL_FLOOR_US), the others are checked."""
 
 SMALL_GEMM_ROLE = "small_gemm"
 """Rows that fit compute.gemm_efficiency's kernel_floor_us, the rest of the curve held at its fit (fit_microbench)."""
+FLOOR_GEMM_IDEAL_S = 5e-6
+"""The sweeps' GEMMs under 5 µs of math at the dense peak fit the kernel floor: their time is mostly the floor. Between
+5 and 50 µs neither the floor nor the roll-off alone follows them (on H100 the time falls off faster than either from
+1024 to 2688, its output too few tiles to fill the SMs), and they are checked."""
 CUBLAS_SMALL_GEMM_WHY = (
-    "under 50 µs of math at the dense peak, where a kernel's fixed time weighs: fits kernel_floor_us. The sweeps "
-    "time the kernel, not its launch: triton.testing.do_bench zeroes a 256 MB buffer before every call (fast_flush), a GPU "
-    "memset of ~100 µs during which the host has long enqueued the GEMM, and times the call between CUDA events")
+    "under 5 µs of math at the dense peak, where a kernel's fixed time is most of it: fits kernel_floor_us. The sweeps "
+    "time the kernel, not its launch: triton.testing.do_bench zeroes a 256 MB buffer before every call (fast_flush), "
+    "a GPU memset of ~100 µs during which the host has long enqueued the GEMM, and times the call between CUDA events")
 
 PEAK_TFLOPS = {"bf16": {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "H800": 989.0},
                "fp8": {"H100": 1979.0, "H200": 1979.0, "B200": 4500.0, "GB200": 5000.0, "H800": 1979.0}}
@@ -262,7 +266,7 @@ def read_cublas_sweep(path: Path) -> Iterator[Row]:
         gpu = "A100" if row["gpu"].startswith("A100") else "H100"
         m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
         role, why = _gemm_role(gpu, "bf16", m, n, k)
-        if role == "check":
+        if 2.0 * m * n * k / (PEAK_TFLOPS["bf16"][gpu] * 1e12) < FLOOR_GEMM_IDEAL_S:
             role, why = SMALL_GEMM_ROLE, CUBLAS_SMALL_GEMM_WHY
         measurement = _gemm(path, "bf16", m, n, k, float(row["cublas_tflops"]), f"cuBLAS fp16 {gpu} {m}x{n}x{k}")
         profiles = A100 if gpu == "A100" else (*H100, *H200, *H800)   # H800: the H100 SXM die

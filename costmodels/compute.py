@@ -17,11 +17,11 @@ FLOP counting (forward pass, one sequence of s tokens; backward = 2 × forward, 
 
 GEMM efficiency (the fraction of the dense peak a GEMM of shape m×k·k×n reaches), documented curve:
 
-    efficiency(m, n, k) = peak_fraction / (1 + max((half_saturation_dim / 3) · (1/m + 1/n + 1/k),
-                                               peak_fraction · peak · kernel_floor / (concurrent · 2mnk)))
+    efficiency(m, n, k) = peak_fraction / (1 + smooth_max((half_saturation_dim / 3) · (1/m + 1/n + 1/k),
+                                                      peak_fraction · peak · kernel_floor / (concurrent · 2mnk)))
 
 It is the roofline of one GEMM written as a sum of times: 2mnk FLOPs at peak_fraction × peak, plus what the kernel
-spends beyond them, the larger of two readings of it. `half_saturation_dim` prices the operand traffic 2(mk + kn +
+spends beyond them, the larger of two readings of it (smoothly: OVERHEAD_NORM). `half_saturation_dim` prices the operand traffic 2(mk + kn +
 mn) bytes at HBM speed, whose ratio to the FLOPs is (1/m + 1/n + 1/k), with tile quantisation and the main loop's
 prologue and epilogue: a square GEMM of side `half_saturation_dim` runs at half of `peak_fraction`.
 `kernel_floor_us` is the least a GEMM kernel spends beyond its work (its start on the SMs, a first wave that does not
@@ -105,7 +105,8 @@ def gemm_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.nd
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
     floor = peak_fraction * profile.peak_flops_per_s[precision] * kernel_floor_s(profile) / (
         np.asarray(concurrent, dtype=float) * 2.0 * m * n * k)
-    return peak_fraction / (1.0 + np.maximum(half_saturation_dim / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k), floor))
+    roll_off = half_saturation_dim / 3.0 * (1.0 / m + 1.0 / n + 1.0 / k)
+    return peak_fraction / (1.0 + (roll_off ** OVERHEAD_NORM + floor ** OVERHEAD_NORM) ** (1.0 / OVERHEAD_NORM))
 
 
 KERNEL_FLOOR_US = "kernel_floor_us"
@@ -115,6 +116,12 @@ Absent: none."""
 TE_COMPUTE_STREAMS = 4
 """Streams Transformer Engine spreads a GroupedLinear's per-expert cuBLAS GEMMs over (nvte_multi_stream_cublas_gemm;
 transformer_engine/common/util/multi_stream.h, num_compute_streams = 4): up to four experts' kernels at once."""
+
+
+OVERHEAD_NORM = 4.0
+"""The larger of the roll-off and the floor, taken smoothly: (a⁴ + b⁴)^¼ is the larger within 19% where they are
+equal and within 1% once one is twice the other, and a least-squares fit has a slope on both (a plain max has none
+on the smaller, and a fit of the curve stalls where the floor binds)."""
 
 
 def kernel_floor_s(profile: HardwareProfile) -> float:

@@ -21,7 +21,8 @@ from autopar.calibrate.measurements import (
 )
 from autopar.calibrate.profile_file import RunInfo, build_profile_text
 from costmodels.comm import collective_time_s
-from costmodels.hardware import LinkSpec
+from costmodels.compute import OVERHEAD_NORM
+from costmodels.hardware import LinkSpec, load_profile
 
 MODEL = "llama-3.1-8b"
 
@@ -48,9 +49,12 @@ def calibrated_profile_text() -> str:
                 collectives.append(CollectiveMeasurement(link, kind, 2 if kind == "send_recv" else n, size,
                                                          _timing(seconds * (1 + 0.02 * rng.standard_normal()))))
     gemm = []
+    floor_s = load_profile("h100-80gb").gemm_efficiency["kernel_floor_us"] * 1e-6   # the fit holds the bundled floor
     for m, n, k in ((4096, 4096, 4096), (4096, 1024, 8192), (16384, 12288, 4096), (4096, 512, 4096)):
-        # efficiency 0.71 / (1 + 480/3·(1/m + 1/n + 1/k)) of the 989 TFLOP/s bf16 peak
-        efficiency = 0.71 / (1 + 160.0 * (1 / m + 1 / n + 1 / k))
+        # efficiency 0.71 / (1 + the larger of 480/3·(1/m + 1/n + 1/k) and the kernel floor, smoothly as the cost
+        # model takes it) of the 989 TFLOP/s bf16 peak
+        roll_off, floor = 160.0 * (1 / m + 1 / n + 1 / k), 0.71 * 989e12 * floor_s / (2.0 * m * n * k)
+        efficiency = 0.71 / (1 + (roll_off ** OVERHEAD_NORM + floor ** OVERHEAD_NORM) ** (1 / OVERHEAD_NORM))
         gemm.append(GemmMeasurement("bf16", m, n, k, _timing(2.0 * m * n * k / (efficiency * 989e12))))
     run = RunInfo(measured_at_utc="2026-11-29T09:00:00Z", hostnames=("gpu-node-1", "gpu-node-2"),
                   device_name="NVIDIA H100 80GB HBM3", world_size=16, nodes=2, ranks_per_node=8,

@@ -182,8 +182,9 @@ def test_fit_finds_two_protocol_regimes_when_the_data_has_them():
 
 def test_fp8_rows_fit_their_own_roll_off_and_fractions_stay_at_most_one():
     base = load_profile("h100-80gb")
-    params = {"peak_fraction": 0.8, "half_saturation_dim": 100.0, "fp8_peak_fraction": 0.7,
-              "fp8_half_saturation_dim": 900.0}
+    params = {"peak_fraction": 0.8, "half_saturation_dim": 400.0, "fp8_peak_fraction": 0.7,
+              "fp8_half_saturation_dim": 900.0,
+              "kernel_floor_us": base.gemm_efficiency["kernel_floor_us"]}   # held by the fit: the world's own
     import dataclasses
     truth = dataclasses.replace(base, gemm_efficiency=params)
     rows = []
@@ -192,8 +193,8 @@ def test_fp8_rows_fit_their_own_roll_off_and_fractions_stay_at_most_one():
             rate = base.peak_flops_per_s[precision] * float(gemm_efficiency(truth, m, n, k, precision))
             rows.append(GemmMeasurement(precision, m, n, k, _timing(2.0 * m * n * k / rate)))
     result = fit_gemm_efficiency(rows, base)
-    for name, value in params.items():
-        assert result.params[name] == pytest.approx(value, rel=1e-3)
+    for name, value in params.items():   # within 0.5%: where the floor binds the curve's max() has no slope
+        assert result.params[name] == pytest.approx(value, rel=5e-3)
     impossible = [GemmMeasurement("bf16", 8192, 8192, 8192, _timing(2.0 * 8192**3 / (1.2 * 989e12)))]
     assert fit_gemm_efficiency(impossible, base).params["peak_fraction"] <= 1.0
 

@@ -215,6 +215,17 @@ GEMM_BOUNDS = {"peak_fraction": (1e-6, 1.0), FP8_PEAK_FRACTION: (1e-6, 1.0), "ke
 kernel's floor (costmodels.compute.KERNEL_FLOOR_US) lies between a nanosecond and a millisecond."""
 
 
+KERNEL_FLOOR = "kernel_floor_us"
+"""costmodels.compute's fixed time of a GEMM kernel (compute.KERNEL_FLOOR_US). It is fitted alone, with every other
+curve parameter held (benchmarks/fit_microbench.py fits it so to the small GEMMs after the curve): fitted with the
+roll-off, the two trade off (compute.gemm_efficiency takes the larger), and a fit can end with the floor doing the
+roll-off's work. Where other parameters are free it keeps the base's value."""
+
+
+ROLL_OFF_GUESS_SCALE = 30.0
+"""The last initial guess of a GEMM fit: the base's roll-off sides × this, the rest as the base."""
+
+
 def _default_gemm_efficiency() -> GemmEfficiency:
     from costmodels.compute import gemm_efficiency
 
@@ -246,7 +257,11 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
     rows = [row for row in rows if row.precision in base.peak_flops_per_s and row.kind == "gemm"]
 
     kept = {name: float(value) for name, value in base.gemm_efficiency.items()
-            if name in (*fixed, *ATTENTION_PARAMETERS) or name.startswith(OTHER_CURVES_PREFIXES)}
+            if name in (*fixed, *ATTENTION_PARAMETERS) or name.startswith(OTHER_CURVES_PREFIXES)
+            or name == KERNEL_FLOOR and any(other not in fixed and other != KERNEL_FLOOR
+                                            and not other.startswith(OTHER_CURVES_PREFIXES)
+                                            and other not in ATTENTION_PARAMETERS
+                                            for other in base.gemm_efficiency)}
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
         profile = dataclasses.replace(base, gemm_efficiency={**kept, **params})
@@ -267,6 +282,10 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
         if "half_saturation_dim" in start:
             kept["half_saturation_dim"] = start.pop("half_saturation_dim")
     guesses = [start] + [{name: value * scale for name, value in start.items()} for scale in (0.1, 1e-3)]
+    # a roll-off far longer than the base's (an A100's is 46 elements): with the kernel floor held, a fit started
+    # from a short one can settle with the floor doing the roll-off's work
+    guesses += [{name: value * (ROLL_OFF_GUESS_SCALE if "half_saturation" in name else 1.0)
+                 for name, value in start.items()}]
     result = least_squares(predict, observed, guesses, bounds=GEMM_BOUNDS)
     return dataclasses.replace(result, params={**kept, **result.params})
 
