@@ -215,11 +215,12 @@ SMALL_GEMM_RULE = ("no GEMM sweep below the curve's plateau measured this GPU: t
 
 
 def _hold_small_gemms(name: str, data: dict[str, Any], base: HardwareProfile, fitted: dict[str, HardwareProfile],
-                      rows_by_file, exclude: str | None, fixed_gemm: list[str], gemm_notes: list[str]) -> HardwareProfile:
+                      rows_by_file, exclude: str | None, fixed_gemm: list[str],
+                      gemm_notes: list[str]) -> HardwareProfile:
     """`base` with SMALL_GEMM_DONOR's kernel floor (costmodels.compute.KERNEL_FLOOR_US) held, where no cuBLAS sweep
     measured this GPU below the plateau (SMALL_GEMM_RULE), before its curve is fitted to what it measured; `base`
-    unchanged where one did (`_fit_kernel_floor` fits it after the curve) or for a variant (fit_from_profile takes its donor's whole
-    curve)."""
+    unchanged where one did (`_fit_kernel_floor` fits it after the curve) or for a variant (fit_from_profile takes
+    its donor's whole curve)."""
     keys = tuple(SMALL_GEMM_START)
     donor = fitted.get(SMALL_GEMM_DONOR)
     if tables.measurements_for(name, rows_by_file, role=tables.SMALL_GEMM_ROLE, exclude=exclude).gemm \
@@ -235,7 +236,7 @@ def _hold_small_gemms(name: str, data: dict[str, Any], base: HardwareProfile, fi
 
 def _fit_kernel_floor(name: str, data: dict[str, Any], rows_by_file, exclude: str | None,
                       gemm_notes: list[str]) -> None:
-    """The kernel floor (costmodels.compute.KERNEL_FLOOR_US) fitted to the cuBLAS sweeps' GEMMs under 50 µs of math
+    """The kernel floor (costmodels.compute.KERNEL_FLOOR_US) fitted to the cuBLAS sweeps' GEMMs under 5 µs of math
     (microbench_tables.SMALL_GEMM_ROLE) with the rest of the curve held at the fit just made (the plateau and roll-off
     are what the larger GEMMs determine; the floor only prices a GEMM where it exceeds the roll-off), through the
     same least squares as `autopar profile fit`."""
@@ -251,8 +252,8 @@ def _fit_kernel_floor(name: str, data: dict[str, Any], rows_by_file, exclude: st
     base = dataclasses.replace(profile, gemm_efficiency={**profile.gemm_efficiency, **SMALL_GEMM_START})
     floor = fit_gemm_efficiency(small, base, fixed=tuple(k for k in base.gemm_efficiency if k != KERNEL_FLOOR_US))
     data["compute"]["gemm_efficiency"][KERNEL_FLOOR_US] = round(floor.params[KERNEL_FLOOR_US], 3)
-    gemm_notes.append(f"{KERNEL_FLOOR_US} then by least squares over the cuBLAS sweeps' {len(small)} GEMMs under 50 µs "
-                      f"of math, the rest of the curve held, rms residual {floor.rms_relative_residual:.1%} "
+    gemm_notes.append(f"{KERNEL_FLOOR_US} then by least squares over the cuBLAS sweeps' {len(small)} GEMMs under "
+                      f"5 µs of math, the rest of the curve held, rms residual {floor.rms_relative_residual:.1%} "
                       f"({tables.CUBLAS_SMALL_GEMM_WHY})")
 
 

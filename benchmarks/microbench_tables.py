@@ -48,6 +48,8 @@ FLOOR_GEMM_IDEAL_S = 5e-6
 """The sweeps' GEMMs under 5 µs of math at the dense peak fit the kernel floor: their time is mostly the floor. Between
 5 and 50 µs neither the floor nor the roll-off alone follows them (on H100 the time falls off faster than either from
 1024 to 2688, its output too few tiles to fill the SMs), and they are checked."""
+BETWEEN_FLOOR_AND_CURVE_WHY = ("between 5 and 50 µs of math at the dense peak: neither the kernel floor nor the "
+                               "curve's roll-off alone follows these (FLOOR_GEMM_IDEAL_S)")
 CUBLAS_SMALL_GEMM_WHY = (
     "under 5 µs of math at the dense peak, where a kernel's fixed time is most of it: fits kernel_floor_us. The sweeps "
     "time the kernel, not its launch: triton.testing.do_bench zeroes a 256 MB buffer before every call (fast_flush), "
@@ -252,8 +254,8 @@ def read_mamf(path: Path) -> Iterator[Row]:
 
 def read_cublas_sweep(path: Path) -> Iterator[Row]:
     """fp16 cuBLAS sweeps (fp16 and bf16 run at the same tensor-core rate): tutorial 03's square sizes (A100 #3551,
-    H100 #3672) and tutorial 10's cuBLAS column at 2048 × N × N (H100 #2339). The sizes under MIN_GEMM_IDEAL_S fit
-    the occupancy term (SMALL_GEMM_ROLE), the others the curve.
+    H100 #3672) and tutorial 10's cuBLAS column at 2048 × N × N (H100 #2339). The sizes under FLOOR_GEMM_IDEAL_S fit
+    the kernel floor (SMALL_GEMM_ROLE), those up to MIN_GEMM_IDEAL_S are checked, the others fit the curve.
 
     The H100 variant is not stated in either thread; both are taken as SXM: #2339's cuBLAS reaches 722 TFLOPS at
     2048×8192×8192, 95% of an H100 PCIe's 756 dense peak and so only possible on the SXM part (989), and #3672 agrees
@@ -268,6 +270,8 @@ def read_cublas_sweep(path: Path) -> Iterator[Row]:
         role, why = _gemm_role(gpu, "bf16", m, n, k)
         if 2.0 * m * n * k / (PEAK_TFLOPS["bf16"][gpu] * 1e12) < FLOOR_GEMM_IDEAL_S:
             role, why = SMALL_GEMM_ROLE, CUBLAS_SMALL_GEMM_WHY
+        elif role == "check":
+            why = BETWEEN_FLOOR_AND_CURVE_WHY
         measurement = _gemm(path, "bf16", m, n, k, float(row["cublas_tflops"]), f"cuBLAS fp16 {gpu} {m}x{n}x{k}")
         profiles = A100 if gpu == "A100" else (*H100, *H200, *H800)   # H800: the H100 SXM die
         yield Row(profiles, measurement, role, why)
@@ -740,7 +744,7 @@ TABLES = (
     Table("gemm_mamf_max_achievable_matmul_ml_engineering.csv", read_mamf,
           "compute.gemm_efficiency peak_fraction / fp8_peak_fraction (A100, H100, H200, H800, B200, GB200)"),
     Table("gemm_cublas_fp16_vs_size_triton_tutorial_issues.csv", read_cublas_sweep,
-          "compute.gemm_efficiency peak_fraction, half_saturation_dim (A100, H100 SXM)"),
+          "compute.gemm_efficiency peak_fraction, half_saturation_dim, kernel_floor_us (A100, H100 SXM)"),
     Table("gemm_fp8_deepgemm_h800.csv", read_deepgemm, "compute.gemm_efficiency fp8_peak_fraction, fp8_half_saturation_dim, "
           "grouped_peak_fraction, grouped_hbm_efficiency (H100, H200; H800 too)"),
     Table("gemm_tilelang_h800_8192x8192xK.csv", read_tilelang_h800, "compute.gemm_efficiency (H800, bf16 and fp8)"),

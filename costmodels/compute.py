@@ -21,21 +21,22 @@ GEMM efficiency (the fraction of the dense peak a GEMM of shape m×k·k×n reach
                                                       peak_fraction · peak · kernel_floor / (concurrent · 2mnk)))
 
 It is the roofline of one GEMM written as a sum of times: 2mnk FLOPs at peak_fraction × peak, plus what the kernel
-spends beyond them, the larger of two readings of it (smoothly: OVERHEAD_NORM). `half_saturation_dim` prices the operand traffic 2(mk + kn +
-mn) bytes at HBM speed, whose ratio to the FLOPs is (1/m + 1/n + 1/k), with tile quantisation and the main loop's
-prologue and epilogue: a square GEMM of side `half_saturation_dim` runs at half of `peak_fraction`.
-`kernel_floor_us` is the least a GEMM kernel spends beyond its work (its start on the SMs, a first wave that does not
-fill them, the last wave's drain), once per kernel: GEMMs run as one batched kernel (the unfused attention core over
-every head) or on parallel streams (Transformer Engine's per-expert GEMMs, TE_COMPUTE_STREAMS) share it
-(Gemm.concurrent). The roll-off is fitted to the GEMMs of 50 µs of math and more; below that the floor is the larger
-and most of a GEMM's time: the cuBLAS sweeps time each call between CUDA events after a 256 MB flush that keeps the
-GPU busy while the host enqueues it (kernel times, not launches; the host's launch is costmodels.host's), and
-measure a 1024³ GEMM at 121 TFLOP/s on H100, 12% of the peak, where the roll-off alone gives 44%. The floor is
-fitted to those small sizes with the rest of the curve held (benchmarks/fit_microbench.py). It is symmetric in (m, n, k), so the forward GEMM and its two backward GEMMs (same
-three dimensions, permuted) get the same efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak and, where
-the profile has it, their own `fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the
-bytes, so its roofline knee sits at another side; fitted from DeepGEMM's FP8 shapes), and the same kernel floor
-(profiles without fp8 refuse it); the attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
+spends beyond them, the larger of two readings of it (smoothly: OVERHEAD_NORM). `half_saturation_dim` prices the
+operand traffic 2(mk + kn + mn) bytes at HBM speed, whose ratio to the FLOPs is (1/m + 1/n + 1/k), with tile
+quantisation and the main loop's prologue and epilogue: a square GEMM of side `half_saturation_dim` runs at half of
+`peak_fraction`. `kernel_floor_us` is the least a GEMM kernel spends beyond its work (its start on the SMs, a first
+wave that does not fill them, the last wave's drain), once per kernel: GEMMs run as one batched kernel (the unfused
+attention core over every head) or on parallel streams (Transformer Engine's per-expert GEMMs, TE_COMPUTE_STREAMS)
+share it (Gemm.concurrent). The roll-off is fitted to the GEMMs of 50 µs of math and more; below that the floor is
+the larger and most of a GEMM's time: the cuBLAS sweeps time each call between CUDA events after a 256 MB flush that
+keeps the GPU busy while the host enqueues it (kernel times, not launches; the host's launch is costmodels.host's),
+and measure a 1024³ GEMM at 121 TFLOP/s on H100, 12% of the peak, where the roll-off alone gives 44%. The floor is
+fitted to the sweeps' GEMMs under 5 µs of math with the rest of the curve held (benchmarks/fit_microbench.py). The
+curve is symmetric in (m, n, k), so the forward GEMM and its two backward GEMMs (same three dimensions, permuted) get
+the same efficiency. fp8 GEMMs use `fp8_peak_fraction` of the fp8 peak and, where the profile has it, their own
+`fp8_half_saturation_dim` (fp8 runs at twice the bf16 rate on operands of half the bytes, so its roofline knee sits
+at another side; fitted from DeepGEMM's FP8 shapes), and the same kernel floor (profiles without fp8 refuse it); the
+attention core (softmax, scores, values) always runs in bf16 (Transformer Engine keeps fused
 attention in bf16). Unfused, it uses the GEMM curve with its (s/cp) × (s/cp) × head_dim shape; a fused kernel
 (TrainingSpec.attention_kernel: FlashAttention-2, FlashAttention-3 or cuDNN) has its own measured curve per pass
 (attention_efficiency), the backward's 2.5× FLOPs priced at the backward's own rate.
@@ -91,8 +92,8 @@ def attention_core_backward_to_forward(training: TrainingSpec) -> float:
 def gemm_efficiency(profile: HardwareProfile, m: "np.ndarray | float", n: "np.ndarray | float",
                     k: "np.ndarray | float", precision: str = "bf16",
                     concurrent: "np.ndarray | float" = 1.0) -> np.ndarray:
-    """Fraction of the dense peak (of `precision`) reached by an m×k·k×n GEMM (`concurrent` of them filling the GPU
-    together); curve in the module docstring."""
+    """Fraction of the dense peak (of `precision`) reached by an m×k·k×n GEMM, `concurrent` of them sharing one
+    kernel floor (Gemm.concurrent); curve in the module docstring."""
     params = profile.gemm_efficiency
     half_saturation_dim = params["half_saturation_dim"]
     if precision == Precision.FP8.value:

@@ -210,20 +210,25 @@ ATTENTION_PARAMETERS = ("attention_peak_fraction", "attention_half_saturation_se
 FP8_HALF_SATURATION = "fp8_half_saturation_dim"
 """costmodels.compute's roll-off side for fp8 GEMMs (bf16's `half_saturation_dim` where absent)."""
 
-GEMM_BOUNDS = {"peak_fraction": (1e-6, 1.0), FP8_PEAK_FRACTION: (1e-6, 1.0), "kernel_floor_us": (1e-3, 1e3)}
-"""A fraction of the dense peak is at most 1 (a shape the curve cannot follow must not push it above); an output
-kernel's floor (costmodels.compute.KERNEL_FLOOR_US) lies between a nanosecond and a millisecond."""
-
-
 KERNEL_FLOOR = "kernel_floor_us"
 """costmodels.compute's fixed time of a GEMM kernel (compute.KERNEL_FLOOR_US). It is fitted alone, with every other
 curve parameter held (benchmarks/fit_microbench.py fits it so to the small GEMMs after the curve): fitted with the
 roll-off, the two trade off (compute.gemm_efficiency takes the larger), and a fit can end with the floor doing the
 roll-off's work. Where other parameters are free it keeps the base's value."""
 
+GEMM_BOUNDS = {"peak_fraction": (1e-6, 1.0), FP8_PEAK_FRACTION: (1e-6, 1.0), KERNEL_FLOOR: (1e-3, 1e3)}
+"""A fraction of the dense peak is at most 1 (a shape the curve cannot follow must not push it above); a kernel's
+floor lies between a nanosecond and a millisecond."""
+
 
 ROLL_OFF_GUESS_SCALE = 30.0
 """The last initial guess of a GEMM fit: the base's roll-off sides × this, the rest as the base."""
+
+
+def _curve_free(base: HardwareProfile, fixed: Sequence[str]) -> bool:
+    """Whether a GEMM fit frees any curve parameter besides the kernel floor (which it then holds: KERNEL_FLOOR)."""
+    return any(name not in fixed and name != KERNEL_FLOOR and name not in ATTENTION_PARAMETERS
+               and not name.startswith(OTHER_CURVES_PREFIXES) for name in base.gemm_efficiency)
 
 
 def _default_gemm_efficiency() -> GemmEfficiency:
@@ -258,10 +263,7 @@ def fit_gemm_efficiency(rows: Sequence[GemmMeasurement], base: HardwareProfile,
 
     kept = {name: float(value) for name, value in base.gemm_efficiency.items()
             if name in (*fixed, *ATTENTION_PARAMETERS) or name.startswith(OTHER_CURVES_PREFIXES)
-            or name == KERNEL_FLOOR and any(other not in fixed and other != KERNEL_FLOOR
-                                            and not other.startswith(OTHER_CURVES_PREFIXES)
-                                            and other not in ATTENTION_PARAMETERS
-                                            for other in base.gemm_efficiency)}
+            or (name == KERNEL_FLOOR and _curve_free(base, fixed))}
 
     def predict(params: Mapping[str, float]) -> np.ndarray:
         profile = dataclasses.replace(base, gemm_efficiency={**kept, **params})
