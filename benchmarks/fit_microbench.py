@@ -157,7 +157,7 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     notes: list[str] = []
     fixed_gemm: list[str] = []
     gemm_notes: list[str] = []
-    base = _hold_small_gemms(name, data, base, fitted, rows_by_file, exclude, fixed_gemm, gemm_notes)
+    base = _hold_kernel_floor(name, data, base, fitted, rows_by_file, exclude, fixed_gemm, gemm_notes)
     for precision, key, donor_name, share_donor_name in GEMM_DONORS:
         shapes = {(g.m, g.n, g.k) for g in measurements.gemm if g.precision == precision and g.kind == "gemm"}
         if len(shapes) >= 3 or not base.supports(precision) or donor_name not in fitted or donor_name == name:
@@ -207,31 +207,32 @@ def fit_profile(name: str, rows_by_file: dict[str, list[tables.Row]], fitted: di
     return profile, data, notes
 
 
-SMALL_GEMM_START = {"kernel_floor_us": 5.0}
+KERNEL_FLOOR_START_US = 5.0
 """Where the kernel floor's fit starts: 5 µs, of the order of a kernel's launch latency on the GPU."""
-SMALL_GEMM_DONOR = "h100-80gb"
-SMALL_GEMM_RULE = ("no GEMM sweep below the curve's plateau measured this GPU: the {donor} fit: a kernel starts, fills "
-                   "its first wave and drains its last the same way on Blackwell (148 SMs against 132)")
+KERNEL_FLOOR_DONOR = "h100-80gb"
+KERNEL_FLOOR_RULE = ("no GEMM sweep below the curve's plateau measured this GPU: the {donor} fit: a kernel starts, "
+                     "fills its first wave and drains its last the same way on Blackwell (148 SMs against 132)")
 
 
-def _hold_small_gemms(name: str, data: dict[str, Any], base: HardwareProfile, fitted: dict[str, HardwareProfile],
-                      rows_by_file, exclude: str | None, fixed_gemm: list[str],
-                      gemm_notes: list[str]) -> HardwareProfile:
-    """`base` with SMALL_GEMM_DONOR's kernel floor (costmodels.compute.KERNEL_FLOOR_US) held, where no cuBLAS sweep
-    measured this GPU below the plateau (SMALL_GEMM_RULE), before its curve is fitted to what it measured; `base`
+def _hold_kernel_floor(name: str, data: dict[str, Any], base: HardwareProfile, fitted: dict[str, HardwareProfile],
+                       rows_by_file, exclude: str | None, fixed_gemm: list[str],
+                       gemm_notes: list[str]) -> HardwareProfile:
+    """`base` with KERNEL_FLOOR_DONOR's kernel floor (costmodels.compute.KERNEL_FLOOR_US) held, where no cuBLAS sweep
+    measured this GPU below the plateau (KERNEL_FLOOR_RULE), before its curve is fitted to what it measured; `base`
     unchanged where one did (`_fit_kernel_floor` fits it after the curve) or for a variant (fit_from_profile takes
     its donor's whole curve)."""
-    keys = tuple(SMALL_GEMM_START)
-    donor = fitted.get(SMALL_GEMM_DONOR)
+    from costmodels.compute import KERNEL_FLOOR_US
+
+    donor = fitted.get(KERNEL_FLOOR_DONOR)
     if tables.measurements_for(name, rows_by_file, role=tables.SMALL_GEMM_ROLE, exclude=exclude).gemm \
             or "fit_from_profile" in EXTRAPOLATED.get(name, {}) or donor is None \
-            or not all(key in donor.gemm_efficiency for key in keys):
+            or KERNEL_FLOOR_US not in donor.gemm_efficiency:
         return base
-    held = {key: donor.gemm_efficiency[key] for key in keys}
-    data["compute"]["gemm_efficiency"].update(held)
-    fixed_gemm.extend(keys)
-    gemm_notes.append(f"{', '.join(keys)} extrapolated: {SMALL_GEMM_RULE.format(donor=SMALL_GEMM_DONOR)}")
-    return dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, **held})
+    floor_us = donor.gemm_efficiency[KERNEL_FLOOR_US]
+    data["compute"]["gemm_efficiency"][KERNEL_FLOOR_US] = floor_us
+    fixed_gemm.append(KERNEL_FLOOR_US)
+    gemm_notes.append(f"{KERNEL_FLOOR_US} extrapolated: {KERNEL_FLOOR_RULE.format(donor=KERNEL_FLOOR_DONOR)}")
+    return dataclasses.replace(base, gemm_efficiency={**base.gemm_efficiency, KERNEL_FLOOR_US: floor_us})
 
 
 def _fit_kernel_floor(name: str, data: dict[str, Any], rows_by_file, exclude: str | None,
@@ -249,7 +250,8 @@ def _fit_kernel_floor(name: str, data: dict[str, Any], rows_by_file, exclude: st
     if not small:
         return
     profile = parse_profile(yaml.dump(data, Dumper=profile_dumper(), sort_keys=False), f"fitted:{name}")
-    base = dataclasses.replace(profile, gemm_efficiency={**profile.gemm_efficiency, **SMALL_GEMM_START})
+    base = dataclasses.replace(profile, gemm_efficiency={**profile.gemm_efficiency,
+                                                         KERNEL_FLOOR_US: KERNEL_FLOOR_START_US})
     floor = fit_gemm_efficiency(small, base, fixed=tuple(k for k in base.gemm_efficiency if k != KERNEL_FLOOR_US))
     data["compute"]["gemm_efficiency"][KERNEL_FLOOR_US] = round(floor.params[KERNEL_FLOOR_US], 3)
     gemm_notes.append(f"{KERNEL_FLOOR_US} then by least squares over the cuBLAS sweeps' {len(small)} GEMMs under "

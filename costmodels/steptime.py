@@ -33,8 +33,8 @@ from costmodels.params import (moe_layers_before, moe_layers_on_stage, padded_vo
                                stage_embedding_params_per_gpu, stage_params_per_gpu)
 from costmodels.pipeline import (ACTIVATION_BYTES, bubble_is_proportional, bubble_microbatch_equivalents,
                                  interleaved_warmup_chunks, p2p_transfer_counts, p2p_transfer_s, zero_bubble_s)
-from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, layers_on_stage,
-                             num_microbatches, recomputes_module)
+from costmodels.plan import (PlanArrays, Recompute, RecomputeModule, as_plan_arrays, data_parallel_size,
+                             layers_on_stage, num_microbatches, recomputes_module)
 from costmodels.specs import (ClusterSpec, Engine, Fp8Recipe, ModelSpec, MoEDispatcher, Precision, TrainingSpec,
                               fp8_copy_bytes_per_element)
 from costmodels.structure import per_knobs, per_structure, stage_list
@@ -994,7 +994,8 @@ def tied_embedding_allreduce_s(model: ModelSpec, cluster: ClusterSpec, training:
     ends = (plans.pp > 1) & ((rank == 0) | (rank == plans.pp - 1))
     group = place_group(2, cluster.num_gpus * np.maximum(plans.pp - 1, 1) / plans.pp, cluster.nvlink_domain_gpus)
     elements = padded_vocab_size(model, plans.tp) / plans.tp * model.hidden_size
-    elements = elements / np.where(plans.zero >= 2, np.maximum(cluster.num_gpus / (plans.tp * plans.pp), 1.0), 1.0)
+    elements = elements / np.where(plans.zero >= 2, np.maximum(data_parallel_size(plans, cluster.num_gpus) * plans.cp,
+                                                              1.0), 1.0)
     return np.where(ends, group_collective_time_s(cluster.profile, group, "all_reduce",
                                                   elements * training.gradient_bytes_per_param), 0.0)
 

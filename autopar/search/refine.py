@@ -28,8 +28,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autopar.results import Estimate, ParetoFront
+
+if TYPE_CHECKING:
+    from costmodels.layout import LayoutCost
 
 DEFAULT_FRONT_STRUCTURES = 8
 DEFAULT_NEAR_STRUCTURES = 4
@@ -148,8 +152,8 @@ def without_rank_totals(tables, cost, ranks: tuple[int, ...]):
 class LayoutSearch:
     """The best layout of a structure that fits when priced exactly (`search_layout_that_fits`)."""
 
-    best: "object"
-    """costmodels.layout.LayoutCost of the layout kept (the structure's own where none found beats it and fits)."""
+    best: LayoutCost
+    """The layout kept (the structure's own where none found beats it and fits)."""
     engine: str
     proven_optimal: bool
     """The search proved it optimal, on the tables as built (False once a layout over memory was set aside)."""
