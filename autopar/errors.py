@@ -20,3 +20,7 @@ class Infeasible(Exception):
         self.rules = tuple(rules)
         self.details = tuple(details)
         super().__init__(message)
+
+    def __reduce__(self):
+        """Pickled with its three arguments (a search worker process hands its errors back pickled)."""
+        return type(self), (self.message, self.rules, self.details)

@@ -1,16 +1,17 @@
 """Solver benchmark: the exhaustive oracle and the CP-SAT model on the issue's five scenarios.
 
     python benchmarks/solver.py [--oracle-budget 120] [--cpsat-budget 30] [--cpsat-max-rows 5000000] [S1 S3 ...]
-    python benchmarks/solver.py --commands [NAME ...] [--repeats 3]
+    python benchmarks/solver.py --commands [NAME ...] [--repeats 3] [--jobs N]
 
 --commands times whole `autopar solve` commands instead (COMMANDS: dense S1, S2, S5; the MoE scenarios mixtral-8x7b
 on 256, qwen3-235b-a22b on 2,048 and deepseek-v3 on 2,048 H100; the llama-3.1-70b --gpus 64-4096 scaling front; the
 deepest model autopar accepts, Llama-3.1-8B's shape at costmodels.limits.MAX_NUM_LAYERS layers on 128 GPUs),
 each run --repeats times: best and median wall time, CPU time (the machine is shared: wall includes waiting for a
 core), the target, and a digest of the front (plans, step times, peaks) so fronts can be compared across commits.
-Ends with one line per command:
+--jobs N passes `--jobs N` to every command (the search's processes; default: the command's own, the machine's
+CPUs), so one process and several can be timed in the same window. Ends with one line per command:
 
-    command: NAME wall_best_s=X wall_median_s=Y cpu_best_s=Z target_s=T front=DIGEST
+    command: NAME wall_best_s=X wall_median_s=Y cpu_best_s=Z target_s=T front=DIGEST jobs=N|auto
 
 S1-S5 are the issue's scenarios (all knobs free). S0 is an illustration only: S1's model on 8 GPUs with zero, sp
 and cp pinned and mbs <= 2, vpp <= 2, pp <= 4, a space of ~2k plans on which the CP-SAT walk finishes.
@@ -167,9 +168,10 @@ class CommandTiming:
     cpu_s: list[float]
     front_digest: str
     target_s: float | None
+    jobs: int | None = None
 
 
-def time_command(name: str, repeats: int) -> CommandTiming:
+def time_command(name: str, repeats: int, jobs: int | None = None) -> CommandTiming:
     """Run the command `repeats` times; wall time and the CPU time of the child (user + system): on a shared
     machine the wall time includes waiting for a core, the CPU time does not."""
     import hashlib
@@ -182,6 +184,7 @@ def time_command(name: str, repeats: int) -> CommandTiming:
     walls, cpus, digest = [], [], ""
     folder = tempfile.mkdtemp(prefix="autopar-bench-")
     arguments = [deepest_config(folder) if argument == DEEPEST_MODEL else argument for argument in arguments]
+    arguments += [] if jobs is None else ["--jobs", str(jobs)]
     for _ in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
@@ -195,7 +198,7 @@ def time_command(name: str, repeats: int) -> CommandTiming:
         key = json.dumps([[p["plan"], p.get("step_time_s"), p.get("peak_memory_bytes")] for p in points],
                          sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return CommandTiming(name, walls, cpus, digest, target)
+    return CommandTiming(name, walls, cpus, digest, target, jobs)
 
 
 def print_command_timings(console, timings: list[CommandTiming]) -> None:
@@ -216,7 +219,8 @@ def print_command_timings(console, timings: list[CommandTiming]) -> None:
     for t in timings:
         target = "-" if t.target_s is None else f"{t.target_s:g}"
         print(f"command: {t.name} wall_best_s={min(t.wall_s):.2f} wall_median_s={statistics.median(t.wall_s):.2f} "
-              f"cpu_best_s={min(t.cpu_s):.2f} target_s={target} front={t.front_digest}")
+              f"cpu_best_s={min(t.cpu_s):.2f} target_s={target} front={t.front_digest} "
+              f"jobs={'auto' if t.jobs is None else t.jobs}")
 
 
 def main(argv=None) -> int:
@@ -229,6 +233,8 @@ def main(argv=None) -> int:
     parser.add_argument("--commands", nargs="*", metavar="NAME",
                         help=f"time only these whole commands ({', '.join(COMMANDS)}; none given: all) and exit")
     parser.add_argument("--repeats", type=int, default=3, help="runs per whole command (--commands)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="--jobs N for every command (--commands; default: the command's own)")
     args = parser.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
@@ -239,7 +245,7 @@ def main(argv=None) -> int:
         unknown = [n for n in names if n not in COMMANDS]
         if unknown:
             parser.error(f"unknown command {unknown[0]!r}; use {', '.join(COMMANDS)}")
-        print_command_timings(console, [time_command(n, args.repeats) for n in names])
+        print_command_timings(console, [time_command(n, args.repeats, args.jobs) for n in names])
         return 0
     command_s = whole_command_s()
     console.print(f"`autopar solve llama-3.1-8b --gpus 32` (whole command, default solver): {command_s:.2f} s wall")

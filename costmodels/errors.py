@@ -15,6 +15,10 @@ class InputError(ValueError):
         self.message = message
         super().__init__(f"{field}: {message}")
 
+    def __reduce__(self):
+        """Pickled with its two arguments (a search worker process hands its errors back pickled)."""
+        return type(self), (self.field, self.message)
+
 
 def require(condition: bool, field: str, message: str) -> None:
     """Raise `InputError(field, message)` unless `condition` holds."""

@@ -58,6 +58,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--time-limit", type=number, default=None, metavar="SECONDS",
                        help="stop searching after this long and show the front found so far (marked not proven); "
                             "the oracle searches on until one plan fits")
+    group.add_argument("--jobs", type=integer, default=None, metavar="N",
+                       help="processes the search runs in (default: the machine's CPUs, at most 8; Linux only, "
+                            "elsewhere 1): a large search shares its batches among them, the same front")
     group.add_argument("--top", type=integer, default=None, metavar="K", help="show only the K fastest front points")
     group.add_argument("--solver", choices=("auto", "cpsat", "oracle"), default="auto",
                        help="CP-SAT model or exhaustive oracle; auto = the oracle (faster for this cost model); same front")
@@ -136,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
     if gpu_range is not None:
         args.num_gpus = gpu_range[1]
     model, cluster, training = specs_from_args(args)
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError("jobs", f"must be >= 1, got {args.jobs}")
     options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
-                   solver=args.solver, extra_rules=framework_rules(args.framework) if args.framework else ())
+                   solver=args.solver, jobs=args.jobs, extra_rules=framework_rules(args.framework) if args.framework else ())
     bar = ProgressBar(sys.stderr)
     if framework_note:
         print(f"autopar: note: {framework_note}", file=sys.stderr)

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from autopar.search import objective
+from autopar.search import objective, processes
 from autopar.search.pareto import front_indices
 from autopar.search.space import SearchSpace, mixed_radix, plan_arrays
 from costmodels.plan import PLAN_FIELDS, PlanArrays
@@ -94,8 +94,12 @@ def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], en
     knobs = set(columns)
     if enforce_memory and any(r.id == "memory" for r in rules) and len(columns["tp"]):
         structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
+        # linked to themselves as the base, the structures share what the memory terms compute from the same
+        # knobs (costmodels.structure.per_structure: once per call, not once per term and candidate rank)
+        candidates = plan_arrays(columns)
+        candidates = structure_link(candidates, candidates, np.arange(len(candidates)))
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            bound = objective.memory_units(structure, problem.model, problem.cluster, problem.training, plan_arrays(columns),
+            bound = objective.memory_units(structure, problem.model, problem.cluster, problem.training, candidates,
                                            only_knobs=knobs)
         fits = bound <= objective.memory_limit_units(problem.cluster.memory_limit_bytes)
         columns = {k: v[fits] for k, v in columns.items()}
@@ -104,62 +108,151 @@ def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], en
 
 def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], *,
                  time_budget_s: float | None = None, enforce_memory: bool = True,
-                 progress: "Callable[[float], None] | None" = None) -> OracleResult:
+                 progress: "Callable[[float], None] | None" = None, jobs: int | None = None) -> OracleResult:
     """The exhaustive search. `progress(fraction)` is called after each chunk of structures (for a progress bar).
-    `time_budget_s`: stop at the first batch boundary past it once a plan that fits has been found."""
+    `time_budget_s`: stop at the first batch boundary past it once a plan that fits has been found. `jobs`: worker
+    processes (None: the machine's CPUs, `processes.usable_processes`); a search without a time budget and of at
+    least PROCESS_MIN_PLANS candidates shares its batches out among them (`search_in_processes`), the same front."""
     start = time.perf_counter()
-    structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
-    base = structures(space, problem, rules, enforce_memory=enforce_memory)
-    n_structures = len(next(iter(base.values())))
-    detail = space.factors(_level_knobs(space, DETAIL_KNOBS))
-    detail_sizes = [len(t) for _, t in detail]
-    per_structure = math.prod(detail_sizes)
-    limit_units = objective.memory_limit_units(problem.cluster.memory_limit_bytes)
-    use_memory = enforce_memory and any(r.id == "memory" for r in rules)
-
-    base_plans = plan_arrays(base) if n_structures else None
-    shared: dict = {}      # values of the structure-only cost functions, per structure (costmodels.structure)
-    tables, product_rules = detail_tables(space, base, detail, problem, rules)
+    search = BatchSearch.of(space, problem, rules, enforce_memory)
     front = RunningFront()
-    pending = Pending()
-    valid = fitting = seen = 0
-    complete = True
-    digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
-    detail_table = _detail_table(space, detail, digits) if per_structure else None
-    for s0, s1 in chunk_spans(n_structures, per_structure, time_budget_s):
-        # a time limit stops the search once it has a plan that fits (the front so far), never before: a search
-        # that finds none runs on to say why nothing fits
-        found = len(front.time_units) or pending.rows
-        if time_budget_s is not None and found and time.perf_counter() - start > time_budget_s:
-            complete = False
-            break
-        if progress is not None:
-            progress(s0 / max(n_structures, 1))
+    n_structures = search.n_structures
+    workers = processes.usable_processes(jobs) if time_budget_s is None else 1
+    if workers > 1 and n_structures * search.per_structure >= PROCESS_MIN_PLANS:
+        tally = search_in_processes(search, front, workers, progress)
+    else:
+        def stop() -> bool:
+            # a time limit stops the search once it has a plan that fits (the front so far), never before: a
+            # search that finds none runs on to say why nothing fits
+            found = len(front.time_units) or search.pending.rows
+            return time_budget_s is not None and bool(found) and time.perf_counter() - start > time_budget_s
+
+        def done(s0: int, s1: int) -> None:
+            if progress is not None:
+                progress(s1 / max(n_structures, 1))
+
+        tally = search.run(chunk_spans(n_structures, search.per_structure, time_budget_s), front, stop, done)
+    return OracleResult(plans=plan_arrays(front.columns) if len(front.time_units) else _empty_plans(),
+                        time_units=front.time_units, memory_units=front.memory_units, space_size=space.size,
+                        valid_plans=tally.valid, fitting_plans=tally.fitting, complete=tally.complete,
+                        elapsed_s=time.perf_counter() - start, plans_seen=tally.seen)
+
+
+PROCESS_MIN_PLANS = 2_000_000
+"""Candidate plans (structures × detail rows) from which a search shares its batches among processes: below it the
+search takes a second or less, and a fork and the results' way back would be a visible share of it."""
+
+
+@dataclass
+class Tally:
+    """What a search counted over its batches."""
+
+    valid: int = 0
+    """Plans that pass every rule but memory."""
+    fitting: int = 0
+    seen: int = 0
+    """Plans enumerated (structures × detail rows), before any rule."""
+    complete: bool = True
+    """False when a time budget stopped the search before its last batch."""
+
+    def add(self, other: "Tally") -> None:
+        self.valid += other.valid
+        self.fitting += other.fitting
+        self.seen += other.seen
+        self.complete = self.complete and other.complete
+
+
+@dataclass
+class BatchSearch:
+    """Everything the search's batches read, built once before the first: the structures that pass the rules
+    reading only structure knobs (and their memory lower bound), the detail factors and their rule tables, and the
+    caches of structure-only values (`shared`) the batches fill as they go."""
+
+    problem: Problem
+    space: SearchSpace
+    structure: "objective.ObjectiveStructure"
+    base: dict[str, np.ndarray]
+    base_plans: "PlanArrays | None"
+    detail: list
+    per_structure: int
+    """Detail rows (mbs × sp × recompute values) per structure."""
+    digits: list
+    detail_table: "dict[str, np.ndarray] | None"
+    tables: list[np.ndarray]
+    product_rules: list[Rule]
+    limit_units: int
+    use_memory: bool
+    shared: dict = field(default_factory=dict)
+    pending: "Pending" = field(default_factory=lambda: Pending())
+
+    @classmethod
+    def of(cls, space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], enforce_memory: bool
+           ) -> "BatchSearch":
+        base = structures(space, problem, rules, enforce_memory=enforce_memory)
+        n_structures = len(next(iter(base.values())))
+        detail = space.factors(_level_knobs(space, DETAIL_KNOBS))
+        detail_sizes = [len(t) for _, t in detail]
+        per_structure = math.prod(detail_sizes)
+        tables, product_rules = detail_tables(space, base, detail, problem, rules)
+        digits = mixed_radix(detail_sizes, 0, per_structure) if per_structure else []
+        return cls(problem=problem, space=space,
+                   structure=objective.objective_structure(problem.model, problem.cluster, problem.training),
+                   base=base, base_plans=plan_arrays(base) if n_structures else None, detail=detail,
+                   per_structure=per_structure, digits=digits, detail_table=_detail_table(space, detail, digits) if per_structure else None,
+                   tables=tables, product_rules=product_rules,
+                   limit_units=objective.memory_limit_units(problem.cluster.memory_limit_bytes),
+                   use_memory=enforce_memory and any(r.id == "memory" for r in rules))
+
+    @property
+    def n_structures(self) -> int:
+        return len(next(iter(self.base.values())))
+
+    def run(self, spans: "Iterable[tuple[int, int]]", front: "RunningFront", stop: Callable[[], bool] = lambda: False,
+            done: Callable[[int, int], None] = lambda s0, s1: None) -> Tally:
+        """Search the structures of `spans` (batches of structure indices) into `front`, pricing what waits at the
+        end. `stop()` is asked before each batch (a time budget); `done(s0, s1)` after each."""
+        tally = Tally()
+        for s0, s1 in spans:
+            if stop():
+                tally.complete = False
+                break
+            self.batch(s0, s1, front, tally)
+            done(s0, s1)
+        if self.pending.rows:
+            price_into_front(front, self.structure, self.problem, *self.pending.pop())
+        return tally
+
+    def batch(self, s0: int, s1: int, front: "RunningFront", tally: Tally) -> None:
+        """One batch: structures s0..s1 times every detail row, the rules, memory, and the time bound against the
+        running front; the plans past it wait in `pending`, priced into the front a few batches at a time."""
+        problem, structure = self.problem, self.structure
         # the rules reading one detail factor and the structure, looked up per (structure, factor value), before
         # any plan is built
-        mask = np.ones((s1 - s0, per_structure), dtype=bool)
-        for table, digit in zip(tables, digits):
+        mask = np.ones((s1 - s0, self.per_structure), dtype=bool)
+        for table, digit in zip(self.tables, self.digits):
             mask &= table[s0:s1][:, digit]
-        seen += mask.size
+        tally.seen += mask.size
         chunk_structure, detail_row = np.nonzero(mask)
         if not len(chunk_structure):
-            continue
+            return
         structure_index = s0 + chunk_structure
-        columns = {k: v[structure_index] for k, v in base.items()}
-        columns.update(space.columns_from_factors(detail, [d[detail_row] for d in digits]))
-        plans = structure_link(_chunk_plans(columns), base_plans, structure_index, shared, detail_table, detail_row)
-        if product_rules:
-            keep = structural_mask(problem, plans, product_rules)
+        columns = {k: v[structure_index] for k, v in self.base.items()}
+        columns.update(self.space.columns_from_factors(self.detail, [d[detail_row] for d in self.digits]))
+        plans = structure_link(_chunk_plans(columns), self.base_plans, structure_index, self.shared,
+                               self.detail_table, detail_row)
+        if self.product_rules:
+            keep = structural_mask(problem, plans, self.product_rules)
             if not keep.any():
-                continue
+                return
             plans = plans.take(np.flatnonzero(keep))
-        valid += len(plans)
+        tally.valid += len(plans)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            m_units = objective.memory_units_by_group(structure, problem.model, problem.cluster, problem.training, plans)
-        keep = m_units <= limit_units if use_memory else np.ones(len(plans), dtype=bool)
-        fitting += int(keep.sum())
+            m_units = objective.memory_units_by_group(structure, problem.model, problem.cluster, problem.training,
+                                                      plans)
+        keep = m_units <= self.limit_units if self.use_memory else np.ones(len(plans), dtype=bool)
+        tally.fitting += int(keep.sum())
         if not keep.any():
-            continue
+            return
         plans, m_units = plans.take(np.flatnonzero(keep)), m_units[keep]
         # a plan the running front strictly dominates on a lower bound of its time (it can be on no front) is
         # dropped before the rest of its time is priced; the others wait, a few batches' worth, to be priced
@@ -167,16 +260,46 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             bound = objective.time_bound_units(structure, problem.model, problem.cluster, problem.training, plans)
         keep = np.flatnonzero(front.undominated(bound.units, m_units))
-        pending.add(plans.take(keep), bound.take(keep), m_units[keep])
-        if pending.rows >= PRICE_BATCH_PLANS:
-            price_into_front(front, structure, problem, *pending.pop())
-    if pending.rows:
-        price_into_front(front, structure, problem, *pending.pop())
+        self.pending.add(plans.take(keep), bound.take(keep), m_units[keep])
+        if self.pending.rows >= PRICE_BATCH_PLANS:
+            price_into_front(front, structure, problem, *self.pending.pop())
 
-    return OracleResult(plans=plan_arrays(front.columns) if len(front.time_units) else _empty_plans(),
-                        time_units=front.time_units, memory_units=front.memory_units, space_size=space.size,
-                        valid_plans=valid, fitting_plans=fitting, complete=complete,
-                        elapsed_s=time.perf_counter() - start, plans_seen=seen)
+
+def search_in_processes(search: BatchSearch, front: "RunningFront", workers: int,
+                        progress: "Callable[[float], None] | None") -> Tally:
+    """The whole search (no time budget) with its batches shared out among `workers` forked processes: the first
+    batch here (its front, forked into every worker, lets each drop from its first batch the plans it dominates),
+    then every worker-th of the rest in each worker, interleaved so the heavy and light stretches of the structure
+    order are shared alike. Each worker returns its front; merged here, they make the same front one process
+    makes (a plan off one worker's front is strictly dominated by a point of it, so it is on no front; the
+    merge breaks ties as `pareto.front_indices` does, whatever the order)."""
+    n_structures = search.n_structures
+    spans = list(chunk_spans(n_structures, search.per_structure, None))
+    tally = search.run(spans[:1], front)
+    rest = spans[1:]
+    structures_done = spans[0][1] if spans else 0
+
+    def report(structures: int) -> None:
+        nonlocal structures_done
+        structures_done += structures
+        if progress is not None:
+            progress(structures_done / max(n_structures, 1))
+
+    report(0)
+    if not rest:
+        return tally
+    parts = [rest[j::workers] for j in range(min(workers, len(rest)))]
+
+    def worker(part: list[tuple[int, int]]) -> Callable:
+        def task(send: Callable) -> tuple:
+            tally = search.run(part, front, done=lambda s0, s1: send(s1 - s0))
+            return front.columns, front.time_units, front.memory_units, tally
+        return task
+
+    for columns, time_units, memory_units, part_tally in processes.run_forked([worker(p) for p in parts], report):
+        front.merge(plan_arrays(columns), time_units, memory_units)
+        tally.add(part_tally)
+    return tally
 
 
 def chunk_spans(n_structures: int, per_structure: int, time_budget_s: "float | None") -> Iterator[tuple[int, int]]:

@@ -70,14 +70,17 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
           fix: Mapping[str, object] | Iterable[str] | None = None,
           bounds: Mapping[str, tuple[object, object]] | None = None,
           relax: Iterable[str] = (), time_limit_s: float | None = None, solver: str = "auto",
-          progress: Callable[[float], None] | None = None, extra_rules: tuple[Rule, ...] = ()) -> ParetoFront:
+          progress: Callable[[float], None] | None = None, extra_rules: tuple[Rule, ...] = (),
+          jobs: int | None = None) -> ParetoFront:
     """Every Pareto-optimal layout, fastest first, each re-scored with the float cost model.
 
     fix: pin knobs ({"tp": 4} or ["tp=4"]); bounds: {"pp": (None, 8)} keeps pp <= 8; relax: guide rules to drop
     (see costmodels.rules.RULES); time_limit_s: stop the search there and return what was found, marked
     not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER); progress: called with the fraction
     of the oracle's search done, for a progress bar; extra_rules: more rules every plan must meet, e.g. what one
-    framework can run (autopar.export.capabilities.framework_rules, `solve --framework`).
+    framework can run (autopar.export.capabilities.framework_rules, `solve --framework`); jobs: processes the
+    oracle may run in (None: the machine's CPUs, at most 8; 1: this process only; autopar.search.processes), the
+    same front whatever the number.
     Raises InputError for bad controls and Infeasible when no plan fits.
     """
     require_input_types(model=model, cluster=cluster, training=training)
@@ -85,6 +88,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         raise InputError("solver", f"unknown solver {solver!r}; use one of {', '.join(SOLVERS)}")
     if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
         raise InputError("time_limit", f"must be a positive number of seconds, got {time_limit_s!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise InputError("jobs", f"must be a whole number of processes >= 1 (or None: the machine's CPUs), got {jobs!r}")
     require_precision_supported(cluster, training)
     controls = controls_from(fix, bounds, relax)
     rules = active_rules(controls.relax)
@@ -118,7 +123,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     else:
         from autopar.search.oracle import solve_oracle
 
-        result = solve_oracle(space, problem, rules, time_budget_s=time_limit_s, progress=progress)
+        result = solve_oracle(space, problem, rules, time_budget_s=time_limit_s, progress=progress, jobs=jobs)
         plans, proven = result.plans, result.complete
         notes.append(f"oracle: {result.plans_seen:,} plans enumerated, {result.valid_plans:,} pass the rules, "
                      f"{result.fitting_plans:,} fit in memory")
