@@ -118,6 +118,14 @@ def _spans_nvlink_domains(run: "MeasuredRun") -> bool:
     return run.cluster.num_gpus > run.cluster.nvlink_domain_gpus
 
 
+def _experts_across_nodes(run: "MeasuredRun") -> bool:
+    return run.model.is_moe and _spans_nvlink_domains(run)
+
+
+IB_RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+"""The collectives the InfiniBand ring parameter scales (`ib_collective_efficiency`); all-to-all has its own."""
+
+
 @dataclass(frozen=True)
 class FreeParameter:
     """One fitted scale: every value at `paths` in the profile is multiplied by it (then capped at `ceilings`)."""
@@ -154,10 +162,17 @@ FREE_PARAMETERS: tuple[FreeParameter, ...] = (
                                                    "collectives.nvlink.*.busbw_gb_per_s"),
                   "NVLink collective bandwidth: the link's efficiency and every measured collective's bus bandwidth",
                   prior_sigma=0.20, ceilings={"links.*.bandwidth_efficiency": 1.0}, exercised=_multi_gpu),
-    FreeParameter("ib_collective_efficiency", ("links.ib.bandwidth_efficiency", "collectives.ib.*.busbw_gb_per_s"),
-                  "InfiniBand collective bandwidth: the link's efficiency and every measured collective's bus "
-                  "bandwidth", prior_sigma=0.25, ceilings={"links.*.bandwidth_efficiency": 1.0},
-                  exercised=_spans_nvlink_domains),
+    FreeParameter("ib_collective_efficiency", ("links.ib.bandwidth_efficiency",
+                                               *(f"collectives.ib.{kind}.busbw_gb_per_s" for kind in IB_RING_KINDS)),
+                  "InfiniBand collective bandwidth: the link's efficiency (what a collective without measured "
+                  "points runs at, all-to-all too where the profile measured none) and every measured ring "
+                  "collective's (all-reduce, all-gather, reduce-scatter, send/recv) bus bandwidth", prior_sigma=0.25,
+                  ceilings={"links.*.bandwidth_efficiency": 1.0}, exercised=_spans_nvlink_domains),
+    FreeParameter("ib_all_to_all_efficiency", ("collectives.ib.all_to_all.busbw_gb_per_s",),
+                  "InfiniBand all-to-all bus bandwidth (the expert dispatch between nodes): measured apart from the "
+                  "ring collectives, since every rank sends to every other at once (NCCL's p2p path, not its "
+                  "rings) and a fabric's congestion hits the two differently", prior_sigma=0.25,
+                  exercised=_experts_across_nodes),
     FreeParameter("elementwise_traffic", ("elementwise.traffic_per_activation_byte",),
                   "elementwise HBM traffic per byte of stored activation (costmodels.compute)", prior_sigma=0.30),
     FreeParameter("host_kernel_cost", ("host.*_us",),
