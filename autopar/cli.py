@@ -227,8 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _stdout_closed()
         raise
     except MemoryError:
-        _print_error("memory: autopar ran out of memory; raise the process's memory limit (ulimit -v) or narrow the "
-                     "search (--fix, --max, fewer GPUs)")
+        _print_error("memory: autopar ran out of memory; raise the process's memory limit (ulimit -v), narrow the "
+                     "search (--fix, --max, fewer GPUs) or search in one process (--jobs 1: each process holds a "
+                     "batch of plans)")
         return EXIT_BAD_INPUT
     except ImportError as exc:   # a library that cannot load (a low `ulimit -v` stops ortools' shared objects)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

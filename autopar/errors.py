@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from costmodels.errors import InputError
+from costmodels.errors import InputError, rebuilt_error
 
 __all__ = ["InputError", "Infeasible"]
 
@@ -22,5 +22,5 @@ class Infeasible(Exception):
         super().__init__(message)
 
     def __reduce__(self):
-        """Pickled with its three arguments (a search worker process hands its errors back pickled)."""
-        return type(self), (self.message, self.rules, self.details)
+        """Pickled as its class, args and attributes (a search worker process hands its errors back pickled)."""
+        return rebuilt_error, (type(self), self.args, dict(self.__dict__))

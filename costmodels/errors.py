@@ -16,8 +16,17 @@ class InputError(ValueError):
         super().__init__(f"{field}: {message}")
 
     def __reduce__(self):
-        """Pickled with its two arguments (a search worker process hands its errors back pickled)."""
-        return type(self), (self.field, self.message)
+        """Pickled as its class, args and attributes (a search worker process hands its errors back pickled), so a
+        subclass with other constructor arguments comes back whole too."""
+        return rebuilt_error, (type(self), self.args, dict(self.__dict__))
+
+
+def rebuilt_error(cls: type, args: tuple, state: dict) -> BaseException:
+    """An exception of `cls` with `args` and attributes `state`, without calling its constructor (unpickling)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 def require(condition: bool, field: str, message: str) -> None:

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, training = specs_from_args(args, load_model=load_model, imported=imported)
     report_model_mismatches(imported, model)
     front = solve(model, cluster, training, fix=args.fix, bounds=bounds, relax=tuple(args.relax),
-                  time_limit_s=args.time_limit, solver=args.solver)   # Infeasible -> exit 1 with the explanation
+                  time_limit_s=args.time_limit, solver=args.solver, jobs=args.jobs)   # Infeasible -> exit 1
     if not given:
         lines = [f"{len(front.points)} Pareto-optimal plans fit; the fastest is {front.points[0].plan.short()} "
                  f"({front.points[0].step_time_s:.3f} s per step, "

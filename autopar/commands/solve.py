@@ -59,8 +59,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
                        help="stop searching after this long and show the front found so far (marked not proven); "
                             "the oracle searches on until one plan fits")
     group.add_argument("--jobs", type=integer, default=None, metavar="N",
-                       help="processes the search runs in (default: the machine's CPUs, at most 8; Linux only, "
-                            "elsewhere 1): a large search shares its batches among them, the same front")
+                       help="processes the search runs in (default 8, never more than the CPUs this process may "
+                            "use; Linux only, elsewhere 1): a large search shares its batches among them, the same "
+                            "front")
     group.add_argument("--top", type=integer, default=None, metavar="K", help="show only the K fastest front points")
     group.add_argument("--solver", choices=("auto", "cpsat", "oracle"), default="auto",
                        help="CP-SAT model or exhaustive oracle; auto = the oracle (faster for this cost model); same front")

@@ -140,8 +140,9 @@ class NearestPlan:
 
 
 def least_memory_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                      controls: Controls) -> NearestPlan | None:
-    """The plan with the least peak memory among those meeting every rule but memory (None: no such plan)."""
+                      controls: Controls, jobs: int | None = None) -> NearestPlan | None:
+    """The plan with the least peak memory among those meeting every rule but memory (None: no such plan).
+    `jobs`: the search's processes (autopar.search.oracle.solve_oracle)."""
     from autopar.search.oracle import solve_oracle
     from costmodels.evaluate import evaluate
 
@@ -150,7 +151,7 @@ def least_memory_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     except Exception:  # noqa: BLE001 - a control that empties the space: no plan
         return None
     result = solve_oracle(space, Problem(model, cluster, training), active_rules(controls.relax),
-                          enforce_memory=False)
+                          enforce_memory=False, jobs=jobs)
     if len(result.memory_units) == 0:
         return None
     plan = result.plans.plan(int(np.argmin(result.memory_units)))
@@ -158,13 +159,13 @@ def least_memory_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     return NearestPlan(plan, float(evaluation.peak_memory_bytes[0]), int(evaluation.worst_stage[0]))
 
 
-def _fits(model, cluster, training, controls) -> bool:
-    nearest = least_memory_plan(model, cluster, training, controls)
+def _fits(model, cluster, training, controls, jobs: int | None = None) -> bool:
+    nearest = least_memory_plan(model, cluster, training, controls, jobs)
     return nearest is not None and nearest.peak_memory_bytes <= cluster.memory_limit_bytes
 
 
 def memory_conflict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                    controls: Controls) -> tuple[str, ...]:
+                    controls: Controls, jobs: int | None = None) -> tuple[str, ...]:
     """`memory` plus a minimal set of relaxable rules and user controls without which some plan would fit."""
     start = time.perf_counter()
     relaxable = [r.id for r in active_rules(controls.relax) if r.relaxable]
@@ -177,7 +178,7 @@ def memory_conflict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
             continue
         trial = (replace(current, relax=current.relax + (name,)) if name in RULES_BY_ID
                  else without_control(current, name))
-        if _fits(model, cluster, training, trial):
+        if _fits(model, cluster, training, trial, jobs):
             needed.append(name)                # dropping it lets a plan fit: it is part of the conflict
         else:
             current = trial                    # not needed: leave it dropped
@@ -185,7 +186,7 @@ def memory_conflict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 
 def explain_infeasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                       controls: Controls) -> Infeasible:
+                       controls: Controls, jobs: int | None = None) -> Infeasible:
     conflict = structural_conflict(model, cluster, training, controls)
     inputs = (f"inputs: {model.name} ({model.num_layers} layers, {model.num_attention_heads} heads, "
               f"{model.num_kv_heads} KV heads"
@@ -195,11 +196,11 @@ def explain_infeasible(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     if conflict is not None:
         details = tuple(_describe(name) for name in conflict) + (inputs,)
         return Infeasible(f"no plan satisfies the rules: {', '.join(conflict)} conflict", conflict, details)
-    nearest = least_memory_plan(model, cluster, training, controls)
+    nearest = least_memory_plan(model, cluster, training, controls, jobs)
     assert nearest is not None, "the rules can be met but no plan was enumerated"
     limit = cluster.memory_limit_bytes
     shortfall = nearest.peak_memory_bytes - limit
-    rules = memory_conflict(model, cluster, training, controls)
+    rules = memory_conflict(model, cluster, training, controls, jobs)
     unneeded = [r.id for r in active_rules(controls.relax) if r.relaxable and r.id not in rules]
     details = (
         f"nearest plan: {nearest.plan.short()} needs {nearest.peak_memory_bytes / GIB:.1f} GiB per GPU "

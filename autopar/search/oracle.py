@@ -111,7 +111,7 @@ def solve_oracle(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], 
                  progress: "Callable[[float], None] | None" = None, jobs: int | None = None) -> OracleResult:
     """The exhaustive search. `progress(fraction)` is called after each chunk of structures (for a progress bar).
     `time_budget_s`: stop at the first batch boundary past it once a plan that fits has been found. `jobs`: worker
-    processes (None: the machine's CPUs, `processes.usable_processes`); a search without a time budget and of at
+    processes (None: as many as `processes.usable_processes` allows); a search without a time budget and of at
     least PROCESS_MIN_PLANS candidates shares its batches out among them (`search_in_processes`), the same front."""
     start = time.perf_counter()
     search = BatchSearch.of(space, problem, rules, enforce_memory)
@@ -272,7 +272,8 @@ def search_in_processes(search: BatchSearch, front: "RunningFront", workers: int
     then every worker-th of the rest in each worker, interleaved so the heavy and light stretches of the structure
     order are shared alike. Each worker returns its front; merged here, they make the same front one process
     makes (a plan off one worker's front is strictly dominated by a point of it, so it is on no front; the
-    merge breaks ties as `pareto.front_indices` does, whatever the order)."""
+    merge breaks ties as `pareto.front_indices` does, whatever the order). A worker that could not start or was
+    lost (`processes.Lost`: killed, e.g. by the out-of-memory killer) has its share searched here instead."""
     n_structures = search.n_structures
     spans = list(chunk_spans(n_structures, search.per_structure, None))
     tally = search.run(spans[:1], front)
@@ -282,8 +283,8 @@ def search_in_processes(search: BatchSearch, front: "RunningFront", workers: int
     def report(structures: int) -> None:
         nonlocal structures_done
         structures_done += structures
-        if progress is not None:
-            progress(structures_done / max(n_structures, 1))
+        if progress is not None:      # a lost worker's share searched again here counts twice: at most done
+            progress(min(structures_done / max(n_structures, 1), 1.0))
 
     report(0)
     if not rest:
@@ -296,9 +297,15 @@ def search_in_processes(search: BatchSearch, front: "RunningFront", workers: int
             return front.columns, front.time_units, front.memory_units, tally
         return task
 
-    for columns, time_units, memory_units, part_tally in processes.run_forked([worker(p) for p in parts], report):
-        front.merge(plan_arrays(columns), time_units, memory_units)
-        tally.add(part_tally)
+    outcomes = processes.run_forked([worker(p) for p in parts], report)
+    for outcome in outcomes:
+        if not isinstance(outcome, processes.Lost):
+            columns, time_units, memory_units, part_tally = outcome
+            front.merge(plan_arrays(columns), time_units, memory_units)
+            tally.add(part_tally)
+    for part, outcome in zip(parts, outcomes):
+        if isinstance(outcome, processes.Lost):
+            tally.add(search.run(part, front, done=lambda s0, s1: report(s1 - s0)))
     return tally
 
 

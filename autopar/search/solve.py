@@ -79,8 +79,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     not proven optimal; solver: "cpsat", "oracle" or "auto" (see AUTO_SOLVER); progress: called with the fraction
     of the oracle's search done, for a progress bar; extra_rules: more rules every plan must meet, e.g. what one
     framework can run (autopar.export.capabilities.framework_rules, `solve --framework`); jobs: processes the
-    oracle may run in (None: the machine's CPUs, at most 8; 1: this process only; autopar.search.processes), the
-    same front whatever the number.
+    oracle may run in (None: 8, never more than the CPUs this process may use; 1: this process only;
+    autopar.search.processes), the same front whatever the number.
     Raises InputError for bad controls and Infeasible when no plan fits.
     """
     require_input_types(model=model, cluster=cluster, training=training)
@@ -89,7 +89,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     if time_limit_s is not None and not (time_limit_s > 0 and math.isfinite(time_limit_s)):
         raise InputError("time_limit", f"must be a positive number of seconds, got {time_limit_s!r}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise InputError("jobs", f"must be a whole number of processes >= 1 (or None: the machine's CPUs), got {jobs!r}")
+        raise InputError("jobs", f"must be a whole number of processes >= 1 (or None: the default), got {jobs!r}")
     require_precision_supported(cluster, training)
     controls = controls_from(fix, bounds, relax)
     rules = active_rules(controls.relax)
@@ -143,14 +143,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             raise Infeasible(f"no plan fits once the added rules hold ({', '.join(r.id for r in extra_rules)})",
                              tuple(r.id for r in extra_rules), tuple(f"{r.id}: {r.reason}" for r in extra_rules)
                              + ("drop them (--framework) to see the full front, or why nothing fits at all",))
-        raise explain_infeasible(model, cluster, training, controls)
+        raise explain_infeasible(model, cluster, training, controls, jobs)
     points = rescore(model, cluster, training, plans)
     points, checked_notes = checked_front(points)
     notes.extend(checked_notes)
     if not points:
         from autopar.search.explain import explain_infeasible
 
-        raise explain_infeasible(model, cluster, training, controls)
+        raise explain_infeasible(model, cluster, training, controls, jobs)
     return ParetoFront(model=model, cluster=cluster, training=training, points=points, proven_optimal=proven,
                        rules=tuple(r.id for r in rules), relaxed_rules=tuple(controls.relax), solver=chosen,
                        solve_time_s=time.perf_counter() - start, search_space_size=space.size, notes=tuple(notes))
