@@ -263,6 +263,36 @@ def _cpu_offloading(config: _Config, notes: list[str]) -> dict[str, Any]:
     return out
 
 
+BRIDGE_GRAPH_MODULES_NOT_PRICED = ("mamba",)
+"""CUDA-graph modules a Bridge recipe may name that no layer autopar prices has (the Mamba layers of hybrid
+models): dropped, with a note."""
+
+
+def _cuda_graphs(config: _Config, notes: list[str]) -> dict[str, Any]:
+    """TrainingSpec's launch fields from model.cuda_graph_impl and the modules it captures, as Megatron-Core 0.19's
+    TransformerConfig.__post_init__ reads them: the deprecated cuda_graph_scope, when set, replaces
+    cuda_graph_modules ("full": the whole layer); then as --cuda-graph-impl / --cuda-graph-modules
+    (autopar.megatron_args._cuda_graphs: full_iteration in the modules makes the impl full_iteration)."""
+    from autopar.megatron_args import _cuda_graphs as from_flags
+
+    impl = config.get("model", "cuda_graph_impl") or "none"
+    scope = config.get("model", "cuda_graph_scope")
+    modules = scope if scope is not None else config.get("model", "cuda_graph_modules")
+    # a module may be written as the CudaGraphModule enum member Bridge serialised ({_target_: ...CudaGraphModule,
+    # _name_: attn, _args_: [1], _call_: true})
+    words = [str(m.get("_name_", "")) if isinstance(m, Mapping) else str(m) for m in modules] \
+        if isinstance(modules, (list, tuple)) else str(modules or "").split(",")
+    words = [w.strip() for w in words if w.strip()]
+    dropped = [w for w in words if w in BRIDGE_GRAPH_MODULES_NOT_PRICED]
+    if dropped and impl != "none":
+        notes.append(f"model.cuda_graph_modules {', '.join(dropped)}: no layer of the priced model has it")
+    words = [w for w in words if w not in BRIDGE_GRAPH_MODULES_NOT_PRICED]
+    flags: dict[str, "str | bool"] = {"--cuda-graph-impl": str(impl)}
+    if words:
+        flags["--cuda-graph-modules"] = " ".join(words)
+    return from_flags(flags, notes)
+
+
 def _fine_grained_offloading(config: _Config, notes: list[str]) -> dict[str, Any]:
     """TrainingSpec.offload_modules from model.fine_grained_activation_offloading with model.offload_modules
     (TransformerConfig; Megatron-Core refuses the switch without modules)."""
@@ -298,12 +328,9 @@ UNPRICED_SWITCHES: dict[tuple[str, str], tuple[Any, str]] = {
     ("optimizer", "optimizer_cpu_offload"): (False, "optimizer states and step on the host: less GPU memory"),
     ("ddp", "num_distributed_optimizer_instances"): (1, "the distributed optimizer shards over dp / instances: more "
                                                         "optimizer memory per GPU than estimated"),
-    ("model", "cuda_graph_impl"): ("none", "kernels replayed from CUDA graphs; memory priced as eager (the captured "
-                                           "layers save the same tensors, in the graph pool: Megatron-Core reuses "
-                                           "static inputs across micro-batches, cuda_graphs.py _get_sample_arguments, "
-                                           "and TE >= 2.7 the outputs as the next layer's inputs), but the pool's "
-                                           "temporaries are not shared with eager ones (about one layer's working "
-                                           "set, not priced), and the launches are priced eager"),
+    ("model", "cuda_graph_impl"): ("none", "the graph pool's temporaries are not shared with eager ones (about one "
+                                           "layer's working set, not priced; the captured launches, and the "
+                                           "attention masks among Transformer Engine graphs' static inputs, are)"),
     ("model", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert all-to-all: one "
                                               "layer's wgrad inputs held a little longer (a transient, not priced)"),
     ("comm_overlap", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert "
@@ -415,6 +442,7 @@ def read_bridge_config(source: "str | Path | Mapping[str, Any]") -> "MegatronRun
         training["overlap_p2p_comm"] = True if p2p is None else bool(p2p)
     training.update(_cpu_offloading(config, notes))
     training.update(_fine_grained_offloading(config, notes))
+    training.update(_cuda_graphs(config, notes))
     if config.get("model", "deallocate_pipeline_outputs") is False:
         training["deallocate_pipeline_outputs"] = False
     if config.overlap("model", "defer_embedding_wgrad_compute", False) and plan.pp > 1:

@@ -659,7 +659,7 @@ def _cuda_graphs(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, 
         notes.append("--cuda-graph-impl full_iteration: priced as every module of every layer captured (the "
                      "embedding, loss and optimizer launches stay eager in the estimate)")
         return {"launch": "cuda_graph", "cuda_graph_modules": (), "cuda_graph_full_iteration": True}
-    return {"launch": "cuda_graph", "cuda_graph_modules": modules}
+    return {"launch": "cuda_graph", "cuda_graph_modules": modules, "cuda_graph_impl": impl}
 
 
 def _fine_grained_offloading(flags: dict[str, "str | bool"], notes: list[str]) -> dict[str, Any]:

@@ -447,10 +447,12 @@ def _megatron_graphs(model: ModelSpec, training: TrainingSpec, attention_fwd, at
     user-guide/features/cuda_graph.md): a captured module replays as one graph forward and one backward. 'attn' the
     attention half, 'mlp' a dense MLP, 'moe_router' + 'moe_preprocess' a MoE layer's norm, router, aux loss,
     dispatcher metadata and permutation (the dispatch's host sync stays, moved before the all-to-all), 'moe' the
-    whole MoE MLP, which Megatron-Core allows only under drop-and-pad (transformer_config.py); no module named =
-    the whole layer."""
+    whole MoE MLP, which Megatron-Core allows per layer only under drop-and-pad (transformer_config.py
+    __post_init__, for the local and transformer_engine impls; a whole-iteration capture has no such check); no
+    module named = the whole layer."""
     modules = set(training.cuda_graph_modules) or {"attn", "mlp", "moe"}
-    if model.is_moe and "moe" in modules and not training.moe_pad_to_capacity:
+    if model.is_moe and "moe" in modules and not training.moe_pad_to_capacity \
+            and not training.cuda_graph_full_iteration:
         raise InputError("cuda_graph_modules", "capturing the whole MoE layer (--cuda-graph-modules moe, or no "
                                                "module named) needs drop-and-pad routing: Megatron-Core refuses "
                                                "it otherwise; add --moe-expert-capacity-factor with "

@@ -102,6 +102,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "ddp_gradient_buckets": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "tp_comm_userbuffers": ("tp", "sp", "cp", "mbs"),
+    "cuda_graph_attention_masks": ("tp", "cp", "pp", "vpp", "mbs", "first_stage_layers", "last_stage_layers"),
     "moe_dispatcher_buffers": ("tp", "sp", "cp", "mbs", "ep", "etp", "pp", "first_stage_layers",
                                "last_stage_layers"),
 }
@@ -119,7 +120,7 @@ TERM_STAGE_DEPENDENCE: dict[str, str] = {
         "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
     **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
         "layer_activations", "recomputed_layer_inputs", "sac_saved_activations", "moe_router_activations",
-        "moe_dispatch_activations", "expert_mlp_activations", "pipeline_outputs")},
+        "moe_dispatch_activations", "expert_mlp_activations", "pipeline_outputs", "cuda_graph_attention_masks")},
     "embedding_activations": "first",
     "tp_comm_userbuffers": "every",
     **{name: "last" for name in ("output_layer_activations", "logits", "cross_entropy_buffers",
@@ -157,8 +158,9 @@ GRADIENT_TERM_EXTRA_KNOBS: tuple[str, ...] = ("ep", "etp", "zero")
 expert sharding and the ZeRO stage of the gradients themselves (`gradients_at_peak_share`)."""
 
 BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "ddp_gradient_buckets", "zero3_prefetch_buffers",
-                                  "tp_comm_userbuffers", "moe_dispatcher_buffers")
-"""Communication working buffers; the profile's fixed overheads are the remaining terms."""
+                                  "tp_comm_userbuffers", "moe_dispatcher_buffers", "cuda_graph_attention_masks")
+"""Working buffers: communication's, and the CUDA graphs' static inputs; the profile's fixed overheads are the
+remaining terms."""
 
 
 def group_bytes(terms: dict[str, np.ndarray], group: tuple[str, ...]) -> np.ndarray:
@@ -1384,6 +1386,34 @@ def tp_comm_userbuffers_bytes(model: ModelSpec, training: TrainingSpec, plans: P
     return np.where(on, rows * per_row, 0.0)
 
 
+# ---- CUDA graphs ----------------------------------------------------------------------------------------------------
+
+def captures_attention_mask(training: TrainingSpec) -> bool:
+    """Whether per-layer CUDA graphs keep an attention mask among their static inputs: Transformer Engine's capture
+    path (TrainingSpec.cuda_graph_impl transformer_engine) with the attention captured (--cuda-graph-modules names
+    attn, or names nothing: the whole layer). Megatron-Core's own CudaGraphManager (local) passes the layer's own
+    arguments, none for a causal mask; a whole-iteration capture replays the eager forward's tensors."""
+    return (training.launch is LaunchPath.CUDA_GRAPH and not training.cuda_graph_full_iteration
+            and training.cuda_graph_impl == "transformer_engine"
+            and (not training.cuda_graph_modules or "attn" in training.cuda_graph_modules))
+
+
+def cuda_graph_attention_masks_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """The attention masks among Transformer Engine CUDA graphs' static inputs (`captures_attention_mask`), which
+    an eager causal attention never builds: Megatron-Core's TransformerLayer.get_layer_static_inputs (0.19,
+    transformer_layer.py) adds a bool mask of shape (mbs, 1, s/cp, s), `~torch.tril(ones(s/cp, s))`, to the
+    hidden states of every (layer, micro-batch) sample it captures, and TECudaGraphHelper._get_sample_arguments
+    (transformer/cuda_graphs.py) reuses a sample's buffers only once that forward's backward has run in the
+    pipeline order: the rank holds one set per layer-forward in flight at the schedule's peak, the same count the
+    stored activations have (shape.layers × shape.in_flight; one per layer with pp 1, whose graphs are captured
+    for one micro-batch and replayed). The buffers belong to the graphs (make_graphed_callables' static inputs) for
+    the rest of training. 1 byte an element."""
+    if not captures_attention_mask(training):
+        return np.zeros(len(shape.plans))
+    per_layer_forward = shape.plans.mbs * (training.seq_len / shape.plans.cp) * training.seq_len
+    return shape.layers * shape.in_flight * per_layer_forward
+
+
 # ---- fixed overheads -----------------------------------------------------------------------------------------------
 
 def fixed_overheads_bytes(cluster: ClusterSpec, num_plans: int) -> dict[str, np.ndarray]:
@@ -1457,6 +1487,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("zero3_prefetch_buffers", True, lambda: zero3_prefetch_buffers_bytes(model, cluster.profile, training,
                                                                               shape)),
         ("tp_comm_userbuffers", training.tp_comm_overlap, lambda: tp_comm_userbuffers_bytes(model, training, plans)),
+        ("cuda_graph_attention_masks", captures_attention_mask(training),
+         lambda: cuda_graph_attention_masks_bytes(training, shape)),
         ("moe_dispatcher_buffers", moe and training.moe_hybridep,
          lambda: moe_dispatcher_buffers_bytes(model, cluster, training, shape)),
     ]

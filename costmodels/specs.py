@@ -498,6 +498,11 @@ class LaunchPath(str, enum.Enum):
     graph each (--cuda-graph-modules; none named = the whole layer)."""
 
 
+CUDA_GRAPH_IMPLS = ("transformer_engine", "local")
+"""Megatron-Core's per-layer capture paths (--cuda-graph-impl): Transformer Engine's make_graphed_callables driven by
+TECudaGraphHelper, or Megatron-Core's own CudaGraphManager (transformer/cuda_graphs.py). They capture the same
+modules and replay them alike; they differ in the static inputs they keep (memory.cuda_graph_attention_masks_bytes)."""
+
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 """Megatron-Core 0.19's --cuda-graph-modules choices for a transformer layer (transformer_config.py
 cuda_graph_modules; 'mamba' has no layer here)."""
@@ -663,6 +668,10 @@ class TrainingSpec:
     """With launch cuda_graph: the whole forward-backward captured as one graph (Megatron-Core's --cuda-graph-impl
     full_iteration), priced as every module of every layer captured; unlike per-layer graphs it takes full
     recompute (rule cuda_graph_recompute)."""
+    cuda_graph_impl: str = "transformer_engine"
+    """With launch cuda_graph and per-layer capture: which of Megatron-Core's capture paths (CUDA_GRAPH_IMPLS) runs
+    it; transformer_engine keeps an attention mask among each in-flight layer's static inputs
+    (memory.cuda_graph_attention_masks_bytes)."""
     fused_kernels: bool = False
     """The model code's norms, RoPE and activations are fused kernels (apex / Transformer Engine / xformers /
     flash-attn / Liger ops, one kernel each, as Megatron-Core runs them) rather than eager PyTorch ops: the elementwise
@@ -783,6 +792,9 @@ class TrainingSpec:
                 "cuda_graph_full_iteration", "captures the whole iteration: it goes with launch cuda_graph and no "
                                              "modules named (Megatron-Core: 'cuda_graph_modules must be empty when "
                                              "cuda_graph_impl=\"full_iteration\"')")
+        require(self.cuda_graph_impl in CUDA_GRAPH_IMPLS, "cuda_graph_impl",
+                f"must be one of {', '.join(CUDA_GRAPH_IMPLS)} (full_iteration: cuda_graph_full_iteration), got "
+                f"{self.cuda_graph_impl!r}")
         require(self.launch is not LaunchPath.CUDA_GRAPH or self.engine is Engine.MEGATRON, "launch",
                 f"CUDA-graph capture is priced for Megatron-Core's per-layer graphs only, not for {self.engine.value}; "
                 "use launch eager or compile")

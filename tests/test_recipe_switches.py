@@ -297,6 +297,90 @@ def test_cuda_graphs_keep_the_norms_on_the_gpu():
     assert graphed["layer_activations"] == graphed_plain["layer_activations"] > eager["layer_activations"]
 
 
+LLAMA_PIPE = Plan(tp=1, pp=4, vpp=2, mbs=1, zero=1)   # llama-3-8b: 32 layers, 8 a rank, 4 a virtual stage
+
+
+def test_transformer_engine_graphs_keep_an_attention_mask_per_layer_forward_in_flight():
+    """TransformerLayer.get_layer_static_inputs adds a bool (mbs, 1, s/cp, s) mask to every captured sample, and
+    the samples are reused only after their backward: on rank 0 of pp 4 vpp 2 with 16 micro-batches, 2·3 + 1·4
+    warmup chunk-forwards + 1 = 11 chunks of 4 layers are in flight, 44 masks of 4096 × 4096 bytes."""
+    graphs = TrainingSpec(seq_len=4096, global_batch_size=16, launch="cuda_graph")
+    graphed = terms("llama-3-8b", 4, graphs, LLAMA_PIPE)
+    assert graphed["cuda_graph_attention_masks"] == pytest.approx(44 * 4096 * 4096)
+    last = terms("llama-3-8b", 4, graphs, LLAMA_PIPE, stage=3)      # 2·0 + 4 + 1 = 5 chunks
+    assert last["cuda_graph_attention_masks"] == pytest.approx(5 * 4 * 4096 * 4096)
+    # pp 1 captures one micro-batch and replays it: one mask a layer; cp 2 halves each mask's rows
+    single = terms("llama-3-8b", 2, graphs, Plan(tp=1, pp=1, cp=2, mbs=2, zero=1))
+    assert single["cuda_graph_attention_masks"] == pytest.approx(32 * 2 * 2048 * 4096)
+    # nothing where no mask is captured: local capture, attention not captured, the whole iteration, eager
+    for training in (dataclasses.replace(graphs, cuda_graph_impl="local"),
+                     dataclasses.replace(graphs, cuda_graph_modules=("mlp",)),
+                     dataclasses.replace(graphs, cuda_graph_full_iteration=True),
+                     TrainingSpec(seq_len=4096, global_batch_size=16)):
+        assert "cuda_graph_attention_masks" not in terms("llama-3-8b", 4, training, LLAMA_PIPE)
+    eager = terms("llama-3-8b", 4, TrainingSpec(seq_len=4096, global_batch_size=16), LLAMA_PIPE)
+    assert sum(graphed.values()) - sum(eager.values()) == pytest.approx(44 * 4096 * 4096)
+    with pytest.raises(InputError, match="cuda_graph_impl"):
+        dataclasses.replace(graphs, cuda_graph_impl="full_iteration")
+
+
+def test_the_bridge_reader_takes_the_cuda_graphs_as_megatron_core_reads_them():
+    """cuda_graph_scope, when set, replaces cuda_graph_modules (TransformerConfig.__post_init__); a module may be the
+    serialised CudaGraphModule enum; Mamba modules have no layer here; the whole iteration takes a dropless MoE."""
+    def read(model_fields: dict) -> dict:
+        return read_bridge_config({"model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                                             "num_layers": 48, **model_fields},
+                                   "train": {"micro_batch_size": 1, "global_batch_size": 64}})
+
+    scoped = read({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": "full",
+                   "cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]})
+    assert scoped.training["launch"] == "cuda_graph" and scoped.training["cuda_graph_impl"] == "transformer_engine"
+    assert scoped.training["cuda_graph_modules"] == ("attn", "moe_router", "moe_preprocess")
+    enum = read({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": [
+        {"_target_": "megatron.core.transformer.enums.CudaGraphModule", "_name_": "attn", "_args_": [1],
+         "_call_": True},
+        {"_target_": "megatron.core.transformer.enums.CudaGraphModule", "_name_": "mamba", "_args_": [6],
+         "_call_": True}]})
+    assert enum.training["cuda_graph_modules"] == ("attn",)
+    assert any("mamba" in note for note in enum.notes)
+    whole = read({"cuda_graph_impl": "full_iteration", "cuda_graph_scope": [], "num_moe_experts": 128,
+                  "moe_router_topk": 8})
+    assert whole.training["cuda_graph_full_iteration"] and whole.training["launch"] == "cuda_graph"
+    assert "launch" not in read({}).training
+    local = parse_megatron_args("--cuda-graph-impl local --cuda-graph-modules attn").training
+    assert (local["launch"], local["cuda_graph_impl"], local["cuda_graph_modules"]) == ("cuda_graph", "local", ("attn",))
+
+
+def test_a_whole_iteration_graph_takes_a_dropless_moe():
+    """Megatron-Core asks drop-and-pad routing of per-layer capture of the whole MoE layer only
+    (TransformerConfig.__post_init__ checks the local and transformer_engine impls): a whole-iteration capture of a
+    dropless MoE is priced."""
+    from costmodels.scoring import estimate
+
+    model = autopar.load_model("qwen3-30b-a3b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
+    whole = TrainingSpec(seq_len=4096, global_batch_size=64, launch="cuda_graph", cuda_graph_full_iteration=True)
+    assert estimate(model, cluster, whole, QWEN_MOE).step_time_s > 0
+    with pytest.raises(InputError, match="drop-and-pad"):
+        estimate(model, cluster, dataclasses.replace(whole, cuda_graph_full_iteration=False), QWEN_MOE)
+
+
+def test_bridge_runs_local_capture_for_the_whole_iteration_only():
+    """Megatron-Bridge refuses local per-layer capture (utils/cuda_graph.py): the export writes and prices
+    transformer_engine, the attention masks with it."""
+    from autopar.export.capabilities import runnable_estimate
+    from costmodels.scoring import estimate
+
+    model = autopar.load_model("llama-3-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=4)
+    local = estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=16, launch="cuda_graph",
+                                                  cuda_graph_impl="local"), LLAMA_PIPE)
+    adjusted, note = runnable_estimate(local, "bridge")
+    assert adjusted.training.cuda_graph_impl == "transformer_engine" and "transformer_engine" in note
+    assert adjusted.peak_memory_bytes > local.peak_memory_bytes
+    assert runnable_estimate(local, "megatron") == (local, None)
+
+
 # ---- the output layer's deferred weight gradient, pipeline outputs, TP userbuffers ------------------------------
 
 def test_deferred_output_wgrad_on_the_last_rank():

@@ -376,7 +376,8 @@ def engine_fields(args: argparse.Namespace) -> dict[str, object]:
             raise InputError("deepspeed_version", "--deepspeed-version goes with --framework deepspeed")
         serial = _version_below(version, (0, 6), "deepspeed_version")
     return dict(engine=engine, launch="cuda_graph" if graphs else ("compile" if compiled else "eager"),
-                cuda_graph_modules=tuple(modules or ()), fused_kernels=fused, zero3_serial_fetch=serial,
+                cuda_graph_modules=tuple(modules or ()), cuda_graph_impl=impl if graphs else "transformer_engine",
+                fused_kernels=fused, zero3_serial_fetch=serial,
                 expert_gemm=getattr(args, "expert_gemm", None) or EXPERT_GEMM_OF_ENGINE[engine],
                 cross_entropy=getattr(args, "cross_entropy", None) or engine_loss(engine, compiled).value)
 
@@ -504,9 +505,10 @@ def optimizer_step_warnings(result: "Estimate") -> list[str]:
     from costmodels.plan import PlanArrays
     from costmodels.specs import Engine
 
-    # the activations and working buffers are freed at the step; DDP's buckets stay, and every gradient is there
+    # the activations and working buffers are freed at the step; DDP's buckets, TE's registered userbuffers and the
+    # CUDA graphs' static inputs stay for the whole run, and every gradient is there
     freed = (set(memory.ACTIVATION_TERMS) | set(memory.BUFFER_TERMS) | set(memory.GRADIENT_TERMS)) \
-        - {"ddp_gradient_buckets"}
+        - {"ddp_gradient_buckets", "tp_comm_userbuffers", "cuda_graph_attention_masks"}
     plans = PlanArrays.from_plans([result.plan])
     step_peaks = [(sum(v for name, v in stage.terms_bytes.items() if name not in freed)
                    + float(memory.full_gradient_bytes(result.model, result.cluster, result.training, plans,

@@ -24,7 +24,7 @@ from costmodels.rules import Problem as Context, Rule
 from autopar.export.names import framework_name
 from costmodels.errors import InputError
 from costmodels.plan import Plan, PlanArrays, Recompute
-from costmodels.specs import Engine, PipelineSchedule, TrainingSpec
+from costmodels.specs import Engine, LaunchPath, PipelineSchedule, TrainingSpec
 
 TARGET_VERSIONS: dict[str, str] = {
     "megatron": "Megatron-LM core_v0.19.0 (megatron-core 0.19.2)",
@@ -265,6 +265,13 @@ def _no_recompute(ctx: Context, p: PlanArrays) -> np.ndarray:
     return p.recompute == Recompute.NONE
 
 
+def _per_layer_graphs_through_te(ctx: Context, p: PlanArrays) -> np.ndarray:
+    training = ctx.training
+    local_layers = (training.launch is LaunchPath.CUDA_GRAPH and not training.cuda_graph_full_iteration
+                    and training.cuda_graph_impl == "local")
+    return np.full(len(p), not local_layers)
+
+
 CAPABILITIES: dict[str, tuple[Rule, ...]] = {
     "megatron": (_zero_bubble_rule("megatron", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
     # NeMo 2.7.3 imports megatron-core 0.16 (0.19 removed modules it imports: inference_wrapper_config), whose
@@ -273,7 +280,11 @@ CAPABILITIES: dict[str, tuple[Rule, ...]] = {
     "nemo": (_zero_bubble_rule("nemo", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
     # Megatron-Bridge: bf16 gradient reduction is written inside the mixed_precision node, and Megatron-FSDP's fp32
     # main gradients as ddp.megatron_fsdp_main_grads_dtype={_target_:torch.float32,_call_:false} (export.nemo)
-    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),),
+    "bridge": (_zero_bubble_rule("bridge", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),
+               _rule("bridge", "cuda_graph_impl", "per-layer CUDA graphs through Megatron-Core's local capture "
+                     "(--cuda-graph-impl local): Megatron-Bridge 0.6.2 takes local for the whole iteration only",
+                     "megatron/bridge/utils/cuda_graph.py validate_cuda_graph_configuration", (),
+                     _per_layer_graphs_through_te)),
     "verl": (_zero_bubble_rule("verl", _MEGATRON_SCHEDULES, _MEGATRON_SCHEDULES_SOURCE),
              _megatron_fsdp_grads_rule("verl", "override_ddp_config (passed to DistributedDataParallelConfig as "
                                                "given)")),
@@ -371,6 +382,10 @@ ADJUSTMENTS: dict[str, tuple[str, object, str]] = {
     "torchtitan:grad_reduce_in_fp32": (
         "grad_reduce_in_fp32", True, "gradients reduced in fp32 (torchtitan 0.3.0's "
         "training.mixed_precision_reduce is float32 only)"),
+    "bridge:cuda_graph_impl": (
+        "cuda_graph_impl", "transformer_engine", "the layers' CUDA graphs captured through Transformer Engine "
+        "(cuda_graph_impl transformer_engine: Megatron-Bridge 0.6.2 runs local capture for the whole iteration "
+        "only), whose static inputs keep an attention mask per layer in flight"),
 }
 """Rules a plan breaks only through a TrainingSpec setting autopar chooses for the framework: rule id ->
 (TrainingSpec field, the value the framework runs, why). The export writes that value and prices it

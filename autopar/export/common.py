@@ -294,15 +294,16 @@ def mcore_cuda_graph_fields(training: TrainingSpec) -> dict[str, object]:
     0.6.2's qwen3_30b_a3b_pretrain_config: transformer_engine over moe_router and moe_preprocess), which the estimate
     did not price, and TransformerConfig.__post_init__ refuses full recompute under per-layer graphs ('full recompute
     is only supported with full iteration CUDA graph'). A cuda_graph estimate is written as transformer_engine with
-    the captured modules (an empty list captures the whole layer): local and transformer_engine capture the same
-    modules and are priced alike, and Megatron-Bridge runs scoped capture with transformer_engine only
-    (megatron/bridge/utils/cuda_graph.py validate_cuda_graph_configuration). A whole-iteration capture
-    (TrainingSpec.cuda_graph_full_iteration) is full_iteration, with no modules."""
+    the captured modules (an empty list captures the whole layer), or as local where the estimate priced
+    Megatron-Core's own capture path (TrainingSpec.cuda_graph_impl: the two capture the same modules and replay
+    them alike, and differ in the static inputs they keep); Megatron-Bridge runs scoped capture with
+    transformer_engine only (megatron/bridge/utils/cuda_graph.py validate_cuda_graph_configuration). A
+    whole-iteration capture (TrainingSpec.cuda_graph_full_iteration) is full_iteration, with no modules."""
     if training.launch is not LaunchPath.CUDA_GRAPH:
         return {"cuda_graph_impl": "none", "cuda_graph_modules": None}
     if training.cuda_graph_full_iteration:
         return {"cuda_graph_impl": "full_iteration", "cuda_graph_modules": []}
-    return {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": list(training.cuda_graph_modules)}
+    return {"cuda_graph_impl": training.cuda_graph_impl, "cuda_graph_modules": list(training.cuda_graph_modules)}
 
 
 def mcore_offload_fields(training: TrainingSpec) -> dict[str, object]:

@@ -73,7 +73,7 @@ def engine_summary(training: TrainingSpec) -> str:
     """The engine and launch path priced (costmodels.engines): 'Megatron-Core + Transformer Engine, eager launches'."""
     if training.launch.value == "cuda_graph":
         modules = "the whole iteration" if training.cuda_graph_full_iteration else (
-            ", ".join(training.cuda_graph_modules) or "whole layers")
+            f"{', '.join(training.cuda_graph_modules) or 'whole layers'}, {training.cuda_graph_impl}")
         launch = f"CUDA graphs ({modules})"
     elif training.launch.value == "compile":
         launch = "torch.compile'd blocks"
