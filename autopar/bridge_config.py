@@ -276,6 +276,8 @@ def _cuda_graphs(config: _Config, notes: list[str]) -> dict[str, Any]:
     from autopar.megatron_args import _cuda_graphs as from_flags
 
     impl = config.get("model", "cuda_graph_impl") or "none"
+    if impl == "none":     # Bridge clears the modules of an impl none (validate_cuda_graph_configuration): eager
+        return {}
     scope = config.get("model", "cuda_graph_scope")
     modules = scope if scope is not None else config.get("model", "cuda_graph_modules")
     # a module may be written as the CudaGraphModule enum member Bridge serialised ({_target_: ...CudaGraphModule,
@@ -284,13 +286,21 @@ def _cuda_graphs(config: _Config, notes: list[str]) -> dict[str, Any]:
         if isinstance(modules, (list, tuple)) else str(modules or "").split(",")
     words = [w.strip() for w in words if w.strip()]
     dropped = [w for w in words if w in BRIDGE_GRAPH_MODULES_NOT_PRICED]
-    if dropped and impl != "none":
-        notes.append(f"model.cuda_graph_modules {', '.join(dropped)}: no layer of the priced model has it")
-    words = [w for w in words if w not in BRIDGE_GRAPH_MODULES_NOT_PRICED]
+    kept = [w for w in words if w not in BRIDGE_GRAPH_MODULES_NOT_PRICED]
+    if dropped:
+        notes.append(f"model.cuda_graph_modules {', '.join(dropped)}: no layer of the priced model has it"
+                     + ("; nothing else is captured: priced eager" if not kept else ""))
+        if not kept:       # the modules named were all Mamba's: the priced layers run eager
+            return {}
     flags: dict[str, "str | bool"] = {"--cuda-graph-impl": str(impl)}
-    if words:
-        flags["--cuda-graph-modules"] = " ".join(words)
-    return from_flags(flags, notes)
+    if kept:
+        flags["--cuda-graph-modules"] = " ".join(kept)
+    graphs = from_flags(flags, notes)
+    if graphs.get("cuda_graph_impl") == "local":
+        raise InputError(INPUT_NAME, "model.cuda_graph_impl local with per-layer modules: Megatron-Bridge runs local "
+                                     "capture for the whole iteration only (utils/cuda_graph.py "
+                                     "validate_cuda_graph_configuration); use transformer_engine, or full_iteration")
+    return graphs
 
 
 def _fine_grained_offloading(config: _Config, notes: list[str]) -> dict[str, Any]:

@@ -448,9 +448,19 @@ def _megatron_graphs(model: ModelSpec, training: TrainingSpec, attention_fwd, at
     attention half, 'mlp' a dense MLP, 'moe_router' + 'moe_preprocess' a MoE layer's norm, router, aux loss,
     dispatcher metadata and permutation (the dispatch's host sync stays, moved before the all-to-all), 'moe' the
     whole MoE MLP, which Megatron-Core allows per layer only under drop-and-pad (transformer_config.py
-    __post_init__, for the local and transformer_engine impls; a whole-iteration capture has no such check); no
-    module named = the whole layer."""
+    __post_init__, for the local and transformer_engine impls); no module named = the whole layer. A
+    whole-iteration capture has no such check, but captures no host synchronisation: the dropless dispatchers wait
+    on the token counts (token_dispatcher.py _maybe_dtoh_and_synchronize), so its MoE needs drop-and-pad or
+    HybridEP's static rank budget (--moe-expert-rank-capacity-factor), as Megatron-Bridge's whole-iteration MoE
+    recipes run."""
     modules = set(training.cuda_graph_modules) or {"attn", "mlp", "moe"}
+    if model.is_moe and training.cuda_graph_full_iteration and not training.moe_pad_to_capacity \
+            and not (training.moe_hybridep and training.moe_rank_capacity_factor is not None):
+        raise InputError("cuda_graph_full_iteration", "a whole-iteration CUDA graph of a MoE captures no host "
+                                                      "synchronisation, and the dropless dispatchers wait on the "
+                                                      "token counts: add --moe-expert-capacity-factor with "
+                                                      "--moe-pad-expert-input-to-capacity, or HybridEP with "
+                                                      "--moe-expert-rank-capacity-factor")
     if model.is_moe and "moe" in modules and not training.moe_pad_to_capacity \
             and not training.cuda_graph_full_iteration:
         raise InputError("cuda_graph_modules", "capturing the whole MoE layer (--cuda-graph-modules moe, or no "

@@ -322,6 +322,20 @@ def interleaved_held_layers(pp: int, vpp: int, rank: int, microbatches: int, gro
     return float(np.max(forwards[warmup + step] - backwards[step]))
 
 
+def rank_in_flight(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, rank: "np.ndarray | int",
+                   microbatches: np.ndarray, layers: np.ndarray, moe_a2a_overlap: bool) -> np.ndarray:
+    """StageShape.in_flight of pipeline rank `rank`: a layout's ranks walked chunk by chunk (`layout_in_flight`),
+    an even split's by `in_flight_microbatches` with the embedding / loss layer slots (a layout's chunks are its
+    own: not known per rank there); `moe_a2a_overlap` the EP overlap's one more warm-up chunk."""
+    if isinstance(rank, StageContent) and rank.chunk_layers is not None:
+        return layout_in_flight(plans, rank, microbatches, training, moe_a2a_overlap)
+    stage = np.broadcast_to(np.asarray(rank, dtype=np.int64), (len(plans),))
+    slots = (False, False) if isinstance(rank, StageContent) else embedding_loss_slots(model.num_layers, plans)
+    return in_flight_microbatches(plans, stage, microbatches, training.pipeline_schedule,
+                                  training.microbatch_group_size_per_vp_stage, layers, *slots,
+                                  moe_a2a_overlap=moe_a2a_overlap)
+
+
 MAX_WALKED_MICROBATCHES = 1e5
 """An even split with an embedding or loss slot is walked (interleaved_held_layers) up to this many micro-batches a
 step (a walk is O(m·vpp)); beyond, its chunks are taken as equal."""
@@ -376,9 +390,6 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     offloaded = np.where((plans.pp == 1) & (plans.recompute == Recompute.NONE),
                          np.minimum(float(training.cpu_offload_layers), layers), 0.0)
     non_expert, expert = params.stage_params_per_gpu(model, plans, rank)
-    # the embedding / loss layer slots of the even split (a layout's chunks are its own: not known per rank here)
-    slots = ((False, False) if isinstance(rank, StageContent) else
-             embedding_loss_slots(model.num_layers, plans))
     embedding = params.stage_embedding_params_per_gpu(model, plans, rank)
     tokens = training.seq_len * plans.mbs / plans.cp
     microbatches = num_microbatches(plans, cluster.num_gpus, training.global_batch_size)
@@ -386,12 +397,8 @@ def stage_shape(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         plans=plans, stage=stage, is_first=stage == 0, is_last=stage == plans.pp - 1,
         layers=layers, moe_layers=moe_layers, recomputed_layers=recomputed, offloaded_layers=offloaded,
         num_microbatches=microbatches,
-        in_flight=layout_in_flight(plans, rank, microbatches, training,
-                                   training.moe_a2a_overlap and model.moe is not None)
-        if isinstance(rank, StageContent) and rank.chunk_layers is not None else in_flight_microbatches(
-            plans, stage, microbatches,
-            training.pipeline_schedule, training.microbatch_group_size_per_vp_stage, layers, *slots,
-            moe_a2a_overlap=training.moe_a2a_overlap and model.moe is not None),
+        in_flight=rank_in_flight(model, training, plans, rank, microbatches, layers,
+                                 training.moe_a2a_overlap and model.moe is not None),
         dp=data_parallel_size(plans, cluster.num_gpus), edp=expert_data_parallel_size(plans, cluster.num_gpus),
         dp_cp=data_parallel_size(plans, cluster.num_gpus) * plans.cp,
         layer_params_per_gpu=non_expert - embedding, expert_params_per_gpu=expert,
@@ -1391,27 +1398,37 @@ def tp_comm_userbuffers_bytes(model: ModelSpec, training: TrainingSpec, plans: P
 def captures_attention_mask(training: TrainingSpec) -> bool:
     """Whether per-layer CUDA graphs keep an attention mask among their static inputs: Transformer Engine's capture
     path (TrainingSpec.cuda_graph_impl transformer_engine) with the attention captured (--cuda-graph-modules names
-    attn, or names nothing: the whole layer). Megatron-Core's own CudaGraphManager (local) passes the layer's own
-    arguments, none for a causal mask; a whole-iteration capture replays the eager forward's tensors."""
+    attn, or names nothing: the whole layer). Megatron-Core's own CudaGraphManager (local) clones its inputs into
+    the graph pool and keeps no mask of its own; a whole-iteration capture keeps the data loader's batches instead
+    (not priced: a mask among them only where the loader builds one, create_attention_mask)."""
     return (training.launch is LaunchPath.CUDA_GRAPH and not training.cuda_graph_full_iteration
             and training.cuda_graph_impl == "transformer_engine"
             and (not training.cuda_graph_modules or "attn" in training.cuda_graph_modules))
 
 
-def cuda_graph_attention_masks_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
-    """The attention masks among Transformer Engine CUDA graphs' static inputs (`captures_attention_mask`), which
-    an eager causal attention never builds: Megatron-Core's TransformerLayer.get_layer_static_inputs (0.19,
-    transformer_layer.py) adds a bool mask of shape (mbs, 1, s/cp, s), `~torch.tril(ones(s/cp, s))`, to the
-    hidden states of every (layer, micro-batch) sample it captures, and TECudaGraphHelper._get_sample_arguments
+def cuda_graph_attention_masks_bytes(model: ModelSpec, training: TrainingSpec, shape: StageShape,
+                                     rank: "np.ndarray | int") -> np.ndarray:
+    """The attention masks among Transformer Engine CUDA graphs' static inputs (`captures_attention_mask`), beside
+    what the eager step holds (a causal attention takes no mask; the zero mask a replay passes when the layer gets
+    none lives one layer at a time): Megatron-Core's TransformerLayer.get_layer_static_inputs (0.19,
+    transformer_layer.py) adds a bool mask of shape (mbs, 1, s/cp, s), `~torch.tril(ones(s/cp, s))` tiled over
+    the micro-batch (s the whole sequence; tp and sequence parallelism do not shrink it), to the hidden states of
+    every (layer, micro-batch) sample it captures, and TECudaGraphHelper._get_sample_arguments
     (transformer/cuda_graphs.py) reuses a sample's buffers only once that forward's backward has run in the
-    pipeline order: the rank holds one set per layer-forward in flight at the schedule's peak, the same count the
-    stored activations have (shape.layers × shape.in_flight; one per layer with pp 1, whose graphs are captured
-    for one micro-batch and replayed). The buffers belong to the graphs (make_graphed_callables' static inputs) for
-    the rest of training. 1 byte an element."""
+    pipeline order: the rank holds one set per layer-forward in flight at the schedule's peak, the count the stored
+    activations have (shape.layers × shape.in_flight; one per layer with pp 1, whose graphs are captured for one
+    micro-batch and replayed). Under the EP all-to-all overlap the helper orders the capture without the
+    overlap's extra warm-up chunk but runs forward and backward layer by layer: the plain count and one layer more
+    (pp 1: every micro-batch captured, one layer more). The buffers belong to the graphs (make_graphed_callables'
+    static inputs) for the rest of training. 1 byte an element."""
     if not captures_attention_mask(training):
         return np.zeros(len(shape.plans))
+    held = shape.layers * shape.in_flight
+    if training.moe_a2a_overlap and model.moe is not None:
+        held = shape.layers * rank_in_flight(model, training, shape.plans, rank, shape.num_microbatches,
+                                             shape.layers, moe_a2a_overlap=False) + 1.0
     per_layer_forward = shape.plans.mbs * (training.seq_len / shape.plans.cp) * training.seq_len
-    return shape.layers * shape.in_flight * per_layer_forward
+    return held * per_layer_forward
 
 
 # ---- fixed overheads -----------------------------------------------------------------------------------------------
@@ -1488,7 +1505,7 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
                                                                               shape)),
         ("tp_comm_userbuffers", training.tp_comm_overlap, lambda: tp_comm_userbuffers_bytes(model, training, plans)),
         ("cuda_graph_attention_masks", captures_attention_mask(training),
-         lambda: cuda_graph_attention_masks_bytes(training, shape)),
+         lambda: cuda_graph_attention_masks_bytes(model, training, shape, stage)),
         ("moe_dispatcher_buffers", moe and training.moe_hybridep,
          lambda: moe_dispatcher_buffers_bytes(model, cluster, training, shape)),
     ]

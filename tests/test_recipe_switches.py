@@ -320,8 +320,28 @@ def test_transformer_engine_graphs_keep_an_attention_mask_per_layer_forward_in_f
         assert "cuda_graph_attention_masks" not in terms("llama-3-8b", 4, training, LLAMA_PIPE)
     eager = terms("llama-3-8b", 4, TrainingSpec(seq_len=4096, global_batch_size=16), LLAMA_PIPE)
     assert sum(graphed.values()) - sum(eager.values()) == pytest.approx(44 * 4096 * 4096)
+    # the attention among other captured modules; tensor and sequence parallelism leave the mask whole
+    scoped = dataclasses.replace(graphs, cuda_graph_modules=("attn", "mlp"))
+    assert terms("llama-3-8b", 4, scoped, LLAMA_PIPE)["cuda_graph_attention_masks"] == pytest.approx(44 * 4096 * 4096)
+    split = terms("llama-3-8b", 8, graphs, dataclasses.replace(LLAMA_PIPE, tp=2, sp=True))
+    assert split["cuda_graph_attention_masks"] == pytest.approx(44 * 4096 * 4096)
     with pytest.raises(InputError, match="cuda_graph_impl"):
         dataclasses.replace(graphs, cuda_graph_impl="full_iteration")
+
+
+def test_under_the_ep_overlap_the_graphs_hold_one_layer_more_not_one_chunk():
+    """TECudaGraphHelper orders its capture without the EP overlap's extra warm-up chunk, but runs forward and
+    backward layer by layer: qwen3-30b-a3b on pp 4 vpp 2 (6 layers a chunk), 16 micro-batches: rank 0 holds
+    2·3 + 4 + 1 = 11 chunks, 66 layer-forwards, one more under the overlap (the activations: one chunk more)."""
+    plan = Plan(tp=1, pp=4, vpp=2, ep=8, etp=1, mbs=1, zero=1)
+    graphs = TrainingSpec(seq_len=4096, global_batch_size=128, launch="cuda_graph",
+                          cuda_graph_modules=("attn", "moe_router", "moe_preprocess"))
+    mask = 4096 * 4096
+    assert terms("qwen3-30b-a3b", 32, graphs, plan)["cuda_graph_attention_masks"] == pytest.approx(66 * mask)
+    overlap = dataclasses.replace(graphs, moe_a2a_overlap=True)
+    assert terms("qwen3-30b-a3b", 32, overlap, plan)["cuda_graph_attention_masks"] == pytest.approx(67 * mask)
+    assert terms("qwen3-30b-a3b", 32, overlap, plan, stage=3)["cuda_graph_attention_masks"] == \
+        pytest.approx((5 * 6 + 1) * mask)
 
 
 def test_the_bridge_reader_takes_the_cuda_graphs_as_megatron_core_reads_them():
@@ -347,22 +367,38 @@ def test_the_bridge_reader_takes_the_cuda_graphs_as_megatron_core_reads_them():
                   "moe_router_topk": 8})
     assert whole.training["cuda_graph_full_iteration"] and whole.training["launch"] == "cuda_graph"
     assert "launch" not in read({}).training
+    # impl none: eager whatever the modules say (Bridge clears them), and no note about them
+    for modules in ("full", ["full_iteration"]):
+        eager = read({"cuda_graph_impl": "none", "cuda_graph_modules": modules})
+        assert "launch" not in eager.training and not any("cuda" in note for note in eager.notes)
+    # Mamba's modules alone: nothing of the priced layers captured
+    mamba = read({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["mamba"]})
+    assert "launch" not in mamba.training and any("priced eager" in note for note in mamba.notes)
+    with pytest.raises(InputError, match="local capture for the whole iteration only"):
+        read({"cuda_graph_impl": "local", "cuda_graph_scope": ["attn"]})
+    assert read({"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"]}).training[
+        "cuda_graph_full_iteration"]
     local = parse_megatron_args("--cuda-graph-impl local --cuda-graph-modules attn").training
     assert (local["launch"], local["cuda_graph_impl"], local["cuda_graph_modules"]) == ("cuda_graph", "local", ("attn",))
 
 
-def test_a_whole_iteration_graph_takes_a_dropless_moe():
+def test_a_whole_iteration_graph_takes_a_sync_free_dropless_moe():
     """Megatron-Core asks drop-and-pad routing of per-layer capture of the whole MoE layer only
-    (TransformerConfig.__post_init__ checks the local and transformer_engine impls): a whole-iteration capture of a
-    dropless MoE is priced."""
+    (TransformerConfig.__post_init__ checks the local and transformer_engine impls); a whole-iteration capture
+    captures no host synchronisation, so a dropless MoE needs HybridEP's static rank budget (Megatron-Bridge's
+    whole-iteration MoE recipes), and the all-to-all dispatcher's wait on the token counts is refused."""
     from costmodels.scoring import estimate
 
     model = autopar.load_model("qwen3-30b-a3b")
     cluster = autopar.make_cluster(gpu="h100", num_gpus=64)
-    whole = TrainingSpec(seq_len=4096, global_batch_size=64, launch="cuda_graph", cuda_graph_full_iteration=True)
+    whole = TrainingSpec(seq_len=4096, global_batch_size=64, launch="cuda_graph", cuda_graph_full_iteration=True,
+                         moe_dispatcher="deepep", moe_hybridep=True, moe_rank_capacity_factor=1.5)
     assert estimate(model, cluster, whole, QWEN_MOE).step_time_s > 0
     with pytest.raises(InputError, match="drop-and-pad"):
         estimate(model, cluster, dataclasses.replace(whole, cuda_graph_full_iteration=False), QWEN_MOE)
+    with pytest.raises(InputError, match="whole-iteration CUDA graph of a MoE"):
+        estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=64, launch="cuda_graph",
+                                              cuda_graph_full_iteration=True), QWEN_MOE)
 
 
 def test_bridge_runs_local_capture_for_the_whole_iteration_only():

@@ -256,3 +256,29 @@ def test_time_bound_is_below_and_finish_equals_the_full_objective(name, gpus, tr
     np.testing.assert_array_equal(finished, full[rows])
     if tight:
         assert np.mean(bound.units >= 0.5 * full) > 0.5, "the bound is far below the objective: it prunes little"
+
+
+@pytest.mark.parametrize("name,gpus,training", [
+    ("deepseek-v2-lite", 64, TrainingSpec(seq_len=4096, global_batch_size=256)),
+    ("qwen3-30b-a3b", 32, TrainingSpec(seq_len=4096, global_batch_size=128, launch="cuda_graph",
+                                       cuda_graph_modules=("attn",))),
+    ("llama-3.1-8b", 32, TrainingSpec(seq_len=8192, global_batch_size=64, tp_comm_overlap=True))])
+def test_the_structures_memory_bound_per_distinct_knobs_equals_the_whole_bound(name, gpus, training):
+    """The oracle's pass over the structures evaluates each memory group once per distinct value of the knobs it
+    reads (objective.memory_units_within): the same integers as memory_units over every structure."""
+    from autopar.search import objective
+
+    model = autopar.load_model(name)
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=gpus)
+    space = build_space(model, cluster, training, Controls())
+    problem = Problem(model, cluster, training)
+    columns = oracle.structures(space, problem, active_rules(), enforce_memory=False)
+    structure = objective.objective_structure(model, cluster, training)
+    plain = PlanArrays.from_columns(**columns)
+    linked = link(plain, plain, np.arange(len(plain)))
+    knobs = set(columns)
+    with np.errstate(all="ignore"):
+        want = objective.memory_units(structure, model, cluster, training, plain, only_knobs=knobs)
+        got = objective.memory_units_within(structure, model, cluster, training, linked, knobs)
+    assert len(plain) > 100
+    np.testing.assert_array_equal(got, want)

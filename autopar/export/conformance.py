@@ -340,12 +340,15 @@ def _megatron(estimate: Estimate, config: LaunchConfig) -> list[str]:
 
 
 def _cuda_graphs_priced(estimate: Estimate) -> dict[str, object]:
-    """The CUDA graphs the estimate's launches were priced with: whether any, and the modules captured ([] = the
-    whole layer)."""
+    """The CUDA graphs the estimate's launches were priced with: whether any, the modules captured ([] = the
+    whole layer), and the per-layer capture path (its static inputs differ in memory: memory.captures_attention_mask;
+    None for none or the whole iteration)."""
     training = estimate.training
     graphs = training.launch is LaunchPath.CUDA_GRAPH
+    per_layer = graphs and not training.cuda_graph_full_iteration
     return {"cuda_graphs": graphs, "cuda_graph_modules": sorted(training.cuda_graph_modules) if graphs else None,
-            "cuda_graph_full_iteration": graphs and training.cuda_graph_full_iteration}
+            "cuda_graph_full_iteration": graphs and training.cuda_graph_full_iteration,
+            "cuda_graph_impl": training.cuda_graph_impl if per_layer else None}
 
 
 def _offload_priced(estimate: Estimate) -> dict[str, object]:
@@ -367,12 +370,13 @@ def _cuda_graphs_run(impl: object, modules: object) -> dict[str, object]:
     whole layer; megatron-core 0.16's whole iteration is impl local with scope full_iteration), in
     _cuda_graphs_priced's terms."""
     if str(impl) == "none":
-        return {"cuda_graphs": False, "cuda_graph_modules": None, "cuda_graph_full_iteration": False}
+        return {"cuda_graphs": False, "cuda_graph_modules": None, "cuda_graph_full_iteration": False,
+                "cuda_graph_impl": None}
     names = modules if isinstance(modules, (list, tuple)) else [modules] if modules else []
     names = {str(getattr(m, "name", m)) for m in names}
     full_iteration = str(impl) == "full_iteration" or "full_iteration" in names
     return {"cuda_graphs": True, "cuda_graph_modules": sorted(names - {"full", "full_iteration"}),
-            "cuda_graph_full_iteration": full_iteration}
+            "cuda_graph_full_iteration": full_iteration, "cuda_graph_impl": None if full_iteration else str(impl)}
 
 
 def fp8_params_priced(estimate: Estimate) -> dict[str, bool]:

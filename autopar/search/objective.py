@@ -397,6 +397,32 @@ def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, clust
     return best + shared
 
 
+def memory_units_within(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
+                        training: TrainingSpec, plans: PlanArrays, knobs: set[str]) -> np.ndarray:
+    """memory_units(..., only_knobs=knobs) (the same integers: the lower bound of the groups that read only `knobs`),
+    each group evaluated once per distinct value of its knobs and the candidate ranks' (costmodels.structure.
+    per_knobs) when `plans` carry a structure index: the oracle's pass over the structures, where most groups read
+    a few of them (the weights: tp, pp, cp, zero and the split, not vpp, ep or etp)."""
+    def counted(groups: "tuple[TermGroup, ...]") -> list[TermGroup]:
+        return [g for g in groups if set(g.knobs) <= knobs]
+
+    def group_units(group: TermGroup, ranks: int) -> list[np.ndarray]:
+        """The group's units on the first `ranks` candidate ranks (the candidates read only STAGE_KNOBS)."""
+        return per_knobs(plans, ordered(set(group.knobs) | set(STAGE_KNOBS)), lambda sub: [
+            memory_group_units(memory.memory_terms_bytes(model, cluster, training, sub, stage, only=group.terms),
+                               group)
+            for stage in memory.candidate_worst_stages(model, sub)[:ranks]])
+
+    candidates = memory.candidate_worst_stages(model, plans)
+    shared = sum((group_units(g, 1)[0] for g in counted(structure.shared_memory_groups)),
+                 np.zeros(len(plans), np.int64))
+    per_stage = [group_units(g, len(candidates)) for g in counted(structure.stage_memory_groups)]
+    best = np.zeros(len(plans), np.int64)
+    for j in range(len(candidates)):
+        best = np.maximum(best, sum((units[j] for units in per_stage), np.zeros(len(plans), np.int64)))
+    return best + shared
+
+
 def objectives(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
     """(time_units, memory_units) of every plan."""

@@ -95,12 +95,12 @@ def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], en
     if enforce_memory and any(r.id == "memory" for r in rules) and len(columns["tp"]):
         structure = objective.objective_structure(problem.model, problem.cluster, problem.training)
         # linked to themselves as the base, the structures share what the memory terms compute from the same
-        # knobs (costmodels.structure.per_structure: once per call, not once per term and candidate rank)
+        # knobs, and each memory group is evaluated once per distinct value of the knobs it reads
         candidates = plan_arrays(columns)
         candidates = structure_link(candidates, candidates, np.arange(len(candidates)))
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            bound = objective.memory_units(structure, problem.model, problem.cluster, problem.training, candidates,
-                                           only_knobs=knobs)
+            bound = objective.memory_units_within(structure, problem.model, problem.cluster, problem.training,
+                                                  candidates, knobs)
         fits = bound <= objective.memory_limit_units(problem.cluster.memory_limit_bytes)
         columns = {k: v[fits] for k, v in columns.items()}
     return columns
