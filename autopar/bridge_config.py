@@ -339,8 +339,11 @@ UNPRICED_SWITCHES: dict[tuple[str, str], tuple[Any, str]] = {
     ("ddp", "num_distributed_optimizer_instances"): (1, "the distributed optimizer shards over dp / instances: more "
                                                         "optimizer memory per GPU than estimated"),
     ("model", "cuda_graph_impl"): ("none", "the graph pool's temporaries are not shared with eager ones (about one "
-                                           "layer's working set, not priced; the captured launches, and the "
-                                           "attention masks among Transformer Engine graphs' static inputs, are)"),
+                                           "layer's working set), and a whole-iteration capture keeps every "
+                                           "micro-batch's loader output (full_cuda_graph.py StaticBufferLoader; "
+                                           "an (mbs, 1, s, s) mask in each where the loader builds one): not "
+                                           "priced; the captured launches, and the attention masks among "
+                                           "Transformer Engine graphs' static inputs, are"),
     ("model", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert all-to-all: one "
                                               "layer's wgrad inputs held a little longer (a transient, not priced)"),
     ("comm_overlap", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert "
