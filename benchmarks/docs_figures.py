@@ -175,7 +175,8 @@ FIGURES: dict[str, Figure] = {
                                             expensive=True)
        for name, source in (("modelzoo", "mcore-moe-modelzoo"), ("nanogpt", "modded-nanogpt"))},
     "fit-runs-folding-in-sample": Figure("python benchmarks/fit_runs.py",
-                                         r"(?m)^moe-parallel-folding .*rows can be fitted to ([\d.]+%)", expensive=True),
+                                         r"(?m)^moe-parallel-folding .*rows can be fitted to ([\d.]+%)",
+                                         expensive=True),
     # ---- benchmarks/fidelity_sensitivity.py: the same rows under the variants (expensive: ~35 s) ----
     **{f"sens-{variant.replace('+', '-and-')}-{name}": Figure(
         SENSITIVITY, rf"fidelity-sensitivity: {re.escape(variant)} .*{category}=([\d.]+%)", expensive=True)

@@ -379,7 +379,8 @@ def test_the_bridge_reader_takes_the_cuda_graphs_as_megatron_core_reads_them():
     assert read({"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"]}).training[
         "cuda_graph_full_iteration"]
     local = parse_megatron_args("--cuda-graph-impl local --cuda-graph-modules attn").training
-    assert (local["launch"], local["cuda_graph_impl"], local["cuda_graph_modules"]) == ("cuda_graph", "local", ("attn",))
+    assert (local["launch"], local["cuda_graph_impl"], local["cuda_graph_modules"]) == \
+        ("cuda_graph", "local", ("attn",))
 
 
 def test_a_whole_iteration_graph_takes_a_sync_free_dropless_moe():

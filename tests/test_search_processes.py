@@ -203,7 +203,8 @@ def test_the_error_channels_round_trip_through_pickle():
     assert (type(error), error.field, error.message, str(error)) == \
         (InputError, "tp", "must divide the heads", "tp: must divide the heads")
     infeasible = pickle.loads(pickle.dumps(Infeasible("nothing fits", ("memory",), ("raise --gpus",))))
-    assert (infeasible.message, infeasible.rules, infeasible.details) == ("nothing fits", ("memory",), ("raise --gpus",))
+    assert (infeasible.message, infeasible.rules, infeasible.details) == \
+        ("nothing fits", ("memory",), ("raise --gpus",))
     refused = pickle.loads(pickle.dumps(Unsupported("megatron", Plan(tp=2), ("no reason at all",))))
     assert (type(refused), refused.field, refused.reasons, refused.plan) == \
         (Unsupported, "emit", ("no reason at all",), Plan(tp=2))

@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise InputError("jobs", f"must be >= 1, got {args.jobs}")
     options = dict(fix=args.fix, bounds=bounds, relax=tuple(args.relax), time_limit_s=args.time_limit,
-                   solver=args.solver, jobs=args.jobs, extra_rules=framework_rules(args.framework) if args.framework else ())
+                   solver=args.solver, jobs=args.jobs,
+                   extra_rules=framework_rules(args.framework) if args.framework else ())
     bar = ProgressBar(sys.stderr)
     if framework_note:
         print(f"autopar: note: {framework_note}", file=sys.stderr)

@@ -198,7 +198,8 @@ class BatchSearch:
         return cls(problem=problem, space=space,
                    structure=objective.objective_structure(problem.model, problem.cluster, problem.training),
                    base=base, base_plans=plan_arrays(base) if n_structures else None, detail=detail,
-                   per_structure=per_structure, digits=digits, detail_table=_detail_table(space, detail, digits) if per_structure else None,
+                   per_structure=per_structure, digits=digits,
+                   detail_table=_detail_table(space, detail, digits) if per_structure else None,
                    tables=tables, product_rules=product_rules,
                    limit_units=objective.memory_limit_units(problem.cluster.memory_limit_bytes),
                    use_memory=enforce_memory and any(r.id == "memory" for r in rules))
