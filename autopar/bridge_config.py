@@ -339,11 +339,10 @@ UNPRICED_SWITCHES: dict[tuple[str, str], tuple[Any, str]] = {
     ("ddp", "num_distributed_optimizer_instances"): (1, "the distributed optimizer shards over dp / instances: more "
                                                         "optimizer memory per GPU than estimated"),
     ("model", "cuda_graph_impl"): ("none", "the graph pool's temporaries are not shared with eager ones (about one "
-                                           "layer's working set), and a whole-iteration capture keeps every "
-                                           "micro-batch's loader output (full_cuda_graph.py StaticBufferLoader; "
-                                           "an (mbs, 1, s, s) mask in each where the loader builds one): not "
-                                           "priced; the captured launches, and the attention masks among "
-                                           "Transformer Engine graphs' static inputs, are"),
+                                           "layer's working set), and a whole-iteration capture's evaluation graph "
+                                           "keeps its own loader batches: not priced; the captured launches, the "
+                                           "attention masks among Transformer Engine graphs' static inputs and a "
+                                           "whole-iteration capture's training batches are"),
     ("model", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert all-to-all: one "
                                               "layer's wgrad inputs held a little longer (a transient, not priced)"),
     ("comm_overlap", "delay_wgrad_compute"): (False, "weight-gradient GEMMs deferred to overlap the expert "
@@ -456,6 +455,8 @@ def read_bridge_config(source: "str | Path | Mapping[str, Any]") -> "MegatronRun
     training.update(_cpu_offloading(config, notes))
     training.update(_fine_grained_offloading(config, notes))
     training.update(_cuda_graphs(config, notes))
+    if config.get("dataset", "create_attention_mask") is False:      # GPTDatasetConfig's default builds it
+        training["dataloader_attention_mask"] = False
     if config.get("model", "deallocate_pipeline_outputs") is False:
         training["deallocate_pipeline_outputs"] = False
     if config.overlap("model", "defer_embedding_wgrad_compute", False) and plan.pp > 1:

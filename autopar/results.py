@@ -75,6 +75,7 @@ def describe_inputs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                      "cuda_graph_modules": list(training.cuda_graph_modules),
                      "cuda_graph_full_iteration": training.cuda_graph_full_iteration,
                      "cuda_graph_impl": training.cuda_graph_impl,
+                     "dataloader_attention_mask": training.dataloader_attention_mask,
                      "fused_kernels": training.fused_kernels,
                      "zero3_serial_fetch": training.zero3_serial_fetch,
                      "zero3_moe_leaf": training.zero3_moe_leaf,

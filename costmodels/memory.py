@@ -103,6 +103,7 @@ TERM_KNOBS: dict[str, tuple[str, ...]] = {
     "zero3_prefetch_buffers": ("tp", "pp", "cp", "ep", "etp", "zero", "first_stage_layers", "last_stage_layers"),
     "tp_comm_userbuffers": ("tp", "sp", "cp", "mbs"),
     "cuda_graph_attention_masks": ("tp", "cp", "pp", "vpp", "mbs", "first_stage_layers", "last_stage_layers"),
+    "cuda_graph_loader_batches": ("tp", "cp", "pp", "mbs"),
     "moe_dispatcher_buffers": ("tp", "sp", "cp", "mbs", "ep", "etp", "pp", "first_stage_layers",
                                "last_stage_layers"),
 }
@@ -117,7 +118,7 @@ TERM_STAGE_DEPENDENCE: dict[str, str] = {
         "fp8_weight_copies", "recompute_working_set", "zero_gradient_buckets", "ddp_gradient_buckets",
         "zero3_prefetch_buffers", "moe_stash_working_set", "moe_dispatcher_buffers")},
     **{name: "first_and_last" for name in (
-        "embedding_weights", "embedding_gradients", "embedding_optimizer_states")},
+        "embedding_weights", "embedding_gradients", "embedding_optimizer_states", "cuda_graph_loader_batches")},
     **{name: _VARIES_WITH_LAYERS_IN_FLIGHT for name in (
         "layer_activations", "recomputed_layer_inputs", "sac_saved_activations", "moe_router_activations",
         "moe_dispatch_activations", "expert_mlp_activations", "pipeline_outputs", "cuda_graph_attention_masks")},
@@ -158,7 +159,8 @@ GRADIENT_TERM_EXTRA_KNOBS: tuple[str, ...] = ("ep", "etp", "zero")
 expert sharding and the ZeRO stage of the gradients themselves (`gradients_at_peak_share`)."""
 
 BUFFER_TERMS: tuple[str, ...] = ("zero_gradient_buckets", "ddp_gradient_buckets", "zero3_prefetch_buffers",
-                                  "tp_comm_userbuffers", "moe_dispatcher_buffers", "cuda_graph_attention_masks")
+                                  "tp_comm_userbuffers", "moe_dispatcher_buffers", "cuda_graph_attention_masks",
+                                  "cuda_graph_loader_batches")
 """Working buffers: communication's, and the CUDA graphs' static inputs; the profile's fixed overheads are the
 remaining terms."""
 
@@ -1400,7 +1402,7 @@ def captures_attention_mask(training: TrainingSpec) -> bool:
     path (TrainingSpec.cuda_graph_impl transformer_engine) with the attention captured (--cuda-graph-modules names
     attn, or names nothing: the whole layer). Megatron-Core's own CudaGraphManager (local) clones its inputs into
     the graph pool and keeps no mask of its own; a whole-iteration capture keeps the data loader's batches instead
-    (not priced: a mask among them only where the loader builds one, create_attention_mask)."""
+    (cuda_graph_loader_batches_bytes: a mask among them where the loader builds one)."""
     return (training.launch is LaunchPath.CUDA_GRAPH and not training.cuda_graph_full_iteration
             and training.cuda_graph_impl == "transformer_engine"
             and (not training.cuda_graph_modules or "attn" in training.cuda_graph_modules))
@@ -1429,6 +1431,27 @@ def cuda_graph_attention_masks_bytes(model: ModelSpec, training: TrainingSpec, s
                                              shape.layers, moe_a2a_overlap=False) + 1.0
     per_layer_forward = shape.plans.mbs * (training.seq_len / shape.plans.cp) * training.seq_len
     return held * per_layer_forward
+
+
+LOADER_BYTES_PER_TOKEN = 8 + 8 + 4 + 8
+"""A GPT batch from Megatron-Core's GPTDataset, per token: tokens and labels (int64), the loss mask (fp32) and the
+position ids (int64) (datasets/gpt_dataset.py GPTDataset.__getitem__)."""
+
+
+def cuda_graph_loader_batches_bytes(training: TrainingSpec, shape: StageShape) -> np.ndarray:
+    """The data loader's batches a whole-iteration CUDA graph keeps (TrainingSpec.cuda_graph_full_iteration):
+    FullCudaGraphWrapper.data_read reads every micro-batch of the step from the iterator before the graph runs, and
+    StaticBufferLoader copies each into a static CUDA buffer kept for the run (full_cuda_graph.py; one list indexed
+    by micro-batch, shared by the model chunks), on the ranks that read the data: the first and last pipeline
+    ranks (Megatron-LM builds the loader on their tensor-parallel rank 0, the worst GPU of the rank; the others get
+    it by broadcast inside the step). A batch holds the whole sequence before context parallelism slices it:
+    LOADER_BYTES_PER_TOKEN a token, and with the loader's mask (TrainingSpec.dataloader_attention_mask) a bool
+    (1, s, s) mask a sample. The evaluation graph's own buffers are not priced."""
+    if not training.cuda_graph_full_iteration:
+        return np.zeros(len(shape.plans))
+    seq = float(training.seq_len)
+    per_sample = seq * LOADER_BYTES_PER_TOKEN + (seq * seq if training.dataloader_attention_mask else 0.0)
+    return np.where(shape.is_first | shape.is_last, shape.num_microbatches * shape.plans.mbs * per_sample, 0.0)
 
 
 # ---- fixed overheads -----------------------------------------------------------------------------------------------
@@ -1506,6 +1529,8 @@ def memory_terms_bytes(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ("tp_comm_userbuffers", training.tp_comm_overlap, lambda: tp_comm_userbuffers_bytes(model, training, plans)),
         ("cuda_graph_attention_masks", captures_attention_mask(training),
          lambda: cuda_graph_attention_masks_bytes(model, training, shape, stage)),
+        ("cuda_graph_loader_batches", training.cuda_graph_full_iteration,
+         lambda: cuda_graph_loader_batches_bytes(training, shape)),
         ("moe_dispatcher_buffers", moe and training.moe_hybridep,
          lambda: moe_dispatcher_buffers_bytes(model, cluster, training, shape)),
     ]

@@ -668,6 +668,11 @@ class TrainingSpec:
     """With launch cuda_graph: the whole forward-backward captured as one graph (Megatron-Core's --cuda-graph-impl
     full_iteration), priced as every module of every layer captured; unlike per-layer graphs it takes full
     recompute (rule cuda_graph_recompute)."""
+    dataloader_attention_mask: bool = True
+    """The data loader builds each sample's (1, s, s) causal mask (Megatron-Core GPTDatasetConfig.create_attention_mask,
+    on by default; Megatron-LM's --no-create-attention-mask-in-dataloader, Megatron-Bridge's
+    dataset.create_attention_mask turn it off): kept for every micro-batch by a whole-iteration CUDA graph's static
+    buffers (memory.cuda_graph_loader_batches_bytes); an eager step reads one batch at a time."""
     cuda_graph_impl: str = "transformer_engine"
     """With launch cuda_graph and per-layer capture: which of Megatron-Core's capture paths (CUDA_GRAPH_IMPLS) runs
     it; transformer_engine keeps an attention mask among each in-flight layer's static inputs
@@ -830,7 +835,8 @@ class TrainingSpec:
         for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
                      "deallocate_pipeline_outputs", "overlap_p2p_comm", "p2p_scatter_gather", "grad_reduce_in_fp32",
                      "fp8_param_gather", "moe_pad_to_capacity", "zero3_serial_fetch", "fused_kernels",
-                     "sac_saves_all_to_all", "cuda_graph_full_iteration", "zero3_moe_leaf"):
+                     "sac_saves_all_to_all", "cuda_graph_full_iteration", "zero3_moe_leaf",
+                     "dataloader_attention_mask"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
         require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")

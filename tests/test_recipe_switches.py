@@ -344,6 +344,29 @@ def test_under_the_ep_overlap_the_graphs_hold_one_layer_more_not_one_chunk():
         pytest.approx((5 * 6 + 1) * mask)
 
 
+def test_a_whole_iteration_graph_keeps_every_micro_batch_the_loader_gave():
+    """FullCudaGraphWrapper.data_read copies each of the step's micro-batches into StaticBufferLoader's buffers, on
+    the ranks that read data (first and last): llama-3-8b pp 4, 16 micro-batches of 1 × 4096 tokens, each 28 bytes
+    a token (int64 tokens, labels, position ids, fp32 loss mask) and, from the loader's default, a 4096 × 4096 bool
+    mask; the middle ranks hold none, and nothing is kept without the whole-iteration capture."""
+    whole = TrainingSpec(seq_len=4096, global_batch_size=16, launch="cuda_graph", cuda_graph_full_iteration=True)
+    per_sample = 4096 * 28 + 4096 * 4096
+    assert terms("llama-3-8b", 4, whole, LLAMA_PIPE)["cuda_graph_loader_batches"] == pytest.approx(16 * per_sample)
+    assert terms("llama-3-8b", 4, whole, LLAMA_PIPE, stage=3)["cuda_graph_loader_batches"] == \
+        pytest.approx(16 * per_sample)
+    assert terms("llama-3-8b", 4, whole, LLAMA_PIPE, stage=1)["cuda_graph_loader_batches"] == 0
+    no_mask = dataclasses.replace(whole, dataloader_attention_mask=False)
+    assert terms("llama-3-8b", 4, no_mask, LLAMA_PIPE)["cuda_graph_loader_batches"] == pytest.approx(16 * 4096 * 28)
+    assert "cuda_graph_loader_batches" not in terms("llama-3-8b", 4, dataclasses.replace(
+        whole, cuda_graph_full_iteration=False), LLAMA_PIPE)
+    assert parse_megatron_args("--bf16 --no-create-attention-mask-in-dataloader").training[
+        "dataloader_attention_mask"] is False
+    assert read_bridge_config({"model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                                         "num_layers": 32}, "dataset": {"create_attention_mask": False},
+                               "train": {"micro_batch_size": 1, "global_batch_size": 64}}).training[
+        "dataloader_attention_mask"] is False
+
+
 def test_the_bridge_reader_takes_the_cuda_graphs_as_megatron_core_reads_them():
     """cuda_graph_scope, when set, replaces cuda_graph_modules (TransformerConfig.__post_init__); a module may be the
     serialised CudaGraphModule enum; Mamba modules have no layer here; the whole iteration takes a dropless MoE."""

@@ -508,7 +508,7 @@ def optimizer_step_warnings(result: "Estimate") -> list[str]:
     # the activations and working buffers are freed at the step; DDP's buckets, TE's registered userbuffers and the
     # CUDA graphs' static inputs stay for the whole run, and every gradient is there
     freed = (set(memory.ACTIVATION_TERMS) | set(memory.BUFFER_TERMS) | set(memory.GRADIENT_TERMS)) \
-        - {"ddp_gradient_buckets", "tp_comm_userbuffers", "cuda_graph_attention_masks"}
+        - {"ddp_gradient_buckets", "tp_comm_userbuffers", "cuda_graph_attention_masks", "cuda_graph_loader_batches"}
     plans = PlanArrays.from_plans([result.plan])
     step_peaks = [(sum(v for name, v in stage.terms_bytes.items() if name not in freed)
                    + float(memory.full_gradient_bytes(result.model, result.cluster, result.training, plans,
