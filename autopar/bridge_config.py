@@ -455,8 +455,10 @@ def read_bridge_config(source: "str | Path | Mapping[str, Any]") -> "MegatronRun
     training.update(_cpu_offloading(config, notes))
     training.update(_fine_grained_offloading(config, notes))
     training.update(_cuda_graphs(config, notes))
-    if config.get("dataset", "create_attention_mask") is False:      # GPTDatasetConfig's default builds it
+    # GPTDatasetConfig's default builds the mask; inter-document masking leaves it out (cu_seqlens instead)
+    if config.get("dataset", "create_attention_mask") is False or config.get("dataset", "inter_document_masking"):
         training["dataloader_attention_mask"] = False
+    training["dataloader_on_every_rank"] = True       # data/utils.py: the dataset built on every rank
     if config.get("model", "deallocate_pipeline_outputs") is False:
         training["deallocate_pipeline_outputs"] = False
     if config.overlap("model", "defer_embedding_wgrad_compute", False) and plan.pp > 1:

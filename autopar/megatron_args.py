@@ -81,7 +81,7 @@ SWITCH_FLAGS = frozenset({
     "--fp8-param-gather", "--first-last-layers-bf16",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--use-torch-fsdp2", "--bf16", "--fp16", "--recompute-activations", "--group-query-attention",
-    "--multi-latent-attention", "--no-create-attention-mask-in-dataloader",
+    "--multi-latent-attention", "--no-create-attention-mask-in-dataloader", "--dataloader-inter-document-masking",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm",
     "--moe-enable-deepep", "--no-overlap-p2p-communication", "--overlap-p2p-communication",
@@ -1107,7 +1107,8 @@ def parse_megatron_args(text: str, num_layers: "int | Callable[[], int] | None" 
                                          f"--pipeline-model-parallel-size {plan.pp}: Megatron-Core refuses it")
         training["microbatch_group_size_per_vp_stage"] = group
     training.update(_cuda_graphs(flags, notes))
-    if flags.get("--no-create-attention-mask-in-dataloader"):   # TrainingSpec.dataloader_attention_mask
+    # TrainingSpec.dataloader_attention_mask: validate_args turns the mask off under inter-document masking too
+    if flags.get("--no-create-attention-mask-in-dataloader") or flags.get("--dataloader-inter-document-masking"):
         training["dataloader_attention_mask"] = False
     training["cross_entropy"] = _cross_entropy(flags)
     training["pipeline_schedule"] = _pipeline_schedule(flags, plan.pp)

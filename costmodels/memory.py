@@ -132,7 +132,9 @@ ranks), 'layers' (with the rank's layers), 'layers_in_flight' (with its layers a
 'every' (the same on every rank, STAGE_INDEPENDENT_TERMS). The fixed overheads are the same on every rank. Under an
 engine that frees the gradients between steps with one micro-batch a step (`gradients_at_peak_share`), the gradient
 terms hold the share of them that exceeds the rank's activations: they stay 'layers' terms, but their size on a rank
-also reads its activations (GRADIENT_TERM_EXTRA_KNOBS), and is zero where those are the larger."""
+also reads its activations (GRADIENT_TERM_EXTRA_KNOBS), and is zero where those are the larger. The loader
+batches a whole-iteration CUDA graph keeps are 'first_and_last' where Megatron-LM builds the loader, and on every
+rank where it is built on every rank (TrainingSpec.dataloader_on_every_rank: Megatron-Bridge)."""
 
 STAGE_INDEPENDENT_TERMS: frozenset[str] = frozenset({"tp_comm_userbuffers"})
 """Terms of TERM_KNOBS equal on every pipeline rank (TERM_STAGE_DEPENDENCE 'every'), like the fixed overheads,
@@ -1444,14 +1446,16 @@ def cuda_graph_loader_batches_bytes(training: TrainingSpec, shape: StageShape) -
     StaticBufferLoader copies each into a static CUDA buffer kept for the run (full_cuda_graph.py; one list indexed
     by micro-batch, shared by the model chunks), on the ranks that read the data: the first and last pipeline
     ranks (Megatron-LM builds the loader on their tensor-parallel rank 0, the worst GPU of the rank; the others get
-    it by broadcast inside the step). A batch holds the whole sequence before context parallelism slices it:
+    it by broadcast inside the step), every rank where the loader is built on every rank
+    (TrainingSpec.dataloader_on_every_rank: Megatron-Bridge). A batch holds the whole sequence before context parallelism slices it:
     LOADER_BYTES_PER_TOKEN a token, and with the loader's mask (TrainingSpec.dataloader_attention_mask) a bool
     (1, s, s) mask a sample. The evaluation graph's own buffers are not priced."""
     if not training.cuda_graph_full_iteration:
         return np.zeros(len(shape.plans))
     seq = float(training.seq_len)
     per_sample = seq * LOADER_BYTES_PER_TOKEN + (seq * seq if training.dataloader_attention_mask else 0.0)
-    return np.where(shape.is_first | shape.is_last, shape.num_microbatches * shape.plans.mbs * per_sample, 0.0)
+    reads = shape.is_first | shape.is_last | training.dataloader_on_every_rank
+    return np.where(reads, shape.num_microbatches * shape.plans.mbs * per_sample, 0.0)
 
 
 # ---- fixed overheads -----------------------------------------------------------------------------------------------

@@ -673,6 +673,10 @@ class TrainingSpec:
     on by default; Megatron-LM's --no-create-attention-mask-in-dataloader, Megatron-Bridge's
     dataset.create_attention_mask turn it off): kept for every micro-batch by a whole-iteration CUDA graph's static
     buffers (memory.cuda_graph_loader_batches_bytes); an eager step reads one batch at a time."""
+    dataloader_on_every_rank: bool = False
+    """The data loader is built on every pipeline rank (Megatron-Bridge: data/utils.py builds the dataset on every
+    rank, "TP-replicated loading"), so a whole-iteration CUDA graph keeps the step's batches on every rank; off:
+    Megatron-LM's pretrain_gpt.py is_dataset_built_on_rank, tensor-parallel rank 0 of the first and last stages."""
     cuda_graph_impl: str = "transformer_engine"
     """With launch cuda_graph and per-layer capture: which of Megatron-Core's capture paths (CUDA_GRAPH_IMPLS) runs
     it; transformer_engine keeps an attention mask among each in-flight layer's static inputs
@@ -836,7 +840,7 @@ class TrainingSpec:
                      "deallocate_pipeline_outputs", "overlap_p2p_comm", "p2p_scatter_gather", "grad_reduce_in_fp32",
                      "fp8_param_gather", "moe_pad_to_capacity", "zero3_serial_fetch", "fused_kernels",
                      "sac_saves_all_to_all", "cuda_graph_full_iteration", "zero3_moe_leaf",
-                     "dataloader_attention_mask"):
+                     "dataloader_attention_mask", "dataloader_on_every_rank"):
             require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
         require_non_negative_int(self.microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage")
         require_non_negative_int(self.cpu_offload_layers, "cpu_offload_layers")

@@ -361,10 +361,32 @@ def test_a_whole_iteration_graph_keeps_every_micro_batch_the_loader_gave():
         whole, cuda_graph_full_iteration=False), LLAMA_PIPE)
     assert parse_megatron_args("--bf16 --no-create-attention-mask-in-dataloader").training[
         "dataloader_attention_mask"] is False
-    assert read_bridge_config({"model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                                         "num_layers": 32}, "dataset": {"create_attention_mask": False},
-                               "train": {"micro_batch_size": 1, "global_batch_size": 64}}).training[
+    assert parse_megatron_args("--bf16 --dataloader-inter-document-masking").training[
         "dataloader_attention_mask"] is False
+    bridge = read_bridge_config({"model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                                           "num_layers": 32}, "dataset": {"create_attention_mask": False},
+                                 "train": {"micro_batch_size": 1, "global_batch_size": 64}}).training
+    assert bridge["dataloader_attention_mask"] is False and bridge["dataloader_on_every_rank"] is True
+    # Megatron-Bridge builds the dataset on every rank (data/utils.py): the middle ranks keep the batches too
+    everywhere = dataclasses.replace(whole, dataloader_on_every_rank=True)
+    assert terms("llama-3-8b", 4, everywhere, LLAMA_PIPE, stage=1)["cuda_graph_loader_batches"] == \
+        pytest.approx(16 * per_sample)
+
+
+def test_the_exports_write_the_loader_mask_as_priced():
+    """An estimate priced without the loader's masks launches without them."""
+    from autopar.export import launch_config
+    from costmodels.scoring import estimate
+
+    model = autopar.load_model("llama-3-8b")
+    cluster = autopar.make_cluster(gpu="h100", num_gpus=4)
+    training = TrainingSpec(seq_len=4096, global_batch_size=16, launch="cuda_graph", cuda_graph_full_iteration=True,
+                            dataloader_attention_mask=False)
+    priced = estimate(model, cluster, training, LLAMA_PIPE)
+    assert "--no-create-attention-mask-in-dataloader" in launch_config(priced, "megatron").text
+    assert "dataset.create_attention_mask=false" in launch_config(priced, "bridge").text
+    with_mask = estimate(model, cluster, dataclasses.replace(training, dataloader_attention_mask=True), LLAMA_PIPE)
+    assert "create-attention-mask" not in launch_config(with_mask, "megatron").text
 
 
 def test_the_bridge_reader_takes_the_cuda_graphs_as_megatron_core_reads_them():

@@ -113,6 +113,8 @@ def overlap_flags(estimate: Estimate) -> list[Flag]:
             flags.append(("--cuda-graph-modules", " ".join(graphs["cuda_graph_modules"])))
         if graphs["cuda_graph_impl"] == "full_iteration":   # validate_args: 'should be set with full_iteration'
             flags.append(("--no-check-for-nan-in-loss-and-grad", None))
+    if not estimate.training.dataloader_attention_mask:   # the loader's masks as priced (cuda_graph_loader_batches)
+        flags.append(("--no-create-attention-mask-in-dataloader", None))
     # the fine-grained activation offloading the memory was priced with (TransformerConfig fields as flags)
     offload = mcore_offload_fields(estimate.training)
     if offload:

@@ -350,6 +350,8 @@ def bridge_config(estimate: Estimate) -> LaunchConfig:
     if estimate.training.cuda_graph_full_iteration:
         # ConfigContainer.validate: 'check_for_nan_in_loss must be disabled when using full_iteration CUDA graph'
         overrides.append("rerun_state_machine.check_for_nan_in_loss=false")
+    if not estimate.training.dataloader_attention_mask:   # the loader's masks as priced (cuda_graph_loader_batches)
+        overrides.append("dataset.create_attention_mask=false")
     # `++`: replace the recipe's node whatever it holds (a dataclass node refuses a plain `=`: "Could not override")
     overrides.append("++comm_overlap=" + bridge_comm_overlap(estimate))
     precision = bridge_mixed_precision(estimate)
