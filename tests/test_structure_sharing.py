@@ -265,7 +265,7 @@ def test_time_bound_is_below_and_finish_equals_the_full_objective(name, gpus, tr
     ("llama-3.1-8b", 32, TrainingSpec(seq_len=8192, global_batch_size=64, tp_comm_overlap=True))])
 def test_the_structures_memory_bound_per_distinct_knobs_equals_the_whole_bound(name, gpus, training):
     """The oracle's pass over the structures evaluates each memory group once per distinct value of the knobs it
-    reads (objective.memory_units_within): the same integers as memory_units over every structure."""
+    reads (objective.memory_units_by_group with `within`): the same integers as memory_units over every structure."""
     from autopar.search import objective
 
     model = autopar.load_model(name)
@@ -279,6 +279,6 @@ def test_the_structures_memory_bound_per_distinct_knobs_equals_the_whole_bound(n
     knobs = set(columns)
     with np.errstate(all="ignore"):
         want = objective.memory_units(structure, model, cluster, training, plain, only_knobs=knobs)
-        got = objective.memory_units_within(structure, model, cluster, training, linked, knobs)
+        got = objective.memory_units_by_group(structure, model, cluster, training, linked, within=knobs)
     assert len(plain) > 100
     np.testing.assert_array_equal(got, want)

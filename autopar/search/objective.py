@@ -366,10 +366,13 @@ def time_units_finish(structure: ObjectiveStructure, model: ModelSpec, cluster: 
 
 
 def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
-                          training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+                          training: TrainingSpec, plans: PlanArrays, within: "set[str] | None" = None) -> np.ndarray:
     """memory_units, each group evaluated once per structure (groups of structure knobs alone) or once per distinct
     value of its knobs on every candidate rank at once (costmodels.structure); the same integers as
-    `memory_units`."""
+    `memory_units`. With `within`, only the groups that read only those knobs, each once per distinct value of its
+    knobs (the same integers as memory_units(only_knobs=within)): the oracle's pass over the structures, whose base
+    is the structures themselves, and where most groups read a few of them (the weights: tp, pp, cp, zero and the
+    split, not vpp, ep or etp)."""
     candidates = memory.candidate_worst_stages(model, plans)
 
     def evaluate(sub: PlanArrays, group: TermGroup, stage) -> np.ndarray:
@@ -378,7 +381,7 @@ def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, clust
 
     def group_units(group: TermGroup, ranks: int) -> list[np.ndarray]:
         """The group's units on the first `ranks` candidate ranks."""
-        if set(group.knobs) <= set(STRUCTURE_FIELDS):
+        if within is None and set(group.knobs) <= set(STRUCTURE_FIELDS):
             key = ("memory_group_units", id(model), id(cluster), id(training), group.terms)
             knobs = ordered(set(group.knobs) | set(STAGE_KNOBS))
             return [per_structure(plans, key, lambda p, s: evaluate(p, group, s), stage, knobs=knobs)
@@ -388,36 +391,13 @@ def memory_units_by_group(structure: ObjectiveStructure, model: ModelSpec, clust
                          lambda sub: [evaluate(sub, group, stage)
                                       for stage in memory.candidate_worst_stages(model, sub)[:ranks]])
 
-    shared = sum((group_units(g, 1)[0] for g in structure.shared_memory_groups), np.zeros(len(plans), np.int64))
-    per_stage = [group_units(g, len(candidates)) for g in structure.stage_memory_groups]
-    best = None
-    for j in range(len(candidates)):
-        on_stage = sum((units[j] for units in per_stage), np.zeros(len(plans), np.int64))
-        best = on_stage if best is None else np.maximum(best, on_stage)
-    return best + shared
+    def counted(groups: "tuple[TermGroup, ...]") -> "list[TermGroup]":
+        return [g for g in groups if within is None or set(g.knobs) <= within]
 
-
-def memory_units_within(structure: ObjectiveStructure, model: ModelSpec, cluster: ClusterSpec,
-                        training: TrainingSpec, plans: PlanArrays, knobs: set[str]) -> np.ndarray:
-    """memory_units(..., only_knobs=knobs) (the same integers: the lower bound of the groups that read only `knobs`),
-    each group evaluated once per distinct value of its knobs and the candidate ranks' (costmodels.structure.
-    per_knobs) when `plans` carry a structure index: the oracle's pass over the structures, where most groups read
-    a few of them (the weights: tp, pp, cp, zero and the split, not vpp, ep or etp)."""
-    def counted(groups: "tuple[TermGroup, ...]") -> list[TermGroup]:
-        return [g for g in groups if set(g.knobs) <= knobs]
-
-    def group_units(group: TermGroup, ranks: int) -> list[np.ndarray]:
-        """The group's units on the first `ranks` candidate ranks (the candidates read only STAGE_KNOBS)."""
-        return per_knobs(plans, ordered(set(group.knobs) | set(STAGE_KNOBS)), lambda sub: [
-            memory_group_units(memory.memory_terms_bytes(model, cluster, training, sub, stage, only=group.terms),
-                               group)
-            for stage in memory.candidate_worst_stages(model, sub)[:ranks]])
-
-    candidates = memory.candidate_worst_stages(model, plans)
     shared = sum((group_units(g, 1)[0] for g in counted(structure.shared_memory_groups)),
                  np.zeros(len(plans), np.int64))
     per_stage = [group_units(g, len(candidates)) for g in counted(structure.stage_memory_groups)]
-    best = np.zeros(len(plans), np.int64)
+    best = np.zeros(len(plans), np.int64)      # every group's units are >= 0
     for j in range(len(candidates)):
         best = np.maximum(best, sum((units[j] for units in per_stage), np.zeros(len(plans), np.int64)))
     return best + shared

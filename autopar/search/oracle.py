@@ -99,8 +99,8 @@ def structures(space: SearchSpace, problem: Problem, rules: tuple[Rule, ...], en
         candidates = plan_arrays(columns)
         candidates = structure_link(candidates, candidates, np.arange(len(candidates)))
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            bound = objective.memory_units_within(structure, problem.model, problem.cluster, problem.training,
-                                                  candidates, knobs)
+            bound = objective.memory_units_by_group(structure, problem.model, problem.cluster, problem.training,
+                                                    candidates, within=knobs)
         fits = bound <= objective.memory_limit_units(problem.cluster.memory_limit_bytes)
         columns = {k: v[fits] for k, v in columns.items()}
     return columns
